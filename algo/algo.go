@@ -1,0 +1,514 @@
+// Package algo holds sluice's rate-limit algorithms as pure functions:
+// (state, request, now) → (decision, new state). Stores keep the state and
+// supply the time; the memory store calls these functions directly, and the
+// Redis store's Lua scripts mirror them line for line.
+//
+// All arithmetic is in integer nanoseconds, with products taken in 128 bits,
+// so nothing drifts: a limiter run for a simulated year admits what the
+// limit says, to within one event.
+package algo
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"time"
+
+	"github.com/sluice-io/sluice"
+)
+
+// Lease is one Concurrency holder.
+type Lease struct {
+	// ID names the holder.
+	ID string
+	// Cost is the number of slots the holder takes.
+	Cost int64
+	// Expiry is when the lease lapses, in Unix nanoseconds.
+	Expiry int64
+}
+
+// State is one key's state. The zero State is a key never seen, or reset.
+// Which fields are used depends on the algorithm:
+//
+//	GCRA                  A = theoretical arrival time (TAT)
+//	TokenBucket           A = level, in nanoseconds of refill; B = last refill
+//	FixedWindow           A = window start; B = count
+//	SlidingWindowCounter  A = current window start; B = its count; C = previous window's count
+//	SlidingWindowLog      Log = one timestamp per admitted unit, ascending
+//	Concurrency           Leases
+//
+// Apply never modifies the slices of the State it is given, so a caller may
+// keep the old State to roll back.
+type State struct {
+	A, B, C int64
+	Log     []int64
+	Leases  []Lease
+}
+
+// IsZero reports whether s holds nothing, so that a store may drop it.
+func (s *State) IsZero() bool {
+	return s.A == 0 && s.B == 0 && s.C == 0 && len(s.Log) == 0 && len(s.Leases) == 0
+}
+
+// Apply runs op for req on st at time now (Unix nanoseconds). It returns
+// the decision and the new state, and an error only for an invalid request
+// (see sluice.Request.Validate), in which case the state is unchanged.
+//
+// For OpAllow and OpPeek the decision's Allowed and RetryAfter are those of
+// req.Cost, or of a cost of 1 when req.Cost is zero.
+func Apply(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decision, State, error) {
+	if err := req.Validate(op); err != nil {
+		return sluice.Decision{}, st, err
+	}
+	if op == sluice.OpReset {
+		return sluice.Decision{Allowed: true, Limit: req.Limit, Remaining: req.Capacity()}, State{}, nil
+	}
+	switch req.Algorithm {
+	case sluice.GCRA:
+		return gcra(op, st, req, now)
+	case sluice.TokenBucket:
+		return tokenBucket(op, st, req, now)
+	case sluice.FixedWindow:
+		return fixedWindow(op, st, req, now)
+	case sluice.SlidingWindowCounter:
+		return slidingCounter(op, st, req, now)
+	case sluice.SlidingWindowLog:
+		return slidingLog(op, st, req, now)
+	case sluice.Concurrency:
+		return concurrency(op, st, req, now)
+	}
+	return sluice.Decision{}, st, fmt.Errorf("algo: %w: %d", sluice.ErrUnknownAlgorithm, req.Algorithm)
+}
+
+// Expiry returns when st is no longer worth keeping for req's algorithm:
+// the time at which it would read as a fresh key. Stores use it as a TTL.
+func Expiry(st *State, req *sluice.Request) int64 {
+	p := int64(req.Limit.Period)
+	switch req.Algorithm {
+	case sluice.GCRA:
+		return st.A
+	case sluice.TokenBucket:
+		return st.B + max(0, req.Limit.CostInterval(req.Capacity())-st.A)
+	case sluice.FixedWindow:
+		return st.A + p
+	case sluice.SlidingWindowCounter:
+		if st.B > 0 {
+			return st.A + 2*p
+		}
+		return st.A + p
+	case sluice.SlidingWindowLog:
+		if n := len(st.Log); n > 0 {
+			return st.Log[n-1] + p
+		}
+	case sluice.Concurrency:
+		var last int64
+		for _, l := range st.Leases {
+			last = max(last, l.Expiry)
+		}
+		return last
+	}
+	return 0
+}
+
+func effCost(c int64) int64 { return max(c, 1) }
+
+// costsIn is how many events fit in ns nanoseconds of refill:
+// floor(ns·Rate/Period), exact in 128 bits, rounded towards -∞.
+func costsIn(l sluice.Limit, ns int64) int64 {
+	if ns == 0 {
+		return 0
+	}
+	neg := ns < 0
+	u := uint64(ns)
+	if neg {
+		u = uint64(-ns)
+	}
+	hi, lo := bits.Mul64(u, uint64(l.Rate))
+	if hi >= uint64(l.Period) {
+		if neg {
+			return math.MinInt64
+		}
+		return math.MaxInt64
+	}
+	q, r := bits.Div64(hi, lo, uint64(l.Period))
+	if neg {
+		if r != 0 {
+			q++
+		}
+		return -int64(q)
+	}
+	return int64(q)
+}
+
+// mulLE reports whether a·b ≤ c·d for non-negative operands, in 128 bits.
+func mulLE(a, b, c, d int64) bool {
+	h1, l1 := bits.Mul64(uint64(a), uint64(b))
+	h2, l2 := bits.Mul64(uint64(c), uint64(d))
+	return h1 < h2 || (h1 == h2 && l1 <= l2)
+}
+
+// mulDiv returns floor(a·b/c) for non-negative operands, saturating.
+func mulDiv(a, b, c int64) int64 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		return math.MaxInt64
+	}
+	q, _ := bits.Div64(hi, lo, uint64(c))
+	return int64(min(q, math.MaxInt64))
+}
+
+// mulDivCeil returns ceil(a·b/c) for non-negative operands, saturating.
+func mulDivCeil(a, b, c int64) int64 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		return math.MaxInt64
+	}
+	q, r := bits.Div64(hi, lo, uint64(c))
+	if r != 0 {
+		q++
+	}
+	return int64(min(q, math.MaxInt64))
+}
+
+func dur(ns int64) time.Duration { return time.Duration(max(ns, 0)) }
+
+// gcra: the key's TAT is when its bucket would be full again; a request of
+// cost c is admitted when TAT+interval(c)-tau ≤ now, tau being the time a
+// full burst takes to refill.
+func gcra(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decision, State, error) {
+	l := req.Limit
+	tau := l.CostInterval(l.Capacity())
+	tat := max(st.A, now)
+	d := sluice.Decision{Limit: l}
+	switch op {
+	case sluice.OpAllow, sluice.OpPeek:
+		inc := l.CostInterval(effCost(req.Cost))
+		allowAt := tat + inc - tau
+		if allowAt > now {
+			d.RetryAfter = dur(allowAt - now)
+			d.Remaining = max(0, costsIn(l, now+tau-tat))
+			d.ResetAfter = dur(tat - now)
+			return d, st, nil
+		}
+		d.Allowed = true
+		if op == sluice.OpAllow {
+			tat += l.CostInterval(req.Cost)
+			st.A = tat
+		}
+	case sluice.OpRefund:
+		tat = max(tat-l.CostInterval(req.Cost), now)
+		st.A = tat
+		d.Allowed = true
+	case sluice.OpCharge:
+		tat += l.CostInterval(req.Cost)
+		st.A = tat
+		d.Allowed = true
+	}
+	if st.A <= now {
+		st.A = 0
+	}
+	d.Remaining = costsIn(l, now+tau-tat)
+	d.ResetAfter = dur(tat - now)
+	return d, st, nil
+}
+
+// tokenBucket keeps the level in nanoseconds of refill: a full bucket holds
+// tau, one event takes interval(1). It gives the same answers as gcra.
+func tokenBucket(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decision, State, error) {
+	l := req.Limit
+	tau := l.CostInterval(l.Capacity())
+	level := tau
+	if st.B != 0 {
+		level = min(tau, st.A+max(0, now-st.B))
+	}
+	d := sluice.Decision{Limit: l}
+	switch op {
+	case sluice.OpAllow, sluice.OpPeek:
+		inc := l.CostInterval(effCost(req.Cost))
+		if level < inc {
+			d.RetryAfter = dur(inc - level)
+			d.Remaining = max(0, costsIn(l, level))
+			d.ResetAfter = dur(tau - level)
+			return d, st, nil
+		}
+		d.Allowed = true
+		if op == sluice.OpAllow {
+			level -= l.CostInterval(req.Cost)
+		}
+	case sluice.OpRefund:
+		level = min(tau, level+l.CostInterval(req.Cost))
+		d.Allowed = true
+	case sluice.OpCharge:
+		level -= l.CostInterval(req.Cost)
+		d.Allowed = true
+	}
+	if op != sluice.OpPeek {
+		st.A, st.B = level, now
+		if level >= tau {
+			st = State{}
+		}
+	}
+	d.Remaining = costsIn(l, level)
+	d.ResetAfter = dur(tau - level)
+	return d, st, nil
+}
+
+// fixedWindow counts per window of Period aligned to the Unix epoch.
+func fixedWindow(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decision, State, error) {
+	l := req.Limit
+	p := int64(l.Period)
+	ws := now - now%p
+	count := int64(0)
+	if st.A == ws {
+		count = st.B
+	}
+	d := sluice.Decision{Limit: l}
+	switch op {
+	case sluice.OpAllow, sluice.OpPeek:
+		if count+effCost(req.Cost) > l.Rate {
+			d.RetryAfter = dur(ws + p - now)
+			d.Remaining = max(0, l.Rate-count)
+			d.ResetAfter = dur(ws + p - now)
+			return d, st, nil
+		}
+		d.Allowed = true
+		if op == sluice.OpAllow {
+			count += req.Cost
+		}
+	case sluice.OpRefund:
+		count = max(0, count-req.Cost)
+		d.Allowed = true
+	case sluice.OpCharge:
+		count += req.Cost
+		d.Allowed = true
+	}
+	if op != sluice.OpPeek {
+		st = State{A: ws, B: count}
+		if count == 0 {
+			st = State{}
+		}
+	}
+	d.Remaining = l.Rate - count
+	if count > 0 {
+		d.ResetAfter = dur(ws + p - now)
+	}
+	return d, st, nil
+}
+
+// slidingCounter estimates the events in the last Period as the current
+// fixed window's count plus the previous one's, weighted by how much of it
+// the sliding window still covers: prev·(P−e)/P + curr, e being the time
+// elapsed in the current window. Compared in 128-bit integers.
+func slidingCounter(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decision, State, error) {
+	l := req.Limit
+	p := int64(l.Period)
+	ws := now - now%p
+	e := now - ws
+	var curr, prev int64
+	switch st.A {
+	case ws:
+		curr, prev = st.B, st.C
+	case ws - p:
+		prev = st.B
+	}
+	// remaining is floor(Rate − prev·(P−e)/P) − curr.
+	remaining := func(curr int64) int64 { return l.Rate - mulDivCeil(prev, p-e, p) - curr }
+	d := sluice.Decision{Limit: l}
+	switch op {
+	case sluice.OpAllow, sluice.OpPeek:
+		need := curr + effCost(req.Cost)
+		// allowed iff prev·(P−e) + need·P ≤ Rate·P
+		if need > l.Rate || !mulLE(prev, p-e, l.Rate-need, p) {
+			d.RetryAfter = dur(slidingRetry(l.Rate, p, e, prev, curr, effCost(req.Cost)))
+			d.Remaining = max(0, remaining(curr))
+			d.ResetAfter = dur(slidingReset(ws, p, now, prev, curr))
+			return d, st, nil
+		}
+		d.Allowed = true
+		if op == sluice.OpAllow {
+			curr += req.Cost
+		}
+	case sluice.OpRefund:
+		curr = max(0, curr-req.Cost)
+		d.Allowed = true
+	case sluice.OpCharge:
+		curr += req.Cost
+		d.Allowed = true
+	}
+	if op != sluice.OpPeek {
+		st = State{A: ws, B: curr, C: prev}
+		if curr == 0 && prev == 0 {
+			st = State{}
+		}
+	}
+	d.Remaining = remaining(curr)
+	d.ResetAfter = dur(slidingReset(ws, p, now, prev, curr))
+	return d, st, nil
+}
+
+// slidingRetry is the exact wait until a request of cost fits.
+func slidingRetry(rate, p, e, prev, curr, cost int64) int64 {
+	if need := curr + cost; need <= rate && prev > 0 {
+		// smallest e' with prev·(P−e') ≤ (rate−need)·P
+		x := p - mulDiv(rate-need, p, prev)
+		if x < p {
+			return x - e
+		}
+	}
+	// In the next window the current count becomes the previous one.
+	x := int64(0)
+	if curr > 0 {
+		x = p - mulDiv(rate-cost, p, curr)
+	}
+	return p - e + x
+}
+
+func slidingReset(ws, p, now, prev, curr int64) int64 {
+	switch {
+	case curr > 0:
+		return ws + 2*p - now
+	case prev > 0:
+		return ws + p - now
+	}
+	return 0
+}
+
+// slidingLog keeps one timestamp per admitted unit of cost; an entry counts
+// while entry+Period > now. At most Rate entries are kept.
+func slidingLog(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decision, State, error) {
+	l := req.Limit
+	p := int64(l.Period)
+	log := st.Log
+	i := 0
+	for i < len(log) && log[i]+p <= now {
+		i++
+	}
+	log = log[i:]
+	n := int64(len(log))
+	d := sluice.Decision{Limit: l}
+	switch op {
+	case sluice.OpAllow, sluice.OpPeek:
+		c := effCost(req.Cost)
+		if n+c > l.Rate {
+			d.RetryAfter = dur(log[n+c-l.Rate-1] + p - now)
+			d.Remaining = max(0, l.Rate-n)
+			d.ResetAfter = dur(log[n-1] + p - now)
+			return d, st, nil
+		}
+		d.Allowed = true
+		if op == sluice.OpAllow {
+			log = appendN(log, now, req.Cost, l.Rate)
+		}
+	case sluice.OpRefund:
+		log = append([]int64(nil), log[:max(0, n-req.Cost)]...)
+		d.Allowed = true
+	case sluice.OpCharge:
+		log = appendN(log, now, req.Cost, l.Rate)
+		d.Allowed = true
+	}
+	if op != sluice.OpPeek {
+		st = State{Log: log}
+		if len(log) == 0 {
+			st = State{}
+		}
+	}
+	d.Remaining = l.Rate - int64(len(log))
+	if len(log) > 0 {
+		d.ResetAfter = dur(log[len(log)-1] + p - now)
+	}
+	return d, st, nil
+}
+
+// appendN returns a new log: log with n copies of t, keeping at most limit
+// entries (the newest).
+func appendN(log []int64, t, n, limit int64) []int64 {
+	total := min(int64(len(log))+n, limit)
+	out := make([]int64, 0, total)
+	if keep := total - min(n, total); keep > 0 {
+		out = append(out, log[int64(len(log))-keep:]...)
+	}
+	for int64(len(out)) < total {
+		out = append(out, t)
+	}
+	return out
+}
+
+// concurrency holds up to Rate slots in leases that lapse after Period.
+func concurrency(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decision, State, error) {
+	l := req.Limit
+	leases := make([]Lease, 0, len(st.Leases)+1)
+	var used int64
+	held := -1
+	for _, ls := range st.Leases {
+		if ls.Expiry > now {
+			if ls.ID == req.Lease {
+				held = len(leases)
+			}
+			leases = append(leases, ls)
+			used += ls.Cost
+		}
+	}
+	d := sluice.Decision{Limit: l}
+	switch op {
+	case sluice.OpAllow, sluice.OpPeek:
+		c := effCost(req.Cost)
+		if held >= 0 {
+			c = 0 // renewing a lease takes no new slot
+		}
+		if used+c > l.Rate {
+			d.RetryAfter = dur(leaseRetry(leases, used+c-l.Rate) - now)
+			d.Remaining = max(0, l.Rate-used)
+			d.ResetAfter = dur(Expiry(&State{Leases: leases}, &req) - now)
+			return d, st, nil
+		}
+		d.Allowed = true
+		if op == sluice.OpAllow {
+			exp := now + int64(l.Period)
+			if held >= 0 {
+				leases[held].Expiry = exp
+			} else {
+				leases = append(leases, Lease{ID: req.Lease, Cost: req.Cost, Expiry: exp})
+				used += req.Cost
+			}
+		}
+	case sluice.OpRefund:
+		if held >= 0 {
+			used -= leases[held].Cost
+			leases = append(leases[:held], leases[held+1:]...)
+		}
+		d.Allowed = true
+	case sluice.OpCharge:
+		leases = append(leases, Lease{ID: req.Lease, Cost: req.Cost, Expiry: now + int64(l.Period)})
+		used += req.Cost
+		d.Allowed = true
+	}
+	if op != sluice.OpPeek {
+		st = State{Leases: leases}
+		if len(leases) == 0 {
+			st = State{}
+		}
+	}
+	d.Remaining = l.Rate - used
+	d.ResetAfter = dur(Expiry(&State{Leases: leases}, &req) - now)
+	return d, st, nil
+}
+
+// leaseRetry returns when enough leases have lapsed to free need slots.
+func leaseRetry(leases []Lease, need int64) int64 {
+	exps := make([]Lease, len(leases))
+	copy(exps, leases)
+	// insertion sort by expiry: a key holds at most Rate leases
+	for i := 1; i < len(exps); i++ {
+		for j := i; j > 0 && exps[j].Expiry < exps[j-1].Expiry; j-- {
+			exps[j], exps[j-1] = exps[j-1], exps[j]
+		}
+	}
+	var freed int64
+	for _, ls := range exps {
+		freed += ls.Cost
+		if freed >= need {
+			return ls.Expiry
+		}
+	}
+	return math.MaxInt64
+}

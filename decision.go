@@ -1,0 +1,170 @@
+package sluice
+
+import (
+	"fmt"
+	"time"
+)
+
+// Op is an operation a Store applies to a key.
+type Op uint8
+
+// The operations of a Store.
+const (
+	// OpAllow admits and charges Cost if the limit allows it. For
+	// Concurrency it acquires the request's lease.
+	OpAllow Op = iota + 1
+	// OpPeek reports what OpAllow would decide for Cost, changing nothing.
+	// A Cost of zero reports the state alone, Allowed if any capacity is left.
+	OpPeek
+	// OpRefund gives back Cost that was charged but not used, never beyond
+	// a full bucket. For Concurrency it releases the request's lease.
+	OpRefund
+	// OpCharge charges Cost unconditionally, even past the limit, so that
+	// later requests wait it off. It settles usage learnt after the fact,
+	// such as LLM tokens counted in a response.
+	OpCharge
+	// OpReset forgets the key's state: the next request sees a full limit.
+	OpReset
+)
+
+var opNames = [...]string{OpAllow: "allow", OpPeek: "peek", OpRefund: "refund", OpCharge: "charge", OpReset: "reset"}
+
+// String returns the operation's name, such as "allow".
+func (o Op) String() string {
+	if o >= OpAllow && o <= OpReset {
+		return opNames[o]
+	}
+	return fmt.Sprintf("op(%d)", o)
+}
+
+// Request is one key's part in a Store operation.
+type Request struct {
+	// Key identifies whose limit this is. Keys that must be charged together
+	// in Redis Cluster share a hash tag, such as "{tenant:42}:rpm".
+	Key string
+	// Algorithm decides how Limit is enforced.
+	Algorithm Algorithm
+	// Limit is the limit to enforce.
+	Limit Limit
+	// Cost is how much the request takes: 1 for one event, or a number of
+	// tokens. Zero is allowed for OpPeek.
+	Cost int64
+	// Lease identifies a Concurrency holder, for acquire and release. It is
+	// ignored by the other algorithms.
+	Lease string
+}
+
+// Validate checks the request for op. Errors wrap ErrInvalidRequest,
+// ErrInvalidLimit, ErrInvalidCost or ErrCostExceedsBurst.
+func (r *Request) Validate(op Op) error {
+	if r.Key == "" {
+		return fmt.Errorf("%w: empty key", ErrInvalidRequest)
+	}
+	if !r.Algorithm.Valid() {
+		return fmt.Errorf("%w: key %q: %w", ErrInvalidRequest, r.Key, ErrUnknownAlgorithm)
+	}
+	if op == OpReset {
+		return nil
+	}
+	if err := r.Limit.Validate(); err != nil {
+		return fmt.Errorf("key %q: %w", r.Key, err)
+	}
+	if r.Cost < 0 || (r.Cost == 0 && op != OpPeek) {
+		return fmt.Errorf("%w: %d for key %q", ErrInvalidCost, r.Cost, r.Key)
+	}
+	if r.Algorithm == Concurrency && r.Lease == "" && (op == OpAllow || op == OpRefund) {
+		return fmt.Errorf("%w: key %q: concurrency needs a lease id", ErrInvalidRequest, r.Key)
+	}
+	if (op == OpAllow || op == OpPeek) && r.Cost > r.capacity() {
+		return fmt.Errorf("%w: cost %d, burst %d for key %q", ErrCostExceedsBurst, r.Cost, r.capacity(), r.Key)
+	}
+	return nil
+}
+
+// capacity is what the algorithm can admit at once.
+func (r *Request) capacity() int64 {
+	switch r.Algorithm {
+	case GCRA, TokenBucket:
+		return r.Limit.Capacity()
+	}
+	return r.Limit.Rate
+}
+
+// Capacity is how much the request's algorithm can admit at once: the burst
+// for GCRA and TokenBucket, Rate for the others.
+func (r *Request) Capacity() int64 { return r.capacity() }
+
+// Decision is a store's answer for one key.
+//
+// For example, with Limit 10/s burst 10 and 10 events just admitted, a
+// further request gets Allowed false, Remaining 0, RetryAfter 100ms and
+// ResetAfter 1s.
+type Decision struct {
+	// Allowed reports whether the request was admitted. In a batch that was
+	// denied as a whole, it reports whether this limit alone would have
+	// admitted it; nothing in the batch was charged.
+	Allowed bool
+	// Limit is the limit that was applied.
+	Limit Limit
+	// Remaining is how much more could be admitted right now, after this
+	// request. It can be negative after OpCharge.
+	Remaining int64
+	// RetryAfter is zero when Allowed. Otherwise it is the exact wait after
+	// which the same request would be admitted, if nothing else happens:
+	// a retry at RetryAfter succeeds, one a nanosecond earlier does not.
+	RetryAfter time.Duration
+	// ResetAfter is the time until the limit is fully available again.
+	ResetAfter time.Duration
+	// Degraded reports that the store could not be asked and a failure
+	// policy answered instead.
+	Degraded bool
+}
+
+// RetryAfterSeconds is RetryAfter in whole seconds, rounded up, as HTTP's
+// Retry-After header carries it.
+func (d Decision) RetryAfterSeconds() int64 { return CeilSeconds(d.RetryAfter) }
+
+// ResetAfterSeconds is ResetAfter in whole seconds, rounded up.
+func (d Decision) ResetAfterSeconds() int64 { return CeilSeconds(d.ResetAfter) }
+
+// CeilSeconds converts d to whole seconds, rounding up: a client told to
+// wait that long never comes back too early.
+func CeilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// CeilMillis converts d to whole milliseconds, rounding up.
+func CeilMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// Combine folds the decisions of one batch into one: allowed only if all
+// are, the longest RetryAfter and ResetAfter, and the Limit and Remaining of
+// the most constrained member. Combine of no decisions is an allowed zero
+// Decision.
+func Combine(ds []Decision) Decision {
+	if len(ds) == 0 {
+		return Decision{Allowed: true}
+	}
+	out := ds[0]
+	for _, d := range ds[1:] {
+		out.Allowed = out.Allowed && d.Allowed
+		out.Degraded = out.Degraded || d.Degraded
+		if d.RetryAfter > out.RetryAfter {
+			out.RetryAfter = d.RetryAfter
+		}
+		if d.ResetAfter > out.ResetAfter {
+			out.ResetAfter = d.ResetAfter
+		}
+		if d.Remaining < out.Remaining {
+			out.Remaining, out.Limit = d.Remaining, d.Limit
+		}
+	}
+	return out
+}

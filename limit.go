@@ -1,0 +1,233 @@
+package sluice
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Errors returned for bad input. They work with errors.Is; the wrapping error
+// names the offending value.
+var (
+	// ErrInvalidLimit means a Limit or its textual form is malformed: zero,
+	// negative, NaN, or too large to compute with.
+	ErrInvalidLimit = errors.New("sluice: invalid limit")
+	// ErrInvalidCost means a cost is negative, or zero where a charge is needed.
+	ErrInvalidCost = errors.New("sluice: invalid cost")
+	// ErrCostExceedsBurst means a request costs more than the limit can ever
+	// admit at once, so retrying it is pointless.
+	ErrCostExceedsBurst = errors.New("sluice: cost exceeds burst")
+	// ErrInvalidRequest means a request lacks a key, an algorithm, or a lease
+	// where one is required.
+	ErrInvalidRequest = errors.New("sluice: invalid request")
+	// ErrUnknownAlgorithm means an algorithm name or value is not one sluice knows.
+	ErrUnknownAlgorithm = errors.New("sluice: unknown algorithm")
+)
+
+// maxPeriod bounds a limit's period so that every computation in
+// nanoseconds, also as a double inside Redis Lua, stays exact.
+const maxPeriod = 366 * 24 * time.Hour
+
+// maxRate bounds Rate and Burst for the same reason.
+const maxRate = 1 << 40
+
+// Limit admits Rate events per Period, with room for a burst of Burst events
+// at once. A token bucket of capacity Burst, refilled with Rate tokens every
+// Period, is the model; window algorithms admit Rate events per window and
+// ignore Burst.
+//
+// For example Limit{Rate: 10, Period: time.Second, Burst: 20} admits 20
+// events at once, then one every 100ms.
+type Limit struct {
+	// Rate is the number of events admitted per Period. It must be positive.
+	Rate int64
+	// Period is the span Rate refers to. It must be positive.
+	Period time.Duration
+	// Burst is the capacity: how many events may happen at once. Zero means Rate.
+	Burst int64
+}
+
+// PerSecond returns a Limit of rate events per second with a burst of rate.
+func PerSecond(rate int64) Limit { return Limit{Rate: rate, Period: time.Second} }
+
+// PerMinute returns a Limit of rate events per minute with a burst of rate.
+func PerMinute(rate int64) Limit { return Limit{Rate: rate, Period: time.Minute} }
+
+// PerHour returns a Limit of rate events per hour with a burst of rate.
+func PerHour(rate int64) Limit { return Limit{Rate: rate, Period: time.Hour} }
+
+// PerDay returns a Limit of rate events per day with a burst of rate.
+func PerDay(rate int64) Limit { return Limit{Rate: rate, Period: 24 * time.Hour} }
+
+// Capacity is the burst, or Rate when Burst is zero.
+func (l Limit) Capacity() int64 {
+	if l.Burst > 0 {
+		return l.Burst
+	}
+	return l.Rate
+}
+
+// Validate reports whether l can be used. The error wraps ErrInvalidLimit.
+func (l Limit) Validate() error {
+	switch {
+	case l.Rate <= 0:
+		return fmt.Errorf("%w: rate %d must be positive", ErrInvalidLimit, l.Rate)
+	case l.Rate > maxRate:
+		return fmt.Errorf("%w: rate %d exceeds %d", ErrInvalidLimit, l.Rate, int64(maxRate))
+	case l.Period <= 0:
+		return fmt.Errorf("%w: period %s must be positive", ErrInvalidLimit, l.Period)
+	case l.Period > maxPeriod:
+		return fmt.Errorf("%w: period %s exceeds %s", ErrInvalidLimit, l.Period, maxPeriod)
+	case l.Burst < 0:
+		return fmt.Errorf("%w: burst %d must not be negative", ErrInvalidLimit, l.Burst)
+	case l.Burst > maxRate:
+		return fmt.Errorf("%w: burst %d exceeds %d", ErrInvalidLimit, l.Burst, int64(maxRate))
+	}
+	if l.CostInterval(l.Capacity()) > int64(maxPeriod)*16 {
+		return fmt.Errorf("%w: burst %d at %s takes too long to refill", ErrInvalidLimit, l.Capacity(), l)
+	}
+	return nil
+}
+
+// Interval is the time, in nanoseconds and rounded up, in which one event's
+// worth of capacity comes back: Period / Rate.
+func (l Limit) Interval() int64 { return l.CostInterval(1) }
+
+// CostInterval is the time, in nanoseconds and rounded up, in which cost
+// events' worth of capacity comes back: cost·Period / Rate. It is computed in
+// 128 bits, so it neither overflows nor drifts for valid limits; the rounding
+// up makes a limiter err on the side of admitting less, by under a
+// nanosecond per decision.
+func (l Limit) CostInterval(cost int64) int64 {
+	if l.Rate <= 0 || cost <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(cost), uint64(l.Period))
+	if hi >= uint64(l.Rate) {
+		return math.MaxInt64
+	}
+	q, r := bits.Div64(hi, lo, uint64(l.Rate))
+	if r != 0 {
+		q++
+	}
+	if q > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(q)
+}
+
+// String formats l the way ParseLimit reads it, for example "10/s" or
+// "100/min burst 20".
+func (l Limit) String() string {
+	var b strings.Builder
+	b.WriteString(strconv.FormatInt(l.Rate, 10))
+	b.WriteByte('/')
+	b.WriteString(formatPeriod(l.Period))
+	if l.Burst > 0 && l.Burst != l.Rate {
+		b.WriteString(" burst ")
+		b.WriteString(strconv.FormatInt(l.Burst, 10))
+	}
+	return b.String()
+}
+
+func formatPeriod(p time.Duration) string {
+	for _, u := range []struct {
+		name string
+		d    time.Duration
+	}{{"day", 24 * time.Hour}, {"h", time.Hour}, {"min", time.Minute}, {"s", time.Second}, {"ms", time.Millisecond}} {
+		if p >= u.d && p%u.d == 0 {
+			if n := p / u.d; n != 1 {
+				return strconv.FormatInt(int64(n), 10) + u.name
+			}
+			return u.name
+		}
+	}
+	return p.String()
+}
+
+var units = map[string]time.Duration{
+	"ms": time.Millisecond, "millisecond": time.Millisecond, "milliseconds": time.Millisecond,
+	"s": time.Second, "sec": time.Second, "second": time.Second, "seconds": time.Second,
+	"m": time.Minute, "min": time.Minute, "minute": time.Minute, "minutes": time.Minute,
+	"h": time.Hour, "hr": time.Hour, "hour": time.Hour, "hours": time.Hour,
+	"d": 24 * time.Hour, "day": 24 * time.Hour, "days": 24 * time.Hour,
+}
+
+// ParseLimit reads a limit such as "10/s", "100/min", "1000/h", "5000/day",
+// "100/10s" or "10/s burst 30" (also written "10/s, burst=30"). Errors wrap
+// ErrInvalidLimit and quote the input.
+func ParseLimit(s string) (Limit, error) {
+	bad := func(format string, args ...any) (Limit, error) {
+		return Limit{}, fmt.Errorf("%w %q: %s", ErrInvalidLimit, s, fmt.Sprintf(format, args...))
+	}
+	spec := strings.TrimSpace(s)
+	var burstText string
+	if i := strings.Index(spec, "burst"); i >= 0 {
+		burstText = strings.TrimSpace(strings.TrimLeft(spec[i+len("burst"):], " =:"))
+		spec = strings.TrimRight(strings.TrimSpace(spec[:i]), " ,;")
+		if burstText == "" {
+			return bad("burst needs a number")
+		}
+	}
+	rateText, periodText, ok := strings.Cut(spec, "/")
+	if !ok {
+		return bad("want RATE/PERIOD, for example 10/s or 100/min")
+	}
+	rate, err := parseCount(strings.TrimSpace(rateText))
+	if err != nil {
+		return bad("rate: %v", err)
+	}
+	periodText = strings.TrimSpace(periodText)
+	i := 0
+	for i < len(periodText) && periodText[i] >= '0' && periodText[i] <= '9' {
+		i++
+	}
+	mult := int64(1)
+	if i > 0 {
+		mult, err = strconv.ParseInt(periodText[:i], 10, 64)
+		if err != nil || mult <= 0 {
+			return bad("period multiplier %q must be a positive integer", periodText[:i])
+		}
+	}
+	unit, ok := units[strings.ToLower(strings.TrimSpace(periodText[i:]))]
+	if !ok {
+		return bad("unknown unit %q; use ms, s, min, h or day", periodText[i:])
+	}
+	if mult > int64(maxPeriod/unit) {
+		return bad("period %s%s is longer than %s", periodText[:i], periodText[i:], maxPeriod)
+	}
+	l := Limit{Rate: rate, Period: time.Duration(mult) * unit}
+	if burstText != "" {
+		if l.Burst, err = parseCount(burstText); err != nil {
+			return bad("burst: %v", err)
+		}
+	}
+	if err := l.Validate(); err != nil {
+		return Limit{}, fmt.Errorf("%q: %w", s, err)
+	}
+	return l, nil
+}
+
+// parseCount reads a positive integer. It rejects fractions, NaN, infinities
+// and values that overflow, naming the text.
+func parseCount(s string) (int64, error) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		var numErr *strconv.NumError
+		if errors.As(err, &numErr) && errors.Is(numErr.Err, strconv.ErrRange) {
+			return 0, fmt.Errorf("%q overflows", s)
+		}
+		return 0, fmt.Errorf("%q is not a whole number", s)
+	}
+	if n <= 0 {
+		return 0, fmt.Errorf("%q must be positive", s)
+	}
+	if n > maxRate {
+		return 0, fmt.Errorf("%q exceeds %d", s, int64(maxRate))
+	}
+	return n, nil
+}
