@@ -1,0 +1,466 @@
+// Package memstore is sluice's embedded in-memory Store: the default when
+// no Redis is configured, and the fallback of the Redis store's "local"
+// failure policy.
+//
+// # Design
+//
+// Keys live in a concurrent hash map (xsync.Map) whose reads take no lock,
+// so many keys do not contend and one hot key costs one clock read, one map
+// lookup and one compare-and-swap. GCRA, the default algorithm, keeps its
+// whole state in one atomic int64 (the theoretical arrival time) and never
+// locks. The other algorithms keep an algo.State behind a per-key mutex.
+// A key belongs to one algorithm family: GCRA state and the other
+// algorithms' state are kept apart.
+//
+// Memory is bounded two ways. A key whose state has expired (its bucket is
+// full again, its window has passed) is worth nothing and is dropped by a
+// sweep, run in the background every SweepInterval and whenever the store
+// grows past MaxKeys. If a sweep of expired keys does not bring the store
+// under MaxKeys, it evicts the keys whose state expires soonest, the least
+// recently charged, chosen by sampling, down to 90% of MaxKeys.
+//
+// A GCRA key costs about 50 bytes besides its key string (a map entry and
+// an 8-byte cell); see docs/BENCHMARKS.md.
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/puzpuzpuz/xsync/v4"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/algo"
+	"github.com/sluice-io/sluice/clock"
+)
+
+// Defaults for Options.
+const (
+	DefaultMaxKeys       = 1 << 20
+	DefaultSweepInterval = time.Minute
+)
+
+// dead marks a GCRA cell that a sweep removed from the map; an operation
+// that finds it looks the key up again.
+const dead = -1 << 63
+
+// Options configure a Store. The zero value is usable.
+type Options struct {
+	// Clock supplies the time. Nil means clock.NewSystem(). Tests inject a
+	// *clock.Fake.
+	Clock clock.Clock
+	// MaxKeys bounds the number of keys held. Zero means DefaultMaxKeys.
+	MaxKeys int
+	// SweepInterval is how often idle keys are dropped in the background.
+	// Zero means DefaultSweepInterval; negative disables the background
+	// sweep (sweeps still run when the store is full).
+	SweepInterval time.Duration
+}
+
+// Store is the in-memory sluice.Store. It is safe for concurrent use. Close
+// stops its background sweep.
+type Store struct {
+	clk     clock.Clock
+	maxKeys int64
+	gcra    *xsync.Map[string, *atomic.Int64]
+	cells   *xsync.Map[string, *cell]
+	count   atomic.Int64 // keys in both maps
+	params  atomic.Pointer[algo.GCRAParams]
+	sweepMu sync.Mutex
+	stop    chan struct{}
+	done    chan struct{}
+	closed  sync.Once
+}
+
+// cell holds a non-GCRA key's state.
+type cell struct {
+	mu     sync.Mutex
+	st     algo.State
+	expiry atomic.Int64 // when st reads as fresh; read by sweeps without mu
+	dead   bool         // removed from the map; guarded by mu
+}
+
+// New returns a Store. It starts a background sweep unless
+// opts.SweepInterval is negative.
+func New(opts Options) (*Store, error) {
+	if opts.MaxKeys < 0 {
+		return nil, fmt.Errorf("memstore: MaxKeys %d must not be negative", opts.MaxKeys)
+	}
+	if opts.MaxKeys == 0 {
+		opts.MaxKeys = DefaultMaxKeys
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.NewSystem()
+	}
+	if opts.SweepInterval == 0 {
+		opts.SweepInterval = DefaultSweepInterval
+	}
+	s := &Store{
+		clk:     opts.Clock,
+		maxKeys: int64(opts.MaxKeys),
+		gcra:    xsync.NewMap[string, *atomic.Int64](),
+		cells:   xsync.NewMap[string, *cell](),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	if opts.SweepInterval > 0 {
+		go s.sweepLoop(opts.SweepInterval)
+	} else {
+		close(s.done)
+	}
+	return s, nil
+}
+
+// Close stops the background sweep. The store stays usable.
+func (s *Store) Close() error {
+	s.closed.Do(func() { close(s.stop) })
+	<-s.done
+	return nil
+}
+
+// Len returns the number of keys held.
+func (s *Store) Len() int { return int(s.count.Load()) }
+
+// Apply implements sluice.Store.
+func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
+	if req.Algorithm == sluice.GCRA && op == sluice.OpAllow {
+		return s.gcraAllow(req)
+	}
+	if err := req.Validate(op); err != nil {
+		return sluice.Decision{}, fmt.Errorf("memstore: %w", err)
+	}
+	ds, err := s.apply(op, []sluice.Request{req})
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	return ds[0], nil
+}
+
+// ApplyAll implements sluice.Store.
+func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
+	for i := range reqs {
+		if err := reqs[i].Validate(op); err != nil {
+			return nil, fmt.Errorf("memstore: request %d: %w", i, err)
+		}
+	}
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	return s.apply(op, reqs)
+}
+
+// gcraParams returns the parameters of l, from a one-entry cache: callers
+// mostly repeat one limit.
+func (s *Store) gcraParams(l sluice.Limit) (*algo.GCRAParams, error) {
+	if p := s.params.Load(); p != nil && p.Limit == l {
+		return p, nil
+	}
+	p, err := algo.NewGCRAParams(l)
+	if err != nil {
+		return nil, err
+	}
+	s.params.Store(&p)
+	return &p, nil
+}
+
+// gcraAllow is the lock-free fast path: one clock read, one map lookup,
+// one compare-and-swap.
+func (s *Store) gcraAllow(req sluice.Request) (sluice.Decision, error) {
+	p, err := s.gcraParams(req.Limit)
+	if err != nil || req.Key == "" || req.Cost < 1 || req.Cost > req.Limit.Capacity() {
+		if err == nil {
+			err = req.Validate(sluice.OpAllow)
+		}
+		return sluice.Decision{}, fmt.Errorf("memstore: %w", err)
+	}
+	for {
+		c := s.gcraCell(req.Key)
+		for {
+			now := s.clk.Now()
+			old := c.Load()
+			if old == dead {
+				break
+			}
+			d, tat := algo.GCRAAllow(old, p, req.Cost, now)
+			if !d.Allowed || c.CompareAndSwap(old, tat) {
+				return d, nil
+			}
+		}
+	}
+}
+
+func (s *Store) gcraCell(key string) *atomic.Int64 {
+	if c, ok := s.gcra.Load(key); ok {
+		return c
+	}
+	c, loaded := s.gcra.LoadOrStore(key, new(atomic.Int64))
+	if !loaded {
+		s.added()
+	}
+	return c
+}
+
+func (s *Store) cell(key string) *cell {
+	if c, ok := s.cells.Load(key); ok {
+		return c
+	}
+	c, loaded := s.cells.LoadOrStore(key, new(cell))
+	if !loaded {
+		s.added()
+	}
+	return c
+}
+
+// added counts a new key and sweeps when the store is over its bound.
+func (s *Store) added() {
+	if s.count.Add(1) > s.maxKeys && s.sweepMu.TryLock() {
+		defer s.sweepMu.Unlock()
+		s.sweep(true)
+	}
+}
+
+// member is one request's part in an apply: its cell and pending state.
+type member struct {
+	gcra  *atomic.Int64 // GCRA keys
+	old   int64
+	cell  *cell // other keys
+}
+
+// apply runs op on validated requests atomically. Non-GCRA cells are locked
+// in key order for the whole step; GCRA cells are read, then updated by
+// compare-and-swap, and the step is retried if any of them changed meanwhile.
+func (s *Store) apply(op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if op == sluice.OpReset {
+		for _, r := range reqs {
+			s.reset(r)
+		}
+		ds := make([]sluice.Decision, len(reqs))
+		for i, r := range reqs {
+			ds[i] = sluice.Decision{Allowed: true, Limit: r.Limit, Remaining: r.Capacity()}
+		}
+		return ds, nil
+	}
+	order := make([]int, len(reqs))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return reqs[order[a]].Key < reqs[order[b]].Key })
+	for {
+		members, locked, ok := s.lockMembers(reqs, order)
+		if !ok {
+			continue
+		}
+		ds, retry := s.step(op, reqs, order, members)
+		for _, c := range locked {
+			c.mu.Unlock()
+		}
+		if !retry {
+			return ds, nil
+		}
+	}
+}
+
+// lockMembers finds or creates each request's cell and locks the non-GCRA
+// ones in key order, each once, returning them as locked. It reports false,
+// with nothing locked, when it met a cell a sweep had just removed.
+func (s *Store) lockMembers(reqs []sluice.Request, order []int) (members []member, locked []*cell, ok bool) {
+	members = make([]member, len(reqs))
+	for _, i := range order {
+		r := &reqs[i]
+		if r.Algorithm == sluice.GCRA {
+			members[i].gcra = s.gcraCell(r.Key)
+			continue
+		}
+		c := s.cell(r.Key)
+		if n := len(locked); n > 0 && locked[n-1] == c {
+			members[i].cell = c
+			continue
+		}
+		c.mu.Lock()
+		if c.dead {
+			c.mu.Unlock()
+			for _, l := range locked {
+				l.mu.Unlock()
+			}
+			return nil, nil, false
+		}
+		members[i].cell = c
+		locked = append(locked, c)
+	}
+	return members, locked, true
+}
+
+// step computes every decision and commits the new states if the batch may
+// be charged. It reports retry when a GCRA cell changed underneath.
+func (s *Store) step(op sluice.Op, reqs []sluice.Request, order []int, members []member) ([]sluice.Decision, bool) {
+	now := s.clk.Now()
+	ds := make([]sluice.Decision, len(reqs))
+	// pending state per cell, so that repeated keys see each other's charge
+	gcraSeen := map[*atomic.Int64]int64{}
+	cellSeen := map[*cell]algo.State{}
+	allowed := true
+	for _, i := range order {
+		m := &members[i]
+		var st algo.State
+		if m.gcra != nil {
+			v, ok := gcraSeen[m.gcra]
+			if !ok {
+				v = m.gcra.Load()
+				if v == dead {
+					return nil, true
+				}
+				m.old = v
+			}
+			st.A = v
+		} else {
+			var ok bool
+			if st, ok = cellSeen[m.cell]; !ok {
+				st = m.cell.st
+			}
+		}
+		d, next, err := algo.Apply(op, st, reqs[i], now)
+		if err != nil { // validated already; keep the state as it is
+			continue
+		}
+		ds[i] = d
+		allowed = allowed && d.Allowed
+		if m.gcra != nil {
+			gcraSeen[m.gcra] = next.A
+		} else {
+			cellSeen[m.cell] = next
+		}
+	}
+	if op == sluice.OpPeek || (op == sluice.OpAllow && !allowed) {
+		return ds, false
+	}
+	// Commit: GCRA cells by compare-and-swap, rolled back on conflict.
+	var done []*atomic.Int64
+	for _, i := range order {
+		m := &members[i]
+		if m.gcra == nil || slices.Contains(done, m.gcra) {
+			continue
+		}
+		if !m.gcra.CompareAndSwap(m.old, gcraSeen[m.gcra]) {
+			for _, c := range done {
+				rollback(c, gcraSeen[c], members, order)
+			}
+			return nil, true
+		}
+		done = append(done, m.gcra)
+	}
+	for _, i := range order {
+		if c := members[i].cell; c != nil {
+			st := cellSeen[c]
+			c.st = st
+			c.expiry.Store(algo.Expiry(&st, &reqs[i]))
+		}
+	}
+	return ds, false
+}
+
+// rollback undoes a committed GCRA update after a later one in the batch
+// lost its race. If another request charged the cell since, its charge is
+// kept: the difference is subtracted rather than the old value restored.
+func rollback(c *atomic.Int64, committed int64, members []member, order []int) {
+	var old int64
+	for _, i := range order {
+		if members[i].gcra == c {
+			old = members[i].old
+			break
+		}
+	}
+	if !c.CompareAndSwap(committed, old) {
+		c.Add(old - committed)
+	}
+}
+
+func (s *Store) reset(r sluice.Request) {
+	if r.Algorithm == sluice.GCRA {
+		if c, ok := s.gcra.Load(r.Key); ok {
+			c.Store(0)
+		}
+		return
+	}
+	if c, ok := s.cells.Load(r.Key); ok {
+		c.mu.Lock()
+		c.st = algo.State{}
+		c.expiry.Store(0)
+		c.mu.Unlock()
+	}
+}
+
+func (s *Store) sweepLoop(every time.Duration) {
+	defer close(s.done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.Sweep()
+		}
+	}
+}
+
+// Sweep drops every key whose state has expired, and, if the store is
+// still over MaxKeys, the keys that expire soonest. It returns how many
+// keys it dropped. It runs by itself; call it to free memory at once.
+func (s *Store) Sweep() int {
+	s.sweepMu.Lock()
+	defer s.sweepMu.Unlock()
+	return s.sweep(s.count.Load() > s.maxKeys)
+}
+
+// sweep must be called with sweepMu held.
+func (s *Store) sweep(full bool) int {
+	now := s.clk.Now()
+	n := s.deleteBefore(now)
+	if !full || s.count.Load() <= s.maxKeys*9/10 {
+		return n
+	}
+	// Evict the soonest-expiring keys: find the expiry below which the
+	// excess lies, from a sample.
+	excess := s.count.Load() - s.maxKeys*9/10
+	sample := make([]int64, 0, 1024)
+	s.gcra.Range(func(_ string, c *atomic.Int64) bool {
+		sample = append(sample, c.Load())
+		return len(sample) < cap(sample)/2
+	})
+	s.cells.Range(func(_ string, c *cell) bool {
+		sample = append(sample, c.expiry.Load())
+		return len(sample) < cap(sample)
+	})
+	slices.Sort(sample)
+	frac := float64(excess) / float64(max(s.count.Load(), 1))
+	cut := sample[min(len(sample)-1, int(frac*float64(len(sample))))]
+	return n + s.deleteBefore(cut+1)
+}
+
+// deleteBefore drops the keys whose state expires at or before t.
+func (s *Store) deleteBefore(t int64) int {
+	n := s.gcra.DeleteMatching(func(_ string, c *atomic.Int64) (bool, bool) {
+		v := c.Load()
+		return v <= t && v != dead && c.CompareAndSwap(v, dead), false
+	})
+	n += s.cells.DeleteMatching(func(_ string, c *cell) (bool, bool) {
+		if c.expiry.Load() > t || !c.mu.TryLock() {
+			return false, false
+		}
+		defer c.mu.Unlock()
+		if c.expiry.Load() > t {
+			return false, false
+		}
+		c.dead = true
+		return true, false
+	})
+	s.count.Add(-int64(n))
+	return n
+}
+
+var _ sluice.Store = (*Store)(nil)
