@@ -107,7 +107,8 @@ type Decision struct {
 	// Limit is the limit that was applied.
 	Limit Limit
 	// Remaining is how much more could be admitted right now, after this
-	// request. It can be negative after OpCharge.
+	// request. It can be negative after OpCharge. In a batch denied as a
+	// whole it is the remainder without this request's charge.
 	Remaining int64
 	// RetryAfter is zero when Allowed. Otherwise it is the exact wait after
 	// which the same request would be admitted, if nothing else happens:

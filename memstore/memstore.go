@@ -335,7 +335,21 @@ func (s *Store) step(op sluice.Op, reqs []sluice.Request, order []int, members [
 			cellSeen[m.cell] = next
 		}
 	}
-	if op == sluice.OpPeek || (op == sluice.OpAllow && !allowed) {
+	if op == sluice.OpAllow && !allowed {
+		// Nothing is charged: report each member's state as it stands.
+		for _, i := range order {
+			if ds[i].Allowed {
+				m := &members[i]
+				st := algo.State{A: m.old}
+				if m.cell != nil {
+					st = m.cell.st
+				}
+				ds[i], _, _ = algo.Apply(sluice.OpPeek, st, reqs[i], now)
+			}
+		}
+		return ds, false
+	}
+	if op == sluice.OpPeek {
 		return ds, false
 	}
 	// Commit: GCRA cells by compare-and-swap, rolled back on conflict.
