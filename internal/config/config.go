@@ -1,0 +1,701 @@
+// Package config loads and validates the sluice service's YAML file: the
+// store, named policies, tiers of policies, API keys (as SHA-256 hashes)
+// with per-key overrides, and the forward-auth settings.
+//
+// Loading is strict and takes three steps, as Prometheus does: decode with
+// unknown fields rejected, apply defaults, validate. Every error names the
+// file, the line and the field, and lists the valid choices where there are
+// any. The result is an immutable *Config that the server swaps atomically
+// on reload.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/sluice-io/sluice"
+)
+
+// ErrInvalid means a configuration file is malformed. Load's errors wrap it.
+var ErrInvalid = errors.New("config: invalid configuration")
+
+// Defaults applied to fields left empty.
+const (
+	DefaultListen          = ":8080"
+	DefaultMaxBodyBytes    = 64 << 10
+	DefaultMaxChecks       = 16
+	DefaultShutdownTimeout = 10 * time.Second
+	DefaultStoreTimeout    = 50 * time.Millisecond
+	// MaxFileBytes bounds the configuration file itself.
+	MaxFileBytes = 16 << 20
+	// MaxKeyLen bounds an identity, the key of a check.
+	MaxKeyLen = 512
+)
+
+// Failure policies of the store section.
+const (
+	FailOpen   = "fail_open"
+	FailClosed = "fail_closed"
+	FailLocal  = "local"
+)
+
+var (
+	failurePolicies = []string{FailOpen, FailClosed, FailLocal}
+	unknownKeyModes = []string{"reject", "default_tier"}
+	nameRE          = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+	hashRE          = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
+
+// Config is a validated configuration. It is immutable once loaded.
+type Config struct {
+	// Path is the file it was loaded from.
+	Path string
+	// File is the document as decoded, with defaults applied. Extension
+	// sections (see File) are read from here.
+	File *File
+	// Listen is the HTTP API's address.
+	Listen string
+	// AdminToken guards POST /v1/reset; empty disables it.
+	AdminToken string
+	// MaxBodyBytes bounds a request body.
+	MaxBodyBytes int64
+	// MaxChecks bounds the checks of one batch.
+	MaxChecks int
+	// ShutdownTimeout bounds the drain on shutdown.
+	ShutdownTimeout time.Duration
+	// Store is the store section with defaults applied.
+	Store StoreSection
+	// Policies by name.
+	Policies map[string]*Policy
+	// Tiers by name.
+	Tiers map[string]*Tier
+	// Keys by SHA-256 hash.
+	Keys map[string]*Key
+	// Overrides by identity, then policy name.
+	Overrides map[string]map[string]sluice.Limit
+	// Authz is the forward-auth configuration.
+	Authz Authz
+}
+
+// Policy is a named limit.
+type Policy struct {
+	// Name is the policy's name, used in metrics and store keys.
+	Name string
+	// Algorithm enforces the limit.
+	Algorithm sluice.Algorithm
+	// Limit is the limit.
+	Limit sluice.Limit
+	// Shadow counts denials without enforcing them.
+	Shadow bool
+}
+
+// Tier is a plan: policies applied together, all or nothing.
+type Tier struct {
+	// Name is the tier's name.
+	Name string
+	// Policies are applied together.
+	Policies []*Policy
+}
+
+// Key is an API key, known by its hash.
+type Key struct {
+	// Name describes the key.
+	Name string
+	// Hash is sluice.HashKey of the key.
+	Hash string
+	// Tier is the key's tier.
+	Tier *Tier
+	// Overrides replace policy limits for this key, by policy name.
+	Overrides map[string]sluice.Limit
+}
+
+// Authz is the compiled forward-auth section.
+type Authz struct {
+	// APIKeyHeaders are tried in order.
+	APIKeyHeaders []string
+	// UserHeader carries a trusted user id; empty disables it.
+	UserHeader string
+	// TrustedProxies may set X-Forwarded-For.
+	TrustedProxies []netip.Prefix
+	// DefaultTier applies to callers without a known API key; nil means such
+	// callers are rejected.
+	DefaultTier *Tier
+	// RejectUnknownKeys answers 401 to API keys that are not configured.
+	RejectUnknownKeys bool
+	// DenyStatus is the status of a denial.
+	DenyStatus int
+}
+
+// Load reads, decodes and validates the file at path.
+func Load(path string) (*Config, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(io.LimitReader(f, MaxFileBytes+1)); err != nil {
+		return nil, fmt.Errorf("config: read %s: %w", path, err)
+	}
+	if buf.Len() > MaxFileBytes {
+		return nil, fmt.Errorf("%w: %s: larger than %d bytes", ErrInvalid, path, MaxFileBytes)
+	}
+	return Parse(path, buf.Bytes())
+}
+
+// Parse decodes and validates data; name is the file name used in errors.
+// All problems found are reported together, one per line.
+func Parse(name string, data []byte) (*Config, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, fmt.Errorf("%w: %s", ErrInvalid, yamlError(name, err))
+	}
+	if len(root.Content) == 0 {
+		return nil, fmt.Errorf("%w: %s: empty file", ErrInvalid, name)
+	}
+	v := &validator{file: name, root: root.Content[0]}
+	v.checkFields(v.root, reflect.TypeFor[File](), "")
+	if len(v.errs) > 0 {
+		return nil, v.err()
+	}
+	var file File
+	if err := v.root.Decode(&file); err != nil {
+		return nil, fmt.Errorf("%w: %s", ErrInvalid, v.typeError(err))
+	}
+	cfg := v.compile(&file)
+	if len(v.errs) > 0 {
+		return nil, v.err()
+	}
+	cfg.Path = name
+	return cfg, nil
+}
+
+// validator collects errors, each located in the file.
+type validator struct {
+	file string
+	root *yaml.Node
+	errs []string
+}
+
+func (v *validator) err() error {
+	return fmt.Errorf("%w:\n  %s", ErrInvalid, strings.Join(v.errs, "\n  "))
+}
+
+// addf records an error at the field named by path, such as
+// "policies.free.limit" or "keys[2].tier".
+func (v *validator) addf(path string, format string, args ...any) {
+	v.errs = append(v.errs, fmt.Sprintf("%s:%d: %s: %s", v.file, v.line(path), path, fmt.Sprintf(format, args...)))
+}
+
+// line finds the line of the value at path, or of the nearest parent that
+// exists.
+func (v *validator) line(path string) int {
+	n := v.root
+	line := n.Line
+	for _, part := range splitPath(path) {
+		next := child(n, part)
+		if next == nil {
+			break
+		}
+		n, line = next, next.Line
+	}
+	return line
+}
+
+func splitPath(path string) []string {
+	var parts []string
+	for _, p := range strings.Split(path, ".") {
+		for {
+			i := strings.IndexByte(p, '[')
+			if i < 0 {
+				break
+			}
+			if i > 0 {
+				parts = append(parts, p[:i])
+			}
+			j := strings.IndexByte(p, ']')
+			if j < i {
+				break
+			}
+			parts = append(parts, p[i:j+1])
+			p = p[j+1:]
+		}
+		if p != "" {
+			parts = append(parts, p)
+		}
+	}
+	return parts
+}
+
+func child(n *yaml.Node, part string) *yaml.Node {
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == part {
+				return n.Content[i+1]
+			}
+		}
+	case yaml.SequenceNode:
+		if strings.HasPrefix(part, "[") {
+			i, err := strconv.Atoi(strings.Trim(part, "[]"))
+			if err == nil && i >= 0 && i < len(n.Content) {
+				return n.Content[i]
+			}
+		}
+	}
+	return nil
+}
+
+// checkFields rejects mapping keys that t has no field for, naming the
+// valid ones. It walks maps, slices and nested structs.
+func (v *validator) checkFields(n *yaml.Node, t reflect.Type, path string) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	join := func(p, k string) string {
+		if p == "" {
+			return k
+		}
+		return p + "." + k
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		if t == reflect.TypeFor[time.Time]() || n.Kind != yaml.MappingNode {
+			return
+		}
+		fields := map[string]reflect.Type{}
+		var names []string
+		for i := range t.NumField() {
+			f := t.Field(i)
+			tag, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			if tag == "" || tag == "-" || !f.IsExported() {
+				continue
+			}
+			fields[tag] = f.Type
+			names = append(names, tag)
+		}
+		seen := map[string]bool{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key := n.Content[i].Value
+			ft, ok := fields[key]
+			if !ok {
+				v.errs = append(v.errs, fmt.Sprintf("%s:%d: %s: unknown field; valid: %s", v.file, n.Content[i].Line, join(path, key), strings.Join(names, ", ")))
+				continue
+			}
+			if seen[key] {
+				v.errs = append(v.errs, fmt.Sprintf("%s:%d: %s: given twice", v.file, n.Content[i].Line, join(path, key)))
+			}
+			seen[key] = true
+			v.checkFields(n.Content[i+1], ft, join(path, key))
+		}
+	case reflect.Map:
+		if n.Kind != yaml.MappingNode {
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			v.checkFields(n.Content[i+1], t.Elem(), join(path, n.Content[i].Value))
+		}
+	case reflect.Slice:
+		if n.Kind != yaml.SequenceNode {
+			return
+		}
+		for i, c := range n.Content {
+			v.checkFields(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i))
+		}
+	}
+}
+
+// typeError rewrites yaml.v3's decoding errors as "file:N: field: ...".
+func (v *validator) typeError(err error) string {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return yamlError(v.file, err)
+	}
+	out := make([]string, len(te.Errors))
+	for i, e := range te.Errors {
+		rest := strings.TrimPrefix(e, "line ")
+		num, msg, _ := strings.Cut(rest, ": ")
+		line, _ := strconv.Atoi(num)
+		msg = strings.Replace(msg, "cannot unmarshal !!str", "cannot use", 1)
+		msg = strings.Replace(msg, "cannot unmarshal", "cannot use", 1)
+		msg = strings.Replace(msg, "` into ", "` as ", 1)
+		if path := pathAtLine(v.root, "", line); path != "" {
+			out[i] = fmt.Sprintf("%s:%d: %s: %s", v.file, line, path, msg)
+		} else {
+			out[i] = fmt.Sprintf("%s:%d: %s", v.file, line, msg)
+		}
+	}
+	return strings.Join(out, "\n  ")
+}
+
+// pathAtLine returns the path of the first value node at line.
+func pathAtLine(n *yaml.Node, path string, line int) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			p := n.Content[i].Value
+			if path != "" {
+				p = path + "." + p
+			}
+			val := n.Content[i+1]
+			if val.Line == line && (val.Kind == yaml.ScalarNode || val.Kind == yaml.AliasNode) {
+				return p
+			}
+			if found := pathAtLine(val, p, line); found != "" {
+				return found
+			}
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			p := fmt.Sprintf("%s[%d]", path, i)
+			if c.Line == line && c.Kind == yaml.ScalarNode {
+				return p
+			}
+			if found := pathAtLine(c, p, line); found != "" {
+				return found
+			}
+		}
+	}
+	return ""
+}
+
+// yamlError rewrites yaml.v3's "line N: ..." messages as "file:N: ...".
+func yamlError(name string, err error) string {
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		out := make([]string, len(te.Errors))
+		for i, e := range te.Errors {
+			out[i] = name + ":" + strings.TrimPrefix(e, "line ")
+		}
+		return strings.Join(out, "\n  ")
+	}
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	if rest, ok := strings.CutPrefix(msg, "line "); ok {
+		return name + ":" + rest
+	}
+	return name + ": " + msg
+}
+
+// compile applies defaults and validates, recording errors in v.
+func (v *validator) compile(f *File) *Config {
+	cfg := &Config{
+		File:            f,
+		Listen:          f.Listen,
+		AdminToken:      f.AdminToken,
+		MaxBodyBytes:    f.MaxBodyBytes,
+		MaxChecks:       f.MaxChecks,
+		ShutdownTimeout: f.ShutdownTimeout,
+		Store:           f.Store,
+		Policies:        map[string]*Policy{},
+		Tiers:           map[string]*Tier{},
+		Keys:            map[string]*Key{},
+		Overrides:       map[string]map[string]sluice.Limit{},
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = DefaultListen
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	} else if cfg.MaxBodyBytes < 0 || cfg.MaxBodyBytes > 16<<20 {
+		v.addf("max_body_bytes", "%d must be between 1 and %d", cfg.MaxBodyBytes, 16<<20)
+	}
+	if cfg.MaxChecks == 0 {
+		cfg.MaxChecks = DefaultMaxChecks
+	} else if cfg.MaxChecks < 0 || cfg.MaxChecks > 1000 {
+		v.addf("max_checks", "%d must be between 1 and 1000", cfg.MaxChecks)
+	}
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = DefaultShutdownTimeout
+	} else if cfg.ShutdownTimeout < 0 {
+		v.addf("shutdown_timeout", "%s must be positive", cfg.ShutdownTimeout)
+	}
+	v.compileStore(&cfg.Store)
+
+	names := sortedKeys(f.Policies)
+	for _, name := range names {
+		p := f.Policies[name]
+		path := "policies." + name
+		if !nameRE.MatchString(name) {
+			v.addf(path, "policy name must be 1-64 letters, digits, '_', '-' or '.'")
+		}
+		pol := &Policy{Name: name, Algorithm: sluice.GCRA, Shadow: p.Shadow}
+		if p.Algorithm != "" {
+			a, err := sluice.ParseAlgorithm(p.Algorithm)
+			if err != nil {
+				v.addf(path+".algorithm", "unknown algorithm %q; valid: %s", p.Algorithm, algorithmNames())
+			} else if a == sluice.Concurrency {
+				v.addf(path+".algorithm", "concurrency needs leases and is not served over HTTP; valid: %s", algorithmNames())
+			} else {
+				pol.Algorithm = a
+			}
+		}
+		if p.Limit == "" {
+			v.addf(path+".limit", "required, for example \"10/min\" or \"100/s burst 200\"")
+		} else if l, err := sluice.ParseLimit(p.Limit); err != nil {
+			v.addf(path+".limit", "%s", strings.TrimPrefix(err.Error(), "sluice: "))
+		} else {
+			pol.Limit = l
+		}
+		if p.Burst < 0 {
+			v.addf(path+".burst", "%d must not be negative", p.Burst)
+		} else if p.Burst > 0 && pol.Limit.Rate > 0 {
+			pol.Limit.Burst = p.Burst
+			if err := pol.Limit.Validate(); err != nil {
+				v.addf(path+".burst", "%s", strings.TrimPrefix(err.Error(), "sluice: "))
+			}
+		}
+		cfg.Policies[name] = pol
+	}
+
+	for _, name := range sortedKeys(f.Tiers) {
+		t := f.Tiers[name]
+		path := "tiers." + name
+		if !nameRE.MatchString(name) {
+			v.addf(path, "tier name must be 1-64 letters, digits, '_', '-' or '.'")
+		}
+		if len(t.Policies) == 0 {
+			v.addf(path+".policies", "a tier needs at least one policy; valid: %s", strings.Join(names, ", "))
+		}
+		tier := &Tier{Name: name}
+		seen := map[string]bool{}
+		for i, pn := range t.Policies {
+			p, ok := cfg.Policies[pn]
+			switch {
+			case !ok:
+				v.addf(fmt.Sprintf("%s.policies[%d]", path, i), "unknown policy %q; valid: %s", pn, strings.Join(names, ", "))
+			case seen[pn]:
+				v.addf(fmt.Sprintf("%s.policies[%d]", path, i), "policy %q listed twice", pn)
+			default:
+				tier.Policies = append(tier.Policies, p)
+			}
+			seen[pn] = true
+		}
+		cfg.Tiers[name] = tier
+	}
+	tierNames := sortedKeys(f.Tiers)
+
+	for i, k := range f.Keys {
+		path := fmt.Sprintf("keys[%d]", i)
+		hash := strings.ToLower(strings.TrimSpace(k.Hash))
+		switch {
+		case !hashRE.MatchString(hash):
+			v.addf(path+".hash", "want the 64 hex digits of the key's SHA-256 (sluice keys hash KEY), never the key itself")
+		case cfg.Keys[hash] != nil:
+			v.addf(path+".hash", "same key as %q", cfg.Keys[hash].Name)
+		}
+		tier, ok := cfg.Tiers[k.Tier]
+		if !ok {
+			v.addf(path+".tier", "unknown tier %q; valid: %s", k.Tier, strings.Join(tierNames, ", "))
+		}
+		key := &Key{Name: k.Name, Hash: hash, Tier: tier}
+		if key.Name == "" {
+			key.Name = "key-" + hash[:min(8, len(hash))]
+		}
+		for _, pn := range sortedKeys(k.Overrides) {
+			opath := path + ".overrides." + pn
+			if _, ok := cfg.Policies[pn]; !ok {
+				v.addf(opath, "unknown policy %q; valid: %s", pn, strings.Join(names, ", "))
+				continue
+			}
+			l, err := sluice.ParseLimit(k.Overrides[pn])
+			if err != nil {
+				v.addf(opath, "%s", strings.TrimPrefix(err.Error(), "sluice: "))
+				continue
+			}
+			if key.Overrides == nil {
+				key.Overrides = map[string]sluice.Limit{}
+			}
+			key.Overrides[pn] = l
+		}
+		if hashRE.MatchString(hash) && cfg.Keys[hash] == nil {
+			cfg.Keys[hash] = key
+		}
+	}
+
+	for i, o := range f.Overrides {
+		path := fmt.Sprintf("overrides[%d]", i)
+		if o.Key == "" || len(o.Key) > MaxKeyLen {
+			v.addf(path+".key", "required, at most %d bytes", MaxKeyLen)
+		}
+		if _, ok := cfg.Policies[o.Policy]; !ok {
+			v.addf(path+".policy", "unknown policy %q; valid: %s", o.Policy, strings.Join(names, ", "))
+			continue
+		}
+		l, err := sluice.ParseLimit(o.Limit)
+		if err != nil {
+			v.addf(path+".limit", "%s", strings.TrimPrefix(err.Error(), "sluice: "))
+			continue
+		}
+		m := cfg.Overrides[o.Key]
+		if m == nil {
+			m = map[string]sluice.Limit{}
+			cfg.Overrides[o.Key] = m
+		}
+		if _, dup := m[o.Policy]; dup {
+			v.addf(path, "key %q already has an override for policy %q", o.Key, o.Policy)
+		}
+		m[o.Policy] = l
+	}
+
+	v.compileAuthz(&f.Authz, cfg, tierNames)
+	v.validateExtensions(f)
+	return cfg
+}
+
+func (v *validator) compileStore(s *StoreSection) {
+	if s.URL == "" {
+		s.URL = "memory"
+	}
+	switch {
+	case s.URL == "memory":
+	case strings.HasPrefix(s.URL, "redis://"), strings.HasPrefix(s.URL, "rediss://"), strings.HasPrefix(s.URL, "unix://"):
+	default:
+		v.addf("store.url", "unknown store %q; valid: memory, redis://HOST:PORT/DB, rediss://..., unix://PATH", s.URL)
+	}
+	if s.FailurePolicy == "" {
+		s.FailurePolicy = FailOpen
+	} else if !slices.Contains(failurePolicies, s.FailurePolicy) {
+		v.addf("store.failure_policy", "unknown failure policy %q; valid: %s", s.FailurePolicy, strings.Join(failurePolicies, ", "))
+	}
+	if s.Timeout == 0 {
+		s.Timeout = DefaultStoreTimeout
+	} else if s.Timeout < 0 {
+		v.addf("store.timeout", "%s must be positive", s.Timeout)
+	}
+	if s.Instances == 0 {
+		s.Instances = 1
+	} else if s.Instances < 0 || s.Instances > 64 {
+		v.addf("store.instances", "%d must be between 1 and 64", s.Instances)
+	}
+	if s.MaxKeys < 0 {
+		v.addf("store.max_keys", "%d must not be negative", s.MaxKeys)
+	}
+}
+
+func (v *validator) compileAuthz(a *AuthzSection, cfg *Config, tierNames []string) {
+	out := Authz{APIKeyHeaders: a.APIKeyHeaders, UserHeader: a.UserHeader, DenyStatus: a.DenyStatus}
+	if len(out.APIKeyHeaders) == 0 {
+		out.APIKeyHeaders = []string{"X-API-Key", "Authorization"}
+	}
+	for i, p := range a.TrustedProxies {
+		pfx, err := netip.ParsePrefix(p)
+		if err != nil {
+			addr, aerr := netip.ParseAddr(p)
+			if aerr != nil {
+				v.addf(fmt.Sprintf("authz.trusted_proxies[%d]", i), "%q is neither a CIDR nor an IP address", p)
+				continue
+			}
+			pfx = netip.PrefixFrom(addr, addr.BitLen())
+		}
+		out.TrustedProxies = append(out.TrustedProxies, pfx.Masked())
+	}
+	if a.DefaultTier != "" {
+		t, ok := cfg.Tiers[a.DefaultTier]
+		if !ok {
+			v.addf("authz.default_tier", "unknown tier %q; valid: %s", a.DefaultTier, strings.Join(tierNames, ", "))
+		}
+		out.DefaultTier = t
+	}
+	switch a.UnknownKeys {
+	case "", "reject":
+		out.RejectUnknownKeys = true
+	case "default_tier":
+		if a.DefaultTier == "" {
+			v.addf("authz.unknown_keys", "default_tier needs authz.default_tier to be set")
+		}
+	default:
+		v.addf("authz.unknown_keys", "unknown mode %q; valid: %s", a.UnknownKeys, strings.Join(unknownKeyModes, ", "))
+	}
+	switch out.DenyStatus {
+	case 0:
+		out.DenyStatus = 429
+	case 429, 403, 401, 503:
+	default:
+		v.addf("authz.deny_status", "%d; valid: 429, 403, 401, 503", out.DenyStatus)
+	}
+	cfg.Authz = out
+}
+
+// validateExtensions calls Validate on every section of File that has one,
+// so that plugged-in components check their own sections.
+func (v *validator) validateExtensions(f *File) {
+	rv := reflect.ValueOf(f).Elem()
+	t := rv.Type()
+	for i := range t.NumField() {
+		tag, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+		fv := rv.Field(i)
+		if fv.Kind() == reflect.Pointer && fv.IsNil() {
+			continue
+		}
+		var val any
+		if fv.CanAddr() {
+			val = fv.Addr().Interface()
+		}
+		if vv, ok := val.(interface{ Validate() error }); ok {
+			if err := vv.Validate(); err != nil {
+				v.addf(tag, "%v", err)
+			}
+		} else if vv, ok := fv.Interface().(interface{ Validate() error }); ok {
+			if err := vv.Validate(); err != nil {
+				v.addf(tag, "%v", err)
+			}
+		}
+	}
+}
+
+func algorithmNames() string {
+	var names []string
+	for _, a := range sluice.Algorithms() {
+		if a != sluice.Concurrency {
+			names = append(names, a.String())
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// LimitFor returns the limit policy p applies to identity: a per-key
+// override from the API key's entry (key may be nil), then one from
+// `overrides:`, then the policy's own.
+func (c *Config) LimitFor(p *Policy, identity string, key *Key) sluice.Limit {
+	if key != nil {
+		if l, ok := key.Overrides[p.Name]; ok {
+			return l
+		}
+	}
+	if len(c.Overrides) > 0 {
+		if l, ok := c.Overrides[identity][p.Name]; ok {
+			return l
+		}
+	}
+	return p.Limit
+}
+
+// PolicyNames lists the policies, sorted.
+func (c *Config) PolicyNames() []string { return sortedKeys(c.Policies) }
+
+// TierNames lists the tiers, sorted.
+func (c *Config) TierNames() []string { return sortedKeys(c.Tiers) }

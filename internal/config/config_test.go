@@ -1,0 +1,159 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+)
+
+func TestExampleConfig(t *testing.T) {
+	cfg, err := Load("../../examples/sluice.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]sluice.Limit{
+		"free":       sluice.PerMinute(10),
+		"pro":        sluice.PerMinute(100),
+		"enterprise": sluice.PerMinute(1000),
+	}
+	for tier, l := range want {
+		tr := cfg.Tiers[tier]
+		if tr == nil || tr.Policies[0].Limit != l || tr.Policies[0].Algorithm != sluice.TokenBucket {
+			t.Errorf("tier %s = %+v, want first policy token_bucket %s", tier, tr, l)
+		}
+	}
+	k := cfg.Keys[sluice.HashKey("sk-pro-demo-0002")]
+	if k == nil || k.Tier.Name != "pro" {
+		t.Fatalf("demo pro key: %+v", k)
+	}
+	ent := cfg.Keys[sluice.HashKey("sk-enterprise-demo-0003")]
+	if got := cfg.LimitFor(cfg.Policies["enterprise"], "key:"+ent.Hash, ent); got != sluice.PerMinute(2000) {
+		t.Errorf("enterprise override = %s", got)
+	}
+	if got := cfg.LimitFor(cfg.Policies["free"], "user:batch-importer", nil); got != sluice.PerMinute(60) {
+		t.Errorf("identity override = %s", got)
+	}
+	if got := cfg.LimitFor(cfg.Policies["free"], "user:other", nil); got != sluice.PerMinute(10) {
+		t.Errorf("no override = %s", got)
+	}
+	if !cfg.Policies["daily"].Shadow || cfg.Policies["anonymous"].Limit.Burst != 10 {
+		t.Errorf("daily/anonymous policies: %+v %+v", cfg.Policies["daily"], cfg.Policies["anonymous"])
+	}
+	if cfg.Listen != ":8080" || cfg.Store.URL != "memory" || cfg.Store.Timeout != 50*time.Millisecond || cfg.Store.FailurePolicy != FailOpen {
+		t.Errorf("defaults: %+v %+v", cfg.Listen, cfg.Store)
+	}
+	if cfg.Authz.DefaultTier.Name != "anonymous" || !cfg.Authz.RejectUnknownKeys || len(cfg.Authz.TrustedProxies) != 2 || cfg.Authz.DenyStatus != 429 {
+		t.Errorf("authz: %+v", cfg.Authz)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	cfg, err := Parse("min.yaml", []byte("policies:\n  p:\n    limit: 5/s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Policies["p"].Algorithm != sluice.GCRA || cfg.MaxBodyBytes != DefaultMaxBodyBytes || cfg.MaxChecks != DefaultMaxChecks ||
+		cfg.ShutdownTimeout != DefaultShutdownTimeout || cfg.Store.Instances != 1 || cfg.Authz.APIKeyHeaders[0] != "X-API-Key" {
+		t.Errorf("defaults not applied: %+v", cfg)
+	}
+}
+
+// TestBadConfigs loads every testdata/*.bad.yaml; each must fail with an
+// error that names the file, the line and the field, and the valid choices.
+func TestBadConfigs(t *testing.T) {
+	want := map[string][]string{
+		"bad_algorithm":       {":3: policies.free.algorithm: unknown algorithm \"leaky\"", "valid: gcra, token_bucket"},
+		"bad_default_tier":    {":8: authz.default_tier: unknown tier \"platinum\"; valid: free"},
+		"bad_deny_status":     {":2: authz.deny_status: 500; valid: 429, 403"},
+		"bad_failure_policy":  {":3: store.failure_policy: unknown failure policy \"fail_maybe\"; valid: fail_open, fail_closed, local"},
+		"bad_limit":           {":3: policies.free.limit: invalid limit \"10 per minute\""},
+		"bad_override":        {":6: overrides[0].policy: unknown policy \"premium\"; valid: free"},
+		"bad_proxy":           {":2: authz.trusted_proxies[1]: \"not-an-ip\""},
+		"bad_store_url":       {":2: store.url: unknown store", "valid: memory, redis://"},
+		"bad_syntax":          {"bad_syntax.bad.yaml:"},
+		"bad_timeout":         {":2: store.timeout: cannot use `soon` as time.Duration"},
+		"bad_type":            {":4: policies.free.burst: cannot use `lots` as int64"},
+		"concurrency":         {":3: policies.slots.algorithm: concurrency"},
+		"duplicate_key":       {":4: mapping key \"free\" already defined"},
+		"key_unknown_tier":    {":10: keys[0].tier: unknown tier \"gold\"; valid: free"},
+		"missing_limit":       {":3: policies.free.limit: required"},
+		"raw_key":             {":9: keys[0].hash: want the 64 hex digits"},
+		"unknown_field":       {":4: policies.free.brust: unknown field; valid: algorithm, limit, burst, shadow"},
+		"unknown_tier_policy": {":6: tiers.free.policies[1]: unknown policy \"pro\"; valid: free"},
+		"unknown_top":         {":2: polices: unknown field; valid: listen,"},
+	}
+	files, err := filepath.Glob("testdata/*.bad.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != len(want) {
+		t.Errorf("%d fixtures, %d expectations: every fixture needs a row", len(files), len(want))
+	}
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".bad.yaml")
+		t.Run(name, func(t *testing.T) {
+			_, err := Load(f)
+			if err == nil {
+				t.Fatal("loaded a bad config")
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("error %v does not wrap ErrInvalid", err)
+			}
+			if !strings.Contains(err.Error(), f) {
+				t.Errorf("error %q does not name the file %s", err, f)
+			}
+			subs, ok := want[name]
+			if !ok {
+				t.Fatalf("no expectation for fixture %s: %v", name, err)
+			}
+			for _, s := range subs {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error\n%v\nlacks %q", err, s)
+				}
+			}
+		})
+	}
+}
+
+func TestSeveralErrorsReportedTogether(t *testing.T) {
+	_, err := Parse("two.yaml", []byte("policies:\n  a:\n    limit: 0/s\n  b:\n    algorithm: nope\n    limit: 1/s\n"))
+	if err == nil || !strings.Contains(err.Error(), "two.yaml:3: policies.a.limit") || !strings.Contains(err.Error(), "two.yaml:5: policies.b.algorithm") {
+		t.Fatalf("want both errors, got %v", err)
+	}
+}
+
+func TestLoadMissingAndEmpty(t *testing.T) {
+	if _, err := Load(filepath.Join(t.TempDir(), "nope.yaml")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: %v", err)
+	}
+	p := filepath.Join(t.TempDir(), "empty.yaml")
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(p); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "empty") {
+		t.Errorf("empty file: %v", err)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	data, err := os.ReadFile("../../examples/sluice.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(data)
+	f.Add([]byte("policies: {a: {limit: 1/s}}\ntiers: {t: {policies: [a, a]}}"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		cfg, err := Parse("fuzz.yaml", b)
+		if err == nil && cfg == nil {
+			t.Fatal("nil config without error")
+		}
+		if err != nil && !errors.Is(err, ErrInvalid) {
+			t.Fatalf("error does not wrap ErrInvalid: %v", err)
+		}
+	})
+}

@@ -1,0 +1,125 @@
+package config
+
+import "time"
+
+// File is the YAML document as written, before defaults and validation.
+// Decoding is strict: a key that no field here names is an error.
+//
+// # Extension seam
+//
+// Components that plug into `sluice serve` (the Envoy rate limit service in
+// internal/envoyrls, the AI gateway in internal/gateway) add their own
+// section here with one field, for example:
+//
+//	Envoy *envoyrls.Config `yaml:"envoy"`
+//
+// The section's type is decoded strictly like the rest. If it (or its
+// pointer) has a `Validate() error` method, Load calls it after the built-in
+// checks and reports its error with the file and the line of the section.
+// The compiled Config keeps the File it came from in Config.File, so the
+// component reads its section from there after each reload.
+type File struct {
+	// Listen is the HTTP API's address, such as ":8080".
+	Listen string `yaml:"listen"`
+	// AdminToken guards POST /v1/reset. The environment variable
+	// SLUICE_ADMIN_TOKEN, when set, takes precedence.
+	AdminToken string `yaml:"admin_token"`
+	// MaxBodyBytes bounds a request body; default 64 KiB.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxChecks bounds the checks of one batch; default 16.
+	MaxChecks int `yaml:"max_checks"`
+	// ShutdownTimeout bounds the drain of in-flight requests; default 10s.
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// Store selects where limiter state lives.
+	Store StoreSection `yaml:"store"`
+	// Policies are the named limits.
+	Policies map[string]PolicySection `yaml:"policies"`
+	// Tiers are plans: bundles of policies.
+	Tiers map[string]TierSection `yaml:"tiers"`
+	// Keys maps API keys, by SHA-256 hash, to tiers.
+	Keys []KeySection `yaml:"keys"`
+	// Overrides give single identities their own limit for a policy.
+	Overrides []OverrideSection `yaml:"overrides"`
+	// Authz configures the forward-auth endpoint.
+	Authz AuthzSection `yaml:"authz"`
+}
+
+// StoreSection is the `store:` section.
+type StoreSection struct {
+	// URL is "memory" (the default) or a redis:// or rediss:// URL.
+	URL string `yaml:"url"`
+	// FailurePolicy says what a decision is when the store cannot be
+	// reached: fail_open, fail_closed or local.
+	FailurePolicy string `yaml:"failure_policy"`
+	// Timeout bounds one store call; default 50ms.
+	Timeout time.Duration `yaml:"timeout"`
+	// Instances is the number of Redis instances keys are sharded over.
+	Instances int `yaml:"instances"`
+	// LocalCache lets the Redis store answer denials it already knows
+	// locally, until their RetryAfter.
+	LocalCache bool `yaml:"local_cache"`
+	// MaxKeys bounds the keys held in memory; 0 means the store's default.
+	MaxKeys int `yaml:"max_keys"`
+}
+
+// PolicySection is one entry of `policies:`.
+type PolicySection struct {
+	// Algorithm is one of sluice's algorithm names; default gcra.
+	Algorithm string `yaml:"algorithm"`
+	// Limit is a limit as sluice.ParseLimit reads it, such as "10/min".
+	Limit string `yaml:"limit"`
+	// Burst, when set, overrides the burst in Limit.
+	Burst int64 `yaml:"burst"`
+	// Shadow counts what the policy would deny but never denies.
+	Shadow bool `yaml:"shadow"`
+}
+
+// TierSection is one entry of `tiers:`.
+type TierSection struct {
+	// Policies are the names of the policies the tier applies, all at once.
+	Policies []string `yaml:"policies"`
+}
+
+// KeySection is one entry of `keys:`.
+type KeySection struct {
+	// Name describes the key in logs; never the key itself.
+	Name string `yaml:"name"`
+	// Hash is the lowercase hex SHA-256 of the API key (`sluice keys hash`).
+	Hash string `yaml:"hash"`
+	// Tier is the tier the key belongs to.
+	Tier string `yaml:"tier"`
+	// Overrides replace the limits of some of the tier's policies for this
+	// key: policy name to limit, such as {pro: "500/min"}.
+	Overrides map[string]string `yaml:"overrides"`
+}
+
+// OverrideSection is one entry of `overrides:`.
+type OverrideSection struct {
+	// Key is the identity as the service derives it, such as "user:42",
+	// "ip:203.0.113.7", or the key of a /v1/check call.
+	Key string `yaml:"key"`
+	// Policy is the policy whose limit is replaced.
+	Policy string `yaml:"policy"`
+	// Limit is the limit for this key, such as "50/min".
+	Limit string `yaml:"limit"`
+}
+
+// AuthzSection is the `authz:` section for the forward-auth endpoint.
+type AuthzSection struct {
+	// APIKeyHeaders are tried in order for an API key. For Authorization,
+	// a "Bearer " prefix is removed. Default: [X-API-Key, Authorization].
+	APIKeyHeaders []string `yaml:"api_key_headers"`
+	// UserHeader carries a user id set by an authenticating proxy.
+	UserHeader string `yaml:"user_header"`
+	// TrustedProxies are the CIDRs whose X-Forwarded-For is believed.
+	TrustedProxies []string `yaml:"trusted_proxies"`
+	// DefaultTier applies to requests without an API key, keyed by user id
+	// or client IP.
+	DefaultTier string `yaml:"default_tier"`
+	// UnknownKeys says what an API key that is not in `keys:` gets:
+	// reject (401) or default_tier (the default tier, keyed by its hash).
+	UnknownKeys string `yaml:"unknown_keys"`
+	// DenyStatus is the status of a denial: 429 (default), or 403 for
+	// NGINX auth_request, which passes on only 401 and 403.
+	DenyStatus int `yaml:"deny_status"`
+}
