@@ -109,7 +109,11 @@ func New(opts Options) (*Store, error) {
 		done:    make(chan struct{}),
 	}
 	if opts.SweepInterval > 0 {
-		go s.sweepLoop(opts.SweepInterval)
+		t := time.NewTicker(opts.SweepInterval)
+		go func() {
+			defer t.Stop()
+			s.sweepLoop(t.C)
+		}()
 	} else {
 		close(s.done)
 	}
@@ -408,15 +412,14 @@ func (s *Store) reset(r sluice.Request) {
 	}
 }
 
-func (s *Store) sweepLoop(every time.Duration) {
+// sweepLoop sweeps on every tick until Close.
+func (s *Store) sweepLoop(tick <-chan time.Time) {
 	defer close(s.done)
-	t := time.NewTicker(every)
-	defer t.Stop()
 	for {
 		select {
 		case <-s.stop:
 			return
-		case <-t.C:
+		case <-tick:
 			s.Sweep()
 		}
 	}

@@ -1,0 +1,90 @@
+package sluice_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/memstore"
+)
+
+// The library in ten lines: a limit, a store, a limiter, a decision.
+func Example() {
+	store, _ := memstore.New(memstore.Options{})
+	defer store.Close()
+	limit, _ := sluice.ParseLimit("2/min")
+	limiter, _ := sluice.NewLimiter(sluice.Options{Store: store, Limit: limit})
+	for range 3 {
+		d, _ := limiter.Allow(context.Background(), "user:42")
+		fmt.Println(d.Allowed, d.Remaining, d.RetryAfterSeconds())
+	}
+	// Output:
+	// true 1 0
+	// true 0 0
+	// false 0 30
+}
+
+// AllowAll charges several limits all or nothing: a request the daily
+// limit denies does not use up the per-second one.
+func ExampleAllowAll() {
+	store, _ := memstore.New(memstore.Options{})
+	defer store.Close()
+	perSecond := sluice.Request{Key: "{user:7}:s", Algorithm: sluice.GCRA, Limit: sluice.PerSecond(10), Cost: 1}
+	perDay := sluice.Request{Key: "{user:7}:d", Algorithm: sluice.FixedWindow, Limit: sluice.PerDay(1), Cost: 1}
+	for range 2 {
+		d, members, _ := sluice.AllowAll(context.Background(), store, []sluice.Request{perSecond, perDay})
+		fmt.Println(d.Allowed, members[0].Remaining)
+	}
+	// Output:
+	// true 9
+	// false 9
+}
+
+// Wait blocks until the limiter admits the event, sleeping exactly as long
+// as needed rather than polling.
+func ExampleLimiter_Wait() {
+	store, _ := memstore.New(memstore.Options{})
+	defer store.Close()
+	limiter, _ := sluice.NewLimiter(sluice.Options{Store: store, Limit: sluice.Limit{Rate: 20, Period: time.Second, Burst: 1}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	for range 3 {
+		if _, err := limiter.Wait(ctx, "batch", 1); err != nil {
+			fmt.Println(err)
+		}
+	}
+	fmt.Println(time.Since(start) >= 100*time.Millisecond)
+	// Output: true
+}
+
+// A concurrency limit holds leases; a crashed holder's lease lapses after
+// the limit's period.
+func ExampleLimiter_Acquire() {
+	store, _ := memstore.New(memstore.Options{})
+	defer store.Close()
+	limiter, _ := sluice.NewLimiter(sluice.Options{Store: store, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: 1, Period: time.Minute}})
+	ctx := context.Background()
+	lease, d, _ := limiter.Acquire(ctx, "report")
+	fmt.Println(d.Allowed)
+	_, d, _ = limiter.Acquire(ctx, "report")
+	fmt.Println(d.Allowed)
+	_, _ = limiter.Release(ctx, lease)
+	_, d, _ = limiter.Acquire(ctx, "report")
+	fmt.Println(d.Allowed)
+	// Output:
+	// true
+	// false
+	// true
+}
+
+func ExampleParseLimit() {
+	l, _ := sluice.ParseLimit("100/min burst 20")
+	fmt.Println(l.Rate, l.Period, l.Burst, l)
+	_, err := sluice.ParseLimit("0/s")
+	fmt.Println(err)
+	// Output:
+	// 100 1m0s 20 100/min burst 20
+	// sluice: invalid limit "0/s": rate: "0" must be positive
+}
