@@ -1,0 +1,184 @@
+package aiclient
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"sort"
+)
+
+// Message is one chat message. Content is its text; Parts, when set, is
+// the content in the array form (text and image parts) and is sent instead.
+type Message struct {
+	// Role is "system", "user", "assistant" or "tool".
+	Role string
+	// Content is the message text.
+	Content string
+	// Parts is content in array form, passed through as given.
+	Parts json.RawMessage
+	// Name optionally names the author.
+	Name string
+}
+
+type wireMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+	Name    string          `json:"name,omitempty"`
+}
+
+// MarshalJSON writes the message in the OpenAI wire form.
+func (m Message) MarshalJSON() ([]byte, error) {
+	w := wireMessage{Role: m.Role, Name: m.Name, Content: m.Parts}
+	if len(m.Parts) == 0 {
+		c, err := json.Marshal(m.Content)
+		if err != nil {
+			return nil, err
+		}
+		w.Content = c
+	}
+	return json.Marshal(w)
+}
+
+// UnmarshalJSON reads a message whose content is a string, null, or an
+// array of parts.
+func (m *Message) UnmarshalJSON(b []byte) error {
+	var w wireMessage
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	*m = Message{Role: w.Role, Name: w.Name}
+	c := bytes.TrimSpace(w.Content)
+	switch {
+	case len(c) == 0 || bytes.Equal(c, []byte("null")):
+	case c[0] == '"':
+		return json.Unmarshal(c, &m.Content)
+	case c[0] == '[':
+		m.Parts = append(json.RawMessage(nil), c...)
+	default:
+		return fmt.Errorf("aiclient: message content must be a string or an array, not %.20s", c)
+	}
+	return nil
+}
+
+// ChatRequest is a chat completion request.
+type ChatRequest struct {
+	// Model names the model, such as "deepseek-v3.2".
+	Model string
+	// Messages is the conversation.
+	Messages []Message
+	// MaxTokens bounds the completion; 0 leaves it to the server.
+	MaxTokens int64
+	// Params holds further body fields, such as "temperature", passed
+	// through as given. Params cannot override model, messages, max_tokens
+	// or stream.
+	Params map[string]json.RawMessage
+}
+
+// MarshalJSON writes the request body. It never asks for streaming.
+func (r *ChatRequest) MarshalJSON() ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteString(`{"model":`)
+	model, err := json.Marshal(r.Model)
+	if err != nil {
+		return nil, err
+	}
+	b.Write(model)
+	b.WriteString(`,"messages":`)
+	msgs := r.Messages
+	if msgs == nil {
+		msgs = []Message{}
+	}
+	m, err := json.Marshal(msgs)
+	if err != nil {
+		return nil, err
+	}
+	b.Write(m)
+	if r.MaxTokens > 0 {
+		fmt.Fprintf(&b, `,"max_tokens":%d`, r.MaxTokens)
+	}
+	keys := make([]string, 0, len(r.Params))
+	for k := range r.Params {
+		switch k {
+		case "model", "messages", "max_tokens", "stream":
+			continue
+		}
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := bytes.TrimSpace(r.Params[k])
+		if len(v) == 0 || !json.Valid(v) {
+			return nil, fmt.Errorf("aiclient: parameter %q is not valid JSON", k)
+		}
+		kb, _ := json.Marshal(k)
+		b.WriteByte(',')
+		b.Write(kb)
+		b.WriteByte(':')
+		b.Write(v)
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+// ChatResponse is a chat completion response.
+type ChatResponse struct {
+	// ID is the server's completion id.
+	ID string `json:"id"`
+	// Model is the model that answered.
+	Model string `json:"model"`
+	// Choices are the completions; usually one.
+	Choices []Choice `json:"choices"`
+	// Usage is the tokens the request consumed.
+	Usage Usage `json:"usage"`
+}
+
+// Text returns the first choice's message text, or "" when there is none.
+func (r *ChatResponse) Text() string {
+	if r == nil || len(r.Choices) == 0 {
+		return ""
+	}
+	return r.Choices[0].Message.Content
+}
+
+// Choice is one completion.
+type Choice struct {
+	// Index is the choice's position.
+	Index int `json:"index"`
+	// Message is the completion.
+	Message Message `json:"message"`
+	// FinishReason says why generation stopped, such as "stop" or "length".
+	FinishReason string `json:"finish_reason"`
+}
+
+// Usage counts the tokens of a request.
+type Usage struct {
+	// PromptTokens were read.
+	PromptTokens int64 `json:"prompt_tokens"`
+	// CompletionTokens were generated.
+	CompletionTokens int64 `json:"completion_tokens"`
+	// TotalTokens is their sum.
+	TotalTokens int64 `json:"total_tokens"`
+}
+
+// Total is TotalTokens, or the sum of the parts when a server leaves it out.
+func (u Usage) Total() int64 {
+	if u.TotalTokens > 0 {
+		return u.TotalTokens
+	}
+	return max(u.PromptTokens, 0) + max(u.CompletionTokens, 0)
+}
+
+// EstimateTokens guesses a request's token cost before it is sent: a token
+// per four bytes of message text, plus a few per message, plus MaxTokens
+// (what servers such as OpenAI's reserve against a tokens-per-minute limit),
+// or defaultCompletion when MaxTokens is unset.
+func EstimateTokens(r *ChatRequest, defaultCompletion int64) int64 {
+	var n int64
+	for _, m := range r.Messages {
+		n += 4 + int64(len(m.Role)+len(m.Content)+len(m.Parts)+len(m.Name)+3)/4
+	}
+	if r.MaxTokens > 0 {
+		return n + r.MaxTokens
+	}
+	return n + max(defaultCompletion, 0)
+}
