@@ -1,0 +1,486 @@
+package envoyrls
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"gopkg.in/yaml.v3"
+
+	"github.com/sluice-io/sluice"
+)
+
+// ErrConfig means a rate-limit configuration file is malformed. The wrapping
+// error names the file and the problem, as envoyproxy/ratelimit does:
+// "envoyrls: config/foo.yaml: duplicate descriptor composite key 'foo.key1_value1'".
+var ErrConfig = errors.New("envoyrls: bad config")
+
+// Bounds on what a configuration directory may hold.
+const (
+	maxConfigFiles = 1000
+	maxConfigBytes = 4 << 20 // per file
+	maxDepth       = 32      // nesting of descriptors
+)
+
+// validKeys are the keys envoyproxy/ratelimit accepts anywhere in a file,
+// plus sluice's extensions algorithm and burst. Like envoyproxy/ratelimit,
+// the check is by name only: a key valid at one level is accepted at any.
+var validKeys = map[string]bool{
+	"domain":            true,
+	"key":               true,
+	"value":             true,
+	"descriptors":       true,
+	"rate_limit":        true,
+	"unit":              true,
+	"requests_per_unit": true,
+	"unlimited":         true,
+	"shadow_mode":       true,
+	"name":              true,
+	"replaces":          true,
+	"detailed_metric":   true,
+	"value_to_metric":   true,
+	"share_threshold":   true,
+	// sluice extensions
+	"algorithm": true,
+	"burst":     true,
+}
+
+type yamlReplaces struct {
+	Name string `yaml:"name"`
+}
+
+type yamlRateLimit struct {
+	RequestsPerUnit uint32         `yaml:"requests_per_unit"`
+	Unit            string         `yaml:"unit"`
+	Unlimited       bool           `yaml:"unlimited"`
+	Name            string         `yaml:"name"`
+	Replaces        []yamlReplaces `yaml:"replaces"`
+	Algorithm       string         `yaml:"algorithm"`
+	Burst           uint32         `yaml:"burst"`
+}
+
+type yamlDescriptor struct {
+	Key            string           `yaml:"key"`
+	Value          string           `yaml:"value"`
+	RateLimit      *yamlRateLimit   `yaml:"rate_limit"`
+	Descriptors    []yamlDescriptor `yaml:"descriptors"`
+	ShadowMode     bool             `yaml:"shadow_mode"`
+	DetailedMetric bool             `yaml:"detailed_metric"`
+	ValueToMetric  bool             `yaml:"value_to_metric"`
+	ShareThreshold bool             `yaml:"share_threshold"`
+}
+
+type yamlRoot struct {
+	Domain      string           `yaml:"domain"`
+	Descriptors []yamlDescriptor `yaml:"descriptors"`
+}
+
+// rule is one configured rate_limit: immutable once loaded, shared by all
+// requests that match it.
+type rule struct {
+	fullKey        string // "domain.key_value.subkey", as envoyproxy/ratelimit names it
+	unlimited      bool
+	shadow         bool
+	detailedMetric bool
+	name           string
+	replaces       []string
+	algorithm      sluice.Algorithm
+	limit          sluice.Limit // Rate zero: requests_per_unit 0, which denies everything
+	unit           rlsv3.RateLimitResponse_RateLimit_Unit
+	current        *rlsv3.RateLimitResponse_RateLimit // the response's current_limit
+	stats          *ruleStats
+}
+
+// node is one level of a domain's descriptor tree.
+type node struct {
+	children       map[string]*node // by "key" or "key_value"
+	wildcards      []string         // children keys containing '*', in file order
+	rule           *rule
+	shareThreshold bool
+}
+
+// domainConfig is one domain's tree.
+type domainConfig struct {
+	name     string
+	root     node
+	stats    *domainStats
+	override *ruleStats // descriptors that carry their own limit
+}
+
+// config is an immutable snapshot of a configuration directory.
+type config struct {
+	domains map[string]*domainConfig
+	rules   int
+}
+
+// unitPeriods are envoyproxy/ratelimit's window lengths (utils.UnitToDivider).
+var unitPeriods = map[rlsv3.RateLimitResponse_RateLimit_Unit]time.Duration{
+	rlsv3.RateLimitResponse_RateLimit_SECOND: time.Second,
+	rlsv3.RateLimitResponse_RateLimit_MINUTE: time.Minute,
+	rlsv3.RateLimitResponse_RateLimit_HOUR:   time.Hour,
+	rlsv3.RateLimitResponse_RateLimit_DAY:    24 * time.Hour,
+	rlsv3.RateLimitResponse_RateLimit_WEEK:   7 * 24 * time.Hour,
+	rlsv3.RateLimitResponse_RateLimit_MONTH:  30 * 24 * time.Hour,
+	rlsv3.RateLimitResponse_RateLimit_YEAR:   365 * 24 * time.Hour,
+}
+
+// configFile is one file to load.
+type configFile struct {
+	name string
+	data []byte
+}
+
+// readDir reads the YAML files (*.yaml, *.yml) directly in dir, in name
+// order, skipping hidden entries such as Kubernetes' ..data. Symbolic links
+// to files are followed.
+func readDir(dir string) ([]configFile, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("envoyrls: read config dir: %w", err)
+	}
+	var files []configFile
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".") {
+			continue
+		}
+		if ext := filepath.Ext(name); ext != ".yaml" && ext != ".yml" {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		fi, err := os.Stat(path)
+		if err != nil {
+			return nil, fmt.Errorf("envoyrls: %s: %w", path, err)
+		}
+		if fi.IsDir() {
+			continue
+		}
+		if fi.Size() > maxConfigBytes {
+			return nil, fmt.Errorf("%w: %s: file is larger than %d bytes", ErrConfig, path, maxConfigBytes)
+		}
+		if len(files) == maxConfigFiles {
+			return nil, fmt.Errorf("%w: %s: more than %d config files", ErrConfig, dir, maxConfigFiles)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("envoyrls: %s: %w", path, err)
+		}
+		files = append(files, configFile{name: path, data: data})
+	}
+	return files, nil
+}
+
+// loader builds a config from files.
+type loader struct {
+	cfg     *config
+	merge   bool
+	metrics *metrics
+	file    string
+}
+
+func (l *loader) fail(format string, args ...any) error {
+	return fmt.Errorf("%w: %s: %s", ErrConfig, l.file, fmt.Sprintf(format, args...))
+}
+
+// parseConfig loads files into one config. Domains may not repeat unless
+// merge is set.
+func parseConfig(files []configFile, merge bool, m *metrics) (*config, error) {
+	l := &loader{cfg: &config{domains: map[string]*domainConfig{}}, merge: merge, metrics: m}
+	for _, f := range files {
+		l.file = f.name
+		if err := l.load(f.data); err != nil {
+			return nil, err
+		}
+	}
+	return l.cfg, nil
+}
+
+func (l *loader) load(data []byte) error {
+	var generic any
+	if err := yaml.Unmarshal(data, &generic); err != nil {
+		return l.fail("error loading config file: %v", err)
+	}
+	switch generic.(type) {
+	case nil:
+	case map[string]any, map[any]any:
+		if err := l.validateKeys(generic, 0); err != nil {
+			return err
+		}
+	default:
+		return l.fail("error loading config file: the top level is not a map")
+	}
+	var root yamlRoot
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return l.fail("error loading config file: %v", err)
+	}
+	if root.Domain == "" {
+		return l.fail("config file cannot have empty domain")
+	}
+	d, present := l.cfg.domains[root.Domain]
+	if present && !l.merge {
+		return l.fail("duplicate domain '%s' in config file", root.Domain)
+	}
+	if !present {
+		d = &domainConfig{name: root.Domain, root: node{children: map[string]*node{}}}
+		d.stats = l.metrics.domain(root.Domain)
+		d.override = l.metrics.rule(root.Domain, root.Domain+"."+overrideRule)
+		l.cfg.domains[root.Domain] = d
+	}
+	return l.loadDescriptors(d, &d.root, root.Domain+".", root.Descriptors, 1)
+}
+
+// validateKeys mirrors envoyproxy/ratelimit's validateYamlKeys: every map key
+// anywhere must be a known key, lists must hold maps, leaves must be
+// strings, integers, booleans or null.
+func (l *loader) validateKeys(v any, depth int) error {
+	if depth > 4*maxDepth {
+		return l.fail("config error, descriptors nested deeper than %d levels", maxDepth)
+	}
+	check := func(k any, val any) error {
+		ks, ok := k.(string)
+		if !ok {
+			return l.fail("config error, key is not of type string: %v", k)
+		}
+		if !validKeys[ks] {
+			return l.fail("config error, unknown key '%s'", ks)
+		}
+		switch val := val.(type) {
+		case []any:
+			for _, e := range val {
+				switch e.(type) {
+				case map[string]any, map[any]any:
+				default:
+					return l.fail("config error, yaml file contains list of type other than map: %v", e)
+				}
+				if err := l.validateKeys(e, depth+1); err != nil {
+					return err
+				}
+			}
+		case map[string]any, map[any]any:
+			return l.validateKeys(val, depth+1)
+		case string, int, bool, nil:
+		default:
+			return l.fail("error checking config")
+		}
+		return nil
+	}
+	switch m := v.(type) {
+	case map[string]any:
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys) // deterministic error messages
+		for _, k := range keys {
+			if err := check(k, m[k]); err != nil {
+				return err
+			}
+		}
+	case map[any]any:
+		for k, val := range m {
+			if err := check(k, val); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (l *loader) loadDescriptors(d *domainConfig, parent *node, parentKey string, descs []yamlDescriptor, depth int) error {
+	if depth > maxDepth {
+		return l.fail("descriptors nested deeper than %d levels", maxDepth)
+	}
+	for _, dc := range descs {
+		if dc.Key == "" {
+			return l.fail("descriptor has empty key")
+		}
+		finalKey := dc.Key
+		if dc.Value != "" {
+			finalKey += "_" + dc.Value
+		}
+		fullKey := parentKey + finalKey
+		if _, present := parent.children[finalKey]; present {
+			return l.fail("duplicate descriptor composite key '%s'", fullKey)
+		}
+		var r *rule
+		if rl := dc.RateLimit; rl != nil {
+			var err error
+			if r, err = l.rule(d, dc, fullKey); err != nil {
+				return err
+			}
+		}
+		wildcard := strings.Contains(finalKey, "*")
+		if dc.ShareThreshold && !wildcard {
+			return l.fail("share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", finalKey)
+		}
+		n := &node{children: map[string]*node{}, rule: r, shareThreshold: dc.ShareThreshold}
+		if err := l.loadDescriptors(d, n, fullKey+".", dc.Descriptors, depth+1); err != nil {
+			return err
+		}
+		parent.children[finalKey] = n
+		if wildcard {
+			parent.wildcards = append(parent.wildcards, finalKey)
+		}
+	}
+	return nil
+}
+
+func (l *loader) rule(d *domainConfig, dc yamlDescriptor, fullKey string) (*rule, error) {
+	rl := dc.RateLimit
+	unitValue, present := rlsv3.RateLimitResponse_RateLimit_Unit_value[strings.ToUpper(rl.Unit)]
+	unit := rlsv3.RateLimitResponse_RateLimit_Unit(unitValue)
+	validUnit := present && unit != rlsv3.RateLimitResponse_RateLimit_UNKNOWN
+	if rl.Unlimited {
+		if validUnit {
+			return nil, l.fail("should not specify rate limit unit when unlimited")
+		}
+	} else if !validUnit {
+		return nil, l.fail("invalid rate limit unit '%s'", rl.Unit)
+	}
+	r := &rule{
+		fullKey:        fullKey,
+		unlimited:      rl.Unlimited,
+		shadow:         dc.ShadowMode,
+		detailedMetric: dc.DetailedMetric,
+		name:           rl.Name,
+		algorithm:      sluice.FixedWindow,
+		unit:           unit,
+	}
+	for _, rep := range rl.Replaces {
+		if rep.Name == "" {
+			return nil, l.fail("should not have an empty replaces entry")
+		}
+		if rep.Name == rl.Name {
+			return nil, l.fail("replaces should not contain name of same descriptor")
+		}
+		r.replaces = append(r.replaces, rep.Name)
+	}
+	if rl.Algorithm != "" {
+		a, err := sluice.ParseAlgorithm(rl.Algorithm)
+		if err != nil {
+			return nil, l.fail("descriptor '%s': %v", fullKey, err)
+		}
+		if a == sluice.Concurrency {
+			return nil, l.fail("descriptor '%s': algorithm concurrency needs a release and cannot serve Envoy's checks", fullKey)
+		}
+		r.algorithm = a
+	}
+	if !rl.Unlimited {
+		r.limit = sluice.Limit{Rate: int64(rl.RequestsPerUnit), Period: unitPeriods[unit], Burst: int64(rl.Burst)}
+		if rl.Burst > 0 && r.algorithm != sluice.GCRA && r.algorithm != sluice.TokenBucket {
+			return nil, l.fail("descriptor '%s': burst needs algorithm gcra or token_bucket, not %s", fullKey, r.algorithm)
+		}
+		if r.limit.Rate > 0 {
+			if err := r.limit.Validate(); err != nil {
+				return nil, l.fail("descriptor '%s': %v", fullKey, err)
+			}
+		}
+		r.current = &rlsv3.RateLimitResponse_RateLimit{Name: rl.Name, RequestsPerUnit: rl.RequestsPerUnit, Unit: unit}
+	}
+	r.stats = l.metrics.rule(d.name, fullKey)
+	l.cfg.rules++
+	return r, nil
+}
+
+// match is the result of looking a request descriptor up.
+type match struct {
+	rule *rule
+	// shared holds, per entry, the wildcard value that stands for the
+	// entry's value in the store key (share_threshold), or "".
+	shared []string
+}
+
+// lookup finds the rule for a descriptor's entries, exactly as
+// envoyproxy/ratelimit's GetLimit does: at each level try key_value, then
+// the wildcards in file order, then key alone; a rule applies only if it
+// sits at the level of the last entry.
+func (d *domainConfig) lookup(entries []*ratelimitv3.RateLimitDescriptor_Entry) match {
+	var m match
+	cur := &d.root
+	var buf []byte
+	for i, e := range entries {
+		buf = append(append(append(buf[:0], e.GetKey()...), '_'), e.GetValue()...)
+		next := cur.children[string(buf)]
+		wildcard := ""
+		if next == nil {
+			for _, w := range cur.wildcards {
+				if globMatch(w, string(buf)) {
+					next, wildcard = cur.children[w], w
+					break
+				}
+			}
+		}
+		if next == nil {
+			next = cur.children[e.GetKey()]
+		}
+		if next == nil {
+			break
+		}
+		if wildcard != "" && next.shareThreshold {
+			if m.shared == nil {
+				m.shared = make([]string, len(entries))
+			}
+			m.shared[i] = strings.TrimPrefix(wildcard, e.GetKey()+"_")
+		}
+		if next.rule != nil && i == len(entries)-1 {
+			m.rule = next.rule
+		}
+		if len(next.children) == 0 {
+			break
+		}
+		cur = next
+	}
+	return m
+}
+
+// globMatch reports whether s matches pattern, in which each '*' stands for
+// any run of characters. A trailing '*' is envoyproxy/ratelimit's prefix
+// match.
+func globMatch(pattern, s string) bool {
+	first, rest, ok := strings.Cut(pattern, "*")
+	if !ok {
+		return pattern == s
+	}
+	if !strings.HasPrefix(s, first) {
+		return false
+	}
+	s = s[len(first):]
+	for {
+		var part string
+		part, rest, ok = strings.Cut(rest, "*")
+		if !ok {
+			return strings.HasSuffix(s, part) // last segment anchors at the end
+		}
+		i := strings.Index(s, part)
+		if i < 0 {
+			return false
+		}
+		s = s[i+len(part):]
+	}
+}
+
+// overrideLimit converts a request descriptor's limit override.
+func overrideLimit(requestsPerUnit uint32, unit rlsv3.RateLimitResponse_RateLimit_Unit, multiplier uint32) (sluice.Limit, bool) {
+	p, ok := unitPeriods[unit]
+	if !ok {
+		return sluice.Limit{}, false
+	}
+	if multiplier > 1 {
+		if uint64(multiplier) > uint64(math.MaxInt64/int64(p)) {
+			return sluice.Limit{}, false
+		}
+		p *= time.Duration(multiplier)
+	}
+	l := sluice.Limit{Rate: int64(requestsPerUnit), Period: p}
+	if l.Rate > 0 && l.Validate() != nil {
+		return sluice.Limit{}, false
+	}
+	return l, true
+}

@@ -1,0 +1,68 @@
+package envoyrls
+
+import (
+	"errors"
+	"io"
+	"net/http"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+)
+
+// maxJSONBody bounds a /json request body.
+const maxJSONBody = 1 << 20
+
+// JSONHandler serves envoyproxy/ratelimit's /json endpoint: POST a
+// RateLimitRequest in protobuf's JSON form, get the RateLimitResponse back,
+// with status 200 when the overall code is OK, 429 when it is OVER_LIMIT,
+// 400 for a malformed request and 500 when the store fails.
+func (s *Service) JSONHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			http.Error(w, "envoyrls: /json takes POST", http.StatusMethodNotAllowed)
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
+		if err != nil {
+			code := http.StatusBadRequest
+			var tooLarge *http.MaxBytesError
+			if errors.As(err, &tooLarge) {
+				code = http.StatusRequestEntityTooLarge
+			}
+			http.Error(w, "envoyrls: read body: "+err.Error(), code)
+			return
+		}
+		var req rlsv3.RateLimitRequest
+		if err := protojson.Unmarshal(body, &req); err != nil {
+			http.Error(w, "envoyrls: bad request: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		resp, err := s.check(r.Context(), &req)
+		if err != nil {
+			code := http.StatusInternalServerError
+			if errors.Is(err, errInvalid) {
+				code = http.StatusBadRequest
+			}
+			http.Error(w, err.Error(), code)
+			return
+		}
+		out, err := protojson.Marshal(resp)
+		if err != nil {
+			http.Error(w, "envoyrls: encode response: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		code := http.StatusOK
+		if resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
+			code = http.StatusTooManyRequests
+			for _, h := range resp.GetResponseHeadersToAdd() {
+				if h.GetKey() == "Retry-After" {
+					w.Header().Set("Retry-After", h.GetValue())
+				}
+			}
+		}
+		w.WriteHeader(code)
+		_, _ = w.Write(out)
+	})
+}

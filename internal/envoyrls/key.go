@@ -1,0 +1,95 @@
+package envoyrls
+
+import (
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/sluice-io/sluice"
+)
+
+// Store keys
+//
+// A descriptor's counter is identified, as in envoyproxy/ratelimit, by the
+// domain and the request's entries (not by the configuration node that
+// matched them): two values that match one key-only rule have a counter
+// each. Entries matched by a share_threshold wildcard contribute the
+// wildcard instead of their value, so all such values share one counter.
+//
+//	rls:{<domain>}:<algorithm>:<period seconds>:<key>=<value>|<key>=<value>
+//
+// The algorithm and period are part of the key so that changing either in
+// the configuration starts a fresh counter instead of misreading the old
+// state (envoyproxy/ratelimit's keys change with the unit too).
+//
+// The domain is the Redis Cluster hash tag. Every key of one request must
+// live in one slot for the all-or-nothing check to be one script, and a
+// descriptor's key must be the same whatever other descriptors come with
+// it; the domain is the only part that both holds for. A hot domain is
+// therefore one slot: split traffic that outgrows a Redis node into several
+// domains.
+//
+// '%', '=', '|', '{' and '}' are percent-escaped, so distinct entries never
+// produce one key and a domain cannot end the hash tag early.
+
+// keys fills in the store key of every item that reaches the store.
+func (s *Service) keys(dom *domainConfig, req *rlsv3.RateLimitRequest, items []item, matches []match) {
+	var buf []byte
+	for i := range items {
+		it := &items[i]
+		if it.kind != kindLimited && it.kind != kindCheck {
+			continue
+		}
+		buf = append(buf[:0], s.prefix...)
+		buf = append(buf, '{')
+		buf = appendEscaped(buf, dom.name)
+		buf = append(buf, '}', ':')
+		buf = append(buf, algoCode(it.algo)...)
+		buf = append(buf, ':')
+		buf = append(buf, unitSeconds(it.limit.Period)...)
+		buf = append(buf, ':')
+		shared := matches[i].shared
+		for j, e := range req.GetDescriptors()[i].GetEntries() {
+			if j > 0 {
+				buf = append(buf, '|')
+			}
+			buf = appendEscaped(buf, e.GetKey())
+			buf = append(buf, '=')
+			if j < len(shared) && shared[j] != "" {
+				buf = appendEscaped(buf, shared[j])
+			} else {
+				buf = appendEscaped(buf, e.GetValue())
+			}
+		}
+		it.key = string(buf)
+	}
+}
+
+// algoCode abbreviates an algorithm for keys.
+func algoCode(a sluice.Algorithm) string {
+	switch a {
+	case sluice.FixedWindow:
+		return "fw"
+	case sluice.GCRA:
+		return "gcra"
+	case sluice.TokenBucket:
+		return "tb"
+	case sluice.SlidingWindowCounter:
+		return "swc"
+	case sluice.SlidingWindowLog:
+		return "swl"
+	}
+	return a.String()
+}
+
+const hexDigits = "0123456789ABCDEF"
+
+func appendEscaped(buf []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '%', '=', '|', '{', '}':
+			buf = append(buf, '%', hexDigits[c>>4], hexDigits[c&15])
+		default:
+			buf = append(buf, c)
+		}
+	}
+	return buf
+}

@@ -1,0 +1,531 @@
+package envoyrls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/httplimit"
+)
+
+// Bounds on one request.
+const (
+	maxDescriptors = 64
+	maxEntries     = 32
+	maxKeyBytes    = 4096 // a descriptor's keys and values together
+)
+
+// DefaultKeyPrefix starts every store key the service writes.
+const DefaultKeyPrefix = "rls:"
+
+// Options configure a Service. Store and ConfigDir are required.
+type Options struct {
+	// Store keeps the counters: memstore for one instance, Redis for many.
+	Store sluice.Store
+	// ConfigDir holds envoyproxy/ratelimit's YAML files, one domain per file.
+	ConfigDir string
+	// Logger receives reload and error reports. Nil means slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the service's metrics. Nil means none are
+	// exported (they are still counted).
+	Registerer prometheus.Registerer
+	// KeyPrefix starts every store key. Empty means DefaultKeyPrefix.
+	KeyPrefix string
+	// ResponseHeaders adds RateLimit, RateLimit-Policy, X-RateLimit-* and,
+	// when over the limit, Retry-After to every response's
+	// response_headers_to_add, for the most constrained descriptor.
+	ResponseHeaders bool
+	// MergeDomains lets several files add to one domain, as
+	// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG does. Otherwise a repeated
+	// domain is a config error.
+	MergeDomains bool
+	// MaxDetailedSeries bounds the metric series that detailed_metric
+	// descriptors create from request values. Zero means 1000.
+	MaxDetailedSeries int
+	// ReloadDelay is how long Watch waits after a change in ConfigDir before
+	// reloading, so that a burst of writes is read once. Zero means 100ms.
+	ReloadDelay time.Duration
+	// OnReload, if set, is called after every reload that Watch triggers,
+	// with its error.
+	OnReload func(error)
+}
+
+// Service answers Envoy's rate-limit checks from envoyproxy/ratelimit's
+// configuration, charging a sluice.Store. It is safe for concurrent use.
+type Service struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+
+	store   sluice.Store
+	dir     string
+	log     *slog.Logger
+	prefix  string
+	headers bool
+	merge   bool
+	delay   time.Duration
+	onLoad  func(error)
+	metrics *metrics
+	cfg     atomic.Pointer[config]
+}
+
+// New loads the configuration in opts.ConfigDir and returns a Service. It
+// fails if the configuration is invalid.
+func New(opts Options) (*Service, error) {
+	if opts.Store == nil {
+		return nil, errors.New("envoyrls: Options.Store is required")
+	}
+	if opts.ConfigDir == "" {
+		return nil, errors.New("envoyrls: Options.ConfigDir is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.KeyPrefix == "" {
+		opts.KeyPrefix = DefaultKeyPrefix
+	}
+	if opts.ReloadDelay <= 0 {
+		opts.ReloadDelay = 100 * time.Millisecond
+	}
+	m, err := newMetrics(opts.Registerer, opts.MaxDetailedSeries)
+	if err != nil {
+		return nil, fmt.Errorf("envoyrls: register metrics: %w", err)
+	}
+	s := &Service{
+		store:   opts.Store,
+		dir:     opts.ConfigDir,
+		log:     opts.Logger,
+		prefix:  opts.KeyPrefix,
+		headers: opts.ResponseHeaders,
+		merge:   opts.MergeDomains,
+		delay:   opts.ReloadDelay,
+		onLoad:  opts.OnReload,
+		metrics: m,
+	}
+	if err := s.Reload(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Reload reads ConfigDir again. On error the previous configuration stays
+// in force.
+func (s *Service) Reload() error {
+	files, err := readDir(s.dir)
+	if err == nil {
+		var cfg *config
+		if cfg, err = parseConfig(files, s.merge, s.metrics); err == nil {
+			s.cfg.Store(cfg)
+			s.metrics.loads.WithLabelValues("success").Inc()
+			s.metrics.rules.Set(float64(cfg.rules))
+			s.log.Info("envoyrls: configuration loaded", "dir", s.dir, "files", len(files), "domains", len(cfg.domains), "rules", cfg.rules)
+			return nil
+		}
+	}
+	s.metrics.loads.WithLabelValues("error").Inc()
+	s.log.Error("envoyrls: configuration not loaded; keeping the previous one", "dir", s.dir, "error", err)
+	return err
+}
+
+// Domains returns the number of domains configured.
+func (s *Service) Domains() int { return len(s.cfg.Load().domains) }
+
+// item is one request descriptor's part in a check.
+type item struct {
+	rule     *rule
+	limit    sluice.Limit
+	algo     sluice.Algorithm
+	current  *rlsv3.RateLimitResponse_RateLimit
+	stats    *ruleStats
+	cost     int64
+	kind     itemKind
+	shadow   bool
+	key      string
+	decision sluice.Decision
+	decided  bool
+}
+
+type itemKind uint8
+
+const (
+	kindNone      itemKind = iota // no limit applies
+	kindUnlimited                 // unlimited: true
+	kindLimited                   // charged against the store
+	kindCheck                     // hits_addend 0: checked, not charged
+	kindDenied                    // can never pass: rate 0 or hits above capacity
+)
+
+// errInvalid marks a malformed request.
+var errInvalid = errors.New("envoyrls: invalid request")
+
+// ShouldRateLimit implements envoy.service.ratelimit.v3.RateLimitService.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	resp, err := s.check(ctx, req)
+	if err != nil {
+		if errors.Is(err, errInvalid) {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		if ctx.Err() != nil {
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	return resp, nil
+}
+
+func (s *Service) check(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if req.GetDomain() == "" {
+		return nil, fmt.Errorf("%w: rate limit domain must not be empty", errInvalid)
+	}
+	descs := req.GetDescriptors()
+	if len(descs) == 0 {
+		return nil, fmt.Errorf("%w: rate limit descriptor list must not be empty", errInvalid)
+	}
+	if len(descs) > maxDescriptors {
+		return nil, fmt.Errorf("%w: %d descriptors, at most %d", errInvalid, len(descs), maxDescriptors)
+	}
+	for i, d := range descs {
+		if len(d.GetEntries()) > maxEntries {
+			return nil, fmt.Errorf("%w: descriptor %d has %d entries, at most %d", errInvalid, i, len(d.GetEntries()), maxEntries)
+		}
+		n := 0
+		for _, e := range d.GetEntries() {
+			n += len(e.GetKey()) + len(e.GetValue())
+		}
+		if n > maxKeyBytes {
+			return nil, fmt.Errorf("%w: descriptor %d is %d bytes long, at most %d", errInvalid, i, n, maxKeyBytes)
+		}
+	}
+	cfg := s.cfg.Load()
+	dom := cfg.domains[req.GetDomain()]
+	dstats := s.metrics.unknown
+	if dom != nil {
+		dstats = dom.stats
+	}
+	items := make([]item, len(descs))
+	if dom != nil {
+		s.plan(dom, req, items)
+	}
+	resp, err := s.apply(ctx, items)
+	switch {
+	case err != nil:
+		dstats.err.Inc()
+		return nil, err
+	case resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT:
+		dstats.over.Inc()
+	default:
+		dstats.ok.Inc()
+	}
+	return resp, nil
+}
+
+// plan resolves each descriptor's limit, applying replaces, and the hits
+// each is charged.
+func (s *Service) plan(dom *domainConfig, req *rlsv3.RateLimitRequest, items []item) {
+	var replaced map[string]bool
+	matches := make([]match, len(items))
+	for i, d := range req.GetDescriptors() {
+		if o := d.GetLimit(); o != nil {
+			l, ok := overrideLimit(o.GetRequestsPerUnit(), rlsv3.RateLimitResponse_RateLimit_Unit(o.GetUnit()), o.GetUnitMultiplier().GetValue())
+			if !ok {
+				continue // an unknown unit: no limit, as envoyproxy/ratelimit's cache skips it
+			}
+			items[i] = item{limit: l, algo: sluice.FixedWindow, kind: kindLimited,
+				current: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: rlsv3.RateLimitResponse_RateLimit_Unit(o.GetUnit()), UnitMultiplier: o.GetUnitMultiplier()},
+				stats:   dom.override}
+			continue
+		}
+		matches[i] = dom.lookup(d.GetEntries())
+		r := matches[i].rule
+		if r == nil {
+			continue
+		}
+		for _, name := range r.replaces {
+			if replaced == nil {
+				replaced = map[string]bool{}
+			}
+			replaced[name] = true
+		}
+	}
+	for i := range items {
+		r := matches[i].rule
+		if r == nil || (r.name != "" && replaced[r.name]) {
+			continue
+		}
+		it := item{rule: r, limit: r.limit, algo: r.algorithm, current: r.current, stats: r.stats, shadow: r.shadow, kind: kindLimited}
+		if r.unlimited {
+			it.kind = kindUnlimited
+		}
+		if r.detailedMetric {
+			it.stats = s.detailedStats(dom.name, req.GetDescriptors()[i], r.stats)
+		}
+		items[i] = it
+	}
+	reqHits := max(1, int64(req.GetHitsAddend()))
+	for i, d := range req.GetDescriptors() {
+		it := &items[i]
+		if it.kind != kindLimited {
+			continue
+		}
+		it.cost = reqHits
+		if h := d.GetHitsAddend(); h != nil {
+			it.cost = int64(min(h.GetValue(), math.MaxInt64))
+		}
+		r := sluice.Request{Algorithm: it.algo, Limit: it.limit}
+		switch {
+		case it.limit.Rate <= 0 || it.cost > r.Capacity():
+			it.kind = kindDenied
+		case it.cost == 0:
+			it.kind = kindCheck
+		}
+	}
+	s.keys(dom, req, items, matches)
+}
+
+func (s *Service) detailedStats(domain string, d *ratelimitv3.RateLimitDescriptor, fallback *ruleStats) *ruleStats {
+	entries := make([]entryKV, len(d.GetEntries()))
+	for i, e := range d.GetEntries() {
+		entries[i] = entryKV{e.GetKey(), e.GetValue()}
+	}
+	return s.metrics.detailedRule(domain, entries, fallback)
+}
+
+// apply charges the store and builds the response.
+func (s *Service) apply(ctx context.Context, items []item) (*rlsv3.RateLimitResponse, error) {
+	batch := make([]sluice.Request, 0, len(items))
+	idx := make([]int, 0, len(items))
+	needPeek := false
+	for i := range items {
+		it := &items[i]
+		switch it.kind {
+		case kindLimited:
+			batch = append(batch, it.request())
+			idx = append(idx, i)
+		case kindCheck:
+			needPeek = true
+		case kindDenied:
+			it.decision = deniedDecision(it.limit)
+			it.decided = true
+			if !it.shadow {
+				needPeek = true
+			}
+		}
+	}
+	if needPeek {
+		over, err := s.peek(ctx, items)
+		if err != nil {
+			return nil, err
+		}
+		if over {
+			return s.response(items), nil
+		}
+	}
+	// Charge all or nothing. A batch denied only by shadow-mode descriptors
+	// is charged again without them: shadow mode must not block the others.
+	for len(batch) > 0 {
+		ds, err := s.store.ApplyAll(ctx, sluice.OpAllow, batch)
+		if err != nil {
+			return nil, fmt.Errorf("envoyrls: store: %w", err)
+		}
+		if len(ds) != len(batch) {
+			return nil, fmt.Errorf("envoyrls: store: %d decisions for %d requests", len(ds), len(batch))
+		}
+		blocked := false
+		for j, d := range ds {
+			it := &items[idx[j]]
+			it.decision, it.decided = d, true
+			if !d.Allowed && !it.shadow {
+				blocked = true
+			}
+		}
+		if blocked || allAllowed(ds) {
+			break
+		}
+		n := 0
+		for j, d := range ds {
+			if d.Allowed {
+				batch[n], idx[n] = batch[j], idx[j]
+				n++
+			}
+		}
+		batch, idx = batch[:n], idx[:n]
+	}
+	return s.response(items), nil
+}
+
+// peek asks the store, changing nothing, about every limited and
+// check-only descriptor. It reports whether the request is over the limit,
+// in which case nothing is to be charged and every item is decided.
+func (s *Service) peek(ctx context.Context, items []item) (bool, error) {
+	over := false
+	batch := make([]sluice.Request, 0, len(items))
+	idx := make([]int, 0, len(items))
+	for i := range items {
+		it := &items[i]
+		switch it.kind {
+		case kindDenied:
+			over = over || !it.shadow
+		case kindLimited, kindCheck:
+			r := it.request()
+			if it.kind == kindCheck {
+				r.Cost = 0
+			}
+			batch = append(batch, r)
+			idx = append(idx, i)
+		}
+	}
+	if len(batch) == 0 {
+		return over, nil
+	}
+	ds, err := s.store.ApplyAll(ctx, sluice.OpPeek, batch)
+	if err != nil {
+		return false, fmt.Errorf("envoyrls: store: %w", err)
+	}
+	if len(ds) != len(batch) {
+		return false, fmt.Errorf("envoyrls: store: %d decisions for %d requests", len(ds), len(batch))
+	}
+	for j, d := range ds {
+		it := &items[idx[j]]
+		it.decision, it.decided = d, true
+		over = over || (!d.Allowed && !it.shadow)
+	}
+	return over, nil
+}
+
+func allAllowed(ds []sluice.Decision) bool {
+	for _, d := range ds {
+		if !d.Allowed {
+			return false
+		}
+	}
+	return true
+}
+
+// deniedDecision answers for a request that can never pass.
+func deniedDecision(l sluice.Limit) sluice.Decision {
+	return sluice.Decision{Limit: l, RetryAfter: l.Period, ResetAfter: l.Period}
+}
+
+func (it *item) request() sluice.Request {
+	return sluice.Request{Key: it.key, Algorithm: it.algo, Limit: it.limit, Cost: it.cost}
+}
+
+// response builds the reply from the items' decisions.
+func (s *Service) response(items []item) *rlsv3.RateLimitResponse {
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items)),
+	}
+	worst := -1
+	for i := range items {
+		it := &items[i]
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		resp.Statuses[i] = st
+		switch it.kind {
+		case kindNone:
+			continue
+		case kindUnlimited:
+			st.LimitRemaining = math.MaxUint32
+			it.stats.record(max(it.cost, 1), false, false, false)
+			continue
+		}
+		d := it.decision
+		st.CurrentLimit = it.current
+		st.LimitRemaining = uint32(min(max(d.Remaining, 0), math.MaxUint32))
+		st.DurationUntilReset = resetDuration(it.algo, d)
+		over := !d.Allowed
+		if over {
+			st.LimitRemaining = 0
+			if !it.shadow {
+				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+				resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			}
+		}
+		near := d.Allowed && it.limit.Rate > 0 && (it.limit.Rate-d.Remaining)*5 > it.limit.Rate*4
+		it.stats.record(it.cost, over, it.shadow, near)
+		if s.headers && (!over || !it.shadow) && moreConstrained(items, i, worst) {
+			worst = i
+		}
+	}
+	if s.headers && worst >= 0 {
+		resp.ResponseHeadersToAdd = headersFor(&items[worst], resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT)
+	}
+	return resp
+}
+
+// moreConstrained reports whether item i should speak for the request in
+// the headers rather than item j: a denial over an admission, then the
+// fewer remaining.
+func moreConstrained(items []item, i, j int) bool {
+	if j < 0 {
+		return true
+	}
+	a, b := &items[i].decision, &items[j].decision
+	if a.Allowed != b.Allowed {
+		return !a.Allowed
+	}
+	if !a.Allowed {
+		return a.RetryAfter > b.RetryAfter
+	}
+	return a.Remaining < b.Remaining
+}
+
+// resetDuration is the time until the limit is fully available again. For
+// fixed windows it is rounded up to whole seconds, which is exactly
+// envoyproxy/ratelimit's "unit length minus seconds into the window".
+func resetDuration(a sluice.Algorithm, d sluice.Decision) *durationpb.Duration {
+	reset := d.ResetAfter
+	if !d.Allowed {
+		reset = max(reset, d.RetryAfter)
+	}
+	if a == sluice.FixedWindow {
+		return &durationpb.Duration{Seconds: sluice.CeilSeconds(reset)}
+	}
+	return durationpb.New(reset)
+}
+
+// headersFor returns the rate-limit response headers for one descriptor.
+func headersFor(it *item, over bool) []*corev3.HeaderValue {
+	d := it.decision
+	d.Allowed = !over
+	if over && d.RetryAfter <= 0 {
+		d.RetryAfter = d.ResetAfter
+	}
+	policy := ""
+	if it.rule != nil {
+		policy = it.rule.name
+		if policy == "" {
+			policy = it.rule.fullKey
+		}
+	}
+	h := http.Header{}
+	httplimit.SetHeaders(h, policy, d)
+	out := make([]*corev3.HeaderValue, 0, len(h))
+	for _, k := range []string{"RateLimit-Policy", "RateLimit", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Retry-After"} {
+		if v := h.Get(k); v != "" {
+			out = append(out, &corev3.HeaderValue{Key: k, Value: v})
+		}
+	}
+	return out
+}
+
+// unitSeconds formats a period for a store key.
+func unitSeconds(p time.Duration) string {
+	if p%time.Second == 0 {
+		return strconv.FormatInt(int64(p/time.Second), 10)
+	}
+	return strconv.FormatInt(int64(p), 10) + "ns"
+}
