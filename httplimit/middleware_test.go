@@ -1,0 +1,184 @@
+package httplimit_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/httplimit"
+	"github.com/sluice-io/sluice/memstore"
+)
+
+func setup(t *testing.T, limit sluice.Limit, key httplimit.KeyFunc) (*httptest.Server, *clock.Fake, *memstore.Store) {
+	t.Helper()
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	store, _ := memstore.New(memstore.Options{Clock: clk, SweepInterval: -1})
+	lim, err := sluice.NewLimiter(sluice.Options{Store: store, Limit: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := httplimit.New(httplimit.Options{Limiter: lim, Key: key, Policy: "api"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	})))
+	t.Cleanup(srv.Close)
+	return srv, clk, store
+}
+
+func get(t *testing.T, url string, hdr map[string]string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+func TestMiddlewareDeniesWith429AndHeaders(t *testing.T) {
+	srv, clk, _ := setup(t, sluice.Limit{Rate: 2, Period: 3 * time.Second}, nil)
+	for i := range 2 {
+		resp := get(t, srv.URL, nil)
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d", i, resp.StatusCode)
+		}
+		if got := resp.Header.Get("X-RateLimit-Remaining"); got != []string{"1", "0"}[i] {
+			t.Fatalf("request %d remaining %q", i, got)
+		}
+	}
+	resp := get(t, srv.URL, nil)
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("third request: %d", resp.StatusCode)
+	}
+	want := map[string]string{
+		"Retry-After":           "2", // 1.5s rounded up
+		"X-RateLimit-Limit":     "2",
+		"X-RateLimit-Remaining": "0",
+		"X-RateLimit-Reset":     "3",
+		"RateLimit-Policy":      `"api";q=2;w=3`,
+		"RateLimit":             `"api";r=0;t=3`,
+		"Content-Type":          "application/json",
+	}
+	for k, v := range want {
+		if got := resp.Header.Get(k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+	var body struct {
+		Error        string `json:"error"`
+		Message      string `json:"message"`
+		RetryAfterMS int64  `json:"retry_after_ms"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	if body.Error != "rate_limited" || body.RetryAfterMS != 1500 || !strings.Contains(body.Message, "2/3s") {
+		t.Fatalf("body %+v", body)
+	}
+	clk.Advance(1500 * time.Millisecond)
+	if resp := get(t, srv.URL, nil); resp.StatusCode != 200 {
+		t.Fatalf("after Retry-After: %d", resp.StatusCode)
+	}
+}
+
+func TestByHeaderHashesKeys(t *testing.T) {
+	srv, _, store := setup(t, sluice.PerMinute(1), httplimit.ByHeader("Authorization"))
+	if resp := get(t, srv.URL, nil); resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("missing key: %d", resp.StatusCode)
+	}
+	if resp := get(t, srv.URL, map[string]string{"Authorization": "Bearer sk-secret-1"}); resp.StatusCode != 200 {
+		t.Fatalf("first: %d", resp.StatusCode)
+	}
+	if resp := get(t, srv.URL, map[string]string{"Authorization": "Bearer sk-secret-1"}); resp.StatusCode != 429 {
+		t.Fatalf("same key again: %d", resp.StatusCode)
+	}
+	if resp := get(t, srv.URL, map[string]string{"Authorization": "Bearer sk-secret-2"}); resp.StatusCode != 200 {
+		t.Fatalf("another key: %d", resp.StatusCode)
+	}
+	// the store holds the hash, not the key
+	d, err := store.Apply(context.Background(), sluice.OpPeek, sluice.Request{Key: "key:" + sluice.HashKey("sk-secret-1"), Algorithm: sluice.GCRA, Limit: sluice.PerMinute(1)})
+	if err != nil || d.Remaining != 0 {
+		t.Fatalf("hashed key not charged: %+v %v", d, err)
+	}
+}
+
+func TestClientIP(t *testing.T) {
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("127.0.0.1/32")}
+	cases := []struct {
+		remote, xff, want string
+	}{
+		{"203.0.113.9:5555", "", "203.0.113.9"},
+		{"203.0.113.9:5555", "1.2.3.4", "203.0.113.9"}, // untrusted peer: header ignored
+		{"10.0.0.2:80", "198.51.100.7", "198.51.100.7"},
+		{"10.0.0.2:80", "6.6.6.6, 198.51.100.7, 10.0.0.3", "198.51.100.7"}, // spoofed first hop ignored
+		{"10.0.0.2:80", "10.0.0.5, 10.0.0.3", "10.0.0.5"},
+		{"10.0.0.2:80", "garbage, 198.51.100.7", "198.51.100.7"},
+		{"[::ffff:203.0.113.9]:1", "", "203.0.113.9"},
+	}
+	for _, c := range cases {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.RemoteAddr = c.remote
+		if c.xff != "" {
+			r.Header.Set("X-Forwarded-For", c.xff)
+		}
+		got, err := httplimit.ClientIP(r, trusted)
+		if err != nil || got.String() != c.want {
+			t.Errorf("ClientIP(%s, XFF %q) = %v, %v; want %s", c.remote, c.xff, got, err, c.want)
+		}
+	}
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.RemoteAddr = "not-an-ip"
+	if _, err := httplimit.ClientIP(r, trusted); !errors.Is(err, httplimit.ErrNoKey) {
+		t.Errorf("bad remote: %v", err)
+	}
+}
+
+// failing is a Store whose backend is down.
+type failing struct{}
+
+var errDown = errors.New("store down")
+
+func (failing) Apply(context.Context, sluice.Op, sluice.Request) (sluice.Decision, error) {
+	return sluice.Decision{}, errDown
+}
+func (failing) ApplyAll(context.Context, sluice.Op, []sluice.Request) ([]sluice.Decision, error) {
+	return nil, errDown
+}
+
+func TestStoreFailure(t *testing.T) {
+	lim, _ := sluice.NewLimiter(sluice.Options{Store: failing{}, Limit: sluice.PerSecond(1)})
+	for _, open := range []bool{false, true} {
+		mw, _ := httplimit.New(httplimit.Options{Limiter: lim, FailOpen: open, Logger: discard()})
+		rec := httptest.NewRecorder()
+		mw(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(204) })).ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+		want := 503
+		if open {
+			want = 204
+		}
+		if rec.Code != want {
+			t.Errorf("FailOpen=%v: status %d, want %d", open, rec.Code, want)
+		}
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	if _, err := httplimit.New(httplimit.Options{}); err == nil {
+		t.Fatal("nil limiter accepted")
+	}
+}
