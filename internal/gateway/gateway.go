@@ -1,0 +1,690 @@
+// Package gateway is sluice's AI gateway: an OpenAI-compatible reverse
+// proxy that gives each client key a tier and enforces requests per minute,
+// requests per day, LLM tokens per minute and requests in flight, with
+// exact token accounting, streaming included.
+//
+// # Design
+//
+// A request to /v1/chat/completions, /v1/completions, /v1/embeddings or
+// /v1/responses is authenticated by the SHA-256 of its bearer key, its body
+// read (bounded) and its prompt tokens estimated (package aitoken). The
+// gateway then reserves, in ONE all-or-nothing store.ApplyAll, one request
+// on each request limit, the estimated prompt plus max_tokens on each token
+// limit, and a concurrency slot leased to the request's id. Nothing is
+// charged for a rejected request, and parallel requests cannot slip past a
+// limit, because the store decides the whole batch atomically.
+//
+// The request goes upstream with the gateway's own key (the client's is
+// never forwarded) and, when streamed, with stream_options.include_usage
+// set. The response is relayed as it arrives: JSON bodies pass through a
+// bounded tee that reads usage at the end, SSE streams a line scanner that
+// forwards each event at once (ReverseProxy flushes every write), counts
+// the content tokens produced and reads the final usage event. A usage
+// event the client did not ask for is dropped.
+//
+// When the response is over, or the client is gone, or the upstream failed,
+// the reservation is settled exactly once: the token limits get the
+// difference between reservation and actual usage refunded (OpRefund) or
+// charged (OpCharge), and the concurrency lease is released. Actual usage is
+// the upstream's usage when it reported it; for a stream cut short, the
+// prompt estimate plus the tokens relayed; for an upstream 429 or 5xx or an
+// unreachable upstream, nothing, and the request is refunded too. If the
+// gateway crashes before settling, nothing leaks: the concurrency lease
+// lapses after LeaseTTL and the token buckets refill at their rate.
+//
+// Store errors fail closed with 503: the gateway never falls back to
+// per-replica limits, which would multiply them by the replica count.
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/aitoken"
+)
+
+// Options configure a Gateway. Config and Store are required.
+type Options struct {
+	// Config is a validated configuration (Load, Parse or Config.Validate).
+	Config *Config
+	// Store keeps the limiter state; share one among gateway replicas.
+	Store sluice.Store
+	// Getenv reads the upstream key's environment variable; nil means
+	// os.Getenv.
+	Getenv func(string) string
+	// Transport sends upstream requests; nil means a clone of
+	// http.DefaultTransport with a larger idle pool.
+	Transport http.RoundTripper
+	// Logger receives one line per settled request and upstream errors;
+	// nil discards. Keys are never logged, only their client id.
+	Logger *slog.Logger
+	// Registerer receives the gateway's metrics; nil means a private
+	// registry, served by Gateway.Metrics.
+	Registerer prometheus.Registerer
+	// OnSettled, when not nil, is called after each reservation is
+	// settled, from the request's goroutine.
+	OnSettled func(Settlement)
+}
+
+// Settlement reports how one request's reservation was settled.
+type Settlement struct {
+	// RequestID is the gateway's id of the request, also sent to the client
+	// as x-sluice-request-id and used as the concurrency lease.
+	RequestID string
+	// Client is the client id of the key (never the key).
+	Client string
+	// Tier and Model are the request's.
+	Tier, Model string
+	// Status is the status the upstream answered, 0 when unreachable.
+	Status int
+	// Reserved is the tokens reserved before forwarding; Actual what was
+	// finally charged for them.
+	Reserved, Actual int64
+	// PromptTokens and CompletionTokens are the usage the charge is based
+	// on: reported by the upstream when UsageReported, else estimated.
+	PromptTokens, CompletionTokens int64
+	UsageReported                  bool
+	// Err is the store's error, if settling failed.
+	Err error
+}
+
+// endpoint is a path whose requests are limited.
+type endpoint uint8
+
+const (
+	epNone endpoint = iota
+	epChat
+	epCompletions
+	epEmbeddings
+	epResponses
+)
+
+var endpoints = map[string]endpoint{
+	"/v1/chat/completions": epChat,
+	"/v1/completions":      epCompletions,
+	"/v1/embeddings":       epEmbeddings,
+	"/v1/responses":        epResponses,
+}
+
+// Gateway is the proxy, an http.Handler for /v1/. It is safe for
+// concurrent use.
+type Gateway struct {
+	cfg          *Config
+	store        sluice.Store
+	upstream     *url.URL
+	upstreamPath string
+	upstreamKey  string
+	keys         map[string]*client
+	models       map[string]bool
+	proxy        *httputil.ReverseProxy
+	metrics      *metrics
+	log          *slog.Logger
+	onSettled    func(Settlement)
+}
+
+// client is what a key resolves to.
+type client struct {
+	id     string
+	name   string
+	tier   *tier
+	prefix string // "{gw:<id>}:", one Redis Cluster slot per client
+}
+
+type kind uint8
+
+const (
+	kindRequests kind = iota + 1
+	kindTokens
+	kindConcurrency
+)
+
+// spec is one limit of a tier.
+type spec struct {
+	kind   kind
+	name   string // rpm, rpd, tpm, concurrency
+	model  string // "" for the whole tier
+	suffix string // key suffix
+	alg    sluice.Algorithm
+	limit  sluice.Limit
+}
+
+func (s *spec) policy() string {
+	if s.model != "" {
+		return s.name + ":" + s.model
+	}
+	return s.name
+}
+
+func (s *spec) describe() string {
+	names := map[string]string{"rpm": "requests per minute", "rpd": "requests per day", "tpm": "tokens per minute", "concurrency": "concurrent requests"}
+	d := names[s.name] + " (" + s.name + ")"
+	if s.model != "" {
+		d += " on model " + s.model
+	}
+	return d
+}
+
+type tier struct {
+	name  string
+	specs []spec
+}
+
+// New validates opts and returns a Gateway.
+func New(opts Options) (*Gateway, error) {
+	if opts.Config == nil || opts.Store == nil {
+		return nil, errors.New("gateway: Options.Config and Options.Store are required")
+	}
+	cfg := opts.Config
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	up, err := url.Parse(cfg.Upstream.BaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: upstream: %w", err)
+	}
+	getenv := opts.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	reg := opts.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	g := &Gateway{
+		cfg:          cfg,
+		store:        opts.Store,
+		upstream:     up,
+		upstreamPath: strings.TrimSuffix(up.Path, "/"),
+		upstreamKey:  getenv(cfg.Upstream.APIKeyEnv),
+		keys:         map[string]*client{},
+		models:       map[string]bool{},
+		metrics:      m,
+		log:          log,
+		onSettled:    opts.OnSettled,
+	}
+	for _, model := range cfg.allModels() {
+		g.models[model] = true
+	}
+	tiers := map[string]*tier{}
+	for _, name := range sortedKeys(cfg.Tiers) {
+		tc := cfg.Tiers[name]
+		t := &tier{name: name}
+		t.specs = appendSpecs(t.specs, tc.Limits, "", cfg.LeaseTTL)
+		for _, model := range sortedKeys(tc.Models) {
+			t.specs = appendSpecs(t.specs, tc.Models[model], model, cfg.LeaseTTL)
+		}
+		tiers[name] = t
+	}
+	for _, k := range cfg.Keys {
+		g.keys[k.Hash] = &client{id: k.Client, name: k.Name, tier: tiers[k.Tier], prefix: "{gw:" + k.Client + "}:"}
+	}
+	transport := opts.Transport
+	if transport == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
+		t.ResponseHeaderTimeout = cfg.Upstream.Timeout
+		transport = t
+	}
+	g.proxy = &httputil.ReverseProxy{
+		Rewrite:        g.rewrite,
+		Transport:      timedTransport{next: transport},
+		FlushInterval:  -1,
+		ModifyResponse: g.modifyResponse,
+		ErrorHandler:   g.upstreamError,
+		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	return g, nil
+}
+
+func appendSpecs(specs []spec, l Limits, model string, leaseTTL time.Duration) []spec {
+	add := func(k kind, name string, alg sluice.Algorithm, lim sluice.Limit) {
+		if lim.Rate == 0 {
+			return
+		}
+		suffix := name
+		if model != "" {
+			suffix += ":m:" + model
+		}
+		specs = append(specs, spec{kind: k, name: name, model: model, suffix: suffix, alg: alg, limit: lim})
+	}
+	add(kindRequests, "rpm", sluice.GCRA, sluice.Limit{Rate: l.RPM, Period: time.Minute, Burst: l.RPMBurst})
+	add(kindRequests, "rpd", sluice.GCRA, sluice.Limit{Rate: l.RPD, Period: 24 * time.Hour})
+	add(kindTokens, "tpm", sluice.GCRA, sluice.Limit{Rate: l.TPM, Period: time.Minute, Burst: l.TPMBurst})
+	add(kindConcurrency, "concurrency", sluice.Concurrency, sluice.Limit{Rate: l.Concurrency, Period: leaseTTL})
+	return specs
+}
+
+// Metrics serves the gateway's metrics when Options.Registerer was nil,
+// and 404 otherwise.
+func (g *Gateway) Metrics() http.Handler { return g.metrics.handler }
+
+// call is one request's state through the proxy. Its fields are written
+// and read by the request's goroutine only.
+type call struct {
+	id          string
+	start       time.Time
+	client      *client
+	ep          endpoint
+	model       string // metric label
+	rawModel    string // as the client named it
+	stream      bool
+	wantUsage   bool // the client asked for the usage event itself
+	body        []byte
+	promptEst   int64
+	reserved    int64
+	specs       []*spec
+	reqs        []sluice.Request
+	sent        time.Time // upstream round trip started
+	headersAt   time.Time
+	status      int
+	unreachable bool // no upstream response
+	rejected    bool // upstream answered 429 or 5xx
+	canceled    bool // the client went away before the response
+	usageSeen   bool
+	prompt      int64
+	completion  int64
+	produced    int64 // completion tokens relayed in a stream
+	settled     atomic.Bool
+}
+
+type callKey struct{}
+
+func callFrom(ctx context.Context) *call {
+	c, _ := ctx.Value(callKey{}).(*call)
+	return c
+}
+
+// ServeHTTP implements http.Handler.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	if !strings.HasPrefix(r.URL.Path, "/v1/") {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "", "Unknown request URL: "+r.Method+" "+r.URL.Path+".")
+		return
+	}
+	cl := g.authenticate(r)
+	if cl == nil {
+		g.metrics.rejections.WithLabelValues("-", "-", "unauthorized").Inc()
+		writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "",
+			"Incorrect or missing API key. Send your sluice gateway key as: Authorization: Bearer <key>.")
+		return
+	}
+	c := &call{id: sluice.NewLeaseID(), start: start, client: cl, model: "-"}
+	w.Header().Set("x-sluice-request-id", c.id)
+	ep := endpoints[r.URL.Path]
+	if r.Method != http.MethodPost || ep == epNone {
+		// Other /v1/* paths (models, files, ...) pass through unmetered.
+		g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
+		return
+	}
+	c.ep = ep
+	if !g.prepare(w, r, c) {
+		return
+	}
+	if !g.admit(w, r, c) {
+		return
+	}
+	defer g.settle(c)
+	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
+	// Hand the client the whole answer before settling.
+	_ = http.NewResponseController(w).Flush()
+	g.settle(c)
+}
+
+// authenticate maps the bearer key to its client, by hash.
+func (g *Gateway) authenticate(r *http.Request) *client {
+	auth := r.Header.Get("Authorization")
+	key, ok := strings.CutPrefix(auth, "Bearer ")
+	if !ok {
+		key, ok = strings.CutPrefix(auth, "bearer ")
+	}
+	key = strings.TrimSpace(key)
+	if !ok || key == "" {
+		return nil
+	}
+	return g.keys[sluice.HashKey(key)]
+}
+
+// requestBody is what the gateway reads of a request.
+type requestBody struct {
+	aitoken.Request
+	Model               string          `json:"model"`
+	Stream              bool            `json:"stream"`
+	MaxTokens           *int64          `json:"max_tokens"`
+	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
+	MaxOutputTokens     *int64          `json:"max_output_tokens"`
+	N                   *int64          `json:"n"`
+	StreamOptions       json.RawMessage `json:"stream_options"`
+}
+
+// prepare reads and parses the body, estimates the tokens and rewrites
+// stream_options. It answers the client itself and reports false on error.
+func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "",
+				fmt.Sprintf("Request body exceeds the gateway's limit of %d bytes.", g.cfg.MaxBodyBytes))
+		} else {
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "Could not read the request body.")
+		}
+		return false
+	}
+	var p requestBody
+	if err := json.Unmarshal(body, &p); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "",
+			"We could not parse the JSON body of your request: "+err.Error())
+		return false
+	}
+	if p.Model == "" {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "missing_required_parameter", "model", "You must provide a model parameter.")
+		return false
+	}
+	c.model, c.rawModel = p.Model, p.Model
+	if !g.models[c.model] {
+		c.model = "other"
+	}
+	c.stream = p.Stream
+	c.promptEst = p.PromptTokens()
+	var budget int64
+	explicit := false
+	if c.ep != epEmbeddings {
+		for _, v := range []*int64{p.MaxCompletionTokens, p.MaxTokens, p.MaxOutputTokens} {
+			if v != nil && *v > 0 {
+				budget, explicit = *v, true
+				break
+			}
+		}
+		if !explicit {
+			budget = g.cfg.DefaultMaxTokens
+		}
+		if p.N != nil && *p.N > 1 {
+			budget *= min(*p.N, 128)
+		}
+	}
+	c.reserved = c.promptEst + budget
+	c.body = body
+	if c.stream && (c.ep == epChat || c.ep == epCompletions) {
+		var so map[string]json.RawMessage
+		if len(p.StreamOptions) > 0 && string(p.StreamOptions) != "null" {
+			if json.Unmarshal(p.StreamOptions, &so) != nil {
+				writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_type", "stream_options", "stream_options must be an object.")
+				return false
+			}
+		}
+		c.wantUsage = string(so["include_usage"]) == "true"
+		if !c.wantUsage {
+			if so == nil {
+				so = map[string]json.RawMessage{}
+			}
+			so["include_usage"] = json.RawMessage("true")
+			var raw map[string]json.RawMessage
+			if json.Unmarshal(body, &raw) != nil {
+				writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "", "The request body must be a JSON object.")
+				return false
+			}
+			raw["stream_options"], _ = json.Marshal(so)
+			c.body, _ = json.Marshal(raw)
+		}
+	}
+	if !explicit {
+		// A default budget must not make a request too large that would fit.
+		for i := range c.client.tier.specs {
+			s := &c.client.tier.specs[i]
+			if s.kind == kindTokens && s.applies(p.Model) {
+				c.reserved = max(c.promptEst, min(c.reserved, s.limit.Capacity()))
+			}
+		}
+	}
+	c.reserved = max(c.reserved, 1)
+	return true
+}
+
+func (s *spec) applies(model string) bool { return s.model == "" || s.model == model }
+
+// admit reserves every limit of the request in one ApplyAll. It answers
+// the client itself and reports false when the request may not proceed.
+func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
+	t := c.client.tier
+	model := c.rawModel
+	c.specs = make([]*spec, 0, len(t.specs))
+	c.reqs = make([]sluice.Request, 0, len(t.specs))
+	for i := range t.specs {
+		s := &t.specs[i]
+		if !s.applies(model) {
+			continue
+		}
+		req := sluice.Request{Key: c.client.prefix + s.suffix, Algorithm: s.alg, Limit: s.limit, Cost: 1}
+		switch s.kind {
+		case kindTokens:
+			req.Cost = c.reserved
+			if req.Cost > s.limit.Capacity() {
+				g.tooLarge(w, c, s)
+				return false
+			}
+		case kindConcurrency:
+			req.Lease = c.id
+		}
+		c.specs = append(c.specs, s)
+		c.reqs = append(c.reqs, req)
+	}
+	if len(c.reqs) == 0 {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Store.Timeout)
+	ds, err := g.store.ApplyAll(ctx, sluice.OpAllow, c.reqs)
+	cancel()
+	if err != nil {
+		g.metrics.rejections.WithLabelValues(t.name, c.model, "store_error").Inc()
+		g.log.Error("gateway: store unavailable", "request_id", c.id, "client", c.client.id, "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, "server_error", "rate_limiter_unavailable", "",
+			"The gateway's rate limiter is unavailable; please retry shortly.")
+		return false
+	}
+	g.setLimitHeaders(w.Header(), c, ds)
+	if !sluice.Combine(ds).Allowed {
+		g.reject(w, c, ds)
+		return false
+	}
+	return true
+}
+
+// rewrite turns the client's request into the upstream's.
+func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
+	out := pr.Out
+	out.URL.Scheme = g.upstream.Scheme
+	out.URL.Host = g.upstream.Host
+	out.URL.Path = g.upstreamPath + strings.TrimPrefix(pr.In.URL.Path, "/v1")
+	out.URL.RawPath = ""
+	out.Host = g.upstream.Host
+	// The client's credentials and identities stay here; the upstream
+	// sees the gateway's key only.
+	for _, h := range []string{"Authorization", "Api-Key", "X-Api-Key", "Openai-Organization", "Openai-Project", "Cookie", "Accept-Encoding"} {
+		out.Header.Del(h)
+	}
+	if g.upstreamKey != "" {
+		out.Header.Set("Authorization", "Bearer "+g.upstreamKey)
+	}
+	if c := callFrom(pr.In.Context()); c != nil && c.body != nil {
+		body := c.body
+		out.Body = io.NopCloser(bytes.NewReader(body))
+		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		out.ContentLength = int64(len(body))
+		out.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	}
+}
+
+// timedTransport notes when the upstream round trip starts.
+type timedTransport struct{ next http.RoundTripper }
+
+func (t timedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if c := callFrom(req.Context()); c != nil {
+		c.sent = time.Now()
+	}
+	return t.next.RoundTrip(req)
+}
+
+// modifyResponse records the upstream's answer and wraps its body to read
+// usage as it is relayed.
+func (g *Gateway) modifyResponse(res *http.Response) error {
+	c := callFrom(res.Request.Context())
+	if c == nil {
+		return nil
+	}
+	c.headersAt = time.Now()
+	c.status = res.StatusCode
+	if c.ep == epNone {
+		return nil
+	}
+	tierName := c.client.tier.name
+	if !c.sent.IsZero() {
+		g.metrics.upstream.WithLabelValues(tierName, c.model).Observe(c.headersAt.Sub(c.sent).Seconds())
+		g.metrics.overhead.WithLabelValues(tierName, c.model).Observe(c.sent.Sub(c.start).Seconds())
+	}
+	if res.StatusCode == http.StatusTooManyRequests || res.StatusCode >= 500 {
+		// Passed through with the upstream's own headers; refunded at settle.
+		c.rejected = true
+		g.metrics.rejections.WithLabelValues(tierName, c.model, "upstream_"+strconv.Itoa(res.StatusCode)).Inc()
+		return nil
+	}
+	// Our limits, not the upstream account's, are the client's.
+	for k := range res.Header {
+		if strings.HasPrefix(strings.ToLower(k), "x-ratelimit-") {
+			res.Header.Del(k)
+		}
+	}
+	if res.StatusCode/100 != 2 {
+		return nil
+	}
+	if strings.HasPrefix(strings.ToLower(res.Header.Get("Content-Type")), "text/event-stream") {
+		res.Body = newSSEReader(res.Body, c)
+	} else {
+		res.Body = &captureReader{src: res.Body, c: c, limit: defaultMaxResponseBytes}
+	}
+	return nil
+}
+
+// upstreamError answers when the upstream could not be reached or the
+// response could not be relayed.
+func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	c := callFrom(r.Context())
+	if r.Context().Err() != nil {
+		// The client went away; there is nobody to answer.
+		if c != nil {
+			c.canceled = true
+		}
+		return
+	}
+	if c != nil {
+		c.unreachable = true
+		if c.ep != epNone {
+			g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_unreachable").Inc()
+		}
+		g.log.Warn("gateway: upstream unreachable", "request_id", c.id, "client", c.client.id, "err", err)
+	}
+	writeError(w, http.StatusBadGateway, "server_error", "upstream_unreachable", "", "The gateway could not reach the upstream API; please retry.")
+}
+
+// settle settles c's reservation exactly once.
+func (g *Gateway) settle(c *call) {
+	if !c.settled.CompareAndSwap(false, true) {
+		return
+	}
+	s := Settlement{RequestID: c.id, Client: c.client.id, Tier: c.client.tier.name, Model: c.model, Status: c.status, Reserved: c.reserved}
+	refundRequests := false
+	switch {
+	case c.usageSeen:
+		s.PromptTokens, s.CompletionTokens, s.UsageReported = c.prompt, c.completion, true
+	case c.rejected, c.unreachable:
+		refundRequests = true
+	case c.canceled && c.status == 0:
+		s.PromptTokens = c.promptEst // the upstream may have read the prompt
+	case c.status/100 != 2:
+		// An upstream 4xx: nothing was generated.
+	case c.stream:
+		s.PromptTokens, s.CompletionTokens = c.promptEst, c.produced
+	default:
+		// A 2xx without usage: keep the reservation, the best bound known.
+		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst
+	}
+	s.Actual = s.PromptTokens + s.CompletionTokens
+	var refunds, charges []sluice.Request
+	for i, req := range c.reqs {
+		switch c.specs[i].kind {
+		case kindConcurrency:
+			refunds = append(refunds, req)
+		case kindTokens:
+			if d := req.Cost - s.Actual; d > 0 {
+				req.Cost = d
+				refunds = append(refunds, req)
+			} else if d < 0 {
+				req.Cost = -d
+				charges = append(charges, req)
+			}
+		case kindRequests:
+			if refundRequests {
+				refunds = append(refunds, req)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
+	defer cancel()
+	if len(refunds) > 0 {
+		if _, err := g.store.ApplyAll(ctx, sluice.OpRefund, refunds); err != nil {
+			s.Err = fmt.Errorf("gateway: settle %s: refund: %w", c.id, err)
+		}
+	}
+	if len(charges) > 0 {
+		if _, err := g.store.ApplyAll(ctx, sluice.OpCharge, charges); err != nil {
+			s.Err = errors.Join(s.Err, fmt.Errorf("gateway: settle %s: charge: %w", c.id, err))
+		}
+	}
+	m := g.metrics
+	m.requests.WithLabelValues(s.Tier, s.Model, statusLabel(c)).Inc()
+	m.tokens.WithLabelValues(s.Tier, s.Model, "prompt").Add(float64(s.PromptTokens))
+	m.tokens.WithLabelValues(s.Tier, s.Model, "completion").Add(float64(s.CompletionTokens))
+	level := slog.LevelDebug
+	if s.Err != nil {
+		level = slog.LevelError
+	}
+	g.log.Log(ctx, level, "gateway: request settled", "request_id", s.RequestID, "client", s.Client, "tier", s.Tier,
+		"model", s.Model, "status", s.Status, "reserved", s.Reserved, "actual", s.Actual, "usage_reported", s.UsageReported, "err", s.Err)
+	if g.onSettled != nil {
+		g.onSettled(s)
+	}
+}
+
+func statusLabel(c *call) string {
+	switch {
+	case c.unreachable:
+		return "502"
+	case c.canceled && c.status == 0:
+		return "canceled"
+	}
+	return strconv.Itoa(c.status)
+}

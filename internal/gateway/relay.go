@@ -1,0 +1,176 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+
+	"github.com/sluice-io/sluice/internal/aitoken"
+)
+
+// usageJSON is the usage object of every endpoint: chat and completions
+// report prompt/completion tokens, responses input/output tokens,
+// embeddings prompt tokens only.
+type usageJSON struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	InputTokens      int64 `json:"input_tokens"`
+	OutputTokens     int64 `json:"output_tokens"`
+	TotalTokens      int64 `json:"total_tokens"`
+}
+
+func (c *call) setUsage(u *usageJSON) {
+	c.usageSeen = true
+	c.prompt = u.PromptTokens + u.InputTokens
+	c.completion = u.CompletionTokens + u.OutputTokens
+	if c.prompt+c.completion == 0 && u.TotalTokens > 0 {
+		c.prompt = u.TotalTokens
+	}
+}
+
+// captureReader relays a JSON body unchanged and keeps a bounded copy to
+// read its usage at the end.
+type captureReader struct {
+	src   io.ReadCloser
+	c     *call
+	limit int
+	buf   bytes.Buffer
+	over  bool
+}
+
+func (r *captureReader) Read(p []byte) (int, error) {
+	n, err := r.src.Read(p)
+	if !r.over {
+		if r.buf.Len()+n > r.limit {
+			r.over = true
+			r.buf = bytes.Buffer{}
+		} else {
+			r.buf.Write(p[:n])
+		}
+	}
+	if errors.Is(err, io.EOF) && !r.over {
+		var body struct {
+			Usage *usageJSON `json:"usage"`
+		}
+		if json.Unmarshal(r.buf.Bytes(), &body) == nil && body.Usage != nil {
+			r.c.setUsage(body.Usage)
+		}
+		r.buf = bytes.Buffer{}
+		r.over = true
+	}
+	return n, err
+}
+
+func (r *captureReader) Close() error { return r.src.Close() }
+
+// sseReader relays an SSE stream line by line, as each line arrives. It
+// counts the content tokens of each event and reads the usage event, which
+// it drops when the client did not ask for it.
+type sseReader struct {
+	src       io.ReadCloser
+	br        *bufio.Reader
+	c         *call
+	out       []byte
+	dropBlank bool
+	err       error
+}
+
+func newSSEReader(src io.ReadCloser, c *call) *sseReader {
+	return &sseReader{src: src, br: bufio.NewReaderSize(src, 64<<10), c: c}
+}
+
+func (r *sseReader) Read(p []byte) (int, error) {
+	for len(r.out) == 0 {
+		if r.err != nil {
+			return 0, r.err
+		}
+		line, err := r.br.ReadSlice('\n')
+		switch {
+		case errors.Is(err, bufio.ErrBufferFull):
+			r.out = line // an overlong line passes through unread
+			continue
+		case err != nil:
+			r.err = err
+		}
+		if len(line) > 0 && r.keep(line) {
+			r.out = line
+		}
+	}
+	n := copy(p, r.out)
+	r.out = r.out[n:]
+	return n, nil
+}
+
+func (r *sseReader) Close() error { return r.src.Close() }
+
+// sseEvent is what the gateway reads of a streamed event.
+type sseEvent struct {
+	Choices []struct {
+		Delta struct {
+			Content          string          `json:"content"`
+			Refusal          string          `json:"refusal"`
+			ReasoningContent string          `json:"reasoning_content"`
+			ToolCalls        json.RawMessage `json:"tool_calls"`
+		} `json:"delta"`
+		Text string `json:"text"`
+	} `json:"choices"`
+	Usage *usageJSON `json:"usage"`
+	// The responses API's events.
+	Type     string `json:"type"`
+	Delta    string `json:"delta"`
+	Response *struct {
+		Usage *usageJSON `json:"usage"`
+	} `json:"response"`
+}
+
+// keep inspects one line and reports whether to relay it.
+func (r *sseReader) keep(line []byte) bool {
+	trimmed := bytes.TrimRight(line, "\r\n")
+	if len(trimmed) == 0 {
+		if r.dropBlank {
+			r.dropBlank = false
+			return false
+		}
+		return true
+	}
+	data, ok := bytes.CutPrefix(trimmed, []byte("data:"))
+	if !ok {
+		return true
+	}
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 || data[0] != '{' {
+		return true
+	}
+	var ev sseEvent
+	if json.Unmarshal(data, &ev) != nil {
+		return true
+	}
+	c := r.c
+	for _, ch := range ev.Choices {
+		d := ch.Delta
+		n := aitoken.Count(d.Content) + aitoken.Count(d.Refusal) + aitoken.Count(d.ReasoningContent) + aitoken.Count(ch.Text)
+		if len(d.ToolCalls) > 0 && string(d.ToolCalls) != "null" {
+			n += aitoken.Count(string(d.ToolCalls))
+		}
+		if n == 0 && (d.Content != "" || d.Refusal != "" || d.ReasoningContent != "" || ch.Text != "") {
+			n = 1 // whitespace is a token too
+		}
+		c.produced += n
+	}
+	if ev.Type != "" && ev.Delta != "" && len(ev.Type) > 6 && ev.Type[len(ev.Type)-6:] == ".delta" {
+		c.produced += max(aitoken.Count(ev.Delta), 1)
+	}
+	if ev.Response != nil && ev.Response.Usage != nil {
+		c.setUsage(ev.Response.Usage)
+	}
+	if ev.Usage != nil {
+		c.setUsage(ev.Usage)
+		if !c.wantUsage && len(ev.Choices) == 0 && ev.Type == "" {
+			r.dropBlank = true
+			return false
+		}
+	}
+	return true
+}
