@@ -27,9 +27,9 @@ func ExampleNew() {
 		req := httptest.NewRequest("GET", "/", nil)
 		req.Header.Set("X-API-Key", "k-123")
 		api.ServeHTTP(rec, req)
-		fmt.Println(rec.Code, rec.Header().Get("X-RateLimit-Remaining"), rec.Header().Get("Retry-After"))
+		fmt.Printf("%d remaining=%s retry-after=%q\n", rec.Code, rec.Header().Get("X-RateLimit-Remaining"), rec.Header().Get("Retry-After"))
 	}
 	// Output:
-	// 200 0
-	// 429 0 60
+	// 200 remaining=0 retry-after=""
+	// 429 remaining=0 retry-after="60"
 }
