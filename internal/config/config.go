@@ -563,9 +563,9 @@ func (v *validator) compileStore(s *StoreSection) {
 	}
 	switch {
 	case s.URL == "memory":
-	case strings.HasPrefix(s.URL, "redis://"), strings.HasPrefix(s.URL, "rediss://"), strings.HasPrefix(s.URL, "unix://"):
+	case isRedisURL(s.URL):
 	default:
-		v.addf("store.url", "unknown store %q; valid: memory, redis://HOST:PORT/DB, rediss://..., unix://PATH", s.URL)
+		v.addf("store.url", "unknown store %q; valid: memory, redis://HOST:PORT/DB, rediss://..., redis+cluster://H1:P1,H2:P2, redis+sentinel://S1:P1/MASTER", s.URL)
 	}
 	if s.FailurePolicy == "" {
 		s.FailurePolicy = FailOpen
@@ -699,3 +699,13 @@ func (c *Config) PolicyNames() []string { return sortedKeys(c.Policies) }
 
 // TierNames lists the tiers, sorted.
 func (c *Config) TierNames() []string { return sortedKeys(c.Tiers) }
+
+// isRedisURL reports whether u names a Redis deployment: a scheme redis,
+// rediss, redis+cluster, redis+sentinel or their rediss forms.
+func isRedisURL(u string) bool {
+	scheme, _, ok := strings.Cut(u, "://")
+	return ok && strings.HasPrefix(strings.ToLower(scheme), "redis")
+}
+
+// IsMemory reports whether the store section selects the memory store.
+func (s StoreSection) IsMemory() bool { return s.URL == "" || s.URL == "memory" }

@@ -74,7 +74,7 @@ func TestBadConfigs(t *testing.T) {
 		"bad_limit":           {":3: policies.free.limit: invalid limit \"10 per minute\""},
 		"bad_override":        {":6: overrides[0].policy: unknown policy \"premium\"; valid: free"},
 		"bad_proxy":           {":2: authz.trusted_proxies[1]: \"not-an-ip\""},
-		"bad_store_url":       {":2: store.url: unknown store", "valid: memory, redis://"},
+		"bad_store_url":       {":2: store.url: unknown store", "valid: memory, redis://HOST"},
 		"bad_syntax":          {"bad_syntax.bad.yaml:"},
 		"bad_timeout":         {":2: store.timeout: cannot use `soon` as time.Duration"},
 		"bad_type":            {":4: policies.free.burst: cannot use `lots` as int64"},

@@ -1,0 +1,479 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/httplimit"
+	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/metrics"
+)
+
+// checkItem is one check: a policy or a tier, a key or an API key, a cost.
+type checkItem struct {
+	Policy string `json:"policy"`
+	Tier   string `json:"tier"`
+	Key    string `json:"key"`
+	APIKey string `json:"api_key"`
+	Cost   *int64 `json:"cost"`
+}
+
+// checkBody is the body of /v1/check and /v1/reset: one check, or several
+// in "checks" charged all or nothing.
+type checkBody struct {
+	checkItem
+	Checks []checkItem `json:"checks"`
+}
+
+// target is one resolved policy for one identity.
+type target struct {
+	policy   *config.Policy
+	tier     string
+	identity string
+	req      sluice.Request
+}
+
+// storeKey names a policy's state for an identity. The identity is a Redis
+// hash tag, so a tier's policies for one caller share a cluster slot; the
+// algorithm is part of the key, so changing a policy's algorithm on reload
+// starts afresh instead of misreading the old state.
+func storeKey(identity string, p *config.Policy) string {
+	return "sluice:{" + identity + "}:" + p.Name + ":" + p.Algorithm.String()
+}
+
+// resolve turns a check into targets. key, when not nil, is the API key
+// already looked up by the caller (forward-auth).
+func resolve(cfg *config.Config, c *checkItem, apiKey *config.Key) ([]target, int, error) {
+	cost := int64(1)
+	if c.Cost != nil {
+		cost = *c.Cost
+	}
+	if cost < 0 {
+		return nil, http.StatusBadRequest, fmt.Errorf("cost %d must not be negative", cost)
+	}
+	identity := c.Key
+	var tier *config.Tier
+	if c.APIKey != "" {
+		if c.Key != "" {
+			return nil, http.StatusBadRequest, errors.New("give key or api_key, not both")
+		}
+		hash := sluice.HashKey(c.APIKey)
+		identity = "key:" + hash
+		apiKey = cfg.Keys[hash]
+		if apiKey == nil {
+			if cfg.Authz.RejectUnknownKeys || cfg.Authz.DefaultTier == nil {
+				return nil, http.StatusUnauthorized, errors.New("unknown api key")
+			}
+			tier = cfg.Authz.DefaultTier
+		} else {
+			tier = apiKey.Tier
+		}
+	}
+	if identity == "" {
+		return nil, http.StatusBadRequest, errors.New(`missing "key" (or "api_key")`)
+	}
+	if len(identity) > config.MaxKeyLen {
+		return nil, http.StatusBadRequest, fmt.Errorf("key longer than %d bytes", config.MaxKeyLen)
+	}
+	var policies []*config.Policy
+	tierName := metrics.NoTier
+	switch {
+	case c.Policy != "" && c.Tier != "":
+		return nil, http.StatusBadRequest, errors.New(`give "policy" or "tier", not both`)
+	case c.Policy != "":
+		p := cfg.Policies[c.Policy]
+		if p == nil {
+			return nil, http.StatusBadRequest, fmt.Errorf("unknown policy %q; valid: %s", c.Policy, strings.Join(cfg.PolicyNames(), ", "))
+		}
+		policies = []*config.Policy{p}
+	case c.Tier != "":
+		t := cfg.Tiers[c.Tier]
+		if t == nil {
+			return nil, http.StatusBadRequest, fmt.Errorf("unknown tier %q; valid: %s", c.Tier, strings.Join(cfg.TierNames(), ", "))
+		}
+		policies, tierName = t.Policies, t.Name
+	case tier != nil:
+		policies, tierName = tier.Policies, tier.Name
+	default:
+		return nil, http.StatusBadRequest, errors.New(`missing "policy" or "tier"`)
+	}
+	out := make([]target, len(policies))
+	for i, p := range policies {
+		out[i] = target{policy: p, tier: tierName, identity: identity, req: sluice.Request{
+			Key:       storeKey(identity, p),
+			Algorithm: p.Algorithm,
+			Limit:     cfg.LimitFor(p, identity, apiKey),
+			Cost:      cost,
+		}}
+	}
+	return out, 0, nil
+}
+
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// decode reads a JSON body of at most cfg.MaxBodyBytes into v, strictly.
+// On failure it writes the 400 or 413 answer and returns false.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, cfg *config.Config, v any) bool {
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer bufPool.Put(buf)
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, "request body larger than %d bytes", cfg.MaxBodyBytes)
+			return false
+		}
+		writeError(w, http.StatusBadRequest, "reading body: %v", err)
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(buf.Bytes()))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeError(w, http.StatusBadRequest, "malformed JSON: %s", strings.TrimPrefix(err.Error(), "json: "))
+		return false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		writeError(w, http.StatusBadRequest, "malformed JSON: data after the object")
+		return false
+	}
+	return true
+}
+
+// handleCheck decides one check, or a batch all or nothing.
+func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
+	cfg := s.cfg.Load()
+	var body checkBody
+	if !s.decode(w, r, cfg, &body) {
+		return
+	}
+	var targets []target
+	if len(body.Checks) > 0 {
+		if body.checkItem != (checkItem{}) {
+			writeError(w, http.StatusBadRequest, `give one check or "checks", not both`)
+			return
+		}
+		if len(body.Checks) > cfg.MaxChecks {
+			writeError(w, http.StatusBadRequest, "%d checks; at most %d", len(body.Checks), cfg.MaxChecks)
+			return
+		}
+		for i := range body.Checks {
+			ts, status, err := resolve(cfg, &body.Checks[i], nil)
+			if err != nil {
+				writeError(w, status, "checks[%d]: %v", i, err)
+				return
+			}
+			targets = append(targets, ts...)
+		}
+	} else {
+		ts, status, err := resolve(cfg, &body.checkItem, nil)
+		if err != nil {
+			writeError(w, status, "%v", err)
+			return
+		}
+		targets = ts
+	}
+	for i := range targets {
+		if targets[i].req.Cost == 0 {
+			writeError(w, http.StatusBadRequest, "cost must be at least 1; use GET /v1/status to look without charging")
+			return
+		}
+	}
+	res, err := s.decide(r, sluice.OpAllow, targets)
+	if err != nil {
+		writeDecideError(w, err)
+		return
+	}
+	s.writeDecision(w, res, cfg.Authz.DenyStatus, true)
+}
+
+// handleStatus peeks: what a check would decide now, charging nothing.
+func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
+	cfg := s.cfg.Load()
+	q := r.URL.Query()
+	c := checkItem{Policy: q.Get("policy"), Tier: q.Get("tier"), Key: q.Get("key"), APIKey: r.Header.Get("X-API-Key")}
+	if q.Has("api_key") {
+		writeError(w, http.StatusBadRequest, "send the API key in the X-API-Key header, not the query string")
+		return
+	}
+	zero := int64(0)
+	c.Cost = &zero
+	if v := q.Get("cost"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			writeError(w, http.StatusBadRequest, "cost %q must be a whole number, 0 or more", v)
+			return
+		}
+		c.Cost = &n
+	}
+	targets, status, err := resolve(cfg, &c, nil)
+	if err != nil {
+		writeError(w, status, "%v", err)
+		return
+	}
+	res, err := s.decide(r, sluice.OpPeek, targets)
+	if err != nil {
+		writeDecideError(w, err)
+		return
+	}
+	s.writeDecision(w, res, http.StatusOK, false)
+}
+
+// outcome is the result of deciding a set of targets.
+type outcome struct {
+	targets   []target
+	decisions []sluice.Decision
+	combined  sluice.Decision
+	// limiting is the index of the target whose decision the combined one
+	// reports (the most constrained enforced one).
+	limiting int
+}
+
+// decide applies op to the targets: the enforced policies together in one
+// store call, then, if they admit, the shadow policies. It records metrics.
+func (s *Server) decide(r *http.Request, op sluice.Op, targets []target) (*outcome, error) {
+	ctx := r.Context()
+	out := &outcome{targets: targets, decisions: make([]sluice.Decision, len(targets))}
+	enforced, shadow := 0, 0
+	for i := range targets {
+		if targets[i].policy.Shadow {
+			shadow++
+		} else {
+			enforced++
+		}
+	}
+	if shadow == 0 {
+		ds, err := s.guard.applyAll(ctx, op, reqsOf(targets, nil))
+		if err != nil {
+			return nil, err
+		}
+		copy(out.decisions, ds)
+	} else {
+		var enfIdx, shIdx []int
+		for i := range targets {
+			if targets[i].policy.Shadow {
+				shIdx = append(shIdx, i)
+			} else {
+				enfIdx = append(enfIdx, i)
+			}
+		}
+		allowed := true
+		if len(enfIdx) > 0 {
+			ds, err := s.guard.applyAll(ctx, op, reqsOf(targets, enfIdx))
+			if err != nil {
+				return nil, err
+			}
+			for j, i := range enfIdx {
+				out.decisions[i] = ds[j]
+				allowed = allowed && ds[j].Allowed
+			}
+		}
+		for _, i := range shIdx {
+			if !allowed && op == sluice.OpAllow {
+				// The request is denied anyway: peek the shadow policy so
+				// that it reports without being charged.
+				ds, err := s.guard.applyAll(ctx, sluice.OpPeek, reqsOf(targets, []int{i}))
+				if err != nil {
+					return nil, err
+				}
+				out.decisions[i] = ds[0]
+				continue
+			}
+			// Each shadow policy is charged on its own, as if it were
+			// enforced alone.
+			ds, err := s.guard.applyAll(ctx, op, reqsOf(targets, []int{i}))
+			if err != nil {
+				return nil, err
+			}
+			out.decisions[i] = ds[0]
+		}
+	}
+	s.combine(out)
+	if op == sluice.OpAllow {
+		for i, t := range targets {
+			d := out.decisions[i]
+			result := metrics.Allowed
+			switch {
+			case d.Degraded:
+				result = metrics.Degraded
+			case !d.Allowed && t.policy.Shadow:
+				result = metrics.ShadowDenied
+			case !d.Allowed:
+				result = metrics.Denied
+			}
+			s.m.Decisions.WithLabelValues(t.policy.Name, t.tier, result).Inc()
+		}
+	}
+	return out, nil
+}
+
+// combine folds the enforced decisions the way sluice.Combine does and
+// remembers which target limits.
+func (s *Server) combine(out *outcome) {
+	out.limiting = -1
+	var c sluice.Decision
+	c.Allowed = true
+	for i, d := range out.decisions {
+		if out.targets[i].policy.Shadow {
+			continue
+		}
+		if out.limiting < 0 {
+			c, out.limiting = d, i
+			continue
+		}
+		c.Allowed = c.Allowed && d.Allowed
+		c.Degraded = c.Degraded || d.Degraded
+		c.RetryAfter = max(c.RetryAfter, d.RetryAfter)
+		c.ResetAfter = max(c.ResetAfter, d.ResetAfter)
+		if d.Remaining < c.Remaining {
+			c.Remaining, c.Limit, out.limiting = d.Remaining, d.Limit, i
+		}
+	}
+	if out.limiting < 0 {
+		// Only shadow policies: report the first, but never deny.
+		out.limiting = 0
+		c = out.decisions[0]
+		c.Allowed, c.RetryAfter = true, 0
+	}
+	out.combined = c
+}
+
+func reqsOf(targets []target, idx []int) []sluice.Request {
+	if idx == nil {
+		reqs := make([]sluice.Request, len(targets))
+		for i := range targets {
+			reqs[i] = targets[i].req
+		}
+		return reqs
+	}
+	reqs := make([]sluice.Request, len(idx))
+	for j, i := range idx {
+		reqs[j] = targets[i].req
+	}
+	return reqs
+}
+
+// writeDecideError answers a failed decision: 400 for requests the store
+// rejects as invalid, 503 when the store failed and no failure policy
+// answered.
+func writeDecideError(w http.ResponseWriter, err error) {
+	for _, bad := range []error{sluice.ErrInvalidCost, sluice.ErrCostExceedsBurst, sluice.ErrInvalidRequest, sluice.ErrInvalidLimit, sluice.ErrUnknownAlgorithm} {
+		if errors.Is(err, bad) {
+			writeError(w, http.StatusBadRequest, "%s", strings.TrimPrefix(err.Error(), "sluice: "))
+			return
+		}
+	}
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusServiceUnavailable, "store unavailable: %v", err)
+}
+
+// writeDecision writes the headers and the JSON decision. denyStatus is the
+// status of a denial; a degraded denial (fail_closed) is 503.
+func (s *Server) writeDecision(w http.ResponseWriter, res *outcome, denyStatus int, charge bool) {
+	d := res.combined
+	lim := res.targets[res.limiting].policy.Name
+	httplimit.SetHeaders(w.Header(), lim, d)
+	status := http.StatusOK
+	if !d.Allowed && charge {
+		status = denyStatus
+		if d.Degraded {
+			status = http.StatusServiceUnavailable
+		}
+	}
+	buf := bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer bufPool.Put(buf)
+	b := buf.AvailableBuffer()
+	b = appendDecision(b, d, lim)
+	b = append(b, `,"results":[`...)
+	for i, t := range res.targets {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendDecision(b, res.decisions[i], t.policy.Name)
+		b = append(b, `,"key":`...)
+		b = appendString(b, t.identity)
+		b = append(b, `,"tier":`...)
+		b = appendString(b, t.tier)
+		b = append(b, `,"shadow":`...)
+		b = strconv.AppendBool(b, t.policy.Shadow)
+		b = append(b, '}')
+	}
+	b = append(b, "]}\n"...)
+	writeJSON(w, status, b)
+}
+
+// appendDecision appends an unterminated JSON object for d.
+func appendDecision(b []byte, d sluice.Decision, policy string) []byte {
+	b = append(b, `{"allowed":`...)
+	b = strconv.AppendBool(b, d.Allowed)
+	b = append(b, `,"policy":`...)
+	b = appendString(b, policy)
+	b = append(b, `,"limit":`...)
+	b = strconv.AppendInt(b, d.Limit.Capacity(), 10)
+	b = append(b, `,"window_ms":`...)
+	b = strconv.AppendInt(b, sluice.CeilMillis(d.Limit.Period), 10)
+	b = append(b, `,"remaining":`...)
+	b = strconv.AppendInt(b, d.Remaining, 10)
+	b = append(b, `,"retry_after_ms":`...)
+	b = strconv.AppendInt(b, sluice.CeilMillis(d.RetryAfter), 10)
+	b = append(b, `,"reset_after_ms":`...)
+	b = strconv.AppendInt(b, sluice.CeilMillis(d.ResetAfter), 10)
+	b = append(b, `,"degraded":`...)
+	b = strconv.AppendBool(b, d.Degraded)
+	return b
+}
+
+func writeJSON(w http.ResponseWriter, status int, body []byte) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// writeError answers with {"error": "..."}.
+func writeError(w http.ResponseWriter, status int, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	b := appendString([]byte(`{"error":`), msg)
+	b = append(b, "}\n"...)
+	writeJSON(w, status, b)
+}
+
+func writeText(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, msg)
+}
+
+// retryAfter is the Retry-After of a degraded denial.
+const retryAfter = time.Second
+
+// appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD.
+func appendString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			b = append(b, '\\', byte(r))
+		case r < 0x20 || r == 0x7f || r == 0x2028 || r == 0x2029:
+			b = append(b, '\\', 'u', hex[r>>12&0xf], hex[r>>8&0xf], hex[r>>4&0xf], hex[r&0xf])
+		case r == '<' || r == '>' || r == '&':
+			b = append(b, '\\', 'u', '0', '0', hex[r>>4], hex[r&0xf])
+		default:
+			b = utf8.AppendRune(b, r)
+		}
+	}
+	return append(b, '"')
+}

@@ -1,0 +1,229 @@
+// Package server is the sluice rate-limit service's HTTP API: decisions
+// (/v1/check), peeks (/v1/status), admin resets (/v1/reset), forward-auth
+// for proxies (/v1/authz), health (/healthz, /readyz) and /metrics.
+//
+// # Design
+//
+// The server holds the configuration in an atomic.Pointer and swaps it
+// whole on reload; a request loads it once and sees one consistent version.
+// Limiter state lives in the store, keyed by identity and policy name, so it
+// survives any reload that keeps the policy's name and algorithm.
+//
+// The hot path of /v1/check is: decode the bounded body, resolve policies
+// and limits from the loaded config, one store call (ApplyAll, all or
+// nothing), encode. Shadow policies are charged in a second call, only when
+// the enforced ones admit, and never deny.
+//
+// Store failures go through a guard (guard.go): a per-call timeout, a
+// circuit breaker, and the configured failure policy, which answers with
+// Degraded decisions instead of errors.
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/metrics"
+)
+
+// Options configure a Server. Store, Config and Metrics are required.
+type Options struct {
+	// Store keeps the limiter state.
+	Store sluice.Store
+	// Fallback answers while Store is failing, under the "local" failure
+	// policy; typically a memstore. Nil means "local" behaves as fail_open.
+	Fallback sluice.Store
+	// Config is the initial configuration.
+	Config *config.Config
+	// Metrics receive every decision; they must be registered once.
+	Metrics *metrics.Metrics
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Clock times the circuit breaker; nil means the system clock.
+	Clock clock.Clock
+	// AdminToken, when set, overrides the config's admin token (it comes
+	// from the SLUICE_ADMIN_TOKEN environment variable).
+	AdminToken string
+}
+
+// Server serves the HTTP API. It is safe for concurrent use.
+type Server struct {
+	cfg      atomic.Pointer[config.Config]
+	guard    *guard
+	m        *metrics.Metrics
+	log      *slog.Logger
+	admin    string
+	draining atomic.Bool
+	mux      *http.ServeMux
+}
+
+// New validates opts and returns a Server.
+func New(opts Options) (*Server, error) {
+	if opts.Store == nil || opts.Config == nil || opts.Metrics == nil {
+		return nil, errors.New("server: Options.Store, Config and Metrics are required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.NewSystem()
+	}
+	s := &Server{m: opts.Metrics, log: opts.Logger, admin: opts.AdminToken}
+	s.guard = newGuard(opts.Store, opts.Fallback, opts.Config.Store, opts.Metrics, opts.Clock, opts.Logger)
+	s.cfg.Store(opts.Config)
+	s.mux = http.NewServeMux()
+	s.handle("POST /v1/check", "check", s.handleCheck)
+	s.handle("GET /v1/status", "status", s.handleStatus)
+	s.handle("POST /v1/reset", "reset", s.handleReset)
+	for path, allow := range map[string]string{"/v1/check": "POST", "/v1/status": "GET", "/v1/reset": "POST"} {
+		s.handle(path, "other", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			writeError(w, http.StatusMethodNotAllowed, "%s %s: use %s", r.Method, path, allow)
+		})
+	}
+	s.handle("/v1/authz", "authz", s.handleAuthz)
+	s.handle("/v1/authz/", "authz", s.handleAuthz)
+	s.handle("GET /healthz", "healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeText(w, http.StatusOK, "ok\n")
+	})
+	s.handle("GET /readyz", "readyz", s.handleReady)
+	s.mux.Handle("GET /metrics", s.m.Handler())
+	s.handle("/", "other", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such endpoint %s %s; see docs/API.md", r.Method, r.URL.Path)
+	})
+	return s, nil
+}
+
+// Handler returns the HTTP handler of the API.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Config returns the configuration being served.
+func (s *Server) Config() *config.Config { return s.cfg.Load() }
+
+// SetConfig swaps in a new configuration atomically. Requests in flight
+// finish with the one they loaded. The store section is not re-read: a
+// changed store needs a restart, which SetConfig logs.
+func (s *Server) SetConfig(cfg *config.Config) {
+	old := s.cfg.Swap(cfg)
+	if old != nil && old.Store != cfg.Store {
+		s.log.Warn("store settings changed; they take effect on restart", "file", cfg.Path)
+	}
+	if old != nil && old.Listen != cfg.Listen {
+		s.log.Warn("listen address changed; it takes effect on restart", "file", cfg.Path)
+	}
+}
+
+// SetDraining marks the server as shutting down: /readyz answers 503 so
+// that load balancers stop sending new requests.
+func (s *Server) SetDraining(v bool) { s.draining.Store(v) }
+
+// statusWriter records the status code for the request metrics.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.code = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// handle registers h with in-flight, status and latency accounting.
+func (s *Server) handle(pattern, name string, h http.HandlerFunc) {
+	latency := s.m.DecisionSeconds.WithLabelValues(name)
+	decides := name == "check" || name == "status" || name == "authz"
+	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		s.m.InFlight.Inc()
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		defer func() {
+			if decides {
+				latency.Observe(time.Since(start).Seconds())
+			}
+			s.m.Requests.WithLabelValues(name, metrics.Code(sw.code)).Inc()
+			s.m.InFlight.Dec()
+		}()
+		h(sw, r)
+	})
+}
+
+func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		writeText(w, http.StatusServiceUnavailable, "draining\n")
+		return
+	}
+	cfg := s.cfg.Load()
+	if cfg.Store.FailurePolicy == config.FailClosed {
+		ctx, cancel := context.WithTimeout(r.Context(), max(cfg.Store.Timeout, 100*time.Millisecond))
+		defer cancel()
+		if err := s.guard.ready(ctx); err != nil {
+			writeText(w, http.StatusServiceUnavailable, fmt.Sprintf("store unreachable and failure_policy is fail_closed: %v\n", err))
+			return
+		}
+	}
+	writeText(w, http.StatusOK, "ready\n")
+}
+
+// handleReset forgets the state of a key for a policy or tier.
+func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
+	cfg := s.cfg.Load()
+	token := s.admin
+	if token == "" {
+		token = cfg.AdminToken
+	}
+	if token == "" {
+		writeError(w, http.StatusForbidden, "reset is disabled: set admin_token in the config or SLUICE_ADMIN_TOKEN")
+		return
+	}
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice admin"`)
+		writeError(w, http.StatusUnauthorized, "reset needs Authorization: Bearer <admin token>")
+		return
+	}
+	var body checkBody
+	if !s.decode(w, r, cfg, &body) {
+		return
+	}
+	if len(body.Checks) > 0 {
+		writeError(w, http.StatusBadRequest, "reset takes one policy or tier and one key, not checks")
+		return
+	}
+	body.Cost = new(int64)
+	*body.Cost = 1
+	targets, status, err := resolve(cfg, &body.checkItem, nil)
+	if err != nil {
+		writeError(w, status, "%v", err)
+		return
+	}
+	reqs := make([]sluice.Request, len(targets))
+	for i, t := range targets {
+		reqs[i] = t.req
+	}
+	if _, err := s.guard.store.ApplyAll(r.Context(), sluice.OpReset, reqs); err != nil {
+		s.m.StoreErrors.WithLabelValues("reset").Inc()
+		writeError(w, http.StatusServiceUnavailable, "reset failed: %v", err)
+		return
+	}
+	s.log.Info("reset", "identity", logIdentity(targets[0].identity), "policies", len(targets))
+	writeJSON(w, http.StatusOK, fmt.Appendf(nil, `{"reset":%d}`, len(targets)))
+}
+
+// logIdentity keeps API key hashes short in logs; identities never hold a
+// raw key.
+func logIdentity(id string) string {
+	if h, ok := strings.CutPrefix(id, "key:"); ok && len(h) > 16 {
+		return "key:" + h[:16]
+	}
+	return id
+}

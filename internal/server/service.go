@@ -1,0 +1,242 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/memstore"
+)
+
+// Component is one part of `sluice serve`: the HTTP API, the config
+// reloader, and the components that other packages plug in (the Envoy rate
+// limit service, the AI gateway). Run serves until ctx is done, then shuts
+// down gracefully and returns. An error from any component stops them all.
+type Component interface {
+	// Name names the component in logs.
+	Name() string
+	// Run serves until ctx is done.
+	Run(ctx context.Context) error
+}
+
+// Deps are what the service shares with the components plugged into it.
+type Deps struct {
+	// Store is the store every component decides against.
+	Store sluice.Store
+	// Metrics is the shared registry; components register their own
+	// collectors on Metrics.Registry.
+	Metrics *metrics.Metrics
+	// Config returns the configuration being served; it changes on reload.
+	Config func() *config.Config
+	// Logger is the service's logger.
+	Logger *slog.Logger
+}
+
+// ComponentFunc builds a plugged-in component from the shared parts. It
+// returns nil, nil when the component is not configured.
+type ComponentFunc func(d Deps) (Component, error)
+
+// ServiceOptions configure Run.
+type ServiceOptions struct {
+	// ConfigPath is the configuration file; it is watched for changes.
+	ConfigPath string
+	// Listen overrides the config's listen address when not empty.
+	Listen string
+	// AdminToken overrides the config's admin token when not empty.
+	AdminToken string
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Signals triggers config reloads (SIGHUP).
+	Signals <-chan os.Signal
+	// OnReload is called after each reload attempt.
+	OnReload func(*config.Config, error)
+	// OnListen is called with the API's address once it is listening.
+	OnListen func(addr net.Addr)
+	// OpenStore opens the store the config names. Nil means OpenStore.
+	OpenStore func(ctx context.Context, sc config.StoreSection) (sluice.Store, io.Closer, error)
+	// Clock times the store circuit breaker; nil means the system clock.
+	Clock clock.Clock
+	// Components are built after the store and run beside the API.
+	//
+	// Seam: `sluice serve` (cmd/sluice/serve.go) lists the Envoy rate limit
+	// service and the AI gateway here; each reads its own section of
+	// config.File through Deps.Config.
+	Components []ComponentFunc
+}
+
+// Run loads the config, opens the store and serves the API and every
+// component until ctx is done; then it drains in-flight requests and
+// closes the store.
+func Run(ctx context.Context, opts ServiceOptions) error {
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	cfg, err := config.Load(opts.ConfigPath)
+	if err != nil {
+		return err
+	}
+	if opts.Listen != "" {
+		cfg.Listen = opts.Listen
+	}
+	open := opts.OpenStore
+	if open == nil {
+		open = OpenStore
+	}
+	store, closer, err := open(ctx, cfg.Store)
+	if err != nil {
+		return err
+	}
+	defer closer.Close()
+	var fallback sluice.Store
+	if cfg.Store.FailurePolicy == config.FailLocal && !cfg.Store.IsMemory() {
+		fb, err := memstore.New(memstore.Options{MaxKeys: cfg.Store.MaxKeys})
+		if err != nil {
+			return fmt.Errorf("server: local fallback store: %w", err)
+		}
+		defer fb.Close()
+		fallback = fb
+	}
+	m := metrics.New()
+	m.ReloadResult(nil, time.Now())
+	srv, err := New(Options{Store: store, Fallback: fallback, Config: cfg, Metrics: m, Logger: log, AdminToken: opts.AdminToken, Clock: opts.Clock})
+	if err != nil {
+		return err
+	}
+	listen := cfg.Listen
+	comps := []Component{
+		&httpComponent{srv: srv, addr: listen, drain: cfg.ShutdownTimeout, onListen: opts.OnListen, log: log},
+		&Reloader{Path: opts.ConfigPath, Server: srv, Logger: log, Signals: opts.Signals, OnReload: func(c *config.Config, err error) {
+			if c != nil && opts.Listen != "" {
+				c.Listen = opts.Listen
+			}
+			if opts.OnReload != nil {
+				opts.OnReload(c, err)
+			}
+		}},
+	}
+	deps := Deps{Store: store, Metrics: m, Config: srv.Config, Logger: log}
+	for _, build := range opts.Components {
+		c, err := build(deps)
+		if err != nil {
+			return err
+		}
+		if c != nil {
+			comps = append(comps, c)
+		}
+	}
+	log.Info("sluice serving", "listen", listen, "store", storeName(cfg.Store), "failure_policy", cfg.Store.FailurePolicy,
+		"policies", len(cfg.Policies), "tiers", len(cfg.Tiers), "keys", len(cfg.Keys), "components", len(comps))
+	return RunComponents(ctx, log, comps...)
+}
+
+// storeName is the store's kind for logs, never its credentials.
+func storeName(sc config.StoreSection) string {
+	if sc.IsMemory() {
+		return "memory"
+	}
+	return "redis"
+}
+
+// OpenStore opens the store a config names. It knows the memory store; the
+// Redis store is opened by openRedis when it is linked in.
+func OpenStore(ctx context.Context, sc config.StoreSection) (sluice.Store, io.Closer, error) {
+	if sc.IsMemory() {
+		s, err := memstore.New(memstore.Options{MaxKeys: sc.MaxKeys})
+		if err != nil {
+			return nil, nil, fmt.Errorf("server: memory store: %w", err)
+		}
+		return s, s, nil
+	}
+	return openRedis(ctx, sc)
+}
+
+// RunComponents runs every component until ctx is done or one fails, then
+// cancels the rest and waits for them all. It returns the first error.
+func RunComponents(ctx context.Context, log *slog.Logger, comps ...Component) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+	)
+	for _, c := range comps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := c.Run(ctx)
+			if err != nil {
+				once.Do(func() { first = fmt.Errorf("%s: %w", c.Name(), err) })
+				log.Error("component failed; shutting down", "component", c.Name(), "err", err)
+			}
+			cancel()
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// httpComponent serves the API and drains it on shutdown.
+type httpComponent struct {
+	srv      *Server
+	addr     string
+	drain    time.Duration
+	onListen func(net.Addr)
+	log      *slog.Logger
+}
+
+func (h *httpComponent) Name() string { return "http" }
+
+func (h *httpComponent) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", h.addr)
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	hs := &http.Server{
+		Handler:           h.srv.Handler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
+	}
+	h.log.Info("http listening", "addr", ln.Addr().String())
+	if h.onListen != nil {
+		h.onListen(ln.Addr())
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("server: %w", err)
+	case <-ctx.Done():
+	}
+	h.srv.SetDraining(true)
+	h.log.Info("draining in-flight requests", "timeout", h.drain)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.drain)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		_ = hs.Close()
+		return fmt.Errorf("server: drain: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("server: %w", err)
+	}
+	return nil
+}
+
+// Name implements Component.
+func (rl *Reloader) Name() string { return "config-reloader" }
