@@ -1,0 +1,104 @@
+-- Sliding window log: the key is a list of runs, oldest first, each "T" or
+-- "T*N": N admitted units (default 1) at Unix-ns time T. A run counts while
+-- T + period > now; at most Rate units are kept. Runs keep the memory per
+-- key at O(distinct instants), at most O(Rate), and make a cost of N one
+-- entry. The key expires when its newest run slides out.
+-- Reply: allowed, count, retry-after, reset-after.
+local function logtotal(runs)
+  local n = 0
+  for i = 1, #runs do n = n + runs[i][2] end
+  return n
+end
+ALGOS[3] = {
+  load = function(k, q)
+    local runs = {}
+    local raw = redis.call('LRANGE', k, 0, -1)
+    for i = 1, #raw do
+      local v = raw[i]
+      local j = string.find(v, '*', 1, true)
+      local t, c
+      if j then
+        t, c = rel(string.sub(v, 1, j - 1)), tonumber(string.sub(v, j + 1))
+      else
+        t, c = rel(v), 1
+      end
+      if t + q.p > 0 then runs[#runs + 1] = { t, c } end
+    end
+    return { runs, logtotal(runs), #raw }
+  end,
+  step = function(st, op, q)
+    local runs, n = st[1], st[2]
+    local last = 0
+    if n > 0 then last = runs[#runs][1] + q.p end
+    if op <= 2 then
+      local c = q.eff
+      if n + c > q.rate then
+        local idx, acc, t = n + c - q.rate, 0, 0
+        for i = 1, #runs do
+          acc = acc + runs[i][2]
+          if acc >= idx then t = runs[i][1]; break end
+        end
+        return 0, n, t + q.p, last
+      end
+      if op == 2 then return 1, n, 0, last end
+    end
+    local out = {}
+    for i = 1, #runs do out[i] = runs[i] end
+    if op == 3 then
+      local left = q.cost
+      while left > 0 and #out > 0 do
+        local r = out[#out]
+        if r[2] <= left then
+          left = left - r[2]
+          out[#out] = nil
+        else
+          out[#out] = { r[1], r[2] - left }
+          left = 0
+        end
+      end
+    else
+      local r = out[#out]
+      if r and r[1] == 0 then
+        out[#out] = { 0, r[2] + q.cost }
+      else
+        out[#out + 1] = { 0, q.cost }
+      end
+      local over = logtotal(out) - q.rate
+      local drop = 0
+      while over > 0 do
+        local f = out[drop + 1]
+        if f[2] <= over then
+          over = over - f[2]
+          drop = drop + 1
+        else
+          out[drop + 1] = { f[1], f[2] - over }
+          over = 0
+        end
+      end
+      if drop > 0 then
+        local kept = {}
+        for i = drop + 1, #out do kept[#kept + 1] = out[i] end
+        out = kept
+      end
+    end
+    local total = logtotal(out)
+    last = 0
+    if total > 0 then last = out[#out][1] + q.p end
+    return 1, total, 0, last, { out, total, st[3] }
+  end,
+  save = function(k, st, q)
+    local runs = st[1]
+    redis.call('DEL', k)
+    if #runs == 0 then return end
+    local batch = {}
+    for i = 1, #runs do
+      local r = runs[i]
+      if r[2] == 1 then batch[#batch + 1] = abs(r[1]) else batch[#batch + 1] = abs(r[1]) .. '*' .. fmt(r[2]) end
+      if #batch == 256 or i == #runs then
+        redis.call('RPUSH', k, unpack(batch))
+        batch = {}
+      end
+    end
+    redis.call('PEXPIRE', k, ms(runs[#runs][1] + q.p))
+  end,
+}

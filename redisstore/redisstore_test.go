@@ -1,0 +1,41 @@
+package redisstore
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/storetest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// newStore returns a store on url that t.Cleanup closes.
+func newStore(t testing.TB, opts Options) *Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := New(ctx, opts)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func TestConformanceStandalone(t *testing.T) {
+	url := redistest.Standalone(t).URL()
+	storetest.Run(t, func(t *testing.T, clk *clock.Fake) sluice.Store {
+		return newStore(t, Options{URL: url, Clock: clk, Timeout: 5 * time.Second})
+	})
+}
+
+func TestConformanceCluster(t *testing.T) {
+	url := redistest.SharedCluster(t).URL()
+	storetest.Run(t, func(t *testing.T, clk *clock.Fake) sluice.Store {
+		return newStore(t, Options{URL: url, Clock: clk, Timeout: 5 * time.Second})
+	})
+}

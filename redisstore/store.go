@@ -1,0 +1,399 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/memstore"
+)
+
+// Errors of the Redis store. They work with errors.Is.
+var (
+	// ErrUnavailable means Redis could not answer in time: a network error,
+	// a timeout, a failover in progress, or the circuit is open. Under the
+	// ReturnError policy, Apply returns it; the other policies answer
+	// instead and mark the Decision Degraded.
+	ErrUnavailable = errors.New("redisstore: redis unavailable")
+	// ErrCircuitOpen means the store did not ask Redis at all because recent
+	// calls failed. It wraps ErrUnavailable.
+	ErrCircuitOpen = fmt.Errorf("%w: circuit open", ErrUnavailable)
+	// ErrBadURL means Options.URL cannot be used.
+	ErrBadURL = errors.New("redisstore: bad redis url")
+	// ErrUnsupportedLimit means a limit is valid for sluice but cannot be
+	// computed exactly in Redis's Lua, which has only doubles: a fixed or
+	// sliding-counter window whose period is not whole seconds and is
+	// longer than 10 days.
+	ErrUnsupportedLimit = errors.New("redisstore: limit not supported in redis")
+	// ErrCrossSlot means an ApplyAll batch on Redis Cluster has keys in
+	// different hash slots. Give them a common hash tag, such as
+	// "{tenant:42}:rpm" and "{tenant:42}:tpm". It wraps
+	// sluice.ErrInvalidRequest.
+	ErrCrossSlot = fmt.Errorf("%w: keys of one batch must share a cluster hash slot", sluice.ErrInvalidRequest)
+)
+
+// Defaults for Options.
+const (
+	DefaultTimeout          = 50 * time.Millisecond
+	DefaultBreakerThreshold = 3
+	DefaultBreakerCooldown  = time.Second
+	DefaultDenyCacheSize    = 65536
+	DefaultLocalMaxKeys     = 100_000
+)
+
+// Options configure a Store. URL (or Client) is required.
+type Options struct {
+	// URL selects the deployment; see New for the schemes.
+	URL string
+	// Username and Password are used when the URL carries none. When they
+	// are empty too, SLUICE_REDIS_USERNAME and SLUICE_REDIS_PASSWORD are
+	// read. They are never logged.
+	Username, Password string
+	// Client, if set, is used instead of dialling URL, so that one pooled
+	// client serves the whole process. Close leaves it open.
+	Client rueidis.Client
+
+	// Timeout is the deadline of every call to Redis, DefaultTimeout (50ms)
+	// when zero.
+	Timeout time.Duration
+	// Policy decides what a call answers when Redis fails or times out.
+	// Zero means FailOpen. Store.WithPolicy gives a view with another one,
+	// so that each limiter can have its own.
+	Policy Policy
+	// Instances is the number of sluice instances sharing the limits; the
+	// Local policy enforces limit ÷ Instances in memory. Zero means 1.
+	Instances int
+	// LocalMaxKeys bounds the Local policy's memory store.
+	// DefaultLocalMaxKeys when zero.
+	LocalMaxKeys int
+
+	// BreakerThreshold is how many calls in a row must fail before the
+	// circuit opens and calls stop going to Redis. DefaultBreakerThreshold
+	// when zero.
+	BreakerThreshold int
+	// BreakerCooldown is how long the circuit stays open before one call
+	// probes Redis again. DefaultBreakerCooldown when zero.
+	BreakerCooldown time.Duration
+
+	// DisableDenyCache turns off the local over-limit cache: by default a
+	// key denied with RetryAfter d is denied locally, without asking Redis,
+	// until d has passed (or this store refunds or resets the key).
+	DisableDenyCache bool
+	// DenyCacheSize bounds the over-limit cache. DefaultDenyCacheSize when zero.
+	DenyCacheSize int
+
+	// Logger receives circuit changes. Nil means slog.Default(). Keys and
+	// credentials are never logged.
+	Logger *slog.Logger
+
+	// Clock is for tests only. Production leaves it nil, and every script
+	// reads the time from Redis TIME, so instances with skewed clocks agree.
+	// When set, its time is sent with every call instead (storetest drives
+	// the store this way), and the over-limit cache and Local policy read it.
+	Clock clock.Clock
+}
+
+// Store is the Redis sluice.Store: every operation is one Lua script run in
+// one round trip, atomically, with the time read from Redis. It is safe for
+// concurrent use.
+type Store struct {
+	*core
+	policy Policy
+}
+
+// core is what the views of one store share.
+type core struct {
+	client   rueidis.Client
+	ownsConn bool
+	cluster  bool
+	scripts  *scripts
+	timeout  time.Duration
+	testClk  clock.Clock
+	localClk clock.Clock
+	log      *slog.Logger
+	br       *breaker
+	cache    *denyCache // nil when disabled
+
+	instances    int
+	localMaxKeys int
+	localOnce    sync.Once
+	local        *memstore.Store
+	localErr     error
+
+	calls, errs, degraded, cacheHits atomic.Uint64
+}
+
+// New connects to Redis and returns a Store. URL schemes:
+//
+//	redis://[user:password@]host[:port][/db]            standalone
+//	rediss://...                                        standalone over TLS
+//	redis+cluster://[user:password@]h1:p1,h2:p2,...      Cluster, any seeds
+//	redis+sentinel://[user:password@]s1:p1,s2:p2/master  Sentinel
+//
+// rediss+cluster:// and rediss+sentinel:// use TLS. See the package doc for
+// the query parameters. New fails with ErrUnavailable when Redis cannot be
+// reached now, and with ErrBadURL for a malformed URL.
+func New(ctx context.Context, opts Options) (*Store, error) {
+	if opts.Timeout < 0 || opts.Instances < 0 || opts.BreakerThreshold < 0 || opts.BreakerCooldown < 0 || opts.DenyCacheSize < 0 || opts.LocalMaxKeys < 0 {
+		return nil, errors.New("redisstore: negative option")
+	}
+	if opts.Policy != 0 && !opts.Policy.valid() {
+		return nil, fmt.Errorf("redisstore: unknown policy %d", opts.Policy)
+	}
+	if opts.Policy == 0 {
+		opts.Policy = FailOpen
+	}
+	c := &core{
+		timeout:      cmp(opts.Timeout, DefaultTimeout),
+		testClk:      opts.Clock,
+		localClk:     opts.Clock,
+		log:          opts.Logger,
+		instances:    max(opts.Instances, 1),
+		localMaxKeys: int(cmp(int64(opts.LocalMaxKeys), DefaultLocalMaxKeys)),
+	}
+	if c.localClk == nil {
+		c.localClk = clock.NewSystem()
+	}
+	if c.log == nil {
+		c.log = slog.Default()
+	}
+	c.br = newBreaker(int(cmp(int64(opts.BreakerThreshold), DefaultBreakerThreshold)), cmp(opts.BreakerCooldown, DefaultBreakerCooldown), c.log)
+	if !opts.DisableDenyCache {
+		c.cache = newDenyCache(int(cmp(int64(opts.DenyCacheSize), DefaultDenyCacheSize)))
+	}
+	var err error
+	if c.scripts, err = loadScripts(); err != nil {
+		return nil, err
+	}
+	if opts.Client != nil {
+		c.client = opts.Client
+		c.cluster = len(opts.Client.Nodes()) > 1
+	} else {
+		copt, mode, err := clientOption(opts.URL, opts.Username, opts.Password)
+		if err != nil {
+			return nil, err
+		}
+		copt.Dialer.Timeout = cmp(copt.Dialer.Timeout, time.Second)
+		copt.DisableCache = true
+		copt.ConnWriteTimeout = max(c.timeout*4, time.Second)
+		if c.client, err = rueidis.NewClient(copt); err != nil {
+			return nil, fmt.Errorf("%w: connect (%s %s): %w", ErrUnavailable, mode, strings.Join(copt.InitAddress, ","), err)
+		}
+		c.ownsConn = true
+		c.cluster = mode == "cluster"
+	}
+	return &Store{core: c, policy: opts.Policy}, nil
+}
+
+func cmp[T int64 | time.Duration](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// WithPolicy returns a view of s that answers with policy p when Redis
+// fails. The view shares s's connection, circuit, cache and statistics.
+func (s *Store) WithPolicy(p Policy) *Store {
+	if !p.valid() {
+		p = s.policy
+	}
+	return &Store{core: s.core, policy: p}
+}
+
+// Policy returns the store's failure policy.
+func (s *Store) Policy() Policy { return s.policy }
+
+// Client returns the underlying rueidis client, to share it.
+func (s *Store) Client() rueidis.Client { return s.client }
+
+// Close releases the connection (unless it came from Options.Client) and
+// the Local policy's memory store. Close the store once, not each view.
+func (s *Store) Close() error {
+	if s.ownsConn {
+		s.client.Close()
+	}
+	if s.local != nil {
+		return s.local.Close()
+	}
+	return nil
+}
+
+// Stats are a store's counters since New, for metrics.
+type Stats struct {
+	// Calls is the number of script calls sent to Redis.
+	Calls uint64
+	// Errors is the number of calls that failed or timed out.
+	Errors uint64
+	// Degraded is the number of decisions a failure policy made.
+	Degraded uint64
+	// CacheHits is the number of decisions the over-limit cache made.
+	CacheHits uint64
+	// BreakerOpens is how many times the circuit opened.
+	BreakerOpens uint64
+	// Circuit is "closed", "open" or "half_open".
+	Circuit string
+}
+
+// Stats returns the store's counters.
+func (s *Store) Stats() Stats {
+	return Stats{
+		Calls:        s.calls.Load(),
+		Errors:       s.errs.Load(),
+		Degraded:     s.degraded.Load(),
+		CacheHits:    s.cacheHits.Load(),
+		BreakerOpens: s.br.opens.Load(),
+		Circuit:      s.br.stateName(),
+	}
+}
+
+// Apply implements sluice.Store.
+func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
+	if err := req.Validate(op); err != nil {
+		return sluice.Decision{}, fmt.Errorf("redisstore: %w", err)
+	}
+	cacheable := s.cache != nil && req.Algorithm != sluice.Concurrency
+	switch op {
+	case sluice.OpAllow, sluice.OpPeek:
+		if cacheable {
+			if d, ok := s.cache.get(&req, s.localClk.Now()); ok {
+				s.cacheHits.Add(1)
+				return d, nil
+			}
+		}
+	case sluice.OpRefund, sluice.OpReset, sluice.OpCharge:
+		if s.cache != nil {
+			s.cache.del(req.Key)
+		}
+	}
+	reqs := []sluice.Request{req}
+	ds, err := s.run(ctx, op, reqs, s.scripts.single[req.Algorithm])
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	d := ds[0]
+	if cacheable && !d.Allowed && !d.Degraded && d.RetryAfter > 0 && req.Cost <= 1 && (op == sluice.OpAllow || op == sluice.OpPeek) {
+		s.cache.put(&req, d, s.localClk.Now())
+	}
+	return d, nil
+}
+
+// ApplyAll implements sluice.Store. On Redis Cluster the keys must share a
+// hash slot (ErrCrossSlot otherwise). The over-limit cache does not answer
+// batches, but a batch's refund or reset invalidates its keys.
+func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
+	for i := range reqs {
+		if err := reqs[i].Validate(op); err != nil {
+			return nil, fmt.Errorf("redisstore: request %d: %w", i, err)
+		}
+	}
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	if s.cluster {
+		slot := keySlot(reqs[0].Key)
+		for i := range reqs[1:] {
+			if keySlot(reqs[i+1].Key) != slot {
+				return nil, fmt.Errorf("redisstore: %w: %q and %q", ErrCrossSlot, reqs[0].Key, reqs[i+1].Key)
+			}
+		}
+	}
+	if s.cache != nil && op != sluice.OpAllow && op != sluice.OpPeek {
+		for i := range reqs {
+			s.cache.del(reqs[i].Key)
+		}
+	}
+	return s.run(ctx, op, reqs, s.scripts.batch)
+}
+
+// run sends one script call (or, for OpReset, one DEL) and turns the reply
+// into decisions, or lets the failure policy answer.
+func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, script *rueidis.Lua) ([]sluice.Decision, error) {
+	keys := make([]string, len(reqs))
+	for i := range reqs {
+		keys[i] = reqs[i].Key
+	}
+	var args []string
+	if op != sluice.OpReset {
+		args = make([]string, 3, 3+argsPerKey*len(reqs))
+		args[0] = opArg(op)
+		now := int64(-1)
+		if s.testClk != nil {
+			now = s.testClk.Now()
+		}
+		args[1], args[2] = timeArgs(now)
+		for i := range reqs {
+			var err error
+			if args, err = appendArgs(args, &reqs[i]); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if !s.br.allow() {
+		return s.degrade(ctx, op, reqs, ErrCircuitOpen)
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	s.calls.Add(1)
+	var vals []int64
+	var err error
+	if op == sluice.OpReset {
+		err = s.del(cctx, keys)
+	} else {
+		vals, err = script.Exec(cctx, s.client, keys, args).AsIntSlice()
+		if err == nil && len(vals) != 4*len(reqs) {
+			err = fmt.Errorf("redisstore: script replied %d values for %d keys", len(vals), len(reqs))
+		}
+	}
+	if err != nil {
+		if ctx.Err() != nil { // the caller gave up: not Redis's fault
+			s.br.release()
+			return nil, fmt.Errorf("redisstore: %w", ctx.Err())
+		}
+		s.errs.Add(1)
+		s.br.failure(err)
+		if isReadOnly(err) {
+			s.log.Warn("redisstore: redis is read-only (failover?); the client reconnects", "err", err)
+		}
+		return s.degrade(ctx, op, reqs, fmt.Errorf("%w: %w", ErrUnavailable, err))
+	}
+	s.br.success()
+	ds := make([]sluice.Decision, len(reqs))
+	for i := range reqs {
+		if op == sluice.OpReset {
+			ds[i] = sluice.Decision{Allowed: true, Limit: reqs[i].Limit, Remaining: reqs[i].Capacity()}
+			continue
+		}
+		v := vals[4*i:]
+		ds[i] = decide(&reqs[i], reply{ok: v[0] == 1, x: v[1], y: v[2], z: v[3]})
+	}
+	return ds, nil
+}
+
+// del deletes keys in one round trip.
+func (s *Store) del(ctx context.Context, keys []string) error {
+	cmds := make(rueidis.Commands, len(keys))
+	for i, k := range keys {
+		cmds[i] = s.client.B().Del().Key(k).Build()
+	}
+	for _, r := range s.client.DoMulti(ctx, cmds...) {
+		if err := r.Error(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// isReadOnly reports a write refused by a replica, as after a failover.
+func isReadOnly(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "READONLY")
+}
