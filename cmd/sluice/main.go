@@ -57,6 +57,12 @@ func newRootCmd() *cobra.Command {
 	// Each subcommand lives in its own file of this package.
 	root.AddCommand(
 		newVersionCmd(),
+		newServeCmd(),
+		newConfigCmd(),
+		newKeysCmd(),
+		newLoadtestCmd(),
+		newSimulateCmd(),
+		newBatchCmd(),
 	)
 	return root
 }

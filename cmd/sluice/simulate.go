@@ -1,0 +1,92 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/simulate"
+)
+
+func newSimulateCmd() *cobra.Command {
+	var (
+		pattern, limitText, algos, chart string
+		rps                              float64
+		duration, bucket                 time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "simulate",
+		Short: "Replay a traffic pattern through the algorithms on a virtual clock",
+		Long: `simulate replays a traffic pattern through rate-limit algorithms on a
+virtual clock and prints, per second, what each one allowed and denied.
+
+Patterns: steady, burst (a bulk client's spikes), ramp, or file:PATH with one
+arrival per line (seconds since start, or RFC 3339 timestamps).`,
+		Example: `  sluice simulate
+  sluice simulate --pattern ramp --rps 50 --limit "20/s burst 40" --chart ramp.svg
+  sluice simulate --pattern file:arrivals.txt --algorithms token_bucket,sliding_window_log`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			limit, err := sluice.ParseLimit(limitText)
+			if err != nil {
+				return err
+			}
+			var list []sluice.Algorithm
+			for _, name := range strings.Split(algos, ",") {
+				a, err := sluice.ParseAlgorithm(name)
+				if err != nil {
+					return err
+				}
+				list = append(list, a)
+			}
+			var arrivals []time.Duration
+			if path, ok := strings.CutPrefix(pattern, "file:"); ok {
+				f, err := os.Open(path)
+				if err != nil {
+					return fmt.Errorf("simulate: %w", err)
+				}
+				defer f.Close()
+				if arrivals, err = simulate.ReadArrivals(f); err != nil {
+					return fmt.Errorf("%s: %w", path, err)
+				}
+			} else if arrivals, err = simulate.Generate(simulate.Pattern(pattern), rps, duration); err != nil {
+				return err
+			}
+			res, err := simulate.Run(cmd.Context(), limit, list, arrivals, bucket)
+			if err != nil {
+				return err
+			}
+			if err := res.WriteTable(cmd.OutOrStdout()); err != nil {
+				return err
+			}
+			if chart != "" {
+				f, err := os.Create(chart)
+				if err != nil {
+					return fmt.Errorf("simulate: %w", err)
+				}
+				if err := res.WriteSVG(f); err != nil {
+					f.Close()
+					return fmt.Errorf("simulate: writing %s: %w", chart, err)
+				}
+				if err := f.Close(); err != nil {
+					return fmt.Errorf("simulate: writing %s: %w", chart, err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "\nchart written to %s\n", chart)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&pattern, "pattern", "burst", "traffic: steady, burst, ramp or file:PATH")
+	f.Float64Var(&rps, "rps", 20, "offered requests per second for the built-in patterns")
+	f.DurationVar(&duration, "duration", 20*time.Second, "length of a built-in pattern")
+	f.StringVar(&limitText, "limit", "10/s burst 20", "the limit every algorithm enforces")
+	f.StringVar(&algos, "algorithms", "token_bucket,gcra,sliding_window_log,sliding_window_counter,fixed_window", "comma-separated algorithms to compare")
+	f.DurationVar(&bucket, "bucket", time.Second, "width of one table row")
+	f.StringVar(&chart, "chart", "", "also write an SVG chart to this file")
+	return cmd
+}
