@@ -2,7 +2,7 @@
 GO ?= go
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: all build test lint vet staticcheck bench run tools
+.PHONY: all build test lint vet staticcheck bench run tools deps fuzz
 
 all: build
 
@@ -21,12 +21,23 @@ staticcheck: tools
 lint: vet staticcheck
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 
-test: lint
+# deps installs what the tests need: redis-server and redis-cli.
+deps:
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server redis-tools; }
+
+test: deps lint
 	$(GO) test -race -count=1 -timeout 9m ./...
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	cd bench && $(GO) test -run '^$$' -bench . -benchmem ./...
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzParseLimit -fuzztime 30s .
+	$(GO) test -run '^$$' -fuzz FuzzLimitInvariant -fuzztime 30s ./algo
+	$(GO) test -run '^$$' -fuzz FuzzMatchesAlgo -fuzztime 30s ./memstore
 
 run: build
 	./bin/sluice serve --config examples/sluice.yaml
