@@ -382,7 +382,7 @@ func TestTokensReconciled(t *testing.T) {
 	var used int64
 	for _, req := range []*ChatRequest{
 		{Model: "m", Messages: []Message{{Role: "user", Content: "one two three"}}, MaxTokens: 1000}, // estimate above usage: refund
-		{Model: "m", Messages: []Message{{Role: "user", Content: "x"}}, MaxTokens: 1},               // estimate below usage: charge
+		{Model: "m", Messages: []Message{{Role: "user", Content: "x"}}, MaxTokens: 1},                // estimate below usage: charge
 	} {
 		res, err := c.Chat(context.Background(), req)
 		if err != nil {

@@ -13,8 +13,8 @@ import (
 // counters are the run's live numbers, updated by the workers.
 type counters struct {
 	ok, failed, retrying, retried, retries atomic.Int64
-	promptTokens, completionTokens       atomic.Int64
-	skipped, interrupted                 atomic.Int64
+	promptTokens, completionTokens         atomic.Int64
+	skipped, interrupted                   atomic.Int64
 
 	mu      sync.Mutex
 	byModel map[string]*[2]int64 // prompt, completion tokens
