@@ -138,6 +138,9 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 	if err := req.Validate(op); err != nil {
 		return sluice.Decision{}, fmt.Errorf("memstore: %w", err)
 	}
+	if req.Algorithm != sluice.GCRA && op != sluice.OpReset {
+		return s.applyCell(op, req), nil
+	}
 	ds, err := s.apply(op, []sluice.Request{req})
 	if err != nil {
 		return sluice.Decision{}, err
@@ -195,6 +198,26 @@ func (s *Store) gcraAllow(req sluice.Request) (sluice.Decision, error) {
 				return d, nil
 			}
 		}
+	}
+}
+
+// applyCell runs op on one non-GCRA key under its lock, allocating nothing
+// beyond what the algorithm's new state needs.
+func (s *Store) applyCell(op sluice.Op, req sluice.Request) sluice.Decision {
+	for {
+		c := s.cell(req.Key)
+		c.mu.Lock()
+		if c.dead {
+			c.mu.Unlock()
+			continue
+		}
+		d, next, _ := algo.Apply(op, c.st, req, s.clk.Now()) // validated by the caller
+		if op != sluice.OpPeek && (op != sluice.OpAllow || d.Allowed) {
+			c.st = next
+			c.expiry.Store(algo.Expiry(&next, &req))
+		}
+		c.mu.Unlock()
+		return d
 	}
 }
 
