@@ -35,7 +35,7 @@ func (s *Service) keys(dom *domainConfig, req *rlsv3.RateLimitRequest, items []i
 	var buf []byte
 	for i := range items {
 		it := &items[i]
-		if it.kind != kindLimited && it.kind != kindCheck {
+		if it.kind == kindNone || it.kind == kindUnlimited {
 			continue
 		}
 		buf = append(buf[:0], s.prefix...)

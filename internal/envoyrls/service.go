@@ -80,6 +80,8 @@ type Service struct {
 	onLoad  func(error)
 	metrics *metrics
 	cfg     atomic.Pointer[config]
+
+	watching func() // test hook: Watch has added its watch
 }
 
 // New loads the configuration in opts.ConfigDir and returns a Service. It
@@ -375,13 +377,16 @@ func (s *Service) peek(ctx context.Context, items []item) (bool, error) {
 	idx := make([]int, 0, len(items))
 	for i := range items {
 		it := &items[i]
-		switch it.kind {
-		case kindDenied:
+		if it.kind == kindDenied {
 			over = over || !it.shadow
-		case kindLimited, kindCheck:
+			if it.limit.Rate <= 0 {
+				continue
+			}
+		}
+		if it.kind == kindLimited || it.kind == kindCheck || it.kind == kindDenied {
 			r := it.request()
-			if it.kind == kindCheck {
-				r.Cost = 0
+			if it.kind != kindLimited {
+				r.Cost = 0 // check only; a denied item's state, for its counts
 			}
 			batch = append(batch, r)
 			idx = append(idx, i)
@@ -399,6 +404,10 @@ func (s *Service) peek(ctx context.Context, items []item) (bool, error) {
 	}
 	for j, d := range ds {
 		it := &items[idx[j]]
+		if it.kind == kindDenied {
+			d.Allowed = false
+			d.RetryAfter = max(d.RetryAfter, d.ResetAfter)
+		}
 		it.decision, it.decided = d, true
 		over = over || (!d.Allowed && !it.shadow)
 	}

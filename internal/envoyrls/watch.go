@@ -21,6 +21,9 @@ func (s *Service) Watch(ctx context.Context) error {
 	if err := w.Add(s.dir); err != nil {
 		return fmt.Errorf("envoyrls: watch config dir: %w", err)
 	}
+	if s.watching != nil {
+		s.watching()
+	}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
