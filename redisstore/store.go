@@ -95,6 +95,10 @@ type Options struct {
 	// credentials are never logged.
 	Logger *slog.Logger
 
+	// LocalClock is this process's clock, which only the over-limit cache
+	// and the Local policy read. Nil means Clock, or the system clock.
+	LocalClock clock.Clock
+
 	// Clock is for tests only. Production leaves it nil, and every script
 	// reads the time from Redis TIME, so instances with skewed clocks agree.
 	// When set, its time is sent with every call instead (storetest drives
@@ -155,10 +159,13 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	c := &core{
 		timeout:      cmp(opts.Timeout, DefaultTimeout),
 		testClk:      opts.Clock,
-		localClk:     opts.Clock,
+		localClk:     opts.LocalClock,
 		log:          opts.Logger,
 		instances:    max(opts.Instances, 1),
 		localMaxKeys: int(cmp(int64(opts.LocalMaxKeys), DefaultLocalMaxKeys)),
+	}
+	if c.localClk == nil {
+		c.localClk = opts.Clock
 	}
 	if c.localClk == nil {
 		c.localClk = clock.NewSystem()
@@ -276,13 +283,16 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 		}
 	}
 	reqs := []sluice.Request{req}
+	// The denial is cached from the time of asking: Redis decided later,
+	// so the entry never outlives the real denial.
+	asked := s.localClk.Now()
 	ds, err := s.run(ctx, op, reqs, s.scripts.single[req.Algorithm])
 	if err != nil {
 		return sluice.Decision{}, err
 	}
 	d := ds[0]
 	if cacheable && !d.Allowed && !d.Degraded && d.RetryAfter > 0 && req.Cost <= 1 && (op == sluice.OpAllow || op == sluice.OpPeek) {
-		s.cache.put(&req, d, s.localClk.Now())
+		s.cache.put(&req, d, asked)
 	}
 	return d, nil
 }
