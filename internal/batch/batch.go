@@ -255,7 +255,7 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	inputDone := r.produce(runCtx, stop, jobs)
 	wg.Wait()
-	r.sum.Interrupted = ctx.Err() != nil && !inputDone
+	r.sum.Interrupted = ctx.Err() != nil && (!inputDone || r.c.interrupted.Load() > 0)
 	return r.err
 }
 
