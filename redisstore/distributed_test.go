@@ -12,33 +12,6 @@ import (
 	"github.com/sluice-io/sluice/internal/redistest"
 )
 
-// redisNow reads Redis's clock.
-func redisNow(t *testing.T, srv *redistest.Server) time.Time {
-	t.Helper()
-	r, err := srv.Do(context.Background(), "TIME")
-	if err != nil {
-		t.Fatal(err)
-	}
-	parts, ok := r.([]any)
-	if !ok || len(parts) != 2 {
-		t.Fatalf("TIME reply %v", r)
-	}
-	var sec, usec int64
-	for i, p := range parts {
-		s, _ := p.(string)
-		var v int64
-		for _, ch := range s {
-			v = v*10 + int64(ch-'0')
-		}
-		if i == 0 {
-			sec = v
-		} else {
-			usec = v
-		}
-	}
-	return time.Unix(sec, usec*1000)
-}
-
 // Two instances whose own clocks are 10s apart share one limit exactly:
 // the scripts read Redis TIME, never the client's clock.
 func TestSkewedClientsAgree(t *testing.T) {

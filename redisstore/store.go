@@ -372,7 +372,7 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 		s.errs.Add(1)
 		s.br.failure(err)
 		if isReadOnly(err) {
-			s.log.Warn("redisstore: redis is read-only (failover?); the client reconnects", "err", err)
+			s.log.Warn("redisstore: redis refused a write as a replica (READONLY, as after a failover); degraded until a master answers", "err", err)
 		}
 		return s.degrade(ctx, op, reqs, fmt.Errorf("%w: %w", ErrUnavailable, err))
 	}
