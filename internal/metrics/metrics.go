@@ -8,6 +8,7 @@ package metrics
 import (
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,11 +44,8 @@ type Metrics struct {
 	// DecisionSeconds observes the latency of decisions by endpoint,
 	// including the store call.
 	DecisionSeconds *prometheus.HistogramVec
-	// StoreErrors counts failed store calls by operation.
-	StoreErrors *prometheus.CounterVec
-	// StoreCircuit is the store circuit breaker's state: 0 closed,
-	// 1 half-open, 2 open.
-	StoreCircuit prometheus.Gauge
+	// store reads the store's counters at each scrape.
+	store atomic.Pointer[func() StoreStats]
 	// Reloads counts configuration reloads by result, success or failure.
 	Reloads *prometheus.CounterVec
 	// ConfigLoaded is the Unix time of the last successful (re)load.
@@ -71,14 +69,6 @@ func New() *Metrics {
 			Help:    "Time to decide a request, store call included, by endpoint.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
 		}, []string{"endpoint"}),
-		StoreErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_store_errors_total",
-			Help: "Store calls that failed (timeouts, connection errors), by operation.",
-		}, []string{"op"}),
-		StoreCircuit: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sluice_store_circuit_state",
-			Help: "Store circuit breaker: 0 closed, 1 half-open, 2 open (the failure policy answers).",
-		}),
 		Reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_config_reloads_total",
 			Help: "Configuration reloads by result (success, failure).",
@@ -96,16 +86,63 @@ func New() *Metrics {
 			Help: "HTTP requests by handler and status code.",
 		}, []string{"handler", "code"}),
 	}
-	m.Registry.MustRegister(m.Decisions, m.DecisionSeconds, m.StoreErrors, m.StoreCircuit,
+	m.Registry.MustRegister(m.Decisions, m.DecisionSeconds, storeCollector{m},
 		m.Reloads, m.ConfigLoaded, m.InFlight, m.Requests,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, r := range []string{"success", "failure"} {
 		m.Reloads.WithLabelValues(r)
 	}
-	for _, op := range []string{"allow", "peek", "reset"} {
-		m.StoreErrors.WithLabelValues(op)
-	}
 	return m
+}
+
+// StoreStats are a store's counters since start, read at each scrape.
+type StoreStats struct {
+	// Calls is the number of calls sent to the store.
+	Calls uint64
+	// Errors is the number of calls that failed or timed out.
+	Errors uint64
+	// Degraded is the number of decisions the failure policy made.
+	Degraded uint64
+	// CacheHits is the number of denials answered from a local cache.
+	CacheHits uint64
+	// CircuitOpens is how many times the circuit breaker opened.
+	CircuitOpens uint64
+	// Circuit is CircuitClosed, CircuitHalfOpen or CircuitOpen.
+	Circuit int
+}
+
+// SetStoreStats sets the function that reports the store's counters.
+func (m *Metrics) SetStoreStats(fn func() StoreStats) { m.store.Store(&fn) }
+
+var (
+	storeCallsDesc    = prometheus.NewDesc("sluice_store_calls_total", "Calls sent to the store.", nil, nil)
+	storeErrorsDesc   = prometheus.NewDesc("sluice_store_errors_total", "Store calls that failed or timed out.", nil, nil)
+	storeDegradedDesc = prometheus.NewDesc("sluice_store_degraded_total", "Decisions made by the failure policy because the store failed or its circuit was open.", nil, nil)
+	storeCacheDesc    = prometheus.NewDesc("sluice_store_deny_cache_hits_total", "Denials answered from the local over-limit cache without asking the store.", nil, nil)
+	storeOpensDesc    = prometheus.NewDesc("sluice_store_circuit_opens_total", "Times the store circuit breaker opened.", nil, nil)
+	storeCircuitDesc  = prometheus.NewDesc("sluice_store_circuit_state", "Store circuit breaker: 0 closed, 1 half-open, 2 open (the failure policy answers).", nil, nil)
+)
+
+// storeCollector exports StoreStats.
+type storeCollector struct{ m *Metrics }
+
+func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeCircuitDesc} {
+		ch <- d
+	}
+}
+
+func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
+	var st StoreStats
+	if fn := c.m.store.Load(); fn != nil {
+		st = (*fn)()
+	}
+	ch <- prometheus.MustNewConstMetric(storeCallsDesc, prometheus.CounterValue, float64(st.Calls))
+	ch <- prometheus.MustNewConstMetric(storeErrorsDesc, prometheus.CounterValue, float64(st.Errors))
+	ch <- prometheus.MustNewConstMetric(storeDegradedDesc, prometheus.CounterValue, float64(st.Degraded))
+	ch <- prometheus.MustNewConstMetric(storeCacheDesc, prometheus.CounterValue, float64(st.CacheHits))
+	ch <- prometheus.MustNewConstMetric(storeOpensDesc, prometheus.CounterValue, float64(st.CircuitOpens))
+	ch <- prometheus.MustNewConstMetric(storeCircuitDesc, prometheus.GaugeValue, float64(st.Circuit))
 }
 
 // Handler serves the registry in the Prometheus exposition format.

@@ -27,38 +27,71 @@ const (
 var ErrCircuitOpen = errors.New("server: store circuit open")
 
 // Pinger is implemented by stores that can report whether they are
-// reachable, such as the Redis store. /readyz uses it.
+// reachable. /readyz uses it.
 type Pinger interface {
 	Ping(ctx context.Context) error
 }
 
+// SelfGuarded is implemented by stores that apply a timeout, a circuit
+// breaker and the failure policy themselves, such as the Redis store; the
+// guard then passes their calls through and exports their counters.
+type SelfGuarded interface {
+	// StoreStats reports the store's counters and circuit state.
+	StoreStats() metrics.StoreStats
+	// Ping reports whether the store can be reached now.
+	Ping(ctx context.Context) error
+}
+
 // guard wraps the store with a timeout, a circuit breaker and the
-// configured failure policy.
+// configured failure policy, unless the store does that itself.
 type guard struct {
 	store    sluice.Store
+	self     SelfGuarded // nil unless the store guards itself
 	fallback sluice.Store
 	policy   string
 	timeout  time.Duration
-	m        *metrics.Metrics
 	clk      clock.Clock
 	log      *slog.Logger
 
 	fails     atomic.Int32
 	openUntil atomic.Int64 // Unix ns; zero when closed
 	probing   atomic.Bool
+
+	calls, errs, degraded, opens atomic.Uint64
 }
 
 func newGuard(store, fallback sluice.Store, sc config.StoreSection, m *metrics.Metrics, clk clock.Clock, log *slog.Logger) *guard {
-	g := &guard{store: store, fallback: fallback, policy: sc.FailurePolicy, m: m, clk: clk, log: log}
-	if sc.URL != "memory" {
+	g := &guard{store: store, fallback: fallback, policy: sc.FailurePolicy, clk: clk, log: log}
+	if !sc.IsMemory() {
 		g.timeout = sc.Timeout
 	}
+	if sg, ok := store.(SelfGuarded); ok {
+		g.self = sg
+		m.SetStoreStats(sg.StoreStats)
+	} else {
+		m.SetStoreStats(g.stats)
+	}
 	return g
+}
+
+// stats reports the guard's own counters.
+func (g *guard) stats() metrics.StoreStats {
+	st := metrics.StoreStats{Calls: g.calls.Load(), Errors: g.errs.Load(), Degraded: g.degraded.Load(), CircuitOpens: g.opens.Load()}
+	if g.openUntil.Load() != 0 {
+		st.Circuit = metrics.CircuitOpen
+		if g.probing.Load() {
+			st.Circuit = metrics.CircuitHalfOpen
+		}
+	}
+	return st
 }
 
 // applyAll validates reqs, then asks the store, or the failure policy when
 // the store fails or its circuit is open.
 func (g *guard) applyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if g.self != nil {
+		return g.store.ApplyAll(ctx, op, reqs)
+	}
 	for i := range reqs {
 		if err := reqs[i].Validate(op); err != nil {
 			return nil, err
@@ -72,6 +105,7 @@ func (g *guard) applyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 		ctx, cancel = context.WithTimeout(ctx, g.timeout)
 		defer cancel()
 	}
+	g.calls.Add(1)
 	ds, err := g.store.ApplyAll(ctx, op, reqs)
 	if err == nil {
 		g.succeeded()
@@ -81,13 +115,14 @@ func (g *guard) applyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 		// The client went away; that says nothing about the store.
 		return nil, err
 	}
-	g.m.StoreErrors.WithLabelValues(op.String()).Inc()
+	g.errs.Add(1)
 	g.failed(err)
 	return g.degrade(ctx, op, reqs, err)
 }
 
 // degrade answers by the failure policy, every decision marked Degraded.
 func (g *guard) degrade(ctx context.Context, op sluice.Op, reqs []sluice.Request, cause error) ([]sluice.Decision, error) {
+	g.degraded.Add(uint64(len(reqs)))
 	switch {
 	case g.policy == config.FailLocal && g.fallback != nil:
 		ds, err := g.fallback.ApplyAll(context.WithoutCancel(ctx), op, reqs)
@@ -123,11 +158,7 @@ func (g *guard) admitCall() bool {
 	if g.clk.Now() < until {
 		return false
 	}
-	if g.probing.CompareAndSwap(false, true) {
-		g.m.StoreCircuit.Set(metrics.CircuitHalfOpen)
-		return true
-	}
-	return false
+	return g.probing.CompareAndSwap(false, true)
 }
 
 func (g *guard) succeeded() {
@@ -137,7 +168,6 @@ func (g *guard) succeeded() {
 	if g.openUntil.Load() != 0 {
 		g.openUntil.Store(0)
 		g.probing.Store(false)
-		g.m.StoreCircuit.Set(metrics.CircuitClosed)
 		g.log.Info("store circuit closed: the store answers again")
 	}
 }
@@ -150,8 +180,8 @@ func (g *guard) failed(err error) {
 	wasOpen := g.openUntil.Load() != 0
 	g.openUntil.Store(g.clk.Now() + int64(breakerCooldown))
 	g.probing.Store(false)
-	g.m.StoreCircuit.Set(metrics.CircuitOpen)
 	if !wasOpen {
+		g.opens.Add(1)
 		g.log.Warn("store circuit open: the failure policy answers", "failures", n, "policy", g.policy, "err", err)
 	}
 }
@@ -159,6 +189,15 @@ func (g *guard) failed(err error) {
 // ready reports whether the store can be used: not while the circuit is
 // open, nor when the store's Ping fails.
 func (g *guard) ready(ctx context.Context) error {
+	if g.self != nil {
+		if g.self.StoreStats().Circuit == metrics.CircuitOpen {
+			return ErrCircuitOpen
+		}
+		if err := g.self.Ping(ctx); err != nil {
+			return fmt.Errorf("server: store ping: %w", err)
+		}
+		return nil
+	}
 	if until := g.openUntil.Load(); until != 0 && g.clk.Now() < until {
 		return ErrCircuitOpen
 	}

@@ -34,14 +34,19 @@ type Reloader struct {
 	// OnReload, if set, is called after each reload attempt with the new
 	// configuration or the error that rejected it.
 	OnReload func(*config.Config, error)
+
+	watcher *fsnotify.Watcher
+	abs     string
 }
 
-// Run watches until ctx is done. It watches the file's directory rather
-// than the file, because editors and Kubernetes replace files rather than
-// write them in place.
-func (rl *Reloader) Run(ctx context.Context) error {
-	if rl.Logger == nil {
-		rl.Logger = slog.Default()
+// Watch starts watching the file's directory; Run calls it if it has not
+// been called. Calling it before Run makes sure that no change made after
+// it returns is missed. It watches the directory rather than the file,
+// because editors and Kubernetes replace files rather than write them in
+// place.
+func (rl *Reloader) Watch() error {
+	if rl.watcher != nil {
+		return nil
 	}
 	abs, err := filepath.Abs(rl.Path)
 	if err != nil {
@@ -51,10 +56,24 @@ func (rl *Reloader) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("server: reload: %w", err)
 	}
-	defer w.Close()
 	if err := w.Add(filepath.Dir(abs)); err != nil {
+		w.Close()
 		return fmt.Errorf("server: reload: watch %s: %w", filepath.Dir(abs), err)
 	}
+	rl.watcher, rl.abs = w, abs
+	return nil
+}
+
+// Run reloads on changes and signals until ctx is done.
+func (rl *Reloader) Run(ctx context.Context) error {
+	if rl.Logger == nil {
+		rl.Logger = slog.Default()
+	}
+	if err := rl.Watch(); err != nil {
+		return err
+	}
+	w, abs := rl.watcher, rl.abs
+	defer w.Close()
 	base := filepath.Base(abs)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()

@@ -211,7 +211,6 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 		reqs[i] = t.req
 	}
 	if _, err := s.guard.store.ApplyAll(r.Context(), sluice.OpReset, reqs); err != nil {
-		s.m.StoreErrors.WithLabelValues("reset").Inc()
 		writeError(w, http.StatusServiceUnavailable, "reset failed: %v", err)
 		return
 	}

@@ -71,6 +71,9 @@ type svcOptions struct {
 	// wrap, if set, wraps the memory store (to gate or fail calls).
 	wrap   func(sluice.Store) sluice.Store
 	config string
+	// redis uses the store the config names instead of a memory store on
+	// the fake clock.
+	redis bool
 }
 
 func startService(t *testing.T, o svcOptions) *svc {
@@ -90,6 +93,20 @@ func startService(t *testing.T, o svcOptions) *svc {
 	listening := make(chan net.Addr, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
+	openStore := func(context.Context, config.StoreSection) (sluice.Store, io.Closer, error) {
+		ms, err := memstore.New(memstore.Options{Clock: s.clk, MaxKeys: 10000, SweepInterval: -1})
+		if err != nil {
+			return nil, nil, err
+		}
+		s.store = ms
+		if o.wrap != nil {
+			return o.wrap(ms), ms, nil
+		}
+		return ms, ms, nil
+	}
+	if o.redis {
+		openStore = nil
+	}
 	go func() {
 		s.done <- Run(ctx, ServiceOptions{
 			ConfigPath: s.path,
@@ -100,17 +117,7 @@ func startService(t *testing.T, o svcOptions) *svc {
 			Clock:      s.clk,
 			OnReload:   func(_ *config.Config, err error) { s.reloads <- err },
 			OnListen:   func(a net.Addr) { listening <- a },
-			OpenStore: func(context.Context, config.StoreSection) (sluice.Store, io.Closer, error) {
-				ms, err := memstore.New(memstore.Options{Clock: s.clk, MaxKeys: 10000, SweepInterval: -1})
-				if err != nil {
-					return nil, nil, err
-				}
-				s.store = ms
-				if o.wrap != nil {
-					return o.wrap(ms), ms, nil
-				}
-				return ms, ms, nil
-			},
+			OpenStore:  openStore,
 		})
 	}()
 	select {
@@ -610,7 +617,7 @@ func TestFailurePolicies(t *testing.T) {
 			}
 			m := s.do(t, "GET", "/metrics", "").raw
 			for _, want := range []string{
-				fmt.Sprintf(`sluice_store_errors_total{op="allow"} %d`, breakerThreshold),
+				fmt.Sprintf(`sluice_store_errors_total %d`, breakerThreshold),
 				`sluice_store_circuit_state 2`,
 				`sluice_decisions_total{policy="a",result="degraded",tier="-"} 7`,
 			} {
@@ -626,7 +633,7 @@ func TestFailurePolicies(t *testing.T) {
 			// the circuit opens again.
 			s.clk.Advance(breakerCooldown)
 			s.check(t, `{"policy":"a","key":"f"}`)
-			if m := s.do(t, "GET", "/metrics", "").raw; !strings.Contains(m, fmt.Sprintf(`sluice_store_errors_total{op="allow"} %d`, breakerThreshold+1)) {
+			if m := s.do(t, "GET", "/metrics", "").raw; !strings.Contains(m, fmt.Sprintf(`sluice_store_errors_total %d`, breakerThreshold+1)) {
 				t.Errorf("probe not counted:\n%s", grep(m, "sluice_store"))
 			}
 		})

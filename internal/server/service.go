@@ -115,16 +115,17 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 		return err
 	}
 	listen := cfg.Listen
+	reloader := &Reloader{Path: opts.ConfigPath, Server: srv, Logger: log, Signals: opts.Signals, OnReload: func(c *config.Config, err error) {
+		if c != nil && opts.Listen != "" {
+			c.Listen = opts.Listen
+		}
+		if opts.OnReload != nil {
+			opts.OnReload(c, err)
+		}
+	}}
 	comps := []Component{
 		&httpComponent{srv: srv, addr: listen, drain: cfg.ShutdownTimeout, onListen: opts.OnListen, log: log},
-		&Reloader{Path: opts.ConfigPath, Server: srv, Logger: log, Signals: opts.Signals, OnReload: func(c *config.Config, err error) {
-			if c != nil && opts.Listen != "" {
-				c.Listen = opts.Listen
-			}
-			if opts.OnReload != nil {
-				opts.OnReload(c, err)
-			}
-		}},
+		reloader,
 	}
 	deps := Deps{Store: store, Metrics: m, Config: srv.Config, Logger: log}
 	for _, build := range opts.Components {
@@ -136,9 +137,14 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 			comps = append(comps, c)
 		}
 	}
+	if err := reloader.Watch(); err != nil {
+		return err
+	}
 	log.Info("sluice serving", "listen", listen, "store", storeName(cfg.Store), "failure_policy", cfg.Store.FailurePolicy,
 		"policies", len(cfg.Policies), "tiers", len(cfg.Tiers), "keys", len(cfg.Keys), "components", len(comps))
-	return RunComponents(ctx, log, comps...)
+	err = RunComponents(ctx, log, comps...)
+	log.Info("sluice stopped")
+	return err
 }
 
 // storeName is the store's kind for logs, never its credentials.

@@ -1,0 +1,151 @@
+package server
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/internal/redistest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// redisConfig is testConfig on a Redis store.
+func redisConfig(url, policy string) string {
+	return testConfig + fmt.Sprintf("store: {url: %q, failure_policy: %s, timeout: 200ms}\n", url, policy)
+}
+
+func TestRedisEndToEnd(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := startService(t, svcOptions{redis: true, config: redisConfig(srv.URL(), "fail_open")})
+	id := redistest.Prefix(t)
+	body := fmt.Sprintf(`{"policy":"b","key":%q}`, id)
+	for i := range 2 {
+		if a := s.check(t, body); a.status != 200 || a.num("remaining") != int64(1-i) || a.body["degraded"] != false {
+			t.Fatalf("request %d: %d %s", i, a.status, a.raw)
+		}
+	}
+	a := s.check(t, body)
+	if a.status != 429 || a.header.Get("Retry-After") != "1" || a.num("retry_after_ms") <= 0 || a.num("retry_after_ms") > 500 {
+		t.Fatalf("denial: %d %v %s", a.status, a.header, a.raw)
+	}
+	if st := s.do(t, "GET", "/v1/status?policy=b&key="+id, ""); st.status != 200 || st.num("remaining") != 0 {
+		t.Fatalf("status: %d %s", st.status, st.raw)
+	}
+	if r := s.do(t, "POST", "/v1/reset", body, "Authorization", "Bearer "+adminToken); r.status != 200 {
+		t.Fatalf("reset: %d %s", r.status, r.raw)
+	}
+	if a := s.check(t, body); a.status != 200 || a.num("remaining") != 1 {
+		t.Fatalf("after reset: %d %s", a.status, a.raw)
+	}
+	// A tier whose policies share the identity's hash tag, in one call.
+	if a := s.check(t, fmt.Sprintf(`{"tier":"pro","key":%q}`, id)); a.status != 200 || len(a.body["results"].([]any)) != 2 {
+		t.Fatalf("tier: %d %s", a.status, a.raw)
+	}
+	// A batch across identities (standalone Redis: no slot constraint).
+	if a := s.check(t, fmt.Sprintf(`{"checks":[{"policy":"a","key":"%sx"},{"policy":"a","key":"%sy","cost":5}]}`, id, id)); a.status != 200 {
+		t.Fatalf("batch: %d %s", a.status, a.raw)
+	}
+	if a := s.do(t, "GET", "/v1/authz", "", "X-User-ID", id); a.status != 200 || a.header.Get("X-Sluice-Tier") != "anonymous" {
+		t.Fatalf("authz: %d %v", a.status, a.header)
+	}
+	if r := s.do(t, "GET", "/readyz", ""); r.status != 200 {
+		t.Fatalf("readyz: %d", r.status)
+	}
+	m := s.do(t, "GET", "/metrics", "").raw
+	for _, want := range []string{
+		`sluice_decisions_total{policy="b",result="denied",tier="-"} 1`,
+		`sluice_store_errors_total 0`,
+		`sluice_store_circuit_state 0`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if strings.Contains(m, "sluice_store_calls_total 0\n") {
+		t.Error("store calls not counted")
+	}
+}
+
+// TestRedisFailClosed kills Redis under a fail_closed service: decisions
+// become degraded 503s and /readyz reports not ready.
+func TestRedisFailClosed(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	s := startService(t, svcOptions{redis: true, config: redisConfig(srv.URL(), "fail_closed")})
+	id := redistest.Prefix(t)
+	if a := s.check(t, fmt.Sprintf(`{"policy":"a","key":%q}`, id)); a.status != 200 {
+		t.Fatalf("before: %d %s", a.status, a.raw)
+	}
+	if r := s.do(t, "GET", "/readyz", ""); r.status != 200 {
+		t.Fatalf("readyz before: %d %s", r.status, r.raw)
+	}
+	srv.Kill()
+	a := s.check(t, fmt.Sprintf(`{"policy":"a","key":%q}`, id))
+	if a.status != 503 || a.body["degraded"] != true || a.body["allowed"] != false || a.header.Get("Retry-After") == "" {
+		t.Fatalf("after kill: %d %v %s", a.status, a.header, a.raw)
+	}
+	if r := s.do(t, "GET", "/readyz", ""); r.status != 503 || !strings.Contains(r.raw, "fail_closed") {
+		t.Fatalf("readyz after kill: %d %s", r.status, r.raw)
+	}
+	m := s.do(t, "GET", "/metrics", "").raw
+	if !strings.Contains(m, `sluice_decisions_total{policy="a",result="degraded",tier="-"} 1`) || strings.Contains(m, "sluice_store_errors_total 0\n") {
+		t.Errorf("metrics:\n%s", grep(m, "sluice_store"))
+	}
+}
+
+// TestRedisThreeInstances runs three services on one Redis and sends
+// concurrent requests for one key round-robin across them: together they
+// admit exactly the limit.
+func TestRedisThreeInstances(t *testing.T) {
+	srv := redistest.Standalone(t)
+	cfg := strings.Replace(redisConfig(srv.URL(), "fail_open"), "anon: {limit: 2/min}", "anon: {limit: 2/min}\n  shared: {limit: 50/h}", 1)
+	var svcs []*svc
+	for range 3 {
+		svcs = append(svcs, startService(t, svcOptions{redis: true, config: cfg}))
+	}
+	body := fmt.Sprintf(`{"policy":"shared","key":%q}`, redistest.Prefix(t))
+	start := time.Now()
+	var admitted, denied, other atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 25 {
+				a := svcs[(w+i)%3].check(t, body)
+				switch a.status {
+				case 200:
+					admitted.Add(1)
+				case 429:
+					denied.Add(1)
+				default:
+					other.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// 50/h refills one event every 72s; allow for that if the test is slow.
+	refill := int64(time.Since(start) / (72 * time.Second))
+	if got := admitted.Load(); got < 50 || got > 50+refill || other.Load() != 0 || admitted.Load()+denied.Load() != 300 {
+		t.Fatalf("admitted %d, denied %d, other %d of 300; want 50 admitted", got, denied.Load(), other.Load())
+	}
+	// Each instance counted its own share of the decisions.
+	var total int64
+	for _, s := range svcs {
+		m := s.do(t, "GET", "/metrics", "").raw
+		for _, l := range strings.Split(m, "\n") {
+			if strings.HasPrefix(l, `sluice_decisions_total{policy="shared",result="allowed"`) {
+				var n int64
+				fmt.Sscan(l[strings.LastIndexByte(l, ' ')+1:], &n)
+				total += n
+			}
+		}
+	}
+	if total != admitted.Load() {
+		t.Errorf("instances report %d allowed, clients saw %d", total, admitted.Load())
+	}
+}
