@@ -1,6 +1,10 @@
 package config
 
-import "time"
+import (
+	"time"
+
+	"github.com/sluice-io/sluice/internal/envoyrls"
+)
 
 // File is the YAML document as written, before defaults and validation.
 // Decoding is strict: a key that no field here names is an error.
@@ -42,6 +46,9 @@ type File struct {
 	Overrides []OverrideSection `yaml:"overrides"`
 	// Authz configures the forward-auth endpoint.
 	Authz AuthzSection `yaml:"authz"`
+	// Envoy runs the Envoy rate limit service (gRPC RLS v3) beside the API,
+	// configured by envoyproxy/ratelimit's YAML files.
+	Envoy *envoyrls.Config `yaml:"envoy"`
 }
 
 // StoreSection is the `store:` section.

@@ -114,8 +114,8 @@ type domainConfig struct {
 	override *ruleStats // descriptors that carry their own limit
 }
 
-// config is an immutable snapshot of a configuration directory.
-type config struct {
+// ruleSet is an immutable snapshot of a configuration directory.
+type ruleSet struct {
 	domains map[string]*domainConfig
 	rules   int
 }
@@ -179,7 +179,7 @@ func readDir(dir string) ([]configFile, error) {
 
 // loader builds a config from files.
 type loader struct {
-	cfg     *config
+	cfg     *ruleSet
 	merge   bool
 	metrics *metrics
 	file    string
@@ -191,8 +191,8 @@ func (l *loader) fail(format string, args ...any) error {
 
 // parseConfig loads files into one config. Domains may not repeat unless
 // merge is set.
-func parseConfig(files []configFile, merge bool, m *metrics) (*config, error) {
-	l := &loader{cfg: &config{domains: map[string]*domainConfig{}}, merge: merge, metrics: m}
+func parseConfig(files []configFile, merge bool, m *metrics) (*ruleSet, error) {
+	l := &loader{cfg: &ruleSet{domains: map[string]*domainConfig{}}, merge: merge, metrics: m}
 	for _, f := range files {
 		l.file = f.name
 		if err := l.load(f.data); err != nil {

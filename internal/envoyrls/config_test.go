@@ -23,7 +23,7 @@ func testMetrics(t *testing.T) *metrics {
 	return m
 }
 
-func loadTestdata(t *testing.T, names ...string) (*config, error) {
+func loadTestdata(t *testing.T, names ...string) (*ruleSet, error) {
 	t.Helper()
 	var files []configFile
 	for _, n := range names {
@@ -121,7 +121,7 @@ func entries(kv ...string) []*ratelimitv3.RateLimitDescriptor_Entry {
 	return out
 }
 
-func lookupRule(cfg *config, domain string, kv ...string) *rule {
+func lookupRule(cfg *ruleSet, domain string, kv ...string) *rule {
 	d := cfg.domains[domain]
 	if d == nil {
 		return nil

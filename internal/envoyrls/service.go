@@ -79,7 +79,7 @@ type Service struct {
 	delay   time.Duration
 	onLoad  func(error)
 	metrics *metrics
-	cfg     atomic.Pointer[config]
+	cfg     atomic.Pointer[ruleSet]
 
 	watching func() // test hook: Watch has added its watch
 }
@@ -128,7 +128,7 @@ func New(opts Options) (*Service, error) {
 func (s *Service) Reload() error {
 	files, err := readDir(s.dir)
 	if err == nil {
-		var cfg *config
+		var cfg *ruleSet
 		if cfg, err = parseConfig(files, s.merge, s.metrics); err == nil {
 			s.cfg.Store(cfg)
 			s.metrics.loads.WithLabelValues("success").Inc()

@@ -1,0 +1,36 @@
+package main
+
+import (
+	"path/filepath"
+
+	"github.com/sluice-io/sluice/internal/envoyrls"
+	"github.com/sluice-io/sluice/internal/server"
+)
+
+// envoyComponent runs the Envoy rate limit service (internal/envoyrls)
+// inside `sluice serve` when the config has an `envoy:` section. Its YAML
+// directory is watched on its own; a change to the `envoy:` section itself
+// takes a restart.
+func envoyComponent(d server.Deps) (server.Component, error) {
+	cfg := d.Config()
+	if cfg == nil || cfg.File == nil || cfg.File.Envoy == nil {
+		return nil, nil
+	}
+	sec := cfg.File.Envoy
+	dir := sec.ConfigDir
+	if !filepath.IsAbs(dir) && cfg.Path != "" {
+		dir = filepath.Join(filepath.Dir(cfg.Path), dir)
+	}
+	svc, err := envoyrls.New(envoyrls.Options{
+		Store:           d.Store,
+		ConfigDir:       dir,
+		Logger:          d.Logger,
+		Registerer:      d.Metrics.Registry,
+		ResponseHeaders: sec.ResponseHeaders,
+		MergeDomains:    sec.MergeDomains,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &envoyrls.Runner{Service: svc, GRPCAddr: sec.GRPCAddr, HTTPAddr: sec.HTTPAddr}, nil
+}

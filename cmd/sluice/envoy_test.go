@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// startEnvoyServe runs `sluice serve` with an envoy: section on the
+// deploy/envoy rate-limit files and returns the gRPC and HTTP addresses
+// from its log.
+func startEnvoyServe(t *testing.T) (grpcAddr, httpAddr string) {
+	t.Helper()
+	dir, err := filepath.Abs("../../deploy/envoy/ratelimit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	doc := "store:\n  url: memory\nenvoy:\n  grpc_addr: 127.0.0.1:0\n  http_addr: 127.0.0.1:0\n  response_headers: true\n  config_dir: " + dir + "\n"
+	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "--config", cfg, "--listen", "127.0.0.1:0", "--log-format", "json"}, io.Discard, pw)
+		pw.Close()
+	}()
+	addrs := make(chan [2]string, 2)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) != nil {
+				continue
+			}
+			if a, ok := line["grpc"].(string); ok {
+				addrs <- [2]string{"grpc", a}
+			}
+			if a, ok := line["http"].(string); ok {
+				addrs <- [2]string{"http", a}
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	for grpcAddr == "" || httpAddr == "" {
+		select {
+		case a := <-addrs:
+			if a[0] == "grpc" {
+				grpcAddr = a[1]
+			} else {
+				httpAddr = a[1]
+			}
+		case err := <-done:
+			t.Fatalf("serve exited: %v", err)
+		case <-time.After(20 * time.Second):
+			t.Fatal("serve did not start the envoy service within 20s")
+		}
+	}
+	return grpcAddr, httpAddr
+}
+
+// TestServeEnvoy drives `sluice serve` with a real gRPC client, as Envoy
+// would.
+func TestServeEnvoy(t *testing.T) {
+	grpcAddr, httpAddr := startEnvoyServe(t)
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	hc, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "envoy.service.ratelimit.v3.RateLimitService"})
+	if err != nil || hc.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health: %v %v", hc, err)
+	}
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	descs := func(kv ...string) []*ratelimitv3.RateLimitDescriptor {
+		var out []*ratelimitv3.RateLimitDescriptor
+		for i := 0; i+1 < len(kv); i += 2 {
+			out = append(out, &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: kv[i], Value: kv[i+1]}}})
+		}
+		return out
+	}
+	// tenant: 20/s with gcra, no window edge to race: 20 pass, the 21st not,
+	// and the health descriptor is unlimited.
+	for i := range 21 {
+		resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: descs("tenant", "t1", "health", "x")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := rlsv3.RateLimitResponse_OK
+		if i == 20 {
+			want = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if resp.GetOverallCode() != want || resp.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() != 20 || resp.GetStatuses()[1].GetLimitRemaining() != 1<<32-1 {
+			t.Fatalf("call %d: %v", i, resp)
+		}
+		if i == 20 && len(resp.GetResponseHeadersToAdd()) == 0 {
+			t.Errorf("no response headers")
+		}
+	}
+	// The same check through /json on the HTTP port.
+	resp, err := http.Post("http://"+httpAddr+"/json", "application/json",
+		strings.NewReader(`{"domain":"edge","descriptors":[{"entries":[{"key":"tenant","value":"t1"}]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), `"overallCode":"OVER_LIMIT"`) {
+		t.Fatalf("/json: %d %s", resp.StatusCode, body)
+	}
+}

@@ -1,0 +1,143 @@
+package envoyrls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+)
+
+// Config is the `envoy:` section of sluice serve's configuration file:
+//
+//	envoy:
+//	  grpc_addr: ":8081"          # envoyproxy/ratelimit's gRPC port
+//	  config_dir: ratelimit/      # its YAML files, unchanged
+//	  http_addr: ":8082"          # optional: /json and /healthcheck
+//	  response_headers: true      # optional: RateLimit headers for Envoy to add
+//	  merge_domains: false        # optional: MERGE_DOMAIN_CONFIG
+//
+// A relative config_dir is taken from the directory of the file it is in.
+type Config struct {
+	// GRPCAddr is the gRPC listen address; DefaultGRPCAddr when empty.
+	GRPCAddr string `yaml:"grpc_addr"`
+	// ConfigDir is the directory of rate-limit YAML files. Required.
+	ConfigDir string `yaml:"config_dir"`
+	// HTTPAddr, when set, serves POST /json and GET /healthcheck there, as
+	// envoyproxy/ratelimit does on its HTTP port.
+	HTTPAddr string `yaml:"http_addr"`
+	// ResponseHeaders sets Options.ResponseHeaders.
+	ResponseHeaders bool `yaml:"response_headers"`
+	// MergeDomains sets Options.MergeDomains.
+	MergeDomains bool `yaml:"merge_domains"`
+}
+
+// Validate checks the section.
+func (c *Config) Validate() error {
+	if c.ConfigDir == "" {
+		return errors.New("config_dir is required: the directory of envoyproxy/ratelimit YAML files")
+	}
+	for _, a := range []struct{ name, addr string }{{"grpc_addr", c.GRPCAddr}, {"http_addr", c.HTTPAddr}} {
+		if a.addr == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			return fmt.Errorf("%s %q: %v", a.name, a.addr, err)
+		}
+	}
+	return nil
+}
+
+// Runner runs a Service as one part of a larger server: the gRPC listener,
+// the optional HTTP listener and the configuration watch. It has the
+// Name and Run methods of sluice serve's components.
+type Runner struct {
+	// Service answers the checks.
+	Service *Service
+	// GRPCAddr is where gRPC is served; DefaultGRPCAddr when empty.
+	GRPCAddr string
+	// HTTPAddr, when set, is where /json and /healthcheck are served.
+	HTTPAddr string
+	// OnListen, if set, is called with each listener's name ("grpc" or
+	// "http") and address once it is listening.
+	OnListen func(name string, addr net.Addr)
+}
+
+// Name implements sluice serve's component interface.
+func (r *Runner) Name() string { return "envoy" }
+
+// Run serves until ctx is done, then stops gracefully.
+func (r *Runner) Run(ctx context.Context) error {
+	addr := r.GRPCAddr
+	if addr == "" {
+		addr = DefaultGRPCAddr
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("envoyrls: listen gRPC: %w", err)
+	}
+	log := r.Service.log
+	log.Info("envoy rate limit service listening", "grpc", lis.Addr().String(), "config_dir", r.Service.dir, "domains", r.Service.Domains())
+	if r.OnListen != nil {
+		r.OnListen("grpc", lis.Addr())
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 3)
+	running := 2
+	go func() { errc <- r.Service.Serve(ctx, lis) }()
+	go func() { errc <- r.Service.Watch(ctx) }()
+	if r.HTTPAddr != "" {
+		hl, err := net.Listen("tcp", r.HTTPAddr)
+		if err != nil {
+			cancel()
+			for range running {
+				<-errc
+			}
+			return fmt.Errorf("envoyrls: listen HTTP: %w", err)
+		}
+		log.Info("envoy rate limit /json listening", "http", hl.Addr().String())
+		if r.OnListen != nil {
+			r.OnListen("http", hl.Addr())
+		}
+		running++
+		go func() { errc <- serveHTTP(ctx, hl, r.Service.HTTPHandler(), log) }()
+	}
+	var first error
+	for range running {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+			cancel()
+		}
+	}
+	return first
+}
+
+// HTTPHandler serves envoyproxy/ratelimit's HTTP endpoints: POST /json and
+// GET /healthcheck.
+func (s *Service) HTTPHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/json", s.JSONHandler())
+	mux.HandleFunc("GET /healthcheck", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("OK"))
+	})
+	return mux
+}
+
+func serveHTTP(ctx context.Context, lis net.Listener, h http.Handler, log *slog.Logger) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("envoyrls: serve HTTP: %w", err)
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		<-errc
+		return nil
+	}
+}
