@@ -37,6 +37,13 @@ var t0 = time.Date(2030, 1, 1, 0, 0, 10, 300_000_000, time.UTC)
 // storeFactory returns a store that reads the time from clk.
 type storeFactory func(t *testing.T, clk *clock.Fake) sluice.Store
 
+// forStores runs test on the memory store, Redis and Redis Cluster.
+func forStores(t *testing.T, test func(*testing.T, storeFactory)) {
+	t.Run("memory", func(t *testing.T) { test(t, memStore) })
+	t.Run("redis", func(t *testing.T) { test(t, redisStore) })
+	t.Run("cluster", func(t *testing.T) { test(t, clusterStore) })
+}
+
 func memStore(t *testing.T, clk *clock.Fake) sluice.Store {
 	s, err := memstore.New(memstore.Options{Clock: clk, MaxKeys: 10_000})
 	if err != nil {
@@ -61,7 +68,8 @@ func newEnv(t *testing.T, newStore storeFactory, dir string, mod func(*Options))
 	t.Helper()
 	clk := clock.NewFake(t0)
 	reg := prometheus.NewRegistry()
-	opts := Options{Store: newStore(t, clk), ConfigDir: dir, Registerer: reg, Logger: slog.New(slog.DiscardHandler)}
+	opts := Options{Store: newStore(t, clk), ConfigDir: dir, Registerer: reg, Logger: slog.New(slog.DiscardHandler),
+		KeyPrefix: "rls:" + sluice.NewLeaseID()[:12] + ":"} // tests share Redis servers: keep apart
 	if mod != nil {
 		mod(&opts)
 	}
@@ -147,8 +155,10 @@ func (e *env) expect(resp *rlsv3.RateLimitResponse, overall rlsv3.RateLimitRespo
 	}
 }
 
-func TestNestedDescriptors(t *testing.T) {
-	e := newEnv(t, memStore, "testdata/config", nil)
+func TestNestedDescriptors(t *testing.T) { forStores(t, testNestedDescriptors) }
+
+func testNestedDescriptors(t *testing.T, f storeFactory) {
+	e := newEnv(t, f, "testdata/config", nil)
 	d := desc("key1", "value1", "subkey1", "anything")
 	// 0.7s are left in the second: rounded up to 1s, as envoyproxy/ratelimit's 1-0.
 	for i := range 5 {
@@ -167,16 +177,20 @@ func TestNestedDescriptors(t *testing.T) {
 	e.expect(e.call("test-domain", d), ok, st{ok, 5, 4, time.Second})
 }
 
-func TestUnlimited(t *testing.T) {
-	e := newEnv(t, memStore, "testdata/config", nil)
+func TestUnlimited(t *testing.T) { forStores(t, testUnlimited) }
+
+func testUnlimited(t *testing.T, f storeFactory) {
+	e := newEnv(t, f, "testdata/config", nil)
 	for range 3 {
 		resp := e.call("test-domain", desc("key6", "x"))
 		e.expect(resp, ok, st{ok, 0, math.MaxUint32, 0})
 	}
 }
 
-func TestWildcardsAndShareThreshold(t *testing.T) {
-	e := newEnv(t, memStore, "testdata/config", nil)
+func TestWildcardsAndShareThreshold(t *testing.T) { forStores(t, testWildcardsAndShareThreshold) }
+
+func testWildcardsAndShareThreshold(t *testing.T, f storeFactory) {
+	e := newEnv(t, f, "testdata/config", nil)
 	reset := 50 * time.Second // 49.7s to the minute, rounded up
 	// /foo/* : 10/min per value
 	e.expect(e.call("wildcard", desc("path", "/foo/a")), ok, st{ok, 10, 9, reset})
@@ -194,8 +208,10 @@ func TestWildcardsAndShareThreshold(t *testing.T) {
 	e.expect(e.call("wildcard", desc("path", "/zzz")), ok, st{ok, 100, 99, reset})
 }
 
-func TestReplaces(t *testing.T) {
-	e := newEnv(t, memStore, "testdata/config", nil)
+func TestReplaces(t *testing.T) { forStores(t, testReplaces) }
+
+func testReplaces(t *testing.T, f storeFactory) {
+	e := newEnv(t, f, "testdata/config", nil)
 	reset := 50 * time.Second
 	e.expect(e.call("replaces", desc("user", "alice")), ok, st{ok, 2, 1, reset})
 	e.expect(e.call("replaces", desc("user", "alice")), ok, st{ok, 2, 0, reset})
@@ -207,8 +223,10 @@ func TestReplaces(t *testing.T) {
 	}
 }
 
-func TestShadowMode(t *testing.T) {
-	e := newEnv(t, memStore, "testdata/config", nil)
+func TestShadowMode(t *testing.T) { forStores(t, testShadowMode) }
+
+func testShadowMode(t *testing.T, f storeFactory) {
+	e := newEnv(t, f, "testdata/config", nil)
 	reset := 50 * time.Second
 	e.expect(e.call("shadow", desc("client", "c"), desc("route", "r")), ok, st{ok, 2, 1, reset}, st{ok, 10, 9, reset})
 	e.expect(e.call("shadow", desc("client", "c"), desc("route", "r")), ok, st{ok, 2, 0, reset}, st{ok, 10, 8, reset})
@@ -226,13 +244,15 @@ func TestShadowMode(t *testing.T) {
 // envoyproxy/ratelimit computes them: the count restarts at every multiple
 // of the unit since the epoch, and duration_until_reset is the unit minus
 // the whole seconds elapsed in it.
-func TestFixedWindowUnits(t *testing.T) {
+func TestFixedWindowUnits(t *testing.T) { forStores(t, testFixedWindowUnits) }
+
+func testFixedWindowUnits(t *testing.T, f storeFactory) {
 	for _, u := range []struct {
 		name string
 		p    time.Duration
 	}{{"minute", time.Minute}, {"hour", time.Hour}, {"day", 24 * time.Hour}, {"week", 7 * 24 * time.Hour}} {
 		t.Run(u.name, func(t *testing.T) {
-			e := newEnv(t, memStore, "testdata/config", nil)
+			e := newEnv(t, f, "testdata/config", nil)
 			d := desc("unit", u.name)
 			upstreamReset := func() time.Duration {
 				sec := int64(u.p / time.Second)
@@ -268,8 +288,10 @@ func TestFixedWindowUnits(t *testing.T) {
 
 // TestAllOrNothing: a request over one limit charges none of the others
 // (envoyproxy/ratelimit's issue #1060).
-func TestAllOrNothing(t *testing.T) {
-	e := newEnv(t, memStore, "testdata/config", nil)
+func TestAllOrNothing(t *testing.T) { forStores(t, testAllOrNothing) }
+
+func testAllOrNothing(t *testing.T, f storeFactory) {
+	e := newEnv(t, f, "testdata/config", nil)
 	minute, hour := 50*time.Second, time.Hour-10*time.Second
 	pair := []*ratelimitv3.RateLimitDescriptor{desc("key2", "value2"), desc("key3", "foo")}
 	e.expect(e.call("test-domain", pair...), ok, st{ok, 30, 29, minute}, st{ok, 1, 0, hour})
@@ -280,8 +302,10 @@ func TestAllOrNothing(t *testing.T) {
 	e.expect(e.call("test-domain", desc("key2", "value2")), ok, st{ok, 30, 28, minute})
 }
 
-func TestHitsAddend(t *testing.T) {
-	e := newEnv(t, memStore, "testdata/config", nil)
+func TestHitsAddend(t *testing.T) { forStores(t, testHitsAddend) }
+
+func testHitsAddend(t *testing.T, f storeFactory) {
+	e := newEnv(t, f, "testdata/config", nil)
 	minute := 50 * time.Second
 	d := desc("key2", "value2") // 30/min
 	e.expect(e.callReq(&rlsv3.RateLimitRequest{Domain: "test-domain", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}, HitsAddend: 3}),
@@ -309,8 +333,10 @@ func TestHitsAddend(t *testing.T) {
 	e.expect(e.call("test-domain", d0), over, st{over, 30, 0, minute})
 }
 
-func TestLimitOverride(t *testing.T) {
-	e := newEnv(t, memStore, "testdata/config", nil)
+func TestLimitOverride(t *testing.T) { forStores(t, testLimitOverride) }
+
+func testLimitOverride(t *testing.T, f storeFactory) {
+	e := newEnv(t, f, "testdata/config", nil)
 	d := desc("anything", "x")
 	d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: typev3.RateLimitUnit_MINUTE}
 	e.expect(e.call("test-domain", d), ok, st{ok, 2, 1, 50 * time.Second})
@@ -327,8 +353,10 @@ func TestLimitOverride(t *testing.T) {
 	e.expect(e.call("test-domain", d2), over, st{over, 1, 0, time.Hour - 10*time.Second})
 }
 
-func TestAlgorithmExtension(t *testing.T) {
-	e := newEnv(t, memStore, "testdata/config", nil)
+func TestAlgorithmExtension(t *testing.T) { forStores(t, testAlgorithmExtension) }
+
+func testAlgorithmExtension(t *testing.T, f storeFactory) {
+	e := newEnv(t, f, "testdata/config", nil)
 	for i := range 10 {
 		resp := e.call("algos", desc("gcra", "u"))
 		if resp.GetOverallCode() != ok || resp.GetStatuses()[0].GetLimitRemaining() != uint32(9-i) {
@@ -360,8 +388,10 @@ func TestAlgorithmExtension(t *testing.T) {
 	e.expect(e.call("algos", desc("sw", "u")), ok, st{ok, 10, 9, 2*time.Minute - 10400*time.Millisecond})
 }
 
-func TestResponseHeaders(t *testing.T) {
-	e := newEnv(t, memStore, "testdata/config", func(o *Options) { o.ResponseHeaders = true })
+func TestResponseHeaders(t *testing.T) { forStores(t, testResponseHeaders) }
+
+func testResponseHeaders(t *testing.T, f storeFactory) {
+	e := newEnv(t, f, "testdata/config", func(o *Options) { o.ResponseHeaders = true })
 	d := desc("key3", "h") // 1/hour
 	headers := func(resp *rlsv3.RateLimitResponse) map[string]string {
 		m := map[string]string{}
