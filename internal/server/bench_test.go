@@ -1,0 +1,121 @@
+package server
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/memstore"
+)
+
+// benchConfig has one policy large enough that decisions are admissions.
+const benchConfig = `
+policies:
+  bench: {algorithm: gcra, limit: 1000000/s}
+`
+
+// benchConns is the number of concurrent clients, as `sluice loadtest -c 64`.
+const benchConns = 64
+
+// BenchmarkDecision compares, in one run, a decision made in-process on a
+// store with the same decision through the HTTP API (/v1/check over a real
+// socket, 64 keep-alive connections), on the memory store and on Redis.
+// ns/op is per decision across all goroutines, so decisions/s = 1e9/ns.
+func BenchmarkDecision(b *testing.B) {
+	for _, backend := range []string{"memory", "redis"} {
+		b.Run(backend, func(b *testing.B) {
+			store, closer := benchStore(b, backend)
+			defer closer.Close()
+			p := &config.Policy{Name: "bench", Algorithm: sluice.GCRA, Limit: sluice.PerSecond(1000000)}
+			b.Run("store", func(b *testing.B) {
+				var n atomic.Uint64
+				b.ReportAllocs()
+				b.SetParallelism(benchConns / max(1, runtimeProcs()))
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						k := "user-" + strconv.FormatUint(n.Add(1)%10000, 10)
+						req := sluice.Request{Key: storeKey(k, p), Algorithm: p.Algorithm, Limit: p.Limit, Cost: 1}
+						if _, err := store.ApplyAll(context.Background(), sluice.OpAllow, []sluice.Request{req}); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			})
+			b.Run("http", func(b *testing.B) {
+				url := benchServer(b, store)
+				tr := &http.Transport{MaxIdleConnsPerHost: benchConns, MaxConnsPerHost: benchConns}
+				defer tr.CloseIdleConnections()
+				client := &http.Client{Transport: tr}
+				var n atomic.Uint64
+				b.ReportAllocs()
+				b.SetParallelism(benchConns / max(1, runtimeProcs()))
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						body := `{"policy":"bench","key":"user-` + strconv.FormatUint(n.Add(1)%10000, 10) + `"}`
+						resp, err := client.Post(url, "application/json", strings.NewReader(body))
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						if resp.StatusCode != 200 {
+							b.Errorf("status %d", resp.StatusCode)
+							return
+						}
+					}
+				})
+			})
+		})
+	}
+}
+
+func runtimeProcs() int { return runtime.GOMAXPROCS(0) }
+
+func benchStore(b *testing.B, backend string) (sluice.Store, io.Closer) {
+	if backend == "memory" {
+		s, err := memstore.New(memstore.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s, s
+	}
+	srv := redistest.Standalone(b)
+	s, c, err := openRedis(context.Background(), config.StoreSection{URL: srv.URL(), FailurePolicy: config.FailOpen, Timeout: time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return s, c
+}
+
+func benchServer(b *testing.B, store sluice.Store) string {
+	cfg, err := config.Parse("bench.yaml", []byte(benchConfig))
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv, err := New(Options{Store: store, Config: cfg, Metrics: metrics.New(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	hs := &http.Server{Handler: srv.Handler()}
+	go func() { _ = hs.Serve(ln) }()
+	b.Cleanup(func() { _ = hs.Close() })
+	return "http://" + ln.Addr().String() + "/v1/check"
+}
