@@ -19,7 +19,6 @@ package aiclient
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -199,7 +198,7 @@ func (c *Client) ChatWith(ctx context.Context, req *ChatRequest, co CallOptions)
 	if req.Model == "" {
 		return res, errors.New("aiclient: request has no model")
 	}
-	body, err := json.Marshal(req)
+	body, err := req.MarshalJSON()
 	if err != nil {
 		return res, fmt.Errorf("aiclient: encode request: %w", err)
 	}
@@ -406,11 +405,11 @@ func (c *Client) attempt(ctx context.Context, body []byte) (*ChatResponse, *atte
 			header: resp.Header, hint: hint, hasHint: ok, status: resp.StatusCode,
 		}
 	}
-	var out ChatResponse
-	if err := json.Unmarshal(data, &out); err != nil {
+	out, err := decodeResponse(data)
+	if err != nil {
 		return nil, &attemptError{err: fmt.Errorf("aiclient: decode response: %w", err), header: resp.Header, status: resp.StatusCode, unreadable: true}
 	}
-	return &out, nil
+	return out, nil
 }
 
 func sleepTimer(ctx context.Context, d time.Duration) error {

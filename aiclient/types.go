@@ -39,6 +39,33 @@ func (m Message) MarshalJSON() ([]byte, error) {
 	return json.Marshal(w)
 }
 
+// appendJSON writes the message as MarshalJSON does, without the
+// re-validation that encoding/json applies to a Marshaler's output.
+func (m *Message) appendJSON(b *bytes.Buffer) error {
+	b.WriteString(`{"role":`)
+	appendString(b, m.Role)
+	b.WriteString(`,"content":`)
+	if len(m.Parts) > 0 {
+		if !json.Valid(m.Parts) {
+			return fmt.Errorf("aiclient: message parts are not valid JSON")
+		}
+		b.Write(m.Parts)
+	} else {
+		appendString(b, m.Content)
+	}
+	if m.Name != "" {
+		b.WriteString(`,"name":`)
+		appendString(b, m.Name)
+	}
+	b.WriteByte('}')
+	return nil
+}
+
+func appendString(b *bytes.Buffer, s string) {
+	enc, _ := json.Marshal(s) // a string always encodes
+	b.Write(enc)
+}
+
 // UnmarshalJSON reads a message whose content is a string, null, or an
 // array of parts.
 func (m *Message) UnmarshalJSON(b []byte) error {
@@ -78,21 +105,17 @@ type ChatRequest struct {
 func (r *ChatRequest) MarshalJSON() ([]byte, error) {
 	var b bytes.Buffer
 	b.WriteString(`{"model":`)
-	model, err := json.Marshal(r.Model)
-	if err != nil {
-		return nil, err
+	appendString(&b, r.Model)
+	b.WriteString(`,"messages":[`)
+	for i, m := range r.Messages {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		if err := m.appendJSON(&b); err != nil {
+			return nil, err
+		}
 	}
-	b.Write(model)
-	b.WriteString(`,"messages":`)
-	msgs := r.Messages
-	if msgs == nil {
-		msgs = []Message{}
-	}
-	m, err := json.Marshal(msgs)
-	if err != nil {
-		return nil, err
-	}
-	b.Write(m)
+	b.WriteByte(']')
 	if r.MaxTokens > 0 {
 		fmt.Fprintf(&b, `,"max_tokens":%d`, r.MaxTokens)
 	}
@@ -110,9 +133,8 @@ func (r *ChatRequest) MarshalJSON() ([]byte, error) {
 		if len(v) == 0 || !json.Valid(v) {
 			return nil, fmt.Errorf("aiclient: parameter %q is not valid JSON", k)
 		}
-		kb, _ := json.Marshal(k)
 		b.WriteByte(',')
-		b.Write(kb)
+		appendString(&b, k)
 		b.WriteByte(':')
 		b.Write(v)
 	}
@@ -138,6 +160,43 @@ func (r *ChatResponse) Text() string {
 		return ""
 	}
 	return r.Choices[0].Message.Content
+}
+
+// decodeResponse reads a response body in one pass: through wire structs,
+// not Message.UnmarshalJSON, which would scan each message twice.
+func decodeResponse(data []byte) (*ChatResponse, error) {
+	var w struct {
+		ID      string `json:"id"`
+		Model   string `json:"model"`
+		Choices []struct {
+			Index        int    `json:"index"`
+			FinishReason string `json:"finish_reason"`
+			Message      struct {
+				Role    string          `json:"role"`
+				Content json.RawMessage `json:"content"`
+				Name    string          `json:"name"`
+			} `json:"message"`
+		} `json:"choices"`
+		Usage Usage `json:"usage"`
+	}
+	if err := json.Unmarshal(data, &w); err != nil {
+		return nil, err
+	}
+	out := &ChatResponse{ID: w.ID, Model: w.Model, Usage: w.Usage, Choices: make([]Choice, len(w.Choices))}
+	for i, c := range w.Choices {
+		m := Message{Role: c.Message.Role, Name: c.Message.Name}
+		switch content := bytes.TrimSpace(c.Message.Content); {
+		case len(content) == 0 || content[0] == 'n':
+		case content[0] == '"':
+			if err := json.Unmarshal(content, &m.Content); err != nil {
+				return nil, err
+			}
+		default:
+			m.Parts = content
+		}
+		out.Choices[i] = Choice{Index: c.Index, Message: m, FinishReason: c.FinishReason}
+	}
+	return out, nil
 }
 
 // Choice is one completion.

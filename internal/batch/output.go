@@ -102,11 +102,14 @@ func (s *idSet) get(id string) uint8 { return s.m[keyOf(id)] }
 
 // Output appends records to the output file. It is safe for concurrent use.
 type Output struct {
-	mu   sync.Mutex
+	mu   sync.Mutex // guards f's offset and size
 	f    *os.File
 	size int64
 	sync bool
 	path string
+
+	syncMu sync.Mutex // one fsync at a time
+	synced int64      // offset known to be on disk; guarded by syncMu
 }
 
 // Resumed is what OpenOutput found in an existing output.
@@ -160,7 +163,7 @@ func OpenOutput(path string, sync bool, maxIDs int, log *slog.Logger) (*Output, 
 		f.Close()
 		return nil, nil, fmt.Errorf("batch: output %s: %w", path, err)
 	}
-	return &Output{f: f, size: good, sync: sync, path: path}, res, nil
+	return &Output{f: f, size: good, sync: sync, path: path, synced: good}, res, nil
 }
 
 // readRecords reads every complete line of f into res and returns the
@@ -229,21 +232,40 @@ func (o *Output) Write(rec *Record) error {
 	}
 	b = append(b, '\n')
 	o.mu.Lock()
-	defer o.mu.Unlock()
 	n, err := o.f.Write(b)
 	if err != nil {
 		if n > 0 {
 			_ = o.f.Truncate(o.size)
 			_, _ = o.f.Seek(o.size, io.SeekStart)
 		}
+		o.mu.Unlock()
 		return fmt.Errorf("batch: write output %s: %w", o.path, err)
 	}
 	o.size += int64(n)
+	end := o.size
+	o.mu.Unlock()
 	if o.sync {
-		if err := o.f.Sync(); err != nil {
-			return fmt.Errorf("batch: sync output %s: %w", o.path, err)
-		}
+		return o.syncTo(end)
 	}
+	return nil
+}
+
+// syncTo returns once the file is fsync'd at least up to offset end.
+// Writers that wait here together share one fsync (a group commit), so
+// many calls in flight do not queue one fsync each.
+func (o *Output) syncTo(end int64) error {
+	o.syncMu.Lock()
+	defer o.syncMu.Unlock()
+	if o.synced >= end {
+		return nil
+	}
+	o.mu.Lock()
+	target := o.size
+	o.mu.Unlock()
+	if err := o.f.Sync(); err != nil {
+		return fmt.Errorf("batch: sync output %s: %w", o.path, err)
+	}
+	o.synced = target
 	return nil
 }
 

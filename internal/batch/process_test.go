@@ -103,7 +103,7 @@ func TestTwoProcessesShareRedisRate(t *testing.T) {
 	key := redistest.Prefix(t) + "customer"
 	up := fakeopenai.New(t, fakeopenai.Options{})
 	dir := t.TempDir()
-	const perProcess, rate, burst = 25, 5.0, 5
+	const perProcess, rate, burst = 20, 5.0, 5
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	logs := make([]*bytes.Buffer, 2)

@@ -1,0 +1,76 @@
+package aiclient
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+)
+
+func TestChatRequestJSON(t *testing.T) {
+	req := &ChatRequest{
+		Model: "m\"1",
+		Messages: []Message{
+			{Role: "system", Content: "be <brief>\n"},
+			{Role: "user", Parts: json.RawMessage(`[{"type":"text","text":"hi"}]`), Name: "ann"},
+		},
+		MaxTokens: 7,
+		Params:    map[string]json.RawMessage{"temperature": json.RawMessage("0.5"), "model": json.RawMessage(`"override"`), "stream": json.RawMessage("true")},
+	}
+	b, err := req.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatalf("invalid JSON %s: %v", b, err)
+	}
+	want := map[string]any{
+		"model": "m\"1", "max_tokens": 7.0, "temperature": 0.5,
+		"messages": []any{
+			map[string]any{"role": "system", "content": "be <brief>\n"},
+			map[string]any{"role": "user", "name": "ann", "content": []any{map[string]any{"type": "text", "text": "hi"}}},
+		},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v\nwant %v", got, want)
+	}
+	// Messages round-trip through UnmarshalJSON.
+	var back []Message
+	if err := json.Unmarshal(mustJSON(t, got["messages"]), &back); err != nil || back[0].Content != "be <brief>\n" || string(back[1].Parts) != `[{"text":"hi","type":"text"}]` {
+		t.Fatalf("round trip %+v, %v", back, err)
+	}
+	req.Params["bad"] = json.RawMessage("{")
+	if _, err := req.MarshalJSON(); err == nil {
+		t.Fatal("invalid parameter accepted")
+	}
+	if _, err := (&ChatRequest{Model: "m", Messages: []Message{{Role: "user", Parts: json.RawMessage("[")}}}).MarshalJSON(); err == nil {
+		t.Fatal("invalid parts accepted")
+	}
+	if err := json.Unmarshal([]byte(`{"role":"user","content":5}`), new(Message)); err == nil {
+		t.Fatal("numeric content accepted")
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestDecodeResponse(t *testing.T) {
+	r, err := decodeResponse([]byte(`{"id":"x","model":"m","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"hé\n"}},{"index":1,"message":{"role":"assistant","content":null}},{"index":2,"message":{"content":[{"type":"text"}]}}],"usage":{"prompt_tokens":3,"completion_tokens":4}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Text() != "hé\n" || r.Choices[0].FinishReason != "stop" || r.Choices[1].Message.Content != "" || len(r.Choices[2].Message.Parts) == 0 || r.Usage.Total() != 7 {
+		t.Fatalf("%+v", r)
+	}
+	if _, err := decodeResponse([]byte(`{"choices":[{"message":{"content":"x`)); err == nil {
+		t.Fatal("truncated body accepted")
+	}
+	if EstimateTokens(&ChatRequest{Messages: []Message{{Role: "user", Content: "12345678"}}}, 100) != 4+3+100 {
+		t.Fatal("estimate")
+	}
+}
