@@ -138,7 +138,8 @@ func TestDenyCacheSparesRedis(t *testing.T) {
 	srv := redistest.Standalone(t)
 	s := newStore(t, Options{URL: srv.URL()})
 	ctx := context.Background()
-	req := sluice.Request{Key: redistest.Prefix(t) + "abuser", Algorithm: sluice.GCRA, Limit: sluice.PerMinute(5), Cost: 1}
+	// an hour's limit: a step of the machine's clock cannot end the denial
+	req := sluice.Request{Key: redistest.Prefix(t) + "abuser", Algorithm: sluice.GCRA, Limit: sluice.PerHour(5), Cost: 1}
 	for range 5 {
 		if d, err := s.Apply(ctx, sluice.OpAllow, req); err != nil || !d.Allowed {
 			t.Fatalf("warm-up: %+v %v", d, err)

@@ -30,6 +30,10 @@ var algoFiles = map[sluice.Algorithm]string{
 // main.lua, run with EVALSHA (EVAL on NOSCRIPT).
 type scripts struct {
 	single [sluice.Concurrency + 1]*rueidis.Lua
+	// fast holds the lean one-key scripts of GCRA and TokenBucket, the hot
+	// path, which take fastArgs and reply with two numbers.
+	fast    [sluice.Concurrency + 1]*rueidis.Lua
+	fastSrc [sluice.Concurrency + 1]string
 	batch  *rueidis.Lua
 	// sources, for redis-benchmark and tests
 	singleSrc [sluice.Concurrency + 1]string
@@ -65,20 +69,44 @@ func loadScripts() (*scripts, error) {
 	}
 	s.batchSrc = all + "\n" + main
 	s.batch = rueidis.NewLuaScript(s.batchSrc)
+	for a, name := range map[sluice.Algorithm]string{sluice.GCRA: "gcra_fast.lua", sluice.TokenBucket: "tokenbucket_fast.lua"} {
+		if s.fastSrc[a], err = read(name); err != nil {
+			return nil, err
+		}
+		s.fast[a] = rueidis.NewLuaScript(s.fastSrc[a])
+	}
 	return s, nil
 }
 
-// Script returns the Lua source that Apply runs for algorithm a, so that
+// Script returns the Lua source that Apply runs for algorithm a, and the
+// ARGV it sends for an OpAllow of req reading Redis TIME, so that
 // benchmarks can run it directly (for example with redis-benchmark).
-func Script(a sluice.Algorithm) (string, error) {
-	if !a.Valid() {
-		return "", fmt.Errorf("redisstore: %w: %d", sluice.ErrUnknownAlgorithm, a)
+func Script(req sluice.Request) (src string, argv []string, err error) {
+	if err := req.Validate(sluice.OpAllow); err != nil {
+		return "", nil, fmt.Errorf("redisstore: %w", err)
 	}
 	s, err := loadScripts()
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	return s.singleSrc[a], nil
+	if s.fast[req.Algorithm] != nil {
+		return s.fastSrc[req.Algorithm], fastArgs(sluice.OpAllow, &req, -1), nil
+	}
+	argv, err = appendArgs([]string{opArg(sluice.OpAllow), "", ""}, &req)
+	return s.singleSrc[req.Algorithm], argv, err
+}
+
+// fastArgs is the ARGV of a fast script: op, time, tau, and the intervals
+// of the effective cost and of the cost.
+func fastArgs(op sluice.Op, req *sluice.Request, now int64) []string {
+	l := req.Limit
+	ts, tn := timeArgs(now)
+	return []string{
+		opArg(op), ts, tn,
+		strconv.FormatInt(l.CostInterval(l.Capacity()), 10),
+		strconv.FormatInt(l.CostInterval(max(req.Cost, 1)), 10),
+		strconv.FormatInt(l.CostInterval(req.Cost), 10),
+	}
 }
 
 // argsPerKey is the number of ARGV values per key after the three leading ones.

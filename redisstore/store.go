@@ -286,7 +286,13 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 	// The denial is cached from the time of asking: Redis decided later,
 	// so the entry never outlives the real denial.
 	asked := s.localClk.Now()
-	ds, err := s.run(ctx, op, reqs, s.scripts.single[req.Algorithm])
+	var ds []sluice.Decision
+	var err error
+	if fast := s.scripts.fast[req.Algorithm]; fast != nil && op != sluice.OpReset {
+		ds, err = s.runFast(ctx, op, reqs, fast)
+	} else {
+		ds, err = s.run(ctx, op, reqs, s.scripts.single[req.Algorithm])
+	}
 	if err != nil {
 		return sluice.Decision{}, err
 	}
@@ -323,6 +329,45 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 		}
 	}
 	return s.run(ctx, op, reqs, s.scripts.batch)
+}
+
+// runFast is run for the lean one-key scripts.
+func (s *Store) runFast(ctx context.Context, op sluice.Op, reqs []sluice.Request, script *rueidis.Lua) ([]sluice.Decision, error) {
+	now := int64(-1)
+	if s.testClk != nil {
+		now = s.testClk.Now()
+	}
+	args := fastArgs(op, &reqs[0], now)
+	if !s.br.allow() {
+		return s.degrade(ctx, op, reqs, ErrCircuitOpen)
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	s.calls.Add(1)
+	vals, err := script.Exec(cctx, s.client, []string{reqs[0].Key}, args).AsIntSlice()
+	if err == nil && len(vals) != 2 {
+		err = fmt.Errorf("redisstore: script replied %d values, want 2", len(vals))
+	}
+	if err != nil {
+		return s.failed(ctx, op, reqs, err)
+	}
+	s.br.success()
+	return []sluice.Decision{decide(&reqs[0], reply{ok: vals[0] == 1, x: vals[1]})}, nil
+}
+
+// failed handles a failed call: the caller's own cancellation is returned
+// as it is; anything else counts against Redis and the policy answers.
+func (s *Store) failed(ctx context.Context, op sluice.Op, reqs []sluice.Request, err error) ([]sluice.Decision, error) {
+	if ctx.Err() != nil { // the caller gave up: not Redis's fault
+		s.br.release()
+		return nil, fmt.Errorf("redisstore: %w", ctx.Err())
+	}
+	s.errs.Add(1)
+	s.br.failure(err)
+	if isReadOnly(err) {
+		s.log.Warn("redisstore: redis refused a write as a replica (READONLY, as after a failover); degraded until a master answers", "err", err)
+	}
+	return s.degrade(ctx, op, reqs, fmt.Errorf("%w: %w", ErrUnavailable, err))
 }
 
 // run sends one script call (or, for OpReset, one DEL) and turns the reply
@@ -365,16 +410,7 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 		}
 	}
 	if err != nil {
-		if ctx.Err() != nil { // the caller gave up: not Redis's fault
-			s.br.release()
-			return nil, fmt.Errorf("redisstore: %w", ctx.Err())
-		}
-		s.errs.Add(1)
-		s.br.failure(err)
-		if isReadOnly(err) {
-			s.log.Warn("redisstore: redis refused a write as a replica (READONLY, as after a failover); degraded until a master answers", "err", err)
-		}
-		return s.degrade(ctx, op, reqs, fmt.Errorf("%w: %w", ErrUnavailable, err))
+		return s.failed(ctx, op, reqs, err)
 	}
 	s.br.success()
 	ds := make([]sluice.Decision, len(reqs))

@@ -1,0 +1,43 @@
+-- GCRA for one key, the hot path: the same algorithm as gcra.lua with
+-- main.lua, without the batch machinery. KEYS[1] is the key; ARGV is op,
+-- now seconds, now nanoseconds ('' '' for Redis TIME), tau, interval of
+-- the effective cost, interval of the cost. The key holds the TAT as a
+-- decimal Unix-ns integer and expires when it passes.
+-- Reply: allowed, TAT − now.
+local op, tau, inc, chg = tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local ns, nn
+if ARGV[2] == '' then
+  local t = redis.call('TIME')
+  ns, nn = tonumber(t[1]), tonumber(t[2]) * 1000
+else
+  ns, nn = tonumber(ARGV[2]), tonumber(ARGV[3])
+end
+local k = KEYS[1]
+local tat = 0
+local v = redis.call('GET', k)
+if v then
+  local l = #v
+  tat = (tonumber(string.sub(v, 1, l - 9)) - ns) * 1e9 + (tonumber(string.sub(v, l - 8)) - nn)
+  if tat < 0 then tat = 0 end
+end
+if op <= 2 then
+  if tat + inc - tau > 0 then return { 0, tat } end
+  if op == 2 then return { 1, tat } end
+  tat = tat + chg
+elseif op == 3 then
+  tat = tat - chg
+  if tat < 0 then tat = 0 end
+else
+  tat = tat + chg
+end
+if tat > 0 then
+  local t = nn + tat
+  local s = math.floor(t / 1e9)
+  local r = t - s * 1e9
+  if r < 0 then s = s - 1; r = r + 1e9 elseif r >= 1e9 then s = s + 1; r = r - 1e9 end
+  local ttl = math.ceil(tat / 1e6)
+  redis.call('SET', k, string.format('%d%09d', ns + s, r), 'PX', ttl)
+elseif v then
+  redis.call('DEL', k)
+end
+return { 1, tat }
