@@ -34,7 +34,7 @@ type scripts struct {
 	// path, which take fastArgs and reply with two numbers.
 	fast    [sluice.Concurrency + 1]*rueidis.Lua
 	fastSrc [sluice.Concurrency + 1]string
-	batch  *rueidis.Lua
+	batch   *rueidis.Lua
 	// sources, for redis-benchmark and tests
 	singleSrc [sluice.Concurrency + 1]string
 	batchSrc  string
