@@ -1,0 +1,244 @@
+package loadtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// GRPCOptions configure a run against an Envoy rate limit service
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit).
+type GRPCOptions struct {
+	// Addr is the service's host:port, such as 127.0.0.1:8081.
+	Addr string
+	// Domain is the rate-limit domain of every request.
+	Domain string
+	// Descriptors are the request's descriptors, one "key=value" each; a
+	// "{key}" in a value becomes a key number in [0, Keys).
+	Descriptors []string
+	// Keys is how many distinct values {key} takes; default 1.
+	Keys int
+	// Streams is the number of requests in flight; default 64.
+	Streams int
+	// Connections is the number of HTTP/2 connections the streams share;
+	// default 4.
+	Connections int
+	// Duration bounds the run in time.
+	Duration time.Duration
+	// Requests bounds the run in requests.
+	Requests int64
+	// Timeout bounds one request; default 5s.
+	Timeout time.Duration
+	// PID, when set, is the server's process id: its CPU time is read from
+	// /proc/PID/stat before and after the run.
+	PID int
+}
+
+// GRPCResult is a gRPC run's outcome.
+type GRPCResult struct {
+	Result
+	// Codes counts answers by overall code (OK, OVER_LIMIT).
+	Codes map[string]int64
+	// ServerCPU is the server process's user+system CPU time over the run,
+	// when GRPCOptions.PID is set.
+	ServerCPU time.Duration
+}
+
+// CPUPerRequest is the server's CPU time per completed request.
+func (r *GRPCResult) CPUPerRequest() time.Duration {
+	if r.Requests == 0 {
+		return 0
+	}
+	return r.ServerCPU / time.Duration(r.Requests)
+}
+
+// String formats the result for people, one figure per line.
+func (r *GRPCResult) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "requests   %d in %s (%d errors)\n", r.Requests, r.Elapsed.Round(time.Millisecond), r.Errors)
+	fmt.Fprintf(&b, "throughput %.0f req/s\n", r.Throughput())
+	fmt.Fprintf(&b, "codes      OK:%d OVER_LIMIT:%d\n", r.Codes["OK"], r.Codes["OVER_LIMIT"])
+	fmt.Fprintf(&b, "latency    p50 %s  p90 %s  p99 %s  p99.9 %s  max %s\n",
+		fmtDur(r.Hist.Quantile(0.5)), fmtDur(r.Hist.Quantile(0.9)), fmtDur(r.Hist.Quantile(0.99)),
+		fmtDur(r.Hist.Quantile(0.999)), fmtDur(r.Hist.Max()))
+	if r.ServerCPU > 0 {
+		fmt.Fprintf(&b, "server cpu %s total, %s per request\n", r.ServerCPU.Round(time.Millisecond), fmtDur(r.CPUPerRequest()))
+	}
+	return b.String()
+}
+
+// RunGRPC sends ShouldRateLimit calls until the duration passes, the
+// request count is reached or ctx is done.
+func RunGRPC(ctx context.Context, o GRPCOptions) (*GRPCResult, error) {
+	if o.Addr == "" || o.Domain == "" || len(o.Descriptors) == 0 {
+		return nil, errors.New("loadtest: gRPC needs an address, a domain and descriptors")
+	}
+	if o.Duration <= 0 && o.Requests <= 0 {
+		return nil, errors.New("loadtest: give a duration or a request count")
+	}
+	if o.Keys < 0 || o.Streams < 0 || o.Connections < 0 || o.Streams > 10000 || o.Connections > 64 {
+		return nil, errors.New("loadtest: keys, streams (at most 10000) or connections (at most 64) out of range")
+	}
+	o.Keys = max(o.Keys, 1)
+	if o.Streams == 0 {
+		o.Streams = 64
+	}
+	if o.Connections == 0 {
+		o.Connections = 4
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 5 * time.Second
+	}
+	type entry struct{ key, prefix, suffix string }
+	var tmpl []entry
+	for _, d := range o.Descriptors {
+		k, v, ok := strings.Cut(d, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("loadtest: descriptor %q: want key=value", d)
+		}
+		p, s, _ := strings.Cut(v, "{key}")
+		if !strings.Contains(v, "{key}") {
+			p, s = v, "\x00"
+		}
+		tmpl = append(tmpl, entry{k, p, s})
+	}
+	conns := make([]*grpc.ClientConn, o.Connections)
+	for i := range conns {
+		c, err := grpc.NewClient(o.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, fmt.Errorf("loadtest: dial %s: %w", o.Addr, err)
+		}
+		defer c.Close()
+		conns[i] = c
+	}
+	cpu0, err := procCPU(o.PID)
+	if err != nil {
+		return nil, err
+	}
+	runCtx := ctx
+	if o.Duration > 0 {
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithTimeout(ctx, o.Duration)
+		defer cancel()
+	}
+	var sent atomic.Int64
+	type worker struct {
+		hist       *Histogram
+		ok, over   int64
+		n, errs    int64
+		firstError error
+	}
+	workers := make([]*worker, o.Streams)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := range workers {
+		wk := &worker{hist: NewHistogram()}
+		workers[w] = wk
+		client := rlsv3.NewRateLimitServiceClient(conns[w%len(conns)])
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			next := uint64(w+1) * 0x9E3779B97F4A7C15
+			for runCtx.Err() == nil {
+				if o.Requests > 0 && sent.Add(1) > o.Requests {
+					return
+				}
+				next += 0x9E3779B97F4A7C15
+				k := strconv.Itoa(int(next>>33) % o.Keys)
+				req := &rlsv3.RateLimitRequest{Domain: o.Domain, Descriptors: make([]*ratelimitv3.RateLimitDescriptor, len(tmpl))}
+				for i, e := range tmpl {
+					v := e.prefix
+					if e.suffix != "\x00" {
+						v = e.prefix + k + e.suffix
+					}
+					req.Descriptors[i] = &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: e.key, Value: v}}}
+				}
+				cctx, cancel := context.WithTimeout(runCtx, o.Timeout)
+				t0 := time.Now()
+				resp, err := client.ShouldRateLimit(cctx, req)
+				cancel()
+				if err != nil {
+					if runCtx.Err() != nil {
+						return
+					}
+					wk.errs++
+					if wk.firstError == nil {
+						wk.firstError = err
+					}
+					continue
+				}
+				wk.hist.Record(time.Since(t0))
+				wk.n++
+				if resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
+					wk.over++
+				} else {
+					wk.ok++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	res := &GRPCResult{Result: Result{Elapsed: time.Since(start), Status: map[int]int64{}, Hist: NewHistogram()}, Codes: map[string]int64{}}
+	cpu1, err := procCPU(o.PID)
+	if err != nil {
+		return nil, err
+	}
+	res.ServerCPU = cpu1 - cpu0
+	var firstErr error
+	for _, wk := range workers {
+		res.Requests += wk.n
+		res.Errors += wk.errs
+		res.Hist.Merge(wk.hist)
+		res.Codes["OK"] += wk.ok
+		res.Codes["OVER_LIMIT"] += wk.over
+		if firstErr == nil {
+			firstErr = wk.firstError
+		}
+	}
+	if res.Requests == 0 && firstErr != nil {
+		return res, fmt.Errorf("loadtest: every call failed: %w", firstErr)
+	}
+	return res, nil
+}
+
+// clockTicks is Linux's USER_HZ, the unit of /proc/PID/stat's CPU times.
+const clockTicks = 100
+
+// procCPU returns a process's user+system CPU time from /proc/PID/stat,
+// or 0 for PID 0.
+func procCPU(pid int) (time.Duration, error) {
+	if pid == 0 {
+		return 0, nil
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, fmt.Errorf("loadtest: server cpu: %w", err)
+	}
+	// The command name, field 2, may hold spaces: count from its ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("loadtest: server cpu: malformed /proc/%d/stat", pid)
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("loadtest: server cpu: malformed /proc/%d/stat", pid)
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64) // field 14
+	stime, err2 := strconv.ParseInt(f[12], 10, 64) // field 15
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("loadtest: server cpu: malformed /proc/%d/stat", pid)
+	}
+	return time.Duration(utime+stime) * time.Second / clockTicks, nil
+}
