@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -55,21 +56,30 @@ func newEnvStore(t *testing.T, l Limits, upOpts fakeopenai.Options, st sluice.St
 	if upOpts.APIKey == "" {
 		upOpts.APIKey = upstreamKey
 	}
-	up := fakeopenai.New(t, upOpts)
+	return newEnvUpstream(t, l, fakeopenai.New(t, upOpts), st, clk, "")
+}
+
+// newEnvUpstream puts a gateway in front of up; client, when set, is the
+// test key's client id (and so its key prefix in the store).
+func newEnvUpstream(t *testing.T, l Limits, up *fakeopenai.Server, st sluice.Store, clk *clock.Fake, client string) *env {
+	t.Helper()
 	cfg := &Config{
 		Upstream: UpstreamConfig{BaseURL: up.URL() + "/v1", APIKeyEnv: "TEST_UPSTREAM_KEY"},
 		Models:   []string{"gpt-test"},
+		// Generous: the machine is shared and tests run with -race.
+		Store: StoreConfig{Timeout: 5 * time.Second},
 		Tiers:    map[string]TierConfig{"t": {Limits: l}},
-		Keys:     []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t"}},
+		Keys:     []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t", Client: client}},
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, up: up, store: st, clk: clk, cfg: cfg, client: sluice.HashKey(clientKey)[:16], settled: make(chan Settlement, 1000)}
+	e := &env{t: t, up: up, store: st, clk: clk, cfg: cfg, client: cfg.Keys[0].Client, settled: make(chan Settlement, 1000)}
 	gw, err := New(Options{
 		Config: cfg, Store: st,
 		Getenv:    func(k string) string { return map[string]string{"TEST_UPSTREAM_KEY": upstreamKey}[k] },
 		OnSettled: func(s Settlement) { e.settled <- s },
+		Logger:    slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -123,6 +133,14 @@ func (e *env) remaining(name string, alg sluice.Algorithm, l sluice.Limit) int64
 func (e *env) tpmRemaining() int64 {
 	tc := e.cfg.Tiers["t"]
 	return e.remaining("tpm", sluice.GCRA, sluice.Limit{Rate: tc.TPM, Period: time.Minute, Burst: tc.TPMBurst})
+}
+
+// tlog sends log lines to the test's log.
+type tlog struct{ t *testing.T }
+
+func (l tlog) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
 }
 
 type apiError struct {
@@ -496,8 +514,12 @@ func parallelTPM(t *testing.T, envs []*env, l Limits) {
 		}
 	}
 	upstream := 0
+	seen := map[*fakeopenai.Server]bool{}
 	for _, e := range envs {
-		upstream += e.up.Count()
+		if !seen[e.up] {
+			upstream += e.up.Count()
+			seen[e.up] = true
+		}
 	}
 	perRequest := int64(fakeopenai.CountPromptTokens([]byte(body)) + 100)
 	if ok == 0 || ok == 50 || upstream != ok || charged != int64(ok)*perRequest {
@@ -518,7 +540,9 @@ func TestPerModelLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.srv.Config.Handler = gw
+	e.srv.Close()
+	e.srv = httptest.NewServer(gw)
+	t.Cleanup(e.srv.Close)
 	big := strings.Replace(chatBody, "gpt-test", "gpt-big", 1)
 	codes := []int{}
 	for _, b := range []string{big, big, chatBody} {

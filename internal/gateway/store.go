@@ -1,0 +1,34 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/memstore"
+	"github.com/sluice-io/sluice/redisstore"
+)
+
+// OpenStore opens the store that the `store:` section names: the memory
+// store, or Redis with the error policy, so that a Redis outage answers
+// 503 instead of silently enforcing per-replica limits. Its local
+// over-limit cache is off: a token limit denied for one request's cost may
+// still admit a smaller one. Close the returned Closer when done.
+func OpenStore(ctx context.Context, sc StoreConfig, log *slog.Logger) (sluice.Store, io.Closer, error) {
+	if sc.URL == "" || sc.URL == "memory" {
+		st, err := memstore.New(memstore.Options{MaxKeys: sc.MaxKeys})
+		if err != nil {
+			return nil, nil, fmt.Errorf("gateway: store: %w", err)
+		}
+		return st, st, nil
+	}
+	st, err := redisstore.New(ctx, redisstore.Options{
+		URL: sc.URL, Timeout: sc.Timeout, Policy: redisstore.ReturnError, DisableDenyCache: true, Logger: log,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("gateway: store: %w", err)
+	}
+	return st, st, nil
+}
