@@ -73,6 +73,7 @@ the load over that many keys. Target only services you run, on this machine.`,
 	fl.DurationVarP(&o.Duration, "duration", "d", 0, "run time (default 10s unless --requests)")
 	fl.Int64VarP(&o.Requests, "requests", "n", 0, "total requests")
 	fl.DurationVar(&o.Timeout, "timeout", 5*time.Second, "per-request timeout")
+	fl.BoolVar(&o.NetHTTP, "net-http", false, "use net/http's client instead of the lean HTTP/1.1 client")
 	fl.StringVar(&g.Addr, "grpc", "", "load an Envoy rate limit service (gRPC ShouldRateLimit) at HOST:PORT instead; -c is then the streams in flight")
 	fl.StringVar(&g.Domain, "domain", "edge", "with --grpc: the rate-limit domain")
 	fl.StringArrayVar(&g.Descriptors, "descriptor", []string{"remote_address=10.0.{key}"}, "with --grpc: a descriptor key=value, {key} a key number (repeatable)")

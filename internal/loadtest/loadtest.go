@@ -6,6 +6,7 @@
 package loadtest
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -46,6 +47,9 @@ type Options struct {
 	Requests int64
 	// Timeout bounds one request; default 5s.
 	Timeout time.Duration
+	// NetHTTP sends through net/http's client instead of the lean
+	// HTTP/1.1 client used for http:// URLs. https:// always uses net/http.
+	NetHTTP bool
 }
 
 // Result is a run's outcome.
@@ -156,18 +160,21 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		defer cancel()
 	}
 	var sent atomic.Int64
-	type worker struct {
-		hist   *Histogram
-		status map[int]int64
-		n, err int64
-	}
 	workers := make([]*worker, o.Connections)
+	raw := u.Scheme == "http" && !o.NetHTTP
 	var wg sync.WaitGroup
 	start := time.Now()
 	for w := range workers {
 		wk := &worker{hist: NewHistogram(), status: map[int]int64{}}
 		workers[w] = wk
 		wg.Add(1)
+		if raw {
+			go func() {
+				defer wg.Done()
+				rawWorker(ctx, &o, u, wk, uint64(w), &sent, rendered, prefix, suffix, templated)
+			}()
+			continue
+		}
 		go func() {
 			defer wg.Done()
 			next := uint64(w) * 0x9E3779B97F4A7C15
@@ -222,6 +229,179 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 	}
 	return res, nil
+}
+
+type worker struct {
+	hist   *Histogram
+	status map[int]int64
+	n, err int64
+}
+
+// rawWorker sends requests over one keep-alive connection it owns, written
+// and parsed by hand: one write and (usually) one read system call per
+// request, so that the load generator takes little of the CPU it shares
+// with the service under test. It reconnects after errors.
+func rawWorker(ctx context.Context, o *Options, u *url.URL, wk *worker, seed uint64, sent *atomic.Int64, rendered [][]byte, prefix, suffix string, templated bool) {
+	host := u.Host
+	addr := host
+	if u.Port() == "" {
+		addr = net.JoinHostPort(u.Hostname(), "80")
+	}
+	path := u.RequestURI()
+	var head bytes.Buffer
+	for name, vs := range o.Header {
+		for _, v := range vs {
+			head.WriteString(name + ": " + v + "\r\n")
+		}
+	}
+	if o.Body != "" && o.Header.Get("Content-Type") == "" {
+		head.WriteString("Content-Type: application/json\r\n")
+	}
+	extra := head.String()
+	build := func(body []byte) []byte {
+		req := make([]byte, 0, 128+len(extra)+len(body))
+		req = append(req, o.Method+" "+path+" HTTP/1.1\r\nHost: "+host+"\r\n"+extra...)
+		if len(body) > 0 || o.Method == http.MethodPost || o.Method == http.MethodPut {
+			req = append(req, "Content-Length: "+strconv.Itoa(len(body))+"\r\n"...)
+		}
+		req = append(req, "\r\n"...)
+		return append(req, body...)
+	}
+	reqs := make([][]byte, len(rendered))
+	for i, b := range rendered {
+		reqs[i] = build(b)
+	}
+	var conn net.Conn
+	var br *bufio.Reader
+	defer func() {
+		if conn != nil {
+			conn.Close()
+		}
+	}()
+	stop := context.AfterFunc(ctx, func() {
+		// Unblock a read or write in progress when the run ends.
+		if c := conn; c != nil {
+			_ = c.SetDeadline(time.Unix(1, 0))
+		}
+	})
+	defer stop()
+	next := seed * 0x9E3779B97F4A7C15
+	for ctx.Err() == nil {
+		if o.Requests > 0 && sent.Add(1) > o.Requests {
+			return
+		}
+		next += 0x9E3779B97F4A7C15
+		k := int(next>>33) % o.Keys
+		var req []byte
+		if k < len(reqs) {
+			req = reqs[k]
+		} else {
+			req = build(render(o.Body, prefix, suffix, templated, k))
+		}
+		if conn == nil {
+			c, err := net.DialTimeout("tcp", addr, o.Timeout)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				wk.err++
+				continue
+			}
+			conn, br = c, bufio.NewReaderSize(c, 16<<10)
+			if ctx.Err() != nil {
+				return
+			}
+		}
+		t0 := time.Now()
+		_ = conn.SetDeadline(t0.Add(o.Timeout))
+		status, keep, err := roundTrip(conn, br, req)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			wk.err++
+			conn.Close()
+			conn = nil
+			continue
+		}
+		wk.hist.Record(time.Since(t0))
+		wk.status[status]++
+		wk.n++
+		if !keep {
+			conn.Close()
+			conn = nil
+		}
+	}
+}
+
+// roundTrip writes req and reads one response, discarding its body. It
+// reports the status and whether the connection may be reused.
+func roundTrip(conn net.Conn, br *bufio.Reader, req []byte) (int, bool, error) {
+	if _, err := conn.Write(req); err != nil {
+		return 0, false, err
+	}
+	line, err := br.ReadSlice('\n')
+	if err != nil {
+		return 0, false, err
+	}
+	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) {
+		return 0, false, fmt.Errorf("loadtest: bad status line %q", line)
+	}
+	status, err := strconv.Atoi(string(line[9:12]))
+	if err != nil {
+		return 0, false, fmt.Errorf("loadtest: bad status line %q", line)
+	}
+	length, chunked, keep := int64(-1), false, true
+	for {
+		h, err := br.ReadSlice('\n')
+		if err != nil {
+			return 0, false, err
+		}
+		if len(h) <= 2 {
+			break
+		}
+		name, value, ok := bytes.Cut(h, []byte(":"))
+		if !ok {
+			continue
+		}
+		value = bytes.TrimSpace(value)
+		switch {
+		case bytes.EqualFold(name, []byte("Content-Length")):
+			if length, err = strconv.ParseInt(string(value), 10, 64); err != nil {
+				return 0, false, fmt.Errorf("loadtest: bad Content-Length %q", value)
+			}
+		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
+			chunked = bytes.EqualFold(value, []byte("chunked"))
+		case bytes.EqualFold(name, []byte("Connection")):
+			keep = !bytes.EqualFold(value, []byte("close"))
+		}
+	}
+	switch {
+	case chunked:
+		for {
+			line, err := br.ReadSlice('\n')
+			if err != nil {
+				return 0, false, err
+			}
+			size, err := strconv.ParseInt(string(bytes.TrimSpace(bytes.SplitN(line, []byte(";"), 2)[0])), 16, 64)
+			if err != nil {
+				return 0, false, fmt.Errorf("loadtest: bad chunk size %q", line)
+			}
+			if _, err := br.Discard(int(size) + 2); err != nil {
+				return 0, false, err
+			}
+			if size == 0 {
+				break
+			}
+		}
+	case length > 0:
+		if _, err := br.Discard(int(length)); err != nil {
+			return 0, false, err
+		}
+	case length < 0 && status >= 200 && status != 204 && status != 304:
+		return status, false, nil // body until close: give up the connection
+	}
+	return status, keep, nil
 }
 
 func render(body, prefix, suffix string, templated bool, k int) []byte {

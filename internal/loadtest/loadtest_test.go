@@ -40,6 +40,12 @@ func TestHistogramQuantilesWithinOnePercent(t *testing.T) {
 }
 
 func TestRunCountsAndKeys(t *testing.T) {
+	for _, netHTTP := range []bool{false, true} {
+		t.Run(map[bool]string{false: "raw", true: "net/http"}[netHTTP], func(t *testing.T) { testRunCountsAndKeys(t, netHTTP) })
+	}
+}
+
+func testRunCountsAndKeys(t *testing.T, netHTTP bool) {
 	var mu sync.Mutex
 	keys := map[string]int{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -59,7 +65,7 @@ func TestRunCountsAndKeys(t *testing.T) {
 	defer srv.Close()
 	res, err := Run(context.Background(), Options{
 		URL: srv.URL, Body: `{"key":"u{key}","again":"{key}"}`, Keys: 10, Connections: 8, Requests: 500,
-		Header: http.Header{"X-Test": {"yes"}},
+		Header: http.Header{"X-Test": {"yes"}}, NetHTTP: netHTTP,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -99,6 +105,34 @@ func TestBadOptions(t *testing.T) {
 	} {
 		if _, err := Run(context.Background(), o); err == nil || !strings.HasPrefix(err.Error(), "loadtest: ") {
 			t.Errorf("%+v: %v", o, err)
+		}
+	}
+}
+
+// TestRawClientBodies checks the lean client against chunked, empty and
+// closing responses.
+func TestRawClientBodies(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Query().Get("kind") {
+		case "chunked":
+			w.Write([]byte("part one "))
+			w.(http.Flusher).Flush()
+			w.Write([]byte("part two"))
+		case "close":
+			w.Header().Set("Connection", "close")
+			w.Write([]byte("bye"))
+		case "empty":
+			w.WriteHeader(204)
+		}
+	}))
+	defer srv.Close()
+	for _, kind := range []string{"chunked", "close", "empty"} {
+		res, err := Run(context.Background(), Options{URL: srv.URL + "/?kind=" + kind, Connections: 2, Requests: 50})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Requests != 50 || res.Errors != 0 {
+			t.Errorf("%s: %d requests, %d errors", kind, res.Requests, res.Errors)
 		}
 	}
 }
