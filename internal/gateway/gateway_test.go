@@ -68,8 +68,8 @@ func newEnvUpstream(t *testing.T, l Limits, up *fakeopenai.Server, st sluice.Sto
 		Models:   []string{"gpt-test"},
 		// Generous: the machine is shared and tests run with -race.
 		Store: StoreConfig{Timeout: 5 * time.Second},
-		Tiers:    map[string]TierConfig{"t": {Limits: l}},
-		Keys:     []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t", Client: client}},
+		Tiers: map[string]TierConfig{"t": {Limits: l}},
+		Keys:  []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t", Client: client}},
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -501,17 +501,11 @@ func parallelTPM(t *testing.T, envs []*env, l Limits) {
 			t.Fatalf("status %d", s)
 		}
 	}
+	// A settlement follows each admitted request's response; the envs
+	// share one channel.
 	var charged int64
-	for _, e := range envs {
-	drain:
-		for {
-			select {
-			case s := <-e.settled:
-				charged += s.Actual
-			default:
-				break drain
-			}
-		}
+	for range ok {
+		charged += envs[0].settle().Actual
 	}
 	upstream := 0
 	seen := map[*fakeopenai.Server]bool{}

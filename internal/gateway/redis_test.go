@@ -36,6 +36,7 @@ func TestParallelTPMRedisTwoInstances(t *testing.T) {
 		t.Cleanup(func() { _ = st.Close() })
 		envs = append(envs, newEnvUpstream(t, l, up, st, clk, client))
 	}
+	envs[1].settled = envs[0].settled
 	parallelTPM(t, envs, l)
 }
 
@@ -43,7 +44,7 @@ func TestParallelTPMRedisTwoInstances(t *testing.T) {
 // rather than admitting on per-instance limits.
 func TestRedisDownFailsClosed(t *testing.T) {
 	srv := redistest.NewStandalone(t)
-	st, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), Policy: redisstore.ReturnError, DisableDenyCache: true})
+	st, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), Policy: redisstore.ReturnError, DisableDenyCache: true, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
