@@ -119,3 +119,40 @@ func benchServer(b *testing.B, store sluice.Store) string {
 	b.Cleanup(func() { _ = hs.Close() })
 	return "http://" + ln.Addr().String() + "/v1/check"
 }
+
+// BenchmarkHandlerCheck is the /v1/check handler alone, without sockets:
+// decode, one memory-store call, encode.
+func BenchmarkHandlerCheck(b *testing.B) {
+	store, closer := benchStore(b, "memory")
+	defer closer.Close()
+	cfg, err := config.Parse("bench.yaml", []byte(benchConfig))
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv, err := New(Options{Store: store, Config: cfg, Metrics: metrics.New(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := srv.Handler()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		w := &discardWriter{h: http.Header{}}
+		for pb.Next() {
+			req, _ := http.NewRequest("POST", "/v1/check", strings.NewReader(`{"policy":"bench","key":"user-1234"}`))
+			clear(w.h)
+			h.ServeHTTP(w, req)
+			if w.code != 200 {
+				b.Fatalf("status %d", w.code)
+			}
+		}
+	})
+}
+
+type discardWriter struct {
+	h    http.Header
+	code int
+}
+
+func (w *discardWriter) Header() http.Header         { return w.h }
+func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *discardWriter) WriteHeader(code int)        { w.code = code }
