@@ -63,6 +63,7 @@ func newRootCmd() *cobra.Command {
 		newLoadtestCmd(),
 		newSimulateCmd(),
 		newBatchCmd(),
+		newGatewayCmd(),
 	)
 	return root
 }

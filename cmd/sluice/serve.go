@@ -62,7 +62,7 @@ store's SLUICE_REDIS_USERNAME and SLUICE_REDIS_PASSWORD.`,
 				// (internal/envoyrls) and the AI gateway (internal/gateway)
 				// go here, each a server.ComponentFunc that reads its own
 				// config section (config.File) and returns nil when absent.
-				Components: []server.ComponentFunc{envoyComponent},
+				Components: []server.ComponentFunc{envoyComponent, gatewayComponent},
 			})
 		},
 	}

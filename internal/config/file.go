@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/internal/envoyrls"
+	"github.com/sluice-io/sluice/internal/gateway"
 )
 
 // File is the YAML document as written, before defaults and validation.
@@ -49,6 +50,9 @@ type File struct {
 	// Envoy runs the Envoy rate limit service (gRPC RLS v3) beside the API,
 	// configured by envoyproxy/ratelimit's YAML files.
 	Envoy *envoyrls.Config `yaml:"envoy"`
+	// Gateway runs the AI gateway (OpenAI-compatible proxy with token
+	// limits) on its own listener beside the API, with the service's store.
+	Gateway *gateway.Config `yaml:"gateway"`
 }
 
 // StoreSection is the `store:` section.

@@ -115,12 +115,28 @@ type Limits struct {
 	Concurrency int64 `yaml:"concurrency"`
 }
 
-// TierConfig is one entry of `tiers:`.
+// TierConfig is one entry of `tiers:`: the fields of Limits for the
+// whole tier, and per-model limits.
 type TierConfig struct {
-	Limits `yaml:",inline"`
+	RPM         int64 `yaml:"rpm"`
+	RPMBurst    int64 `yaml:"rpm_burst"`
+	TPM         int64 `yaml:"tpm"`
+	TPMBurst    int64 `yaml:"tpm_burst"`
+	RPD         int64 `yaml:"rpd"`
+	Concurrency int64 `yaml:"concurrency"`
 	// Models adds limits for single models, on top of the tier's: a
 	// request for such a model must pass both.
 	Models map[string]Limits `yaml:"models"`
+}
+
+// Tier returns a TierConfig with the limits l for the whole tier.
+func Tier(l Limits) TierConfig {
+	return TierConfig{RPM: l.RPM, RPMBurst: l.RPMBurst, TPM: l.TPM, TPMBurst: l.TPMBurst, RPD: l.RPD, Concurrency: l.Concurrency}
+}
+
+// Limits returns the tier-wide limits.
+func (t TierConfig) Limits() Limits {
+	return Limits{RPM: t.RPM, RPMBurst: t.RPMBurst, TPM: t.TPM, TPMBurst: t.TPMBurst, RPD: t.RPD, Concurrency: t.Concurrency}
 }
 
 // KeyConfig is one entry of `keys:`.
@@ -233,7 +249,7 @@ func (c *Config) Validate() error {
 		if !nameRE.MatchString(name) {
 			bad("tiers: name %q must match %s", name, nameRE)
 		}
-		if err := t.Limits.validate(c.LeaseTTL); err != nil {
+		if err := t.Limits().validate(c.LeaseTTL); err != nil {
 			bad("tiers.%s: %v", name, err)
 		}
 		for _, model := range sortedKeys(t.Models) {

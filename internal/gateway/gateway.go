@@ -233,7 +233,7 @@ func New(opts Options) (*Gateway, error) {
 	for _, name := range sortedKeys(cfg.Tiers) {
 		tc := cfg.Tiers[name]
 		t := &tier{name: name}
-		t.specs = appendSpecs(t.specs, tc.Limits, "", cfg.LeaseTTL)
+		t.specs = appendSpecs(t.specs, tc.Limits(), "", cfg.LeaseTTL)
 		for _, model := range sortedKeys(tc.Models) {
 			t.specs = appendSpecs(t.specs, tc.Models[model], model, cfg.LeaseTTL)
 		}

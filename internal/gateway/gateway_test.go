@@ -68,7 +68,7 @@ func newEnvUpstream(t *testing.T, l Limits, up *fakeopenai.Server, st sluice.Sto
 		Models:   []string{"gpt-test"},
 		// Generous: the machine is shared and tests run with -race.
 		Store: StoreConfig{Timeout: 5 * time.Second},
-		Tiers: map[string]TierConfig{"t": {Limits: l}},
+		Tiers: map[string]TierConfig{"t": Tier(l)},
 		Keys:  []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t", Client: client}},
 	}
 	if err := cfg.Validate(); err != nil {
@@ -529,7 +529,7 @@ func parallelTPM(t *testing.T, envs []*env, l Limits) {
 
 func TestPerModelLimit(t *testing.T) {
 	e := newEnv(t, Limits{RPM: 100}, fakeopenai.Options{})
-	e.cfg.Tiers["t"] = TierConfig{Limits: Limits{RPM: 100}, Models: map[string]Limits{"gpt-big": {RPM: 1}}}
+	e.cfg.Tiers["t"] = TierConfig{RPM: 100, Models: map[string]Limits{"gpt-big": {RPM: 1}}}
 	gw, err := New(Options{Config: e.cfg, Store: e.store, Getenv: func(string) string { return upstreamKey }, OnSettled: func(s Settlement) { e.settled <- s }})
 	if err != nil {
 		t.Fatal(err)

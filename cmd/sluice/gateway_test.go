@@ -1,0 +1,136 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/fakeopenai"
+	"github.com/sluice-io/sluice/internal/gateway"
+	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/internal/server"
+	"github.com/sluice-io/sluice/memstore"
+)
+
+func TestGatewayExampleConfigIsValid(t *testing.T) {
+	if _, err := gateway.Load("../../examples/gateway.yaml"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestGatewayCommand runs `sluice gateway` on the example config, pointed
+// at a fake upstream, and sends a request through it with a demo key.
+func TestGatewayCommand(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: "sk-up"})
+	t.Setenv("OPENAI_API_KEY", "sk-up")
+	example, err := os.ReadFile("../../examples/gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := strings.Replace(string(example), "https://api.openai.com/v1", up.URL()+"/v1", 1)
+	path := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"gateway", "--config", path, "--listen", "127.0.0.1:0", "--log-level", "warn"}, pw, io.Discard)
+		pw.Close()
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatalf("no listen line: %v", err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	addr := strings.TrimSpace(strings.TrimPrefix(line, "sluice gateway listening on "))
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions",
+		strings.NewReader(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":10}`))
+	req.Header.Set("Authorization", "Bearer sk-demo-free-0000")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || res.Header.Get("x-ratelimit-limit-requests") != "20" || !strings.Contains(string(body), `"usage"`) {
+		t.Fatalf("status %d headers %v body %s", res.StatusCode, res.Header, body)
+	}
+	if up.Count() != 1 || up.Requests()[0].Authorization != "Bearer sk-up" {
+		t.Fatalf("upstream %+v", up.Requests())
+	}
+	mres, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(mres.Body)
+	mres.Body.Close()
+	if !strings.Contains(string(metrics), `sluice_gateway_overhead_seconds_count{model="gpt-4o-mini",tier="free"} 1`) {
+		t.Fatalf("metrics:\n%s", metrics)
+	}
+	if strings.Contains(string(metrics), "sk-demo") {
+		t.Fatal("a key in the metrics")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestGatewayInServe loads a service config with a `gateway:` section and
+// runs the component `sluice serve` builds from it, with the service's
+// store and registry.
+func TestGatewayInServe(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{})
+	example, err := os.ReadFile("../../examples/gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var section strings.Builder
+	for _, l := range strings.Split(strings.Replace(string(example), "https://api.openai.com/v1", up.URL()+"/v1", 1), "\n") {
+		section.WriteString("  " + l + "\n")
+	}
+	doc := "listen: 127.0.0.1:0\nstore:\n  url: memory\npolicies:\n  p:\n    limit: 10/s\ngateway:\n" + section.String()
+	cfg, err := config.Parse("serve.yaml", []byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.File.Gateway == nil || cfg.File.Gateway.Tiers["pro"].Models["gpt-4o"].TPM != 300000 {
+		t.Fatalf("gateway section not decoded: %+v", cfg.File.Gateway)
+	}
+	st, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	comp, err := gatewayComponent(server.Deps{Store: st, Metrics: metrics.New(), Config: func() *config.Config { return cfg }})
+	if err != nil || comp == nil || comp.Name() != "gateway" {
+		t.Fatalf("component %v, %v", comp, err)
+	}
+	gs := comp.(*gateway.Server)
+	srv := httptest.NewServer(gs.Handler())
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/embeddings", strings.NewReader(`{"model":"text-embedding-3-small","input":"x"}`))
+	req.Header.Set("Authorization", "Bearer sk-demo-pro-0000")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 || res.Header.Get("x-ratelimit-limit-requests") != "50" {
+		t.Fatalf("status %d headers %v", res.StatusCode, res.Header)
+	}
+	// A bad section is reported by the config loader, naming the field.
+	bad := strings.Replace(doc, "tier: pro", "tier: gold", 1)
+	if _, err := config.Parse("serve.yaml", []byte(bad)); err == nil || !strings.Contains(err.Error(), `unknown tier "gold"`) {
+		t.Fatalf("bad gateway section: %v", err)
+	}
+}
