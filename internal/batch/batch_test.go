@@ -60,7 +60,9 @@ func TestEveryPromptAnsweredOnce(t *testing.T) {
 	var progress bytes.Buffer
 	sum := runBatch(t, context.Background(), Config{
 		Input: openFile(t, writeInput(t, dir, "a", n)), Total: n, Output: out,
-		Client: testClient(t, up.URL(), nil), Model: "gpt-4o-mini", Concurrency: 8,
+		// Faults are served in arrival order, so one prompt may meet many
+		// in a row: allow more retries than there are faults.
+		Client: testClient(t, up.URL(), func(o *aiclient.Options) { o.MaxRetries = len(faults) + 1 }), Model: "gpt-4o-mini", Concurrency: 8,
 		Progress: &progress, ProgressInterval: 10 * time.Millisecond,
 	})
 	recs := readOutput(t, out)
@@ -177,7 +179,9 @@ func TestInterruptFinishesInFlight(t *testing.T) {
 	go func() { <-g.Reached; cancel() }()
 	sum := runBatch(t, ctx, Config{Input: openFile(t, in), Output: out, Client: testClient(t, g.URL, nil), Model: "m", Concurrency: 4, Grace: 10 * time.Second})
 	recs := readOutput(t, out)
-	if !sum.Interrupted || sum.Unfinished != 0 || int(sum.OK) != len(recs) || len(recs) != up.Count() || len(recs) >= 40 {
+	// Every request sent was answered and written: none was cut off. (A
+	// prompt a worker had taken but not yet sent counts as unfinished.)
+	if !sum.Interrupted || int(sum.OK) != len(recs) || len(recs) != up.Count() || len(recs) >= 40 {
 		t.Fatalf("summary %+v, %d records, %d requests", sum, len(recs), up.Count())
 	}
 	runBatch(t, context.Background(), Config{Input: openFile(t, in), Output: out, Client: testClient(t, g.URL, nil), Model: "m", Concurrency: 4})
