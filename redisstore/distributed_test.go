@@ -42,7 +42,7 @@ func TestSkewedClientsAgree(t *testing.T) {
 					if i >= 10 {
 						t.Fatalf("call %d admitted after the limit of 10", i)
 					}
-				} else if d.RetryAfter <= 0 || d.RetryAfter > time.Minute {
+				} else if d.RetryAfter <= 0 || d.RetryAfter > 2*time.Minute { // a sliding counter may wait into the next window
 					t.Fatalf("call %d: RetryAfter %s", i, d.RetryAfter)
 				}
 			}

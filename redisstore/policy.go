@@ -166,6 +166,9 @@ func (b *breaker) allow() bool {
 	return false // half open: one probe is in flight
 }
 
+// healthy reports a closed circuit with no recent failure.
+func (b *breaker) healthy() bool { return b.state.Load() == closed && b.fails.Load() == 0 }
+
 // success records a call that Redis answered.
 func (b *breaker) success() {
 	if b.state.Load() == closed {

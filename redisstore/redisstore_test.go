@@ -13,9 +13,14 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-// newStore returns a store on url that t.Cleanup closes.
+// newStore returns a store that t.Cleanup closes. Unless a test sets a
+// Timeout, calls get 5s: the default 50ms would make tests that are not
+// about failures flaky on a loaded machine under -race.
 func newStore(t testing.TB, opts Options) *Store {
 	t.Helper()
+	if opts.Timeout == 0 {
+		opts.Timeout = 5 * time.Second
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := New(ctx, opts)

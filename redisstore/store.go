@@ -344,7 +344,9 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, reqs []sluice.Request
 	cctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	s.calls.Add(1)
-	vals, err := script.Exec(cctx, s.client, []string{reqs[0].Key}, args).AsIntSlice()
+	vals, err := s.bounded(cctx, func(ctx context.Context) ([]int64, error) {
+		return script.Exec(ctx, s.client, []string{reqs[0].Key}, args).AsIntSlice()
+	})
 	if err == nil && len(vals) != 2 {
 		err = fmt.Errorf("redisstore: script replied %d values, want 2", len(vals))
 	}
@@ -404,7 +406,9 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 	if op == sluice.OpReset {
 		err = s.del(cctx, keys)
 	} else {
-		vals, err = script.Exec(cctx, s.client, keys, args).AsIntSlice()
+		vals, err = s.bounded(cctx, func(ctx context.Context) ([]int64, error) {
+			return script.Exec(ctx, s.client, keys, args).AsIntSlice()
+		})
 		if err == nil && len(vals) != 4*len(reqs) {
 			err = fmt.Errorf("redisstore: script replied %d values for %d keys", len(vals), len(reqs))
 		}
@@ -423,6 +427,31 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 		ds[i] = decide(&reqs[i], reply{ok: v[0] == 1, x: v[1], y: v[2], z: v[3]})
 	}
 	return ds, nil
+}
+
+// bounded runs call directly while Redis is healthy, when the client
+// honours ctx's deadline. After a failure, while the client may be
+// reconnecting (a dial or handshake that ignores ctx), it runs call in a
+// goroutine and returns at the deadline whatever call is doing.
+func (s *Store) bounded(ctx context.Context, call func(context.Context) ([]int64, error)) ([]int64, error) {
+	if s.br.healthy() {
+		return call(ctx)
+	}
+	type result struct {
+		vals []int64
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := call(ctx)
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.vals, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // del deletes keys in one round trip.
