@@ -143,12 +143,14 @@ func TestTwoProcessesShareRedisRate(t *testing.T) {
 	}
 	sort.Slice(times, func(i, j int) bool { return times[i].Before(times[j]) })
 	// In every interval [t_i, t_j] the upstream may see at most
-	// burst + rate·(t_j - t_i) requests; 20ms absorb the delivery jitter
-	// between the limiter's decision and the arrival.
+	// burst + rate·(t_j - t_i) requests; 100ms (half a request at 5/s)
+	// absorb the jitter between the limiter's decision in Redis and the
+	// arrival at the upstream on a loaded machine. Two unshared limiters
+	// would reach 10/s and fail this by ~15 requests.
 	worst := 0.0
 	for i := range times {
 		for j := i; j < len(times); j++ {
-			allowed := burst + rate*(times[j].Sub(times[i]).Seconds()+0.02)
+			allowed := burst + rate*(times[j].Sub(times[i]).Seconds()+0.1)
 			got := float64(j - i + 1)
 			worst = max(worst, got-allowed)
 			if got > allowed+1e-9 {
