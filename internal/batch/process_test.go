@@ -5,6 +5,7 @@ package batch
 
 import (
 	"bytes"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -147,7 +148,7 @@ func TestTwoProcessesShareRedisRate(t *testing.T) {
 	// absorb the jitter between the limiter's decision in Redis and the
 	// arrival at the upstream on a loaded machine. Two unshared limiters
 	// would reach 10/s and fail this by ~15 requests.
-	worst := 0.0
+	worst := math.Inf(-1)
 	for i := range times {
 		for j := i; j < len(times); j++ {
 			allowed := burst + rate*(times[j].Sub(times[i]).Seconds()+0.1)
