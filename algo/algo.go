@@ -112,9 +112,10 @@ func Expiry(st *State, req *sluice.Request) int64 {
 
 func effCost(c int64) int64 { return max(c, 1) }
 
-// costsIn is how many events fit in ns nanoseconds of refill:
-// floor(ns·Rate/Period), exact in 128 bits, rounded towards -∞.
-func costsIn(l sluice.Limit, ns int64) int64 {
+// CostsIn is how many events fit in ns nanoseconds of refill:
+// floor(ns·Rate/Period), exact in 128 bits, rounded towards -∞. Stores that
+// compute decisions outside Apply use it to agree with Apply exactly.
+func CostsIn(l sluice.Limit, ns int64) int64 {
 	if ns == 0 {
 		return 0
 	}
@@ -157,8 +158,8 @@ func mulDiv(a, b, c int64) int64 {
 	return int64(min(q, math.MaxInt64))
 }
 
-// mulDivCeil returns ceil(a·b/c) for non-negative operands, saturating.
-func mulDivCeil(a, b, c int64) int64 {
+// MulDivCeil returns ceil(a·b/c) for non-negative operands, saturating.
+func MulDivCeil(a, b, c int64) int64 {
 	hi, lo := bits.Mul64(uint64(a), uint64(b))
 	if hi >= uint64(c) {
 		return math.MaxInt64
@@ -186,7 +187,7 @@ func gcra(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decisio
 		allowAt := tat + inc - tau
 		if allowAt > now {
 			d.RetryAfter = dur(allowAt - now)
-			d.Remaining = max(0, costsIn(l, now+tau-tat))
+			d.Remaining = max(0, CostsIn(l, now+tau-tat))
 			d.ResetAfter = dur(tat - now)
 			return d, st, nil
 		}
@@ -207,7 +208,7 @@ func gcra(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decisio
 	if st.A <= now {
 		st.A = 0
 	}
-	d.Remaining = costsIn(l, now+tau-tat)
+	d.Remaining = CostsIn(l, now+tau-tat)
 	d.ResetAfter = dur(tat - now)
 	return d, st, nil
 }
@@ -227,7 +228,7 @@ func tokenBucket(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 		inc := l.CostInterval(effCost(req.Cost))
 		if level < inc {
 			d.RetryAfter = dur(inc - level)
-			d.Remaining = max(0, costsIn(l, level))
+			d.Remaining = max(0, CostsIn(l, level))
 			d.ResetAfter = dur(tau - level)
 			return d, st, nil
 		}
@@ -248,7 +249,7 @@ func tokenBucket(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 			st = State{}
 		}
 	}
-	d.Remaining = costsIn(l, level)
+	d.Remaining = CostsIn(l, level)
 	d.ResetAfter = dur(tau - level)
 	return d, st, nil
 }
@@ -312,16 +313,16 @@ func slidingCounter(op sluice.Op, st State, req sluice.Request, now int64) (slui
 		prev = st.B
 	}
 	// remaining is floor(Rate − prev·(P−e)/P) − curr.
-	remaining := func(curr int64) int64 { return l.Rate - mulDivCeil(prev, p-e, p) - curr }
+	remaining := func(curr int64) int64 { return l.Rate - MulDivCeil(prev, p-e, p) - curr }
 	d := sluice.Decision{Limit: l}
 	switch op {
 	case sluice.OpAllow, sluice.OpPeek:
 		need := curr + effCost(req.Cost)
 		// allowed iff prev·(P−e) + need·P ≤ Rate·P
 		if need > l.Rate || !mulLE(prev, p-e, l.Rate-need, p) {
-			d.RetryAfter = dur(slidingRetry(l.Rate, p, e, prev, curr, effCost(req.Cost)))
+			d.RetryAfter = dur(SlidingRetry(l.Rate, p, e, prev, curr, effCost(req.Cost)))
 			d.Remaining = max(0, remaining(curr))
-			d.ResetAfter = dur(slidingReset(ws, p, now, prev, curr))
+			d.ResetAfter = dur(SlidingReset(p, e, prev, curr))
 			return d, st, nil
 		}
 		d.Allowed = true
@@ -342,12 +343,13 @@ func slidingCounter(op sluice.Op, st State, req sluice.Request, now int64) (slui
 		}
 	}
 	d.Remaining = remaining(curr)
-	d.ResetAfter = dur(slidingReset(ws, p, now, prev, curr))
+	d.ResetAfter = dur(SlidingReset(p, e, prev, curr))
 	return d, st, nil
 }
 
-// slidingRetry is the exact wait until a request of cost fits.
-func slidingRetry(rate, p, e, prev, curr, cost int64) int64 {
+// SlidingRetry is the sliding window counter's exact wait until a request
+// of cost fits, e nanoseconds into a window of p with counts prev and curr.
+func SlidingRetry(rate, p, e, prev, curr, cost int64) int64 {
 	if need := curr + cost; need <= rate && prev > 0 {
 		// smallest e' with prev·(P−e') ≤ (rate−need)·P
 		x := p - mulDiv(rate-need, p, prev)
@@ -363,12 +365,14 @@ func slidingRetry(rate, p, e, prev, curr, cost int64) int64 {
 	return p - e + x
 }
 
-func slidingReset(ws, p, now, prev, curr int64) int64 {
+// SlidingReset is the sliding window counter's time until it is empty, e
+// nanoseconds into a window of p with counts prev and curr.
+func SlidingReset(p, e, prev, curr int64) int64 {
 	switch {
 	case curr > 0:
-		return ws + 2*p - now
+		return 2*p - e
 	case prev > 0:
-		return ws + p - now
+		return p - e
 	}
 	return 0
 }

@@ -35,13 +35,13 @@ func GCRAAllow(tat int64, p *GCRAParams, cost, now int64) (sluice.Decision, int6
 	d := sluice.Decision{Limit: l}
 	if allowAt := tat + inc - p.Tau; allowAt > now {
 		d.RetryAfter = dur(allowAt - now)
-		d.Remaining = max(0, costsIn(l, now+p.Tau-tat))
+		d.Remaining = max(0, CostsIn(l, now+p.Tau-tat))
 		d.ResetAfter = dur(tat - now)
 		return d, tat
 	}
 	tat += inc
 	d.Allowed = true
-	d.Remaining = costsIn(l, now+p.Tau-tat)
+	d.Remaining = CostsIn(l, now+p.Tau-tat)
 	d.ResetAfter = dur(tat - now)
 	return d, tat
 }
