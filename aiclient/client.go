@@ -406,6 +406,10 @@ func (c *Client) attempt(ctx context.Context, body []byte) (*ChatResponse, *atte
 		}
 	}
 	out, err := decodeResponse(data)
+	var apiErr *APIError
+	if errors.As(err, &apiErr) {
+		return nil, &attemptError{err: apiErr, header: resp.Header, status: resp.StatusCode}
+	}
 	if err != nil {
 		return nil, &attemptError{err: fmt.Errorf("aiclient: decode response: %w", err), header: resp.Header, status: resp.StatusCode, unreadable: true}
 	}

@@ -227,6 +227,7 @@ func TestNoRetryWhenHopeless(t *testing.T) {
 		{"x-should-retry false", 500, hdr("x-should-retry", "false"), `{"error":{"message":"no"}}`, nil},
 		{"400", 400, nil, `{"error":{"message":"bad"}}`, nil},
 		{"401", 401, nil, `{"error":{"message":"key"}}`, nil},
+		{"error body with status 200", 200, nil, `{"error":{"message":"model not found","code":"model_not_found"}}`, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, n := errorServer(t, tc.status, tc.h, tc.body)

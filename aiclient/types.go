@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"sort"
 )
 
@@ -177,10 +178,15 @@ func decodeResponse(data []byte) (*ChatResponse, error) {
 				Name    string          `json:"name"`
 			} `json:"message"`
 		} `json:"choices"`
-		Usage Usage `json:"usage"`
+		Usage Usage           `json:"usage"`
+		Error json.RawMessage `json:"error"`
 	}
 	if err := json.Unmarshal(data, &w); err != nil {
 		return nil, err
+	}
+	if len(w.Choices) == 0 && len(w.Error) > 0 && string(w.Error) != "null" {
+		// Some OpenAI-compatible proxies answer errors with status 200.
+		return nil, apiErrorFrom(http.StatusOK, data, 0)
 	}
 	out := &ChatResponse{ID: w.ID, Model: w.Model, Usage: w.Usage, Choices: make([]Choice, len(w.Choices))}
 	for i, c := range w.Choices {
