@@ -50,6 +50,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -78,7 +79,7 @@ type Options struct {
 	// registry, served by Gateway.Metrics.
 	Registerer prometheus.Registerer
 	// OnSettled, when not nil, is called after each reservation is
-	// settled, from the request's goroutine.
+	// settled, from a goroutine of its own, after the response was sent.
 	OnSettled func(Settlement)
 }
 
@@ -136,6 +137,7 @@ type Gateway struct {
 	metrics      *metrics
 	log          *slog.Logger
 	onSettled    func(Settlement)
+	pending      sync.WaitGroup // settlements in progress
 }
 
 // client is what a key resolves to.
@@ -347,11 +349,31 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !g.admit(w, r, c) {
 		return
 	}
-	defer g.settle(c)
+	defer g.settleAsync(c) // also when the proxy aborts a broken stream
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
-	// Hand the client the whole answer before settling.
+	// Hand the client the whole answer now; settling happens off its path.
 	_ = http.NewResponseController(w).Flush()
-	g.settle(c)
+}
+
+// settleAsync settles c exactly once, in the background, so that the
+// store round trips stay off the client's path (a keep-alive connection's
+// next request waits for this handler to return). Close waits for it.
+func (g *Gateway) settleAsync(c *call) {
+	if !c.settled.CompareAndSwap(false, true) {
+		return
+	}
+	g.pending.Add(1)
+	go func() {
+		defer g.pending.Done()
+		g.settle(c)
+	}()
+}
+
+// Close waits for the settlements in progress. The Gateway must not serve
+// requests after it.
+func (g *Gateway) Close() error {
+	g.pending.Wait()
+	return nil
 }
 
 // authenticate maps the bearer key to its client, by hash.
@@ -610,11 +632,8 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	writeError(w, http.StatusBadGateway, "server_error", "upstream_unreachable", "", "The gateway could not reach the upstream API; please retry.")
 }
 
-// settle settles c's reservation exactly once.
+// settle settles c's reservation; settleAsync makes sure it runs once.
 func (g *Gateway) settle(c *call) {
-	if !c.settled.CompareAndSwap(false, true) {
-		return
-	}
 	s := Settlement{RequestID: c.id, Client: c.client.id, Tier: c.client.tier.name, Model: c.model, Status: c.status, Reserved: c.reserved}
 	refundRequests := false
 	switch {

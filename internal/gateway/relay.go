@@ -51,11 +51,8 @@ func (r *captureReader) Read(p []byte) (int, error) {
 		}
 	}
 	if errors.Is(err, io.EOF) && !r.over {
-		var body struct {
-			Usage *usageJSON `json:"usage"`
-		}
-		if json.Unmarshal(r.buf.Bytes(), &body) == nil && body.Usage != nil {
-			r.c.setUsage(body.Usage)
+		if u := findUsage(r.buf.Bytes()); u != nil {
+			r.c.setUsage(u)
 		}
 		r.buf = bytes.Buffer{}
 		r.over = true
@@ -64,6 +61,28 @@ func (r *captureReader) Read(p []byte) (int, error) {
 }
 
 func (r *captureReader) Close() error { return r.src.Close() }
+
+// findUsage reads the top-level "usage" object of a response body. It
+// decodes only from the last "usage" key on, which the APIs put at the end,
+// and falls back to decoding the whole body.
+func findUsage(body []byte) *usageJSON {
+	if i := bytes.LastIndex(body, []byte(`"usage"`)); i >= 0 {
+		rest := bytes.TrimLeft(body[i+len(`"usage"`):], " \t\r\n")
+		if len(rest) > 0 && rest[0] == ':' {
+			var u usageJSON
+			if json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u) == nil {
+				return &u // a "usage" inside a string would be escaped
+			}
+		}
+	}
+	var whole struct {
+		Usage *usageJSON `json:"usage"`
+	}
+	if json.Unmarshal(body, &whole) == nil {
+		return whole.Usage
+	}
+	return nil
+}
 
 // sseReader relays an SSE stream line by line, as each line arrives. It
 // counts the content tokens of each event and reads the usage event, which

@@ -74,7 +74,9 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
+	err = srv.Shutdown(sctx)
+	_ = s.Gateway.Close() // wait for the last settlements
+	if err != nil {
 		_ = srv.Close()
 		return fmt.Errorf("gateway: shutdown: %w", err)
 	}

@@ -1,0 +1,180 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/fakeopenai"
+	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/memstore"
+	"github.com/sluice-io/sluice/redisstore"
+)
+
+// benchRig is a fake upstream, and a gateway in front of it with 64 client
+// keys, on the store named.
+type benchRig struct {
+	up   *fakeopenai.Server
+	gw   *httptest.Server
+	keys []string
+}
+
+func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
+	b.Helper()
+	var st sluice.Store
+	switch storeName {
+	case "memory":
+		m, err := memstore.New(memstore.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = m.Close() })
+		st = m
+	case "redis":
+		r, err := redisstore.New(context.Background(), redisstore.Options{
+			URL: redistest.Standalone(b).URL(), Policy: redisstore.ReturnError, DisableDenyCache: true, Timeout: time.Second,
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = r.Close() })
+		st = r
+	}
+	up := fakeopenai.New(b, fakeopenai.Options{CompletionTokens: 2, MaxRecorded: 1})
+	rig := &benchRig{up: up}
+	run := fmt.Sprintf("%x", time.Now().UnixNano())
+	cfg := &Config{
+		Upstream: UpstreamConfig{BaseURL: up.URL() + "/v1"},
+		Models:   []string{"gpt-test"},
+		Tiers:    map[string]TierConfig{"big": {RPM: 1 << 30, TPM: 1 << 36, RPD: 1 << 36, Concurrency: 1 << 20}},
+		Store:    StoreConfig{Timeout: time.Second},
+	}
+	for i := range conns {
+		key := fmt.Sprintf("sk-bench-%s-%d", run, i)
+		rig.keys = append(rig.keys, key)
+		cfg.Keys = append(cfg.Keys, KeyConfig{Name: "bench", Hash: sluice.HashKey(key), Tier: "big"})
+	}
+	gw, err := New(Options{Config: cfg, Store: st})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rig.gw = httptest.NewServer(gw)
+	b.Cleanup(rig.gw.Close)
+	return rig
+}
+
+const benchBody = `{"model":"gpt-test","messages":[{"role":"user","content":"hello, how are you today?"}],"max_tokens":16}`
+
+func benchClient(conns int) *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns, t.MaxIdleConnsPerHost, t.MaxConnsPerHost = conns*2, conns, conns
+	return &http.Client{Transport: t}
+}
+
+// measure sends n requests to base over conns connections, each worker
+// with its own key, and returns the sorted latencies.
+func measure(b *testing.B, client *http.Client, base string, keys []string, conns, n int, body string, ttfb bool) []time.Duration {
+	b.Helper()
+	lat := make([][]time.Duration, conns)
+	var wg sync.WaitGroup
+	for w := range conns {
+		wg.Go(func() {
+			for i := w; i < n; i += conns {
+				req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+keys[w%len(keys)])
+				req.Header.Set("Content-Type", "application/json")
+				start := time.Now()
+				res, err := client.Do(req)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if ttfb {
+					// Time to the first SSE event.
+					if _, err := bufio.NewReader(res.Body).ReadString('\n'); err != nil {
+						b.Error(err)
+					}
+					lat[w] = append(lat[w], time.Since(start))
+					_, _ = io.Copy(io.Discard, res.Body)
+				} else {
+					_, _ = io.Copy(io.Discard, res.Body)
+					lat[w] = append(lat[w], time.Since(start))
+				}
+				res.Body.Close()
+				if res.StatusCode != 200 {
+					b.Errorf("status %d", res.StatusCode)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	return all
+}
+
+func pct(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	return d[min(len(d)-1, int(float64(len(d))*p))]
+}
+
+// BenchmarkAddedLatency measures what the gateway adds over calling the
+// fake upstream directly, in the same run, alternating rounds of direct and
+// gateway requests. Each b.N is one request per mode. Reported per store
+// and connection count: direct and gateway p50/p99, and the added p50/p99
+// (gateway minus direct) in µs. With -benchtime=20000x the percentiles
+// are stable.
+func BenchmarkAddedLatency(b *testing.B) {
+	for _, storeName := range []string{"memory", "redis"} {
+		for _, conns := range []int{1, 64} {
+			for _, stream := range []bool{false, true} {
+				name := fmt.Sprintf("%s/conns=%d/json", storeName, conns)
+				body := benchBody
+				if stream {
+					if conns != 1 {
+						continue
+					}
+					name = fmt.Sprintf("%s/conns=%d/stream-ttfb", storeName, conns)
+					body = strings.Replace(benchBody, `"max_tokens":16`, `"max_tokens":16,"stream":true`, 1)
+				}
+				b.Run(name, func(b *testing.B) {
+					rig := newBenchRig(b, storeName, 64)
+					client := benchClient(conns)
+					// Warm connections and the store.
+					measure(b, client, rig.up.URL(), rig.keys, conns, 2*conns, body, stream)
+					measure(b, client, rig.gw.URL, rig.keys, conns, 2*conns, body, stream)
+					var direct, gw []time.Duration
+					const rounds = 4
+					b.ResetTimer()
+					for range rounds {
+						n := max(b.N/rounds, conns)
+						direct = append(direct, measure(b, client, rig.up.URL(), rig.keys, conns, n, body, stream)...)
+						gw = append(gw, measure(b, client, rig.gw.URL, rig.keys, conns, n, body, stream)...)
+					}
+					b.StopTimer()
+					slices.Sort(direct)
+					slices.Sort(gw)
+					us := func(d time.Duration) float64 { return float64(d) / 1e3 }
+					b.ReportMetric(us(pct(direct, 0.5)), "direct-p50-µs")
+					b.ReportMetric(us(pct(direct, 0.99)), "direct-p99-µs")
+					b.ReportMetric(us(pct(gw, 0.5)), "gw-p50-µs")
+					b.ReportMetric(us(pct(gw, 0.99)), "gw-p99-µs")
+					b.ReportMetric(us(pct(gw, 0.5)-pct(direct, 0.5)), "added-p50-µs")
+					b.ReportMetric(us(pct(gw, 0.99)-pct(direct, 0.99)), "added-p99-µs")
+				})
+			}
+		}
+	}
+}
