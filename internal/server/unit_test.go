@@ -1,0 +1,112 @@
+package server
+
+import (
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/memstore"
+)
+
+func TestClientIP(t *testing.T) {
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+	for _, c := range []struct {
+		remote string
+		xff    []string
+		want   string
+	}{
+		{"203.0.113.9:5000", nil, "203.0.113.9"},
+		{"203.0.113.9:5000", []string{"1.2.3.4"}, "203.0.113.9"}, // untrusted peer: XFF ignored
+		{"10.0.0.5:5000", []string{"1.2.3.4"}, "1.2.3.4"},
+		{"10.0.0.5:5000", []string{"6.6.6.6, 1.2.3.4, 10.0.0.7"}, "1.2.3.4"}, // rightmost untrusted
+		{"10.0.0.5:5000", []string{"6.6.6.6", "1.2.3.4"}, "1.2.3.4"},         // several headers
+		{"10.0.0.5:5000", []string{"garbage, 1.2.3.4"}, "1.2.3.4"},
+		{"10.0.0.5:5000", []string{"1.2.3.4, garbage"}, "10.0.0.5"}, // unparsable: stop at the last good hop
+		{"10.0.0.5:5000", []string{"10.0.0.6"}, "10.0.0.6"},         // all trusted: leftmost
+		{"[::1]:5000", []string{"2001:db8::1"}, "2001:db8::1"},
+		{"[::ffff:203.0.113.9]:5000", nil, "203.0.113.9"},
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = c.remote
+		for _, v := range c.xff {
+			r.Header.Add("X-Forwarded-For", v)
+		}
+		got, ok := clientIP(r, trusted)
+		if !ok || got.String() != c.want {
+			t.Errorf("%s %v: %s, want %s", c.remote, c.xff, got, c.want)
+		}
+	}
+	if got := ipIdentity(netip.MustParseAddr("2001:db8:1:2:3:4:5:6")); got != "ip:2001:db8:1:2::/64" {
+		t.Errorf("ipv6 identity %s", got)
+	}
+}
+
+func TestAPIKeyFrom(t *testing.T) {
+	names := []string{"X-API-Key", "Authorization"}
+	for _, c := range []struct{ name, value, want string }{
+		{"X-API-Key", "k1", "k1"},
+		{"Authorization", "Bearer k2", "k2"},
+		{"Authorization", "bearer  k3 ", "k3"},
+		{"Authorization", "Basic dXNlcjpwYXNz", ""},
+	} {
+		h := http.Header{}
+		h.Set(c.name, c.value)
+		if got := apiKeyFrom(h, names); got != c.want {
+			t.Errorf("%s: %q, want %q", c.value, got, c.want)
+		}
+	}
+}
+
+func TestAppendString(t *testing.T) {
+	for _, s := range []string{"plain", `q"b\`, "ctl\x00\x1f\x7f", "<&>", "bad\xffutf8", "é\u2028"} {
+		var back string
+		if err := json.Unmarshal(appendString(nil, s), &back); err != nil {
+			t.Fatalf("%q: %v", s, err)
+		}
+		if want := strings.ToValidUTF8(s, "\uFFFD"); back != want {
+			t.Errorf("%q came back %q", s, back)
+		}
+	}
+}
+
+// FuzzCheck sends arbitrary bodies to /v1/check: every answer is JSON with
+// a known status, and nothing panics.
+func FuzzCheck(f *testing.F) {
+	cfg, err := config.Parse("fuzz.yaml", []byte(testConfig))
+	if err != nil {
+		f.Fatal(err)
+	}
+	store, err := memstore.New(memstore.Options{SweepInterval: -1})
+	if err != nil {
+		f.Fatal(err)
+	}
+	srv, err := New(Options{Store: store, Config: cfg, Metrics: metrics.New(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, seed := range []string{
+		`{"policy":"free","key":"k"}`, `{"tier":"pro","key":"k","cost":3}`, `{"api_key":"sk-free-demo-0001"}`,
+		`{"checks":[{"policy":"a","key":"x"},{"tier":"free","key":"y"}]}`, `{"cost":-1}`, `[]`, `null`,
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		rec := httptest.NewRecorder()
+		srv.Handler().ServeHTTP(rec, httptest.NewRequest("POST", "/v1/check", strings.NewReader(body)))
+		switch rec.Code {
+		case 200, 400, 401, 413, 429:
+		default:
+			t.Fatalf("status %d for %q: %s", rec.Code, body, rec.Body)
+		}
+		if !json.Valid(rec.Body.Bytes()) {
+			t.Fatalf("invalid JSON for %q: %s", body, rec.Body)
+		}
+	})
+}
