@@ -194,7 +194,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 		writeDecideError(w, err)
 		return
 	}
-	s.writeDecision(w, res, cfg.Authz.DenyStatus, true)
+	s.writeDecision(w, res, http.StatusTooManyRequests, true)
 }
 
 // handleStatus peeks: what a check would decide now, charging nothing.

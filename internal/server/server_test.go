@@ -639,3 +639,18 @@ func TestFailurePolicies(t *testing.T) {
 		})
 	}
 }
+
+func TestAuthzDenyStatusForNGINX(t *testing.T) {
+	s := startService(t, svcOptions{config: strings.Replace(testConfig, "  default_tier: anonymous\n", "  default_tier: anonymous\n  deny_status: 403\n", 1)})
+	for i := range 3 {
+		a := s.do(t, "GET", "/v1/authz", "", "X-User-ID", "n1")
+		if want := map[bool]int{true: 200, false: 403}[i < 2]; a.status != want || (want == 403 && a.header.Get("Retry-After") == "") {
+			t.Fatalf("authz %d: %d %v", i, a.status, a.header)
+		}
+	}
+	// /v1/check keeps 429.
+	s.check(t, `{"policy":"b","key":"n2","cost":2}`)
+	if a := s.check(t, `{"policy":"b","key":"n2"}`); a.status != 429 {
+		t.Fatalf("check: %d", a.status)
+	}
+}
