@@ -29,13 +29,15 @@ func SetHeaders(h http.Header, policy string, d sluice.Decision) {
 	remaining := max(d.Remaining, 0)
 	reset := d.ResetAfterSeconds()
 	name := strconv.Quote(policy)
-	h.Set("RateLimit-Policy", name+";q="+strconv.FormatInt(quota, 10)+";w="+strconv.FormatInt(window, 10))
-	h.Set("RateLimit", name+";r="+strconv.FormatInt(remaining, 10)+";t="+strconv.FormatInt(reset, 10))
-	h.Set("X-RateLimit-Limit", strconv.FormatInt(quota, 10))
-	h.Set("X-RateLimit-Remaining", strconv.FormatInt(remaining, 10))
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
+	// The names are already canonical, so assign without Header.Set's
+	// canonicalisation: this runs on every decision.
+	h["Ratelimit-Policy"] = []string{name + ";q=" + strconv.FormatInt(quota, 10) + ";w=" + strconv.FormatInt(window, 10)}
+	h["Ratelimit"] = []string{name + ";r=" + strconv.FormatInt(remaining, 10) + ";t=" + strconv.FormatInt(reset, 10)}
+	h["X-Ratelimit-Limit"] = []string{strconv.FormatInt(quota, 10)}
+	h["X-Ratelimit-Remaining"] = []string{strconv.FormatInt(remaining, 10)}
+	h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(reset, 10)}
 	if !d.Allowed {
-		h.Set("Retry-After", strconv.FormatInt(max(d.RetryAfterSeconds(), 1), 10))
+		h["Retry-After"] = []string{strconv.FormatInt(max(d.RetryAfterSeconds(), 1), 10)}
 	}
 }
 

@@ -182,3 +182,16 @@ func TestNewValidates(t *testing.T) {
 		t.Fatal("nil limiter accepted")
 	}
 }
+
+func TestSetHeadersNamesAreCanonical(t *testing.T) {
+	h := http.Header{}
+	httplimit.SetHeaders(h, "", sluice.Decision{Limit: sluice.PerSecond(5), RetryAfter: 1})
+	for k := range h {
+		if k != http.CanonicalHeaderKey(k) {
+			t.Errorf("header %q is not canonical", k)
+		}
+	}
+	if h.Get("RateLimit-Policy") != `"default";q=5;w=1` || h.Get("Retry-After") != "1" {
+		t.Fatalf("headers %v", h)
+	}
+}

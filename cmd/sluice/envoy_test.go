@@ -24,8 +24,18 @@ import (
 // from its log.
 func startEnvoyServe(t *testing.T) (grpcAddr, httpAddr string) {
 	t.Helper()
-	dir, err := filepath.Abs("../../deploy/envoy/ratelimit")
+	// The deploy example's config, with the tenant limit per hour instead of
+	// per second, so that refill during the test cannot admit a 21st call.
+	src, err := os.ReadFile("../../deploy/envoy/ratelimit/edge.yaml")
 	if err != nil {
+		t.Fatal(err)
+	}
+	edge := strings.Replace(string(src), "unit: second\n      requests_per_unit: 20\n", "unit: hour\n      requests_per_unit: 20\n", 1)
+	if edge == string(src) {
+		t.Fatal("deploy/envoy/ratelimit/edge.yaml no longer has the tenant limit this test expects")
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(edge), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
@@ -102,7 +112,7 @@ func TestServeEnvoy(t *testing.T) {
 		}
 		return out
 	}
-	// tenant: 20/s with gcra, no window edge to race: 20 pass, the 21st not,
+	// tenant: 20/h with gcra, no window edge to race: 20 pass, the 21st not,
 	// and the health descriptor is unlimited.
 	for i := range 21 {
 		resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: descs("tenant", "t1", "health", "x")})
