@@ -253,9 +253,9 @@ func (s *Store) added() {
 
 // member is one request's part in an apply: its cell and pending state.
 type member struct {
-	gcra  *atomic.Int64 // GCRA keys
-	old   int64
-	cell  *cell // other keys
+	gcra *atomic.Int64 // GCRA keys
+	old  int64
+	cell *cell // other keys
 }
 
 // apply runs op on validated requests atomically. Non-GCRA cells are locked

@@ -341,8 +341,8 @@ func concurrencyScenarios() []scenario {
 				acquire(s, "b", true, 0, 0, 10*s),
 				acquire(0, "c", false, 0, 9*s, 10*s),
 				acquire(0, "a", true, 0, 0, 10*s), // renewing a held lease takes no slot
-				release("a", 1, 10*s), // b, taken at 1s, lapses at 11s
-				release("a", 1, 10*s), // twice is harmless
+				release("a", 1, 10*s),             // b, taken at 1s, lapses at 11s
+				release("a", 1, 10*s),             // twice is harmless
 				acquire(0, "c", true, 0, 0, 10*s),
 				// a crashed holder's lease lapses: b at 11s, c at 11s
 				acquire(10*s, "d", true, 1, 0, 10*s),
