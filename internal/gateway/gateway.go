@@ -256,11 +256,20 @@ func New(opts Options) (*Gateway, error) {
 		Transport:      timedTransport{next: transport},
 		FlushInterval:  -1,
 		ModifyResponse: g.modifyResponse,
+		BufferPool:     bufferPool{},
 		ErrorHandler:   g.upstreamError,
 		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	return g, nil
 }
+
+// bufferPool recycles ReverseProxy's 32 KiB copy buffers.
+type bufferPool struct{}
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *copyBuffers.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
 
 func appendSpecs(specs []spec, l Limits, model string, leaseTTL time.Duration) []spec {
 	add := func(k kind, name string, alg sluice.Algorithm, lim sluice.Limit) {

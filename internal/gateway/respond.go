@@ -53,13 +53,13 @@ func (g *Gateway) setLimitHeaders(h http.Header, c *call, ds []sluice.Decision) 
 		case kindTokens:
 			tokDs = append(tokDs, d)
 		}
-		name := strconv.Quote(s.policy())
-		policy := fmt.Sprintf("%s;q=%d", name, d.Limit.Capacity())
+		name := `"` + s.policy() + `"` // names are [A-Za-z0-9_.:/-]
+		policy := name + ";q=" + strconv.FormatInt(d.Limit.Capacity(), 10)
 		if s.kind != kindConcurrency {
 			policy += ";w=" + strconv.FormatInt(sluice.CeilSeconds(d.Limit.Period), 10)
 		}
 		policies = append(policies, policy)
-		states = append(states, fmt.Sprintf("%s;r=%d;t=%d", name, max(d.Remaining, 0), d.ResetAfterSeconds()))
+		states = append(states, name+";r="+strconv.FormatInt(max(d.Remaining, 0), 10)+";t="+strconv.FormatInt(d.ResetAfterSeconds(), 10))
 	}
 	for _, grp := range []struct {
 		suffix string
