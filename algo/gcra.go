@@ -26,22 +26,33 @@ func NewGCRAParams(l sluice.Limit) (GCRAParams, error) {
 // full bucket). The caller must have validated cost: 1 ≤ cost ≤ burst.
 // It agrees exactly with Apply.
 func GCRAAllow(tat int64, p *GCRAParams, cost, now int64) (sluice.Decision, int64) {
-	l := p.Limit
 	inc := p.Interval
 	if cost != 1 {
-		inc = l.CostInterval(cost)
+		inc = p.Limit.CostInterval(cost)
 	}
 	tat = max(tat, now)
-	d := sluice.Decision{Limit: l}
-	if allowAt := tat + inc - p.Tau; allowAt > now {
-		d.RetryAfter = dur(allowAt - now)
-		d.Remaining = max(0, CostsIn(l, now+p.Tau-tat))
-		d.ResetAfter = dur(tat - now)
-		return d, tat
+	if tat+inc-p.Tau > now {
+		return GCRADenied(p, tat, inc, now), tat
 	}
 	tat += inc
-	d.Allowed = true
-	d.Remaining = CostsIn(l, now+p.Tau-tat)
-	d.ResetAfter = dur(tat - now)
-	return d, tat
+	return GCRAAdmitted(p, tat, now), tat
+}
+
+// GCRAAdmitted is the decision for an admitted GCRA request whose new TAT is
+// tat: Remaining and ResetAfter as Apply computes them. Stores that commit
+// the TAT by compare-and-swap compute the decision after the swap, to keep
+// the window between read and swap short.
+func GCRAAdmitted(p *GCRAParams, tat, now int64) sluice.Decision {
+	return sluice.Decision{Allowed: true, Limit: p.Limit, Remaining: CostsIn(p.Limit, now+p.Tau-tat), ResetAfter: dur(tat - now)}
+}
+
+// GCRADenied is the decision for a denied GCRA request of cost whose
+// increment is inc, on a key whose TAT, raised to now, is tat.
+func GCRADenied(p *GCRAParams, tat, inc, now int64) sluice.Decision {
+	return sluice.Decision{
+		Limit:      p.Limit,
+		Remaining:  max(0, CostsIn(p.Limit, now+p.Tau-tat)),
+		RetryAfter: dur(tat + inc - p.Tau - now),
+		ResetAfter: dur(tat - now),
+	}
 }

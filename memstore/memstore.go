@@ -66,6 +66,7 @@ type Options struct {
 // stops its background sweep.
 type Store struct {
 	clk     clock.Clock
+	sys     *clock.System // clk, when it is the system clock: called directly
 	maxKeys int64
 	gcra    *xsync.Map[string, *atomic.Int64]
 	cells   *xsync.Map[string, *cell]
@@ -100,8 +101,10 @@ func New(opts Options) (*Store, error) {
 	if opts.SweepInterval == 0 {
 		opts.SweepInterval = DefaultSweepInterval
 	}
+	sys, _ := opts.Clock.(*clock.System)
 	s := &Store{
 		clk:     opts.Clock,
+		sys:     sys,
 		maxKeys: int64(opts.MaxKeys),
 		gcra:    xsync.NewMap[string, *atomic.Int64](),
 		cells:   xsync.NewMap[string, *cell](),
@@ -133,6 +136,12 @@ func (s *Store) Len() int { return int(s.count.Load()) }
 // Apply implements sluice.Store.
 func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
 	if req.Algorithm == sluice.GCRA && op == sluice.OpAllow {
+		// The hot path: a cost of 1 under the limit seen last.
+		if p := s.params.Load(); p != nil && p.Limit == req.Limit && req.Cost == 1 && req.Key != "" {
+			if d, ok := s.gcraFast(req.Key, p); ok {
+				return d, nil
+			}
+		}
 		return s.gcraAllow(req)
 	}
 	if err := req.Validate(op); err != nil {
@@ -175,7 +184,39 @@ func (s *Store) gcraParams(l sluice.Limit) (*algo.GCRAParams, error) {
 	return &p, nil
 }
 
-// gcraAllow is the lock-free fast path: one clock read, one map lookup,
+// now reads the store's clock, calling the system clock directly.
+func (s *Store) now() int64 {
+	if s.sys != nil {
+		return s.sys.Now()
+	}
+	return s.clk.Now()
+}
+
+// gcraFast admits a cost of 1 on an existing key with one clock read, one
+// map lookup and one compare-and-swap; the decision's arithmetic comes after
+// the swap. It reports false when the key must be created or looked up again.
+func (s *Store) gcraFast(key string, p *algo.GCRAParams) (sluice.Decision, bool) {
+	c, ok := s.gcra.Load(key)
+	if !ok {
+		return sluice.Decision{}, false
+	}
+	now := s.now()
+	for {
+		old := c.Load()
+		if old == dead {
+			return sluice.Decision{}, false
+		}
+		tat := max(old, now)
+		if tat+p.Interval-p.Tau > now {
+			return algo.GCRADenied(p, tat, p.Interval, now), true
+		}
+		if c.CompareAndSwap(old, tat+p.Interval) {
+			return algo.GCRAAdmitted(p, tat+p.Interval, now), true
+		}
+	}
+}
+
+// gcraAllow is the lock-free path: one clock read, one map lookup,
 // one compare-and-swap.
 func (s *Store) gcraAllow(req sluice.Request) (sluice.Decision, error) {
 	p, err := s.gcraParams(req.Limit)
@@ -188,7 +229,7 @@ func (s *Store) gcraAllow(req sluice.Request) (sluice.Decision, error) {
 	for {
 		c := s.gcraCell(req.Key)
 		for {
-			now := s.clk.Now()
+			now := s.now()
 			old := c.Load()
 			if old == dead {
 				break
