@@ -17,7 +17,11 @@ const (
 	// A Cost of zero reports the state alone, Allowed if any capacity is left.
 	OpPeek
 	// OpRefund gives back Cost that was charged but not used, never beyond
-	// a full bucket. For Concurrency it releases the request's lease.
+	// a full bucket. For Concurrency it releases the request's lease, and
+	// reports Allowed false when the lease was not held (released already,
+	// or lapsed). A refund batch in ApplyAll is all or nothing too: when one
+	// of its leases is not held, nothing in the batch is refunded. Keyed by
+	// a request id, a lease thus makes settling a request idempotent.
 	OpRefund
 	// OpCharge charges Cost unconditionally, even past the limit, so that
 	// later requests wait it off. It settles usage learnt after the fact,

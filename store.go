@@ -13,6 +13,7 @@ type Store interface {
 	Apply(ctx context.Context, op Op, req Request) (Decision, error)
 	// ApplyAll runs op on every request as one atomic step and returns a
 	// decision per request, in order. With OpAllow the batch is all or
-	// nothing: it is charged only if every request is allowed.
+	// nothing: it is charged only if every request is allowed. With
+	// OpRefund it is refunded only if every Concurrency lease in it is held.
 	ApplyAll(ctx context.Context, op Op, reqs []Request) ([]Decision, error)
 }

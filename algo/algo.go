@@ -476,10 +476,14 @@ func concurrency(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 			}
 		}
 	case sluice.OpRefund:
-		if held >= 0 {
-			used -= leases[held].Cost
-			leases = append(leases[:held], leases[held+1:]...)
+		if held < 0 {
+			// not held: released already, or lapsed; nothing to give back
+			d.Remaining = l.Rate - used
+			d.ResetAfter = dur(Expiry(&State{Leases: leases}, &req) - now)
+			return d, st, nil
 		}
+		used -= leases[held].Cost
+		leases = append(leases[:held], leases[held+1:]...)
 		d.Allowed = true
 	case sluice.OpCharge:
 		leases = append(leases, Lease{ID: req.Lease, Cost: req.Cost, Expiry: now + int64(l.Period)})

@@ -253,7 +253,7 @@ func (s *Store) applyCell(op sluice.Op, req sluice.Request) sluice.Decision {
 			continue
 		}
 		d, next, _ := algo.Apply(op, c.st, req, s.clk.Now()) // validated by the caller
-		if op != sluice.OpPeek && (op != sluice.OpAllow || d.Allowed) {
+		if op != sluice.OpPeek && d.Allowed {
 			c.st = next
 			c.expiry.Store(algo.Expiry(&next, &req))
 		}
@@ -417,8 +417,8 @@ func (s *Store) step(op sluice.Op, reqs []sluice.Request, order []int, members [
 		}
 		return ds, false
 	}
-	if op == sluice.OpPeek {
-		return ds, false
+	if op == sluice.OpPeek || (op == sluice.OpRefund && !allowed) {
+		return ds, false // a refund batch with a lease not held refunds nothing
 	}
 	// Commit: GCRA cells by compare-and-swap, rolled back on conflict.
 	var done []*atomic.Int64

@@ -342,7 +342,8 @@ func concurrencyScenarios() []scenario {
 				acquire(0, "c", false, 0, 9*s, 10*s),
 				acquire(0, "a", true, 0, 0, 10*s), // renewing a held lease takes no slot
 				release("a", 1, 10*s),             // b, taken at 1s, lapses at 11s
-				release("a", 1, 10*s),             // twice is harmless
+				// twice is harmless, and says the lease was not held
+				{op: sluice.OpRefund, cost: 1, lease: "a", want: sluice.Decision{Remaining: 1, ResetAfter: 10 * s}},
 				acquire(0, "c", true, 0, 0, 10*s),
 				// a crashed holder's lease lapses: b at 11s, c at 11s
 				acquire(10*s, "d", true, 1, 0, 10*s),
@@ -410,6 +411,22 @@ func allowAllScenarios() []scenario {
 			for _, r := range []sluice.Request{log, swc} {
 				if p, err := h.store.Apply(ctx, sluice.OpPeek, r); err != nil || p.Remaining != 3 {
 					h.t.Fatalf("%s after denied batch: %+v %v, want remaining 3", r.Algorithm, p, err)
+				}
+			}
+			// Settling with a lease: the first refund batch releases the
+			// lease and refunds; a second, with the lease gone, refunds nothing.
+			tokens := sluice.Request{Key: h.key("tok"), Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: 100, Period: time.Minute}, Cost: 40}
+			if _, err := h.store.Apply(ctx, sluice.OpAllow, tokens); err != nil {
+				h.t.Fatal(err)
+			}
+			tokens.Cost = 30
+			for i, wantApplied := range []bool{true, false} {
+				ds, err := h.store.ApplyAll(ctx, sluice.OpRefund, []sluice.Request{lease, tokens})
+				if err != nil || ds[0].Allowed != wantApplied {
+					h.t.Fatalf("settle %d: %+v %v, want lease held %v", i, ds, err, wantApplied)
+				}
+				if p, err := h.store.Apply(ctx, sluice.OpPeek, tokens); err != nil || p.Remaining != 90 {
+					h.t.Fatalf("settle %d: tokens %+v %v, want remaining 90 (refunded once)", i, p, err)
 				}
 			}
 		}},

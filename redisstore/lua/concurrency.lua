@@ -48,6 +48,9 @@ ALGOS[6] = {
       end
       if op == 2 then return 1, used, 0, lastexpiry(leases) end
     end
+    if op == 3 and not held then
+      return 0, used, 0, lastexpiry(leases) -- released already, or lapsed
+    end
     local out = {}
     for id, l in pairs(leases) do out[id] = l end
     if op == 1 then

@@ -7,7 +7,8 @@
 --
 -- The reply holds 4 numbers per key: allowed (1 or 0) and three that
 -- depend on the algorithm, from which the client computes the Decision
--- exactly. With OpAllow, keys are charged only if every key allows; a
+-- exactly. With OpRefund, keys are refunded only if every lease in the
+-- batch is held. With OpAllow, keys are charged only if every key allows; a
 -- denied batch reports, for the keys that would have allowed, their state
 -- as it stands. A key repeated in the batch sees its earlier charges.
 local op = tonumber(ARGV[1])
@@ -59,7 +60,8 @@ if op == 1 and not all then
   end
   return res
 end
-if op ~= 2 then
+-- A refund batch with a lease that is not held refunds nothing.
+if op ~= 2 and not (op == 3 and not all) then
   for _, k in ipairs(order) do
     local q = lastq[k]
     if q then q.a.save(k, cur[k], q) end
