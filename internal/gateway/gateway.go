@@ -48,6 +48,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -116,6 +117,11 @@ const (
 	epResponses
 )
 
+// ErrAlreadySettled means a request's reservation lease was no longer held
+// when the gateway settled it: another settlement came first, or the lease
+// lapsed. Nothing was refunded or charged.
+var ErrAlreadySettled = errors.New("gateway: reservation already settled or lapsed")
+
 var endpoints = map[string]endpoint{
 	"/v1/chat/completions": epChat,
 	"/v1/completions":      epCompletions,
@@ -154,6 +160,10 @@ const (
 	kindRequests kind = iota + 1
 	kindTokens
 	kindConcurrency
+	// kindReservation is a lease keyed by request id with no limit of its
+	// own, for tiers without a concurrency limit: it makes settlement
+	// idempotent across gateway instances and lapses if a gateway crashes.
+	kindReservation
 )
 
 // spec is one limit of a tier.
@@ -238,6 +248,10 @@ func New(opts Options) (*Gateway, error) {
 		t.specs = appendSpecs(t.specs, tc.Limits(), "", cfg.LeaseTTL)
 		for _, model := range sortedKeys(tc.Models) {
 			t.specs = appendSpecs(t.specs, tc.Models[model], model, cfg.LeaseTTL)
+		}
+		if !slices.ContainsFunc(t.specs, func(s spec) bool { return s.kind == kindConcurrency && s.model == "" }) {
+			t.specs = append(t.specs, spec{kind: kindReservation, name: "reservation", suffix: "reservation",
+				alg: sluice.Concurrency, limit: sluice.Limit{Rate: 1 << 40, Period: cfg.LeaseTTL}})
 		}
 		tiers[name] = t
 	}
@@ -517,7 +531,7 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 				g.tooLarge(w, c, s)
 				return false
 			}
-		case kindConcurrency:
+		case kindConcurrency, kindReservation:
 			req.Lease = c.id
 		}
 		c.specs = append(c.specs, s)
@@ -664,7 +678,7 @@ func (g *Gateway) settle(c *call) {
 	var refunds, charges []sluice.Request
 	for i, req := range c.reqs {
 		switch c.specs[i].kind {
-		case kindConcurrency:
+		case kindConcurrency, kindReservation:
 			refunds = append(refunds, req)
 		case kindTokens:
 			if d := req.Cost - s.Actual; d > 0 {
@@ -682,12 +696,25 @@ func (g *Gateway) settle(c *call) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
 	defer cancel()
+	// The refunds carry the request's lease, and the store applies a refund
+	// batch only while its lease is held: of all the gateway instances,
+	// only the first settlement of this request id refunds, and only then
+	// are excess tokens charged. A lease that lapsed (a settlement later
+	// than Options' LeaseTTL) leaves the reservation charged as it was.
+	held := true
 	if len(refunds) > 0 {
-		if _, err := g.store.ApplyAll(ctx, sluice.OpRefund, refunds); err != nil {
+		ds, err := g.store.ApplyAll(ctx, sluice.OpRefund, refunds)
+		if err != nil {
 			s.Err = fmt.Errorf("gateway: settle %s: refund: %w", c.id, err)
 		}
+		for i, d := range ds {
+			if refunds[i].Algorithm == sluice.Concurrency && !d.Allowed {
+				held = false
+				s.Err = fmt.Errorf("gateway: settle %s: %w", c.id, ErrAlreadySettled)
+			}
+		}
 	}
-	if len(charges) > 0 {
+	if len(charges) > 0 && held {
 		if _, err := g.store.ApplyAll(ctx, sluice.OpCharge, charges); err != nil {
 			s.Err = errors.Join(s.Err, fmt.Errorf("gateway: settle %s: charge: %w", c.id, err))
 		}

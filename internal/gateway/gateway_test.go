@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -550,5 +551,46 @@ func TestPerModelLimit(t *testing.T) {
 	}
 	if codes[0] != 200 || codes[1] != 429 || codes[2] != 200 {
 		t.Fatalf("codes %v", codes)
+	}
+}
+
+// TestSettlementOnce: a request's reservation is a lease keyed by its
+// request id, so once any instance has settled it, another settlement of the
+// same request (here this gateway's own, after a peer settled first) changes
+// nothing.
+func TestSettlementOnce(t *testing.T) {
+	l := Limits{RPM: 100, TPM: 60000} // no concurrency limit: a reservation lease
+	e := newEnv(t, l, fakeopenai.Options{CompletionTokens: 20})
+	hold, held := make(chan struct{}), make(chan struct{})
+	e.up.Enqueue(fakeopenai.Fault{HoldAfter: 5, Hold: hold, Held: held})
+	body := `{"model":"gpt-test","stream":true,"max_tokens":200,"messages":[{"role":"user","content":"tell a long story"}]}`
+	res := e.post(context.Background(), "/v1/chat/completions", clientKey, body)
+	<-held
+	id := res.Header.Get("x-sluice-request-id")
+	resv := sluice.Limit{Rate: 1 << 40, Period: DefaultLeaseTTL}
+	if got := e.remaining("reservation", sluice.Concurrency, resv); got != 1<<40-1 {
+		t.Fatalf("reservation lease not taken: remaining %d", got)
+	}
+	reserved := promptEstimate(t, body) + 200
+	// A peer settles first: it releases the lease and keeps 10 tokens charged.
+	tc := e.cfg.Tiers["t"]
+	ds, err := e.store.ApplyAll(context.Background(), sluice.OpRefund, []sluice.Request{
+		{Key: "{gw:" + e.client + "}:reservation", Algorithm: sluice.Concurrency, Limit: resv, Cost: 1, Lease: id},
+		{Key: "{gw:" + e.client + "}:tpm", Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: tc.TPM, Period: time.Minute, Burst: tc.TPMBurst}, Cost: reserved - 10},
+	})
+	if err != nil || !ds[0].Allowed {
+		t.Fatalf("peer settlement: %+v %v", ds, err)
+	}
+	close(hold)
+	_, _ = io.Copy(io.Discard, res.Body)
+	s := e.settle()
+	if !errors.Is(s.Err, ErrAlreadySettled) {
+		t.Fatalf("second settlement: %+v, want ErrAlreadySettled", s)
+	}
+	if got := e.tpmRemaining(); got != l.TPM-10 {
+		t.Fatalf("tpm remaining %d, want %d: the reservation was settled twice", got, l.TPM-10)
+	}
+	if got := e.remaining("reservation", sluice.Concurrency, resv); got != 1<<40 {
+		t.Fatalf("reservation lease left behind: remaining %d", got)
 	}
 }

@@ -47,6 +47,9 @@ func (g *Gateway) setLimitHeaders(h http.Header, c *call, ds []sluice.Decision) 
 	var policies, states []string
 	for i, d := range ds {
 		s := c.specs[i]
+		if s.kind == kindReservation {
+			continue // not a limit: nothing to publish
+		}
 		switch s.kind {
 		case kindRequests:
 			reqDs = append(reqDs, d)
