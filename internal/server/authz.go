@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/httplimit"
 )
 
 // handleAuthz is the forward-auth endpoint for NGINX auth_request, Traefik
@@ -40,8 +41,8 @@ func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		if item.Key == "" {
-			ip, ok := clientIP(r, cfg.Authz.TrustedProxies)
-			if !ok {
+			ip, err := httplimit.ClientIP(r, cfg.Authz.TrustedProxies)
+			if err != nil {
 				writeError(w, http.StatusBadRequest, "cannot tell the client address")
 				return
 			}
@@ -100,44 +101,6 @@ func cutPrefixFold(s, prefix string) (string, bool) {
 		return s[len(prefix):], true
 	}
 	return s, false
-}
-
-// clientIP is the peer address, or, when the peer is a trusted proxy, the
-// rightmost address of X-Forwarded-For that is not a trusted proxy. Entries
-// left of it could have been written by the client and are ignored.
-func clientIP(r *http.Request, trusted []netip.Prefix) (netip.Addr, bool) {
-	ap, err := netip.ParseAddrPort(r.RemoteAddr)
-	if err != nil {
-		return netip.Addr{}, false
-	}
-	addr := ap.Addr().Unmap()
-	if !isTrusted(addr, trusted) {
-		return addr, true
-	}
-	values := r.Header.Values("X-Forwarded-For")
-	for i := len(values) - 1; i >= 0; i-- {
-		parts := strings.Split(values[i], ",")
-		for j := len(parts) - 1; j >= 0; j-- {
-			a, err := netip.ParseAddr(strings.TrimSpace(parts[j]))
-			if err != nil {
-				return addr, true
-			}
-			addr = a.Unmap()
-			if !isTrusted(addr, trusted) {
-				return addr, true
-			}
-		}
-	}
-	return addr, true
-}
-
-func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
-	for _, p := range trusted {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
 }
 
 // ipIdentity keys IPv4 clients by address and IPv6 clients by their /64,

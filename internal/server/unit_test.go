@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluice-io/sluice/httplimit"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/metrics"
 	"github.com/sluice-io/sluice/memstore"
@@ -38,8 +39,8 @@ func TestClientIP(t *testing.T) {
 		for _, v := range c.xff {
 			r.Header.Add("X-Forwarded-For", v)
 		}
-		got, ok := clientIP(r, trusted)
-		if !ok || got.String() != c.want {
+		got, err := httplimit.ClientIP(r, trusted)
+		if err != nil || got.String() != c.want {
 			t.Errorf("%s %v: %s, want %s", c.remote, c.xff, got, c.want)
 		}
 	}
