@@ -30,9 +30,18 @@ deps:
 test: deps lint
 	$(GO) test -race -count=1 -timeout 9m ./...
 
+# bench runs every benchmark and report; each prints its figures beside a
+# baseline measured in the same run. It takes about five minutes and wants a
+# quiet machine. docs/BENCHMARKS.md records the latest figures.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./...
-	cd bench && $(GO) test -run '^$$' -bench . -benchmem ./...
+	$(GO) test -run '^$$' -bench . -benchmem ./algo ./clock ./memstore
+	cd bench && $(GO) run ./cmd/corebench -rounds 5
+	bash bench/redis.sh
+	bash internal/loadtest/bench-service.sh 10s
+	bash internal/loadtest/bench-envoy.sh 10s
+	$(GO) test -run '^$$' -bench 'AddedLatency|ServeHTTP' -benchtime=10000x ./internal/gateway/
+	$(GO) test -run '^$$' -bench OverheadRatio -benchtime 5x ./internal/batch/
+	$(GO) test -run '^$$' -bench Memory100k -benchtime 1x ./internal/batch/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseLimit -fuzztime 30s .
