@@ -25,13 +25,20 @@ var algoFiles = map[sluice.Algorithm]string{
 	sluice.Concurrency:          "concurrency.lua",
 }
 
+// fastFiles names the lean one-key scripts; TokenBucket runs GCRA's.
+var fastFiles = map[sluice.Algorithm]string{
+	sluice.GCRA:        "gcra_fast.lua",
+	sluice.FixedWindow: "fixedwindow_fast.lua",
+}
+
 // scripts holds one script per algorithm, for Apply, and one with every
 // algorithm, for ApplyAll. Each is lib.lua, the algorithm files and
 // main.lua, run with EVALSHA (EVAL on NOSCRIPT).
 type scripts struct {
 	single [sluice.Concurrency + 1]*rueidis.Lua
-	// fast holds the lean one-key scripts of GCRA and TokenBucket, the hot
-	// path, which take fastArgs and reply with two numbers.
+	// fast holds the lean one-key scripts of GCRA, TokenBucket and
+	// FixedWindow, the hot paths, which take fastArgs and reply with two
+	// or three numbers.
 	fast    [sluice.Concurrency + 1]*rueidis.Lua
 	fastSrc [sluice.Concurrency + 1]string
 	batch   *rueidis.Lua
@@ -69,11 +76,17 @@ func loadScripts() (*scripts, error) {
 	}
 	s.batchSrc = all + "\n" + main
 	s.batch = rueidis.NewLuaScript(s.batchSrc)
-	for a, name := range map[sluice.Algorithm]string{sluice.GCRA: "gcra_fast.lua", sluice.TokenBucket: "tokenbucket_fast.lua"} {
+	for a, name := range fastFiles {
 		if s.fastSrc[a], err = read(name); err != nil {
 			return nil, err
 		}
-		s.fast[a] = rueidis.NewLuaScript(s.fastSrc[a])
+	}
+	// A token bucket is a GCRA whose level is tau − (TAT − now): one script.
+	s.fastSrc[sluice.TokenBucket] = s.fastSrc[sluice.GCRA]
+	for a := range s.fastSrc {
+		if s.fastSrc[a] != "" {
+			s.fast[a] = rueidis.NewLuaScript(s.fastSrc[a])
+		}
 	}
 	return s, nil
 }
@@ -90,23 +103,72 @@ func Script(req sluice.Request) (src string, argv []string, err error) {
 		return "", nil, err
 	}
 	if s.fast[req.Algorithm] != nil {
-		return s.fastSrc[req.Algorithm], fastArgs(sluice.OpAllow, &req, -1), nil
+		p, err := newFastParams(&req)
+		if err != nil {
+			return "", nil, err
+		}
+		return s.fastSrc[req.Algorithm], fastArgs(sluice.OpAllow, p, -1), nil
 	}
 	argv, err = appendArgs([]string{opArg(sluice.OpAllow), "", ""}, &req)
 	return s.singleSrc[req.Algorithm], argv, err
 }
 
-// fastArgs is the ARGV of a fast script: op, time, tau, and the intervals
-// of the effective cost and of the cost.
-func fastArgs(op sluice.Op, req *sluice.Request, now int64) []string {
+// fastParams are the ARGV values of a fast script after op and time, for
+// one algorithm, limit and cost: for GCRA and TokenBucket, tau and the
+// intervals of the effective cost and of the cost; for FixedWindow, the
+// period, the period in whole seconds (0 if not whole), the rate, the
+// effective cost and the cost. Callers mostly repeat one limit, so the
+// store keeps the last one of each algorithm rather than format the
+// numbers on every call.
+type fastParams struct {
+	algo  sluice.Algorithm
+	limit sluice.Limit
+	cost  int64
+	tau   int64 // GCRA and TokenBucket
+	args  []string
+}
+
+func newFastParams(req *sluice.Request) (*fastParams, error) {
 	l := req.Limit
-	ts, tn := timeArgs(now)
-	return []string{
-		opArg(op), ts, tn,
-		strconv.FormatInt(l.CostInterval(l.Capacity()), 10),
-		strconv.FormatInt(l.CostInterval(max(req.Cost, 1)), 10),
-		strconv.FormatInt(l.CostInterval(req.Cost), 10),
+	p := &fastParams{algo: req.Algorithm, limit: l, cost: req.Cost}
+	eff := max(req.Cost, 1)
+	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
+	if req.Algorithm == sluice.FixedWindow {
+		ps, err := wholeSeconds(req)
+		if err != nil {
+			return nil, err
+		}
+		p.args = []string{itoa(int64(l.Period)), itoa(ps), itoa(l.Rate), itoa(eff), itoa(req.Cost)}
+		return p, nil
 	}
+	p.tau = l.CostInterval(l.Capacity())
+	p.args = []string{itoa(p.tau), itoa(l.CostInterval(eff)), itoa(l.CostInterval(req.Cost))}
+	return p, nil
+}
+
+// matches reports whether p holds req's parameters.
+func (p *fastParams) matches(req *sluice.Request) bool {
+	return p != nil && p.algo == req.Algorithm && p.limit == req.Limit && p.cost == req.Cost
+}
+
+// fastArgs is the ARGV of a fast script: op, time, then p's values.
+func fastArgs(op sluice.Op, p *fastParams, now int64) []string {
+	ts, tn := timeArgs(now)
+	return append(append(make([]string, 0, 3+len(p.args)), opArg(op), ts, tn), p.args...)
+}
+
+// wholeSeconds is req's period in whole seconds, or 0 when it is not whole
+// (which the window algorithms support below maxExactNS/10 only).
+func wholeSeconds(req *sluice.Request) (int64, error) {
+	l := req.Limit
+	p := int64(l.Period)
+	if p%int64(time.Second) == 0 {
+		return p / int64(time.Second), nil
+	}
+	if (req.Algorithm == sluice.FixedWindow || req.Algorithm == sluice.SlidingWindowCounter) && p >= maxExactNS/10 {
+		return 0, fmt.Errorf("redisstore: %w: %s: a window period that is not whole seconds must be under %s", ErrUnsupportedLimit, l, time.Duration(maxExactNS/10))
+	}
+	return 0, nil
 }
 
 // argsPerKey is the number of ARGV values per key after the three leading ones.
@@ -119,11 +181,9 @@ const maxExactNS = 1 << 53
 func appendArgs(args []string, req *sluice.Request) ([]string, error) {
 	l := req.Limit
 	p := int64(l.Period)
-	ps := int64(0)
-	if p%int64(time.Second) == 0 {
-		ps = p / int64(time.Second)
-	} else if (req.Algorithm == sluice.FixedWindow || req.Algorithm == sluice.SlidingWindowCounter) && p >= maxExactNS/10 {
-		return nil, fmt.Errorf("redisstore: %w: %s: a window period that is not whole seconds must be under %s", ErrUnsupportedLimit, l, time.Duration(maxExactNS/10))
+	ps, err := wholeSeconds(req)
+	if err != nil {
+		return nil, err
 	}
 	eff := max(req.Cost, 1)
 	tau := int64(0)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -134,6 +135,9 @@ type core struct {
 	localErr     error
 
 	calls, errs, degraded, cacheHits atomic.Uint64
+
+	// params caches the last fast-script parameters of each algorithm.
+	params [sluice.Concurrency + 1]atomic.Pointer[fastParams]
 }
 
 // New connects to Redis and returns a Store. URL schemes:
@@ -198,7 +202,34 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		c.ownsConn = true
 		c.cluster = mode == "cluster"
 	}
+	c.preload(ctx)
 	return &Store{core: c, policy: opts.Policy}, nil
+}
+
+// preload loads every script on every node, so that no first call of a
+// script pays a NOSCRIPT round trip. It is best effort: a call that finds
+// its script missing (after a restart or SCRIPT FLUSH) loads it anyway.
+func (c *core) preload(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, max(c.timeout*4, time.Second))
+	defer cancel()
+	var srcs []string
+	for _, src := range append(append(c.scripts.singleSrc[:], c.scripts.fastSrc[:]...), c.scripts.batchSrc) {
+		if src != "" && !slices.Contains(srcs, src) {
+			srcs = append(srcs, src)
+		}
+	}
+	for addr, node := range c.client.Nodes() {
+		cmds := make(rueidis.Commands, len(srcs)) // a command is sent once
+		for i, src := range srcs {
+			cmds[i] = node.B().ScriptLoad().Script(src).Build()
+		}
+		for _, r := range node.DoMulti(ctx, cmds...) {
+			if err := r.Error(); err != nil {
+				c.log.Debug("redisstore: could not preload a script", "addr", addr, "err", err)
+				break
+			}
+		}
+	}
 }
 
 func cmp[T int64 | time.Duration](v, def T) T {
@@ -328,7 +359,17 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 			s.cache.del(reqs[i].Key)
 		}
 	}
-	return s.run(ctx, op, reqs, s.scripts.batch)
+	a := reqs[0].Algorithm
+	if fast := s.scripts.fast[a]; fast != nil && len(reqs) == 1 && op != sluice.OpReset {
+		return s.runFast(ctx, op, reqs, fast)
+	}
+	for i := range reqs[1:] {
+		if reqs[i+1].Algorithm != a {
+			return s.run(ctx, op, reqs, s.scripts.batch)
+		}
+	}
+	// One algorithm: its own script defines only the functions it needs.
+	return s.run(ctx, op, reqs, s.scripts.single[a])
 }
 
 // runFast is run for the lean one-key scripts.
@@ -337,7 +378,16 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, reqs []sluice.Request
 	if s.testClk != nil {
 		now = s.testClk.Now()
 	}
-	args := fastArgs(op, &reqs[0], now)
+	req := &reqs[0]
+	p := s.params[req.Algorithm].Load()
+	if !p.matches(req) {
+		var err error
+		if p, err = newFastParams(req); err != nil {
+			return nil, err
+		}
+		s.params[req.Algorithm].Store(p)
+	}
+	args := fastArgs(op, p, now)
 	if !s.br.allow() {
 		return s.degrade(ctx, op, reqs, ErrCircuitOpen)
 	}
@@ -345,16 +395,27 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, reqs []sluice.Request
 	defer cancel()
 	s.calls.Add(1)
 	vals, err := s.bounded(cctx, func(ctx context.Context) ([]int64, error) {
-		return script.Exec(ctx, s.client, []string{reqs[0].Key}, args).AsIntSlice()
+		return script.Exec(ctx, s.client, []string{req.Key}, args).AsIntSlice()
 	})
-	if err == nil && len(vals) != 2 {
-		err = fmt.Errorf("redisstore: script replied %d values, want 2", len(vals))
+	want := 2
+	if req.Algorithm == sluice.FixedWindow {
+		want = 3
+	}
+	if err == nil && len(vals) != want {
+		err = fmt.Errorf("redisstore: script replied %d values, want %d", len(vals), want)
 	}
 	if err != nil {
 		return s.failed(ctx, op, reqs, err)
 	}
 	s.br.success()
-	return []sluice.Decision{decide(&reqs[0], reply{ok: vals[0] == 1, x: vals[1]})}, nil
+	r := reply{ok: vals[0] == 1, x: vals[1]}
+	switch req.Algorithm {
+	case sluice.TokenBucket: // the script's TAT − now is tau − level
+		r.x = p.tau - r.x
+	case sluice.FixedWindow:
+		r.y = vals[2]
+	}
+	return []sluice.Decision{decide(req, r)}, nil
 }
 
 // failed handles a failed call: the caller's own cancellation is returned

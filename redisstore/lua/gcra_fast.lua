@@ -1,5 +1,7 @@
--- GCRA for one key, the hot path: the same algorithm as gcra.lua with
--- main.lua, without the batch machinery. KEYS[1] is the key; ARGV is op,
+-- GCRA and token bucket for one key, the hot path: the same algorithm as
+-- gcra.lua (and tokenbucket.lua) with main.lua, without the batch
+-- machinery. A token bucket is a GCRA whose level is tau − (TAT − now), so
+-- both store the TAT; the client turns the reply into a level. KEYS[1] is the key; ARGV is op,
 -- now seconds, now nanoseconds ('' '' for Redis TIME), tau, interval of
 -- the effective cost, interval of the cost. The key holds the TAT as a
 -- decimal Unix-ns integer and expires when it passes.
@@ -17,7 +19,12 @@ local tat = 0
 local v = redis.call('GET', k)
 if v then
   local l = #v
-  tat = (tonumber(string.sub(v, 1, l - 9)) - ns) * 1e9 + (tonumber(string.sub(v, l - 8)) - nn)
+  if l <= 19 then
+    tat = (tonumber(string.sub(v, 1, l - 9)) - ns) * 1e9 + (tonumber(string.sub(v, l - 8)) - nn)
+  else -- "LEVEL LAST", a token bucket written by an older sluice
+    local i = string.find(v, ' ', 1, true)
+    tat = (tonumber(string.sub(v, i + 1, l - 9)) - ns) * 1e9 + (tonumber(string.sub(v, l - 8)) - nn) + tau - tonumber(string.sub(v, 1, i - 1))
+  end
   if tat < 0 then tat = 0 end
 end
 if op <= 2 then

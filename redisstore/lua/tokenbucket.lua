@@ -1,15 +1,22 @@
--- Token bucket: the key holds "LEVEL LAST": the level in nanoseconds of
--- refill (a full bucket holds tau) and the Unix-ns time it was measured. It
--- expires when the bucket would be full again; a full bucket is deleted.
--- Reply: allowed, level.
+-- Token bucket: the key holds the Unix-ns time at which the bucket will be
+-- full again (a decimal integer, as GCRA's TAT: a bucket with level L at
+-- time T is full at T + tau − L, so level = tau − (full − now)), and
+-- expires then; a full bucket is deleted. A value "LEVEL LAST" (level in
+-- nanoseconds of refill measured at Unix-ns LAST), written by an older
+-- sluice, is read too. Reply: allowed, level.
 ALGOS[2] = {
   load = function(k, q)
     local v = redis.call('GET', k)
     if not v then return q.tau end
     local i = string.find(v, ' ', 1, true)
-    local since = -rel(string.sub(v, i + 1))
-    if since < 0 then since = 0 end
-    local level = tonumber(string.sub(v, 1, i - 1)) + since
+    local level
+    if i then
+      local since = -rel(string.sub(v, i + 1))
+      if since < 0 then since = 0 end
+      level = tonumber(string.sub(v, 1, i - 1)) + since
+    else
+      level = q.tau - rel(v)
+    end
     if level > q.tau then level = q.tau end
     return level
   end,
@@ -30,7 +37,7 @@ ALGOS[2] = {
     if level >= q.tau then
       redis.call('DEL', k)
     else
-      redis.call('SET', k, fmt(level) .. ' ' .. abs(0), 'PX', ms(q.tau - level))
+      redis.call('SET', k, abs(q.tau - level), 'PX', ms(q.tau - level))
     end
   end,
 }
