@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Config is the `envoy:` section of sluice serve's configuration file:
@@ -140,4 +142,23 @@ func serveHTTP(ctx context.Context, lis net.Listener, h http.Handler, log *slog.
 		<-errc
 		return nil
 	}
+}
+
+// CheckDir loads a directory of envoyproxy/ratelimit YAML files the way the
+// service does, offline, and returns the number of domains in it. Its
+// errors name the file and the problem, as the service's do.
+func CheckDir(dir string, merge bool) (int, error) {
+	files, err := readDir(dir)
+	if err != nil {
+		return 0, err
+	}
+	m, err := newMetrics(prometheus.NewRegistry(), 0)
+	if err != nil {
+		return 0, err
+	}
+	rs, err := parseConfig(files, merge, m)
+	if err != nil {
+		return 0, err
+	}
+	return len(rs.domains), nil
 }
