@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"net/url"
@@ -30,8 +31,9 @@ const (
 //
 // "redis-cluster" and "redis-sentinel" are accepted for the "+" forms.
 // Query parameters: dial_timeout (a Go duration), skip_verify (TLS, tests
-// only), sentinel_password (if the sentinels need their own). Credentials
-// missing from the URL come from username and password, then from
+// only), ca_file (TLS: a PEM file of CA certificates to trust instead of
+// the system roots), sentinel_password (if the sentinels need their own).
+// Credentials missing from the URL come from username and password, then from
 // SLUICE_REDIS_USERNAME and SLUICE_REDIS_PASSWORD. Errors never contain
 // the password.
 func clientOption(raw, username, password string) (rueidis.ClientOption, string, error) {
@@ -127,6 +129,18 @@ func clientOption(raw, username, password string) (rueidis.ClientOption, string,
 			}
 			opt.TLSConfig.InsecureSkipVerify = skip
 		}
+		if v := q.Get("ca_file"); v != "" {
+			pemBytes, err := os.ReadFile(v)
+			if err != nil {
+				return bad("ca_file: %v", err)
+			}
+			opt.TLSConfig.RootCAs = x509.NewCertPool()
+			if !opt.TLSConfig.RootCAs.AppendCertsFromPEM(pemBytes) {
+				return bad("ca_file %q holds no PEM certificate", v)
+			}
+		}
+	} else if q.Has("ca_file") {
+		return bad("ca_file needs TLS: use rediss://")
 	}
 	switch mode {
 	case "standalone":

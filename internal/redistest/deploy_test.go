@@ -24,6 +24,15 @@ func TestSentinelsFailover(t *testing.T) {
 	if err := sen.WaitReplicas(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := master.Do(ctx, "SET", "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	if err := WaitReplicated(ctx, master, replica); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := replica.Do(ctx, "GET", "k"); err != nil || v != "v" {
+		t.Fatalf("GET on the replica = %v, %v", v, err)
+	}
 	start := time.Now()
 	master.Kill()
 	if err := sen.Failover(ctx); err != nil {

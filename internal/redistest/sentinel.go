@@ -165,6 +165,29 @@ func NewReplica(t testing.TB, master *Server) *Server {
 	return r
 }
 
+// WaitReplicated polls replica until it has received everything master
+// had written when WaitReplicated was called (its slave_repl_offset reaches
+// the master's master_repl_offset), or ctx ends. Unlike WAIT on a new
+// connection, which has written nothing, it covers other clients' writes.
+func WaitReplicated(ctx context.Context, master, replica *Server) error {
+	info, err := master.Info(ctx, "replication")
+	if err != nil {
+		return err
+	}
+	want, err := strconv.ParseInt(info["master_repl_offset"], 10, 64)
+	if err != nil {
+		return fmt.Errorf("redistest: master_repl_offset %q: %w", info["master_repl_offset"], err)
+	}
+	return poll(ctx, func() (bool, string) {
+		info, err := replica.Info(ctx, "replication")
+		if err != nil {
+			return false, err.Error()
+		}
+		got, _ := strconv.ParseInt(info["slave_repl_offset"], 10, 64)
+		return got >= want, fmt.Sprintf("replica %s at offset %d, master %s at %d", replica.Addr, got, master.Addr, want)
+	})
+}
+
 // fields turns a flat [k1 v1 k2 v2 ...] reply into a map.
 func fields(r any) map[string]string {
 	list, _ := r.([]any)
