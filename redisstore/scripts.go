@@ -126,6 +126,8 @@ type fastParams struct {
 	cost  int64
 	tau   int64 // GCRA and TokenBucket
 	args  []string
+	// argv is the whole ARGV of each op with Redis TIME, shared read-only.
+	argv [sluice.OpCharge + 1][]string
 }
 
 func newFastParams(req *sluice.Request) (*fastParams, error) {
@@ -139,10 +141,13 @@ func newFastParams(req *sluice.Request) (*fastParams, error) {
 			return nil, err
 		}
 		p.args = []string{itoa(int64(l.Period)), itoa(ps), itoa(l.Rate), itoa(eff), itoa(req.Cost)}
-		return p, nil
+	} else {
+		p.tau = l.CostInterval(l.Capacity())
+		p.args = []string{itoa(p.tau), itoa(l.CostInterval(eff)), itoa(l.CostInterval(req.Cost))}
 	}
-	p.tau = l.CostInterval(l.Capacity())
-	p.args = []string{itoa(p.tau), itoa(l.CostInterval(eff)), itoa(l.CostInterval(req.Cost))}
+	for _, op := range []sluice.Op{sluice.OpAllow, sluice.OpPeek, sluice.OpRefund, sluice.OpCharge} {
+		p.argv[op] = fastArgs(op, p, -1)
+	}
 	return p, nil
 }
 

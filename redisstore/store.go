@@ -313,21 +313,22 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 			s.cache.del(req.Key)
 		}
 	}
-	reqs := []sluice.Request{req}
 	// The denial is cached from the time of asking: Redis decided later,
 	// so the entry never outlives the real denial.
 	asked := s.localClk.Now()
-	var ds []sluice.Decision
-	var err error
+	var d sluice.Decision
 	if fast := s.scripts.fast[req.Algorithm]; fast != nil && op != sluice.OpReset {
-		ds, err = s.runFast(ctx, op, reqs, fast)
+		var err error
+		if d, err = s.runFast(ctx, op, &req, fast); err != nil {
+			return sluice.Decision{}, err
+		}
 	} else {
-		ds, err = s.run(ctx, op, reqs, s.scripts.single[req.Algorithm])
+		ds, err := s.run(ctx, op, []sluice.Request{req}, s.scripts.single[req.Algorithm])
+		if err != nil {
+			return sluice.Decision{}, err
+		}
+		d = ds[0]
 	}
-	if err != nil {
-		return sluice.Decision{}, err
-	}
-	d := ds[0]
 	if cacheable && !d.Allowed && !d.Degraded && d.RetryAfter > 0 && req.Cost <= 1 && (op == sluice.OpAllow || op == sluice.OpPeek) {
 		s.cache.put(&req, d, asked)
 	}
@@ -361,7 +362,11 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 	}
 	a := reqs[0].Algorithm
 	if fast := s.scripts.fast[a]; fast != nil && len(reqs) == 1 && op != sluice.OpReset {
-		return s.runFast(ctx, op, reqs, fast)
+		d, err := s.runFast(ctx, op, &reqs[0], fast)
+		if err != nil {
+			return nil, err
+		}
+		return []sluice.Decision{d}, nil
 	}
 	for i := range reqs[1:] {
 		if reqs[i+1].Algorithm != a {
@@ -372,31 +377,44 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 	return s.run(ctx, op, reqs, s.scripts.single[a])
 }
 
-// runFast is run for the lean one-key scripts.
-func (s *Store) runFast(ctx context.Context, op sluice.Op, reqs []sluice.Request, script *rueidis.Lua) ([]sluice.Decision, error) {
-	now := int64(-1)
-	if s.testClk != nil {
-		now = s.testClk.Now()
-	}
-	req := &reqs[0]
+// runFast runs a lean one-key script for req. It is the hot path, so it
+// allocates little: the ARGV come from the per-limit cache, and the
+// request is put in a slice only when the failure policy answers.
+func (s *Store) runFast(ctx context.Context, op sluice.Op, req *sluice.Request, script *rueidis.Lua) (sluice.Decision, error) {
 	p := s.params[req.Algorithm].Load()
 	if !p.matches(req) {
 		var err error
 		if p, err = newFastParams(req); err != nil {
-			return nil, err
+			return sluice.Decision{}, err
 		}
 		s.params[req.Algorithm].Store(p)
 	}
-	args := fastArgs(op, p, now)
+	args := p.argv[op]
+	if s.testClk != nil {
+		args = fastArgs(op, p, s.testClk.Now())
+	}
+	one := func(ds []sluice.Decision, err error) (sluice.Decision, error) {
+		if err != nil {
+			return sluice.Decision{}, err
+		}
+		return ds[0], nil
+	}
 	if !s.br.allow() {
-		return s.degrade(ctx, op, reqs, ErrCircuitOpen)
+		return one(s.degrade(ctx, op, []sluice.Request{*req}, ErrCircuitOpen))
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	s.calls.Add(1)
-	vals, err := s.bounded(cctx, func(ctx context.Context) ([]int64, error) {
-		return script.Exec(ctx, s.client, []string{req.Key}, args).AsIntSlice()
-	})
+	keys := []string{req.Key}
+	var vals []int64
+	var err error
+	if s.br.healthy() {
+		vals, err = script.Exec(cctx, s.client, keys, args).AsIntSlice()
+	} else {
+		vals, err = s.bounded(cctx, func(ctx context.Context) ([]int64, error) {
+			return script.Exec(ctx, s.client, keys, args).AsIntSlice()
+		})
+	}
 	want := 2
 	if req.Algorithm == sluice.FixedWindow {
 		want = 3
@@ -405,7 +423,7 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, reqs []sluice.Request
 		err = fmt.Errorf("redisstore: script replied %d values, want %d", len(vals), want)
 	}
 	if err != nil {
-		return s.failed(ctx, op, reqs, err)
+		return one(s.failed(ctx, op, []sluice.Request{*req}, err))
 	}
 	s.br.success()
 	r := reply{ok: vals[0] == 1, x: vals[1]}
@@ -415,7 +433,7 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, reqs []sluice.Request
 	case sluice.FixedWindow:
 		r.y = vals[2]
 	}
-	return []sluice.Decision{decide(req, r)}, nil
+	return decide(req, r), nil
 }
 
 // failed handles a failed call: the caller's own cancellation is returned
