@@ -49,6 +49,7 @@ const (
 	DefaultBreakerCooldown  = time.Second
 	DefaultDenyCacheSize    = 65536
 	DefaultLocalMaxKeys     = 100_000
+	DefaultFlushDelay       = 20 * time.Microsecond
 )
 
 // Options configure a Store. URL (or Client) is required.
@@ -62,6 +63,13 @@ type Options struct {
 	// Client, if set, is used instead of dialling URL, so that one pooled
 	// client serves the whole process. Close leaves it open.
 	Client rueidis.Client
+	// FlushDelay is how long the connection's write loop may wait after a
+	// flush, while other calls are waiting, to send more of them in one
+	// write (rueidis' MaxFlushDelay). Under concurrent load this halves the
+	// write system calls and raises throughput; a lone caller never waits.
+	// DefaultFlushDelay (20µs) when zero; negative sends at once. It does
+	// not apply to Options.Client.
+	FlushDelay time.Duration
 
 	// Timeout is the deadline of every call to Redis, DefaultTimeout (50ms)
 	// when zero.
@@ -195,6 +203,9 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		}
 		copt.Dialer.Timeout = cmp(copt.Dialer.Timeout, time.Second)
 		copt.DisableCache = true
+		if opts.FlushDelay >= 0 {
+			copt.MaxFlushDelay = cmp(opts.FlushDelay, DefaultFlushDelay)
+		}
 		copt.ConnWriteTimeout = max(c.timeout*4, time.Second)
 		if c.client, err = rueidis.NewClient(copt); err != nil {
 			return nil, fmt.Errorf("%w: connect (%s %s): %w", ErrUnavailable, mode, strings.Join(copt.InitAddress, ","), err)
