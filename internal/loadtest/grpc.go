@@ -53,6 +53,8 @@ type GRPCResult struct {
 	// ServerCPU is the server process's user+system CPU time over the run,
 	// when GRPCOptions.PID is set.
 	ServerCPU time.Duration
+	// FirstError is the first failed call's error, if any failed.
+	FirstError error
 }
 
 // CPUPerRequest is the server's CPU time per completed request.
@@ -67,6 +69,9 @@ func (r *GRPCResult) CPUPerRequest() time.Duration {
 func (r *GRPCResult) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "requests   %d in %s (%d errors)\n", r.Requests, r.Elapsed.Round(time.Millisecond), r.Errors)
+	if r.FirstError != nil {
+		fmt.Fprintf(&b, "first error %v\n", r.FirstError)
+	}
 	fmt.Fprintf(&b, "throughput %.0f req/s\n", r.Throughput())
 	fmt.Fprintf(&b, "codes      OK:%d OVER_LIMIT:%d\n", r.Codes["OK"], r.Codes["OVER_LIMIT"])
 	fmt.Fprintf(&b, "latency    p50 %s  p90 %s  p99 %s  p99.9 %s  max %s\n",
@@ -169,7 +174,9 @@ func RunGRPC(ctx context.Context, o GRPCOptions) (*GRPCResult, error) {
 				resp, err := client.ShouldRateLimit(cctx, req)
 				cancel()
 				if err != nil {
-					if runCtx.Err() != nil {
+					// A call cut by the end of the run is not an error. Its
+					// own deadline can fire a moment before the run's.
+					if deadline, ok := runCtx.Deadline(); runCtx.Err() != nil || (ok && !time.Now().Before(deadline)) {
 						return
 					}
 					wk.errs++
@@ -209,6 +216,7 @@ func RunGRPC(ctx context.Context, o GRPCOptions) (*GRPCResult, error) {
 	if res.Requests == 0 && firstErr != nil {
 		return res, fmt.Errorf("loadtest: every call failed: %w", firstErr)
 	}
+	res.FirstError = firstErr
 	return res, nil
 }
 
