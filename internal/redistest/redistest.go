@@ -149,6 +149,20 @@ func freePort() (int, error) {
 	return 0, errors.New("no free port pair found")
 }
 
+// baseArgs are the options of every test server besides its ports:
+// loopback only, no persistence, logs to stdout.
+func baseArgs(dir string) []string {
+	return []string{
+		"--bind", "127.0.0.1",
+		"--dir", dir,
+		"--save", "",
+		"--appendonly", "no",
+		"--protected-mode", "no",
+		"--loglevel", "notice",
+		"--logfile", "",
+	}
+}
+
 func startServer(extra []string) (*Server, error) {
 	if err := checkBinaries(); err != nil {
 		return nil, err
@@ -164,16 +178,7 @@ func startServer(extra []string) (*Server, error) {
 			return nil, err
 		}
 		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir}
-		s.args = append([]string{
-			"--port", strconv.Itoa(port),
-			"--bind", "127.0.0.1",
-			"--dir", dir,
-			"--save", "",
-			"--appendonly", "no",
-			"--protected-mode", "no",
-			"--loglevel", "notice",
-			"--logfile", "",
-		}, extra...)
+		s.args = append(append([]string{"--port", strconv.Itoa(port)}, baseArgs(dir)...), extra...)
 		if lastErr = s.start(); lastErr == nil {
 			return s, nil
 		}

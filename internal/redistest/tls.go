@@ -83,21 +83,14 @@ func startTLSServer(extra []string) (*TLSServer, error) {
 			return nil, err
 		}
 		srv := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir}
-		srv.args = append([]string{
+		srv.args = append(append([]string{
 			"--port", "0",
 			"--tls-port", strconv.Itoa(port),
 			"--tls-cert-file", files.cert,
 			"--tls-key-file", files.key,
 			"--tls-ca-cert-file", files.ca,
 			"--tls-auth-clients", "no",
-			"--bind", "127.0.0.1",
-			"--dir", dir,
-			"--save", "",
-			"--appendonly", "no",
-			"--protected-mode", "no",
-			"--loglevel", "notice",
-			"--logfile", "",
-		}, extra...)
+		}, baseArgs(dir)...), extra...)
 		if lastErr = srv.start(); lastErr == nil {
 			return &TLSServer{Addr: srv.Addr, Port: port, CAFile: files.ca, CAs: pool, srv: srv}, nil
 		}
