@@ -1,9 +1,11 @@
 package redisstore
 
 import (
-	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/puzpuzpuz/xsync/v4"
 
 	"github.com/sluice-io/sluice"
 )
@@ -13,17 +15,15 @@ import (
 // meanwhile. It answers only requests of cost 1 with the same algorithm and
 // limit: for them the decision stays exact (Remaining stays 0, RetryAfter
 // and ResetAfter count down), as long as no other instance refunds the key.
-// It is sharded and bounded; when a shard is full it drops expired
-// entries, then any.
+//
+// Its reads take no lock (xsync.Map with immutable entries), so one hot
+// denied key hammered from every core does not serialise on a mutex. It is
+// bounded: past max entries, a put drops the expired ones, then any.
 type denyCache struct {
-	seed   maphash.Seed
-	shards [16]denyShard
-	max    int // per shard
-}
-
-type denyShard struct {
-	mu sync.Mutex
-	m  map[string]denyEntry
+	m    *xsync.Map[string, *denyEntry]
+	size atomic.Int64 // approximate number of entries
+	max  int64
+	trim sync.Mutex
 }
 
 type denyEntry struct {
@@ -35,28 +35,26 @@ type denyEntry struct {
 }
 
 func newDenyCache(size int) *denyCache {
-	c := &denyCache{seed: maphash.MakeSeed(), max: max(1, size/16)}
-	for i := range c.shards {
-		c.shards[i].m = make(map[string]denyEntry)
-	}
-	return c
-}
-
-func (c *denyCache) shard(key string) *denyShard {
-	return &c.shards[maphash.String(c.seed, key)%uint64(len(c.shards))]
+	return &denyCache{m: xsync.NewMap[string, *denyEntry](), max: int64(max(1, size))}
 }
 
 // get returns the cached denial of req, with its times brought up to now.
 func (c *denyCache) get(req *sluice.Request, now int64) (sluice.Decision, bool) {
-	sh := c.shard(req.Key)
-	sh.mu.Lock()
-	e, ok := sh.m[req.Key]
-	if ok && now >= e.until {
-		delete(sh.m, req.Key)
-		ok = false
+	e, ok := c.m.Load(req.Key)
+	if !ok {
+		return sluice.Decision{}, false
 	}
-	sh.mu.Unlock()
-	if !ok || e.algo != req.Algorithm || e.d.Limit != req.Limit || max(req.Cost, 1) != e.cost {
+	if now >= e.until {
+		c.m.Compute(req.Key, func(old *denyEntry, loaded bool) (*denyEntry, xsync.ComputeOp) {
+			if loaded && old == e {
+				c.size.Add(-1)
+				return nil, xsync.DeleteOp
+			}
+			return old, xsync.CancelOp
+		})
+		return sluice.Decision{}, false
+	}
+	if e.algo != req.Algorithm || e.d.Limit != req.Limit || max(req.Cost, 1) != e.cost {
 		return sluice.Decision{}, false
 	}
 	d := e.d
@@ -68,29 +66,25 @@ func (c *denyCache) get(req *sluice.Request, now int64) (sluice.Decision, bool) 
 
 // put remembers a denial of req.
 func (c *denyCache) put(req *sluice.Request, d sluice.Decision, now int64) {
-	sh := c.shard(req.Key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if _, ok := sh.m[req.Key]; !ok && len(sh.m) >= c.max {
-		for k, e := range sh.m {
-			if now >= e.until {
-				delete(sh.m, k)
-			}
-		}
-		for k := range sh.m {
-			if len(sh.m) < c.max {
-				break
-			}
-			delete(sh.m, k)
+	e := &denyEntry{until: now + int64(d.RetryAfter), at: now, cost: max(req.Cost, 1), algo: req.Algorithm, d: d}
+	if _, loaded := c.m.LoadAndStore(req.Key, e); !loaded && c.size.Add(1) > c.max && c.trim.TryLock() {
+		defer c.trim.Unlock()
+		c.size.Add(-int64(c.m.DeleteMatching(func(_ string, e *denyEntry) (bool, bool) { return now >= e.until, false })))
+		if over := c.size.Load() - c.max; over > 0 {
+			c.size.Add(-int64(c.m.DeleteMatching(func(k string, _ *denyEntry) (bool, bool) {
+				if k == req.Key {
+					return false, false // keep the denial just learnt
+				}
+				over--
+				return true, over <= 0
+			})))
 		}
 	}
-	sh.m[req.Key] = denyEntry{until: now + int64(d.RetryAfter), at: now, cost: max(req.Cost, 1), algo: req.Algorithm, d: d}
 }
 
 // del forgets key.
 func (c *denyCache) del(key string) {
-	sh := c.shard(key)
-	sh.mu.Lock()
-	delete(sh.m, key)
-	sh.mu.Unlock()
+	if _, loaded := c.m.LoadAndDelete(key); loaded {
+		c.size.Add(-1)
+	}
 }
