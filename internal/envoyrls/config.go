@@ -404,7 +404,8 @@ type match struct {
 func (d *domainConfig) lookup(entries []*ratelimitv3.RateLimitDescriptor_Entry) match {
 	var m match
 	cur := &d.root
-	var buf []byte
+	var arr [128]byte
+	buf := arr[:0]
 	for i, e := range entries {
 		buf = append(append(append(buf[:0], e.GetKey()...), '_'), e.GetValue()...)
 		next := cur.children[string(buf)]

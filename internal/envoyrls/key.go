@@ -32,7 +32,8 @@ import (
 
 // keys fills in the store key of every item that reaches the store.
 func (s *Service) keys(dom *domainConfig, req *rlsv3.RateLimitRequest, items []item, matches []match) {
-	var buf []byte
+	var arr [128]byte
+	buf := arr[:0]
 	for i := range items {
 		it := &items[i]
 		if it.kind == kindNone || it.kind == kindUnlimited {

@@ -170,6 +170,10 @@ const (
 	kindDenied                    // can never pass: rate 0 or hits above capacity
 )
 
+// smallRequest is the number of descriptors a request can have for its
+// per-descriptor working state to stay off the heap.
+const smallRequest = 4
+
 // errInvalid marks a malformed request.
 var errInvalid = errors.New("envoyrls: invalid request")
 
@@ -217,7 +221,13 @@ func (s *Service) check(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 	if dom != nil {
 		dstats = dom.stats
 	}
-	items := make([]item, len(descs))
+	// Envoy sends one to a few descriptors: their items live on the stack.
+	var itemBuf [smallRequest]item
+	items := itemBuf[:0]
+	if len(descs) > len(itemBuf) {
+		items = make([]item, 0, len(descs))
+	}
+	items = items[:len(descs)]
 	if dom != nil {
 		s.plan(dom, req, items)
 	}
@@ -238,7 +248,12 @@ func (s *Service) check(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 // each is charged.
 func (s *Service) plan(dom *domainConfig, req *rlsv3.RateLimitRequest, items []item) {
 	var replaced map[string]bool
-	matches := make([]match, len(items))
+	var matchBuf [smallRequest]match
+	matches := matchBuf[:0]
+	if len(items) > len(matchBuf) {
+		matches = make([]match, 0, len(items))
+	}
+	matches = matches[:len(items)]
 	for i, d := range req.GetDescriptors() {
 		if o := d.GetLimit(); o != nil {
 			l, ok := overrideLimit(o.GetRequestsPerUnit(), rlsv3.RateLimitResponse_RateLimit_Unit(o.GetUnit()), o.GetUnitMultiplier().GetValue())
@@ -308,7 +323,8 @@ func (s *Service) detailedStats(domain string, d *ratelimitv3.RateLimitDescripto
 // apply charges the store and builds the response.
 func (s *Service) apply(ctx context.Context, items []item) (*rlsv3.RateLimitResponse, error) {
 	batch := make([]sluice.Request, 0, len(items))
-	idx := make([]int, 0, len(items))
+	var idxBuf [smallRequest]int
+	idx := idxBuf[:0]
 	needPeek := false
 	for i := range items {
 		it := &items[i]
@@ -434,14 +450,25 @@ func (it *item) request() sluice.Request {
 
 // response builds the reply from the items' decisions.
 func (s *Service) response(items []item) *rlsv3.RateLimitResponse {
-	resp := &rlsv3.RateLimitResponse{
-		OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items)),
+	var resp *rlsv3.RateLimitResponse
+	var sts []rlsv3.RateLimitResponse_DescriptorStatus
+	var durs []durationpb.Duration
+	if len(items) == 1 {
+		// The usual case in one allocation instead of four.
+		one := new(oneResponse)
+		resp, sts, durs = &one.resp, one.status[:], one.reset[:]
+		resp.Statuses = one.statuses[:]
+	} else {
+		resp = &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(items))}
+		sts = make([]rlsv3.RateLimitResponse_DescriptorStatus, len(items))
+		durs = make([]durationpb.Duration, len(items))
 	}
+	resp.OverallCode = rlsv3.RateLimitResponse_OK
 	worst := -1
 	for i := range items {
 		it := &items[i]
-		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		st := &sts[i]
+		st.Code = rlsv3.RateLimitResponse_OK
 		resp.Statuses[i] = st
 		switch it.kind {
 		case kindNone:
@@ -454,7 +481,7 @@ func (s *Service) response(items []item) *rlsv3.RateLimitResponse {
 		d := it.decision
 		st.CurrentLimit = it.current
 		st.LimitRemaining = uint32(min(max(d.Remaining, 0), math.MaxUint32))
-		st.DurationUntilReset = resetDuration(it.algo, d)
+		st.DurationUntilReset = resetDuration(&durs[i], it.algo, d)
 		over := !d.Allowed
 		if over {
 			st.LimitRemaining = 0
@@ -475,6 +502,14 @@ func (s *Service) response(items []item) *rlsv3.RateLimitResponse {
 	return resp
 }
 
+// oneResponse is a one-descriptor response with everything it points to.
+type oneResponse struct {
+	resp     rlsv3.RateLimitResponse
+	statuses [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	status   [1]rlsv3.RateLimitResponse_DescriptorStatus
+	reset    [1]durationpb.Duration
+}
+
 // moreConstrained reports whether item i should speak for the request in
 // the headers rather than item j: a denial over an admission, then the
 // fewer remaining.
@@ -492,18 +527,23 @@ func moreConstrained(items []item, i, j int) bool {
 	return a.Remaining < b.Remaining
 }
 
-// resetDuration is the time until the limit is fully available again. For
-// fixed windows it is rounded up to whole seconds, which is exactly
-// envoyproxy/ratelimit's "unit length minus seconds into the window".
-func resetDuration(a sluice.Algorithm, d sluice.Decision) *durationpb.Duration {
+// resetDuration sets out to the time until the limit is fully available
+// again and returns it. For fixed windows it is rounded up to whole
+// seconds, which is exactly envoyproxy/ratelimit's "unit length minus
+// seconds into the window".
+func resetDuration(out *durationpb.Duration, a sluice.Algorithm, d sluice.Decision) *durationpb.Duration {
 	reset := d.ResetAfter
 	if !d.Allowed {
 		reset = max(reset, d.RetryAfter)
 	}
 	if a == sluice.FixedWindow {
-		return &durationpb.Duration{Seconds: sluice.CeilSeconds(reset)}
+		out.Seconds = sluice.CeilSeconds(reset)
+		return out
 	}
-	return durationpb.New(reset)
+	// As durationpb.New.
+	out.Seconds = int64(reset / time.Second)
+	out.Nanos = int32(reset % time.Second)
+	return out
 }
 
 // headersFor returns the rate-limit response headers for one descriptor.
