@@ -30,6 +30,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/internal/config"
@@ -65,6 +66,8 @@ type Server struct {
 	admin    string
 	draining atomic.Bool
 	mux      *http.ServeMux
+	// decisions caches the children of m.Decisions.
+	decisions counterCache[decisionLabels]
 }
 
 // New validates opts and returns a Server.
@@ -142,6 +145,7 @@ func (w *statusWriter) WriteHeader(code int) {
 func (s *Server) handle(pattern, name string, h http.HandlerFunc) {
 	latency := s.m.DecisionSeconds.WithLabelValues(name)
 	decides := name == "check" || name == "status" || name == "authz"
+	codes := new(counterCache[int]) // the children of m.Requests for name
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		s.m.InFlight.Inc()
 		start := time.Now()
@@ -150,7 +154,10 @@ func (s *Server) handle(pattern, name string, h http.HandlerFunc) {
 			if decides {
 				latency.Observe(time.Since(start).Seconds())
 			}
-			s.m.Requests.WithLabelValues(name, metrics.Code(sw.code)).Inc()
+			code := sw.code
+			codes.get(code, func() prometheus.Counter {
+				return s.m.Requests.WithLabelValues(name, metrics.Code(code))
+			}).Inc()
 			s.m.InFlight.Dec()
 		}()
 		h(sw, r)
