@@ -449,6 +449,7 @@ func Do(ctx context.Context, addr string, args ...string) (any, error) {
 // ErrReply is a Redis error reply.
 type ErrReply string
 
+// Error implements error.
 func (e ErrReply) Error() string { return "redistest: redis: " + string(e) }
 
 func readReply(r *bufio.Reader) (any, error) {
