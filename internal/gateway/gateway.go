@@ -18,9 +18,10 @@
 // never forwarded) and, when streamed, with stream_options.include_usage
 // set. The response is relayed as it arrives: JSON bodies pass through a
 // bounded tee that reads usage at the end, SSE streams a line scanner that
-// forwards each event at once (ReverseProxy flushes every write), counts
-// the content tokens produced and reads the final usage event. A usage
-// event the client did not ask for is dropped.
+// forwards each complete event in one write (ReverseProxy flushes every
+// write), counts the content tokens produced and reads the final usage
+// event, parsing each event after relaying it unless it may be dropped: a
+// usage event the client did not ask for is dropped.
 //
 // When the response is over, or the client is gone, or the upstream failed,
 // the reservation is settled exactly once: the token limits get the
@@ -137,6 +138,7 @@ type Gateway struct {
 	upstream     *url.URL
 	upstreamPath string
 	upstreamKey  string
+	upstreamAuth []string // {"Bearer " + upstreamKey}
 	keys         map[string]*client
 	models       map[string]bool
 	proxy        *httputil.ReverseProxy
@@ -152,6 +154,8 @@ type client struct {
 	name   string
 	tier   *tier
 	prefix string // "{gw:<id>}:", one Redis Cluster slot per client
+	// specKeys[i] is the store key of tier.specs[i]: prefix + suffix.
+	specKeys []string
 }
 
 type kind uint8
@@ -176,13 +180,6 @@ type spec struct {
 	limit  sluice.Limit
 }
 
-func (s *spec) policy() string {
-	if s.model != "" {
-		return s.name + ":" + s.model
-	}
-	return s.name
-}
-
 func (s *spec) describe() string {
 	names := map[string]string{"rpm": "requests per minute", "rpd": "requests per day", "tpm": "tokens per minute", "concurrency": "concurrent requests"}
 	d := names[s.name] + " (" + s.name + ")"
@@ -195,6 +192,9 @@ func (s *spec) describe() string {
 type tier struct {
 	name  string
 	specs []spec
+	// policies is the RateLimit-Policy field for a request on each model
+	// that has limits of its own; policies[""] for every other model.
+	policies map[string]string
 }
 
 // New validates opts and returns a Gateway.
@@ -253,10 +253,23 @@ func New(opts Options) (*Gateway, error) {
 			t.specs = append(t.specs, spec{kind: kindReservation, name: "reservation", suffix: "reservation",
 				alg: sluice.Concurrency, limit: sluice.Limit{Rate: 1 << 40, Period: cfg.LeaseTTL}})
 		}
+		t.policies = map[string]string{"": rateLimitPolicy(t.specs, "")}
+		for _, s := range t.specs {
+			if s.model != "" {
+				t.policies[s.model] = rateLimitPolicy(t.specs, s.model)
+			}
+		}
 		tiers[name] = t
 	}
 	for _, k := range cfg.Keys {
-		g.keys[k.Hash] = &client{id: k.Client, name: k.Name, tier: tiers[k.Tier], prefix: "{gw:" + k.Client + "}:"}
+		cl := &client{id: k.Client, name: k.Name, tier: tiers[k.Tier], prefix: "{gw:" + k.Client + "}:"}
+		for _, s := range cl.tier.specs {
+			cl.specKeys = append(cl.specKeys, cl.prefix+s.suffix)
+		}
+		g.keys[k.Hash] = cl
+	}
+	if g.upstreamKey != "" {
+		g.upstreamAuth = []string{"Bearer " + g.upstreamKey}
 	}
 	transport := opts.Transport
 	if transport == nil {
@@ -428,7 +441,7 @@ type requestBody struct {
 // prepare reads and parses the body, estimates the tokens and rewrites
 // stream_options. It answers the client itself and reports false on error.
 func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, g.cfg.MaxBodyBytes))
+	body, err := readBody(http.MaxBytesReader(w, r.Body, g.cfg.MaxBodyBytes), r.ContentLength, g.cfg.MaxBodyBytes)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -482,7 +495,11 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 			}
 		}
 		c.wantUsage = string(so["include_usage"]) == "true"
-		if !c.wantUsage {
+		if !c.wantUsage && len(p.StreamOptions) == 0 {
+			// No stream_options (under any spelling of the key): add
+			// it in place, without re-encoding the body.
+			c.body = insertIncludeUsage(body)
+		} else if !c.wantUsage {
 			if so == nil {
 				so = map[string]json.RawMessage{}
 			}
@@ -511,6 +528,44 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 
 func (s *spec) applies(model string) bool { return s.model == "" || s.model == model }
 
+// includeUsageMember is what insertIncludeUsage adds to a request body.
+const includeUsageMember = `"stream_options":{"include_usage":true},`
+
+// readBody reads a request body whose length is known, or not (-1), in
+// one allocation when it is known, with room for includeUsageMember.
+func readBody(r io.Reader, length, limit int64) ([]byte, error) {
+	size := int64(512)
+	if length >= 0 && length <= limit {
+		size = length + int64(len(includeUsageMember)) + 1 // +1: the read of EOF
+	}
+	b := make([]byte, 0, size)
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if errors.Is(err, io.EOF) {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+	}
+}
+
+// insertIncludeUsage adds includeUsageMember as the first member of body, a
+// JSON object with at least one member and no stream_options, reusing
+// body's spare capacity.
+func insertIncludeUsage(body []byte) []byte {
+	at := bytes.IndexByte(body, '{') + 1 // only white space comes before it
+	n := len(body)
+	body = append(body, includeUsageMember...)
+	copy(body[at+len(includeUsageMember):], body[at:n])
+	copy(body[at:], includeUsageMember)
+	return body
+}
+
 // admit reserves every limit of the request in one ApplyAll. It answers
 // the client itself and reports false when the request may not proceed.
 func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
@@ -523,7 +578,7 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 		if !s.applies(model) {
 			continue
 		}
-		req := sluice.Request{Key: c.client.prefix + s.suffix, Algorithm: s.alg, Limit: s.limit, Cost: 1}
+		req := sluice.Request{Key: c.client.specKeys[i], Algorithm: s.alg, Limit: s.limit, Cost: 1}
 		switch s.kind {
 		case kindTokens:
 			req.Cost = c.reserved
@@ -572,15 +627,15 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	for _, h := range []string{"Authorization", "Api-Key", "X-Api-Key", "Openai-Organization", "Openai-Project", "Cookie", "Accept-Encoding"} {
 		out.Header.Del(h)
 	}
-	if g.upstreamKey != "" {
-		out.Header.Set("Authorization", "Bearer "+g.upstreamKey)
+	if g.upstreamAuth != nil {
+		out.Header["Authorization"] = g.upstreamAuth
 	}
 	if c := callFrom(pr.In.Context()); c != nil && c.body != nil {
 		body := c.body
 		out.Body = io.NopCloser(bytes.NewReader(body))
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 		out.ContentLength = int64(len(body))
-		out.Header.Set("Content-Length", strconv.Itoa(len(body)))
+		out.Header["Content-Length"] = []string{strconv.Itoa(len(body))}
 	}
 }
 
@@ -675,7 +730,8 @@ func (g *Gateway) settle(c *call) {
 		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst
 	}
 	s.Actual = s.PromptTokens + s.CompletionTokens
-	var refunds, charges []sluice.Request
+	refunds := make([]sluice.Request, 0, len(c.reqs))
+	var charges []sluice.Request
 	for i, req := range c.reqs {
 		switch c.specs[i].kind {
 		case kindConcurrency, kindReservation:

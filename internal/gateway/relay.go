@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
+	"sync"
 
 	"github.com/sluice-io/sluice/internal/aitoken"
 )
@@ -84,25 +86,54 @@ func findUsage(body []byte) *usageJSON {
 	return nil
 }
 
-// sseReader relays an SSE stream line by line, as each line arrives. It
-// counts the content tokens of each event and reads the usage event, which
-// it drops when the client did not ask for it.
+// sseReader relays an SSE stream as it arrives. Each Read returns every
+// complete line already received, and never waits for more once it has
+// one, so an event goes out in one write the moment its last line is in
+// (ReverseProxy flushes every write). A line that may be the usage event
+// (it holds the bytes "usage") is parsed before it is relayed, so that it
+// can be dropped when the client did not ask for it; the other events are
+// parsed after they were relayed, at the next Read or at Close, off the
+// path of their first byte, to count the content tokens produced.
 type sseReader struct {
 	src       io.ReadCloser
-	br        *bufio.Reader
+	br        *bufio.Reader // from sseBuffers; nil once closed
 	c         *call
-	out       []byte
+	out       []byte // the rest of a line that did not fit the last Read
+	pending   []byte // relayed data payloads not yet parsed, '\n'-separated
 	dropBlank bool
 	err       error
 }
 
+// sseBuffers recycles the relays' 64 KiB line buffers.
+var sseBuffers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
+
+var usageKey = []byte(`"usage"`)
+
 func newSSEReader(src io.ReadCloser, c *call) *sseReader {
-	return &sseReader{src: src, br: bufio.NewReaderSize(src, 64<<10), c: c}
+	br := sseBuffers.Get().(*bufio.Reader)
+	br.Reset(src)
+	return &sseReader{src: src, br: br, c: c}
 }
 
 func (r *sseReader) Read(p []byte) (int, error) {
-	for len(r.out) == 0 {
+	r.parsePending()
+	if r.br == nil {
+		return 0, http.ErrBodyReadAfterClose
+	}
+	n := 0
+	for n < len(p) {
+		if len(r.out) > 0 {
+			k := copy(p[n:], r.out)
+			r.out, n = r.out[k:], n+k
+			continue
+		}
+		if n > 0 && !r.lineBuffered() {
+			break // relay what is complete now
+		}
 		if r.err != nil {
+			if n > 0 {
+				break
+			}
 			return 0, r.err
 		}
 		line, err := r.br.ReadSlice('\n')
@@ -117,12 +148,36 @@ func (r *sseReader) Read(p []byte) (int, error) {
 			r.out = line
 		}
 	}
-	n := copy(p, r.out)
-	r.out = r.out[n:]
 	return n, nil
 }
 
-func (r *sseReader) Close() error { return r.src.Close() }
+// lineBuffered reports whether a whole line can be read without waiting.
+func (r *sseReader) lineBuffered() bool {
+	b, _ := r.br.Peek(r.br.Buffered())
+	return bytes.IndexByte(b, '\n') >= 0
+}
+
+// parsePending counts the tokens of the events relayed unparsed.
+func (r *sseReader) parsePending() {
+	for rest := r.pending; len(rest) > 0; {
+		var data []byte
+		data, rest, _ = bytes.Cut(rest, []byte{'\n'})
+		r.inspect(data)
+	}
+	r.pending = r.pending[:0]
+}
+
+// Close parses what is pending, so that settlement counts every token
+// relayed, and recycles the line buffer.
+func (r *sseReader) Close() error {
+	r.parsePending()
+	if r.br != nil {
+		r.br.Reset(nil)
+		sseBuffers.Put(r.br)
+		r.br, r.out = nil, nil
+	}
+	return r.src.Close()
+}
 
 // sseEvent is what the gateway reads of a streamed event.
 type sseEvent struct {
@@ -162,9 +217,25 @@ func (r *sseReader) keep(line []byte) bool {
 	if len(data) == 0 || data[0] != '{' {
 		return true
 	}
+	if !bytes.Contains(data, usageKey) {
+		// Not droppable: parsed after it is relayed.
+		r.pending = append(append(r.pending, data...), '\n')
+		return true
+	}
+	if r.inspect(data) {
+		r.dropBlank = true
+		return false
+	}
+	return true
+}
+
+// inspect parses one event's data, counts its content tokens and reads its
+// usage. It reports whether the event is a usage event the client did not
+// ask for.
+func (r *sseReader) inspect(data []byte) bool {
 	var ev sseEvent
 	if json.Unmarshal(data, &ev) != nil {
-		return true
+		return false
 	}
 	c := r.c
 	for _, ch := range ev.Choices {
@@ -186,10 +257,7 @@ func (r *sseReader) keep(line []byte) bool {
 	}
 	if ev.Usage != nil {
 		c.setUsage(ev.Usage)
-		if !c.wantUsage && len(ev.Choices) == 0 && ev.Type == "" {
-			r.dropBlank = true
-			return false
-		}
+		return !c.wantUsage && len(ev.Choices) == 0 && ev.Type == ""
 	}
-	return true
+	return false
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -50,5 +51,43 @@ func TestFindUsage(t *testing.T) {
 	}
 	if findUsage([]byte(`{"data":[]}`)) != nil {
 		t.Fatal("usage found where there is none")
+	}
+}
+
+func TestInsertIncludeUsage(t *testing.T) {
+	in := " \n{\"model\":\"m\",\"stream\":true}"
+	body, err := readBody(strings.NewReader(in), int64(len(in)), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cap(body)
+	got := insertIncludeUsage(body)
+	if want := " \n{\"stream_options\":{\"include_usage\":true},\"model\":\"m\",\"stream\":true}"; string(got) != want {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	if cap(got) != c {
+		t.Fatalf("reallocated: cap %d, was %d", cap(got), c)
+	}
+}
+
+// TestSSERelaysWholeEvents: an event whose lines arrived together goes out
+// in one Read, and a later one is not waited for.
+func TestSSERelaysWholeEvents(t *testing.T) {
+	pr, pw := io.Pipe()
+	r := newSSEReader(pr, &call{wantUsage: true})
+	defer r.Close()
+	ev := "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n"
+	go func() { _, _ = pw.Write([]byte(ev)) }()
+	buf := make([]byte, 1024)
+	n, err := r.Read(buf)
+	if err != nil || string(buf[:n]) != ev {
+		t.Fatalf("read %q, %v; want %q", buf[:n], err, ev)
+	}
+	_ = pw.Close()
+	if n, err := r.Read(buf); n != 0 || !errors.Is(err, io.EOF) {
+		t.Fatalf("read %d, %v after the end", n, err)
+	}
+	if r.c.produced != 1 {
+		t.Fatalf("produced %d, want 1", r.c.produced)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/sluice-io/sluice"
@@ -39,46 +38,112 @@ func formatReset(d time.Duration) string {
 	return (time.Duration(sluice.CeilMillis(d)) * time.Millisecond).String()
 }
 
+// rateLimitPolicy is the RateLimit-Policy field of a request on model
+// ("" for a model without limits of its own): one item per limit that
+// applies, in the order of specs, which is that of the request's decisions.
+func rateLimitPolicy(specs []spec, model string) string {
+	var b []byte
+	for i := range specs {
+		s := &specs[i]
+		if !s.applies(model) || s.kind == kindReservation {
+			continue
+		}
+		if len(b) > 0 {
+			b = append(b, ", "...)
+		}
+		b = appendPolicyName(b, s)
+		b = append(b, ";q="...)
+		b = strconv.AppendInt(b, s.limit.Capacity(), 10)
+		if s.kind != kindConcurrency {
+			b = append(b, ";w="...)
+			b = strconv.AppendInt(b, sluice.CeilSeconds(s.limit.Period), 10)
+		}
+	}
+	return string(b)
+}
+
+// appendPolicyName appends the quoted name of s's limit; names are
+// [A-Za-z0-9_.:/-].
+func appendPolicyName(b []byte, s *spec) []byte {
+	b = append(append(b, '"'), s.name...)
+	if s.model != "" {
+		b = append(append(b, ':'), s.model...)
+	}
+	return append(b, '"')
+}
+
 // setLimitHeaders writes OpenAI's x-ratelimit-{limit,remaining,reset}-
 // {requests,tokens} and the IETF RateLimit-Policy and RateLimit fields for
-// every limit of the request.
+// every limit of the request. The policy is the tier's, computed once; the
+// values are built in one buffer and share one string.
 func (g *Gateway) setLimitHeaders(h http.Header, c *call, ds []sluice.Decision) {
-	var reqDs, tokDs []sluice.Decision
-	var policies, states []string
+	var reqBuf, tokBuf [8]sluice.Decision
+	reqDs, tokDs := reqBuf[:0], tokBuf[:0]
+	b := make([]byte, 0, 256)
+	// ends[i] is where value i ends in b: RateLimit, then limit, remaining
+	// and reset for requests, then for tokens.
+	var ends [7]int
 	for i, d := range ds {
 		s := c.specs[i]
-		if s.kind == kindReservation {
-			continue // not a limit: nothing to publish
-		}
 		switch s.kind {
+		case kindReservation:
+			continue // not a limit: nothing to publish
 		case kindRequests:
 			reqDs = append(reqDs, d)
 		case kindTokens:
 			tokDs = append(tokDs, d)
 		}
-		name := `"` + s.policy() + `"` // names are [A-Za-z0-9_.:/-]
-		policy := name + ";q=" + strconv.FormatInt(d.Limit.Capacity(), 10)
-		if s.kind != kindConcurrency {
-			policy += ";w=" + strconv.FormatInt(sluice.CeilSeconds(d.Limit.Period), 10)
+		if len(b) > 0 {
+			b = append(b, ", "...)
 		}
-		policies = append(policies, policy)
-		states = append(states, name+";r="+strconv.FormatInt(max(d.Remaining, 0), 10)+";t="+strconv.FormatInt(d.ResetAfterSeconds(), 10))
+		b = appendPolicyName(b, s)
+		b = append(b, ";r="...)
+		b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, d.ResetAfterSeconds(), 10)
 	}
-	for _, grp := range []struct {
-		suffix string
-		ds     []sluice.Decision
-	}{{"requests", reqDs}, {"tokens", tokDs}} {
-		if len(grp.ds) == 0 {
-			continue
+	ends[0] = len(b)
+	for gi, grp := range [2][]sluice.Decision{reqDs, tokDs} {
+		at := 1 + 3*gi
+		if len(grp) > 0 {
+			d := sluice.Combine(grp)
+			b = strconv.AppendInt(b, d.Limit.Capacity(), 10)
+			ends[at] = len(b)
+			b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
+			ends[at+1] = len(b)
+			b = append(b, formatReset(d.ResetAfter)...)
+		} else {
+			ends[at], ends[at+1] = len(b), len(b)
 		}
-		d := sluice.Combine(grp.ds)
-		h.Set("x-ratelimit-limit-"+grp.suffix, strconv.FormatInt(d.Limit.Capacity(), 10))
-		h.Set("x-ratelimit-remaining-"+grp.suffix, strconv.FormatInt(max(d.Remaining, 0), 10))
-		h.Set("x-ratelimit-reset-"+grp.suffix, formatReset(d.ResetAfter))
+		ends[at+2] = len(b)
 	}
-	if len(policies) > 0 {
-		h.Set("RateLimit-Policy", strings.Join(policies, ", "))
-		h.Set("RateLimit", strings.Join(states, ", "))
+	all := string(b)
+	vals := make([]string, 7)
+	for i := range vals {
+		from := 0
+		if i > 0 {
+			from = ends[i-1]
+		}
+		vals[i] = all[from:ends[i]]
+	}
+	set := func(key string, i int) { h[key] = vals[i : i+1 : i+1] }
+	if len(reqDs) > 0 {
+		set("X-Ratelimit-Limit-Requests", 1)
+		set("X-Ratelimit-Remaining-Requests", 2)
+		set("X-Ratelimit-Reset-Requests", 3)
+	}
+	if len(tokDs) > 0 {
+		set("X-Ratelimit-Limit-Tokens", 4)
+		set("X-Ratelimit-Remaining-Tokens", 5)
+		set("X-Ratelimit-Reset-Tokens", 6)
+	}
+	if ends[0] > 0 {
+		policy, ok := c.client.tier.policies[c.rawModel]
+		if !ok {
+			policy = c.client.tier.policies[""]
+		}
+		h["Ratelimit-Policy"] = []string{policy}
+		set("Ratelimit", 0)
 	}
 }
 
