@@ -163,28 +163,49 @@ func baseArgs(dir string) []string {
 	}
 }
 
-func startServer(extra []string) (*Server, error) {
+// withFreePort makes a temp dir for a process (prepare may fill it first)
+// and calls start with free ports until one works, five tries: a port can
+// be taken between choosing and binding it. The dir is removed on failure.
+func withFreePort(prefix string, prepare func(dir string) error, start func(dir string, port int) error) error {
 	if err := checkBinaries(); err != nil {
-		return nil, err
+		return err
 	}
-	dir, err := os.MkdirTemp("", "redistest-")
+	dir, err := os.MkdirTemp("", prefix)
 	if err != nil {
-		return nil, fmt.Errorf("temp dir: %w", err)
+		return fmt.Errorf("temp dir: %w", err)
+	}
+	if prepare != nil {
+		if err := prepare(dir); err != nil {
+			_ = os.RemoveAll(dir)
+			return err
+		}
 	}
 	var lastErr error
 	for range 5 {
 		port, err := freePort()
 		if err != nil {
-			return nil, err
+			lastErr = err
+			break
 		}
-		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir}
-		s.args = append(append([]string{"--port", strconv.Itoa(port)}, baseArgs(dir)...), extra...)
-		if lastErr = s.start(); lastErr == nil {
-			return s, nil
+		if lastErr = start(dir, port); lastErr == nil {
+			return nil
 		}
 	}
 	_ = os.RemoveAll(dir)
-	return nil, lastErr
+	return lastErr
+}
+
+func startServer(extra []string) (*Server, error) {
+	var s *Server
+	err := withFreePort("redistest-", nil, func(dir string, port int) error {
+		s = &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir}
+		s.args = append(append([]string{"--port", strconv.Itoa(port)}, baseArgs(dir)...), extra...)
+		return s.start()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // start runs redis-server and waits until it logs that it accepts

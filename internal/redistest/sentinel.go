@@ -217,21 +217,9 @@ func poll(ctx context.Context, cond func() (bool, string)) error {
 }
 
 func startSentinel(masterPort int) (*Sentinel, error) {
-	if err := checkBinaries(); err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp("", "redistest-sentinel-")
-	if err != nil {
-		return nil, fmt.Errorf("temp dir: %w", err)
-	}
-	var lastErr error
-	for range 5 {
-		port, err := freePort()
-		if err != nil {
-			_ = os.RemoveAll(dir)
-			return nil, err
-		}
-		s := &Sentinel{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir}
+	var s *Sentinel
+	err := withFreePort("redistest-sentinel-", nil, func(dir string, port int) error {
+		s = &Sentinel{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir}
 		conf := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\nlogfile \"\"\nloglevel notice\n"+
 			"sentinel monitor %s 127.0.0.1 %d 1\n"+
 			"sentinel down-after-milliseconds %[3]s %d\n"+
@@ -239,15 +227,14 @@ func startSentinel(masterPort int) (*Sentinel, error) {
 			port, dir, SentinelMaster, masterPort, sentinelDownAfter, sentinelFailoverTimeout)
 		path := filepath.Join(dir, "sentinel.conf")
 		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-			_ = os.RemoveAll(dir)
-			return nil, fmt.Errorf("sentinel config: %w", err)
+			return fmt.Errorf("sentinel config: %w", err)
 		}
-		if lastErr = s.start(path); lastErr == nil {
-			return s, nil
-		}
+		return s.start(path)
+	})
+	if err != nil {
+		return nil, err
 	}
-	_ = os.RemoveAll(dir)
-	return nil, lastErr
+	return s, nil
 }
 
 // start runs the sentinel and polls it with PING until it answers: a

@@ -63,25 +63,16 @@ func (s *TLSServer) ClientTLS() *tls.Config {
 func (s *TLSServer) Kill() { s.srv.Kill() }
 
 func startTLSServer(extra []string) (*TLSServer, error) {
-	if err := checkBinaries(); err != nil {
-		return nil, err
+	var (
+		files certFiles
+		pool  *x509.CertPool
+		ts    *TLSServer
+	)
+	prepare := func(dir string) (err error) {
+		files, pool, err = writeCerts(dir)
+		return err
 	}
-	dir, err := os.MkdirTemp("", "redistest-tls-")
-	if err != nil {
-		return nil, fmt.Errorf("temp dir: %w", err)
-	}
-	files, pool, err := writeCerts(dir)
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
-	}
-	var lastErr error
-	for range 5 {
-		port, err := freePort()
-		if err != nil {
-			_ = os.RemoveAll(dir)
-			return nil, err
-		}
+	err := withFreePort("redistest-tls-", prepare, func(dir string, port int) error {
 		srv := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, dir: dir}
 		srv.args = append(append([]string{
 			"--port", "0",
@@ -91,12 +82,16 @@ func startTLSServer(extra []string) (*TLSServer, error) {
 			"--tls-ca-cert-file", files.ca,
 			"--tls-auth-clients", "no",
 		}, baseArgs(dir)...), extra...)
-		if lastErr = srv.start(); lastErr == nil {
-			return &TLSServer{Addr: srv.Addr, Port: port, CAFile: files.ca, CAs: pool, srv: srv}, nil
+		if err := srv.start(); err != nil {
+			return err
 		}
+		ts = &TLSServer{Addr: srv.Addr, Port: port, CAFile: files.ca, CAs: pool, srv: srv}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	_ = os.RemoveAll(dir)
-	return nil, lastErr
+	return ts, nil
 }
 
 type certFiles struct{ ca, cert, key string }
