@@ -18,7 +18,16 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // spread over two gateway instances that share a real Redis, never admit
 // more tokens than the TPM limit.
 func TestParallelTPMRedisTwoInstances(t *testing.T) {
-	srv := redistest.Standalone(t)
+	parallelTPMRedis(t, redistest.Standalone(t).URL())
+}
+
+// TestParallelTPMRedisCluster: the same on a 3-master Redis Cluster; a
+// client's keys share a hash tag, so its admission stays one atomic call.
+func TestParallelTPMRedisCluster(t *testing.T) {
+	parallelTPMRedis(t, redistest.SharedCluster(t).URL())
+}
+
+func parallelTPMRedis(t *testing.T, url string) {
 	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
 	client := strings.NewReplacer(":", "", "/", "").Replace(redistest.Prefix(t))
 	client = client[len(client)-6:] + "c"
@@ -28,7 +37,7 @@ func TestParallelTPMRedisTwoInstances(t *testing.T) {
 	for range 2 {
 		// Each instance has its own connection, as two processes would.
 		st, err := redisstore.New(context.Background(), redisstore.Options{
-			URL: srv.URL(), Clock: clk, Policy: redisstore.ReturnError, DisableDenyCache: true, Timeout: time.Second,
+			URL: url, Clock: clk, Policy: redisstore.ReturnError, DisableDenyCache: true, Timeout: time.Second,
 		})
 		if err != nil {
 			t.Fatal(err)
