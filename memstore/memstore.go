@@ -19,7 +19,7 @@
 // under MaxKeys, it evicts the keys whose state expires soonest, the least
 // recently charged, chosen by sampling, down to 90% of MaxKeys.
 //
-// A GCRA key costs about 50 bytes besides its key string (a map entry and
+// A GCRA key costs about 55 bytes besides its key string (a map entry and
 // an 8-byte cell); see docs/BENCHMARKS.md.
 package memstore
 
