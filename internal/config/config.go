@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"net/url"
 	"os"
 	"reflect"
 	"regexp"
@@ -565,7 +566,7 @@ func (v *validator) compileStore(s *StoreSection) {
 	case s.URL == "memory":
 	case isRedisURL(s.URL):
 	default:
-		v.addf("store.url", "unknown store %q; valid: memory, redis://HOST:PORT/DB, rediss://..., redis+cluster://H1:P1,H2:P2, redis+sentinel://S1:P1/MASTER", s.URL)
+		v.addf("store.url", "unknown store %q; valid: memory, redis://HOST:PORT/DB, rediss://..., redis+cluster://H1:P1,H2:P2, redis+sentinel://S1:P1/MASTER", redactURL(s.URL))
 	}
 	if s.FailurePolicy == "" {
 		s.FailurePolicy = FailOpen
@@ -709,3 +710,15 @@ func isRedisURL(u string) bool {
 
 // IsMemory reports whether the store section selects the memory store.
 func (s StoreSection) IsMemory() bool { return s.URL == "" || s.URL == "memory" }
+
+// redactURL hides a URL's password, so that an error about the URL does not
+// print a credential.
+func redactURL(raw string) string {
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
+		return u.Redacted()
+	}
+	if i := strings.LastIndex(raw, "@"); i >= 0 {
+		return "xxxxx" + raw[i:] // not a parsable URL: drop all before the host
+	}
+	return raw
+}

@@ -157,3 +157,19 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestUnknownStoreErrorHidesPassword(t *testing.T) {
+	for _, u := range []string{"redi://user:s3cret-pw@host:6379", "nope//user:s3cret-pw@host"} {
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(path, []byte("store:\n  url: "+u+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Load(path)
+		if err == nil || !strings.Contains(err.Error(), "store.url") {
+			t.Fatalf("%s: error %v", u, err)
+		}
+		if strings.Contains(err.Error(), "s3cret-pw") {
+			t.Fatalf("the error shows the password: %v", err)
+		}
+	}
+}

@@ -293,6 +293,9 @@ func (s *Server) decide(r *http.Request, op sluice.Op, targets []target) (*outco
 			if err != nil {
 				return nil, err
 			}
+			if len(ds) != len(enfIdx) {
+				return nil, fmt.Errorf("server: the store answered %d decisions for %d requests", len(ds), len(enfIdx))
+			}
 			for j, i := range enfIdx {
 				out.decisions[i] = ds[j]
 				allowed = allowed && ds[j].Allowed

@@ -112,7 +112,9 @@ func (g *guard) applyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 		return ds, nil
 	}
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
-		// The client went away; that says nothing about the store.
+		// The client went away; that says nothing about the store. If this
+		// call was the half-open probe, let the next call probe instead.
+		g.probing.Store(false)
 		return nil, err
 	}
 	g.errs.Add(1)
