@@ -230,7 +230,9 @@ func (c *Client) ChatWith(ctx context.Context, req *ChatRequest, co CallOptions)
 		res.Attempts++
 		resp, aerr := c.attempt(ctx, body)
 		if aerr == nil {
-			c.settle(ctx, charged, resp.Usage.Total())
+			if resp.Usage.Total() > 0 { // without usage, the estimate is the best bound known
+				c.settle(ctx, charged, resp.Usage.Total())
+			}
 			res.Response = resp
 			return res, nil
 		}

@@ -3,6 +3,7 @@ package aiclient
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -427,5 +428,37 @@ func TestNewValidates(t *testing.T) {
 		if _, err := New(Options{BaseURL: u}); err == nil {
 			t.Errorf("New(%q) succeeded", u)
 		}
+	}
+}
+
+// TestNoUsageKeepsEstimate: an OpenAI-compatible server that reports no
+// usage leaves the estimate charged rather than refunding it all.
+func TestNoUsageKeepsEstimate(t *testing.T) {
+	ft := newFakeTime()
+	store, err := memstore.New(memstore.Options{Clock: ft.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	tokens, err := sluice.NewLimiter(sluice.Options{Store: store, Limit: sluice.PerMinute(10000), Sleep: ft.sleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`)
+	}))
+	t.Cleanup(srv.Close)
+	c := newClient(t, srv.URL+"/v1/", ft, func(o *Options) { o.Tokens = tokens; o.LimitKey = "tenant" })
+	res, err := c.Chat(context.Background(), &ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "hello"}}, MaxTokens: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := tokens.Peek(context.Background(), "tenant", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Remaining != 10000-res.EstimatedTokens {
+		t.Fatalf("remaining %d, want %d: the estimate of a call without usage was refunded", d.Remaining, 10000-res.EstimatedTokens)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+
+	"github.com/sluice-io/sluice/internal/aitoken"
 )
 
 // Message is one chat message. Content is its text; Parts, when set, is
@@ -233,14 +235,15 @@ func (u Usage) Total() int64 {
 	return max(u.PromptTokens, 0) + max(u.CompletionTokens, 0)
 }
 
-// EstimateTokens guesses a request's token cost before it is sent: a token
-// per four bytes of message text, plus a few per message, plus MaxTokens
+// EstimateTokens guesses a request's token cost before it is sent, with the
+// gateway's estimator (internal/aitoken: words in runs of four letters, one
+// token per non-ASCII character or symbol, a few per message), plus MaxTokens
 // (what servers such as OpenAI's reserve against a tokens-per-minute limit),
 // or defaultCompletion when MaxTokens is unset.
 func EstimateTokens(r *ChatRequest, defaultCompletion int64) int64 {
-	var n int64
+	n := int64(aitoken.ReplyOverhead)
 	for _, m := range r.Messages {
-		n += 4 + int64(len(m.Role)+len(m.Content)+len(m.Parts)+len(m.Name)+3)/4
+		n += aitoken.MessageOverhead + aitoken.Count(m.Role) + aitoken.Count(m.Content) + aitoken.Count(m.Name) + aitoken.Count(string(m.Parts))
 	}
 	if r.MaxTokens > 0 {
 		return n + r.MaxTokens

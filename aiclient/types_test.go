@@ -70,7 +70,12 @@ func TestDecodeResponse(t *testing.T) {
 	if _, err := decodeResponse([]byte(`{"choices":[{"message":{"content":"x`)); err == nil {
 		t.Fatal("truncated body accepted")
 	}
-	if EstimateTokens(&ChatRequest{Messages: []Message{{Role: "user", Content: "12345678"}}}, 100) != 4+3+100 {
-		t.Fatal("estimate")
+	// reply 3 + message 3 + "user" 1 + "12345678" 2, plus the default completion
+	if got := EstimateTokens(&ChatRequest{Messages: []Message{{Role: "user", Content: "12345678"}}}, 100); got != 3+3+1+2+100 {
+		t.Fatalf("estimate %d", got)
+	}
+	// CJK text: a token per character, not per four bytes
+	if got := EstimateTokens(&ChatRequest{Messages: []Message{{Role: "user", Content: "你好世界"}}, MaxTokens: 1}, 0); got != 3+3+1+4+1 {
+		t.Fatalf("CJK estimate %d", got)
 	}
 }

@@ -673,8 +673,8 @@ func (g *Gateway) modifyResponse(res *http.Response) error {
 		return nil
 	}
 	// Our limits, not the upstream account's, are the client's.
-	for k := range res.Header {
-		if strings.HasPrefix(strings.ToLower(k), "x-ratelimit-") {
+	for k := range res.Header { // keys are canonical: the client parsed them
+		if strings.HasPrefix(k, "X-Ratelimit-") {
 			res.Header.Del(k)
 		}
 	}
@@ -761,6 +761,9 @@ func (g *Gateway) settle(c *call) {
 	if len(refunds) > 0 {
 		ds, err := g.store.ApplyAll(ctx, sluice.OpRefund, refunds)
 		if err != nil {
+			// Whether the lease is still held is unknown: charging now
+			// could charge twice after a peer's settlement.
+			held = false
 			s.Err = fmt.Errorf("gateway: settle %s: refund: %w", c.id, err)
 		}
 		for i, d := range ds {

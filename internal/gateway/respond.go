@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/httplimit"
 )
 
 // writeError answers with OpenAI's error shape:
@@ -177,7 +178,7 @@ func (g *Gateway) reject(w http.ResponseWriter, c *call, ds []sluice.Decision) {
 		s.describe(), c.client.tier.name, capacity, used, c.reqs[worst].Cost, formatReset(wait))
 	h := w.Header()
 	h.Set("Retry-After", strconv.FormatInt(max(sluice.CeilSeconds(wait), 1), 10))
-	h.Set("retry-after-ms", strconv.FormatInt(max(sluice.CeilMillis(wait), 1), 10))
+	h.Set("retry-after-ms", httplimit.RetryAfterMillis(max(wait, time.Millisecond)))
 	typ := "requests"
 	if s.kind == kindTokens {
 		typ = "tokens"
