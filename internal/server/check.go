@@ -268,7 +268,8 @@ func (s *Server) decide(r *http.Request, op sluice.Op, targets []target) (*outco
 			shadow++
 		}
 	}
-	if shadow == 0 {
+	if shadow == 0 || op == sluice.OpPeek {
+		// A peek charges nothing, so shadow policies need no call of their own.
 		ds, err := s.guard.applyAll(ctx, op, reqsOf(targets, nil))
 		if err != nil {
 			return nil, err
@@ -301,17 +302,22 @@ func (s *Server) decide(r *http.Request, op sluice.Op, targets []target) (*outco
 				allowed = allowed && ds[j].Allowed
 			}
 		}
-		for _, i := range shIdx {
-			if !allowed && op == sluice.OpAllow {
-				// The request is denied anyway: peek the shadow policy so
-				// that it reports without being charged.
-				ds, err := s.guard.applyAll(ctx, sluice.OpPeek, reqsOf(targets, []int{i}))
-				if err != nil {
-					return nil, err
-				}
-				out.decisions[i] = ds[0]
-				continue
+		if !allowed && op == sluice.OpAllow {
+			// The request is denied anyway: peek the shadow policies, all
+			// in one call, so that they report without being charged.
+			ds, err := s.guard.applyAll(ctx, sluice.OpPeek, reqsOf(targets, shIdx))
+			if err != nil {
+				return nil, err
 			}
+			if len(ds) != len(shIdx) {
+				return nil, fmt.Errorf("server: the store answered %d decisions for %d requests", len(ds), len(shIdx))
+			}
+			for j, i := range shIdx {
+				out.decisions[i] = ds[j]
+			}
+			shIdx = nil
+		}
+		for _, i := range shIdx {
 			// Each shadow policy is charged on its own, as if it were
 			// enforced alone.
 			ds, err := s.guard.applyAll(ctx, op, reqsOf(targets, []int{i}))

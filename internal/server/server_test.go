@@ -654,3 +654,22 @@ func TestAuthzDenyStatusForNGINX(t *testing.T) {
 		t.Fatalf("check: %d", a.status)
 	}
 }
+
+// TestShadowNotChargedWhenDenied: a request the enforced policy denies does
+// not use up the shadow policy; the shadow policies report by peeking.
+func TestShadowNotChargedWhenDenied(t *testing.T) {
+	cfg := strings.Replace(testConfig, "policies:\n", "policies:\n  tight: {limit: 2/min}\n  watch: {algorithm: fixed_window, limit: 100/day, shadow: true}\n", 1)
+	cfg = strings.Replace(cfg, "  free: {policies: [free]}\n", "  free: {policies: [free]}\n  t: {policies: [tight, watch]}\n", 1)
+	s := startService(t, svcOptions{config: cfg})
+	var last answer
+	for i := range 4 {
+		last = s.check(t, `{"tier":"t","key":"k"}`)
+		if want := map[bool]int{true: 200, false: 429}[i < 2]; last.status != want {
+			t.Fatalf("request %d: %d %s", i, last.status, last.raw)
+		}
+	}
+	watch := last.body["results"].([]any)[1].(map[string]any)
+	if watch["shadow"] != true || watch["remaining"] != float64(98) {
+		t.Fatalf("shadow policy after 2 admitted and 2 denied requests: %s (want remaining 98)", last.raw)
+	}
+}
