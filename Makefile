@@ -2,7 +2,7 @@
 GO ?= go
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: all build test lint vet staticcheck bench run tools deps fuzz
+.PHONY: all build test lint vet staticcheck bench run tools deps fuzz static image image-test
 
 all: build
 
@@ -49,6 +49,23 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseLimit -fuzztime 30s .
 	$(GO) test -run '^$$' -fuzz FuzzLimitInvariant -fuzztime 30s ./algo
 	$(GO) test -run '^$$' -fuzz FuzzMatchesAlgo -fuzztime 30s ./memstore
+
+# static builds bin/sluice-static, the binary the container image runs.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMAGE ?= localhost/sluice:$(VERSION)
+static:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o bin/sluice-static ./cmd/sluice
+
+# image builds $(IMAGE) FROM scratch with buildah (apt-get install buildah):
+# no registry pull. The Dockerfile builds the same image where a registry
+# is reachable. image-test runs `sluice version` and `sluice config check`
+# inside it (buildah run, chroot isolation; needs root or a user namespace,
+# so it is not part of `make test`).
+image: static
+	bash deploy/image/build.sh bin/sluice-static $(IMAGE) $(VERSION)
+
+image-test: image
+	bash deploy/image/test.sh $(IMAGE) $(VERSION)
 
 run: build
 	./bin/sluice serve --config examples/sluice.yaml

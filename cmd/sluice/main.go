@@ -64,6 +64,7 @@ func newRootCmd() *cobra.Command {
 		newSimulateCmd(),
 		newBatchCmd(),
 		newGatewayCmd(),
+		newHealthcheckCmd(),
 	)
 	return root
 }
