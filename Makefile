@@ -9,8 +9,12 @@ all: build
 build:
 	$(GO) build -o bin/sluice ./cmd/sluice
 
+# tools installs staticcheck; the module proxy sometimes drops a stream, so
+# the install is tried up to three times.
 tools:
-	@test -x "$(STATICCHECK)" || $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2
+	@test -x "$(STATICCHECK)" || for i in 1 2 3; do \
+		$(GO) install honnef.co/go/tools/cmd/staticcheck@v0.8.2 && break; \
+		[ $$i = 3 ] && exit 1; echo "retrying staticcheck install"; sleep 5; done
 
 vet:
 	$(GO) vet ./...
