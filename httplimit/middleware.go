@@ -103,13 +103,18 @@ func writeError(w http.ResponseWriter, status int, code, msg string, retryMS int
 
 // ByHeader keys requests on a header such as X-API-Key, hashed with
 // sluice.HashKey so that raw keys never reach the store, logs or metrics.
-// A request without the header fails with ErrNoKey. "Authorization: Bearer
-// <key>" is read without its scheme.
+// A request without the header, or with only a scheme ("Bearer"), fails
+// with ErrNoKey. "Authorization: Bearer <key>" is read without its scheme,
+// whose name is case-insensitive (RFC 9110). The key is hashed byte for
+// byte: keys that differ in any byte, valid UTF-8 or not, never share a
+// limit.
 func ByHeader(name string) KeyFunc {
 	return func(r *http.Request) (string, error) {
-		v := strings.TrimSpace(r.Header.Get(name))
-		if scheme, rest, ok := strings.Cut(v, " "); ok && strings.EqualFold(scheme, "Bearer") {
-			v = strings.TrimSpace(rest)
+		v := strings.Trim(r.Header.Get(name), " \t")
+		if len(v) >= len("Bearer") && strings.EqualFold(v[:len("Bearer")], "Bearer") {
+			if rest := v[len("Bearer"):]; rest == "" || rest[0] == ' ' || rest[0] == '\t' {
+				v = strings.Trim(rest, " \t")
+			}
 		}
 		if v == "" {
 			return "", fmt.Errorf("%w: header %s is missing", ErrNoKey, name)
@@ -118,22 +123,41 @@ func ByHeader(name string) KeyFunc {
 	}
 }
 
-// ByClientIP keys requests on the client's IP address. X-Forwarded-For is
-// believed only as far as it was written by the trusted proxies: see ClientIP.
+// ByClientIP keys requests on the client's IP address (see IPKey).
+// X-Forwarded-For is believed only as far as it was written by the trusted
+// proxies: see ClientIP.
 func ByClientIP(trusted ...netip.Prefix) KeyFunc {
 	return func(r *http.Request) (string, error) {
 		ip, err := ClientIP(r, trusted)
 		if err != nil {
 			return "", err
 		}
-		return "ip:" + ip.String(), nil
+		return "ip:" + IPKey(ip), nil
 	}
 }
 
+// IPKey is the part of a rate-limit key that names the client at a: an
+// IPv4 address whole, an IPv6 address by its /64, the block one subscriber
+// usually holds (keying each IPv6 address apart would give a client 2^64
+// limits).
+func IPKey(a netip.Addr) string {
+	a = a.Unmap()
+	if a.Is6() {
+		p, _ := a.Prefix(64)
+		return p.String()
+	}
+	return a.String()
+}
+
+// maxForwardedHops bounds the X-Forwarded-For hops ClientIP steps through.
+const maxForwardedHops = 64
+
 // ClientIP returns the address of the client that sent r. It starts from
 // the connection's peer and, while that peer is a trusted proxy, steps one
-// hop back through X-Forwarded-For (right to left), so a client cannot
-// spoof its address by sending the header itself.
+// hop back through X-Forwarded-For (right to left, across all its lines),
+// so a client cannot spoof its address by sending the header itself. It
+// stops at a malformed hop, and after maxForwardedHops trusted ones, at the
+// last address it could read.
 func ClientIP(r *http.Request, trusted []netip.Prefix) (netip.Addr, error) {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
@@ -144,22 +168,27 @@ func ClientIP(r *http.Request, trusted []netip.Prefix) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("%w: remote address %q", ErrNoKey, r.RemoteAddr)
 	}
 	ip = ip.Unmap()
-	if !isTrusted(ip, trusted) {
-		return ip, nil
-	}
-	var hops []string
-	for _, h := range r.Header.Values("X-Forwarded-For") {
-		hops = append(hops, strings.Split(h, ",")...)
-	}
-	for i := len(hops) - 1; i >= 0; i-- {
-		hop, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+	lines := r.Header.Values("X-Forwarded-For")
+	for hops := 0; isTrusted(ip, trusted) && hops < maxForwardedHops; hops++ {
+		var hop string
+		for hop == "" {
+			if len(lines) == 0 {
+				return ip, nil
+			}
+			last := lines[len(lines)-1]
+			i := strings.LastIndexByte(last, ',')
+			hop = strings.TrimSpace(last[i+1:])
+			if i < 0 {
+				lines = lines[:len(lines)-1]
+			} else {
+				lines = append(lines[:len(lines)-1:len(lines)-1], last[:i])
+			}
+		}
+		next, err := netip.ParseAddr(hop)
 		if err != nil {
 			return ip, nil // a malformed hop: stop at the last good one
 		}
-		ip = hop.Unmap()
-		if !isTrusted(ip, trusted) {
-			return ip, nil
-		}
+		ip = next.Unmap()
 	}
 	return ip, nil
 }

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/netip"
 	"net/url"
 	"os"
 	"reflect"
@@ -54,7 +53,6 @@ const (
 
 var (
 	failurePolicies = []string{FailOpen, FailClosed, FailLocal}
-	unknownKeyModes = []string{"reject", "default_tier"}
 	nameRE          = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 	hashRE          = regexp.MustCompile(`^[0-9a-f]{64}$`)
 )
@@ -120,23 +118,6 @@ type Key struct {
 	Tier *Tier
 	// Overrides replace policy limits for this key, by policy name.
 	Overrides map[string]sluice.Limit
-}
-
-// Authz is the compiled forward-auth section.
-type Authz struct {
-	// APIKeyHeaders are tried in order.
-	APIKeyHeaders []string
-	// UserHeader carries a trusted user id; empty disables it.
-	UserHeader string
-	// TrustedProxies may set X-Forwarded-For.
-	TrustedProxies []netip.Prefix
-	// DefaultTier applies to callers without a known API key; nil means such
-	// callers are rejected.
-	DefaultTier *Tier
-	// RejectUnknownKeys answers 401 to API keys that are not configured.
-	RejectUnknownKeys bool
-	// DenyStatus is the status of a denial.
-	DenyStatus int
 }
 
 // Load reads, decodes and validates the file at path.
@@ -586,50 +567,6 @@ func (v *validator) compileStore(s *StoreSection) {
 	if s.MaxKeys < 0 {
 		v.addf("store.max_keys", "%d must not be negative", s.MaxKeys)
 	}
-}
-
-func (v *validator) compileAuthz(a *AuthzSection, cfg *Config, tierNames []string) {
-	out := Authz{APIKeyHeaders: a.APIKeyHeaders, UserHeader: a.UserHeader, DenyStatus: a.DenyStatus}
-	if len(out.APIKeyHeaders) == 0 {
-		out.APIKeyHeaders = []string{"X-API-Key", "Authorization"}
-	}
-	for i, p := range a.TrustedProxies {
-		pfx, err := netip.ParsePrefix(p)
-		if err != nil {
-			addr, aerr := netip.ParseAddr(p)
-			if aerr != nil {
-				v.addf(fmt.Sprintf("authz.trusted_proxies[%d]", i), "%q is neither a CIDR nor an IP address", p)
-				continue
-			}
-			pfx = netip.PrefixFrom(addr, addr.BitLen())
-		}
-		out.TrustedProxies = append(out.TrustedProxies, pfx.Masked())
-	}
-	if a.DefaultTier != "" {
-		t, ok := cfg.Tiers[a.DefaultTier]
-		if !ok {
-			v.addf("authz.default_tier", "unknown tier %q; valid: %s", a.DefaultTier, strings.Join(tierNames, ", "))
-		}
-		out.DefaultTier = t
-	}
-	switch a.UnknownKeys {
-	case "", "reject":
-		out.RejectUnknownKeys = true
-	case "default_tier":
-		if a.DefaultTier == "" {
-			v.addf("authz.unknown_keys", "default_tier needs authz.default_tier to be set")
-		}
-	default:
-		v.addf("authz.unknown_keys", "unknown mode %q; valid: %s", a.UnknownKeys, strings.Join(unknownKeyModes, ", "))
-	}
-	switch out.DenyStatus {
-	case 0:
-		out.DenyStatus = 429
-	case 429, 403, 401, 503:
-	default:
-		v.addf("authz.deny_status", "%d; valid: 429, 403, 401, 503", out.DenyStatus)
-	}
-	cfg.Authz = out
 }
 
 // validateExtensions calls Validate on every section of File that has one,

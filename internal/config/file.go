@@ -120,9 +120,11 @@ type AuthzSection struct {
 	// APIKeyHeaders are tried in order for an API key. For Authorization,
 	// a "Bearer " prefix is removed. Default: [X-API-Key, Authorization].
 	APIKeyHeaders []string `yaml:"api_key_headers"`
-	// UserHeader carries a user id set by an authenticating proxy.
+	// UserHeader carries a user id set by an authenticating proxy. It is
+	// believed only from a peer in TrustedProxies, which it requires.
 	UserHeader string `yaml:"user_header"`
-	// TrustedProxies are the CIDRs whose X-Forwarded-For is believed.
+	// TrustedProxies are the CIDRs whose X-Forwarded-For and UserHeader are
+	// believed.
 	TrustedProxies []string `yaml:"trusted_proxies"`
 	// DefaultTier applies to requests without an API key, keyed by user id
 	// or client IP.
@@ -133,4 +135,27 @@ type AuthzSection struct {
 	// DenyStatus is the status of a denial: 429 (default), or 403 for
 	// NGINX auth_request, which passes on only 401 and 403.
 	DenyStatus int `yaml:"deny_status"`
+	// Routes add policies to the caller's tier for the original requests
+	// they match, by the URI, method and host the proxy forwards.
+	Routes []RouteSection `yaml:"routes"`
+	// SelectablePolicies are the policies a request may add on top of the
+	// caller's tier with ?policy=NAME. A request can name no other.
+	SelectablePolicies []string `yaml:"selectable_policies"`
+}
+
+// RouteSection is one entry of `authz.routes`: when the original request
+// matches every matcher given, the route's policies are charged on top of
+// the caller's tier.
+type RouteSection struct {
+	// Path matches the original path exactly, after normalization
+	// (config.NormalizePath: case, "//", "." and "..", escapes).
+	Path string `yaml:"path"`
+	// PathPrefix matches the start of the normalized original path.
+	PathPrefix string `yaml:"path_prefix"`
+	// Methods match the original method, in any case.
+	Methods []string `yaml:"methods"`
+	// Host matches the original host, in any case, without port.
+	Host string `yaml:"host"`
+	// Policies are added to the caller's tier.
+	Policies []string `yaml:"policies"`
 }

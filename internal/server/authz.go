@@ -1,63 +1,42 @@
 package server
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"net/netip"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/httplimit"
+	"github.com/sluice-io/sluice/internal/config"
+)
+
+// Bounds on what a forward-auth request may carry.
+const (
+	// maxForwardedValues bounds the values of each of the original URI,
+	// method and host headers (all their lines and comma-separated parts
+	// together); a request with more gets 400.
+	maxForwardedValues = 16
+	// maxSelected bounds the ?policy= parameters of one request.
+	maxSelected = 16
+	// authzPath is the forward-auth endpoint; a path below it (Envoy's
+	// ext_authz path_prefix) carries the original request's path.
+	authzPath = "/v1/authz"
 )
 
 // handleAuthz is the forward-auth endpoint for NGINX auth_request, Traefik
 // ForwardAuth, Caddy forward_auth and Envoy ext_authz (HTTP). It derives the
 // caller from the request's headers, charges one request (or ?cost=N) to the
-// caller's tier (or ?tier= / ?policy=), and answers 200, or the deny status
-// with Retry-After, always with the rate-limit headers.
-//
-// The caller is, in order: an API key from the configured headers (keyed by
-// its hash, limited by its tier); a user id from the user header; the client
-// IP, from X-Forwarded-For when the peer is a trusted proxy. The last two
-// get the default tier.
+// caller's tier, plus the policies of the matching authz.routes and of
+// ?policy= (from authz.selectable_policies), and answers 200, or the deny
+// status with Retry-After, always with the rate-limit headers.
 func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 	cfg := s.cfg.Load()
-	q := r.URL.Query()
-	item := checkItem{Policy: q.Get("policy"), Tier: q.Get("tier")}
-	if v := q.Get("cost"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 1 {
-			writeError(w, http.StatusBadRequest, "cost %q must be a whole number, 1 or more", v)
-			return
-		}
-		item.Cost = &n
-	}
-	if key := apiKeyFrom(r.Header, cfg.Authz.APIKeyHeaders); key != "" {
-		item.APIKey = key
-	} else {
-		if cfg.Authz.UserHeader != "" {
-			if u := r.Header.Get(cfg.Authz.UserHeader); u != "" {
-				item.Key = "user:" + u
-			}
-		}
-		if item.Key == "" {
-			ip, err := httplimit.ClientIP(r, cfg.Authz.TrustedProxies)
-			if err != nil {
-				writeError(w, http.StatusBadRequest, "cannot tell the client address")
-				return
-			}
-			item.Key = ipIdentity(ip)
-		}
-		if item.Policy == "" && item.Tier == "" {
-			if cfg.Authz.DefaultTier == nil {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
-				writeError(w, http.StatusUnauthorized, "an API key is required")
-				return
-			}
-			item.Tier = cfg.Authz.DefaultTier.Name
-		}
-	}
-	targets, status, err := resolve(cfg, &item, nil)
+	targets, status, err := authzTargets(cfg, r)
 	if err != nil {
 		if status == http.StatusUnauthorized {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
@@ -76,39 +55,298 @@ func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 	s.writeDecision(w, res, cfg.Authz.DenyStatus, true)
 }
 
-// apiKeyFrom returns the first API key found in the headers, stripping a
-// "Bearer " prefix.
-func apiKeyFrom(h http.Header, names []string) string {
-	for _, name := range names {
-		v := strings.TrimSpace(h.Get(name))
-		if v == "" {
-			continue
+// authzTargets selects what a forward-auth request is charged. The caller
+// is, in order: an API key from the configured headers (keyed by its hash,
+// limited by its tier); a user id from the user header, when the peer is a
+// trusted proxy; the client IP, from X-Forwarded-For when the peer is a
+// trusted proxy. The last two get the default tier.
+//
+// The caller's tier is always charged whole. The request can only add to
+// it: the policies of the authz.routes its original URI, method and host
+// match, and ?policy= names from authz.selectable_policies. So no request
+// is limited more loosely than its caller, whatever it carries (FuzzAuthz
+// holds this). The query is read only on /v1/authz itself: below it, as
+// Envoy's path_prefix sends, it is the client's own.
+func authzTargets(cfg *config.Config, r *http.Request) ([]target, int, error) {
+	a := &cfg.Authz
+	cost := int64(1)
+	var selected []*config.Policy
+	if r.URL.Path == authzPath && r.URL.RawQuery != "" {
+		q, err := url.ParseQuery(r.URL.RawQuery)
+		if err != nil {
+			return nil, http.StatusBadRequest, fmt.Errorf("malformed query: %w", err)
 		}
-		if rest, ok := cutPrefixFold(v, "Bearer "); ok {
-			v = strings.TrimSpace(rest)
-		} else if strings.EqualFold(name, "Authorization") {
-			continue // Basic and other schemes carry no API key
+		if _, ok := q["tier"]; ok {
+			return nil, http.StatusBadRequest, errors.New("?tier= is not accepted: the tier is the caller's (its API key's, else authz.default_tier); add limits with authz.routes or ?policy= from authz.selectable_policies")
 		}
-		if v != "" {
-			return v
+		if vs := q["cost"]; len(vs) > 0 {
+			n, err := strconv.ParseInt(vs[0], 10, 64)
+			if len(vs) > 1 || err != nil || n < 1 {
+				return nil, http.StatusBadRequest, fmt.Errorf("cost %q must be one whole number, 1 or more", strings.Join(vs, ","))
+			}
+			cost = n
+		}
+		if vs := q["policy"]; len(vs) > 0 {
+			if len(vs) > maxSelected {
+				return nil, http.StatusBadRequest, fmt.Errorf("%d policies; at most %d", len(vs), maxSelected)
+			}
+			for _, name := range vs {
+				p := a.Selectable[name]
+				if p == nil {
+					return nil, http.StatusBadRequest, fmt.Errorf("policy %q is not selectable; valid: %s", name, selectableNames(a))
+				}
+				selected = append(selected, p)
+			}
 		}
 	}
-	return ""
+
+	var identity string
+	var tier *config.Tier
+	var apiKey *config.Key
+	key, err := apiKeyFrom(r.Header, a.APIKeyHeaders)
+	if err != nil {
+		return nil, http.StatusBadRequest, err
+	}
+	if key != "" {
+		hash := sluice.HashKey(key)
+		identity = "key:" + hash
+		apiKey = cfg.Keys[hash]
+		switch {
+		case apiKey != nil:
+			tier = apiKey.Tier
+		case a.RejectUnknownKeys || a.DefaultTier == nil:
+			return nil, http.StatusUnauthorized, errors.New("unknown api key")
+		default:
+			tier = a.DefaultTier
+		}
+	} else {
+		peer, err := peerAddr(r)
+		if err != nil {
+			return nil, http.StatusBadRequest, errors.New("cannot tell the client address")
+		}
+		if a.UserHeader != "" && isTrusted(peer, a.TrustedProxies) {
+			u, err := singleValue(r.Header, a.UserHeader)
+			if err != nil {
+				return nil, http.StatusBadRequest, err
+			}
+			if u != "" {
+				identity = "user:" + u
+			}
+		}
+		if identity == "" {
+			ip, err := httplimit.ClientIP(r, a.TrustedProxies)
+			if err != nil {
+				return nil, http.StatusBadRequest, errors.New("cannot tell the client address")
+			}
+			identity = ipIdentity(ip)
+		}
+		if a.DefaultTier == nil {
+			return nil, http.StatusUnauthorized, errors.New("an API key is required")
+		}
+		tier = a.DefaultTier
+	}
+	if len(identity) > config.MaxKeyLen {
+		return nil, http.StatusBadRequest, fmt.Errorf("key longer than %d bytes", config.MaxKeyLen)
+	}
+
+	policies := tier.Policies
+	if len(a.Routes) > 0 {
+		added, err := routePolicies(a.Routes, r)
+		if err != nil {
+			return nil, http.StatusBadRequest, err
+		}
+		policies = addPolicies(policies, added)
+	}
+	policies = addPolicies(policies, selected)
+	out := make([]target, len(policies))
+	for i, p := range policies {
+		out[i] = newTarget(cfg, p, tier.Name, identity, apiKey, cost)
+	}
+	return out, 0, nil
 }
 
-func cutPrefixFold(s, prefix string) (string, bool) {
-	if len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix) {
-		return s[len(prefix):], true
+// addPolicies returns base with the policies of extra it lacks appended;
+// base itself is never modified.
+func addPolicies(base, extra []*config.Policy) []*config.Policy {
+	out := base
+	for _, p := range extra {
+		if slices.Contains(out, p) {
+			continue
+		}
+		if len(out) == len(base) {
+			out = slices.Clip(base)
+		}
+		out = append(out, p)
 	}
-	return s, false
+	return out
+}
+
+func selectableNames(a *config.Authz) string {
+	if len(a.Selectable) == 0 {
+		return "none (authz.selectable_policies is empty)"
+	}
+	names := make([]string, 0, len(a.Selectable))
+	for n := range a.Selectable {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
+}
+
+// routePolicies returns the policies of the routes the original request
+// matches. The original URI, method and host are whatever the proxies
+// forward: X-Forwarded-Uri and X-Original-URI (Traefik, Caddy, NGINX), the
+// path below /v1/authz/ (Envoy), X-Forwarded-Method and X-Original-Method,
+// or the method itself below /v1/authz/, X-Forwarded-Host and the Host.
+// A route applies when any of these values matches it, so a client that
+// adds a header of its own can only add routes, never escape one the proxy
+// reports.
+func routePolicies(routes []config.Route, r *http.Request) ([]*config.Policy, error) {
+	below, isBelow := strings.CutPrefix(r.URL.EscapedPath(), authzPath+"/")
+	var uris []string
+	if isBelow {
+		uris = append(uris, "/"+below)
+	}
+	uris = append(uris, r.Header.Values("X-Forwarded-Uri")...)
+	uris = append(uris, r.Header.Values("X-Original-Uri")...)
+	if len(uris) > maxForwardedValues {
+		return nil, fmt.Errorf("%d original URIs; at most %d", len(uris), maxForwardedValues)
+	}
+	var paths []string
+	for _, u := range uris {
+		paths = append(paths, config.NormalizePath(u)...)
+	}
+	var methods []string
+	if isBelow {
+		methods = append(methods, r.Method)
+	}
+	methods = appendValues(methods, r.Header, "X-Forwarded-Method")
+	methods = appendValues(methods, r.Header, "X-Original-Method")
+	hosts := []string{config.NormalizeHost(r.Host)}
+	for _, h := range appendValues(nil, r.Header, "X-Forwarded-Host") {
+		hosts = append(hosts, config.NormalizeHost(h))
+	}
+	if len(methods) > maxForwardedValues || len(hosts) > maxForwardedValues+1 {
+		return nil, fmt.Errorf("more than %d original methods or hosts", maxForwardedValues)
+	}
+	var out []*config.Policy
+	for i := range routes {
+		rt := &routes[i]
+		if rt.Path != "" || rt.PathPrefix != "" {
+			if !slices.ContainsFunc(paths, rt.MatchPath) {
+				continue
+			}
+		}
+		if len(rt.Methods) > 0 && !slices.ContainsFunc(methods, rt.MatchMethod) {
+			continue
+		}
+		if rt.Host != "" && !slices.Contains(hosts, rt.Host) {
+			continue
+		}
+		out = addPolicies(out, rt.Policies)
+	}
+	return out, nil
+}
+
+// appendValues appends the comma-separated parts of every line of header
+// name, trimmed, empty ones left out.
+func appendValues(dst []string, h http.Header, name string) []string {
+	for _, line := range h.Values(name) {
+		for part := range strings.SplitSeq(line, ",") {
+			if part = strings.TrimSpace(part); part != "" {
+				dst = append(dst, part)
+			}
+		}
+	}
+	return dst
+}
+
+// singleValue returns the value of header name; several different values
+// are an error, since the proxy and sluice might each read another.
+func singleValue(h http.Header, name string) (string, error) {
+	vs := h.Values(name)
+	for _, v := range vs[min(1, len(vs)):] {
+		if v != vs[0] {
+			return "", fmt.Errorf("several different %s headers", name)
+		}
+	}
+	if len(vs) == 0 {
+		return "", nil
+	}
+	return vs[0], nil
+}
+
+// apiKeyFrom returns the API key of the first of the headers that carries
+// one. "Authorization" carries one only with the Bearer scheme (in any
+// case, RFC 9110); in the other headers a Bearer scheme is removed too.
+// Several lines of one header with different keys are an error: the proxy
+// and sluice might each read another.
+func apiKeyFrom(h http.Header, names []string) (string, error) {
+	for _, name := range names {
+		key := ""
+		for _, v := range h.Values(name) {
+			k, isBearer := bearerToken(v)
+			if !isBearer {
+				if strings.EqualFold(name, "Authorization") {
+					continue // Basic and other schemes carry no API key
+				}
+				k = strings.TrimSpace(v)
+			}
+			if k == "" {
+				continue
+			}
+			if key != "" && k != key {
+				return "", fmt.Errorf("several different API keys in %s headers", name)
+			}
+			key = k
+		}
+		if key != "" {
+			return key, nil
+		}
+	}
+	return "", nil
+}
+
+// bearerToken returns the credentials of a header value in the Bearer
+// scheme, whose name is case-insensitive (RFC 9110, section 11.1), and
+// whether the value is in that scheme at all.
+func bearerToken(v string) (string, bool) {
+	v = strings.TrimLeft(v, " \t")
+	const scheme = "Bearer"
+	if len(v) < len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
+		return "", false
+	}
+	rest := v[len(scheme):]
+	if rest != "" && rest[0] != ' ' && rest[0] != '\t' {
+		return "", false // another scheme, such as "Bearerx"
+	}
+	return strings.Trim(rest, " \t"), true
+}
+
+// peerAddr returns the address of the connection's peer.
+func peerAddr(r *http.Request) (netip.Addr, error) {
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err == nil {
+		return ap.Addr().Unmap(), nil
+	}
+	a, err := netip.ParseAddr(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("server: remote address %q: %w", r.RemoteAddr, err)
+	}
+	return a.Unmap(), nil
+}
+
+func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
+	for _, p := range trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // ipIdentity keys IPv4 clients by address and IPv6 clients by their /64,
 // the block one subscriber usually holds.
 func ipIdentity(a netip.Addr) string {
-	if a.Is6() {
-		p, _ := a.Prefix(64)
-		return "ip:" + p.String()
-	}
-	return "ip:" + a.String()
+	return "ip:" + httplimit.IPKey(a)
 }

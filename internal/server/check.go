@@ -54,9 +54,25 @@ func storeKey(identity string, p *config.Policy) string {
 	return "sluice:{" + identity + "}:" + p.Name + ":" + p.Algorithm.String()
 }
 
-// resolve turns a check into targets. key, when not nil, is the API key
-// already looked up by the caller (forward-auth).
-func resolve(cfg *config.Config, c *checkItem, apiKey *config.Key) ([]target, int, error) {
+// resolveMode says what a policy or tier named beside an api_key means.
+type resolveMode int
+
+const (
+	// addToKey charges the named policy or tier on top of the key's tier,
+	// so that a check can never loosen the limit bound to its API key
+	// (/v1/check, /v1/status).
+	addToKey resolveMode = iota
+	// exactly selects the named policy or tier alone (/v1/reset, where the
+	// admin picks what to forget).
+	exactly
+)
+
+// resolve turns a check into targets. A check with an api_key is always
+// charged the key's tier (the default tier for an unknown key under
+// unknown_keys: default_tier); a policy or tier it names is added on top,
+// unless mode is exactly. A check with a key has no tier of its own and
+// is charged the policy or tier it names.
+func resolve(cfg *config.Config, c *checkItem, mode resolveMode) ([]target, int, error) {
 	cost := int64(1)
 	if c.Cost != nil {
 		cost = *c.Cost
@@ -65,7 +81,8 @@ func resolve(cfg *config.Config, c *checkItem, apiKey *config.Key) ([]target, in
 		return nil, http.StatusBadRequest, fmt.Errorf("cost %d must not be negative", cost)
 	}
 	identity := c.Key
-	var tier *config.Tier
+	var keyTier *config.Tier
+	var apiKey *config.Key
 	if c.APIKey != "" {
 		if c.Key != "" {
 			return nil, http.StatusBadRequest, errors.New("give key or api_key, not both")
@@ -77,9 +94,9 @@ func resolve(cfg *config.Config, c *checkItem, apiKey *config.Key) ([]target, in
 			if cfg.Authz.RejectUnknownKeys || cfg.Authz.DefaultTier == nil {
 				return nil, http.StatusUnauthorized, errors.New("unknown api key")
 			}
-			tier = cfg.Authz.DefaultTier
+			keyTier = cfg.Authz.DefaultTier
 		} else {
-			tier = apiKey.Tier
+			keyTier = apiKey.Tier
 		}
 	}
 	if identity == "" {
@@ -88,8 +105,8 @@ func resolve(cfg *config.Config, c *checkItem, apiKey *config.Key) ([]target, in
 	if len(identity) > config.MaxKeyLen {
 		return nil, http.StatusBadRequest, fmt.Errorf("key longer than %d bytes", config.MaxKeyLen)
 	}
-	var policies []*config.Policy
-	tierName := metrics.NoTier
+	var named []*config.Policy
+	namedTier := metrics.NoTier
 	switch {
 	case c.Policy != "" && c.Tier != "":
 		return nil, http.StatusBadRequest, errors.New(`give "policy" or "tier", not both`)
@@ -98,28 +115,39 @@ func resolve(cfg *config.Config, c *checkItem, apiKey *config.Key) ([]target, in
 		if p == nil {
 			return nil, http.StatusBadRequest, fmt.Errorf("unknown policy %q; valid: %s", c.Policy, strings.Join(cfg.PolicyNames(), ", "))
 		}
-		policies = []*config.Policy{p}
+		named = []*config.Policy{p}
 	case c.Tier != "":
 		t := cfg.Tiers[c.Tier]
 		if t == nil {
 			return nil, http.StatusBadRequest, fmt.Errorf("unknown tier %q; valid: %s", c.Tier, strings.Join(cfg.TierNames(), ", "))
 		}
-		policies, tierName = t.Policies, t.Name
-	case tier != nil:
-		policies, tierName = tier.Policies, tier.Name
+		named, namedTier = t.Policies, t.Name
+	}
+	var policies []*config.Policy
+	tierName := namedTier
+	switch {
+	case keyTier != nil && (named == nil || mode == addToKey):
+		policies, tierName = addPolicies(keyTier.Policies, named), keyTier.Name
+	case named != nil:
+		policies = named
 	default:
 		return nil, http.StatusBadRequest, errors.New(`missing "policy" or "tier"`)
 	}
 	out := make([]target, len(policies))
 	for i, p := range policies {
-		out[i] = target{policy: p, tier: tierName, identity: identity, req: sluice.Request{
-			Key:       storeKey(identity, p),
-			Algorithm: p.Algorithm,
-			Limit:     cfg.LimitFor(p, identity, apiKey),
-			Cost:      cost,
-		}}
+		out[i] = newTarget(cfg, p, tierName, identity, apiKey, cost)
 	}
 	return out, 0, nil
+}
+
+// newTarget is policy p for identity, with its limit for that identity.
+func newTarget(cfg *config.Config, p *config.Policy, tier, identity string, apiKey *config.Key, cost int64) target {
+	return target{policy: p, tier: tier, identity: identity, req: sluice.Request{
+		Key:       storeKey(identity, p),
+		Algorithm: p.Algorithm,
+		Limit:     cfg.LimitFor(p, identity, apiKey),
+		Cost:      cost,
+	}}
 }
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -155,6 +183,10 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, cfg *config.Conf
 	if decodeCheckFast(buf.Bytes(), v) {
 		return true
 	}
+	if err := checkText(buf.Bytes()); err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return false
+	}
 	dec := json.NewDecoder(bytes.NewReader(buf.Bytes()))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -186,7 +218,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		for i := range body.Checks {
-			ts, status, err := resolve(cfg, &body.Checks[i], nil)
+			ts, status, err := resolve(cfg, &body.Checks[i], addToKey)
 			if err != nil {
 				writeError(w, status, "checks[%d]: %v", i, err)
 				return
@@ -194,7 +226,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 			targets = append(targets, ts...)
 		}
 	} else {
-		ts, status, err := resolve(cfg, &body.checkItem, nil)
+		ts, status, err := resolve(cfg, &body.checkItem, addToKey)
 		if err != nil {
 			writeError(w, status, "%v", err)
 			return
@@ -234,7 +266,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 		}
 		c.Cost = &n
 	}
-	targets, status, err := resolve(cfg, &c, nil)
+	targets, status, err := resolve(cfg, &c, addToKey)
 	if err != nil {
 		writeError(w, status, "%v", err)
 		return

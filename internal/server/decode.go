@@ -1,6 +1,73 @@
 package server
 
-import "unicode/utf8"
+import (
+	"errors"
+	"fmt"
+	"unicode/utf8"
+)
+
+// errText means a body holds text that encoding/json would change silently.
+var errText = errors.New("keys are compared byte for byte, so send valid UTF-8 (encode binary keys, in hex or base64, say)")
+
+// checkText refuses a JSON body that encoding/json would change without
+// an error: invalid UTF-8, and \u escapes of lone UTF-16 surrogates, both
+// of which it turns into U+FFFD. Two keys that differ only there would
+// otherwise share one limit. decodeCheckFast accepts no such body, so
+// only bodies it declines need the check.
+func checkText(b []byte) error {
+	if !utf8.Valid(b) {
+		i := 0
+		for i < len(b) {
+			r, n := utf8.DecodeRune(b[i:])
+			if r == utf8.RuneError && n <= 1 {
+				break
+			}
+			i += n
+		}
+		return fmt.Errorf("body is not valid UTF-8 (byte %d): %w", i, errText)
+	}
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		if i+5 >= len(b) || b[i+1] != 'u' {
+			i++ // a two-byte escape, or a syntax error encoding/json reports
+			continue
+		}
+		r, ok := hex4(b[i+2 : i+6])
+		switch {
+		case !ok || r < 0xd800 || r > 0xdfff:
+		case r < 0xdc00 && i+11 < len(b) && b[i+6] == '\\' && b[i+7] == 'u':
+			if lo, ok := hex4(b[i+8 : i+12]); ok && lo >= 0xdc00 && lo <= 0xdfff {
+				i += 6 // a surrogate pair: one valid character
+				break
+			}
+			fallthrough
+		default:
+			return fmt.Errorf("body escapes a lone UTF-16 surrogate (%q at byte %d): %w", b[i:i+6], i, errText)
+		}
+		i += 5
+	}
+	return nil
+}
+
+// hex4 reads four hex digits.
+func hex4(b []byte) (rune, bool) {
+	var r rune
+	for _, c := range b {
+		switch {
+		case '0' <= c && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case 'a' <= c && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case 'A' <= c && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
+}
 
 // decodeCheckFast parses the common body of /v1/check and /v1/reset
 // without reflection: one flat object whose members are "policy", "tier",

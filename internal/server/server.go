@@ -192,7 +192,7 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusForbidden, "reset is disabled: set admin_token in the config or SLUICE_ADMIN_TOKEN")
 		return
 	}
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	got, ok := bearerToken(r.Header.Get("Authorization"))
 	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice admin"`)
 		writeError(w, http.StatusUnauthorized, "reset needs Authorization: Bearer <admin token>")
@@ -208,7 +208,7 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 	}
 	body.Cost = new(int64)
 	*body.Cost = 1
-	targets, status, err := resolve(cfg, &body.checkItem, nil)
+	targets, status, err := resolve(cfg, &body.checkItem, exactly)
 	if err != nil {
 		writeError(w, status, "%v", err)
 		return

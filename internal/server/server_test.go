@@ -47,6 +47,7 @@ authz:
   user_header: X-User-ID
   trusted_proxies: [127.0.0.1/32, "::1"]
   default_tier: anonymous
+  selectable_policies: [a]
 max_body_bytes: 1024
 `
 
@@ -435,12 +436,16 @@ func TestAuthz(t *testing.T) {
 	if a := s.do(t, "GET", "/v1/authz", "", "X-User-ID", "42"); a.status != 200 || a.header.Get("X-Sluice-Identity") != "user:42" {
 		t.Fatalf("user: %d %v", a.status, a.header)
 	}
-	// The proxy may pick a policy and a cost.
-	if a := s.do(t, "GET", "/v1/authz?policy=a&cost=5", "", "X-User-ID", "43"); a.status != 200 || a.header.Get("X-RateLimit-Remaining") != "0" {
-		t.Fatalf("policy and cost: %d %v", a.status, a.header)
+	// The proxy may add a selectable policy to the caller's tier, and pick
+	// a cost.
+	a = s.do(t, "GET", "/v1/authz?policy=a&cost=2", "", "X-User-ID", "43")
+	if a.status != 200 || a.header.Get("X-RateLimit-Remaining") != "0" || a.body["policy"] != "anon" || len(a.body["results"].([]any)) != 2 {
+		t.Fatalf("policy and cost: %d %v %s", a.status, a.header, a.raw)
 	}
-	if a := s.do(t, "GET", "/v1/authz?policy=nope", "", "X-User-ID", "43"); a.status != 400 {
-		t.Fatalf("unknown policy: %d", a.status)
+	for _, q := range []string{"?policy=nope", "?policy=free", "?tier=free", "?cost=0", "?cost=1&cost=2", "?policy=a;x"} {
+		if a := s.do(t, "GET", "/v1/authz"+q, "", "X-User-ID", "44"); a.status != 400 {
+			t.Fatalf("%s: %d %s", q, a.status, a.raw)
+		}
 	}
 }
 

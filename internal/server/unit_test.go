@@ -51,16 +51,33 @@ func TestClientIP(t *testing.T) {
 
 func TestAPIKeyFrom(t *testing.T) {
 	names := []string{"X-API-Key", "Authorization"}
-	for _, c := range []struct{ name, value, want string }{
-		{"X-API-Key", "k1", "k1"},
-		{"Authorization", "Bearer k2", "k2"},
-		{"Authorization", "bearer  k3 ", "k3"},
-		{"Authorization", "Basic dXNlcjpwYXNz", ""},
+	for _, c := range []struct {
+		hdr  []string // name, value pairs, added in order
+		want string
+		err  bool
+	}{
+		{hdr: []string{"X-API-Key", "k1"}, want: "k1"},
+		{hdr: []string{"Authorization", "Bearer k2"}, want: "k2"},
+		{hdr: []string{"Authorization", "bearer  k3 "}, want: "k3"},
+		{hdr: []string{"Authorization", "BEARER k3"}, want: "k3"},
+		{hdr: []string{"Authorization", "bEaReR\tk3"}, want: "k3"},
+		{hdr: []string{"X-API-Key", "Bearer k4"}, want: "k4"},
+		{hdr: []string{"Authorization", "Basic dXNlcjpwYXNz"}, want: ""},
+		{hdr: []string{"Authorization", "Bearer"}, want: ""},
+		{hdr: []string{"Authorization", "Bearerk5"}, want: ""},
+		{hdr: []string{"X-API-Key", "k6", "X-API-Key", "k6"}, want: "k6"},
+		{hdr: []string{"X-API-Key", "k6", "X-API-Key", "k7"}, err: true},
+		{hdr: []string{"Authorization", "Bearer k8", "Authorization", "Bearer k9"}, err: true},
+		{hdr: []string{"Authorization", "Basic x", "Authorization", "Bearer k10"}, want: "k10"},
+		{hdr: []string{"X-API-Key", "k11", "Authorization", "Bearer other"}, want: "k11"}, // configured order
 	} {
 		h := http.Header{}
-		h.Set(c.name, c.value)
-		if got := apiKeyFrom(h, names); got != c.want {
-			t.Errorf("%s: %q, want %q", c.value, got, c.want)
+		for i := 0; i+1 < len(c.hdr); i += 2 {
+			h.Add(c.hdr[i], c.hdr[i+1])
+		}
+		got, err := apiKeyFrom(h, names)
+		if got != c.want || (err != nil) != c.err {
+			t.Errorf("%q: %q, %v; want %q (error %v)", c.hdr, got, err, c.want, c.err)
 		}
 	}
 }
