@@ -53,6 +53,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseLimit -fuzztime 30s .
 	$(GO) test -run '^$$' -fuzz FuzzLimitInvariant -fuzztime 30s ./algo
 	$(GO) test -run '^$$' -fuzz FuzzMatchesAlgo -fuzztime 30s ./memstore
+	$(GO) test -run '^$$' -fuzz '^FuzzAuthz$$' -fuzztime 30s ./internal/server
+	$(GO) test -run '^$$' -fuzz '^FuzzResolve$$' -fuzztime 30s ./internal/server
 
 # static builds bin/sluice-static, the binary the container image runs.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)

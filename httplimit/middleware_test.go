@@ -118,6 +118,61 @@ func TestByHeaderHashesKeys(t *testing.T) {
 	}
 }
 
+// TestKeyFuncsBypass: spellings of one key share its limit, keys that
+// differ in any byte do not, and a client cannot mint IPv6 identities.
+func TestKeyFuncsBypass(t *testing.T) {
+	byHeader := httplimit.ByHeader("Authorization")
+	keyOf := func(v string) (string, error) {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set("Authorization", v)
+		return byHeader(r)
+	}
+	want, _ := keyOf("Bearer sk-1")
+	for _, v := range []string{"bearer sk-1", "BEARER   sk-1", "Bearer\tsk-1", " Bearer sk-1 "} {
+		if got, err := keyOf(v); err != nil || got != want {
+			t.Errorf("%q keyed %q, %v; want the key of \"Bearer sk-1\"", v, got, err)
+		}
+	}
+	for _, v := range []string{"Bearer", "bearer  ", ""} {
+		if got, err := keyOf(v); !errors.Is(err, httplimit.ErrNoKey) {
+			t.Errorf("%q keyed %q, %v; want ErrNoKey", v, got, err)
+		}
+	}
+	a, _ := keyOf("Bearer k\xff")
+	b, _ := keyOf("Bearer k\xfe")
+	if a == b {
+		t.Error("keys that differ in an invalid UTF-8 byte share a limit")
+	}
+
+	byIP := httplimit.ByClientIP(netip.MustParsePrefix("10.0.0.0/8"))
+	ipKey := func(remote, xff string) string {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.RemoteAddr = remote
+		if xff != "" {
+			r.Header.Set("X-Forwarded-For", xff)
+		}
+		k, err := byIP(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	if k1, k2 := ipKey("[2001:db8:1:2::1]:1", ""), ipKey("[2001:db8:1:2:ffff::9]:1", ""); k1 != k2 || k1 != "ip:2001:db8:1:2::/64" {
+		t.Errorf("one /64, two keys: %s %s", k1, k2)
+	}
+	if k1, k2 := ipKey("[2001:db8:1:2::1]:1", ""), ipKey("[2001:db8:1:3::1]:1", ""); k1 == k2 {
+		t.Errorf("two /64s, one key: %s", k1)
+	}
+	if k := ipKey("10.0.0.1:1", "2001:db8:9:9::5"); k != "ip:2001:db8:9:9::/64" {
+		t.Errorf("forwarded IPv6: %s", k)
+	}
+	// A header of thousands of trusted hops is walked only so far.
+	long := strings.Repeat("10.0.0.9, ", 10000) + "10.0.0.8"
+	if k := ipKey("10.0.0.1:1", long); k != "ip:10.0.0.9" {
+		t.Errorf("long chain: %s", k)
+	}
+}
+
 func TestClientIP(t *testing.T) {
 	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("127.0.0.1/32")}
 	cases := []struct {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -67,25 +68,37 @@ func TestDefaults(t *testing.T) {
 // error that names the file, the line and the field, and the valid choices.
 func TestBadConfigs(t *testing.T) {
 	want := map[string][]string{
-		"bad_algorithm":       {":3: policies.free.algorithm: unknown algorithm \"leaky\"", "valid: gcra, token_bucket"},
-		"bad_default_tier":    {":8: authz.default_tier: unknown tier \"platinum\"; valid: free"},
-		"bad_deny_status":     {":2: authz.deny_status: 500; valid: 429, 403"},
-		"bad_failure_policy":  {":3: store.failure_policy: unknown failure policy \"fail_maybe\"; valid: fail_open, fail_closed, local"},
-		"bad_limit":           {":3: policies.free.limit: invalid limit \"10 per minute\""},
-		"bad_override":        {":6: overrides[0].policy: unknown policy \"premium\"; valid: free"},
-		"bad_proxy":           {":2: authz.trusted_proxies[1]: \"not-an-ip\""},
-		"bad_store_url":       {":2: store.url: unknown store", "valid: memory, redis://HOST"},
-		"bad_syntax":          {"bad_syntax.bad.yaml:"},
-		"bad_timeout":         {":2: store.timeout: cannot use `soon` as time.Duration"},
-		"bad_type":            {":4: policies.free.burst: cannot use `lots` as int64"},
-		"concurrency":         {":3: policies.slots.algorithm: concurrency"},
-		"duplicate_key":       {":4: mapping key \"free\" already defined"},
-		"key_unknown_tier":    {":10: keys[0].tier: unknown tier \"gold\"; valid: free"},
-		"missing_limit":       {":3: policies.free.limit: required"},
-		"raw_key":             {":9: keys[0].hash: want the 64 hex digits"},
-		"unknown_field":       {":4: policies.free.brust: unknown field; valid: algorithm, limit, burst, shadow"},
-		"unknown_tier_policy": {":6: tiers.free.policies[1]: unknown policy \"pro\"; valid: free"},
-		"unknown_top":         {":2: polices: unknown field; valid: listen,"},
+		"bad_algorithm":      {":3: policies.free.algorithm: unknown algorithm \"leaky\"", "valid: gcra, token_bucket"},
+		"bad_default_tier":   {":8: authz.default_tier: unknown tier \"platinum\"; valid: free"},
+		"bad_deny_status":    {":2: authz.deny_status: 500; valid: 429, 403"},
+		"bad_failure_policy": {":3: store.failure_policy: unknown failure policy \"fail_maybe\"; valid: fail_open, fail_closed, local"},
+		"bad_limit":          {":3: policies.free.limit: invalid limit \"10 per minute\""},
+		"bad_override":       {":6: overrides[0].policy: unknown policy \"premium\"; valid: free"},
+		"bad_proxy":          {":2: authz.trusted_proxies[1]: \"not-an-ip\""},
+		"bad_route": {
+			":7: authz.routes[1].path_prefix: \"login\" must be a path starting with '/'",
+			":7: authz.routes[1].methods[0]: \"P OST\" is not an HTTP method",
+			":7: authz.routes[1].host: \"a b\" is not a host name",
+			":7: authz.routes[1].policies[0]: unknown policy \"nope\"; valid: free, login",
+			":7: authz.routes[1].policies[2]: policy \"login\" listed twice",
+			":8: authz.routes[2]: a route needs path, path_prefix, methods or host",
+			":9: authz.routes[3].path: give path or path_prefix, not both",
+			":9: authz.routes[3].policies: a route adds at least one policy",
+		},
+		"bad_selectable":        {":4: authz.selectable_policies[1]: unknown policy \"gold\"; valid: free", ":4: authz.selectable_policies[2]: policy \"free\" listed twice"},
+		"bad_store_url":         {":2: store.url: unknown store", "valid: memory, redis://HOST"},
+		"bad_syntax":            {"bad_syntax.bad.yaml:"},
+		"bad_timeout":           {":2: store.timeout: cannot use `soon` as time.Duration"},
+		"bad_type":              {":4: policies.free.burst: cannot use `lots` as int64"},
+		"concurrency":           {":3: policies.slots.algorithm: concurrency"},
+		"duplicate_key":         {":4: mapping key \"free\" already defined"},
+		"key_unknown_tier":      {":10: keys[0].tier: unknown tier \"gold\"; valid: free"},
+		"missing_limit":         {":3: policies.free.limit: required"},
+		"raw_key":               {":9: keys[0].hash: want the 64 hex digits"},
+		"unknown_field":         {":4: policies.free.brust: unknown field; valid: algorithm, limit, burst, shadow"},
+		"unknown_tier_policy":   {":6: tiers.free.policies[1]: unknown policy \"pro\"; valid: free"},
+		"unknown_top":           {":2: polices: unknown field; valid: listen,"},
+		"user_header_untrusted": {":4: authz.user_header: needs authz.trusted_proxies"},
 	}
 	files, err := filepath.Glob("testdata/*.bad.yaml")
 	if err != nil {
@@ -170,6 +183,70 @@ func TestUnknownStoreErrorHidesPassword(t *testing.T) {
 		}
 		if strings.Contains(err.Error(), "s3cret-pw") {
 			t.Fatalf("the error shows the password: %v", err)
+		}
+	}
+}
+
+func TestAuthzRoutesCompiled(t *testing.T) {
+	cfg, err := Parse("routes.yaml", []byte(`
+policies:
+  free: {limit: 10/min}
+  login: {limit: 2/min}
+authz:
+  selectable_policies: [login]
+  routes:
+    - {path_prefix: /API/v1/./Login/, methods: [post, Get], host: "API.example.com:443", policies: [login, free]}
+    - {path: /a%2Fb}
+`))
+	if err == nil || !strings.Contains(err.Error(), "routes.yaml:9: authz.routes[1].policies: a route adds at least one policy") {
+		t.Fatalf("route without policies: %v", err)
+	}
+	cfg, err = Parse("routes.yaml", []byte(`
+policies:
+  free: {limit: 10/min}
+  login: {limit: 2/min}
+authz:
+  selectable_policies: [login]
+  routes:
+    - {path_prefix: /API/v1/./Login/, methods: [post, Get], host: "API.example.com:443", policies: [login, free]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.Authz.Routes[0]
+	if r.PathPrefix != "/api/v1/login" || r.Methods[0] != "POST" || r.Methods[1] != "GET" || r.Host != "api.example.com" || len(r.Policies) != 2 || r.Policies[0].Name != "login" {
+		t.Errorf("route compiled as %+v", r)
+	}
+	if cfg.Authz.Selectable["login"] != cfg.Policies["login"] || len(cfg.Authz.Selectable) != 1 {
+		t.Errorf("selectable: %v", cfg.Authz.Selectable)
+	}
+}
+
+func TestNormalizePath(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want []string
+	}{
+		{"/login", []string{"/login"}},
+		{"", []string{"/"}},
+		{"/Login/", []string{"/login"}},
+		{"//a/./b/../login?x=1#f", []string{"/a/login"}},
+		{`\a\login`, []string{"/a/login"}},
+		{"/login;jsessionid=1/x;y", []string{"/login/x"}},
+		{"https://host.example:8443/Login?q", []string{"/login"}},
+		{"host/login", []string{"/host/login"}},
+		{"/%6Cogin", []string{"/%6cogin", "/login"}},
+		{"/%252e%252e/login", []string{"/%252e%252e/login", "/login"}},
+		{"/a%2Fb", []string{"/a%2fb", "/a/b"}},
+		{"/%zz", []string{"/%zz"}},
+	} {
+		if got := NormalizePath(c.in); !slices.Equal(got, c.want) {
+			t.Errorf("NormalizePath(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+	for in, want := range map[string]string{"API.Example.COM": "api.example.com", "a.example:443": "a.example", "a.example.": "a.example", "[::1]:80": "::1", "::1": "::1", " h ": "h"} {
+		if got := NormalizeHost(in); got != want {
+			t.Errorf("NormalizeHost(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
