@@ -188,7 +188,7 @@ func TestUnknownStoreErrorHidesPassword(t *testing.T) {
 }
 
 func TestAuthzRoutesCompiled(t *testing.T) {
-	cfg, err := Parse("routes.yaml", []byte(`
+	_, err := Parse("routes.yaml", []byte(`
 policies:
   free: {limit: 10/min}
   login: {limit: 2/min}
@@ -201,7 +201,7 @@ authz:
 	if err == nil || !strings.Contains(err.Error(), "routes.yaml:9: authz.routes[1].policies: a route adds at least one policy") {
 		t.Fatalf("route without policies: %v", err)
 	}
-	cfg, err = Parse("routes.yaml", []byte(`
+	cfg, err := Parse("routes.yaml", []byte(`
 policies:
   free: {limit: 10/min}
   login: {limit: 2/min}
