@@ -3,6 +3,7 @@ module github.com/sluice-io/sluice
 go 1.26.8
 
 require (
+	github.com/dunglas/httpsfv v1.1.2
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/fsnotify/fsnotify v1.10.1
 	github.com/openai/openai-go/v3 v3.98.0

@@ -78,7 +78,8 @@ func New(opts Options) (func(http.Handler) http.Handler, error) {
 				writeError(w, http.StatusServiceUnavailable, "limiter_unavailable", "rate limiter unavailable", 0)
 				return
 			}
-			SetHeaders(w.Header(), opts.Policy, d)
+			qs := [1]Quota{{Name: opts.Policy, Algorithm: opts.Limiter.Algorithm(), Decision: d}}
+			SetHeaders(w.Header(), qs[:])
 			if !d.Allowed {
 				writeError(w, http.StatusTooManyRequests, "rate_limited",
 					fmt.Sprintf("rate limit %s exceeded; retry in %s", d.Limit, RetryAfterMillis(d.RetryAfter)+"ms"), sluice.CeilMillis(d.RetryAfter))

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -464,7 +465,6 @@ func (s *Service) response(items []item) *rlsv3.RateLimitResponse {
 		durs = make([]durationpb.Duration, len(items))
 	}
 	resp.OverallCode = rlsv3.RateLimitResponse_OK
-	worst := -1
 	for i := range items {
 		it := &items[i]
 		st := &sts[i]
@@ -492,12 +492,9 @@ func (s *Service) response(items []item) *rlsv3.RateLimitResponse {
 		}
 		near := d.Allowed && it.limit.Rate > 0 && (it.limit.Rate-d.Remaining)*5 > it.limit.Rate*4
 		it.stats.record(it.cost, over, it.shadow, near)
-		if s.headers && (!over || !it.shadow) && moreConstrained(items, i, worst) {
-			worst = i
-		}
 	}
-	if s.headers && worst >= 0 {
-		resp.ResponseHeadersToAdd = headersFor(&items[worst], resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT)
+	if s.headers {
+		resp.ResponseHeadersToAdd = headersFor(items)
 	}
 	return resp
 }
@@ -508,23 +505,6 @@ type oneResponse struct {
 	statuses [1]*rlsv3.RateLimitResponse_DescriptorStatus
 	status   [1]rlsv3.RateLimitResponse_DescriptorStatus
 	reset    [1]durationpb.Duration
-}
-
-// moreConstrained reports whether item i should speak for the request in
-// the headers rather than item j: a denial over an admission, then the
-// fewer remaining.
-func moreConstrained(items []item, i, j int) bool {
-	if j < 0 {
-		return true
-	}
-	a, b := &items[i].decision, &items[j].decision
-	if a.Allowed != b.Allowed {
-		return !a.Allowed
-	}
-	if !a.Allowed {
-		return a.RetryAfter > b.RetryAfter
-	}
-	return a.Remaining < b.Remaining
 }
 
 // resetDuration sets out to the time until the limit is fully available
@@ -546,22 +526,42 @@ func resetDuration(out *durationpb.Duration, a sluice.Algorithm, d sluice.Decisi
 	return out
 }
 
-// headersFor returns the rate-limit response headers for one descriptor.
-func headersFor(it *item, over bool) []*corev3.HeaderValue {
-	d := it.decision
-	d.Allowed = !over
-	if over && d.RetryAfter <= 0 {
-		d.RetryAfter = d.ResetAfter
-	}
-	policy := ""
-	if it.rule != nil {
-		policy = it.rule.name
-		if policy == "" {
-			policy = it.rule.fullKey
+// headersFor returns the rate-limit response headers of a request: one
+// IETF item per enforced descriptor that was decided (shadow-mode ones
+// enforce nothing), in the request's order, and the X-RateLimit-* and
+// Retry-After that httplimit.SetHeaders derives from them. A descriptor is
+// named by its rule's name or full key; a request's own limit override is
+// "override". Names repeat when a request repeats a descriptor: the
+// repeats get "#2", "#3", ... so that every item stays distinct.
+func headersFor(items []item) []*corev3.HeaderValue {
+	var qbuf [smallRequest]httplimit.Quota
+	qs := qbuf[:0]
+	for i := range items {
+		it := &items[i]
+		if !it.decided || it.shadow || (it.kind != kindLimited && it.kind != kindCheck && it.kind != kindDenied) {
+			continue
 		}
+		name := "override"
+		if it.rule != nil {
+			name = it.rule.name
+			if name == "" {
+				name = it.rule.fullKey
+			}
+		}
+		for n, base := 2, name; slices.ContainsFunc(qs, func(q httplimit.Quota) bool { return q.Name == name }); n++ {
+			name = base + "#" + strconv.Itoa(n)
+		}
+		d := it.decision
+		if !d.Allowed && d.RetryAfter <= 0 {
+			d.RetryAfter = d.ResetAfter
+		}
+		qs = append(qs, httplimit.Quota{Name: name, Algorithm: it.algo, Decision: d})
 	}
-	h := http.Header{}
-	httplimit.SetHeaders(h, policy, d)
+	if len(qs) == 0 {
+		return nil
+	}
+	h := make(http.Header, len(httplimit.Fields))
+	httplimit.SetHeaders(h, qs)
 	out := make([]*corev3.HeaderValue, 0, len(h))
 	for _, k := range []string{"RateLimit-Policy", "RateLimit", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Retry-After"} {
 		if v := h.Get(k); v != "" {

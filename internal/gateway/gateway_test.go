@@ -249,7 +249,7 @@ func TestNonStreamingExactAccounting(t *testing.T) {
 	if _, err := time.ParseDuration(h.Get("x-ratelimit-reset-tokens")); err != nil {
 		t.Fatalf("reset-tokens %q: %v", h.Get("x-ratelimit-reset-tokens"), err)
 	}
-	if !strings.Contains(h.Get("RateLimit-Policy"), `"tpm";q=60000;w=60`) || !strings.Contains(h.Get("RateLimit"), `"rpm";r=99`) {
+	if !strings.Contains(h.Get("RateLimit-Policy"), `"tpm";q=60000;sluice-qu="tokens";w=60`) || !strings.Contains(h.Get("RateLimit"), `"rpm";r=99`) {
 		t.Fatalf("IETF headers %q / %q", h.Get("RateLimit-Policy"), h.Get("RateLimit"))
 	}
 }
@@ -393,7 +393,7 @@ func TestRateLimited(t *testing.T) {
 		h.Get("x-ratelimit-reset-requests") != "1m0s" || h.Get("x-ratelimit-limit-tokens") != "60000" {
 		t.Fatalf("headers %v", h)
 	}
-	if !strings.Contains(h.Get("RateLimit"), `"rpm";r=0;t=60`) {
+	if !strings.Contains(h.Get("RateLimit"), `"rpm";r=0;t=30`) {
 		t.Fatalf("RateLimit %q", h.Get("RateLimit"))
 	}
 	if e.up.Count() != 2 || e.tpmRemaining() != before {

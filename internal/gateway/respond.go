@@ -33,119 +33,79 @@ func writeError(w http.ResponseWriter, status int, typ, code, param, msg string)
 // headers do ("1s", "6m0s", "250ms"), rounded up to the millisecond;
 // time.ParseDuration reads it back.
 func formatReset(d time.Duration) string {
-	if d <= 0 {
-		return "0s"
+	return string(httplimit.AppendResetDuration(nil, d))
+}
+
+// unit is what s counts, in the header model; ok is false for the
+// reservation lease, which is not a limit.
+func (s *spec) unit() (httplimit.Unit, bool) {
+	switch s.kind {
+	case kindRequests:
+		return httplimit.Requests, true
+	case kindTokens:
+		return httplimit.Tokens, true
+	case kindConcurrency:
+		return httplimit.ConcurrentRequests, true
 	}
-	return (time.Duration(sluice.CeilMillis(d)) * time.Millisecond).String()
+	return 0, false
+}
+
+// quota is s with decision d, as the header model takes it.
+func (s *spec) quota(d sluice.Decision) httplimit.Quota {
+	u, _ := s.unit()
+	name := s.name
+	if s.model != "" {
+		name += ":" + s.model
+	}
+	return httplimit.Quota{Name: name, Unit: u, Algorithm: s.alg, Decision: d}
 }
 
 // rateLimitPolicy is the RateLimit-Policy field of a request on model
 // ("" for a model without limits of its own): one item per limit that
-// applies, in the order of specs, which is that of the request's decisions.
+// applies, in the order of specs, which is that of the request's
+// decisions. It is the same for every response on the model, as the draft
+// asks, so it is computed once.
 func rateLimitPolicy(specs []spec, model string) string {
 	var b []byte
 	for i := range specs {
 		s := &specs[i]
-		if !s.applies(model) || s.kind == kindReservation {
+		if _, ok := s.unit(); !ok || !s.applies(model) {
 			continue
 		}
 		if len(b) > 0 {
 			b = append(b, ", "...)
 		}
-		b = appendPolicyName(b, s)
-		b = append(b, ";q="...)
-		b = strconv.AppendInt(b, s.limit.Capacity(), 10)
-		if s.kind != kindConcurrency {
-			b = append(b, ";w="...)
-			b = strconv.AppendInt(b, sluice.CeilSeconds(s.limit.Period), 10)
-		}
+		q := s.quota(sluice.Decision{Limit: s.limit})
+		b = httplimit.AppendPolicyItem(b, &q)
 	}
 	return string(b)
 }
 
-// appendPolicyName appends the quoted name of s's limit; names are
-// [A-Za-z0-9_.:/-].
-func appendPolicyName(b []byte, s *spec) []byte {
-	b = append(append(b, '"'), s.name...)
-	if s.model != "" {
-		b = append(append(b, ':'), s.model...)
-	}
-	return append(b, '"')
-}
-
-// setLimitHeaders writes OpenAI's x-ratelimit-{limit,remaining,reset}-
-// {requests,tokens} and the IETF RateLimit-Policy and RateLimit fields for
-// every limit of the request. The policy is the tier's, computed once; the
-// values are built in one buffer and share one string.
+// setLimitHeaders writes the header model of docs/API.md for the limits
+// of the request: OpenAI's x-ratelimit-{limit,remaining,reset}-
+// {requests,tokens}, each triple from the one limit of its unit that binds
+// first, and the IETF RateLimit-Policy (the tier's, computed once) and
+// RateLimit, most constraining first.
 func (g *Gateway) setLimitHeaders(h http.Header, c *call, ds []sluice.Decision) {
-	var reqBuf, tokBuf [8]sluice.Decision
-	reqDs, tokDs := reqBuf[:0], tokBuf[:0]
-	b := make([]byte, 0, 256)
-	// ends[i] is where value i ends in b: RateLimit, then limit, remaining
-	// and reset for requests, then for tokens.
-	var ends [7]int
+	var qbuf [8]httplimit.Quota
+	qs := qbuf[:0]
 	for i, d := range ds {
-		s := c.specs[i]
-		switch s.kind {
-		case kindReservation:
-			continue // not a limit: nothing to publish
-		case kindRequests:
-			reqDs = append(reqDs, d)
-		case kindTokens:
-			tokDs = append(tokDs, d)
+		if _, ok := c.specs[i].unit(); ok {
+			qs = append(qs, c.specs[i].quota(d))
 		}
-		if len(b) > 0 {
-			b = append(b, ", "...)
-		}
-		b = appendPolicyName(b, s)
-		b = append(b, ";r="...)
-		b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
-		b = append(b, ";t="...)
-		b = strconv.AppendInt(b, d.ResetAfterSeconds(), 10)
 	}
-	ends[0] = len(b)
-	for gi, grp := range [2][]sluice.Decision{reqDs, tokDs} {
-		at := 1 + 3*gi
-		if len(grp) > 0 {
-			d := sluice.Combine(grp)
-			b = strconv.AppendInt(b, d.Limit.Capacity(), 10)
-			ends[at] = len(b)
-			b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
-			ends[at+1] = len(b)
-			b = append(b, formatReset(d.ResetAfter)...)
-		} else {
-			ends[at], ends[at+1] = len(b), len(b)
-		}
-		ends[at+2] = len(b)
+	if len(qs) == 0 {
+		return
 	}
-	all := string(b)
-	vals := make([]string, 7)
-	for i := range vals {
-		from := 0
-		if i > 0 {
-			from = ends[i-1]
-		}
-		vals[i] = all[from:ends[i]]
+	httplimit.SetOpenAIHeaders(h, qs)
+	var obuf [8]int
+	rl := httplimit.AppendRateLimit(make([]byte, 0, 128), qs, httplimit.Order(qs, obuf[:]))
+	policy, ok := c.client.tier.policies[c.rawModel]
+	if !ok {
+		policy = c.client.tier.policies[""]
 	}
-	set := func(key string, i int) { h[key] = vals[i : i+1 : i+1] }
-	if len(reqDs) > 0 {
-		set("X-Ratelimit-Limit-Requests", 1)
-		set("X-Ratelimit-Remaining-Requests", 2)
-		set("X-Ratelimit-Reset-Requests", 3)
-	}
-	if len(tokDs) > 0 {
-		set("X-Ratelimit-Limit-Tokens", 4)
-		set("X-Ratelimit-Remaining-Tokens", 5)
-		set("X-Ratelimit-Reset-Tokens", 6)
-	}
-	if ends[0] > 0 {
-		policy, ok := c.client.tier.policies[c.rawModel]
-		if !ok {
-			policy = c.client.tier.policies[""]
-		}
-		h["Ratelimit-Policy"] = []string{policy}
-		set("Ratelimit", 0)
-	}
+	h["Ratelimit-Policy"] = []string{policy}
+	h["Ratelimit"] = []string{string(rl)}
 }
 
 // retryAfter is how long a denial asks the client to wait. A concurrency

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/httplimit"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/metrics"
 )
@@ -454,13 +455,13 @@ func (s *Server) writeDecision(w http.ResponseWriter, res *outcome, denyStatus i
 		}
 	}
 	bp := respPool.Get().(*[]byte)
-	b := appendDecision((*bp)[:0], d, lim)
+	b := appendDecision((*bp)[:0], d, lim, res.targets[res.limiting].req.Algorithm)
 	b = append(b, `,"results":[`...)
 	for i, t := range res.targets {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendDecision(b, res.decisions[i], t.policy.Name)
+		b = appendDecision(b, res.decisions[i], t.policy.Name, t.req.Algorithm)
 		b = append(b, `,"key":`...)
 		b = appendString(b, t.identity)
 		b = append(b, `,"tier":`...)
@@ -470,7 +471,7 @@ func (s *Server) writeDecision(w http.ResponseWriter, res *outcome, denyStatus i
 		b = append(b, '}')
 	}
 	b = append(b, "]}\n"...)
-	setDecisionHeaders(w.Header(), lim, d, len(b))
+	setDecisionHeaders(w.Header(), res, len(b))
 	w.WriteHeader(status)
 	_, _ = w.Write(b)
 	if cap(b) <= maxPooledResp {
@@ -485,75 +486,65 @@ var respPool = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b
 
 const maxPooledResp = 64 << 10
 
-// setDecisionHeaders writes what httplimit.SetHeaders writes for policy
-// and d, and the JSON Content-Type and Content-Length, with two
-// allocations instead of a dozen: the values are formatted into one string
-// and share one slice. TestDecisionHeaders holds them to SetHeaders.
-func setDecisionHeaders(h http.Header, policy string, d sluice.Decision, contentLength int) {
-	if policy == "" {
-		policy = "default"
+// setDecisionHeaders writes what httplimit.SetHeaders writes for the
+// enforced policies of res (shadow policies enforce nothing, so they are
+// not published), and the JSON Content-Type and Content-Length, with two
+// allocations: the values are formatted into one string and share one
+// slice. TestDecisionHeaders holds them to SetHeaders.
+func setDecisionHeaders(h http.Header, res *outcome, contentLength int) {
+	var qbuf [8]httplimit.Quota
+	qs := qbuf[:0]
+	for i := range res.targets {
+		t := &res.targets[i]
+		if !t.policy.Shadow {
+			qs = append(qs, httplimit.Quota{Name: t.policy.Name, Algorithm: t.req.Algorithm, Decision: res.decisions[i]})
+		}
 	}
-	quota := d.Limit.Capacity()
-	remaining := max(d.Remaining, 0)
-	reset := d.ResetAfterSeconds()
-	var scratch [256]byte
-	b := scratch[:0]
-	var ends [7]int
-	b = strconv.AppendQuote(b, policy)
-	nameEnd := len(b)
-	b = append(b, ";q="...)
-	b = strconv.AppendInt(b, quota, 10)
-	b = append(b, ";w="...)
-	b = strconv.AppendInt(b, sluice.CeilSeconds(d.Limit.Period), 10)
-	ends[0] = len(b)
-	b = append(b, b[:nameEnd]...)
-	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, remaining, 10)
-	b = append(b, ";t="...)
-	b = strconv.AppendInt(b, reset, 10)
-	ends[1] = len(b)
-	b = strconv.AppendInt(b, quota, 10)
-	ends[2] = len(b)
-	b = strconv.AppendInt(b, remaining, 10)
-	ends[3] = len(b)
-	b = strconv.AppendInt(b, reset, 10)
-	ends[4] = len(b)
+	var scratch [512]byte
+	b, ends := httplimit.AppendFieldValues(scratch[:0], qs)
 	b = strconv.AppendInt(b, int64(contentLength), 10)
-	ends[5] = len(b)
-	if !d.Allowed {
-		b = strconv.AppendInt(b, max(d.RetryAfterSeconds(), 1), 10)
-	}
-	ends[6] = len(b)
 	all := string(b)
-	v := make([]string, 8)
-	v[0] = all[:ends[0]]
-	for i := 1; i < 7; i++ {
-		v[i] = all[ends[i-1]:ends[i]]
+	n := len(httplimit.Fields)
+	v := make([]string, n+2)
+	from := 0
+	for i, end := range ends {
+		v[i] = all[from:end]
+		from = end
+		if v[i] != "" {
+			// The names are canonical already: assign, as SetHeaders does.
+			h[httplimit.Fields[i]] = v[i : i+1 : i+1]
+		}
 	}
-	v[7] = "application/json"
-	// The names are canonical already: assign, as SetHeaders does.
-	h["Ratelimit-Policy"] = v[0:1:1]
-	h["Ratelimit"] = v[1:2:2]
-	h["X-Ratelimit-Limit"] = v[2:3:3]
-	h["X-Ratelimit-Remaining"] = v[3:4:4]
-	h["X-Ratelimit-Reset"] = v[4:5:5]
-	h["Content-Length"] = v[5:6:6]
-	if !d.Allowed {
-		h["Retry-After"] = v[6:7:7]
-	}
-	h["Content-Type"] = v[7:8:8]
+	v[n] = all[from:]
+	v[n+1] = "application/json"
+	h["Content-Length"] = v[n : n+1 : n+1]
+	h["Content-Type"] = v[n+1 : n+2 : n+2]
 }
 
-// appendDecision appends an unterminated JSON object for d.
-func appendDecision(b []byte, d sluice.Decision, policy string) []byte {
+// appendDecision appends an unterminated JSON object for d, a decision of
+// policy enforced with alg: the limit as "rate" per "period_ms" with
+// "burst" (the most it admits at once), and the decision. "limit" and
+// "window_ms" repeat rate and period_ms for older clients.
+func appendDecision(b []byte, d sluice.Decision, policy string, alg sluice.Algorithm) []byte {
+	burst := d.Limit.Rate
+	if alg == sluice.GCRA || alg == sluice.TokenBucket {
+		burst = d.Limit.Capacity()
+	}
+	periodMS := sluice.CeilMillis(d.Limit.Period)
 	b = append(b, `{"allowed":`...)
 	b = strconv.AppendBool(b, d.Allowed)
 	b = append(b, `,"policy":`...)
 	b = appendString(b, policy)
+	b = append(b, `,"rate":`...)
+	b = strconv.AppendInt(b, d.Limit.Rate, 10)
+	b = append(b, `,"period_ms":`...)
+	b = strconv.AppendInt(b, periodMS, 10)
+	b = append(b, `,"burst":`...)
+	b = strconv.AppendInt(b, burst, 10)
 	b = append(b, `,"limit":`...)
-	b = strconv.AppendInt(b, d.Limit.Capacity(), 10)
+	b = strconv.AppendInt(b, d.Limit.Rate, 10)
 	b = append(b, `,"window_ms":`...)
-	b = strconv.AppendInt(b, sluice.CeilMillis(d.Limit.Period), 10)
+	b = strconv.AppendInt(b, periodMS, 10)
 	b = append(b, `,"remaining":`...)
 	b = strconv.AppendInt(b, d.Remaining, 10)
 	b = append(b, `,"retry_after_ms":`...)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/httplimit"
+	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/ratelimittest"
 )
 
 // slowDecode is what decode does when decodeCheckFast declines.
@@ -83,23 +85,41 @@ func FuzzDecodeFast(f *testing.F) {
 	})
 }
 
-// TestDecisionHeaders holds setDecisionHeaders to httplimit.SetHeaders.
+// TestDecisionHeaders holds setDecisionHeaders to httplimit.SetHeaders for
+// the enforced policies, and checks the result against the draft.
 func TestDecisionHeaders(t *testing.T) {
-	for _, policy := range []string{"free", "", `a"b`, "é"} {
-		for _, d := range []sluice.Decision{
-			{Allowed: true, Limit: sluice.PerSecond(10), Remaining: 9},
-			{Allowed: false, Limit: sluice.PerMinute(100), Remaining: 0, RetryAfter: 1500 * time.Millisecond, ResetAfter: 59 * time.Second},
-			{Allowed: false, Limit: sluice.PerHour(5), Remaining: -2, RetryAfter: 0, ResetAfter: time.Hour},
-			{Allowed: true, Limit: sluice.Limit{Rate: 3, Burst: 7, Period: 2500 * time.Millisecond}, Remaining: 6, ResetAfter: time.Millisecond},
-		} {
-			want := http.Header{}
-			httplimit.SetHeaders(want, policy, d)
-			want["Content-Type"] = []string{"application/json"}
-			want["Content-Length"] = []string{"123"}
-			got := http.Header{}
-			setDecisionHeaders(got, policy, d, 123)
-			if !reflect.DeepEqual(got, want) {
-				t.Errorf("%q %+v:\n got %v\nwant %v", policy, d, got, want)
+	ds := []sluice.Decision{
+		{Allowed: true, Limit: sluice.PerSecond(10), Remaining: 9},
+		{Allowed: false, Limit: sluice.PerMinute(100), Remaining: 0, RetryAfter: 1500 * time.Millisecond, ResetAfter: 59 * time.Second},
+		{Allowed: false, Limit: sluice.PerHour(5), Remaining: -2, RetryAfter: 0, ResetAfter: time.Hour},
+		{Allowed: true, Limit: sluice.Limit{Rate: 3, Burst: 7, Period: 2500 * time.Millisecond}, Remaining: 6, ResetAfter: time.Millisecond},
+	}
+	for _, name := range []string{"free", "", `a"b`, "é"} {
+		for i := range ds {
+			for _, shadow := range []bool{false, true} {
+				res := &outcome{
+					targets: []target{
+						{policy: &config.Policy{Name: name}, req: sluice.Request{Algorithm: sluice.GCRA}},
+						{policy: &config.Policy{Name: name + "-2", Shadow: shadow}, req: sluice.Request{Algorithm: sluice.FixedWindow}},
+					},
+					decisions: []sluice.Decision{ds[i], ds[(i+1)%len(ds)]},
+				}
+				var qs []httplimit.Quota
+				for j, tg := range res.targets {
+					if !tg.policy.Shadow {
+						qs = append(qs, httplimit.Quota{Name: tg.policy.Name, Algorithm: tg.req.Algorithm, Decision: res.decisions[j]})
+					}
+				}
+				want := http.Header{}
+				httplimit.SetHeaders(want, qs)
+				want["Content-Type"] = []string{"application/json"}
+				want["Content-Length"] = []string{"123"}
+				got := http.Header{}
+				setDecisionHeaders(got, res, 123)
+				if !reflect.DeepEqual(got, want) {
+					t.Errorf("%q %d shadow %v:\n got %v\nwant %v", name, i, shadow, got, want)
+				}
+				ratelimittest.Check(t, got)
 			}
 		}
 	}

@@ -218,8 +218,8 @@ func TestCheckTierByAPIKey(t *testing.T) {
 	}
 	for h, want := range map[string]string{
 		"Retry-After":           "6",
-		"RateLimit-Policy":      `"free";q=10;w=60`,
-		"RateLimit":             `"free";r=0;t=60`,
+		"RateLimit-Policy":      `"free";q=10;w=60;sluice-burst=10`,
+		"RateLimit":             `"free";r=0;t=6`, // the next request's worth comes back in 6s
 		"X-RateLimit-Limit":     "10",
 		"X-RateLimit-Remaining": "0",
 		"X-RateLimit-Reset":     "60",
