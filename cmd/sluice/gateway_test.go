@@ -125,7 +125,7 @@ func TestGatewayInServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	res.Body.Close()
-	if res.StatusCode != 200 || res.Header.Get("x-ratelimit-limit-requests") != "50" {
+	if res.StatusCode != 200 || res.Header.Get("x-ratelimit-limit-requests") != "500" { // rpm 500, not its burst of 50
 		t.Fatalf("status %d headers %v", res.StatusCode, res.Header)
 	}
 	// A bad section is reported by the config loader, naming the field.

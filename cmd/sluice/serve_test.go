@@ -77,7 +77,7 @@ func TestServeExampleConfig(t *testing.T) {
 		}
 	}
 	r := post("/v1/check", `{"api_key":"sk-free-demo-0001"}`)
-	if r.StatusCode != 429 || r.Header.Get("Retry-After") == "" || r.Header.Get("RateLimit-Policy") != `"free";q=10;w=60` {
+	if r.StatusCode != 429 || r.Header.Get("Retry-After") == "" || r.Header.Get("RateLimit-Policy") != `"free";q=10;w=60;sluice-burst=10` {
 		t.Fatalf("11th: %d %v", r.StatusCode, r.Header)
 	}
 	// The admin token comes from SLUICE_ADMIN_TOKEN.
