@@ -540,6 +540,12 @@ func (v *validator) compile(f *File) *Config {
 }
 
 func (v *validator) compileStore(s *StoreSection) {
+	if s.URLEnv != "" {
+		if s.URL = os.Getenv(s.URLEnv); s.URL == "" {
+			v.addf("store.url_env", "environment variable %s is not set", s.URLEnv)
+			return
+		}
+	}
 	if s.URL == "" {
 		s.URL = "memory"
 	}

@@ -59,6 +59,10 @@ type File struct {
 type StoreSection struct {
 	// URL is "memory" (the default) or a redis:// or rediss:// URL.
 	URL string `yaml:"url"`
+	// URLEnv names an environment variable holding the URL (for a
+	// Kubernetes Secret, say); when set it replaces URL and must not be
+	// empty.
+	URLEnv string `yaml:"url_env"`
 	// FailurePolicy says what a decision is when the store cannot be
 	// reached: fail_open, fail_closed or local.
 	FailurePolicy string `yaml:"failure_policy"`
