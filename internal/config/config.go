@@ -152,7 +152,9 @@ func Parse(name string, data []byte) (*Config, error) {
 	if len(v.errs) > 0 {
 		return nil, v.err()
 	}
-	var file File
+	// Defaults that a zero value cannot express are set before decoding,
+	// which keeps every field the document leaves out.
+	file := File{Store: StoreSection{LocalCache: true}}
 	if err := v.root.Decode(&file); err != nil {
 		return nil, fmt.Errorf("%w: %s", ErrInvalid, v.typeError(err))
 	}

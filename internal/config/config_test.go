@@ -250,3 +250,26 @@ func TestNormalizePath(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalCacheDefault: store.local_cache is on unless the file turns it
+// off, with or without a store section.
+func TestLocalCacheDefault(t *testing.T) {
+	for _, c := range []struct {
+		store string
+		want  bool
+	}{
+		{"", true},
+		{"store: {url: memory}\n", true},
+		{"store: {url: \"redis://127.0.0.1:6379\", timeout: 20ms}\n", true},
+		{"store: {local_cache: false}\n", false},
+		{"store: {local_cache: true}\n", true},
+	} {
+		cfg, err := Parse("c.yaml", []byte("policies:\n  p: {limit: 5/s}\n"+c.store))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Store.LocalCache != c.want {
+			t.Errorf("%q: local_cache %v, want %v", c.store, cfg.Store.LocalCache, c.want)
+		}
+	}
+}

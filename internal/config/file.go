@@ -71,7 +71,8 @@ type StoreSection struct {
 	// Instances is the number of Redis instances keys are sharded over.
 	Instances int `yaml:"instances"`
 	// LocalCache lets the Redis store answer denials it already knows
-	// locally, until their RetryAfter.
+	// locally, until their RetryAfter; on unless set to false, as in the
+	// library (redisstore.Options.DisableDenyCache).
 	LocalCache bool `yaml:"local_cache"`
 	// MaxKeys bounds the keys held in memory; 0 means the store's default.
 	MaxKeys int `yaml:"max_keys"`

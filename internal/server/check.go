@@ -382,6 +382,20 @@ func (s *Server) decide(r *http.Request, op sluice.Op, targets []target) (*outco
 	return out, nil
 }
 
+// DegradedHeader names the failure policy that made an answer because the
+// store could not be asked, such as "Sluice-Degraded: local".
+const DegradedHeader = "Sluice-Degraded"
+
+// degraded reports whether the failure policy made any of the decisions.
+func (out *outcome) degraded() bool {
+	for i := range out.decisions {
+		if out.decisions[i].Degraded {
+			return true
+		}
+	}
+	return false
+}
+
 // combine folds the enforced decisions the way sluice.Combine does and
 // remembers which target limits.
 func (s *Server) combine(out *outcome) {
@@ -443,16 +457,17 @@ func writeDecideError(w http.ResponseWriter, err error) {
 }
 
 // writeDecision writes the headers and the JSON decision. denyStatus is the
-// status of a denial; a degraded denial (fail_closed) is 503.
+// status of a denial, degraded or not: a denial by the failure policy is a
+// denial too. An answer the failure policy made carries DegradedHeader.
 func (s *Server) writeDecision(w http.ResponseWriter, res *outcome, denyStatus int, charge bool) {
 	d := res.combined
 	lim := res.targets[res.limiting].policy.Name
 	status := http.StatusOK
 	if !d.Allowed && charge {
 		status = denyStatus
-		if d.Degraded {
-			status = http.StatusServiceUnavailable
-		}
+	}
+	if res.degraded() {
+		w.Header()[DegradedHeader] = []string{s.cfg.Load().Store.FailurePolicy}
 	}
 	bp := respPool.Get().(*[]byte)
 	b := appendDecision((*bp)[:0], d, lim, res.targets[res.limiting].req.Algorithm)

@@ -71,7 +71,8 @@ func TestRedisEndToEnd(t *testing.T) {
 }
 
 // TestRedisFailClosed kills Redis under a fail_closed service: decisions
-// become degraded 503s and /readyz reports not ready.
+// become degraded denials (429 with Retry-After, as any denial) and
+// /readyz reports not ready.
 func TestRedisFailClosed(t *testing.T) {
 	srv := redistest.NewStandalone(t)
 	s := startService(t, svcOptions{redis: true, config: redisConfig(srv.URL(), "fail_closed")})
@@ -84,7 +85,7 @@ func TestRedisFailClosed(t *testing.T) {
 	}
 	srv.Kill()
 	a := s.check(t, fmt.Sprintf(`{"policy":"a","key":%q}`, id))
-	if a.status != 503 || a.body["degraded"] != true || a.body["allowed"] != false || a.header.Get("Retry-After") == "" {
+	if a.status != 429 || a.body["degraded"] != true || a.body["allowed"] != false || a.header.Get("Retry-After") == "" || a.header.Get(DegradedHeader) != "fail_closed" {
 		t.Fatalf("after kill: %d %v %s", a.status, a.header, a.raw)
 	}
 	if r := s.do(t, "GET", "/readyz", ""); r.status != 503 || !strings.Contains(r.raw, "fail_closed") {
@@ -93,6 +94,25 @@ func TestRedisFailClosed(t *testing.T) {
 	m := s.do(t, "GET", "/metrics", "").raw
 	if !strings.Contains(m, `sluice_decisions_total{policy="a",result="degraded",tier="-"} 1`) || strings.Contains(m, "sluice_store_errors_total 0\n") {
 		t.Errorf("metrics:\n%s", grep(m, "sluice_store"))
+	}
+}
+
+// TestRedisResetWhileDown: a reset the store could not apply is a 503 with
+// a JSON reason, never a 200 that reset nothing, whatever the failure
+// policy admits meanwhile.
+func TestRedisResetWhileDown(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	s := startService(t, svcOptions{redis: true, config: redisConfig(srv.URL(), "fail_open")})
+	body := fmt.Sprintf(`{"policy":"b","key":%q}`, redistest.Prefix(t))
+	if r := s.do(t, "POST", "/v1/reset", body, "Authorization", "Bearer "+adminToken); r.status != 200 {
+		t.Fatalf("reset while up: %d %s", r.status, r.raw)
+	}
+	srv.Kill()
+	for i := range 8 { // before and after the circuit opens
+		r := s.do(t, "POST", "/v1/reset", body, "Authorization", "Bearer "+adminToken)
+		if msg, _ := r.body["error"].(string); r.status != 503 || !strings.Contains(msg, "reset not applied") || r.header.Get("Retry-After") == "" {
+			t.Fatalf("reset %d while down: %d %v %s", i, r.status, r.header, r.raw)
+		}
 	}
 }
 

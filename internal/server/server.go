@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -113,17 +114,18 @@ func (s *Server) Handler() http.Handler { return s.mux }
 // Config returns the configuration being served.
 func (s *Server) Config() *config.Config { return s.cfg.Load() }
 
-// SetConfig swaps in a new configuration atomically. Requests in flight
-// finish with the one they loaded. The store section is not re-read: a
-// changed store needs a restart, which SetConfig logs.
-func (s *Server) SetConfig(cfg *config.Config) {
-	old := s.cfg.Swap(cfg)
-	if old != nil && old.Store != cfg.Store {
-		s.log.Warn("store settings changed; they take effect on restart", "file", cfg.Path)
+// SetConfig swaps in a new configuration atomically, whole or not at all.
+// Requests in flight finish with the one they loaded. A configuration that
+// changes a setting only a restart applies (see restartOnly) is rejected
+// with ErrRestartRequired and changes nothing.
+func (s *Server) SetConfig(cfg *config.Config) error {
+	if old := s.cfg.Load(); old != nil {
+		if changed := restartOnly(old, cfg); len(changed) > 0 {
+			return restartError(changed)
+		}
 	}
-	if old != nil && old.Listen != cfg.Listen {
-		s.log.Warn("listen address changed; it takes effect on restart", "file", cfg.Path)
-	}
+	s.cfg.Store(cfg)
+	return nil
 }
 
 // SetDraining marks the server as shutting down: /readyz answers 503 so
@@ -217,8 +219,16 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 	for i, t := range targets {
 		reqs[i] = t.req
 	}
-	if _, err := s.guard.store.ApplyAll(r.Context(), sluice.OpReset, reqs); err != nil {
-		writeError(w, http.StatusServiceUnavailable, "reset failed: %v", err)
+	ds, err := s.guard.store.ApplyAll(r.Context(), sluice.OpReset, reqs)
+	if err == nil && slices.ContainsFunc(ds, func(d sluice.Decision) bool { return d.Degraded }) {
+		// A failure policy answered for a store it could not reach: the
+		// reset did not happen, whatever the decision says.
+		err = errors.New("the store is unreachable and a failure policy answered")
+	}
+	if err != nil {
+		s.log.Warn("reset failed", "identity", logIdentity(targets[0].identity), "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, "reset not applied: store unavailable: %v", err)
 		return
 	}
 	s.log.Info("reset", "identity", logIdentity(targets[0].identity), "policies", len(targets))

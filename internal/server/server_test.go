@@ -75,6 +75,8 @@ type svcOptions struct {
 	// redis uses the store the config names instead of a memory store on
 	// the fake clock.
 	redis bool
+	// log, if set, receives the service's log lines.
+	log io.Writer
 }
 
 func startService(t *testing.T, o svcOptions) *svc {
@@ -91,6 +93,9 @@ func startService(t *testing.T, o svcOptions) *svc {
 		done:    make(chan error, 1),
 	}
 	writeAtomic(t, s.path, o.config)
+	if o.log == nil {
+		o.log = io.Discard
+	}
 	listening := make(chan net.Addr, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
@@ -113,7 +118,7 @@ func startService(t *testing.T, o svcOptions) *svc {
 			ConfigPath: s.path,
 			Listen:     "127.0.0.1:0",
 			AdminToken: adminToken,
-			Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Logger:     slog.New(slog.NewTextHandler(o.log, nil)),
 			Signals:    s.sighup,
 			Clock:      s.clk,
 			OnReload:   func(_ *config.Config, err error) { s.reloads <- err },
@@ -607,7 +612,7 @@ func TestFailurePolicies(t *testing.T) {
 		notReady bool
 	}{
 		{"fail_open", 200, true, false},
-		{"fail_closed", 503, false, true},
+		{"fail_closed", 429, false, true},
 	} {
 		t.Run(c.policy, func(t *testing.T) {
 			s := startService(t, svcOptions{
@@ -616,7 +621,8 @@ func TestFailurePolicies(t *testing.T) {
 			})
 			for i := range breakerThreshold + 2 {
 				a := s.check(t, `{"policy":"a","key":"f"}`)
-				if a.status != c.status || a.body["allowed"] != c.allowed || a.body["degraded"] != true {
+				if a.status != c.status || a.body["allowed"] != c.allowed || a.body["degraded"] != true || a.header.Get(DegradedHeader) != c.policy ||
+					(!c.allowed && a.header.Get("Retry-After") == "") {
 					t.Fatalf("request %d: %d %s", i, a.status, a.raw)
 				}
 			}

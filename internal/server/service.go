@@ -83,13 +83,24 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	cfg, err := config.Load(opts.ConfigPath)
+	// The reloader reads the file as it will on each reload: the same
+	// bounds, and the content it starts from to compare changes with.
+	reloader := &Reloader{Path: opts.ConfigPath, Logger: log, Signals: opts.Signals, OnReload: opts.OnReload}
+	if opts.Listen != "" {
+		reloader.Override = func(c *config.Config) { c.Listen = opts.Listen }
+	}
+	data, err := reloader.read()
 	if err != nil {
 		return err
 	}
-	if opts.Listen != "" {
-		cfg.Listen = opts.Listen
+	cfg, err := config.Parse(opts.ConfigPath, data)
+	if err != nil {
+		return err
 	}
+	if reloader.Override != nil {
+		reloader.Override(cfg)
+	}
+	reloader.last = data
 	open := opts.OpenStore
 	if open == nil {
 		open = OpenStore
@@ -115,16 +126,9 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 		return err
 	}
 	listen := cfg.Listen
-	reloader := &Reloader{Path: opts.ConfigPath, Server: srv, Logger: log, Signals: opts.Signals, OnReload: func(c *config.Config, err error) {
-		if c != nil && opts.Listen != "" {
-			c.Listen = opts.Listen
-		}
-		if opts.OnReload != nil {
-			opts.OnReload(c, err)
-		}
-	}}
+	reloader.Server = srv
 	comps := []Component{
-		&httpComponent{srv: srv, addr: listen, drain: cfg.ShutdownTimeout, onListen: opts.OnListen, log: log},
+		&httpComponent{srv: srv, addr: listen, onListen: opts.OnListen, log: log},
 		reloader,
 	}
 	deps := Deps{Store: store, Metrics: m, Config: srv.Config, Logger: log}
@@ -198,7 +202,6 @@ func RunComponents(ctx context.Context, log *slog.Logger, comps ...Component) er
 type httpComponent struct {
 	srv      *Server
 	addr     string
-	drain    time.Duration
 	onListen func(net.Addr)
 	log      *slog.Logger
 }
@@ -231,8 +234,10 @@ func (h *httpComponent) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	h.srv.SetDraining(true)
-	h.log.Info("draining in-flight requests", "timeout", h.drain)
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.drain)
+	// The running config's drain time: shutdown_timeout reloads too.
+	drain := h.srv.Config().ShutdownTimeout
+	h.log.Info("draining in-flight requests", "timeout", drain.String())
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil {
 		_ = hs.Close()
