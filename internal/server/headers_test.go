@@ -3,6 +3,7 @@ package server
 import (
 	"net/http"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/sluice-io/sluice/internal/ratelimittest"
@@ -21,6 +22,7 @@ tiers:
   multi: {policies: [slow, rpd, watch]}
 authz:
   user_header: X-User-ID
+  trusted_proxies: [127.0.0.1/32, "::1"]
   default_tier: multi
 `
 
@@ -96,7 +98,10 @@ func TestHeadersGoldenPerDoor(t *testing.T) {
 		"X-Ratelimit-Reset":     {"1"},
 	}
 	s.expect(t, "authz multi", a, want, 200)
-	a = s.do(t, "GET", "/v1/authz?tier=single", "", "X-User-ID", "u1")
+	// /v1/authz takes the tier from the caller alone: a service whose
+	// default tier is the single-limit one.
+	s1 := startService(t, svcOptions{config: strings.Replace(headerConfig, "default_tier: multi", "default_tier: single", 1)})
+	a = s1.do(t, "GET", "/v1/authz", "", "X-User-ID", "u1")
 	want = http.Header{
 		"Ratelimit-Policy":      {singlePolicy},
 		"Ratelimit":             {`"burst";r=29;t=1`},
