@@ -108,7 +108,9 @@ func writeError(w http.ResponseWriter, status int, code, msg string, retryMS int
 // with ErrNoKey. "Authorization: Bearer <key>" is read without its scheme,
 // whose name is case-insensitive (RFC 9110). The key is hashed byte for
 // byte: keys that differ in any byte, valid UTF-8 or not, never share a
-// limit.
+// limit. Every distinct value gets a limit of its own, so a client that can
+// send any value can invent as many limits as it likes: key on a header
+// only after the request is authenticated, or limit by ByClientIP too.
 func ByHeader(name string) KeyFunc {
 	return func(r *http.Request) (string, error) {
 		v := strings.Trim(r.Header.Get(name), " \t")

@@ -135,7 +135,9 @@ type AuthzSection struct {
 	// or client IP.
 	DefaultTier string `yaml:"default_tier"`
 	// UnknownKeys says what an API key that is not in `keys:` gets:
-	// reject (401) or default_tier (the default tier, keyed by its hash).
+	// reject (401) or default_tier (the default tier, keyed by its hash;
+	// each invented key gets a limit of its own, so use it only where the
+	// upstream checks keys).
 	UnknownKeys string `yaml:"unknown_keys"`
 	// DenyStatus is the status of a denial: 429 (default), or 403 for
 	// NGINX auth_request, which passes on only 401 and 403.

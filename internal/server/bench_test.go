@@ -156,3 +156,62 @@ type discardWriter struct {
 func (w *discardWriter) Header() http.Header         { return w.h }
 func (w *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 func (w *discardWriter) WriteHeader(code int)        { w.code = code }
+
+// BenchmarkHandlerAuthz is the /v1/authz handler alone, without sockets:
+// "key" is an API key on its tier (the baseline); "routes" adds twenty
+// routes matched against forwarded URI, method and host headers and a
+// ?policy=, the work policy selection adds to a forward-auth request.
+func BenchmarkHandlerAuthz(b *testing.B) {
+	doc := `
+policies:
+  bench: {algorithm: gcra, limit: 1000000/s}
+  extra: {algorithm: gcra, limit: 1000000/s}
+tiers:
+  t: {policies: [bench]}
+keys:
+  - {hash: ` + sluice.HashKey("bench-key") + `, tier: t}
+authz:
+  selectable_policies: [extra]
+  routes:
+`
+	for i := range 20 {
+		doc += "    - {path_prefix: /api/v" + strconv.Itoa(i) + "/items, methods: [POST], host: api.example.com, policies: [extra]}\n"
+	}
+	cfg, err := config.Parse("bench.yaml", []byte(doc))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, target string
+		hdr          []string
+	}{
+		{"key", "/v1/authz", []string{"X-API-Key", "bench-key"}},
+		{"routes", "/v1/authz?policy=extra", []string{"X-API-Key", "bench-key", "X-Forwarded-Uri", "/api/v19/items/42?x=1", "X-Forwarded-Method", "POST", "X-Forwarded-Host", "api.example.com"}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			store, closer := benchStore(b, "memory")
+			defer closer.Close()
+			srv, err := New(Options{Store: store, Config: cfg, Metrics: metrics.New(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				b.Fatal(err)
+			}
+			h := srv.Handler()
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				w := &discardWriter{h: http.Header{}}
+				for pb.Next() {
+					req, _ := http.NewRequest("GET", c.target, nil)
+					req.RemoteAddr = "127.0.0.1:1234"
+					for i := 0; i+1 < len(c.hdr); i += 2 {
+						req.Header.Add(c.hdr[i], c.hdr[i+1])
+					}
+					clear(w.h)
+					h.ServeHTTP(w, req)
+					if w.code != 200 {
+						b.Fatalf("status %d", w.code)
+					}
+				}
+			})
+		})
+	}
+}
