@@ -319,3 +319,43 @@ func (s *svc) send(t *testing.T, r bypassReq) (int, bool) {
 	}
 	return resp.StatusCode, resp.StatusCode == 200
 }
+
+// TestKeysAreBytes: keys that differ in a byte that is not valid UTF-8
+// never share a limit, on either store: user ids and API keys from
+// headers, keys in /v1/status queries. (JSON bodies refuse such bytes:
+// see the "check/invalid UTF-8 keys" trick.)
+func TestKeysAreBytes(t *testing.T) {
+	run := fmt.Sprintf("%06x", rand.Uint32()&0xffffff)
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			s := "_bytes_" + run
+			cfg := strings.NewReplacer("{S}", s, "{FREE}", sluice.HashKey(bypassFree), "{ENT}", sluice.HashKey(bypassEnt)).Replace(bypassConfig)
+			cfg = strings.Replace(cfg, "authz:\n", "authz:\n  unknown_keys: default_tier\n", 1)
+			o := svcOptions{config: cfg}
+			if store == "redis" {
+				o = svcOptions{redis: true, config: cfg + fmt.Sprintf("store: {url: %q, failure_policy: fail_closed, timeout: 1s}\n", redistest.Standalone(t).URL())}
+			}
+			svc := startService(t, o)
+			for _, hdr := range []string{"X-User-ID", "X-API-Key"} {
+				for _, v := range []string{"u\xff", "u\xfe", "u\uFFFD"} {
+					for i := range 4 {
+						st, _ := svc.send(t, authzReq("/v1/authz", hdr, v))
+						if want := map[bool]int{true: 200, false: 429}[i < 3]; st != want {
+							t.Fatalf("%s %q request %d: %d, want %d (a fresh limit of 3)", hdr, v, i, st, want)
+						}
+					}
+				}
+			}
+			// Use up the key U+FFFD; the keys 0xFF and 0xFE keep their limit.
+			if st, _ := svc.send(t, checkReq(`{"policy":"tight`+s+`","key":"\ufffd","cost":3}`)); st != 200 {
+				t.Fatalf("charging the key U+FFFD: %d", st)
+			}
+			for _, k := range []string{"%FF", "%FE", "%EF%BF%BD"} {
+				st, allowed := svc.send(t, bypassReq{method: "GET", target: "/v1/status?policy=tight" + s + "&cost=1&key=" + k})
+				if want := k != "%EF%BF%BD"; st != 200 || allowed != want {
+					t.Errorf("status of key %s: %d allowed %v, want %v", k, st, allowed, want)
+				}
+			}
+		})
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -191,6 +192,11 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, cfg *config.Conf
 	dec := json.NewDecoder(bytes.NewReader(buf.Bytes()))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && (te.Field == "cost" || strings.HasSuffix(te.Field, ".cost")) {
+			writeError(w, http.StatusBadRequest, "cost: %s is not a whole number from 1 to %d", te.Value, int64(math.MaxInt64))
+			return false
+		}
 		writeError(w, http.StatusBadRequest, "malformed JSON: %s", strings.TrimPrefix(err.Error(), "json: "))
 		return false
 	}
