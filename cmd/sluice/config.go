@@ -1,75 +1,189 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/envoyrls"
+	"github.com/sluice-io/sluice/internal/gateway"
+	"github.com/sluice-io/sluice/internal/yamlconf"
 )
 
 func newConfigCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "config",
-		Short: "Work with service config files",
+		Short: "Work with config files",
 	}
-	cmd.AddCommand(&cobra.Command{
+	var kind string
+	check := &cobra.Command{
 		Use:   "check FILE|DIR...",
 		Short: "Validate config files offline; exit 1 if any is invalid",
-		Long: `check validates sluice config files offline, including the envoyproxy/ratelimit
-directory that an envoy: section points at. A directory argument is checked as
-an envoyproxy/ratelimit config directory.`,
-		Example: "  sluice config check examples/sluice.yaml\n  sluice config check deploy/envoy/ratelimit",
+		Long: `check validates sluice's config files offline and reports every problem of
+each file at once, as FILE:LINE: FIELD: MESSAGE with the valid values.
+
+It tells the kind of each file from its fields: a 'sluice serve' config
+(policies, tiers of policies, authz; with its gateway: section and the
+envoy: section's config_dir), a 'sluice gateway' config (upstream, tiers
+of rpm/tpm limits) or an envoyproxy/ratelimit file (domain, descriptors).
+A directory is checked as an envoyproxy/ratelimit config directory.
+--kind overrides the detection.`,
+		Example: "  sluice config check examples/sluice.yaml examples/gateway.yaml\n  sluice config check deploy/envoy/ratelimit",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			force, err := parseKind(kind)
+			if err != nil {
+				return err
+			}
 			bad := 0
 			for _, path := range args {
-				if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-					n, err := envoyrls.CheckDir(path, false)
-					if err != nil {
-						bad++
-						fmt.Fprintln(cmd.ErrOrStderr(), err)
-						continue
-					}
-					fmt.Fprintf(cmd.OutOrStdout(), "%s: ok: envoyproxy/ratelimit config, %d domains\n", path, n)
-					continue
-				}
-				cfg, err := config.Load(path)
-				if err != nil {
+				if !checkConfig(cmd.OutOrStdout(), cmd.ErrOrStderr(), path, force) {
 					bad++
-					fmt.Fprintln(cmd.ErrOrStderr(), err)
-					continue
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%s: ok: %d policies, %d tiers, %d keys, %d overrides, store %s (%s)\n",
-					path, len(cfg.Policies), len(cfg.Tiers), len(cfg.Keys), len(cfg.File.Overrides), storeKind(cfg.Store), cfg.Store.FailurePolicy)
-				if sec := cfg.File.Envoy; sec != nil {
-					dir := sec.ConfigDir
-					if !filepath.IsAbs(dir) {
-						dir = filepath.Join(filepath.Dir(path), dir)
-					}
-					n, err := envoyrls.CheckDir(dir, sec.MergeDomains)
-					if err != nil {
-						bad++
-						fmt.Fprintf(cmd.ErrOrStderr(), "%s: envoy.config_dir: %v\n", path, err)
-						continue
-					}
-					fmt.Fprintf(cmd.OutOrStdout(), "%s: ok: envoy config_dir %s, %d domains\n", path, dir, n)
 				}
 			}
 			if bad > 0 {
-				return &exitError{code: 1, err: fmt.Errorf("config check: %d of %d files invalid: %w", bad, len(args), config.ErrInvalid)}
+				return &exitError{code: 1, err: checkError(fmt.Sprintf("config check: %d of %d invalid", bad, len(args)))}
 			}
 			return nil
 		},
-	})
+	}
+	check.Flags().StringVar(&kind, "kind", "auto", "file kind: auto, serve, gateway or envoy")
+	cmd.AddCommand(check)
 	return cmd
 }
 
-func storeKind(s config.StoreSection) string {
-	if s.IsMemory() {
+// checkError is the failure of `config check`; it matches config.ErrInvalid
+// without repeating its text after the problems already printed.
+type checkError string
+
+func (e checkError) Error() string        { return string(e) }
+func (e checkError) Is(target error) bool { return target == config.ErrInvalid }
+
+func parseKind(s string) (config.Kind, error) {
+	switch s {
+	case "", "auto":
+		return config.KindUnknown, nil
+	case "serve":
+		return config.KindServe, nil
+	case "gateway":
+		return config.KindGateway, nil
+	case "envoy":
+		return config.KindEnvoy, nil
+	}
+	return 0, fmt.Errorf("--kind %q: valid: auto, serve, gateway, envoy", s)
+}
+
+// checkConfig checks one file or directory, printing "PATH: ok: ..." to out
+// or every problem to errOut, and reports whether it is valid.
+func checkConfig(out, errOut io.Writer, path string, kind config.Kind) bool {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		n, err := envoyrls.CheckDir(path, false)
+		if err != nil {
+			fmt.Fprintf(errOut, "%s: invalid envoyproxy/ratelimit config directory:\n  %s\n", path, envoyProblems(err))
+			return false
+		}
+		fmt.Fprintf(out, "%s: ok: envoyproxy/ratelimit config, %d domains\n", path, n)
+		return true
+	}
+	data, err := yamlconf.ReadFile(config.ErrInvalid, path)
+	if err != nil {
+		report(errOut, path, config.KindUnknown, err)
+		return false
+	}
+	if kind == config.KindUnknown {
+		kind = config.Detect(data)
+	}
+	switch kind {
+	case config.KindEnvoy:
+		n, err := envoyrls.CheckFile(path)
+		if err != nil {
+			report(errOut, path, kind, err)
+			return false
+		}
+		fmt.Fprintf(out, "%s: ok: %s, %d domains\n", path, kind, n)
+		return true
+	case config.KindGateway:
+		cfg, err := gateway.Parse(path, data)
+		if err != nil {
+			report(errOut, path, kind, err)
+			return false
+		}
+		fmt.Fprintf(out, "%s: ok: %s: %d tiers, %d keys, upstream %s, store %s\n",
+			path, kind, len(cfg.Tiers), len(cfg.Keys), cfg.Upstream.BaseURL, storeName(cfg.Store.URL))
+		return true
+	}
+	cfg, err := config.Parse(path, data)
+	if err != nil {
+		report(errOut, path, config.KindServe, err)
+		return false
+	}
+	fmt.Fprintf(out, "%s: ok: %s: %d policies, %d tiers, %d keys, %d overrides, store %s (%s)\n",
+		path, config.KindServe, len(cfg.Policies), len(cfg.Tiers), len(cfg.Keys), len(cfg.File.Overrides), storeName(cfg.Store.URL), cfg.Store.FailurePolicy)
+	ok := true
+	if gw := cfg.File.Gateway; gw != nil {
+		fmt.Fprintf(out, "%s: ok: gateway section: %d tiers, %d keys, upstream %s\n", path, len(gw.Tiers), len(gw.Keys), gw.Upstream.BaseURL)
+	}
+	if sec := cfg.File.Envoy; sec != nil {
+		dir := sec.ConfigDir
+		if !filepath.IsAbs(dir) {
+			dir = filepath.Join(filepath.Dir(path), dir)
+		}
+		n, err := envoyrls.CheckDir(dir, sec.MergeDomains)
+		if err != nil {
+			fmt.Fprintf(errOut, "%s: envoy.config_dir %s: invalid envoyproxy/ratelimit config:\n  %s\n", path, dir, envoyProblems(err))
+			ok = false
+		} else {
+			fmt.Fprintf(out, "%s: ok: envoy config_dir %s, %d domains\n", path, dir, n)
+		}
+	}
+	return ok
+}
+
+// report prints err under a header naming the file and its kind: a
+// *yamlconf.Error as its count and list of problems.
+func report(w io.Writer, path string, kind config.Kind, err error) {
+	var ye *yamlconf.Error
+	if errors.Is(err, envoyrls.ErrConfig) {
+		fmt.Fprintf(w, "%s: invalid %s:\n  %s\n", path, kind, envoyProblems(err))
+		return
+	}
+	if !errors.As(err, &ye) {
+		fmt.Fprintf(w, "%s: invalid %s:\n  %s\n", path, kind, indent(err))
+		return
+	}
+	noun := "problems"
+	if len(ye.Problems) == 1 {
+		noun = "problem"
+	}
+	fmt.Fprintf(w, "%s: invalid %s, %d %s:\n", path, kind, len(ye.Problems), noun)
+	for _, p := range ye.Problems {
+		fmt.Fprintf(w, "  %s\n", p)
+	}
+}
+
+// envoyProblems lists the Envoy loader's problems one per line, each
+// "FILE: message", without the package's prefix on every line.
+func envoyProblems(err error) string {
+	prefix := envoyrls.ErrConfig.Error() + ": "
+	lines := strings.Split(err.Error(), "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimPrefix(l, prefix)
+	}
+	return strings.Join(lines, "\n  ")
+}
+
+func indent(err error) string {
+	return strings.ReplaceAll(err.Error(), "\n", "\n  ")
+}
+
+func storeName(url string) string {
+	if url == "" || url == "memory" {
 		return "memory"
 	}
 	return "redis"

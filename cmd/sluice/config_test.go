@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -48,5 +49,101 @@ func TestConfigCheckRejectsBadEnvoyDir(t *testing.T) {
 		if !strings.Contains(errOut.String(), "d.yaml") {
 			t.Errorf("check %s: error does not name the file:\n%s", arg, errOut.String())
 		}
+	}
+}
+
+// TestConfigCheckDetectsEachKind checks the shipped examples of every kind
+// at once: none may report a problem, and each is named by its kind.
+func TestConfigCheckDetectsEachKind(t *testing.T) {
+	var out, errOut bytes.Buffer
+	args := []string{"config", "check", "../../examples/gateway.yaml", "../../examples/sluice.yaml", "../../deploy/envoy/ratelimit/edge.yaml", "../../deploy/envoy/ratelimit"}
+	if err := run(context.Background(), args, &out, &errOut); err != nil || errOut.Len() > 0 {
+		t.Fatalf("config check: %v\n%s", err, errOut.String())
+	}
+	for _, want := range []string{
+		"examples/gateway.yaml: ok: sluice gateway config: 2 tiers, 2 keys",
+		"examples/sluice.yaml: ok: sluice serve config: 5 policies",
+		"edge.yaml: ok: envoyproxy/ratelimit config, 1 domains",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestConfigCheckBadFixtures checks one bad fixture of each kind; each run
+// must report every problem of the file, and nothing else.
+func TestConfigCheckBadFixtures(t *testing.T) {
+	const dir = "testdata/check/"
+	cases := map[string][]string{
+		"serve.bad.yaml": {
+			dir + "serve.bad.yaml: invalid sluice serve config, 4 problems:",
+			dir + `serve.bad.yaml:3: store.failure_policy: unknown failure policy "fail_maybe"; valid: fail_open, fail_closed, local`,
+			dir + "serve.bad.yaml:7: policies.free.brust: unknown field; did you mean burst? valid: algorithm, limit, burst, shadow",
+			dir + `serve.bad.yaml:10: tiers.free.policies[1]: unknown policy "gold"; valid: free`,
+			dir + `serve.bad.yaml:12: authz.default_tier: unknown tier "platinum"; valid: free`,
+		},
+		"gateway.bad.yaml": {
+			dir + "gateway.bad.yaml: invalid sluice gateway config, 3 problems:",
+			dir + "gateway.bad.yaml:6: tiers.free.rpmm: unknown field; did you mean rpm? valid: rpm, rpm_burst, tpm, tpm_burst, rpd, concurrency, models",
+			dir + "gateway.bad.yaml:7: tiers.free.tpm: -1 must not be negative",
+			dir + `gateway.bad.yaml:11: keys[0].tier: unknown tier "gold"; valid: free`,
+		},
+		"envoy.bad.yaml": {
+			dir + "envoy.bad.yaml: invalid envoyproxy/ratelimit config:",
+			dir + "envoy.bad.yaml: invalid rate limit unit 'fortnight'",
+			dir + "envoy.bad.yaml: duplicate descriptor composite key 'edge.path_/login'",
+			dir + "envoy.bad.yaml: descriptor has empty key",
+		},
+		"envoy_dir.bad": {
+			dir + "envoy_dir.bad: invalid envoyproxy/ratelimit config directory:",
+			dir + "envoy_dir.bad/a.yaml: config error, unknown key 'ratelimit'",
+			dir + "envoy_dir.bad/b.yaml: should not specify rate limit unit when unlimited",
+		},
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != len(cases) {
+		t.Errorf("%d fixtures, %d cases", len(entries), len(cases))
+	}
+	for name, want := range cases {
+		t.Run(name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			err := run(context.Background(), []string{"config", "check", dir + name}, &out, &errOut)
+			if exitCode(err) != 1 || err == nil {
+				t.Fatalf("err %v, want exit 1", err)
+			}
+			got := strings.Split(strings.TrimSpace(errOut.String()), "\n")
+			for i := range got {
+				got[i] = strings.TrimSpace(got[i])
+			}
+			if strings.Join(got, "\n") != strings.Join(want, "\n") {
+				t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+			for _, bad := range []string{"sluice: sluice:", "gateway: gateway:", "envoyrls: bad config", "not found in type"} {
+				if strings.Contains(errOut.String()+err.Error(), bad) {
+					t.Errorf("output repeats %q", bad)
+				}
+			}
+		})
+	}
+}
+
+// TestGatewayCommandReportsEveryProblem runs `sluice gateway` on a file with
+// a typo: the error is the shared loader's, not yaml.v3's raw text.
+func TestGatewayCommandReportsEveryProblem(t *testing.T) {
+	err := run(context.Background(), []string{"gateway", "--config", "testdata/check/gateway.bad.yaml"}, io.Discard, io.Discard)
+	if err == nil {
+		t.Fatal("gateway started on a bad config")
+	}
+	for _, want := range []string{"gateway.bad.yaml:6: tiers.free.rpmm: unknown field; did you mean rpm?", "gateway.bad.yaml:7: tiers.free.tpm", `gateway.bad.yaml:11: keys[0].tier: unknown tier "gold"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "not found in type") || strings.Count(err.Error(), "gateway: ") > 1 {
+		t.Errorf("raw or repeated text:\n%v", err)
 	}
 }

@@ -118,7 +118,7 @@ func TestConfigCheck(t *testing.T) {
 	if err := run(context.Background(), []string{"config", "check", "../../examples/sluice.yaml"}, &out, &errOut); err != nil {
 		t.Fatal(err, errOut.String())
 	}
-	if !strings.Contains(out.String(), "examples/sluice.yaml: ok: 6 policies, 4 tiers, 3 keys") {
+	if !strings.Contains(out.String(), "examples/sluice.yaml: ok: sluice serve config: 6 policies, 4 tiers, 3 keys") {
 		t.Errorf("output: %s", out.String())
 	}
 	bad, _ := filepath.Glob("../../internal/config/testdata/*.bad.yaml")

@@ -10,22 +10,18 @@
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net/url"
 	"os"
 	"reflect"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/yamlconf"
 )
 
 // ErrInvalid means a configuration file is malformed. Load's errors wrap it.
@@ -39,7 +35,7 @@ const (
 	DefaultShutdownTimeout = 10 * time.Second
 	DefaultStoreTimeout    = 50 * time.Millisecond
 	// MaxFileBytes bounds the configuration file itself.
-	MaxFileBytes = 16 << 20
+	MaxFileBytes = yamlconf.MaxFileBytes
 	// MaxKeyLen bounds an identity, the key of a check.
 	MaxKeyLen = 512
 )
@@ -122,45 +118,29 @@ type Key struct {
 
 // Load reads, decodes and validates the file at path.
 func Load(path string) (*Config, error) {
-	f, err := os.Open(path)
+	data, err := yamlconf.ReadFile(ErrInvalid, path)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	defer f.Close()
-	var buf bytes.Buffer
-	if _, err := buf.ReadFrom(io.LimitReader(f, MaxFileBytes+1)); err != nil {
-		return nil, fmt.Errorf("config: read %s: %w", path, err)
-	}
-	if buf.Len() > MaxFileBytes {
-		return nil, fmt.Errorf("%w: %s: larger than %d bytes", ErrInvalid, path, MaxFileBytes)
-	}
-	return Parse(path, buf.Bytes())
+	return Parse(path, data)
 }
 
 // Parse decodes and validates data; name is the file name used in errors.
-// All problems found are reported together, one per line.
+// All problems found are reported together, one per line: unknown fields,
+// wrongly typed values and bad values or references alike. The error is a
+// *yamlconf.Error wrapping ErrInvalid.
 func Parse(name string, data []byte) (*Config, error) {
-	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
-		return nil, fmt.Errorf("%w: %s", ErrInvalid, yamlError(name, err))
-	}
-	if len(root.Content) == 0 {
-		return nil, fmt.Errorf("%w: %s: empty file", ErrInvalid, name)
-	}
-	v := &validator{file: name, root: root.Content[0]}
-	v.checkFields(v.root, reflect.TypeFor[File](), "")
-	if len(v.errs) > 0 {
-		return nil, v.err()
-	}
 	// Defaults that a zero value cannot express are set before decoding,
 	// which keeps every field the document leaves out.
 	file := File{Store: StoreSection{LocalCache: true}}
-	if err := v.root.Decode(&file); err != nil {
-		return nil, fmt.Errorf("%w: %s", ErrInvalid, v.typeError(err))
+	doc, err := yamlconf.Decode(ErrInvalid, name, data, &file)
+	if err != nil {
+		return nil, err
 	}
+	v := &validator{doc}
 	cfg := v.compile(&file)
-	if len(v.errs) > 0 {
-		return nil, v.err()
+	if err := doc.Err(); err != nil {
+		return nil, err
 	}
 	cfg.Path = name
 	return cfg, nil
@@ -168,211 +148,13 @@ func Parse(name string, data []byte) (*Config, error) {
 
 // validator collects errors, each located in the file.
 type validator struct {
-	file string
-	root *yaml.Node
-	errs []string
-}
-
-func (v *validator) err() error {
-	return fmt.Errorf("%w:\n  %s", ErrInvalid, strings.Join(v.errs, "\n  "))
+	doc *yamlconf.Doc
 }
 
 // addf records an error at the field named by path, such as
 // "policies.free.limit" or "keys[2].tier".
 func (v *validator) addf(path string, format string, args ...any) {
-	v.errs = append(v.errs, fmt.Sprintf("%s:%d: %s: %s", v.file, v.line(path), path, fmt.Sprintf(format, args...)))
-}
-
-// line finds the line of the value at path, or of the nearest parent that
-// exists.
-func (v *validator) line(path string) int {
-	n := v.root
-	line := n.Line
-	for _, part := range splitPath(path) {
-		next := child(n, part)
-		if next == nil {
-			break
-		}
-		n, line = next, next.Line
-	}
-	return line
-}
-
-func splitPath(path string) []string {
-	var parts []string
-	for _, p := range strings.Split(path, ".") {
-		for {
-			i := strings.IndexByte(p, '[')
-			if i < 0 {
-				break
-			}
-			if i > 0 {
-				parts = append(parts, p[:i])
-			}
-			j := strings.IndexByte(p, ']')
-			if j < i {
-				break
-			}
-			parts = append(parts, p[i:j+1])
-			p = p[j+1:]
-		}
-		if p != "" {
-			parts = append(parts, p)
-		}
-	}
-	return parts
-}
-
-func child(n *yaml.Node, part string) *yaml.Node {
-	switch n.Kind {
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if n.Content[i].Value == part {
-				return n.Content[i+1]
-			}
-		}
-	case yaml.SequenceNode:
-		if strings.HasPrefix(part, "[") {
-			i, err := strconv.Atoi(strings.Trim(part, "[]"))
-			if err == nil && i >= 0 && i < len(n.Content) {
-				return n.Content[i]
-			}
-		}
-	}
-	return nil
-}
-
-// checkFields rejects mapping keys that t has no field for, naming the
-// valid ones. It walks maps, slices and nested structs.
-func (v *validator) checkFields(n *yaml.Node, t reflect.Type, path string) {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if n.Kind == yaml.AliasNode && n.Alias != nil {
-		n = n.Alias
-	}
-	join := func(p, k string) string {
-		if p == "" {
-			return k
-		}
-		return p + "." + k
-	}
-	switch t.Kind() {
-	case reflect.Struct:
-		if t == reflect.TypeFor[time.Time]() || n.Kind != yaml.MappingNode {
-			return
-		}
-		fields := map[string]reflect.Type{}
-		var names []string
-		for i := range t.NumField() {
-			f := t.Field(i)
-			tag, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-			if tag == "" || tag == "-" || !f.IsExported() {
-				continue
-			}
-			fields[tag] = f.Type
-			names = append(names, tag)
-		}
-		seen := map[string]bool{}
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			key := n.Content[i].Value
-			ft, ok := fields[key]
-			if !ok {
-				v.errs = append(v.errs, fmt.Sprintf("%s:%d: %s: unknown field; valid: %s", v.file, n.Content[i].Line, join(path, key), strings.Join(names, ", ")))
-				continue
-			}
-			if seen[key] {
-				v.errs = append(v.errs, fmt.Sprintf("%s:%d: %s: given twice", v.file, n.Content[i].Line, join(path, key)))
-			}
-			seen[key] = true
-			v.checkFields(n.Content[i+1], ft, join(path, key))
-		}
-	case reflect.Map:
-		if n.Kind != yaml.MappingNode {
-			return
-		}
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			v.checkFields(n.Content[i+1], t.Elem(), join(path, n.Content[i].Value))
-		}
-	case reflect.Slice:
-		if n.Kind != yaml.SequenceNode {
-			return
-		}
-		for i, c := range n.Content {
-			v.checkFields(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i))
-		}
-	}
-}
-
-// typeError rewrites yaml.v3's decoding errors as "file:N: field: ...".
-func (v *validator) typeError(err error) string {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
-		return yamlError(v.file, err)
-	}
-	out := make([]string, len(te.Errors))
-	for i, e := range te.Errors {
-		rest := strings.TrimPrefix(e, "line ")
-		num, msg, _ := strings.Cut(rest, ": ")
-		line, _ := strconv.Atoi(num)
-		msg = strings.Replace(msg, "cannot unmarshal !!str", "cannot use", 1)
-		msg = strings.Replace(msg, "cannot unmarshal", "cannot use", 1)
-		msg = strings.Replace(msg, "` into ", "` as ", 1)
-		if path := pathAtLine(v.root, "", line); path != "" {
-			out[i] = fmt.Sprintf("%s:%d: %s: %s", v.file, line, path, msg)
-		} else {
-			out[i] = fmt.Sprintf("%s:%d: %s", v.file, line, msg)
-		}
-	}
-	return strings.Join(out, "\n  ")
-}
-
-// pathAtLine returns the path of the first value node at line.
-func pathAtLine(n *yaml.Node, path string, line int) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			p := n.Content[i].Value
-			if path != "" {
-				p = path + "." + p
-			}
-			val := n.Content[i+1]
-			if val.Line == line && (val.Kind == yaml.ScalarNode || val.Kind == yaml.AliasNode) {
-				return p
-			}
-			if found := pathAtLine(val, p, line); found != "" {
-				return found
-			}
-		}
-	case yaml.SequenceNode:
-		for i, c := range n.Content {
-			p := fmt.Sprintf("%s[%d]", path, i)
-			if c.Line == line && c.Kind == yaml.ScalarNode {
-				return p
-			}
-			if found := pathAtLine(c, p, line); found != "" {
-				return found
-			}
-		}
-	}
-	return ""
-}
-
-// yamlError rewrites yaml.v3's "line N: ..." messages as "file:N: ...".
-func yamlError(name string, err error) string {
-	var te *yaml.TypeError
-	if errors.As(err, &te) {
-		out := make([]string, len(te.Errors))
-		for i, e := range te.Errors {
-			out[i] = name + ":" + strings.TrimPrefix(e, "line ")
-		}
-		return strings.Join(out, "\n  ")
-	}
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	if rest, ok := strings.CutPrefix(msg, "line "); ok {
-		return name + ":" + rest
-	}
-	return name + ": " + msg
+	v.doc.Addf(path, format, args...)
 }
 
 // compile applies defaults and validates, recording errors in v.
@@ -577,8 +359,16 @@ func (v *validator) compileStore(s *StoreSection) {
 	}
 }
 
-// validateExtensions calls Validate on every section of File that has one,
-// so that plugged-in components check their own sections.
+// Checker is a section that validates itself in place: it records each
+// problem at its field, relative to the section, with doc.Addf. The gateway
+// section is one.
+type Checker interface {
+	Check(doc *yamlconf.Doc)
+}
+
+// validateExtensions validates every section of File that can: a Checker
+// records its problems at their own lines; a section with only a
+// `Validate() error` method has its error reported at the section's line.
 func (v *validator) validateExtensions(f *File) {
 	rv := reflect.ValueOf(f).Elem()
 	t := rv.Type()
@@ -588,16 +378,15 @@ func (v *validator) validateExtensions(f *File) {
 		if fv.Kind() == reflect.Pointer && fv.IsNil() {
 			continue
 		}
-		var val any
-		if fv.CanAddr() {
+		val := fv.Interface()
+		if fv.Kind() != reflect.Pointer && fv.CanAddr() {
 			val = fv.Addr().Interface()
 		}
-		if vv, ok := val.(interface{ Validate() error }); ok {
-			if err := vv.Validate(); err != nil {
-				v.addf(tag, "%v", err)
-			}
-		} else if vv, ok := fv.Interface().(interface{ Validate() error }); ok {
-			if err := vv.Validate(); err != nil {
+		switch s := val.(type) {
+		case Checker:
+			s.Check(v.doc.Sub(tag))
+		case interface{ Validate() error }:
+			if err := s.Validate(); err != nil {
 				v.addf(tag, "%v", err)
 			}
 		}

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/yamlconf"
 )
 
 func TestExampleConfig(t *testing.T) {
@@ -64,41 +66,57 @@ func TestDefaults(t *testing.T) {
 	}
 }
 
-// TestBadConfigs loads every testdata/*.bad.yaml; each must fail with an
-// error that names the file, the line and the field, and the valid choices.
+// TestBadConfigs loads every testdata/*.bad.yaml; each must fail with
+// exactly the problems listed, all in one run, each naming the file, the
+// line and the field, and the valid choices where there are any.
 func TestBadConfigs(t *testing.T) {
 	want := map[string][]string{
-		"bad_algorithm":      {":3: policies.free.algorithm: unknown algorithm \"leaky\"", "valid: gcra, token_bucket"},
-		"bad_default_tier":   {":8: authz.default_tier: unknown tier \"platinum\"; valid: free"},
-		"bad_deny_status":    {":2: authz.deny_status: 500; valid: 429, 403"},
-		"bad_failure_policy": {":3: store.failure_policy: unknown failure policy \"fail_maybe\"; valid: fail_open, fail_closed, local"},
-		"bad_limit":          {":3: policies.free.limit: invalid limit \"10 per minute\""},
-		"bad_override":       {":6: overrides[0].policy: unknown policy \"premium\"; valid: free"},
-		"bad_proxy":          {":2: authz.trusted_proxies[1]: \"not-an-ip\""},
 		"bad_route": {
-			":7: authz.routes[1].path_prefix: \"login\" must be a path starting with '/'",
-			":7: authz.routes[1].methods[0]: \"P OST\" is not an HTTP method",
-			":7: authz.routes[1].host: \"a b\" is not a host name",
-			":7: authz.routes[1].policies[0]: unknown policy \"nope\"; valid: free, login",
-			":7: authz.routes[1].policies[2]: policy \"login\" listed twice",
-			":8: authz.routes[2]: a route needs path, path_prefix, methods or host",
-			":9: authz.routes[3].path: give path or path_prefix, not both",
-			":9: authz.routes[3].policies: a route adds at least one policy",
+			"7: authz.routes[1].path_prefix: \"login\" must be a path starting with '/'",
+			"7: authz.routes[1].methods[0]: \"P OST\" is not an HTTP method",
+			"7: authz.routes[1].host: \"a b\" is not a host name",
+			"7: authz.routes[1].policies[0]: unknown policy \"nope\"; valid: free, login",
+			"7: authz.routes[1].policies[2]: policy \"login\" listed twice",
+			"8: authz.routes[2]: a route needs path, path_prefix, methods or host",
+			"9: authz.routes[3].path: give path or path_prefix, not both",
+			"9: authz.routes[3].policies: a route adds at least one policy",
 		},
-		"bad_selectable":        {":4: authz.selectable_policies[1]: unknown policy \"gold\"; valid: free", ":4: authz.selectable_policies[2]: policy \"free\" listed twice"},
-		"bad_store_url":         {":2: store.url: unknown store", "valid: memory, redis://HOST"},
-		"bad_syntax":            {"bad_syntax.bad.yaml:"},
-		"bad_timeout":           {":2: store.timeout: cannot use `soon` as time.Duration"},
-		"bad_type":              {":4: policies.free.burst: cannot use `lots` as int64"},
-		"concurrency":           {":3: policies.slots.algorithm: concurrency"},
-		"duplicate_key":         {":4: mapping key \"free\" already defined"},
-		"key_unknown_tier":      {":10: keys[0].tier: unknown tier \"gold\"; valid: free"},
-		"missing_limit":         {":3: policies.free.limit: required"},
-		"raw_key":               {":9: keys[0].hash: want the 64 hex digits"},
-		"unknown_field":         {":4: policies.free.brust: unknown field; valid: algorithm, limit, burst, shadow"},
-		"unknown_tier_policy":   {":6: tiers.free.policies[1]: unknown policy \"pro\"; valid: free"},
-		"unknown_top":           {":2: polices: unknown field; valid: listen,"},
-		"user_header_untrusted": {":4: authz.user_header: needs authz.trusted_proxies"},
+		"bad_selectable":        {"4: authz.selectable_policies[1]: unknown policy \"gold\"; valid: free", "4: authz.selectable_policies[2]: policy \"free\" listed twice"},
+		"user_header_untrusted": {"4: authz.user_header: needs authz.trusted_proxies"},
+		"bad_algorithm":         {`3: policies.free.algorithm: unknown algorithm "leaky"; valid: gcra, token_bucket`},
+		"bad_default_tier":      {`8: authz.default_tier: unknown tier "platinum"; valid: free`},
+		"bad_deny_status":       {`2: authz.deny_status: 500; valid: 429, 403`},
+		"bad_failure_policy":    {`3: store.failure_policy: unknown failure policy "fail_maybe"; valid: fail_open, fail_closed, local`},
+		"bad_limit":             {`3: policies.free.limit: invalid limit "10 per minute"`},
+		"bad_override":          {`6: overrides[0].policy: unknown policy "premium"; valid: free`},
+		"bad_proxy":             {`2: authz.trusted_proxies[1]: "not-an-ip"`},
+		"bad_store_url":         {`2: store.url: unknown store "postgres://localhost/db"; valid: memory, redis://HOST`},
+		"bad_syntax":            {`4: did not find expected key`},
+		"bad_timeout":           {"2: store.timeout: cannot use `soon` as time.Duration"},
+		"bad_type":              {"4: policies.free.burst: cannot use `lots` as int64"},
+		"concurrency":           {`3: policies.slots.algorithm: concurrency`},
+		"duplicate_key":         {`4: policies.free: mapping key "free" already defined at line 2`},
+		"key_unknown_tier":      {`10: keys[0].tier: unknown tier "gold"; valid: free`},
+		"missing_limit":         {`2: policies.free.limit: required`},
+		"raw_key":               {`9: keys[0].hash: want the 64 hex digits`},
+		"unknown_field":         {`4: policies.free.brust: unknown field; did you mean burst? valid: algorithm, limit, burst, shadow`},
+		"unknown_tier_policy":   {`6: tiers.free.policies[1]: unknown policy "pro"; valid: free`},
+		"unknown_top":           {`2: polices: unknown field; did you mean policies? valid: listen,`},
+		"many": {
+			`2: max_chekcs: unknown field; did you mean max_checks? valid: listen, admin_token,`,
+			`5: store.failure_policy: unknown failure policy "fail_sometimes"; valid: fail_open, fail_closed, local`,
+			"6: store.timeout: cannot use `soon` as time.Duration",
+			`10: policies.free.brust: unknown field; did you mean burst? valid: algorithm, limit, burst, shadow`,
+			`12: policies.pro.algorithm: unknown algorithm "leaky"; valid: gcra,`,
+			`16: tiers.free.policies[1]: unknown policy "premium"; valid: free, pro`,
+			`19: keys[0].hash: want the 64 hex digits`,
+			`20: keys[0].tier: unknown tier "gold"; valid: free`,
+			`22: authz.default_tier: unknown tier "platinum"; valid: free`,
+			`25: gateway.upstream.base_url: "ftp://example.com/v1" must be an http or https URL`,
+			`28: gateway.tiers.free.rpmm: unknown field; did you mean rpm? valid: rpm, rpm_burst, tpm, tpm_burst, rpd, concurrency, models`,
+			`29: gateway.tiers.free.tpm: -5 must not be negative`,
+			`33: gateway.keys[0].tier: unknown tier "gold"; valid: free`,
+		},
 	}
 	files, err := filepath.Glob("testdata/*.bad.yaml")
 	if err != nil {
@@ -117,19 +135,44 @@ func TestBadConfigs(t *testing.T) {
 			if !errors.Is(err, ErrInvalid) {
 				t.Errorf("error %v does not wrap ErrInvalid", err)
 			}
-			if !strings.Contains(err.Error(), f) {
-				t.Errorf("error %q does not name the file %s", err, f)
-			}
 			subs, ok := want[name]
 			if !ok {
 				t.Fatalf("no expectation for fixture %s: %v", name, err)
 			}
-			for _, s := range subs {
-				if !strings.Contains(err.Error(), s) {
-					t.Errorf("error\n%v\nlacks %q", err, s)
-				}
-			}
+			assertProblems(t, err, f, subs)
 		})
+	}
+}
+
+// assertProblems checks that err lists exactly the problems want, in
+// order, each in file f and starting "LINE: PATH: MESSAGE", and that no
+// message repeats a package prefix.
+func assertProblems(t *testing.T, err error, f string, want []string) {
+	t.Helper()
+	var ye *yamlconf.Error
+	if !errors.As(err, &ye) {
+		t.Fatalf("error %v is not a *yamlconf.Error", err)
+	}
+	for i, p := range ye.Problems {
+		if p.File != f {
+			t.Errorf("problem %d names file %q, want %q", i, p.File, f)
+		}
+		got := fmt.Sprintf("%d: %s", p.Line, strings.TrimPrefix(p.Path+": "+p.Msg, ": "))
+		if i >= len(want) {
+			t.Errorf("unexpected problem %q", got)
+			continue
+		}
+		if !strings.HasPrefix(got, want[i]) {
+			t.Errorf("problem %d:\n got %s\nwant %s...", i, got, want[i])
+		}
+	}
+	for _, w := range want[min(len(want), len(ye.Problems)):] {
+		t.Errorf("missing problem %q", w)
+	}
+	for _, bad := range []string{"sluice: ", "config: ", "gateway: ", "yaml: ", "not found in type"} {
+		if strings.Contains(strings.TrimPrefix(err.Error(), ErrInvalid.Error()), bad) {
+			t.Errorf("error repeats a prefix or raw yaml.v3 text %q:\n%v", bad, err)
+		}
 	}
 }
 

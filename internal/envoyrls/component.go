@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -157,6 +158,31 @@ func CheckDir(dir string, merge bool) (int, error) {
 		return 0, err
 	}
 	rs, err := parseConfig(files, merge, m)
+	if err != nil {
+		return 0, err
+	}
+	return len(rs.domains), nil
+}
+
+// CheckFile loads one envoyproxy/ratelimit YAML file offline, as CheckDir
+// does a directory, and returns the number of domains in it.
+func CheckFile(path string) (int, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0, fmt.Errorf("envoyrls: %w", err)
+	}
+	if fi.Size() > maxConfigBytes {
+		return 0, fmt.Errorf("%w: %s: file is larger than %d bytes", ErrConfig, path, maxConfigBytes)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("envoyrls: %w", err)
+	}
+	m, err := newMetrics(prometheus.NewRegistry(), 0)
+	if err != nil {
+		return 0, err
+	}
+	rs, err := parseConfig([]configFile{{name: path, data: data}}, false, m)
 	if err != nil {
 		return 0, err
 	}

@@ -183,6 +183,7 @@ type loader struct {
 	merge   bool
 	metrics *metrics
 	file    string
+	errs    []error // problems found so far, in all files
 }
 
 func (l *loader) fail(format string, args ...any) error {
@@ -190,14 +191,18 @@ func (l *loader) fail(format string, args ...any) error {
 }
 
 // parseConfig loads files into one config. Domains may not repeat unless
-// merge is set.
+// merge is set. Every problem of every file is reported, joined, each
+// naming its file.
 func parseConfig(files []configFile, merge bool, m *metrics) (*ruleSet, error) {
 	l := &loader{cfg: &ruleSet{domains: map[string]*domainConfig{}}, merge: merge, metrics: m}
 	for _, f := range files {
 		l.file = f.name
 		if err := l.load(f.data); err != nil {
-			return nil, err
+			l.errs = append(l.errs, err)
 		}
+	}
+	if len(l.errs) > 0 {
+		return nil, errors.Join(l.errs...)
 	}
 	return l.cfg, nil
 }
@@ -210,8 +215,12 @@ func (l *loader) load(data []byte) error {
 	switch generic.(type) {
 	case nil:
 	case map[string]any, map[any]any:
+		before := len(l.errs)
 		if err := l.validateKeys(generic, 0); err != nil {
 			return err
+		}
+		if len(l.errs) > before {
+			return nil // unknown keys: the rest would only echo them
 		}
 	default:
 		return l.fail("error loading config file: the top level is not a map")
@@ -249,7 +258,8 @@ func (l *loader) validateKeys(v any, depth int) error {
 			return l.fail("config error, key is not of type string: %v", k)
 		}
 		if !validKeys[ks] {
-			return l.fail("config error, unknown key '%s'", ks)
+			l.errs = append(l.errs, l.fail("config error, unknown key '%s'", ks))
+			return nil
 		}
 		switch val := val.(type) {
 		case []any:
@@ -293,13 +303,17 @@ func (l *loader) validateKeys(v any, depth int) error {
 	return nil
 }
 
+// loadDescriptors adds descs under parent. A descriptor's problem is
+// recorded in l.errs and the others are still checked; only nesting too
+// deep stops the walk.
 func (l *loader) loadDescriptors(d *domainConfig, parent *node, parentKey string, descs []yamlDescriptor, depth int) error {
 	if depth > maxDepth {
 		return l.fail("descriptors nested deeper than %d levels", maxDepth)
 	}
 	for _, dc := range descs {
 		if dc.Key == "" {
-			return l.fail("descriptor has empty key")
+			l.errs = append(l.errs, l.fail("descriptor has empty key"))
+			continue
 		}
 		finalKey := dc.Key
 		if dc.Value != "" {
@@ -307,18 +321,19 @@ func (l *loader) loadDescriptors(d *domainConfig, parent *node, parentKey string
 		}
 		fullKey := parentKey + finalKey
 		if _, present := parent.children[finalKey]; present {
-			return l.fail("duplicate descriptor composite key '%s'", fullKey)
+			l.errs = append(l.errs, l.fail("duplicate descriptor composite key '%s'", fullKey))
+			continue
 		}
 		var r *rule
 		if rl := dc.RateLimit; rl != nil {
 			var err error
 			if r, err = l.rule(d, dc, fullKey); err != nil {
-				return err
+				l.errs = append(l.errs, err) // and check the rest
 			}
 		}
 		wildcard := strings.Contains(finalKey, "*")
 		if dc.ShareThreshold && !wildcard {
-			return l.fail("share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", finalKey)
+			l.errs = append(l.errs, l.fail("share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", finalKey))
 		}
 		n := &node{children: map[string]*node{}, rule: r, shareThreshold: dc.ShareThreshold}
 		if err := l.loadDescriptors(d, n, fullKey+".", dc.Descriptors, depth+1); err != nil {

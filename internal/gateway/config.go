@@ -1,21 +1,17 @@
 package gateway
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net/url"
-	"os"
 	"regexp"
 	"slices"
 	"sort"
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/yamlconf"
 )
 
 // ErrInvalidConfig means a gateway configuration is malformed. Load's and
@@ -30,7 +26,6 @@ const (
 	DefaultLeaseTTL         = 10 * time.Minute
 	DefaultStoreTimeout     = 200 * time.Millisecond
 	DefaultUpstreamKeyEnv   = "OPENAI_API_KEY"
-	maxConfigBytes          = 16 << 20
 	maxModels               = 256
 	defaultMaxResponseBytes = 16 << 20
 )
@@ -152,34 +147,29 @@ type KeyConfig struct {
 	Client string `yaml:"client"`
 }
 
-// Load reads and validates the configuration file at path.
+// Load reads and validates the configuration file at path. Its error
+// lists every problem of the file at once, each as "file:line: field:
+// message"; it is a *yamlconf.Error wrapping ErrInvalidConfig.
 func Load(path string) (*Config, error) {
-	f, err := os.Open(path)
+	data, err := yamlconf.ReadFile(ErrInvalidConfig, path)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: config: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("gateway: config %s: %w", path, err)
-	}
-	if len(data) > maxConfigBytes {
-		return nil, fmt.Errorf("%w: %s: larger than %d bytes", ErrInvalidConfig, path, maxConfigBytes)
 	}
 	return Parse(path, data)
 }
 
 // Parse decodes a configuration document strictly, applies defaults and
-// validates it. name labels errors, usually the file's path.
+// validates it, as the service config's loader does (internal/yamlconf).
+// name labels errors, usually the file's path.
 func Parse(name string, data []byte) (*Config, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
 	var c Config
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%w: %s: %w", ErrInvalidConfig, name, err)
+	doc, err := yamlconf.Decode(ErrInvalidConfig, name, data, &c)
+	if err != nil {
+		return nil, err
 	}
-	if err := c.Validate(); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+	c.Check(doc)
+	if err := doc.Err(); err != nil {
+		return nil, err
 	}
 	return &c, nil
 }
@@ -214,106 +204,165 @@ func (c *Config) ApplyDefaults() {
 	}
 }
 
-// Validate applies defaults and checks the configuration. Errors wrap
-// ErrInvalidConfig and name the field.
+// Validate applies defaults and checks a configuration built in code. Its
+// error (a *yamlconf.Error wrapping ErrInvalidConfig) names each field.
 func (c *Config) Validate() error {
+	doc := yamlconf.New(ErrInvalidConfig, "")
+	c.Check(doc)
+	return doc.Err()
+}
+
+// Check applies defaults and records every problem of the configuration in
+// doc, each at its field. The service config's loader calls it for the
+// `gateway:` section, with paths under "gateway".
+func (c *Config) Check(doc *yamlconf.Doc) {
 	c.ApplyDefaults()
-	var errs []error
-	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
-	}
 	u, err := url.Parse(c.Upstream.BaseURL)
 	switch {
 	case c.Upstream.BaseURL == "":
-		bad("upstream.base_url is required, such as https://api.openai.com/v1")
+		doc.Addf("upstream.base_url", "required, the OpenAI-compatible base URL with its /v1, such as https://api.openai.com/v1 or http://127.0.0.1:11434/v1")
 	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
-		bad("upstream.base_url %q must be an http or https URL", c.Upstream.BaseURL)
+		doc.Addf("upstream.base_url", "%q must be an http or https URL, such as https://api.openai.com/v1", redactURL(c.Upstream.BaseURL))
 	}
-	if c.Upstream.Timeout < 0 || c.Store.Timeout < 0 || c.LeaseTTL < 0 {
-		bad("timeouts and lease_ttl must not be negative")
+	if !envNameRE.MatchString(c.Upstream.APIKeyEnv) {
+		doc.Addf("upstream.api_key_env", "%q is not an environment variable name, such as OPENAI_API_KEY; the key itself belongs in the environment, never in this file", redactSecret(c.Upstream.APIKeyEnv))
+	}
+	for _, d := range []struct {
+		path string
+		v    time.Duration
+	}{{"upstream.timeout", c.Upstream.Timeout}, {"store.timeout", c.Store.Timeout}, {"lease_ttl", c.LeaseTTL}} {
+		if d.v < 0 {
+			doc.Addf(d.path, "%s must not be negative", d.v)
+		}
 	}
 	if c.LeaseTTL > 0 && c.LeaseTTL < time.Second {
-		bad("lease_ttl %s must be at least 1s", c.LeaseTTL)
+		doc.Addf("lease_ttl", "%s must be at least 1s", c.LeaseTTL)
 	}
 	if c.Store.URL != "memory" && !strings.HasPrefix(c.Store.URL, "redis://") && !strings.HasPrefix(c.Store.URL, "rediss://") && !strings.HasPrefix(c.Store.URL, "redis+cluster://") {
-		bad("store.url %q must be memory or a redis:// URL", c.Store.URL)
+		doc.Addf("store.url", "unknown store %q; valid: memory, redis://HOST:PORT/DB, rediss://..., redis+cluster://H1:P1,H2:P2", redactURL(c.Store.URL))
 	}
-	if c.DefaultMaxTokens < 0 || c.MaxBodyBytes < 0 || c.Store.MaxKeys < 0 {
-		bad("default_max_tokens, max_body_bytes and store.max_keys must not be negative")
+	for _, n := range []struct {
+		path string
+		v    int64
+	}{{"default_max_tokens", c.DefaultMaxTokens}, {"max_body_bytes", c.MaxBodyBytes}, {"store.max_keys", int64(c.Store.MaxKeys)}} {
+		if n.v < 0 {
+			doc.Addf(n.path, "%d must not be negative", n.v)
+		}
 	}
 	if len(c.Tiers) == 0 {
-		bad("tiers: at least one tier is required")
+		doc.Addf("tiers", "at least one tier is required, such as tiers: {free: {rpm: 20, tpm: 40000}}")
 	}
-	for _, name := range sortedKeys(c.Tiers) {
+	tierNames := sortedKeys(c.Tiers)
+	for _, name := range tierNames {
 		t := c.Tiers[name]
+		path := "tiers." + name
 		if !nameRE.MatchString(name) {
-			bad("tiers: name %q must match %s", name, nameRE)
+			doc.Addf(path, "tier name must be 1-128 letters, digits or _.:/-")
 		}
-		if err := t.Limits().validate(c.LeaseTTL); err != nil {
-			bad("tiers.%s: %v", name, err)
+		t.Limits().check(doc, path, c.LeaseTTL)
+		if t.Limits() == (Limits{}) && len(t.Models) == 0 {
+			doc.Addf(path, "no limits: set at least one of rpm, tpm, rpd, concurrency or models")
 		}
 		for _, model := range sortedKeys(t.Models) {
+			mpath := path + ".models." + model
 			if !nameRE.MatchString(model) {
-				bad("tiers.%s.models: name %q must match %s", name, model, nameRE)
+				doc.Addf(mpath, "model name must be 1-128 letters, digits or _.:/-")
 			}
-			if err := t.Models[model].validate(c.LeaseTTL); err != nil {
-				bad("tiers.%s.models.%s: %v", name, model, err)
-			}
+			t.Models[model].check(doc, mpath, c.LeaseTTL)
 		}
 	}
-	for _, m := range c.Models {
+	for i, m := range c.Models {
 		if !nameRE.MatchString(m) {
-			bad("models: name %q must match %s", m, nameRE)
+			doc.Addf(fmt.Sprintf("models[%d]", i), "model name must be 1-128 letters, digits or _.:/-")
 		}
 	}
 	if len(c.allModels()) > maxModels {
-		bad("models: at most %d models may be named", maxModels)
+		doc.Addf("models", "at most %d models may be named", maxModels)
 	}
-	seen := map[string]bool{}
+	seen := map[string]int{}
 	for i, k := range c.Keys {
+		path := fmt.Sprintf("keys[%d]", i)
 		if !hashRE.MatchString(k.Hash) {
-			bad("keys[%d] (%s): hash must be 64 lowercase hex digits, the SHA-256 of the key (sluice keys hash)", i, k.Name)
+			doc.Addf(path+".hash", "want the 64 lowercase hex digits of the key's SHA-256 (sluice keys hash KEY), never the key itself")
+		} else if j, dup := seen[k.Hash]; dup {
+			doc.Addf(path+".hash", "same key as keys[%d] (%s)", j, c.Keys[j].Name)
+		} else {
+			seen[k.Hash] = i
 		}
-		if seen[k.Hash] {
-			bad("keys[%d] (%s): duplicate hash", i, k.Name)
-		}
-		seen[k.Hash] = true
 		if _, ok := c.Tiers[k.Tier]; !ok {
-			bad("keys[%d] (%s): unknown tier %q; valid: %s", i, k.Name, k.Tier, strings.Join(sortedKeys(c.Tiers), ", "))
+			if k.Tier == "" {
+				doc.Addf(path+".tier", "required; valid: %s", strings.Join(tierNames, ", "))
+			} else {
+				doc.Addf(path+".tier", "unknown tier %q; valid: %s", k.Tier, strings.Join(tierNames, ", "))
+			}
 		}
-		if !nameRE.MatchString(k.Client) {
-			bad("keys[%d] (%s): client %q must match %s", i, k.Name, k.Client, nameRE)
+		if k.Client != "" && !nameRE.MatchString(k.Client) {
+			doc.Addf(path+".client", "%q must be 1-128 letters, digits or _.:/-", k.Client)
 		}
 	}
-	return errors.Join(errs...)
 }
 
-func (l Limits) validate(leaseTTL time.Duration) error {
-	for _, f := range []struct {
+var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+
+// check records the problems of one set of limits at path.
+func (l Limits) check(doc *yamlconf.Doc, path string, leaseTTL time.Duration) {
+	fields := []struct {
 		name string
 		v    int64
-	}{{"rpm", l.RPM}, {"rpm_burst", l.RPMBurst}, {"tpm", l.TPM}, {"tpm_burst", l.TPMBurst}, {"rpd", l.RPD}, {"concurrency", l.Concurrency}} {
+	}{{"rpm", l.RPM}, {"rpm_burst", l.RPMBurst}, {"tpm", l.TPM}, {"tpm_burst", l.TPMBurst}, {"rpd", l.RPD}, {"concurrency", l.Concurrency}}
+	bad := false
+	for _, f := range fields {
 		if f.v < 0 {
-			return fmt.Errorf("%s %d must not be negative", f.name, f.v)
+			doc.Addf(path+"."+f.name, "%d must not be negative", f.v)
+			bad = true
 		}
 	}
-	if l.RPMBurst > 0 && l.RPM == 0 || l.TPMBurst > 0 && l.TPM == 0 {
-		return errors.New("a burst needs its rate")
+	if l.RPMBurst > 0 && l.RPM == 0 {
+		doc.Addf(path+".rpm_burst", "a burst needs its rate: set rpm too")
+		bad = true
 	}
-	for _, lim := range []sluice.Limit{
-		{Rate: l.RPM, Period: time.Minute, Burst: l.RPMBurst},
-		{Rate: l.TPM, Period: time.Minute, Burst: l.TPMBurst},
-		{Rate: l.RPD, Period: 24 * time.Hour},
-		{Rate: l.Concurrency, Period: max(leaseTTL, time.Second)},
+	if l.TPMBurst > 0 && l.TPM == 0 {
+		doc.Addf(path+".tpm_burst", "a burst needs its rate: set tpm too")
+		bad = true
+	}
+	if bad {
+		return
+	}
+	for _, lim := range []struct {
+		path string
+		l    sluice.Limit
+	}{
+		{"rpm", sluice.Limit{Rate: l.RPM, Period: time.Minute, Burst: l.RPMBurst}},
+		{"tpm", sluice.Limit{Rate: l.TPM, Period: time.Minute, Burst: l.TPMBurst}},
+		{"rpd", sluice.Limit{Rate: l.RPD, Period: 24 * time.Hour}},
+		{"concurrency", sluice.Limit{Rate: l.Concurrency, Period: max(leaseTTL, time.Second)}},
 	} {
-		if lim.Rate == 0 {
+		if lim.l.Rate == 0 {
 			continue
 		}
-		if err := lim.Validate(); err != nil {
-			return err
+		if err := lim.l.Validate(); err != nil {
+			doc.Addf(path+"."+lim.path, "%s", strings.TrimPrefix(strings.TrimPrefix(err.Error(), "sluice: "), "invalid limit: "))
 		}
 	}
-	return nil
+}
+
+// redactURL hides a URL's password, so that an error does not print it.
+func redactURL(raw string) string {
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
+		return u.Redacted()
+	}
+	if i := strings.LastIndex(raw, "@"); i >= 0 {
+		return "xxxxx" + raw[i:]
+	}
+	return raw
+}
+
+// redactSecret shows only the start of a value that may be a key.
+func redactSecret(s string) string {
+	if len(s) > 6 {
+		return s[:6] + "..."
+	}
+	return s
 }
 
 // allModels is the bounded set of model labels.
