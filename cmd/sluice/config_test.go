@@ -62,7 +62,7 @@ func TestConfigCheckDetectsEachKind(t *testing.T) {
 	}
 	for _, want := range []string{
 		"examples/gateway.yaml: ok: sluice gateway config: 2 tiers, 2 keys",
-		"examples/sluice.yaml: ok: sluice serve config: 5 policies",
+		"examples/sluice.yaml: ok: sluice serve config: 6 policies",
 		"edge.yaml: ok: envoyproxy/ratelimit config, 1 domains",
 	} {
 		if !strings.Contains(out.String(), want) {
