@@ -9,8 +9,8 @@
 // /v1/responses is authenticated by the SHA-256 of its bearer key, its body
 // read (bounded) and its prompt tokens estimated (package aitoken). The
 // gateway then reserves, in ONE all-or-nothing store.ApplyAll, one request
-// on each request limit, the estimated prompt plus max_tokens on each token
-// limit, and a concurrency slot leased to the request's id. Nothing is
+// on each request limit, the estimated prompt plus max_tokens times n on
+// each token limit, and a concurrency slot leased to the request's id. Nothing is
 // charged for a rejected request, and parallel requests cannot slip past a
 // limit, because the store decides the whole batch atomically.
 //
@@ -40,7 +40,6 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -59,7 +58,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-io/sluice"
-	"github.com/sluice-io/sluice/internal/aitoken"
 )
 
 // Options configure a Gateway. Config and Store are required.
@@ -373,6 +371,20 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c := &call{id: sluice.NewLeaseID(), start: start, client: cl, model: "-"}
 	w.Header().Set("x-sluice-request-id", c.id)
 	ep := endpoints[r.URL.Path]
+	if ep == epNone && strings.EqualFold(r.Method, http.MethodPost) {
+		if alias := meteredAlias(r.URL.Path); alias != "" {
+			// Another spelling of a metered path, which a lenient
+			// upstream might route to it unmetered.
+			writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "",
+				"Unknown request URL: "+r.Method+" "+r.URL.Path+". Did you mean "+alias+"?")
+			return
+		}
+	}
+	if ep != epNone && r.Method != http.MethodPost && strings.EqualFold(r.Method, http.MethodPost) {
+		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
+			"Method "+r.Method+" is not allowed; use POST.")
+		return
+	}
 	if r.Method != http.MethodPost || ep == epNone {
 		// Other /v1/* paths (models, files, ...) pass through unmetered.
 		g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
@@ -412,159 +424,29 @@ func (g *Gateway) Close() error {
 	return nil
 }
 
-// authenticate maps the bearer key to its client, by hash.
+// authenticate maps the bearer key to its client, by hash. The scheme is
+// case-insensitive (RFC 9110, 11.1).
 func (g *Gateway) authenticate(r *http.Request) *client {
-	auth := r.Header.Get("Authorization")
-	key, ok := strings.CutPrefix(auth, "Bearer ")
-	if !ok {
-		key, ok = strings.CutPrefix(auth, "bearer ")
-	}
+	scheme, key, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
 	key = strings.TrimSpace(key)
-	if !ok || key == "" {
+	if !ok || !strings.EqualFold(scheme, "Bearer") || key == "" {
 		return nil
 	}
 	return g.keys[sluice.HashKey(key)]
 }
 
-// requestBody is what the gateway reads of a request.
-type requestBody struct {
-	aitoken.Request
-	Model               string          `json:"model"`
-	Stream              bool            `json:"stream"`
-	MaxTokens           *int64          `json:"max_tokens"`
-	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
-	MaxOutputTokens     *int64          `json:"max_output_tokens"`
-	N                   *int64          `json:"n"`
-	StreamOptions       json.RawMessage `json:"stream_options"`
-}
-
-// prepare reads and parses the body, estimates the tokens and rewrites
-// stream_options. It answers the client itself and reports false on error.
-func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool {
-	body, err := readBody(http.MaxBytesReader(w, r.Body, g.cfg.MaxBodyBytes), r.ContentLength, g.cfg.MaxBodyBytes)
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "",
-				fmt.Sprintf("Request body exceeds the gateway's limit of %d bytes.", g.cfg.MaxBodyBytes))
-		} else {
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "Could not read the request body.")
-		}
-		return false
+// meteredAlias returns the metered path that path is another spelling of
+// (letter case, trailing slashes or dots, ;parameters), or "".
+func meteredAlias(path string) string {
+	canon, _, _ := strings.Cut(strings.ToLower(path), ";")
+	canon = strings.TrimRight(canon, "/.")
+	if _, ok := endpoints[canon]; ok && canon != path {
+		return canon
 	}
-	var p requestBody
-	if err := json.Unmarshal(body, &p); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "",
-			"We could not parse the JSON body of your request: "+err.Error())
-		return false
-	}
-	if p.Model == "" {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "missing_required_parameter", "model", "You must provide a model parameter.")
-		return false
-	}
-	c.model, c.rawModel = p.Model, p.Model
-	if !g.models[c.model] {
-		c.model = "other"
-	}
-	c.stream = p.Stream
-	c.promptEst = p.PromptTokens()
-	var budget int64
-	explicit := false
-	if c.ep != epEmbeddings {
-		for _, v := range []*int64{p.MaxCompletionTokens, p.MaxTokens, p.MaxOutputTokens} {
-			if v != nil && *v > 0 {
-				budget, explicit = *v, true
-				break
-			}
-		}
-		if !explicit {
-			budget = g.cfg.DefaultMaxTokens
-		}
-		if p.N != nil && *p.N > 1 {
-			budget *= min(*p.N, 128)
-		}
-	}
-	c.reserved = c.promptEst + budget
-	c.body = body
-	if c.stream && (c.ep == epChat || c.ep == epCompletions) {
-		var so map[string]json.RawMessage
-		if len(p.StreamOptions) > 0 && string(p.StreamOptions) != "null" {
-			if json.Unmarshal(p.StreamOptions, &so) != nil {
-				writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_type", "stream_options", "stream_options must be an object.")
-				return false
-			}
-		}
-		c.wantUsage = string(so["include_usage"]) == "true"
-		if !c.wantUsage && len(p.StreamOptions) == 0 {
-			// No stream_options (under any spelling of the key): add
-			// it in place, without re-encoding the body.
-			c.body = insertIncludeUsage(body)
-		} else if !c.wantUsage {
-			if so == nil {
-				so = map[string]json.RawMessage{}
-			}
-			so["include_usage"] = json.RawMessage("true")
-			var raw map[string]json.RawMessage
-			if json.Unmarshal(body, &raw) != nil {
-				writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "", "The request body must be a JSON object.")
-				return false
-			}
-			raw["stream_options"], _ = json.Marshal(so)
-			c.body, _ = json.Marshal(raw)
-		}
-	}
-	if !explicit {
-		// A default budget must not make a request too large that would fit.
-		for i := range c.client.tier.specs {
-			s := &c.client.tier.specs[i]
-			if s.kind == kindTokens && s.applies(p.Model) {
-				c.reserved = max(c.promptEst, min(c.reserved, s.limit.Capacity()))
-			}
-		}
-	}
-	c.reserved = max(c.reserved, 1)
-	return true
+	return ""
 }
 
 func (s *spec) applies(model string) bool { return s.model == "" || s.model == model }
-
-// includeUsageMember is what insertIncludeUsage adds to a request body.
-const includeUsageMember = `"stream_options":{"include_usage":true},`
-
-// readBody reads a request body whose length is known, or not (-1), in
-// one allocation when it is known, with room for includeUsageMember.
-func readBody(r io.Reader, length, limit int64) ([]byte, error) {
-	size := int64(512)
-	if length >= 0 && length <= limit {
-		size = length + int64(len(includeUsageMember)) + 1 // +1: the read of EOF
-	}
-	b := make([]byte, 0, size)
-	for {
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if errors.Is(err, io.EOF) {
-			return b, nil
-		}
-		if err != nil {
-			return b, err
-		}
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-	}
-}
-
-// insertIncludeUsage adds includeUsageMember as the first member of body, a
-// JSON object with at least one member and no stream_options, reusing
-// body's spare capacity.
-func insertIncludeUsage(body []byte) []byte {
-	at := bytes.IndexByte(body, '{') + 1 // only white space comes before it
-	n := len(body)
-	body = append(body, includeUsageMember...)
-	copy(body[at+len(includeUsageMember):], body[at:n])
-	copy(body[at:], includeUsageMember)
-	return body
-}
 
 // admit reserves every limit of the request in one ApplyAll. It answers
 // the client itself and reports false when the request may not proceed.
@@ -624,7 +506,10 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	out.Host = g.upstream.Host
 	// The client's credentials and identities stay here; the upstream
 	// sees the gateway's key only.
-	for _, h := range []string{"Authorization", "Api-Key", "X-Api-Key", "Openai-Organization", "Openai-Project", "Cookie", "Accept-Encoding"} {
+	// Method overrides are dropped: the upstream must see the method the
+	// gateway metered.
+	for _, h := range []string{"Authorization", "Api-Key", "X-Api-Key", "Openai-Organization", "Openai-Project", "Cookie", "Accept-Encoding",
+		"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"} {
 		out.Header.Del(h)
 	}
 	if g.upstreamAuth != nil {
@@ -658,6 +543,13 @@ func (g *Gateway) modifyResponse(res *http.Response) error {
 	}
 	c.headersAt = time.Now()
 	c.status = res.StatusCode
+	// Our limits, not the upstream account's, are the client's: whatever
+	// the status, the client sees one set of limit headers, ours.
+	for k := range res.Header { // keys are canonical: the client parsed them
+		if strings.HasPrefix(k, "X-Ratelimit-") || k == "Ratelimit" || k == "Ratelimit-Policy" {
+			res.Header.Del(k)
+		}
+	}
 	if c.ep == epNone {
 		return nil
 	}
@@ -667,16 +559,10 @@ func (g *Gateway) modifyResponse(res *http.Response) error {
 		g.metrics.overhead.WithLabelValues(tierName, c.model).Observe(c.sent.Sub(c.start).Seconds())
 	}
 	if res.StatusCode == http.StatusTooManyRequests || res.StatusCode >= 500 {
-		// Passed through with the upstream's own headers; refunded at settle.
+		// Passed through with the upstream's Retry-After; refunded at settle.
 		c.rejected = true
 		g.metrics.rejections.WithLabelValues(tierName, c.model, "upstream_"+strconv.Itoa(res.StatusCode)).Inc()
 		return nil
-	}
-	// Our limits, not the upstream account's, are the client's.
-	for k := range res.Header { // keys are canonical: the client parsed them
-		if strings.HasPrefix(k, "X-Ratelimit-") {
-			res.Header.Del(k)
-		}
 	}
 	if res.StatusCode/100 != 2 {
 		return nil
@@ -729,7 +615,7 @@ func (g *Gateway) settle(c *call) {
 		// A 2xx without usage: keep the reservation, the best bound known.
 		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst
 	}
-	s.Actual = s.PromptTokens + s.CompletionTokens
+	s.Actual = addSat(s.PromptTokens, s.CompletionTokens)
 	refunds := make([]sluice.Request, 0, len(c.reqs))
 	var charges []sluice.Request
 	for i, req := range c.reqs {

@@ -23,11 +23,12 @@ type usageJSON struct {
 	TotalTokens      int64 `json:"total_tokens"`
 }
 
+// setUsage records usage; negative numbers count as 0 and sums saturate.
 func (c *call) setUsage(u *usageJSON) {
 	c.usageSeen = true
-	c.prompt = u.PromptTokens + u.InputTokens
-	c.completion = u.CompletionTokens + u.OutputTokens
-	if c.prompt+c.completion == 0 && u.TotalTokens > 0 {
+	c.prompt = addSat(u.PromptTokens, u.InputTokens)
+	c.completion = addSat(u.CompletionTokens, u.OutputTokens)
+	if c.prompt == 0 && c.completion == 0 && u.TotalTokens > 0 {
 		c.prompt = u.TotalTokens
 	}
 }
@@ -247,10 +248,10 @@ func (r *sseReader) inspect(data []byte) bool {
 		if n == 0 && (d.Content != "" || d.Refusal != "" || d.ReasoningContent != "" || ch.Text != "") {
 			n = 1 // whitespace is a token too
 		}
-		c.produced += n
+		c.produced = addSat(c.produced, n)
 	}
 	if ev.Type != "" && ev.Delta != "" && len(ev.Type) > 6 && ev.Type[len(ev.Type)-6:] == ".delta" {
-		c.produced += max(aitoken.Count(ev.Delta), 1)
+		c.produced = addSat(c.produced, max(aitoken.Count(ev.Delta), 1))
 	}
 	if ev.Response != nil && ev.Response.Usage != nil {
 		c.setUsage(ev.Response.Usage)

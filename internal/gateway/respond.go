@@ -150,7 +150,7 @@ func (g *Gateway) reject(w http.ResponseWriter, c *call, ds []sluice.Decision) {
 // limit's burst: it can never succeed, so clients are told not to retry.
 func (g *Gateway) tooLarge(w http.ResponseWriter, c *call, s *spec) {
 	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "too_large").Inc()
-	msg := fmt.Sprintf("Request too large for %s on tier %s: limit %d, requested %d (estimated prompt %d plus max_tokens). Reduce the prompt or max_tokens.",
+	msg := fmt.Sprintf("Request too large for %s on tier %s: limit %d, requested %d (estimated prompt %d plus max_tokens times n). Reduce the prompt, max_tokens or n.",
 		s.describe(), c.client.tier.name, s.limit.Capacity(), c.reserved, c.promptEst)
 	w.Header().Set("x-should-retry", "false")
 	writeError(w, http.StatusTooManyRequests, "tokens", "request_too_large", "max_tokens", msg)

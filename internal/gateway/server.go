@@ -41,6 +41,11 @@ func (s *Server) Handler() http.Handler {
 	if s.ServeMetrics {
 		mux.Handle("GET /metrics", s.Gateway.Metrics())
 	}
+	// Everything else, other methods on the paths above included, gets
+	// OpenAI's error body rather than net/http's plain text.
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "", "Unknown request URL: "+r.Method+" "+r.URL.Path+".")
+	})
 	return mux
 }
 

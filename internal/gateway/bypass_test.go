@@ -1,0 +1,433 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/internal/aitoken"
+	"github.com/sluice-io/sluice/internal/fakeopenai"
+	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/redisstore"
+)
+
+// envFactory starts a gateway environment with limits l in front of a fake
+// upstream with options o.
+type envFactory func(t *testing.T, l Limits, o fakeopenai.Options) *env
+
+// bypassStores runs test on the memory store and on a real Redis.
+func bypassStores(t *testing.T, test func(t *testing.T, newEnv envFactory)) {
+	t.Run("memory", func(t *testing.T) { test(t, newEnv) })
+	t.Run("redis", func(t *testing.T) {
+		url := redistest.Standalone(t).URL()
+		test(t, func(t *testing.T, l Limits, o fakeopenai.Options) *env {
+			clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+			st, err := redisstore.New(context.Background(), redisstore.Options{
+				URL: url, Clock: clk, Policy: redisstore.ReturnError, DisableDenyCache: true, Timeout: 5 * time.Second,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = st.Close() })
+			if o.APIKey == "" {
+				o.APIKey = upstreamKey
+			}
+			// A client id of its own: tests share the Redis server.
+			client := sluice.HashKey(redistest.Prefix(t))[:20]
+			return newEnvUpstream(t, l, fakeopenai.New(t, o), st, clk, client)
+		})
+	})
+}
+
+// worstCase is the most tokens an upstream could spend on a forwarded
+// body: the prompt estimate plus the largest completion budget times the
+// most choices, read both the exact way and the case-insensitive way of
+// encoding/json's struct decoding (a Go upstream's), in math that cannot
+// wrap (float64 is enough to tell "fits in 1000" apart). ok is false when
+// the body names no budget (the gateway reserves its default, capped).
+func worstCase(t *testing.T, body []byte) (tokens float64, ok bool) {
+	t.Helper()
+	var exact map[string]json.RawMessage
+	_ = json.Unmarshal(body, &exact)
+	var loose struct {
+		MaxTokens           *float64 `json:"max_tokens"`
+		MaxCompletionTokens *float64 `json:"max_completion_tokens"`
+		MaxOutputTokens     *float64 `json:"max_output_tokens"`
+		N                   *float64 `json:"n"`
+		BestOf              *float64 `json:"best_of"`
+	}
+	_ = json.Unmarshal(body, &loose)
+	budget, choices := 0.0, 1.0
+	for _, name := range []string{"max_tokens", "max_completion_tokens", "max_output_tokens"} {
+		var v float64
+		if json.Unmarshal(exact[name], &v) == nil {
+			budget, ok = math.Max(budget, v), true
+		}
+	}
+	for _, v := range []*float64{loose.MaxTokens, loose.MaxCompletionTokens, loose.MaxOutputTokens} {
+		if v != nil {
+			budget, ok = math.Max(budget, *v), true
+		}
+	}
+	for _, name := range []string{"n", "best_of"} {
+		var v float64
+		if json.Unmarshal(exact[name], &v) == nil {
+			choices = math.Max(choices, v)
+		}
+	}
+	for _, v := range []*float64{loose.N, loose.BestOf} {
+		if v != nil {
+			choices = math.Max(choices, *v)
+		}
+	}
+	var r aitoken.Request
+	_ = json.Unmarshal(body, &r)
+	return float64(r.PromptTokens()) + budget*choices, ok
+}
+
+// do sends one request with any method and Authorization value.
+func (e *env) do(method, path, auth, body string, hdr http.Header) *http.Response {
+	e.t.Helper()
+	req, err := http.NewRequest(method, e.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for k, vs := range hdr {
+		req.Header[k] = vs
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { res.Body.Close() })
+	return res
+}
+
+const (
+	maxInt64 = "9223372036854775807"
+	pow62    = "4611686018427387904"
+	msgs     = `"messages":[{"role":"user","content":"hi"}]`
+)
+
+// TestBypassGatewayTokens: each row is a request a hostile client sends to
+// get more tokens than its tier allows. Whatever the row, a request that
+// reaches the upstream was reserved at least the most tokens the upstream
+// could spend on it, and the reservation fits the token burst; a request
+// that could never fit is refused with x-should-retry: false.
+func TestBypassGatewayTokens(t *testing.T) { bypassStores(t, testBypassGatewayTokens) }
+
+func testBypassGatewayTokens(t *testing.T, newEnv envFactory) {
+	const burst = 1000
+	rows := []struct {
+		name, method, path, body string
+		status                   int
+		code                     string // the error code, "" for 200
+	}{
+		{"max_tokens 2^63-1 (wrapped to a 1-token reservation)", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"max_tokens":` + maxInt64 + `}`, 429, "request_too_large"},
+		{"max_tokens 2^62 times n 2", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"max_tokens":` + pow62 + `,"n":2}`, 429, "request_too_large"},
+		{"max_tokens 2^62 times n 4 (wraps to 0)", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"max_tokens":` + pow62 + `,"n":4}`, 429, "request_too_large"},
+		{"max_tokens 2^63-1 streamed", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test","stream":true,` + msgs + `,"max_tokens":` + maxInt64 + `}`, 429, "request_too_large"},
+		{"max_completion_tokens 2^63-1", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"max_completion_tokens":` + maxInt64 + `}`, 429, "request_too_large"},
+		{"max_output_tokens 2^63-1 on responses", "POST", "/v1/responses",
+			`{"model":"gpt-test","input":"hi","max_output_tokens":` + maxInt64 + `}`, 429, "request_too_large"},
+		{"small max_tokens beside a large max_completion_tokens", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"max_tokens":5,"max_completion_tokens":2000}`, 429, "request_too_large"},
+		{"best_of multiplies the budget", "POST", "/v1/completions",
+			`{"model":"gpt-test","prompt":"hi","max_tokens":400,"best_of":3}`, 429, "request_too_large"},
+		{"best_of 2^40", "POST", "/v1/completions",
+			`{"model":"gpt-test","prompt":"hi","max_tokens":1,"best_of":1099511627776}`, 400, "invalid_value"},
+		{"n beyond the cap is refused, not reserved as 128", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"max_tokens":1,"n":129}`, 400, "invalid_value"},
+		{"n 2^62 without max_tokens", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"n":` + pow62 + `}`, 400, "invalid_value"},
+		{"n 0", "POST", "/v1/chat/completions", `{"model":"gpt-test",` + msgs + `,"max_tokens":5,"n":0}`, 400, "invalid_value"},
+		{"n -1", "POST", "/v1/chat/completions", `{"model":"gpt-test",` + msgs + `,"max_tokens":5,"n":-1}`, 400, "invalid_value"},
+		{"max_tokens 0 (no limit to some servers)", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"max_tokens":0}`, 400, "invalid_value"},
+		{"max_tokens -1 (infinite to llama.cpp)", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"max_tokens":-1}`, 400, "invalid_value"},
+		{"max_tokens 2^64", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"max_tokens":18446744073709551616}`, 400, "invalid_type"},
+		{"max_tokens as a float", "POST", "/v1/chat/completions", `{"model":"gpt-test",` + msgs + `,"max_tokens":1.5}`, 400, "invalid_type"},
+		{"max_tokens in exponent form", "POST", "/v1/chat/completions", `{"model":"gpt-test",` + msgs + `,"max_tokens":1e9}`, 400, "invalid_type"},
+		{"max_tokens as a string", "POST", "/v1/chat/completions", `{"model":"gpt-test",` + msgs + `,"max_tokens":"100000"}`, 400, "invalid_type"},
+		{"case variant read by case-insensitive upstreams", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"max_tokens":100000,"MAX_TOKENS":1}`, 400, "invalid_request_error"},
+		{"case variant, reversed", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"Max_Tokens":100000,"max_tokens":1}`, 400, "invalid_request_error"},
+		{"Unicode folding (long s)", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"max_token\u017f":100000,"max_tokens":1}`, 400, "invalid_request_error"},
+		{"case variant of n", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"max_tokens":100,"N":100}`, 400, "invalid_request_error"},
+		{"repeated member: the last counts, here and upstream", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"max_tokens":5,"max_tokens":100000}`, 429, "request_too_large"},
+		{"escaped member name is the same member", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"max_tokens":100000,"max\u005ftokens":5}`, 200, ""},
+		{"invalid UTF-8", "POST", "/v1/chat/completions",
+			"{\"model\":\"gpt-test\xff\"," + msgs + `,"max_tokens":5}`, 400, "invalid_json"},
+		{"trailing second object", "POST", "/v1/chat/completions",
+			`{"model":"gpt-test",` + msgs + `,"max_tokens":5} {"max_tokens":100000}`, 400, "invalid_json"},
+		{"body is an array", "POST", "/v1/chat/completions", `[{"model":"gpt-test"}]`, 400, "invalid_json"},
+		{"body is null", "POST", "/v1/chat/completions", `null`, 400, "invalid_json"},
+		{"n 128 that fits", "POST", "/v1/chat/completions", `{"model":"gpt-test",` + msgs + `,"max_tokens":7,"n":128}`, 200, ""},
+		{"embeddings ignore max_tokens", "POST", "/v1/embeddings", `{"model":"gpt-test","input":"hi","max_tokens":` + maxInt64 + `}`, 200, ""},
+		{"trailing slash", "POST", "/v1/chat/completions/", `{"model":"gpt-test",` + msgs + `,"max_tokens":100000}`, 404, "unknown_url"},
+		{"path in capitals", "POST", "/v1/Chat/Completions", `{"model":"gpt-test",` + msgs + `,"max_tokens":100000}`, 404, "unknown_url"},
+		{"path parameter", "POST", "/v1/chat/completions;x=1", `{"model":"gpt-test",` + msgs + `,"max_tokens":100000}`, 404, "unknown_url"},
+		{"trailing dot", "POST", "/v1/responses.", `{"model":"gpt-test","input":"x","max_output_tokens":100000}`, 404, "unknown_url"},
+		{"lower-case method", "post", "/v1/chat/completions", `{"model":"gpt-test",` + msgs + `,"max_tokens":100000}`, 405, "method_not_allowed"},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			e := newEnv(t, Limits{RPM: 100, TPM: burst}, fakeopenai.Options{})
+			res := e.do(row.method, row.path, "Bearer "+clientKey, row.body, nil)
+			if res.StatusCode != row.status {
+				t.Fatalf("status %d, want %d", res.StatusCode, row.status)
+			}
+			if row.status != 200 {
+				ae := decodeError(t, res)
+				if got := ae.Error.Code; got == nil || *got != row.code {
+					t.Fatalf("error %+v, want code %s", ae.Error, row.code)
+				}
+				if row.status == 429 && res.Header.Get("x-should-retry") != "false" {
+					t.Fatalf("x-should-retry %q on a request that can never fit", res.Header.Get("x-should-retry"))
+				}
+			}
+			fwd := e.up.Requests()
+			if row.status != 200 {
+				if len(fwd) != 0 {
+					t.Fatalf("a refused request reached the upstream: %s", fwd[0].Body)
+				}
+				return
+			}
+			if len(fwd) != 1 {
+				t.Fatalf("upstream saw %d requests", len(fwd))
+			}
+			s := e.settle()
+			worst, explicit := worstCase(t, fwd[0].Body)
+			if !explicit {
+				worst = float64(s.Reserved) // the default budget, capped at the burst
+			}
+			if row.path == "/v1/embeddings" {
+				worst = float64(promptEstimate(t, string(fwd[0].Body))) // no completion
+			}
+			if float64(s.Reserved) < worst || s.Reserved > burst {
+				t.Fatalf("reserved %d for a request that may take %g tokens (burst %d)", s.Reserved, worst, burst)
+			}
+		})
+	}
+}
+
+// TestBypassParallelStreams: parallel streams each reserve what they may
+// use, so no more are admitted at once than the token burst holds, however
+// large their max_tokens.
+func TestBypassParallelStreams(t *testing.T) { bypassStores(t, testBypassParallelStreams) }
+
+func testBypassParallelStreams(t *testing.T, newEnv envFactory) {
+	const burst = 1000
+	for _, maxTokens := range []string{"400", maxInt64, pow62} {
+		t.Run("max_tokens "+maxTokens, func(t *testing.T) {
+			hold := make(chan struct{})
+			e := newEnv(t, Limits{RPM: 100, TPM: burst, Concurrency: 10}, fakeopenai.Options{
+				CompletionTokens: 50, Default: fakeopenai.Fault{HoldAfter: 1, Hold: hold},
+			})
+			body := `{"model":"gpt-test","stream":true,` + msgs + `,"max_tokens":` + maxTokens + `}`
+			var wg sync.WaitGroup
+			statuses := make([]int, 4)
+			ready := make(chan int, 4)
+			for i := range statuses {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					res := e.do("POST", "/v1/chat/completions", "Bearer "+clientKey, body, nil)
+					statuses[i] = res.StatusCode
+					ready <- i
+				}()
+			}
+			for range statuses {
+				<-ready // every request has its answer's headers: the admitted hold their reservation
+			}
+			admitted := 0
+			for _, s := range statuses {
+				if s == 200 {
+					admitted++
+				}
+			}
+			worst, _ := worstCase(t, []byte(body))
+			if float64(admitted)*worst > burst {
+				t.Errorf("%d streams admitted at once, each may take %g tokens: over the burst %d", admitted, worst, burst)
+			}
+			if maxTokens == "400" && admitted != 2 {
+				t.Errorf("%d streams admitted, want 2 of 412 tokens in a burst of %d", admitted, burst)
+			}
+			close(hold)
+			wg.Wait()
+			for range admitted {
+				if s := e.settle(); float64(s.Reserved) < worst {
+					t.Errorf("stream reserved %d, may take %g", s.Reserved, worst)
+				}
+			}
+		})
+	}
+}
+
+// TestBypassRequestCount: whatever the spelling of the key, the path or
+// the method, a client gets no more requests to a metered path than its
+// rpm.
+func TestBypassRequestCount(t *testing.T) { bypassStores(t, testBypassRequestCount) }
+
+func testBypassRequestCount(t *testing.T, newEnv envFactory) {
+	const rpm = 3
+	e := newEnv(t, Limits{RPM: rpm, TPM: 100000}, fakeopenai.Options{})
+	body := `{"model":"gpt-test",` + msgs + `,"max_tokens":5}`
+	tricks := []struct{ method, path, auth string }{
+		{"POST", "/v1/chat/completions", "Bearer " + clientKey},
+		{"POST", "/v1/chat/completions", "bearer " + clientKey},
+		{"POST", "/v1/chat/completions", "BEARER " + clientKey},
+		{"POST", "/v1/chat/completions", "Bearer   " + clientKey + "  "},
+		{"POST", "/v1/chat/completions/", "Bearer " + clientKey},
+		{"POST", "/v1/CHAT/completions", "Bearer " + clientKey},
+		{"Post", "/v1/chat/completions", "Bearer " + clientKey},
+		{"POST", "/v1/chat/completions?x=1", "Bearer " + clientKey},
+		{"POST", "/v1/chat/completions;v=2", "Bearer " + clientKey},
+		{"POST", "/v1/chat/completion%73", "Bearer " + clientKey},
+		{"GET", "/v1/chat/completions", "Bearer " + clientKey}, // listing stored completions: unmetered, generates nothing
+	}
+	for _, tr := range tricks {
+		res := e.do(tr.method, tr.path, tr.auth, body, http.Header{"X-Http-Method-Override": {"POST"}})
+		if res.StatusCode == 200 && tr.method == "POST" {
+			e.settle()
+		}
+		if res.StatusCode >= 400 {
+			decodeError(t, res) // OpenAI-shaped, whatever the door
+		}
+	}
+	generating := 0
+	for _, r := range e.up.Requests() {
+		if r.Method == "POST" {
+			generating++
+		}
+		if r.Header.Get("X-Http-Method-Override") != "" {
+			t.Errorf("a method override reached the upstream")
+		}
+	}
+	if generating != rpm {
+		t.Fatalf("%d generating requests reached the upstream, want the rpm %d", generating, rpm)
+	}
+}
+
+// TestBearerScheme: the scheme is case-insensitive (RFC 9110), anything
+// else is 401 with OpenAI's body.
+func TestBearerScheme(t *testing.T) {
+	e := newEnv(t, Limits{RPM: 100, TPM: 100000}, fakeopenai.Options{})
+	body := `{"model":"gpt-test",` + msgs + `,"max_tokens":5}`
+	for _, tc := range []struct {
+		auth string
+		ok   bool
+	}{
+		{"Bearer " + clientKey, true}, {"bearer " + clientKey, true}, {"BEARER " + clientKey, true},
+		{"bEaReR  " + clientKey, true}, {"Basic " + clientKey, false}, {"Bearer", false}, {"Bearer ", false},
+		{clientKey, false}, {"Bearer " + clientKey + "x", false}, {"Bearerx " + clientKey, false},
+	} {
+		res := e.do("POST", "/v1/chat/completions", tc.auth, body, nil)
+		if (res.StatusCode == 200) != tc.ok {
+			t.Errorf("%q: status %d", tc.auth, res.StatusCode)
+		}
+		if tc.ok {
+			e.settle()
+		} else if ae := decodeError(t, res); ae.Error.Code == nil || *ae.Error.Code != "invalid_api_key" {
+			t.Errorf("%q: %+v", tc.auth, ae.Error)
+		}
+	}
+}
+
+// TestUpstream429OneSetOfHeaders: on an upstream 429 the client sees the
+// gateway's x-ratelimit-* and RateLimit fields once, not the upstream's
+// beside them, and the upstream's Retry-After.
+func TestUpstream429OneSetOfHeaders(t *testing.T) {
+	e := newEnv(t, Limits{RPM: 100, TPM: 100000}, fakeopenai.Options{})
+	upstreamHeaders := http.Header{
+		"X-Ratelimit-Limit-Requests": {"10000"}, "X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"6m0s"},
+		"X-Ratelimit-Limit-Tokens": {"2000000"}, "X-Ratelimit-Remaining-Tokens": {"5"}, "X-Ratelimit-Reset-Tokens": {"1s"},
+		"Ratelimit": {`"upstream";r=0;t=1`}, "Ratelimit-Policy": {`"upstream";q=10000;w=60`},
+	}
+	for _, status := range []int{429, 500, 200} {
+		e.up.Enqueue(fakeopenai.Fault{Status: status, RetryAfter: "7", Header: upstreamHeaders})
+		res := e.do("POST", "/v1/chat/completions", "Bearer "+clientKey, `{"model":"gpt-test",`+msgs+`,"max_tokens":5}`, nil)
+		e.settle()
+		if res.StatusCode != status {
+			t.Fatalf("status %d, want %d", res.StatusCode, status)
+		}
+		for k := range upstreamHeaders {
+			if vs := res.Header.Values(k); len(vs) != 1 || vs[0] == upstreamHeaders.Get(k) {
+				t.Errorf("%d: %s = %q, want the gateway's one value", status, k, vs)
+			}
+		}
+		if res.Header.Get("X-Ratelimit-Limit-Requests") != "100" {
+			t.Errorf("%d: x-ratelimit-limit-requests %q", status, res.Header.Get("X-Ratelimit-Limit-Requests"))
+		}
+		if status == 429 && res.Header.Get("Retry-After") != "7" {
+			t.Errorf("upstream Retry-After %q not passed through", res.Header.Get("Retry-After"))
+		}
+	}
+}
+
+// TestErrorsAreOpenAIShaped: every door of the gateway's listener answers
+// errors with OpenAI's JSON body; the body-size 413 and the token-size 429
+// have distinct codes.
+func TestErrorsAreOpenAIShaped(t *testing.T) {
+	e := newEnv(t, Limits{RPM: 100, TPM: 1000}, fakeopenai.Options{})
+	srv := &Server{Gateway: e.gw, ServeMetrics: true}
+	e.srv = httptest.NewServer(srv.Handler())
+	t.Cleanup(e.srv.Close)
+	e.cfg.MaxBodyBytes = 64 // the gateway reads its Config
+	cases := []struct {
+		method, path, body string
+		status             int
+		code               string
+	}{
+		{"GET", "/", "", 404, "unknown_url"},
+		{"GET", "/nope", "", 404, "unknown_url"},
+		{"POST", "/healthz", "", 404, "unknown_url"},
+		{"DELETE", "/metrics", "", 404, "unknown_url"},
+		{"POST", "/v2/chat/completions", "{}", 404, "unknown_url"},
+		{"POST", "/v1/chat/completions", `{"model":"gpt-test","messages":[{"role":"user","content":"` + strings.Repeat("x", 100) + `"}]}`, 413, "request_body_too_large"},
+		{"POST", "/v1/chat/completions", `{"model":"gpt-test","max_tokens":2000}`, 429, "request_too_large"},
+		{"POST", "/v1/chat/completions", `{"max_tokens":20}`, 400, "missing_required_parameter"},
+		{"POST", "/v1/chat/completions", `{"model":1}`, 400, "invalid_type"},
+		{"POST", "/v1/chat/completions", `{"model":"gpt-test","stream":true,"stream_options":3}`, 400, "invalid_type"},
+	}
+	for _, tc := range cases {
+		res := e.do(tc.method, tc.path, "Bearer "+clientKey, tc.body, nil)
+		if res.StatusCode != tc.status {
+			t.Errorf("%s %s: status %d, want %d", tc.method, tc.path, res.StatusCode, tc.status)
+			continue
+		}
+		if ae := decodeError(t, res); ae.Error.Code == nil || *ae.Error.Code != tc.code {
+			t.Errorf("%s %s: %+v, want code %s", tc.method, tc.path, ae.Error, tc.code)
+		}
+		if ct := res.Header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s %s: Content-Type %q", tc.method, tc.path, ct)
+		}
+	}
+	if n := e.up.Count(); n != 0 {
+		t.Errorf("upstream saw %d requests", n)
+	}
+}

@@ -1,0 +1,295 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/sluice-io/sluice/internal/aitoken"
+)
+
+// Request bodies
+//
+// The gateway must read a body exactly as the upstream will, or a client
+// could show it one reservation and the upstream another request. So:
+//
+//   - The body must be valid UTF-8 (RFC 8259): encoding/json would read
+//     invalid bytes as U+FFFD where the upstream reads them raw or refuses.
+//   - Members are looked up by their exact name (after JSON unescaping, as
+//     every parser does), never case-insensitively as encoding/json's struct
+//     decoding would: {"max_tokens":100000,"MAX_TOKENS":1} would reserve 1
+//     here and generate 100000 upstream. A member whose name differs from one
+//     the gateway reads only by case (Unicode simple folding, as
+//     encoding/json and Go upstreams match) is refused, since a
+//     case-insensitive upstream could read it instead.
+//   - A repeated member is read as its last occurrence, as encoding/json,
+//     Python, JavaScript and Jackson do (serde refuses it).
+//   - The reservation covers every completion budget the request names
+//     (the largest of max_tokens, max_completion_tokens, max_output_tokens)
+//     times every choice it may generate (the larger of n and best_of), and
+//     its arithmetic saturates instead of wrapping (reservation).
+
+// maxChoices bounds n and best_of, OpenAI's own bound for n. A request
+// beyond it is refused rather than forwarded with a smaller reservation.
+const maxChoices = 128
+
+// readFields are the members the gateway reads; a member that differs from
+// one only by case is refused.
+var readFields = []string{
+	"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of",
+	"messages", "prompt", "input", "instructions", "tools", "functions",
+}
+
+// budgetFields are the completion budgets; the reservation uses the largest.
+var budgetFields = []string{"max_completion_tokens", "max_tokens", "max_output_tokens"}
+
+// requestError is a refusal of a malformed request: 400 with OpenAI's
+// error body.
+type requestError struct {
+	code, param, msg string
+}
+
+func (e *requestError) Error() string { return e.msg }
+
+func badRequest(code, param, format string, args ...any) *requestError {
+	return &requestError{code: code, param: param, msg: fmt.Sprintf(format, args...)}
+}
+
+// parsedBody is what the gateway reads of a request body.
+type parsedBody struct {
+	members   map[string]json.RawMessage
+	model     string
+	stream    bool
+	promptEst int64
+	// budget is the largest completion budget named, explicit whether
+	// any was; choices the larger of n and best_of, at least 1.
+	budget   int64
+	explicit bool
+	choices  int64
+}
+
+// parseBody reads a request body for endpoint ep.
+func parseBody(body []byte, ep endpoint) (*parsedBody, *requestError) {
+	if !utf8.Valid(body) {
+		return nil, badRequest("invalid_json", "", "The request body is not valid UTF-8 JSON.")
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(body, &members); err != nil {
+		return nil, badRequest("invalid_json", "", "We could not parse the JSON body of your request: %v", err)
+	}
+	if members == nil {
+		return nil, badRequest("invalid_json", "", "The request body must be a JSON object.")
+	}
+	for name := range members {
+		if f := caseVariant(name); f != "" {
+			return nil, badRequest("invalid_request_error", name,
+				"Unrecognized request argument %q: did you mean %q? Member names are case-sensitive.", name, f)
+		}
+	}
+	p := &parsedBody{members: members, choices: 1}
+	var req aitoken.Request
+	for _, f := range []struct {
+		name string
+		dst  any
+	}{
+		{"model", &p.model}, {"stream", &p.stream},
+		{"messages", &req.Messages}, {"instructions", &req.Instructions},
+	} {
+		if err := decodeMember(members, f.name, f.dst); err != nil {
+			return nil, err
+		}
+	}
+	req.Prompt, req.Input, req.Tools, req.Functions = members["prompt"], members["input"], members["tools"], members["functions"]
+	if p.model == "" {
+		return nil, badRequest("missing_required_parameter", "model", "You must provide a model parameter.")
+	}
+	p.promptEst = req.PromptTokens()
+	if ep == epEmbeddings {
+		return p, nil // no completion: the prompt is the whole cost
+	}
+	for _, name := range budgetFields {
+		var v *int64
+		if err := decodeMember(members, name, &v); err != nil {
+			return nil, err
+		}
+		if v == nil {
+			continue
+		}
+		if *v < 1 {
+			// Some servers read 0 or -1 as "no limit".
+			return nil, badRequest("invalid_value", name, "Invalid '%s': integer below minimum value. Expected a value >= 1, but got %d instead.", name, *v)
+		}
+		p.budget, p.explicit = max(p.budget, *v), true
+	}
+	for _, name := range []string{"n", "best_of"} {
+		var v *int64
+		if err := decodeMember(members, name, &v); err != nil {
+			return nil, err
+		}
+		if v == nil {
+			continue
+		}
+		if *v < 1 || *v > maxChoices {
+			return nil, badRequest("invalid_value", name, "Invalid '%s': expected an integer from 1 to %d, but got %d instead.", name, maxChoices, *v)
+		}
+		p.choices = max(p.choices, *v)
+	}
+	return p, nil
+}
+
+// decodeMember decodes member name, if present and not null, into dst.
+func decodeMember(members map[string]json.RawMessage, name string, dst any) *requestError {
+	raw, ok := members[name]
+	if !ok {
+		return nil
+	}
+	if err := json.Unmarshal(raw, dst); err != nil {
+		return badRequest("invalid_type", name, "Invalid type for '%s': %v", name, err)
+	}
+	return nil
+}
+
+// caseVariant returns the member name the gateway reads that name differs
+// from only by case, or "".
+func caseVariant(name string) string {
+	for _, f := range readFields {
+		if name != f && strings.EqualFold(name, f) {
+			return f
+		}
+	}
+	return ""
+}
+
+// reservation is prompt + budget×choices, saturated at math.MaxInt64
+// instead of wrapping; negative inputs count as 0 and choices below 1 as 1.
+// It is monotone in every input.
+func reservation(prompt, budget, choices int64) int64 {
+	prompt, budget, choices = max(prompt, 0), max(budget, 0), max(choices, 1)
+	if budget > (math.MaxInt64-prompt)/choices {
+		return math.MaxInt64
+	}
+	return prompt + budget*choices
+}
+
+// addSat is a+b for non-negative a and b, saturated at math.MaxInt64.
+func addSat(a, b int64) int64 {
+	a, b = max(a, 0), max(b, 0)
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// prepare reads and parses the body, estimates the tokens, computes the
+// reservation and rewrites stream_options. It answers the client itself and
+// reports false on error.
+func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool {
+	body, err := readBody(http.MaxBytesReader(w, r.Body, g.cfg.MaxBodyBytes), r.ContentLength, g.cfg.MaxBodyBytes)
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			w.Header().Set("x-should-retry", "false")
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_body_too_large", "",
+				fmt.Sprintf("Request body exceeds the gateway's limit of %d bytes.", g.cfg.MaxBodyBytes))
+		} else {
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "Could not read the request body.")
+		}
+		return false
+	}
+	p, perr := parseBody(body, c.ep)
+	if perr != nil {
+		w.Header().Set("x-should-retry", "false")
+		writeError(w, http.StatusBadRequest, "invalid_request_error", perr.code, perr.param, perr.msg)
+		return false
+	}
+	c.model, c.rawModel = p.model, p.model
+	if !g.models[c.model] {
+		c.model = "other"
+	}
+	c.stream = p.stream
+	c.promptEst = p.promptEst
+	budget := p.budget
+	if c.ep != epEmbeddings && !p.explicit {
+		budget = g.cfg.DefaultMaxTokens
+	}
+	c.reserved = reservation(c.promptEst, budget, p.choices)
+	c.body = body
+	if c.stream && (c.ep == epChat || c.ep == epCompletions) {
+		rawSO, present := p.members["stream_options"]
+		var so map[string]json.RawMessage
+		if present && string(rawSO) != "null" {
+			if json.Unmarshal(rawSO, &so) != nil || so == nil {
+				writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_type", "stream_options", "stream_options must be an object.")
+				return false
+			}
+		}
+		c.wantUsage = string(so["include_usage"]) == "true"
+		if !c.wantUsage && !present {
+			// No stream_options: add it in place, without re-encoding
+			// the body.
+			c.body = insertIncludeUsage(body)
+		} else if !c.wantUsage {
+			if so == nil {
+				so = map[string]json.RawMessage{}
+			}
+			so["include_usage"] = json.RawMessage("true")
+			p.members["stream_options"], _ = json.Marshal(so)
+			c.body, _ = json.Marshal(p.members)
+		}
+	}
+	if !p.explicit {
+		// A default budget must not make a request too large that would fit.
+		for i := range c.client.tier.specs {
+			s := &c.client.tier.specs[i]
+			if s.kind == kindTokens && s.applies(p.model) {
+				c.reserved = max(c.promptEst, min(c.reserved, s.limit.Capacity()))
+			}
+		}
+	}
+	c.reserved = max(c.reserved, 1)
+	return true
+}
+
+// includeUsageMember is what insertIncludeUsage adds to a request body.
+const includeUsageMember = `"stream_options":{"include_usage":true},`
+
+// readBody reads a request body whose length is known, or not (-1), in
+// one allocation when it is known, with room for includeUsageMember.
+func readBody(r io.Reader, length, limit int64) ([]byte, error) {
+	size := int64(512)
+	if length >= 0 && length <= limit {
+		size = length + int64(len(includeUsageMember)) + 1 // +1: the read of EOF
+	}
+	b := make([]byte, 0, size)
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if errors.Is(err, io.EOF) {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+	}
+}
+
+// insertIncludeUsage adds includeUsageMember as the first member of body, a
+// JSON object with at least one member and no stream_options, reusing
+// body's spare capacity.
+func insertIncludeUsage(body []byte) []byte {
+	at := bytes.IndexByte(body, '{') + 1 // only white space comes before it
+	n := len(body)
+	body = append(body, includeUsageMember...)
+	copy(body[at+len(includeUsageMember):], body[at:n])
+	copy(body[at:], includeUsageMember)
+	return body
+}
