@@ -55,9 +55,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzMatchesAlgo -fuzztime 30s ./memstore
 	$(GO) test -run '^$$' -fuzz '^FuzzAuthz$$' -fuzztime 30s ./internal/server
 	$(GO) test -run '^$$' -fuzz '^FuzzResolve$$' -fuzztime 30s ./internal/server
-
 	$(GO) test -run '^$$' -fuzz '^FuzzReservation$$' -fuzztime 30s ./internal/gateway
 	$(GO) test -run '^$$' -fuzz '^FuzzParseBody$$' -fuzztime 30s ./internal/gateway
+
 # static builds bin/sluice-static, the binary the container image runs.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 IMAGE ?= localhost/sluice:$(VERSION)
