@@ -284,3 +284,41 @@ func TestRoutePolicies(t *testing.T) {
 		t.Error("unbounded X-Forwarded-Uri values accepted")
 	}
 }
+
+// TestAuthzBounds: the counts a forward-auth request controls are bounded.
+func TestAuthzBounds(t *testing.T) {
+	cfg := selectionConfigs(t)[1]
+	for _, c := range []struct {
+		name   string
+		target string
+		hdr    []string
+		n      int
+	}{
+		{"policies", "/v1/authz?" + strings.Repeat("policy=login&", maxSelected+1), nil, 0},
+		{"URIs", "/v1/authz", []string{"X-Original-URI", "/x"}, maxForwardedValues + 1},
+		{"methods", "/v1/authz", []string{"X-Forwarded-Method", "GET, POST"}, maxForwardedValues/2 + 1},
+		{"hosts", "/v1/authz", []string{"X-Forwarded-Host", "a.example"}, maxForwardedValues + 1},
+	} {
+		u, _ := url.ParseRequestURI(c.target)
+		r := &http.Request{Method: "GET", URL: u, Header: http.Header{}, RemoteAddr: "10.0.0.1:1"}
+		r.Header.Set("X-API-Key", "k-free")
+		for range c.n {
+			r.Header.Add(c.hdr[0], c.hdr[1])
+		}
+		if _, status, err := authzTargets(cfg, r); err == nil || status != http.StatusBadRequest {
+			t.Errorf("%s over the bound: %d %v", c.name, status, err)
+		}
+		// One fewer is within it.
+		if c.n > 0 {
+			r.Header.Del(c.hdr[0])
+			for range c.n - 1 {
+				r.Header.Add(c.hdr[0], c.hdr[1])
+			}
+		} else {
+			r.URL, _ = url.ParseRequestURI("/v1/authz?" + strings.Repeat("policy=login&", maxSelected))
+		}
+		if _, _, err := authzTargets(cfg, r); err != nil {
+			t.Errorf("%s within the bound: %v", c.name, err)
+		}
+	}
+}
