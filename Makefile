@@ -1,13 +1,20 @@
 # sluice: make test runs every test; make bench the benchmarks.
 GO ?= go
+# VERSION names the build: the git tag or commit, "-dirty" when modified.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
 .PHONY: all build test lint vet staticcheck bench run tools deps fuzz static image image-test
 
 all: build
 
+# build writes bin/sluice. The first build (or go run) downloads the
+# modules into the module cache, which takes a minute on a slow link; later
+# builds are offline. -buildvcs=auto records the git revision even where
+# GOFLAGS turns it off; `bin/sluice --version` prints it.
 build:
-	$(GO) build -o bin/sluice ./cmd/sluice
+	$(GO) build -buildvcs=auto -ldflags "-X main.version=$(VERSION)" -o bin/sluice ./cmd/sluice
+	@echo "built bin/sluice: $$(./bin/sluice --version)"
 
 # tools installs staticcheck; the module proxy sometimes drops a stream, so
 # the install is tried up to three times.
@@ -59,7 +66,6 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseBody$$' -fuzztime 30s ./internal/gateway
 
 # static builds bin/sluice-static, the binary the container image runs.
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 IMAGE ?= localhost/sluice:$(VERSION)
 static:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o bin/sluice-static ./cmd/sluice

@@ -53,7 +53,9 @@ func newRootCmd() *cobra.Command {
 		Short:         "sluice is a distributed rate limiter",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       versionString(),
 	}
+	root.SetVersionTemplate("sluice {{.Version}}\n")
 	// Each subcommand lives in its own file of this package.
 	root.AddCommand(
 		newVersionCmd(),
