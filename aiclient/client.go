@@ -3,9 +3,11 @@
 // store.
 //
 // Before each attempt a Client waits, rather than fails: for the server's
-// own limits as its rate-limit headers describe them, then for a request
-// on the Requests limiter and for the estimated tokens on the Tokens
-// limiter. After a response it settles the tokens actually used with
+// own limits as its rate-limit headers describe them (every limit the
+// server reports, the one that binds decides; a Retry-After or
+// retry-after-ms wins over anything inferred, so headers that disagree
+// never make it wait longer than the server asked), then for a request on
+// the Requests limiter and for the estimated tokens on the Tokens limiter. After a response it settles the tokens actually used with
 // Limiter.Charge or Limiter.Refund. With the limiters on a Redis store,
 // every process and machine draws on one budget.
 //
@@ -228,7 +230,7 @@ func (c *Client) ChatWith(ctx context.Context, req *ChatRequest, co CallOptions)
 			return res, ErrStopped
 		}
 		res.Attempts++
-		resp, aerr := c.attempt(ctx, body)
+		resp, aerr := c.attempt(ctx, body, res.EstimatedTokens)
 		if aerr == nil {
 			if resp.Usage.Total() > 0 { // without usage, the estimate is the best bound known
 				c.settle(ctx, charged, resp.Usage.Total())
@@ -364,8 +366,8 @@ func (c *Client) settle(ctx context.Context, charged, used int64) {
 	}
 }
 
-// attempt sends one request and reads its response.
-func (c *Client) attempt(ctx context.Context, body []byte) (*ChatResponse, *attemptError) {
+// attempt sends one request, of estimate tokens, and reads its response.
+func (c *Client) attempt(ctx context.Context, body []byte, estimate int64) (*ChatResponse, *attemptError) {
 	actx := ctx
 	if c.opts.AttemptTimeout > 0 {
 		var cancel context.CancelFunc
@@ -393,7 +395,8 @@ func (c *Client) attempt(ctx context.Context, body []byte) (*ChatResponse, *atte
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, c.opts.MaxResponseBytes+1))
 	now := c.clock.Now()
-	c.pace.observe(ParseRateLimit(resp.Header, time.Unix(0, now)), now)
+	hint, hasHint := ParseRetryAfter(resp.Header, time.Unix(0, now))
+	c.pace.observe(ParseRateLimit(resp.Header, time.Unix(0, now)), now, estimate, hint, hasHint)
 	if err != nil {
 		return nil, &attemptError{err: fmt.Errorf("aiclient: read response: %w", err), header: resp.Header, status: resp.StatusCode, transport: true}
 	}
@@ -401,10 +404,9 @@ func (c *Client) attempt(ctx context.Context, body []byte) (*ChatResponse, *atte
 		return nil, &attemptError{err: fmt.Errorf("aiclient: response exceeds %d bytes", c.opts.MaxResponseBytes), status: resp.StatusCode, tooBigReply: true}
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		hint, ok := ParseRetryAfter(resp.Header, time.Unix(0, now))
 		return nil, &attemptError{
 			err:    apiErrorFrom(resp.StatusCode, data, hint),
-			header: resp.Header, hint: hint, hasHint: ok, status: resp.StatusCode,
+			header: resp.Header, hint: hint, hasHint: hasHint, status: resp.StatusCode,
 		}
 	}
 	out, err := decodeResponse(data)

@@ -13,8 +13,9 @@ package aiclient
 //   - Anthropic: anthropic-ratelimit-{requests,tokens,input-tokens}-
 //     {limit,remaining,reset}, where reset is an RFC 3339 time.
 //   - IETF draft-ietf-httpapi-ratelimit-headers: the structured fields
-//     RateLimit: "p";r=3;t=10 and RateLimit-Policy: "p";q=100;w=60, and the
-//     older RateLimit-Limit / RateLimit-Remaining / RateLimit-Reset.
+//     RateLimit: "p";r=3;t=10 and RateLimit-Policy: "p";q=100;w=60, one
+//     item per limit, with sluice's sluice-burst and sluice-qu="tokens";
+//     and the older RateLimit-Limit / RateLimit-Remaining / RateLimit-Reset.
 //   - The common X-RateLimit-Limit / X-RateLimit-Remaining /
 //     X-RateLimit-Reset, where reset is seconds, or a Unix time when large.
 
@@ -47,13 +48,24 @@ type Window struct {
 	// Reset/(Limit-Remaining). Otherwise the limit is a window that
 	// refills all at once after Reset.
 	Linear bool
+	// Interval is the time one unit takes to come back, when the server
+	// stated its sustained rate (the IETF RateLimit-Policy's w seconds per
+	// q units); 0 when it did not. It is exact where Linear guesses.
+	Interval time.Duration
 }
 
 // WaitFor returns how long to wait, from the time the headers were read,
 // before cost units of this limit are available; zero when they are, or
 // when too little is known to tell.
 func (w Window) WaitFor(cost int64) time.Duration {
-	if !w.Known || w.Remaining >= cost || w.Reset <= 0 {
+	if !w.Known || w.Remaining >= cost {
+		return 0
+	}
+	if w.Interval > 0 {
+		need := float64(cost - w.Remaining)
+		return clampSeconds(need * w.Interval.Seconds())
+	}
+	if w.Reset <= 0 {
 		return 0
 	}
 	if w.Linear && w.Limit > w.Remaining && w.Limit >= cost {
@@ -66,11 +78,29 @@ func (w Window) WaitFor(cost int64) time.Duration {
 
 // RateLimitInfo is what a response's headers say about the server's limits.
 type RateLimitInfo struct {
-	// Requests is the request-count limit, also the unit of the IETF and
-	// X-RateLimit headers.
+	// Requests is the request-count limit: the provider's own (OpenAI's,
+	// Anthropic's), else the most constrained request policy of the IETF
+	// fields, else the X-RateLimit triple.
 	Requests Window
-	// Tokens is the token limit.
+	// Tokens is the token limit: the provider's own, else the most
+	// constrained token policy of the IETF fields.
 	Tokens Window
+	// Policies are the limits of the IETF RateLimit field, one per limit
+	// the server enforces, with what RateLimit-Policy says of each.
+	Policies []Policy
+}
+
+// Policy is one limit of the IETF RateLimit field.
+type Policy struct {
+	// Name is the policy's name.
+	Name string
+	// Unit is what it counts: "requests" (the draft's default), "tokens"
+	// (sluice-qu), "concurrent-requests", or another unit the server
+	// named.
+	Unit string
+	// Window is its state: Remaining from r, Reset from t, Limit from q,
+	// and Interval from w/q.
+	Window
 }
 
 // ParseRateLimit reads the rate-limit headers of every dialect this package
@@ -79,7 +109,7 @@ type RateLimitInfo struct {
 // provider-specific ones win.
 func ParseRateLimit(h http.Header, now time.Time) RateLimitInfo {
 	var info RateLimitInfo
-	info.Requests = parseIETF(h, now)
+	info.Requests, info.Tokens, info.Policies = parseIETF(h, now)
 	if w := parseTriple(h, "X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests", now, resetDuration); w.Known {
 		w.Linear = true
 		info.Requests = w
@@ -102,17 +132,37 @@ func ParseRateLimit(h http.Header, now time.Time) RateLimitInfo {
 }
 
 // parseIETF reads the IETF structured fields, then the older IETF fields,
-// then X-RateLimit-*.
-func parseIETF(h http.Header, now time.Time) Window {
+// then X-RateLimit-*, and returns the most constrained request and token
+// limits and, from the structured fields, every policy.
+func parseIETF(h http.Header, now time.Time) (req, tok Window, policies []Policy) {
 	if v := h.Values("Ratelimit"); len(v) > 0 {
-		if w, ok := parseStructuredRateLimit(strings.Join(v, ","), strings.Join(h.Values("Ratelimit-Policy"), ",")); ok {
-			return w
+		policies = parseStructuredRateLimit(strings.Join(v, ","), strings.Join(h.Values("Ratelimit-Policy"), ","))
+		for i := range policies {
+			p := &policies[i]
+			switch p.Unit {
+			case "requests":
+				req = moreConstrained(req, p.Window)
+			case "tokens":
+				tok = moreConstrained(tok, p.Window)
+			}
+		}
+		if req.Known || tok.Known {
+			return req, tok, policies
 		}
 	}
 	if w := parseTriple(h, "Ratelimit-Limit", "Ratelimit-Remaining", "Ratelimit-Reset", now, resetSeconds); w.Known {
-		return w
+		return w, tok, policies
 	}
-	return parseTriple(h, "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", now, resetSeconds)
+	return parseTriple(h, "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", now, resetSeconds), tok, policies
+}
+
+// moreConstrained returns the window with less remaining, then the longer
+// reset.
+func moreConstrained(a, b Window) Window {
+	if !a.Known || b.Remaining < a.Remaining || (b.Remaining == a.Remaining && b.Reset > a.Reset) {
+		return b
+	}
+	return a
 }
 
 // parseTriple reads a limit/remaining/reset header triple.
@@ -157,34 +207,58 @@ func parseCount(s string) (int64, bool) {
 	return int64(f), true
 }
 
+// maxPolicies bounds the policies read from one response.
+const maxPolicies = 32
+
 // parseStructuredRateLimit reads the IETF RateLimit field, a list of
-// `"policy";r=remaining;t=reset` items, and RateLimit-Policy for the quota.
-// With several policies it returns the most constrained one.
-func parseStructuredRateLimit(rl, policy string) (Window, bool) {
-	quotas := map[string]int64{}
+// `"policy";r=remaining;t=reset` items, and RateLimit-Policy for each
+// one's quota q per w seconds, unit (qu, or sluice-qu) and burst. An item
+// without r is ignored, as the draft asks of malformed ones.
+func parseStructuredRateLimit(rl, policy string) []Policy {
+	type quota struct {
+		q, w int64
+		unit string
+	}
+	quotas := map[string]quota{}
 	for _, item := range splitList(policy) {
 		name, params := splitItem(item)
-		if q, ok := parseCount(params["q"]); ok {
-			quotas[name] = q
+		q, ok := parseCount(params["q"])
+		if !ok || len(quotas) >= maxPolicies {
+			continue
 		}
+		qt := quota{q: q, unit: "requests"}
+		if w, ok := parseCount(params["w"]); ok {
+			qt.w = w
+		}
+		if u := params["qu"]; u != "" {
+			qt.unit = u
+		}
+		if u := params["sluice-qu"]; u != "" {
+			qt.unit = u
+		}
+		quotas[name] = qt
 	}
-	var best Window
-	found := false
+	var out []Policy
 	for _, item := range splitList(rl) {
 		name, params := splitItem(item)
 		r, ok := parseCount(params["r"])
-		if !ok {
+		if !ok || len(out) >= maxPolicies {
 			continue
 		}
-		w := Window{Known: true, Remaining: r, Limit: quotas[name]}
+		qt, hasQuota := quotas[name]
+		p := Policy{Name: name, Unit: "requests", Window: Window{Known: true, Remaining: r}}
+		if hasQuota {
+			p.Unit, p.Limit = qt.unit, qt.q
+			if qt.q > 0 && qt.w > 0 {
+				p.Interval = clampSeconds(float64(qt.w) / float64(qt.q))
+			}
+		}
 		if t, ok := parseSeconds(params["t"]); ok {
-			w.Reset = t
+			p.Reset = t
 		}
-		if !found || w.Remaining < best.Remaining || (w.Remaining == best.Remaining && w.Reset > best.Reset) {
-			best, found = w, true
-		}
+		out = append(out, p)
 	}
-	if !found {
+	if len(out) == 0 {
 		// Draft 3's "limit=10, remaining=3, reset=4" splits into three items.
 		params := map[string]string{}
 		for _, item := range splitList(rl) {
@@ -194,16 +268,17 @@ func parseStructuredRateLimit(rl, policy string) (Window, bool) {
 			}
 		}
 		if r, ok := parseCount(params["remaining"]); ok {
-			best, found = Window{Known: true, Remaining: r}, true
+			p := Policy{Unit: "requests", Window: Window{Known: true, Remaining: r}}
 			if l, ok := parseCount(params["limit"]); ok {
-				best.Limit = l
+				p.Limit = l
 			}
 			if t, ok := parseSeconds(params["reset"]); ok {
-				best.Reset = t
+				p.Reset = t
 			}
+			out = append(out, p)
 		}
 	}
-	return best, found
+	return out
 }
 
 // splitList splits a structured-field list on commas outside quotes.

@@ -106,7 +106,7 @@ func TestParseRateLimit(t *testing.T) {
 		{
 			name: "ietf structured, most constrained policy",
 			h:    hdr("RateLimit", `"burst";r=50;t=1, "daily";r=3;t=3600`, "RateLimit-Policy", `"burst";q=100;w=1, "daily";q=1000;w=86400`),
-			req:  Window{Known: true, Limit: 1000, Remaining: 3, Reset: time.Hour},
+			req:  Window{Known: true, Limit: 1000, Remaining: 3, Reset: time.Hour, Interval: 86400 * time.Second / 1000},
 		},
 		{
 			name: "ietf draft 3 single field",
@@ -208,7 +208,7 @@ func FuzzParseHeaders(f *testing.F) {
 			}
 		}
 		var p pacer
-		p.observe(info, t0.UnixNano())
+		p.observe(info, t0.UnixNano(), 100, d, true)
 		if w := p.reserve(t0.UnixNano(), 100); w < 0 || w > maxHint {
 			t.Fatalf("pacer wait %v", w)
 		}

@@ -1,48 +1,143 @@
 package aiclient
 
 import (
+	"math"
 	"sync"
 	"time"
 )
 
-// pacer slows a client down before the server rejects it. It remembers the
-// last rate-limit headers seen, counts down locally the requests and tokens
-// launched since, and asks a caller to wait when the server's limit would
-// be exceeded. After a 429 it holds every caller of the client back until
-// the retry time. It is shared by all the client's goroutines.
+// pacer slows a client down before the server rejects it. It keeps the
+// limits that the last response's headers described, counts down locally
+// the requests and tokens launched since, and asks a caller to wait until
+// every limit has room: the binding constraint decides.
+//
+// Where the headers disagree, they never make a caller wait longer than
+// the server asked: a Retry-After (or retry-after-ms) caps, for the
+// response that carries it, the wait every other field implies for the
+// next request; later requests follow at the limits' own pace from there.
+// Per unit (requests, tokens), the IETF fields, which state each limit's
+// exact rate, are preferred to the provider's single triple, whose rate is
+// inferred. After a 429 the pacer also holds every caller of the client
+// back until the retry time. It is shared by all the client's goroutines.
 type pacer struct {
-	mu       sync.Mutex
-	until    int64 // no launch before this time (Unix ns)
-	req, tok window
+	mu     sync.Mutex
+	until  int64 // no launch before this time (Unix ns)
+	limits []paced
 }
 
-// window is a Window observed at a time, counted down locally.
-type window struct {
-	w       Window
-	seenAt  int64 // Unix ns
-	resetAt int64 // Unix ns; the observation is stale after it
+// paced is one limit observed at a time, counted down locally.
+type paced struct {
+	tokens bool // counts tokens, else requests
+	// avail is the units available at seenAt, a fraction once a retry
+	// hint has moved it.
+	avail float64
+	// interval is the ns one unit takes to come back; 0 for a window that
+	// refills all at once at resetAt.
+	interval float64
+	seenAt   int64 // Unix ns
+	resetAt  int64 // Unix ns
+	launched int64 // units launched since seenAt
 }
 
-func (w *window) wait(now, cost int64) time.Duration {
-	if !w.w.Known || now >= w.resetAt {
+// at returns when cost more units can be launched, and whether they can
+// ever be, by this limit's account.
+func (l *paced) at(cost int64) (int64, bool) {
+	need := float64(cost) + float64(l.launched) - l.avail
+	if need <= 0 {
+		return l.seenAt, true
+	}
+	if l.interval > 0 {
+		d := need * l.interval
+		if d >= float64(maxHint) {
+			return l.seenAt + int64(maxHint), true
+		}
+		return l.seenAt + int64(math.Ceil(d)), true
+	}
+	return l.resetAt, false // stale after resetAt: the window is full again
+}
+
+// wait returns how long to wait at now before cost units of this limit
+// can be launched.
+func (l *paced) wait(now, cost int64) time.Duration {
+	if cost <= 0 {
 		return 0
 	}
-	d := w.w.WaitFor(cost)
-	if d <= 0 {
+	t, ok := l.at(cost)
+	if !ok && now >= l.resetAt {
 		return 0
 	}
-	return time.Duration(max(w.seenAt+int64(d)-now, 0))
+	return time.Duration(max(t-now, 0))
 }
 
-// observe records the rate-limit headers of a response read at now.
-func (p *pacer) observe(info RateLimitInfo, now int64) {
+// limitsOf turns a response's rate-limit information into paced limits:
+// per unit, the IETF policies when the response has any of that unit, else
+// the provider's triple.
+func limitsOf(info RateLimitInfo, now int64) []paced {
+	var out []paced
+	add := func(w Window, tokens bool) {
+		if !w.Known {
+			return
+		}
+		l := paced{tokens: tokens, avail: float64(w.Remaining), seenAt: now, resetAt: now + int64(w.Reset)}
+		switch {
+		case w.Interval > 0:
+			l.interval = float64(w.Interval)
+		case w.Linear && w.Limit > w.Remaining && w.Reset > 0:
+			l.interval = float64(w.Reset) / float64(w.Limit-w.Remaining)
+		}
+		out = append(out, l)
+	}
+	var ietf [2]bool
+	for _, p := range info.Policies {
+		switch p.Unit {
+		case "requests":
+			add(p.Window, false)
+			ietf[0] = true
+		case "tokens":
+			add(p.Window, true)
+			ietf[1] = true
+		}
+	}
+	if !ietf[0] {
+		add(info.Requests, false)
+	}
+	if !ietf[1] {
+		add(info.Tokens, true)
+	}
+	return out
+}
+
+// observe records the rate-limit headers of a response read at now, for a
+// request of tokens estimated tokens. hint, when hasHint, is the server's
+// retry time: no limit of this response may keep that request back longer.
+func (p *pacer) observe(info RateLimitInfo, now, tokens int64, hint time.Duration, hasHint bool) {
+	limits := limitsOf(info, now)
+	if hasHint {
+		hintAt := now + int64(hint)
+		for i := range limits {
+			l := &limits[i]
+			cost := int64(1)
+			if l.tokens {
+				cost = tokens
+			}
+			if cost <= 0 {
+				continue
+			}
+			if t, _ := l.at(cost); t > hintAt {
+				if l.interval > 0 {
+					// The server says cost units are there at hintAt;
+					// the rest come at the limit's rate after it.
+					l.avail = float64(cost) - float64(hintAt-now)/l.interval
+				} else {
+					l.resetAt = hintAt
+				}
+			}
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if info.Requests.Known {
-		p.req = window{w: info.Requests, seenAt: now, resetAt: now + int64(info.Requests.Reset)}
-	}
-	if info.Tokens.Known {
-		p.tok = window{w: info.Tokens, seenAt: now, resetAt: now + int64(info.Tokens.Reset)}
+	if len(limits) > 0 {
+		p.limits = limits
 	}
 }
 
@@ -61,15 +156,25 @@ func (p *pacer) reserve(now, tokens int64) time.Duration {
 	if now < p.until {
 		return time.Duration(p.until - now)
 	}
-	d := max(p.req.wait(now, 1), p.tok.wait(now, tokens))
+	var d time.Duration
+	for i := range p.limits {
+		l := &p.limits[i]
+		cost := int64(1)
+		if l.tokens {
+			cost = tokens
+		}
+		d = max(d, l.wait(now, cost))
+	}
 	if d > 0 {
-		return d
+		return min(d, maxHint)
 	}
-	if p.req.w.Known && now < p.req.resetAt {
-		p.req.w.Remaining--
-	}
-	if p.tok.w.Known && now < p.tok.resetAt {
-		p.tok.w.Remaining -= tokens
+	for i := range p.limits {
+		l := &p.limits[i]
+		if l.tokens {
+			l.launched += max(tokens, 0)
+		} else {
+			l.launched++
+		}
 	}
 	return 0
 }
