@@ -123,6 +123,10 @@ type Decision struct {
 	// Degraded reports that the store could not be asked and a failure
 	// policy answered instead.
 	Degraded bool
+	// Fallback names what answered a Degraded decision: "local",
+	// "fail_open" or "fail_closed" (package guard's policies). It is empty
+	// when the store answered.
+	Fallback string
 }
 
 // RetryAfterSeconds is RetryAfter in whole seconds, rounded up, as HTTP's
@@ -151,8 +155,8 @@ func CeilMillis(d time.Duration) int64 {
 
 // Combine folds the decisions of one batch into one: allowed only if all
 // are, the longest RetryAfter and ResetAfter, and the Limit and Remaining of
-// the most constrained member. Combine of no decisions is an allowed zero
-// Decision.
+// the most constrained member; Degraded if any is, with the first Fallback
+// named. Combine of no decisions is an allowed zero Decision.
 func Combine(ds []Decision) Decision {
 	if len(ds) == 0 {
 		return Decision{Allowed: true}
@@ -161,6 +165,9 @@ func Combine(ds []Decision) Decision {
 	for _, d := range ds[1:] {
 		out.Allowed = out.Allowed && d.Allowed
 		out.Degraded = out.Degraded || d.Degraded
+		if out.Fallback == "" {
+			out.Fallback = d.Fallback
+		}
 		if d.RetryAfter > out.RetryAfter {
 			out.RetryAfter = d.RetryAfter
 		}

@@ -1,0 +1,511 @@
+package guard
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/puzpuzpuz/xsync/v4"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
+)
+
+// Errors of the guard. They work with errors.Is.
+var (
+	// ErrUnavailable is sluice.ErrUnavailable: the store could not answer.
+	// Under ReturnError every degraded call returns an error wrapping it;
+	// refund, charge and reset return one under every policy.
+	ErrUnavailable = sluice.ErrUnavailable
+	// ErrCircuitOpen means the store was not asked because its node is
+	// failing. It wraps ErrUnavailable.
+	ErrCircuitOpen = fmt.Errorf("%w: circuit open", ErrUnavailable)
+	// ErrBusy means the key already had Options.MaxInFlightPerKey calls in
+	// flight until the deadline. It wraps ErrUnavailable.
+	ErrBusy = fmt.Errorf("%w: too many calls in flight for the key", ErrUnavailable)
+	// ErrDeadline means the store did not answer within Options.Timeout.
+	// It wraps ErrUnavailable.
+	ErrDeadline = fmt.Errorf("%w: deadline exceeded", ErrUnavailable)
+)
+
+// Pinger is implemented by stores that can tell whether they are
+// reachable. The probe calls it; a store that does not implement it is
+// probed with a zero-cost OpPeek.
+type Pinger interface {
+	// Ping returns nil when the store answers.
+	Ping(ctx context.Context) error
+}
+
+// Sharded is implemented by stores whose keys live on several nodes, such
+// as Redis Cluster: the guard then tracks failure per node, and keys on
+// healthy nodes keep their exact answers while one node is slow, dead or
+// failing over.
+type Sharded interface {
+	// NodeOf names the node that owns key now. The keys of one ApplyAll
+	// must live on one node. It is called on every call: make it cheap.
+	NodeOf(key string) string
+	// Nodes names the nodes that own keys now, for the probe.
+	Nodes(ctx context.Context) ([]string, error)
+	// PingNode returns nil when node answers.
+	PingNode(ctx context.Context, node string) error
+}
+
+// Membership is implemented by stores that can count the instances
+// sharing them, for the Local policy's share (limit ÷ instances).
+type Membership interface {
+	// Heartbeat records that instance id is alive for ttl and returns how
+	// many instances are alive, itself included.
+	Heartbeat(ctx context.Context, id string, ttl time.Duration) (int, error)
+	// Leave removes instance id at once.
+	Leave(ctx context.Context, id string) error
+}
+
+// Defaults for Options.
+const (
+	DefaultTimeout           = 50 * time.Millisecond
+	DefaultWindow            = time.Second
+	DefaultMinFailures       = 10
+	DefaultMinFailingKeys    = 4
+	DefaultFailureRatio      = 0.5
+	DefaultMaxProbeFailures  = 2
+	DefaultProbeInterval     = 200 * time.Millisecond
+	DefaultHeartbeatInterval = time.Second
+	DefaultMaxInFlightPerKey = 8
+	DefaultLocalMaxKeys      = 100_000
+	DefaultLogEvery          = 10 * time.Second
+)
+
+// Options configure a Guard. The zero value is usable.
+type Options struct {
+	// Policy answers when the store cannot. Zero means Local.
+	Policy Policy
+	// Timeout is the deadline of every call to the store, waiting for a
+	// slot of its key included. DefaultTimeout (50ms) when zero; negative
+	// means none (a memory store).
+	Timeout time.Duration
+	// Instances, when positive, is the number of instances sharing the
+	// limits, for Local's share. Zero means: learn it from the store's
+	// heartbeats (Membership), remembering the last count while the store
+	// is away; 1 for a store that cannot count.
+	Instances int
+	// LocalMaxKeys bounds each of Local's maps: the memory store, the last
+	// decisions remembered per key, and the charges owed to the store.
+	// DefaultLocalMaxKeys when zero.
+	LocalMaxKeys int
+	// MaxInFlightPerKey bounds the calls one key may have in flight to the
+	// store; more wait for a slot until the deadline, then the policy
+	// answers them. DefaultMaxInFlightPerKey (8) when zero.
+	MaxInFlightPerKey int
+
+	// Window is the failure detector's window. A node's circuit opens when
+	// within it at least MinFailures calls failed or missed the deadline,
+	// on at least MinFailingKeys distinct keys, and they were at least
+	// FailureRatio of its calls. Defaults: 1s, 10, 4, 0.5.
+	Window         time.Duration
+	MinFailures    int
+	MinFailingKeys int
+	FailureRatio   float64
+	// ProbeInterval is how often a background probe pings every node,
+	// whatever the traffic: MaxProbeFailures failed probes in a row open a
+	// node's circuit, and one successful probe closes it (after Local's
+	// charges are settled). Defaults: 200ms, 2.
+	ProbeInterval    time.Duration
+	MaxProbeFailures int
+	// HeartbeatInterval is how often the instance renews its heartbeat in
+	// a Membership store (with a TTL of three intervals) and reads the
+	// count. DefaultHeartbeatInterval when zero.
+	HeartbeatInterval time.Duration
+
+	// Logger receives store errors, at most one line per node per LogEvery
+	// (with the number not logged), and circuit changes. Nil means
+	// slog.Default(). Keys are never logged.
+	Logger   *slog.Logger
+	LogEvery time.Duration
+	// Clock is the local clock of the failure window and of Local. Nil
+	// means the system clock.
+	Clock clock.Clock
+	// CloseStore makes Close close the wrapped store too, when it is an
+	// io.Closer.
+	CloseStore bool
+}
+
+// Guard wraps a sluice.Store with a per-call deadline, a failure detector
+// per node with a circuit, a bound on the calls in flight per key, and a
+// failure Policy. It is a sluice.Store, safe for concurrent use. WithPolicy
+// gives views with another policy over the same state.
+type Guard struct {
+	*core
+	policy Policy
+}
+
+type core struct {
+	inner      sluice.Store
+	sharded    Sharded
+	pinger     Pinger
+	membership Membership
+	closer     interface{ Close() error }
+
+	timeout     time.Duration
+	window      time.Duration
+	minFailures int
+	minKeys     int
+	ratio       float64
+	probeEvery  time.Duration
+	maxProbe    int32
+	beatEvery   time.Duration
+	fixedN      int
+	logEvery    time.Duration
+	clk         clock.Clock
+	log         *slog.Logger
+	id          string
+
+	nodes *xsync.Map[string, *node]
+	gates *gates
+	local *local
+	views [numPolicies]*Guard
+
+	instances atomic.Int64
+	calls     atomic.Uint64
+	errs      atomic.Uint64
+	busy      atomic.Uint64
+	opens     atomic.Uint64
+	degraded  [numPolicies]atomic.Uint64
+	lastProbe atomic.Int64
+
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+// New wraps store. It probes the store once (and, for a Membership store,
+// sends the first heartbeat) before it returns, within a short deadline,
+// and never fails because the store is down: the background probe then
+// finds it when it comes. Close the Guard to stop the probe.
+func New(store sluice.Store, opts Options) (*Guard, error) {
+	if store == nil {
+		return nil, errors.New("guard: nil store")
+	}
+	if opts.Policy == 0 {
+		opts.Policy = Local
+	}
+	if !opts.Policy.Valid() {
+		return nil, fmt.Errorf("guard: unknown policy %d", opts.Policy)
+	}
+	if opts.Instances < 0 || opts.LocalMaxKeys < 0 || opts.MaxInFlightPerKey < 0 || opts.Window < 0 || opts.MinFailures < 0 ||
+		opts.MinFailingKeys < 0 || opts.FailureRatio < 0 || opts.FailureRatio > 1 || opts.ProbeInterval < 0 ||
+		opts.MaxProbeFailures < 0 || opts.HeartbeatInterval < 0 || opts.LogEvery < 0 {
+		return nil, errors.New("guard: negative option, or FailureRatio above 1")
+	}
+	if opts.MinFailingKeys > 64 {
+		return nil, errors.New("guard: MinFailingKeys above 64")
+	}
+	c := &core{
+		inner:       store,
+		timeout:     def(opts.Timeout, DefaultTimeout),
+		window:      def(opts.Window, DefaultWindow),
+		minFailures: def(opts.MinFailures, DefaultMinFailures),
+		minKeys:     def(opts.MinFailingKeys, DefaultMinFailingKeys),
+		ratio:       def(opts.FailureRatio, DefaultFailureRatio),
+		probeEvery:  def(opts.ProbeInterval, DefaultProbeInterval),
+		maxProbe:    int32(def(opts.MaxProbeFailures, DefaultMaxProbeFailures)),
+		beatEvery:   def(opts.HeartbeatInterval, DefaultHeartbeatInterval),
+		fixedN:      opts.Instances,
+		logEvery:    def(opts.LogEvery, DefaultLogEvery),
+		clk:         opts.Clock,
+		log:         opts.Logger,
+		nodes:       xsync.NewMap[string, *node](),
+		gates:       newGates(def(opts.MaxInFlightPerKey, DefaultMaxInFlightPerKey)),
+		stop:        make(chan struct{}),
+		done:        make(chan struct{}),
+	}
+	if c.clk == nil {
+		c.clk = clock.NewSystem()
+	}
+	opts.Clock = c.clk
+	if c.log == nil {
+		c.log = slog.Default()
+	}
+	opts.LocalMaxKeys = def(opts.LocalMaxKeys, DefaultLocalMaxKeys)
+	var err error
+	if c.local, err = newLocal(&opts); err != nil {
+		return nil, fmt.Errorf("guard: local store: %w", err)
+	}
+	c.sharded, _ = store.(Sharded)
+	c.pinger, _ = store.(Pinger)
+	c.membership, _ = store.(Membership)
+	if cl, ok := store.(interface{ Close() error }); ok && opts.CloseStore {
+		c.closer = cl
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:])
+	c.id = hex.EncodeToString(id[:])
+	c.instances.Store(int64(max(1, opts.Instances)))
+	for p := Local; p <= ReturnError; p++ {
+		c.views[p] = &Guard{core: c, policy: p}
+	}
+	beat := make(chan struct{})
+	go func() { // bounded: a dial may ignore ctx
+		c.heartbeat(context.Background())
+		close(beat)
+	}()
+	c.probeAll(context.Background())
+	select {
+	case <-beat:
+	case <-time.After(c.probeTimeout()):
+	}
+	go c.run()
+	return c.views[opts.Policy], nil
+}
+
+func def[T int | time.Duration | float64](v, d T) T {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+// WithPolicy returns a view of g that answers with policy p. Views share
+// everything else (the store, circuits, local state, counters); they cost
+// nothing to get, so a reloaded configuration can switch per call. An
+// invalid p gives g itself.
+func (g *Guard) WithPolicy(p Policy) *Guard {
+	if !p.Valid() {
+		return g
+	}
+	return g.views[p]
+}
+
+// Policy returns the view's failure policy.
+func (g *Guard) Policy() Policy { return g.policy }
+
+// Unwrap returns the wrapped store.
+func (g *Guard) Unwrap() sluice.Store { return g.inner }
+
+// Instances returns the number of instances Local divides limits by.
+func (g *Guard) Instances() int {
+	if g.fixedN > 0 {
+		return g.fixedN
+	}
+	return int(g.instances.Load())
+}
+
+// Close stops the background probe, leaves the membership, closes the
+// local state and, with Options.CloseStore, the store. Close one view
+// only; the others share its state.
+func (g *Guard) Close() error {
+	var err error
+	g.closeOnce.Do(func() {
+		close(g.stop)
+		<-g.done
+		if g.membership != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), g.probeTimeout())
+			_ = g.membership.Leave(ctx, g.id)
+			cancel()
+		}
+		err = g.local.store.Close()
+		if g.closer != nil {
+			err = errors.Join(err, g.closer.Close())
+		}
+	})
+	return err
+}
+
+// Apply implements sluice.Store.
+func (g *Guard) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
+	reqs := [1]sluice.Request{req}
+	ds, err := g.apply(ctx, op, reqs[:], true)
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	return ds[0], nil
+}
+
+// ApplyAll implements sluice.Store. On a Sharded store the keys of one
+// call must live on one node (on Redis Cluster: share a hash tag).
+func (g *Guard) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if len(reqs) == 0 {
+		return g.inner.ApplyAll(ctx, op, reqs)
+	}
+	return g.apply(ctx, op, reqs, false)
+}
+
+func (g *Guard) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, one bool) ([]sluice.Decision, error) {
+	for i := range reqs {
+		if err := reqs[i].Validate(op); err != nil {
+			return nil, fmt.Errorf("guard: %w", err)
+		}
+	}
+	key := reqs[0].Key
+	n := g.node(key)
+	if n.state.Load() != closed {
+		return g.degrade(ctx, op, reqs, n, ErrCircuitOpen)
+	}
+	cctx := ctx
+	if g.timeout > 0 {
+		var cancel context.CancelFunc
+		cctx, cancel = context.WithTimeout(ctx, g.timeout)
+		defer cancel()
+	}
+	gt, ok := g.gates.acquire(cctx, key)
+	if !ok {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("guard: %w", err)
+		}
+		g.busy.Add(1)
+		return g.degrade(ctx, op, reqs, n, ErrBusy)
+	}
+	g.calls.Add(1)
+	n.calls.Add(1)
+	now := g.clk.Now()
+	var ds []sluice.Decision
+	var err error
+	if g.timeout > 0 && n.recentFailure(g.core, now) {
+		ds, err = g.bounded(cctx, op, reqs, one)
+	} else {
+		ds, err = g.call(cctx, op, reqs, one)
+	}
+	g.gates.release(key, gt)
+	if err == nil {
+		n.record(g.core, g.clk.Now(), key, false)
+		switch {
+		case op == sluice.OpReset:
+			for i := range reqs {
+				g.local.forget(reqs[i].Key)
+			}
+		case g.policy == Local:
+			now := g.clk.Now()
+			for i := range ds {
+				if !ds[i].Degraded {
+					g.local.remember(&reqs[i], &ds[i], now)
+				}
+			}
+		}
+		return ds, nil
+	}
+	if ctx.Err() != nil { // the caller gave up: not the store's fault
+		return nil, fmt.Errorf("guard: %w", ctx.Err())
+	}
+	if callerError(err) {
+		return nil, err
+	}
+	if cctx.Err() != nil {
+		err = fmt.Errorf("%w after %s: %w", ErrDeadline, g.timeout, err)
+	}
+	g.errs.Add(1)
+	n.errs.Add(1)
+	g.failed(n, key, err)
+	return g.degrade(ctx, op, reqs, n, err)
+}
+
+func (g *Guard) call(ctx context.Context, op sluice.Op, reqs []sluice.Request, one bool) ([]sluice.Decision, error) {
+	if one {
+		d, err := g.inner.Apply(ctx, op, reqs[0])
+		if err != nil {
+			return nil, err
+		}
+		reqsDs := [1]sluice.Decision{d}
+		return reqsDs[:], nil
+	}
+	return g.inner.ApplyAll(ctx, op, reqs)
+}
+
+// bounded runs the call in a goroutine and returns at ctx's deadline
+// whatever the call is doing: after a failure a client may be reconnecting
+// (a dial or handshake that ignores ctx).
+func (g *Guard) bounded(ctx context.Context, op sluice.Op, reqs []sluice.Request, one bool) ([]sluice.Decision, error) {
+	type result struct {
+		ds  []sluice.Decision
+		err error
+	}
+	done := make(chan result, 1)
+	own := append([]sluice.Request(nil), reqs...) // the caller may reuse reqs after we return
+	go func() {
+		ds, err := g.call(ctx, op, own, one)
+		done <- result{ds, err}
+	}()
+	select {
+	case r := <-done:
+		return r.ds, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// callerError reports an error that the request caused, not the store.
+func callerError(err error) bool {
+	for _, e := range []error{sluice.ErrInvalidRequest, sluice.ErrInvalidLimit, sluice.ErrInvalidCost, sluice.ErrCostExceedsBurst, sluice.ErrUnknownAlgorithm} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// failed counts a failure against n, logs it (rate-limited) and opens the
+// circuit when the store is failing across many keys.
+func (c *core) failed(n *node, key string, err error) {
+	now := c.clk.Now()
+	if ok, suppressed := n.shouldLog(now, c.logEvery); ok {
+		c.log.Warn("guard: store call failed", "node", n.name, "err", err, "not_logged_since_last", suppressed)
+	}
+	if n.record(c, now, key, true) && n.trip() {
+		c.opens.Add(1)
+		c.log.Warn("guard: store node failing across keys; circuit open, the failure policy answers", "node", n.name, "err", err)
+	}
+}
+
+// degrade answers reqs by the policy after cause.
+func (g *Guard) degrade(ctx context.Context, op sluice.Op, reqs []sluice.Request, n *node, cause error) ([]sluice.Decision, error) {
+	if !errors.Is(cause, ErrUnavailable) {
+		cause = fmt.Errorf("%w: %w", ErrUnavailable, cause)
+	}
+	if op == sluice.OpRefund || op == sluice.OpCharge || op == sluice.OpReset {
+		return nil, fmt.Errorf("guard: %s on node %q not applied: %w", op, n.name, cause)
+	}
+	if g.policy == ReturnError {
+		g.degraded[ReturnError].Add(uint64(len(reqs)))
+		return nil, fmt.Errorf("guard: node %q: %w", n.name, cause)
+	}
+	g.degraded[g.policy].Add(uint64(len(reqs)))
+	if g.policy == Local {
+		ds, err := g.local.apply(context.WithoutCancel(ctx), op, reqs, g.Instances(), g.clk.Now(), n.name)
+		if err == nil {
+			for i := range ds {
+				ds[i].Degraded, ds[i].Fallback = true, "local"
+			}
+			return ds, nil
+		}
+		// a cost beyond the local share of the burst: deny, as fail_closed
+	}
+	admit := g.policy == FailOpen
+	ds := make([]sluice.Decision, len(reqs))
+	for i := range reqs {
+		d := sluice.Decision{Allowed: admit, Limit: reqs[i].Limit, Degraded: true, Fallback: g.policy.String()}
+		if admit {
+			d.Remaining = reqs[i].Capacity() - reqs[i].Cost
+		} else {
+			d.RetryAfter, d.ResetAfter = g.probeEvery, g.probeEvery
+		}
+		ds[i] = d
+	}
+	return ds, nil
+}
+
+// node returns the detector of the node that owns key.
+func (c *core) node(key string) *node {
+	name := ""
+	if c.sharded != nil {
+		name = c.sharded.NodeOf(key)
+	}
+	if n, ok := c.nodes.Load(name); ok {
+		return n
+	}
+	n, _ := c.nodes.LoadOrCompute(name, func() (*node, bool) { return &node{name: name}, false })
+	return n
+}

@@ -1,0 +1,325 @@
+package guard
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/memstore"
+)
+
+// faulty is a real memstore with faults switched on and off by the test:
+// down fails every call as a dead server would; hold makes calls on one
+// key wait until released (a slow key), counting how many wait at once.
+type faulty struct {
+	*memstore.Store
+	down     atomic.Bool
+	holdKey  atomic.Pointer[string]
+	release  chan struct{}
+	inFlight atomic.Int64
+	peak     atomic.Int64
+	calls    atomic.Int64
+	pings    atomic.Int64
+}
+
+func newFaulty(t *testing.T) *faulty {
+	t.Helper()
+	m, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return &faulty{Store: m, release: make(chan struct{})}
+}
+
+var errDown = fmt.Errorf("dial tcp: connection refused: %w", sluice.ErrUnavailable)
+
+func (f *faulty) enter(ctx context.Context, key string) error {
+	f.calls.Add(1)
+	if f.down.Load() {
+		return errDown
+	}
+	if k := f.holdKey.Load(); k != nil && *k == key {
+		n := f.inFlight.Add(1)
+		defer f.inFlight.Add(-1)
+		for {
+			p := f.peak.Load()
+			if n <= p || f.peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		select {
+		case <-f.release:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (f *faulty) Apply(ctx context.Context, op sluice.Op, r sluice.Request) (sluice.Decision, error) {
+	if err := f.enter(ctx, r.Key); err != nil {
+		return sluice.Decision{}, err
+	}
+	return f.Store.Apply(ctx, op, r)
+}
+
+func (f *faulty) ApplyAll(ctx context.Context, op sluice.Op, rs []sluice.Request) ([]sluice.Decision, error) {
+	if err := f.enter(ctx, rs[0].Key); err != nil {
+		return nil, err
+	}
+	return f.Store.ApplyAll(ctx, op, rs)
+}
+
+func (f *faulty) Ping(ctx context.Context) error {
+	f.pings.Add(1)
+	if f.down.Load() {
+		return errDown
+	}
+	return nil
+}
+
+func newGuard(t *testing.T, st sluice.Store, o Options) *Guard {
+	t.Helper()
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	g, err := New(st, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+func req(key string, rate int64) sluice.Request {
+	return sluice.Request{Key: key, Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: rate, Period: time.Minute, Burst: rate}, Cost: 1}
+}
+
+// eventually polls cond until it holds, failing after 10s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// One slow call is answered by the policy; the circuit stays closed and
+// other keys keep their exact answers.
+func TestSlowCallIsNotADeadStore(t *testing.T) {
+	f := newFaulty(t)
+	g := newGuard(t, f, Options{Policy: FailClosed, Timeout: 20 * time.Millisecond})
+	slow := "slow"
+	f.holdKey.Store(&slow)
+	for range 50 { // far more than MinFailures, all on one key
+		d, err := g.Apply(context.Background(), sluice.OpAllow, req("slow", 10))
+		if err != nil || !d.Degraded || d.Fallback != "fail_closed" || d.Allowed {
+			t.Fatalf("slow call: %+v %v", d, err)
+		}
+	}
+	if st := g.Stats(); st.Openings != 0 || st.Errors != 50 {
+		t.Fatalf("one slow key opened the circuit: %+v", st)
+	}
+	for i := range 20 {
+		d, err := g.Apply(context.Background(), sluice.OpAllow, req(fmt.Sprint("cold", i), 10))
+		if err != nil || d.Degraded || !d.Allowed {
+			t.Fatalf("cold key %d: %+v %v", i, d, err)
+		}
+	}
+	if err := g.Ready(context.Background()); err != nil {
+		t.Fatalf("ready: %v", err)
+	}
+}
+
+// A store failing across keys opens the circuit: calls are answered at
+// once without the store; the probe closes it, and Ready recovers, without
+// traffic.
+func TestFailingStoreOpensAndProbeRecovers(t *testing.T) {
+	f := newFaulty(t)
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
+	g := newGuard(t, f, Options{Policy: FailOpen, ProbeInterval: 10 * time.Millisecond, Logger: log})
+	f.down.Store(true)
+	for i := range DefaultMinFailures {
+		if d, err := g.Apply(context.Background(), sluice.OpAllow, req(fmt.Sprint("k", i), 10)); err != nil || !d.Degraded || !d.Allowed || d.Fallback != "fail_open" {
+			t.Fatalf("%+v %v", d, err)
+		}
+	}
+	if st := g.Stats(); st.Openings != 1 || st.Open != 1 {
+		t.Fatalf("circuit not open after %d failures on many keys: %+v", DefaultMinFailures, st)
+	}
+	calls := f.calls.Load()
+	for i := range 1000 {
+		if d, _ := g.Apply(context.Background(), sluice.OpAllow, req(fmt.Sprint("k", i), 10)); !d.Degraded {
+			t.Fatal("open circuit asked the store")
+		}
+	}
+	if n := f.calls.Load() - calls; n != 0 {
+		t.Fatalf("open circuit made %d store calls", n)
+	}
+	eventually(t, "not ready while down", func() bool { return g.Ready(context.Background()) != nil })
+	if err := g.Ready(context.Background()); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Ready: %v", err)
+	}
+	f.down.Store(false)
+	eventually(t, "ready after the store returns, without traffic", func() bool { return g.Ready(context.Background()) == nil })
+	if d, err := g.Apply(context.Background(), sluice.OpAllow, req("k0", 10)); err != nil || d.Degraded {
+		t.Fatalf("after recovery: %+v %v", d, err)
+	}
+	if st := g.Stats(); st.Openings != 1 {
+		t.Fatalf("probes counted as openings: %+v", st)
+	}
+	mu.Lock()
+	out := logs.String()
+	mu.Unlock()
+	if !strings.Contains(out, "circuit open") || !strings.Contains(out, "circuit closed") || !strings.Contains(out, `node=""`) {
+		t.Fatalf("logs:\n%s", out)
+	}
+	if n := strings.Count(out, "store call failed"); n != 1 {
+		t.Fatalf("%d failure lines, want 1 (rate-limited):\n%s", n, out)
+	}
+}
+
+type lockedWriter struct {
+	w  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// The probe alone opens the circuit of a dead store, with no traffic.
+func TestProbeOpensWithoutTraffic(t *testing.T) {
+	f := newFaulty(t)
+	g := newGuard(t, f, Options{ProbeInterval: 10 * time.Millisecond})
+	f.down.Store(true)
+	eventually(t, "circuit open", func() bool { return g.Stats().Open == 1 })
+	if f.calls.Load() != 0 {
+		t.Fatal("probe used Apply although the store has Ping")
+	}
+}
+
+// 1,000 concurrent calls on one slow key: at most MaxInFlightPerKey reach
+// the store, and other keys are answered exactly meanwhile.
+func TestHotKeyQueuesInItsCallers(t *testing.T) {
+	f := newFaulty(t)
+	g := newGuard(t, f, Options{Policy: FailClosed, Timeout: time.Second, MaxInFlightPerKey: 4})
+	hot := "hot"
+	f.holdKey.Store(&hot)
+	var wg sync.WaitGroup
+	for range 1000 {
+		wg.Go(func() { _, _ = g.Apply(context.Background(), sluice.OpAllow, req("hot", 1e6)) })
+	}
+	eventually(t, "hot calls in the store", func() bool { return f.inFlight.Load() == 4 })
+	for i := range 100 {
+		d, err := g.Apply(context.Background(), sluice.OpAllow, req(fmt.Sprint("cold", i), 10))
+		if err != nil || d.Degraded {
+			t.Fatalf("cold key during the hot burst: %+v %v", d, err)
+		}
+	}
+	close(f.release)
+	wg.Wait()
+	if p := f.peak.Load(); p > 4 {
+		t.Fatalf("%d calls of one key in the store at once, cap 4", p)
+	}
+	if st := g.Stats(); st.Openings != 0 {
+		t.Fatalf("hot key opened the circuit: %+v", st)
+	}
+}
+
+// Under Local, a key exhausted in the store stays exhausted when the store
+// goes away, and what Local admits is charged to the store before the
+// circuit closes.
+func TestLocalSeedsAndCharges(t *testing.T) {
+	f := newFaulty(t)
+	g := newGuard(t, f, Options{Instances: 2, ProbeInterval: 10 * time.Millisecond})
+	ctx := context.Background()
+	spent, fresh := req("spent", 100), req("fresh", 100)
+	for range 100 {
+		if d, err := g.Apply(ctx, sluice.OpAllow, spent); err != nil || !d.Allowed || d.Degraded {
+			t.Fatalf("%+v %v", d, err)
+		}
+	}
+	if d, _ := g.Apply(ctx, sluice.OpAllow, fresh); !d.Allowed {
+		t.Fatal("fresh denied")
+	}
+	f.down.Store(true)
+	eventually(t, "circuit open", func() bool { return g.Stats().Open == 1 })
+	if d, err := g.Apply(ctx, sluice.OpAllow, spent); err != nil || d.Allowed || !d.Degraded || d.Fallback != "local" {
+		t.Fatalf("exhausted key admitted locally: %+v %v", d, err)
+	}
+	admitted := 0
+	for range 200 {
+		if d, _ := g.Apply(ctx, sluice.OpAllow, fresh); d.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 49 { // (100 − 1) ÷ 2 instances
+		t.Fatalf("local admitted %d of fresh, want its share 49", admitted)
+	}
+	f.down.Store(false)
+	eventually(t, "circuit closed", func() bool { return g.Stats().Open == 0 })
+	d, err := f.Store.Apply(ctx, sluice.OpPeek, sluice.Request{Key: "fresh", Algorithm: sluice.GCRA, Limit: fresh.Limit})
+	if err != nil || d.Remaining != 100-1-49 {
+		t.Fatalf("store after settling: remaining %d, want 50 (%v)", d.Remaining, err)
+	}
+}
+
+// Refund, charge and reset are never answered by a policy.
+func TestSettlingOpsFailLoudly(t *testing.T) {
+	f := newFaulty(t)
+	g := newGuard(t, f, Options{Policy: FailOpen})
+	f.down.Store(true)
+	for _, op := range []sluice.Op{sluice.OpRefund, sluice.OpCharge, sluice.OpReset} {
+		if _, err := g.Apply(context.Background(), op, req("k", 10)); !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("%s while down: %v", op, err)
+		}
+	}
+	if _, err := g.WithPolicy(ReturnError).Apply(context.Background(), sluice.OpAllow, req("k", 10)); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("error policy: %v", err)
+	}
+	if st := g.Stats(); st.Degraded[ReturnError] != 1 || st.Degraded[FailOpen] != 0 {
+		t.Fatalf("degraded per policy: %+v", st.Degraded)
+	}
+}
+
+// Bad requests are the caller's fault: they never count against the store.
+func TestBadRequestsAreNotFailures(t *testing.T) {
+	f := newFaulty(t)
+	g := newGuard(t, f, Options{})
+	for _, r := range []sluice.Request{{}, {Key: "k", Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: -1, Period: time.Second}, Cost: 1}, {Key: "k", Algorithm: sluice.GCRA, Limit: sluice.PerSecond(1), Cost: 5}} {
+		if _, err := g.Apply(context.Background(), sluice.OpAllow, r); err == nil || errors.Is(err, ErrUnavailable) {
+			t.Fatalf("%+v: %v", r, err)
+		}
+	}
+	if st := g.Stats(); st.Errors != 0 || st.Calls != 0 {
+		t.Fatalf("%+v", st)
+	}
+}
+
+func TestParsePolicy(t *testing.T) {
+	for p := Local; p <= ReturnError; p++ {
+		if got, err := ParsePolicy(strings.ToUpper(strings.ReplaceAll(p.String(), "_", "-"))); err != nil || got != p {
+			t.Fatalf("%s: %v %v", p, got, err)
+		}
+	}
+	if _, err := ParsePolicy("open"); err == nil {
+		t.Fatal("unknown policy accepted")
+	}
+}

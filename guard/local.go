@@ -1,0 +1,241 @@
+package guard
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/puzpuzpuz/xsync/v4"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/memstore"
+)
+
+// The Local policy, in three parts:
+//
+//   - share: this instance enforces limit ÷ n in an embedded memstore,
+//     n the number of live instances.
+//   - seeds: while the store answers, the guard remembers the last
+//     Remaining the store reported for each key (bounded). The first time
+//     Local answers for a key, its local state starts from that
+//     Remaining ÷ n, not from a full bucket: a key exhausted before the
+//     outage stays exhausted.
+//   - debts: what Local admitted is charged to the store (OpCharge) before
+//     the node's circuit closes again, and in the background for keys
+//     answered locally while busy, so that the store does not admit it a
+//     second time.
+type local struct {
+	store *memstore.Store
+	max   int64
+
+	seeds    *xsync.Map[string, seed]
+	seedSize atomic.Int64
+	trim     sync.Mutex
+
+	mu    sync.Mutex
+	debts map[string]*debt
+	lost  atomic.Uint64 // debts dropped because the map was full
+}
+
+type seed struct {
+	algo      sluice.Algorithm
+	limit     sluice.Limit
+	remaining int64
+	at        int64 // clock time of the decision
+	resetAt   int64 // clock time at which the key was full again
+}
+
+type debt struct {
+	req  sluice.Request // Cost is the total to charge
+	node string
+}
+
+func newLocal(o *Options) (*local, error) {
+	st, err := memstore.New(memstore.Options{Clock: o.Clock, MaxKeys: o.LocalMaxKeys})
+	if err != nil {
+		return nil, err
+	}
+	return &local{store: st, max: int64(o.LocalMaxKeys), seeds: xsync.NewMap[string, seed](), debts: map[string]*debt{}}, nil
+}
+
+// remember keeps what the store answered for the key, to seed its local
+// state later.
+func (l *local) remember(req *sluice.Request, d *sluice.Decision, now int64) {
+	if req.Algorithm == sluice.Concurrency {
+		return
+	}
+	s := seed{algo: req.Algorithm, limit: req.Limit, remaining: d.Remaining, at: now, resetAt: now + int64(d.ResetAfter)}
+	if _, loaded := l.seeds.LoadAndStore(req.Key, s); !loaded && l.seedSize.Add(1) > l.max && l.trim.TryLock() {
+		defer l.trim.Unlock()
+		over := l.seedSize.Load() - l.max*3/4 // drop a quarter at once
+		l.seedSize.Add(-int64(l.seeds.DeleteMatching(func(k string, _ seed) (bool, bool) {
+			if k == req.Key {
+				return false, false
+			}
+			over--
+			return true, over <= 0
+		})))
+	}
+}
+
+// forget drops what is known of key, after a reset.
+func (l *local) forget(key string) {
+	if _, ok := l.seeds.LoadAndDelete(key); ok {
+		l.seedSize.Add(-1)
+	}
+	l.mu.Lock()
+	delete(l.debts, key)
+	l.mu.Unlock()
+	_, _ = l.store.Apply(context.Background(), sluice.OpReset, sluice.Request{Key: key, Algorithm: sluice.GCRA})
+}
+
+// share is one instance's part of l when n instances share it.
+func share(l sluice.Limit, n int) sluice.Limit {
+	if n <= 1 {
+		return l
+	}
+	l.Rate = max(1, l.Rate/int64(n))
+	if l.Burst > 0 {
+		l.Burst = max(1, l.Burst/int64(n))
+	}
+	return l
+}
+
+// apply answers reqs from the local store at limit ÷ n.
+func (l *local) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, n int, now int64, node string) ([]sluice.Decision, error) {
+	scaled := make([]sluice.Request, len(reqs))
+	for i, r := range reqs {
+		r.Limit = share(r.Limit, n)
+		scaled[i] = r
+		if r.Algorithm != sluice.Concurrency {
+			if s, ok := l.seeds.LoadAndDelete(r.Key); ok {
+				l.seedSize.Add(-1)
+				l.seed(ctx, &reqs[i], &r, &s, n, now)
+			}
+		}
+	}
+	ds, err := l.store.ApplyAll(ctx, op, scaled)
+	if err != nil {
+		return nil, err
+	}
+	if op == sluice.OpAllow && allAllowed(ds) {
+		for i := range reqs {
+			if reqs[i].Algorithm != sluice.Concurrency {
+				l.owe(&reqs[i], node)
+			}
+		}
+	}
+	return ds, nil
+}
+
+// seed starts key's local state from the store's last Remaining, this
+// instance's share of it, less what this instance still owes the store.
+func (l *local) seed(ctx context.Context, orig, scaled *sluice.Request, s *seed, n int, now int64) {
+	if s.algo != orig.Algorithm || s.limit != orig.Limit || now >= s.resetAt {
+		return // another limit, or full again by now
+	}
+	_, _ = l.store.Apply(ctx, sluice.OpReset, *scaled)
+	rem := s.remaining / int64(max(n, 1))
+	l.mu.Lock()
+	if d := l.debts[orig.Key]; d != nil {
+		rem -= d.req.Cost
+	}
+	l.mu.Unlock()
+	if charge := scaled.Capacity() - rem; charge > 0 {
+		c := *scaled
+		c.Cost = min(charge, 2*scaled.Capacity())
+		_, _ = l.store.Apply(ctx, sluice.OpCharge, c)
+	}
+}
+
+// owe records that the store must be charged req.Cost for req.Key.
+func (l *local) owe(req *sluice.Request, node string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if d := l.debts[req.Key]; d != nil && d.req.Algorithm == req.Algorithm && d.req.Limit == req.Limit {
+		d.req.Cost = min(d.req.Cost+req.Cost, 1<<40)
+		return
+	}
+	if int64(len(l.debts)) >= l.max {
+		l.lost.Add(1)
+		return
+	}
+	r := *req
+	r.Lease = ""
+	l.debts[req.Key] = &debt{req: r, node: node}
+}
+
+// take removes and returns the debts owed on node ("" for every node).
+func (l *local) take(node string) []debt {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []debt
+	for k, d := range l.debts {
+		if node == "" || d.node == node {
+			out = append(out, *d)
+			delete(l.debts, k)
+		}
+	}
+	return out
+}
+
+// pending reports whether debts are owed.
+func (l *local) pending() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.debts) > 0
+}
+
+func allAllowed(ds []sluice.Decision) bool {
+	for i := range ds {
+		if !ds[i].Allowed {
+			return false
+		}
+	}
+	return true
+}
+
+// settle charges the store with the debts owed on node, with up to 16
+// calls at once, each under the call deadline. Debts that could not be
+// charged are owed again; it reports whether all were charged.
+func (c *core) settle(ctx context.Context, node string) bool {
+	debts := c.local.take(node)
+	if len(debts) == 0 {
+		return true
+	}
+	var (
+		wg     sync.WaitGroup
+		failed atomic.Bool
+		next   atomic.Int64
+	)
+	for range min(16, len(debts)) {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(debts) {
+					return
+				}
+				d := &debts[i]
+				if failed.Load() {
+					c.local.owe(&d.req, d.node)
+					continue
+				}
+				cctx, cancel := context.WithTimeout(ctx, c.timeout)
+				dec, err := c.inner.Apply(cctx, sluice.OpCharge, d.req)
+				cancel()
+				if err != nil {
+					failed.Store(true)
+					c.local.owe(&d.req, d.node)
+					continue
+				}
+				c.local.remember(&d.req, &dec, c.clk.Now())
+			}
+		})
+	}
+	wg.Wait()
+	return !failed.Load()
+}
+
+// settleTimeout bounds one settle pass.
+const settleTimeout = 2 * time.Second

@@ -1,0 +1,260 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-io/sluice"
+)
+
+// The background probe: every ProbeInterval it pings every node, whatever
+// the traffic. MaxProbeFailures failures in a row open a node's circuit; a
+// success closes an open one once Local's charges for the node are
+// settled. Ready reads what it found. Every HeartbeatInterval it renews
+// the instance's heartbeat and reads the instance count.
+
+// probeKey is the key of the zero-cost peek that probes a store which has
+// no Ping.
+const probeKey = "sluice:guard:probe"
+
+// probeTimeout bounds one ping.
+func (c *core) probeTimeout() time.Duration {
+	if c.timeout <= 0 {
+		return time.Second
+	}
+	return max(2*c.timeout, 100*time.Millisecond)
+}
+
+func (c *core) run() {
+	defer close(c.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-c.stop
+		cancel()
+	}()
+	probe := time.NewTicker(c.probeEvery)
+	defer probe.Stop()
+	beat := time.NewTicker(c.beatEvery)
+	defer beat.Stop()
+	var beating atomic.Bool
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-probe.C:
+			c.probeAll(ctx)
+		case <-beat.C:
+			if c.membership != nil && beating.CompareAndSwap(false, true) {
+				wg.Go(func() {
+					defer beating.Store(false)
+					c.heartbeat(ctx)
+				})
+			}
+		}
+	}
+}
+
+// probeAll starts a ping of every node that has none in flight, and waits
+// for them at most the probe timeout.
+func (c *core) probeAll(ctx context.Context) {
+	if c.sharded != nil {
+		lctx, cancel := context.WithTimeout(ctx, c.probeTimeout())
+		names, err := c.sharded.Nodes(lctx)
+		cancel()
+		if err == nil && len(names) > 0 {
+			for _, name := range names {
+				c.nodes.LoadOrCompute(name, func() (*node, bool) { return &node{name: name}, false })
+			}
+			c.nodes.DeleteMatching(func(name string, _ *node) (bool, bool) { return !slices.Contains(names, name), false })
+		}
+	}
+	if c.nodes.Size() == 0 {
+		c.node("")
+	}
+	var wg sync.WaitGroup
+	c.nodes.Range(func(_ string, n *node) bool {
+		if n.probing.CompareAndSwap(false, true) {
+			wg.Go(func() {
+				defer n.probing.Store(false)
+				c.probe(ctx, n)
+			})
+		}
+		return true
+	})
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(c.probeTimeout() + 50*time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	c.lastProbe.Store(c.clk.Now())
+}
+
+// probe pings n once and acts on the result.
+func (c *core) probe(ctx context.Context, n *node) {
+	pctx, cancel := context.WithTimeout(ctx, c.probeTimeout())
+	err := c.ping(pctx, n.name)
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	n.probed.Store(true)
+	if err != nil {
+		msg := err.Error()
+		n.probeErr.Store(&msg)
+		now := c.clk.Now()
+		if ok, suppressed := n.shouldLog(now, c.logEvery); ok {
+			c.log.Warn("guard: store probe failed", "node", n.name, "err", err, "not_logged_since_last", suppressed)
+		}
+		if n.probeFails.Add(1) >= c.maxProbe && n.trip() {
+			c.opens.Add(1)
+			c.log.Warn("guard: store node does not answer probes; circuit open, the failure policy answers", "node", n.name, "err", err)
+		}
+		return
+	}
+	n.probeFails.Store(0)
+	n.probeErr.Store(nil)
+	if n.state.Load() == closed && !c.local.pending() {
+		return
+	}
+	sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	settled := c.settle(sctx, n.name)
+	cancel()
+	if settled && n.reset() {
+		c.log.Info("guard: store node answers again; circuit closed", "node", n.name)
+	}
+}
+
+func (c *core) ping(ctx context.Context, name string) error {
+	switch {
+	case c.sharded != nil:
+		return c.sharded.PingNode(ctx, name)
+	case c.pinger != nil:
+		return c.pinger.Ping(ctx)
+	}
+	_, err := c.inner.Apply(ctx, sluice.OpPeek, sluice.Request{Key: probeKey, Algorithm: sluice.GCRA, Limit: sluice.PerSecond(1)})
+	return err
+}
+
+// heartbeat renews this instance's heartbeat and learns the count.
+func (c *core) heartbeat(ctx context.Context) {
+	if c.membership == nil {
+		return
+	}
+	hctx, cancel := context.WithTimeout(ctx, c.probeTimeout())
+	defer cancel()
+	n, err := c.membership.Heartbeat(hctx, c.id, 3*c.beatEvery)
+	if err != nil {
+		return // the last count stands while the store is away
+	}
+	if n > 0 {
+		c.instances.Store(int64(min(n, 1<<16)))
+	}
+}
+
+// Ready reports whether the store answers, from what the background probe
+// found, without traffic: nil when every node's circuit is closed and its
+// last probe succeeded; else an error wrapping ErrUnavailable that names
+// the failing nodes.
+func (g *Guard) Ready(ctx context.Context) error {
+	var errs []error
+	g.nodes.Range(func(name string, n *node) bool {
+		switch e := n.probeErr.Load(); {
+		case n.state.Load() != closed:
+			errs = append(errs, fmt.Errorf("node %q: circuit open", name))
+		case e != nil:
+			errs = append(errs, fmt.Errorf("node %q: %s", name, *e))
+		case !n.probed.Load():
+			errs = append(errs, fmt.Errorf("node %q: not probed yet", name))
+		}
+		return true
+	})
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("guard: %w: %w", ErrUnavailable, errors.Join(errs...))
+}
+
+// Stats are a guard's counters since New, for metrics.
+type Stats struct {
+	// Calls is the number of calls sent to the store.
+	Calls uint64
+	// Errors is the number of calls that failed or missed the deadline.
+	Errors uint64
+	// Busy is the number of calls answered by the policy because their key
+	// had MaxInFlightPerKey calls in flight until the deadline.
+	Busy uint64
+	// Degraded counts the decisions each policy made (and, for
+	// ReturnError, the errors it returned), indexed by Policy.
+	Degraded [numPolicies]uint64
+	// Openings is how many times a circuit opened (probes not counted).
+	Openings uint64
+	// Open is the number of nodes whose circuit is open now.
+	Open int
+	// Instances is the number of instances Local divides limits by.
+	Instances int
+	// LostCharges counts Local admissions that could not be remembered
+	// for charging the store, because LocalMaxKeys keys were owed already.
+	LostCharges uint64
+	// Nodes are the counters of each node, by name.
+	Nodes []NodeStats
+}
+
+// NodeStats are one node's counters.
+type NodeStats struct {
+	// Node is the name the store gave it, such as a Redis address.
+	Node string
+	// Calls, Errors and Openings count as in Stats.
+	Calls, Errors, Openings uint64
+	// Open reports an open circuit.
+	Open bool
+}
+
+// DegradedTotal is the sum of Degraded.
+func (s Stats) DegradedTotal() uint64 {
+	var t uint64
+	for _, n := range s.Degraded {
+		t += n
+	}
+	return t
+}
+
+// Stats returns the guard's counters.
+func (g *Guard) Stats() Stats {
+	st := Stats{Calls: g.calls.Load(), Errors: g.errs.Load(), Busy: g.busy.Load(), Instances: g.Instances(), LostCharges: g.local.lost.Load(), Openings: g.opens.Load()}
+	for p := range st.Degraded {
+		st.Degraded[p] = g.degraded[p].Load()
+	}
+	g.nodes.Range(func(name string, n *node) bool {
+		ns := NodeStats{Node: name, Calls: n.calls.Load(), Errors: n.errs.Load(), Openings: n.opens.Load(), Open: n.state.Load() != closed}
+		if ns.Open {
+			st.Open++
+		}
+		st.Nodes = append(st.Nodes, ns)
+		return true
+	})
+	slices.SortFunc(st.Nodes, func(a, b NodeStats) int {
+		if a.Node < b.Node {
+			return -1
+		}
+		if a.Node > b.Node {
+			return 1
+		}
+		return 0
+	})
+	return st
+}
