@@ -3,9 +3,8 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,147 +12,75 @@ import (
 	"github.com/sluice-io/sluice/internal/redistest"
 )
 
-// slack is what a loaded CI machine under -race may add to a deadline.
-const slack = 250 * time.Millisecond
+// The failure policies, circuits and chaos tests are package guard's
+// (guard/chaos_test.go). Here: the store's own errors and recovery.
 
-// Redis is killed under load and restarted, once per policy: every call
-// returns within its deadline, the policy answers while Redis is down, the
-// circuit opens, and the store recovers by itself (NOSCRIPT included).
-func TestKillAndRestartUnderLoad(t *testing.T) {
-	srv := redistest.NewStandalone(t)
-	const timeout = 50 * time.Millisecond
-	base := newStore(t, Options{URL: srv.URL(), Timeout: timeout, BreakerCooldown: 100 * time.Millisecond, Instances: 4, DisableDenyCache: true})
-	for _, p := range []Policy{FailOpen, FailClosed, Local, ReturnError} {
-		t.Run(p.String(), func(t *testing.T) {
-			s := base.WithPolicy(p)
-			req := sluice.Request{Key: redistest.Prefix(t) + "k", Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: 1000, Period: time.Second, Burst: 1000}, Cost: 1}
-			type event struct {
-				d   sluice.Decision
-				err error
-			}
-			events := make(chan event, 1024)
-			ctx, cancel := context.WithCancel(context.Background())
-			var wg sync.WaitGroup
-			// slowest is the slowest call after the kill; healthySlowest
-			// the slowest before it, which measures what the loaded machine's
-			// scheduler adds to any call.
-			var slowest, healthySlowest atomic.Int64
-			var killed atomic.Bool
-			for range 8 {
-				wg.Go(func() {
-					for ctx.Err() == nil {
-						start := time.Now()
-						d, err := s.Apply(context.Background(), sluice.OpAllow, req)
-						took := int64(time.Since(start))
-						worst := &slowest
-						if !killed.Load() {
-							worst = &healthySlowest
-						}
-						for {
-							old := worst.Load()
-							if took <= old || worst.CompareAndSwap(old, took) {
-								break
-							}
-						}
-						select {
-						case events <- event{d, err}:
-						case <-ctx.Done():
-						}
-					}
-				})
-			}
-			defer func() {
-				cancel()
-				wg.Wait()
-			}()
-			wait := func(what string, match func(event) bool) {
-				t.Helper()
-				deadline := time.NewTimer(15 * time.Second)
-				defer deadline.Stop()
-				for {
-					select {
-					case e := <-events:
-						if match(e) {
-							return
-						}
-					case <-deadline.C:
-						t.Fatalf("no %s within 15s; stats %+v", what, s.Stats())
-					}
-				}
-			}
-			healthy := func(e event) bool { return e.err == nil && !e.d.Degraded && e.d.Allowed }
-			for range 50 {
-				wait("healthy decision", healthy)
-			}
-			opensBefore := s.Stats().BreakerOpens
-			killed.Store(true)
-			srv.Kill()
-			for range 20 {
-				wait("policy answer", func(e event) bool {
-					switch p {
-					case ReturnError:
-						if e.err != nil && !errors.Is(e.err, ErrUnavailable) {
-							t.Fatalf("error %v does not wrap ErrUnavailable", e.err)
-						}
-						return e.err != nil
-					case FailOpen:
-						return e.err == nil && e.d.Degraded && e.d.Allowed
-					case FailClosed:
-						return e.err == nil && e.d.Degraded && !e.d.Allowed && e.d.RetryAfter > 0
-					case Local:
-						return e.err == nil && e.d.Degraded && e.d.Limit.Rate == 250
-					}
-					return false
-				})
-			}
-			if st := s.Stats(); st.BreakerOpens == opensBefore || st.Errors == 0 {
-				t.Fatalf("circuit never opened or errors not counted: %+v", st)
-			}
-			srv.Restart(t)
-			wait("recovery", healthy)
-			if st := s.Stats(); st.Circuit != "closed" {
-				t.Fatalf("circuit %s after recovery", st.Circuit)
-			}
-			limit := timeout + max(slack, 2*time.Duration(healthySlowest.Load()))
-			if got := time.Duration(slowest.Load()); got > limit {
-				t.Fatalf("slowest call took %s, deadline %s, slowest healthy call %s", got, timeout, time.Duration(healthySlowest.Load()))
-			}
-		})
+// waitFor polls call until it returns nil, failing after 10s.
+func waitFor(t *testing.T, what string, call func() error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := call()
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, ErrUnavailable) || time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
-// While the circuit is open, calls do not wait for Redis at all.
-func TestOpenCircuitAnswersAtOnce(t *testing.T) {
+// Redis is killed: calls fail with ErrUnavailable within the deadline;
+// it restarts empty on the same port: the store recovers by itself
+// (NOSCRIPT included).
+func TestKillAndRestart(t *testing.T) {
 	srv := redistest.NewStandalone(t)
-	s := newStore(t, Options{URL: srv.URL(), Timeout: 200 * time.Millisecond, BreakerCooldown: time.Minute, Policy: FailClosed})
+	s := newStore(t, Options{URL: srv.URL(), DisableDenyCache: true, Logger: slog.New(slog.DiscardHandler)})
+	ctx := context.Background()
+	req := sluice.Request{Key: redistest.Prefix(t) + "k", Algorithm: sluice.GCRA, Limit: sluice.PerSecond(100), Cost: 1}
+	if _, err := s.Apply(ctx, sluice.OpAllow, req); err != nil {
+		t.Fatal(err)
+	}
 	srv.Kill()
-	req := sluice.Request{Key: "k", Algorithm: sluice.GCRA, Limit: sluice.PerSecond(1), Cost: 1}
-	for range DefaultBreakerThreshold {
-		if d, err := s.Apply(context.Background(), sluice.OpAllow, req); err != nil || !d.Degraded || d.Allowed {
-			t.Fatalf("%+v %v", d, err)
-		}
+	if _, err := s.Apply(ctx, sluice.OpAllow, req); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("killed: %v, want ErrUnavailable", err)
 	}
-	if st := s.Stats(); st.Circuit != "open" {
-		t.Fatalf("circuit %s after %d failures", st.Circuit, DefaultBreakerThreshold)
+	if st := s.Stats(); st.Errors == 0 {
+		t.Fatalf("error not counted: %+v", st)
 	}
-	calls := s.Stats().Calls
-	start := time.Now()
-	for range 1000 {
-		if d, _ := s.Apply(context.Background(), sluice.OpAllow, req); !d.Degraded || d.Allowed || d.RetryAfter <= 0 {
-			t.Fatalf("open circuit answered %+v", d)
-		}
+	srv.Restart(t)
+	waitFor(t, "after restart", func() error { _, err := s.Apply(ctx, sluice.OpAllow, req); return err })
+}
+
+// A store made while Redis is down does not fail: its calls fail with
+// ErrUnavailable, and it connects when Redis appears.
+func TestNewWhileRedisDown(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	srv.Kill()
+	s := newStore(t, Options{URL: srv.URL(), Logger: slog.New(slog.DiscardHandler)})
+	ctx := context.Background()
+	req := sluice.Request{Key: redistest.Prefix(t) + "k", Algorithm: sluice.SlidingWindowCounter, Limit: sluice.PerSecond(100), Cost: 1}
+	if _, err := s.Apply(ctx, sluice.OpAllow, req); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("before redis: %v, want ErrUnavailable", err)
 	}
-	if took := time.Since(start); took > slack || s.Stats().Calls != calls {
-		t.Fatalf("1000 calls with the circuit open took %s and made %d Redis calls", took, s.Stats().Calls-calls)
+	if err := s.Ping(ctx); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("ping before redis: %v", err)
+	}
+	srv.Restart(t)
+	waitFor(t, "ping once redis is up", func() error { return s.Ping(ctx) })
+	if d, err := s.Apply(ctx, sluice.OpAllow, req); err != nil || !d.Allowed {
+		t.Fatalf("%+v %v", d, err)
 	}
 }
 
 // A server turned replica (as after a failover) refuses writes with
-// READONLY: the store degrades, and recovers once it is a master again.
+// READONLY: the store fails with ErrUnavailable naming it, and recovers
+// once it is a master again.
 func TestReadOnlyAfterFailover(t *testing.T) {
 	srv := redistest.NewStandalone(t)
 	other := redistest.NewStandalone(t)
-	s := newStore(t, Options{URL: srv.URL(), Policy: ReturnError, BreakerCooldown: 10 * time.Millisecond, DisableDenyCache: true})
+	s := newStore(t, Options{URL: srv.URL(), DisableDenyCache: true})
 	ctx := context.Background()
 	req := sluice.Request{Key: redistest.Prefix(t) + "k", Algorithm: sluice.TokenBucket, Limit: sluice.PerSecond(100), Cost: 1}
 	if _, err := s.Apply(ctx, sluice.OpAllow, req); err != nil {
@@ -169,15 +96,63 @@ func TestReadOnlyAfterFailover(t *testing.T) {
 	if _, err := srv.Do(ctx, "REPLICAOF", "NO", "ONE"); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, err := s.Apply(ctx, sluice.OpAllow, req)
-		if err == nil {
-			break
+	waitFor(t, "after promotion", func() error { _, err := s.Apply(ctx, sluice.OpAllow, req); return err })
+}
+
+// Heartbeats count the live instances: renewals do not add, Leave
+// removes at once, and a heartbeat lapses after its TTL.
+func TestHeartbeatCountsInstances(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := newStore(t, Options{URL: srv.URL(), InstancesKey: redistest.Prefix(t) + "instances"})
+	ctx := context.Background()
+	for i, id := range []string{"a", "b", "c", "a"} {
+		ttl := time.Minute
+		if id == "c" {
+			ttl = 50 * time.Millisecond
 		}
-		if !errors.Is(err, ErrUnavailable) || time.Now().After(deadline) {
-			t.Fatalf("after promotion: %v", err)
+		n, err := s.Heartbeat(ctx, id, ttl)
+		if want := min(i+1, 3); err != nil || n != want {
+			t.Fatalf("heartbeat %s: %d, %v; want %d", id, n, err, want)
 		}
-		<-time.After(10 * time.Millisecond) // the circuit's cooldown
+	}
+	if err := s.Leave(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "c lapses", func() error {
+		n, err := s.Heartbeat(ctx, "a", time.Minute)
+		if err == nil && n != 1 {
+			return ErrUnavailable
+		}
+		return err
+	})
+}
+
+// On Cluster, NodeOf names the master that holds the key.
+func TestClusterNodeOf(t *testing.T) {
+	cl := redistest.SharedCluster(t)
+	s := newStore(t, Options{URL: cl.URL()})
+	ctx := context.Background()
+	nodes, err := s.Nodes(ctx)
+	if err != nil || len(nodes) != 3 {
+		t.Fatalf("Nodes: %v, %v; want the 3 masters", nodes, err)
+	}
+	prefix := redistest.Prefix(t)
+	seen := map[string]bool{}
+	for i := range 30 {
+		key := prefix + strconv.Itoa(i)
+		if _, err := s.Apply(ctx, sluice.OpAllow, sluice.Request{Key: key, Algorithm: sluice.GCRA, Limit: sluice.PerSecond(10), Cost: 1}); err != nil {
+			t.Fatal(err)
+		}
+		node := s.NodeOf(key)
+		seen[node] = true
+		if n, err := redistest.Do(ctx, node, "EXISTS", key); err != nil || n != int64(1) {
+			t.Fatalf("key %d not on %s, the node NodeOf names: %v %v", i, node, n, err)
+		}
+		if err := s.PingNode(ctx, node); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(seen) != 3 {
+		t.Fatalf("30 keys on %d nodes", len(seen))
 	}
 }

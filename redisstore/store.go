@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,26 +14,22 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/clock"
-	"github.com/sluice-io/sluice/memstore"
 )
 
 // Errors of the Redis store. They work with errors.Is.
 var (
-	// ErrUnavailable means Redis could not answer in time: a network error,
-	// a timeout, a failover in progress, or the circuit is open. Under the
-	// ReturnError policy, Apply returns it; the other policies answer
-	// instead and mark the Decision Degraded.
-	ErrUnavailable = errors.New("redisstore: redis unavailable")
-	// ErrCircuitOpen means the store did not ask Redis at all because recent
-	// calls failed. It wraps ErrUnavailable.
-	ErrCircuitOpen = fmt.Errorf("%w: circuit open", ErrUnavailable)
+	// ErrUnavailable is sluice.ErrUnavailable: Redis could not answer in
+	// time (a network error, a timeout, a failover in progress, not
+	// connected yet). Every such error of the store wraps it; package guard
+	// answers them by a failure policy.
+	ErrUnavailable = sluice.ErrUnavailable
 	// ErrBadURL means Options.URL cannot be used.
 	ErrBadURL = errors.New("redisstore: bad redis url")
 	// ErrUnsupportedLimit means a limit is valid for sluice but cannot be
 	// computed exactly in Redis's Lua, which has only doubles: a fixed or
 	// sliding-counter window whose period is not whole seconds and is
-	// longer than 10 days.
-	ErrUnsupportedLimit = errors.New("redisstore: limit not supported in redis")
+	// longer than 10 days. It wraps sluice.ErrInvalidLimit.
+	ErrUnsupportedLimit = fmt.Errorf("%w: not supported in redis", sluice.ErrInvalidLimit)
 	// ErrCrossSlot means an ApplyAll batch on Redis Cluster has keys in
 	// different hash slots. Give them a common hash tag, such as
 	// "{tenant:42}:rpm" and "{tenant:42}:tpm". It wraps
@@ -44,12 +39,10 @@ var (
 
 // Defaults for Options.
 const (
-	DefaultTimeout          = 50 * time.Millisecond
-	DefaultBreakerThreshold = 3
-	DefaultBreakerCooldown  = time.Second
-	DefaultDenyCacheSize    = 65536
-	DefaultLocalMaxKeys     = 100_000
-	DefaultFlushDelay       = 20 * time.Microsecond
+	DefaultTimeout       = 50 * time.Millisecond
+	DefaultDenyCacheSize = 65536
+	DefaultFlushDelay    = 20 * time.Microsecond
+	DefaultInstancesKey  = "{sluice}:instances"
 )
 
 // Options configure a Store. URL (or Client) is required.
@@ -72,26 +65,15 @@ type Options struct {
 	FlushDelay time.Duration
 
 	// Timeout is the deadline of every call to Redis, DefaultTimeout (50ms)
-	// when zero.
+	// when zero. A call that misses it fails with ErrUnavailable. Wrap the
+	// store in package guard for a failure policy, a circuit per node and
+	// a hard deadline while the client reconnects.
 	Timeout time.Duration
-	// Policy decides what a call answers when Redis fails or times out.
-	// Zero means FailOpen. Store.WithPolicy gives a view with another one,
-	// so that each limiter can have its own.
-	Policy Policy
-	// Instances is the number of sluice instances sharing the limits; the
-	// Local policy enforces limit ÷ Instances in memory. Zero means 1.
-	Instances int
-	// LocalMaxKeys bounds the Local policy's memory store.
-	// DefaultLocalMaxKeys when zero.
-	LocalMaxKeys int
-
-	// BreakerThreshold is how many calls in a row must fail before the
-	// circuit opens and calls stop going to Redis. DefaultBreakerThreshold
-	// when zero.
-	BreakerThreshold int
-	// BreakerCooldown is how long the circuit stays open before one call
-	// probes Redis again. DefaultBreakerCooldown when zero.
-	BreakerCooldown time.Duration
+	// InstancesKey is the sorted set in which each instance (each
+	// guard.Guard around this store) keeps its heartbeat, so that they
+	// count each other. DefaultInstancesKey when empty. Deployments that
+	// share one Redis but not their limits use different keys.
+	InstancesKey string
 
 	// DisableDenyCache turns off the local over-limit cache: by default a
 	// key denied with RetryAfter d is denied locally, without asking Redis,
@@ -100,18 +82,18 @@ type Options struct {
 	// DenyCacheSize bounds the over-limit cache. DefaultDenyCacheSize when zero.
 	DenyCacheSize int
 
-	// Logger receives circuit changes. Nil means slog.Default(). Keys and
-	// credentials are never logged.
+	// Logger receives connection changes (rate-limited). Nil means
+	// slog.Default(). Keys and credentials are never logged.
 	Logger *slog.Logger
 
 	// LocalClock is this process's clock, which only the over-limit cache
-	// and the Local policy read. Nil means Clock, or the system clock.
+	// reads. Nil means Clock, or the system clock.
 	LocalClock clock.Clock
 
 	// Clock is for tests only. Production leaves it nil, and every script
 	// reads the time from Redis TIME, so instances with skewed clocks agree.
 	// When set, its time is sent with every call instead (storetest drives
-	// the store this way), and the over-limit cache and Local policy read it.
+	// the store this way), and the over-limit cache reads it.
 	Clock clock.Clock
 }
 
@@ -120,35 +102,26 @@ type Options struct {
 // concurrent use.
 type Store struct {
 	*core
-	policy Policy
 }
 
-// core is what the views of one store share.
+// core is the store's state.
 type core struct {
-	client   rueidis.Client
-	ownsConn bool
-	cluster  bool
+	conn     // the client, connected now or later
 	scripts  *scripts
 	timeout  time.Duration
 	testClk  clock.Clock
 	localClk clock.Clock
 	log      *slog.Logger
-	br       *breaker
 	cache    *denyCache // nil when disabled
+	beatKey  string
 
-	instances    int
-	localMaxKeys int
-	localOnce    sync.Once
-	local        *memstore.Store
-	localErr     error
-
-	calls, errs, degraded, cacheHits atomic.Uint64
+	calls, errs, cacheHits atomic.Uint64
 
 	// params caches the last fast-script parameters of each algorithm.
 	params [sluice.Concurrency + 1]atomic.Pointer[fastParams]
 }
 
-// New connects to Redis and returns a Store. URL schemes:
+// New returns a Store for the Redis that opts name. URL schemes:
 //
 //	redis://[user:password@]host[:port][/db]            standalone
 //	rediss://...                                        standalone over TLS
@@ -156,25 +129,24 @@ type core struct {
 //	redis+sentinel://[user:password@]s1:p1,s2:p2/master  Sentinel
 //
 // rediss+cluster:// and rediss+sentinel:// use TLS. See the package doc for
-// the query parameters. New fails with ErrUnavailable when Redis cannot be
-// reached now, and with ErrBadURL for a malformed URL.
+// the query parameters. New fails with ErrBadURL for a malformed URL, and
+// with an error wrapping ErrUnavailable when Redis refuses the connection
+// (a wrong password, an untrusted certificate). When Redis cannot be
+// reached now, New does not fail: the store connects in the background,
+// and its calls fail with ErrUnavailable until Redis appears.
 func New(ctx context.Context, opts Options) (*Store, error) {
-	if opts.Timeout < 0 || opts.Instances < 0 || opts.BreakerThreshold < 0 || opts.BreakerCooldown < 0 || opts.DenyCacheSize < 0 || opts.LocalMaxKeys < 0 {
+	if opts.Timeout < 0 || opts.DenyCacheSize < 0 {
 		return nil, errors.New("redisstore: negative option")
 	}
-	if opts.Policy != 0 && !opts.Policy.valid() {
-		return nil, fmt.Errorf("redisstore: unknown policy %d", opts.Policy)
-	}
-	if opts.Policy == 0 {
-		opts.Policy = FailOpen
-	}
 	c := &core{
-		timeout:      cmp(opts.Timeout, DefaultTimeout),
-		testClk:      opts.Clock,
-		localClk:     opts.LocalClock,
-		log:          opts.Logger,
-		instances:    max(opts.Instances, 1),
-		localMaxKeys: int(cmp(int64(opts.LocalMaxKeys), DefaultLocalMaxKeys)),
+		timeout:  cmp(opts.Timeout, DefaultTimeout),
+		testClk:  opts.Clock,
+		localClk: opts.LocalClock,
+		log:      opts.Logger,
+		beatKey:  opts.InstancesKey,
+	}
+	if c.beatKey == "" {
+		c.beatKey = DefaultInstancesKey
 	}
 	if c.localClk == nil {
 		c.localClk = opts.Clock
@@ -185,7 +157,6 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	if c.log == nil {
 		c.log = slog.Default()
 	}
-	c.br = newBreaker(int(cmp(int64(opts.BreakerThreshold), DefaultBreakerThreshold)), cmp(opts.BreakerCooldown, DefaultBreakerCooldown), c.log)
 	if !opts.DisableDenyCache {
 		c.cache = newDenyCache(int(cmp(int64(opts.DenyCacheSize), DefaultDenyCacheSize)))
 	}
@@ -193,34 +164,40 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	if c.scripts, err = loadScripts(); err != nil {
 		return nil, err
 	}
+	c.conn.log = c.log
+	c.conn.onConnect = c.preload
 	if opts.Client != nil {
-		c.client = opts.Client
+		c.conn.set(opts.Client)
 		c.cluster = len(opts.Client.Nodes()) > 1
-	} else {
-		copt, mode, err := clientOption(opts.URL, opts.Username, opts.Password)
-		if err != nil {
+		c.preload(ctx, opts.Client)
+		return &Store{core: c}, nil
+	}
+	copt, mode, err := clientOption(opts.URL, opts.Username, opts.Password)
+	if err != nil {
+		return nil, err
+	}
+	copt.Dialer.Timeout = cmp(copt.Dialer.Timeout, time.Second)
+	copt.DisableCache = true
+	if opts.FlushDelay >= 0 {
+		copt.MaxFlushDelay = cmp(opts.FlushDelay, DefaultFlushDelay)
+	}
+	copt.ConnWriteTimeout = max(c.timeout*4, time.Second)
+	c.conn.opt, c.conn.mode, c.conn.owns = copt, mode, true
+	c.cluster = mode == "cluster"
+	c.name = strings.Join(copt.InitAddress, ",")
+	if err := c.connect(ctx); err != nil {
+		if refused(err) {
 			return nil, err
 		}
-		copt.Dialer.Timeout = cmp(copt.Dialer.Timeout, time.Second)
-		copt.DisableCache = true
-		if opts.FlushDelay >= 0 {
-			copt.MaxFlushDelay = cmp(opts.FlushDelay, DefaultFlushDelay)
-		}
-		copt.ConnWriteTimeout = max(c.timeout*4, time.Second)
-		if c.client, err = rueidis.NewClient(copt); err != nil {
-			return nil, fmt.Errorf("%w: connect (%s %s): %w", ErrUnavailable, mode, strings.Join(copt.InitAddress, ","), err)
-		}
-		c.ownsConn = true
-		c.cluster = mode == "cluster"
+		c.log.Warn("redisstore: redis unreachable; connecting in the background", "mode", mode, "addrs", c.name, "err", err)
 	}
-	c.preload(ctx)
-	return &Store{core: c, policy: opts.Policy}, nil
+	return &Store{core: c}, nil
 }
 
 // preload loads every script on every node, so that no first call of a
 // script pays a NOSCRIPT round trip. It is best effort: a call that finds
 // its script missing (after a restart or SCRIPT FLUSH) loads it anyway.
-func (c *core) preload(ctx context.Context) {
+func (c *core) preload(ctx context.Context, client rueidis.Client) {
 	ctx, cancel := context.WithTimeout(ctx, max(c.timeout*4, time.Second))
 	defer cancel()
 	var srcs []string
@@ -229,14 +206,14 @@ func (c *core) preload(ctx context.Context) {
 			srcs = append(srcs, src)
 		}
 	}
-	for addr, node := range c.client.Nodes() {
+	for addr, node := range client.Nodes() {
 		cmds := make(rueidis.Commands, len(srcs)) // a command is sent once
 		for i, src := range srcs {
 			cmds[i] = node.B().ScriptLoad().Script(src).Build()
 		}
 		for _, r := range node.DoMulti(ctx, cmds...) {
 			if err := r.Error(); err != nil {
-				c.log.Debug("redisstore: could not preload a script", "addr", addr, "err", err)
+				c.log.Debug("redisstore: could not preload a script", "node", addr, "err", err)
 				break
 			}
 		}
@@ -250,30 +227,13 @@ func cmp[T int64 | time.Duration](v, def T) T {
 	return v
 }
 
-// WithPolicy returns a view of s that answers with policy p when Redis
-// fails. The view shares s's connection, circuit, cache and statistics.
-func (s *Store) WithPolicy(p Policy) *Store {
-	if !p.valid() {
-		p = s.policy
-	}
-	return &Store{core: s.core, policy: p}
-}
+// Client returns the underlying rueidis client, to share it; nil while
+// the store has not connected yet.
+func (s *Store) Client() rueidis.Client { return s.client() }
 
-// Policy returns the store's failure policy.
-func (s *Store) Policy() Policy { return s.policy }
-
-// Client returns the underlying rueidis client, to share it.
-func (s *Store) Client() rueidis.Client { return s.client }
-
-// Close releases the connection (unless it came from Options.Client) and
-// the Local policy's memory store. Close the store once, not each view.
+// Close releases the connection, unless it came from Options.Client.
 func (s *Store) Close() error {
-	if s.ownsConn {
-		s.client.Close()
-	}
-	if s.local != nil {
-		return s.local.Close()
-	}
+	s.conn.close()
 	return nil
 }
 
@@ -283,26 +243,13 @@ type Stats struct {
 	Calls uint64
 	// Errors is the number of calls that failed or timed out.
 	Errors uint64
-	// Degraded is the number of decisions a failure policy made.
-	Degraded uint64
 	// CacheHits is the number of decisions the over-limit cache made.
 	CacheHits uint64
-	// BreakerOpens is how many times the circuit opened.
-	BreakerOpens uint64
-	// Circuit is "closed", "open" or "half_open".
-	Circuit string
 }
 
 // Stats returns the store's counters.
 func (s *Store) Stats() Stats {
-	return Stats{
-		Calls:        s.calls.Load(),
-		Errors:       s.errs.Load(),
-		Degraded:     s.degraded.Load(),
-		CacheHits:    s.cacheHits.Load(),
-		BreakerOpens: s.br.opens.Load(),
-		Circuit:      s.br.stateName(),
-	}
+	return Stats{Calls: s.calls.Load(), Errors: s.errs.Load(), CacheHits: s.cacheHits.Load()}
 }
 
 // Apply implements sluice.Store.
@@ -404,28 +351,14 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, req *sluice.Request, 
 	if s.testClk != nil {
 		args = fastArgs(op, p, s.testClk.Now())
 	}
-	one := func(ds []sluice.Decision, err error) (sluice.Decision, error) {
-		if err != nil {
-			return sluice.Decision{}, err
-		}
-		return ds[0], nil
-	}
-	if !s.br.allow() {
-		return one(s.degrade(ctx, op, []sluice.Request{*req}, ErrCircuitOpen))
+	client := s.client()
+	if client == nil {
+		return sluice.Decision{}, s.notConnected()
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	s.calls.Add(1)
-	keys := []string{req.Key}
-	var vals []int64
-	var err error
-	if s.br.healthy() {
-		vals, err = script.Exec(cctx, s.client, keys, args).AsIntSlice()
-	} else {
-		vals, err = s.bounded(cctx, func(ctx context.Context) ([]int64, error) {
-			return script.Exec(ctx, s.client, keys, args).AsIntSlice()
-		})
-	}
+	vals, err := script.Exec(cctx, client, []string{req.Key}, args).AsIntSlice()
 	want := 2
 	if req.Algorithm == sluice.FixedWindow {
 		want = 3
@@ -434,9 +367,8 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, req *sluice.Request, 
 		err = fmt.Errorf("redisstore: script replied %d values, want %d", len(vals), want)
 	}
 	if err != nil {
-		return one(s.failed(ctx, op, []sluice.Request{*req}, err))
+		return sluice.Decision{}, s.failed(ctx, err)
 	}
-	s.br.success()
 	r := reply{ok: vals[0] == 1, x: vals[1]}
 	switch req.Algorithm {
 	case sluice.TokenBucket: // the script's TAT − now is tau − level
@@ -447,19 +379,17 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, req *sluice.Request, 
 	return decide(req, r), nil
 }
 
-// failed handles a failed call: the caller's own cancellation is returned
-// as it is; anything else counts against Redis and the policy answers.
-func (s *Store) failed(ctx context.Context, op sluice.Op, reqs []sluice.Request, err error) ([]sluice.Decision, error) {
+// failed counts a failed call and wraps its error: the caller's own
+// cancellation as it is, anything else in ErrUnavailable.
+func (s *Store) failed(ctx context.Context, err error) error {
 	if ctx.Err() != nil { // the caller gave up: not Redis's fault
-		s.br.release()
-		return nil, fmt.Errorf("redisstore: %w", ctx.Err())
+		return fmt.Errorf("redisstore: %w", ctx.Err())
 	}
 	s.errs.Add(1)
-	s.br.failure(err)
 	if isReadOnly(err) {
-		s.log.Warn("redisstore: redis refused a write as a replica (READONLY, as after a failover); degraded until a master answers", "err", err)
+		return fmt.Errorf("redisstore: %w: redis refused a write as a replica (as after a failover): %w", ErrUnavailable, err)
 	}
-	return s.degrade(ctx, op, reqs, fmt.Errorf("%w: %w", ErrUnavailable, err))
+	return fmt.Errorf("redisstore: %w: %w", ErrUnavailable, err)
 }
 
 // run sends one script call (or, for OpReset, one DEL) and turns the reply
@@ -485,8 +415,9 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 			}
 		}
 	}
-	if !s.br.allow() {
-		return s.degrade(ctx, op, reqs, ErrCircuitOpen)
+	client := s.client()
+	if client == nil {
+		return nil, s.notConnected()
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -494,19 +425,16 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 	var vals []int64
 	var err error
 	if op == sluice.OpReset {
-		err = s.del(cctx, keys)
+		err = del(cctx, client, keys)
 	} else {
-		vals, err = s.bounded(cctx, func(ctx context.Context) ([]int64, error) {
-			return script.Exec(ctx, s.client, keys, args).AsIntSlice()
-		})
+		vals, err = script.Exec(cctx, client, keys, args).AsIntSlice()
 		if err == nil && len(vals) != 4*len(reqs) {
 			err = fmt.Errorf("redisstore: script replied %d values for %d keys", len(vals), len(reqs))
 		}
 	}
 	if err != nil {
-		return s.failed(ctx, op, reqs, err)
+		return nil, s.failed(ctx, err)
 	}
-	s.br.success()
 	ds := make([]sluice.Decision, len(reqs))
 	for i := range reqs {
 		if op == sluice.OpReset {
@@ -519,38 +447,13 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 	return ds, nil
 }
 
-// bounded runs call directly while Redis is healthy, when the client
-// honours ctx's deadline. After a failure, while the client may be
-// reconnecting (a dial or handshake that ignores ctx), it runs call in a
-// goroutine and returns at the deadline whatever call is doing.
-func (s *Store) bounded(ctx context.Context, call func(context.Context) ([]int64, error)) ([]int64, error) {
-	if s.br.healthy() {
-		return call(ctx)
-	}
-	type result struct {
-		vals []int64
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		v, err := call(ctx)
-		done <- result{v, err}
-	}()
-	select {
-	case r := <-done:
-		return r.vals, r.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
 // del deletes keys in one round trip.
-func (s *Store) del(ctx context.Context, keys []string) error {
+func del(ctx context.Context, client rueidis.Client, keys []string) error {
 	cmds := make(rueidis.Commands, len(keys))
 	for i, k := range keys {
-		cmds[i] = s.client.B().Del().Key(k).Build()
+		cmds[i] = client.B().Del().Key(k).Build()
 	}
-	for _, r := range s.client.DoMulti(ctx, cmds...) {
+	for _, r := range client.DoMulti(ctx, cmds...) {
 		if err := r.Error(); err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/aiclient"
+	"github.com/sluice-io/sluice/guard"
 	"github.com/sluice-io/sluice/internal/batch"
 	"github.com/sluice-io/sluice/memstore"
 	"github.com/sluice-io/sluice/redisstore"
@@ -211,13 +212,18 @@ func batchStore(ctx context.Context, f *batchFlags, logger *slog.Logger) (sluice
 		}
 		return s, func() { _ = s.Close() }, nil
 	}
-	policy, err := redisstore.ParsePolicy(f.redisPolicy)
+	policy, err := guard.ParsePolicy(f.redisPolicy)
 	if err != nil {
 		return nil, nil, fmt.Errorf("batch: --redis-policy: %w", err)
 	}
-	s, err := redisstore.New(ctx, redisstore.Options{URL: f.redisURL, Policy: policy, Logger: logger})
+	rs, err := redisstore.New(ctx, redisstore.Options{URL: f.redisURL, Logger: logger})
 	if err != nil {
 		return nil, nil, fmt.Errorf("batch: --redis: %w", err)
+	}
+	s, err := guard.New(rs, guard.Options{Policy: policy, Logger: logger, CloseStore: true})
+	if err != nil {
+		_ = rs.Close()
+		return nil, nil, fmt.Errorf("batch: %w", err)
 	}
 	return s, func() { _ = s.Close() }, nil
 }

@@ -45,10 +45,11 @@ const (
 	FailOpen   = "fail_open"
 	FailClosed = "fail_closed"
 	FailLocal  = "local"
+	FailError  = "error"
 )
 
 var (
-	failurePolicies = []string{FailOpen, FailClosed, FailLocal}
+	failurePolicies = []string{FailLocal, FailOpen, FailClosed, FailError}
 	nameRE          = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 	hashRE          = regexp.MustCompile(`^[0-9a-f]{64}$`)
 )
@@ -340,7 +341,7 @@ func (v *validator) compileStore(s *StoreSection) {
 		v.addf("store.url", "unknown store %q; valid: memory, redis://HOST:PORT/DB, rediss://..., redis+cluster://H1:P1,H2:P2, redis+sentinel://S1:P1/MASTER", redactURL(s.URL))
 	}
 	if s.FailurePolicy == "" {
-		s.FailurePolicy = FailOpen
+		s.FailurePolicy = FailLocal
 	} else if !slices.Contains(failurePolicies, s.FailurePolicy) {
 		v.addf("store.failure_policy", "unknown failure policy %q; valid: %s", s.FailurePolicy, strings.Join(failurePolicies, ", "))
 	}
@@ -349,10 +350,8 @@ func (v *validator) compileStore(s *StoreSection) {
 	} else if s.Timeout < 0 {
 		v.addf("store.timeout", "%s must be positive", s.Timeout)
 	}
-	if s.Instances == 0 {
-		s.Instances = 1
-	} else if s.Instances < 0 || s.Instances > 64 {
-		v.addf("store.instances", "%d must be between 1 and 64", s.Instances)
+	if s.Instances < 0 || s.Instances > 64 { // 0: learnt from the store's heartbeats
+		v.addf("store.instances", "%d must be between 1 and 64, or 0 to count the instances by heartbeat", s.Instances)
 	}
 	if s.MaxKeys < 0 {
 		v.addf("store.max_keys", "%d must not be negative", s.MaxKeys)

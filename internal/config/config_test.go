@@ -47,7 +47,7 @@ func TestExampleConfig(t *testing.T) {
 	if !cfg.Policies["daily"].Shadow || cfg.Policies["anonymous"].Limit.Burst != 10 {
 		t.Errorf("daily/anonymous policies: %+v %+v", cfg.Policies["daily"], cfg.Policies["anonymous"])
 	}
-	if cfg.Listen != ":8080" || cfg.Store.URL != "memory" || cfg.Store.Timeout != 50*time.Millisecond || cfg.Store.FailurePolicy != FailOpen {
+	if cfg.Listen != ":8080" || cfg.Store.URL != "memory" || cfg.Store.Timeout != 50*time.Millisecond || cfg.Store.FailurePolicy != FailLocal {
 		t.Errorf("defaults: %+v %+v", cfg.Listen, cfg.Store)
 	}
 	if cfg.Authz.DefaultTier.Name != "anonymous" || !cfg.Authz.RejectUnknownKeys || len(cfg.Authz.TrustedProxies) != 2 || cfg.Authz.DenyStatus != 429 {
@@ -61,7 +61,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Policies["p"].Algorithm != sluice.GCRA || cfg.MaxBodyBytes != DefaultMaxBodyBytes || cfg.MaxChecks != DefaultMaxChecks ||
-		cfg.ShutdownTimeout != DefaultShutdownTimeout || cfg.Store.Instances != 1 || cfg.Authz.APIKeyHeaders[0] != "X-API-Key" {
+		cfg.ShutdownTimeout != DefaultShutdownTimeout || cfg.Store.Instances != 0 || cfg.Authz.APIKeyHeaders[0] != "X-API-Key" {
 		t.Errorf("defaults not applied: %+v", cfg)
 	}
 }
@@ -86,7 +86,7 @@ func TestBadConfigs(t *testing.T) {
 		"bad_algorithm":         {`3: policies.free.algorithm: unknown algorithm "leaky"; valid: gcra, token_bucket`},
 		"bad_default_tier":      {`8: authz.default_tier: unknown tier "platinum"; valid: free`},
 		"bad_deny_status":       {`2: authz.deny_status: 500; valid: 429, 403`},
-		"bad_failure_policy":    {`3: store.failure_policy: unknown failure policy "fail_maybe"; valid: fail_open, fail_closed, local`},
+		"bad_failure_policy":    {`3: store.failure_policy: unknown failure policy "fail_maybe"; valid: local, fail_open, fail_closed, error`},
 		"bad_limit":             {`3: policies.free.limit: invalid limit "10 per minute"`},
 		"bad_override":          {`6: overrides[0].policy: unknown policy "premium"; valid: free`},
 		"bad_proxy":             {`2: authz.trusted_proxies[1]: "not-an-ip"`},

@@ -64,11 +64,14 @@ type StoreSection struct {
 	// empty.
 	URLEnv string `yaml:"url_env"`
 	// FailurePolicy says what a decision is when the store cannot be
-	// reached: fail_open, fail_closed or local.
+	// reached: local (the default), fail_open, fail_closed or error. The
+	// bound each keeps is in docs/redis.md.
 	FailurePolicy string `yaml:"failure_policy"`
 	// Timeout bounds one store call; default 50ms.
 	Timeout time.Duration `yaml:"timeout"`
-	// Instances is the number of Redis instances keys are sharded over.
+	// Instances, when set, is the number of sluice instances sharing the
+	// limits, for the local policy's share (limit ÷ instances); 0 (the
+	// default) counts them by heartbeat in the store.
 	Instances int `yaml:"instances"`
 	// LocalCache lets the Redis store answer denials it already knows
 	// locally, until their RetryAfter; on unless set to false, as in the

@@ -18,7 +18,7 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 
 func openRedis(t *testing.T, url string, clk clock.Clock) sluice.Store {
 	t.Helper()
-	opts := redisstore.Options{URL: url, Policy: redisstore.ReturnError, Timeout: 5 * time.Second}
+	opts := redisstore.Options{URL: url, Timeout: 5 * time.Second}
 	if clk != nil {
 		opts.Clock = clk // tests drive the time; production reads Redis TIME
 	}

@@ -43,7 +43,7 @@ func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
 		st = m
 	case "redis":
 		r, err := redisstore.New(context.Background(), redisstore.Options{
-			URL: redistest.Standalone(b).URL(), Policy: redisstore.ReturnError, DisableDenyCache: true, Timeout: time.Second,
+			URL: redistest.Standalone(b).URL(), DisableDenyCache: true, Timeout: time.Second,
 		})
 		if err != nil {
 			b.Fatal(err)

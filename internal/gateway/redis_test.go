@@ -37,7 +37,7 @@ func parallelTPMRedis(t *testing.T, url string) {
 	for range 2 {
 		// Each instance has its own connection, as two processes would.
 		st, err := redisstore.New(context.Background(), redisstore.Options{
-			URL: url, Clock: clk, Policy: redisstore.ReturnError, DisableDenyCache: true, Timeout: time.Second,
+			URL: url, Clock: clk, DisableDenyCache: true, Timeout: time.Second,
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -53,7 +53,7 @@ func parallelTPMRedis(t *testing.T, url string) {
 // rather than admitting on per-instance limits.
 func TestRedisDownFailsClosed(t *testing.T) {
 	srv := redistest.NewStandalone(t)
-	st, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), Policy: redisstore.ReturnError, DisableDenyCache: true, Timeout: 5 * time.Second})
+	st, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), DisableDenyCache: true, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

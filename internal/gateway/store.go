@@ -25,7 +25,7 @@ func OpenStore(ctx context.Context, sc StoreConfig, log *slog.Logger) (sluice.St
 		return st, st, nil
 	}
 	st, err := redisstore.New(ctx, redisstore.Options{
-		URL: sc.URL, Timeout: sc.Timeout, Policy: redisstore.ReturnError, DisableDenyCache: true, Logger: log,
+		URL: sc.URL, Timeout: sc.Timeout, DisableDenyCache: true, Logger: log,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("gateway: store: %w", err)

@@ -94,7 +94,7 @@ func benchStore(b *testing.B, backend string) (sluice.Store, io.Closer) {
 		return s, s
 	}
 	srv := redistest.Standalone(b)
-	s, c, err := openRedis(context.Background(), config.StoreSection{URL: srv.URL(), FailurePolicy: config.FailOpen, Timeout: time.Second})
+	s, c, err := openRedis(context.Background(), config.StoreSection{URL: srv.URL(), FailurePolicy: config.FailOpen, Timeout: time.Second}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -598,9 +597,6 @@ func writeText(w http.ResponseWriter, status int, msg string) {
 	w.WriteHeader(status)
 	_, _ = io.WriteString(w, msg)
 }
-
-// retryAfter is the Retry-After of a degraded denial.
-const retryAfter = time.Second
 
 // appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD.
 func appendString(b []byte, s string) []byte {

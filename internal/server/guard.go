@@ -2,211 +2,121 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
-	"time"
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/guard"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/redisstore"
 )
 
-// Circuit breaker settings: after breakerThreshold consecutive store
-// failures the guard stops calling the store for breakerCooldown and lets
-// the failure policy answer; then one probe call decides whether to close.
-const (
-	breakerThreshold = 5
-	breakerCooldown  = 2 * time.Second
-)
+// The service's store failure handling is package guard: a per-call
+// deadline, a circuit per store node, a per-key in-flight cap, a
+// background probe, and the failure policy. This file wires it to the
+// configuration, so that each call uses the policy of the configuration
+// it loaded, and to the metrics.
 
-// ErrCircuitOpen means the store is not being called because it failed
-// repeatedly; the failure policy answers instead.
-var ErrCircuitOpen = errors.New("server: store circuit open")
-
-// Pinger is implemented by stores that can report whether they are
-// reachable. /readyz uses it.
-type Pinger interface {
-	Ping(ctx context.Context) error
-}
-
-// SelfGuarded is implemented by stores that apply a timeout, a circuit
-// breaker and the failure policy themselves, such as the Redis store; the
-// guard then passes their calls through and exports their counters.
-type SelfGuarded interface {
-	// StoreStats reports the store's counters and circuit state.
-	StoreStats() metrics.StoreStats
-	// Ping reports whether the store can be reached now.
-	Ping(ctx context.Context) error
-}
-
-// guard wraps the store with a timeout, a circuit breaker and the
-// configured failure policy, unless the store does that itself.
-type guard struct {
-	store    sluice.Store
-	self     SelfGuarded // nil unless the store guards itself
-	fallback sluice.Store
-	policy   string
-	timeout  time.Duration
-	clk      clock.Clock
-	log      *slog.Logger
-
-	fails     atomic.Int32
-	openUntil atomic.Int64 // Unix ns; zero when closed
-	probing   atomic.Bool
-
-	calls, errs, degraded, opens atomic.Uint64
-}
-
-func newGuard(store, fallback sluice.Store, sc config.StoreSection, m *metrics.Metrics, clk clock.Clock, log *slog.Logger) *guard {
-	g := &guard{store: store, fallback: fallback, policy: sc.FailurePolicy, clk: clk, log: log}
-	if !sc.IsMemory() {
-		g.timeout = sc.Timeout
-	}
-	if sg, ok := store.(SelfGuarded); ok {
-		g.self = sg
-		m.SetStoreStats(sg.StoreStats)
-	} else {
-		m.SetStoreStats(g.stats)
-	}
-	return g
-}
-
-// stats reports the guard's own counters.
-func (g *guard) stats() metrics.StoreStats {
-	st := metrics.StoreStats{Calls: g.calls.Load(), Errors: g.errs.Load(), Degraded: g.degraded.Load(), CircuitOpens: g.opens.Load()}
-	if g.openUntil.Load() != 0 {
-		st.Circuit = metrics.CircuitOpen
-		if g.probing.Load() {
-			st.Circuit = metrics.CircuitHalfOpen
-		}
-	}
-	return st
-}
-
-// applyAll validates reqs, then asks the store, or the failure policy when
-// the store fails or its circuit is open.
-func (g *guard) applyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
-	if g.self != nil {
-		return g.store.ApplyAll(ctx, op, reqs)
-	}
-	for i := range reqs {
-		if err := reqs[i].Validate(op); err != nil {
-			return nil, err
-		}
-	}
-	if !g.admitCall() {
-		return g.degrade(ctx, op, reqs, ErrCircuitOpen)
-	}
-	if g.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, g.timeout)
-		defer cancel()
-	}
-	g.calls.Add(1)
-	ds, err := g.store.ApplyAll(ctx, op, reqs)
-	if err == nil {
-		g.succeeded()
-		return ds, nil
-	}
-	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
-		// The client went away; that says nothing about the store. If this
-		// call was the half-open probe, let the next call probe instead.
-		g.probing.Store(false)
+// newGuard wraps store in a guard configured by sc. The service closes it.
+func newGuard(store sluice.Store, sc config.StoreSection, clk clock.Clock, log *slog.Logger) (*guard.Guard, error) {
+	policy, err := parsePolicy(sc.FailurePolicy)
+	if err != nil {
 		return nil, err
 	}
-	g.errs.Add(1)
-	g.failed(err)
-	return g.degrade(ctx, op, reqs, err)
+	o := guard.Options{Policy: policy, Timeout: sc.Timeout, Instances: sc.Instances, LocalMaxKeys: sc.MaxKeys, Logger: log, Clock: clk}
+	if sc.IsMemory() {
+		o.Timeout = -1 // memory answers at once; no deadline to keep
+	}
+	g, err := guard.New(store, o)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	return g, nil
 }
 
-// degrade answers by the failure policy, every decision marked Degraded.
-func (g *guard) degrade(ctx context.Context, op sluice.Op, reqs []sluice.Request, cause error) ([]sluice.Decision, error) {
-	g.degraded.Add(uint64(len(reqs)))
-	switch {
-	case g.policy == config.FailLocal && g.fallback != nil:
-		ds, err := g.fallback.ApplyAll(context.WithoutCancel(ctx), op, reqs)
-		if err != nil {
-			return nil, fmt.Errorf("server: local fallback after %v: %w", cause, err)
-		}
-		for i := range ds {
-			ds[i].Degraded = true
-		}
-		return ds, nil
-	case g.policy == config.FailClosed:
-		ds := make([]sluice.Decision, len(reqs))
-		for i, r := range reqs {
-			ds[i] = sluice.Decision{Limit: r.Limit, RetryAfter: retryAfter, ResetAfter: r.Limit.Period, Degraded: true}
-		}
-		return ds, nil
-	default: // fail_open, and local without a fallback
-		ds := make([]sluice.Decision, len(reqs))
-		for i, r := range reqs {
-			ds[i] = sluice.Decision{Allowed: true, Limit: r.Limit, Remaining: r.Capacity(), Degraded: true}
-		}
-		return ds, nil
+// parsePolicy reads a config's failure policy; the empty one is the
+// default, local.
+func parsePolicy(name string) (guard.Policy, error) {
+	switch name {
+	case "", config.FailLocal:
+		return guard.Local, nil
+	case config.FailOpen:
+		return guard.FailOpen, nil
+	case config.FailClosed:
+		return guard.FailClosed, nil
 	}
+	p, err := guard.ParsePolicy(name)
+	if err != nil {
+		return 0, fmt.Errorf("server: %w", err)
+	}
+	return p, nil
 }
 
-// admitCall reports whether the store may be called: the circuit is
-// closed, or it is half-open and this call is the probe.
-func (g *guard) admitCall() bool {
-	until := g.openUntil.Load()
-	if until == 0 {
-		return true
-	}
-	if g.clk.Now() < until {
-		return false
-	}
-	return g.probing.CompareAndSwap(false, true)
+// storeGuard is the guard as the server uses it: every call with the
+// failure policy of the configuration being served.
+type storeGuard struct {
+	g   *guard.Guard
+	cfg func() *config.Config
+	// store is the guard following the configuration, as a sluice.Store.
+	store sluice.Store
 }
 
-func (g *guard) succeeded() {
-	if g.fails.Load() != 0 {
-		g.fails.Store(0)
-	}
-	if g.openUntil.Load() != 0 {
-		g.openUntil.Store(0)
-		g.probing.Store(false)
-		g.log.Info("store circuit closed: the store answers again")
-	}
+func newStoreGuard(g *guard.Guard, cfg func() *config.Config) *storeGuard {
+	sg := &storeGuard{g: g, cfg: cfg}
+	sg.store = policyStore{sg}
+	return sg
 }
 
-func (g *guard) failed(err error) {
-	n := g.fails.Add(1)
-	if n < breakerThreshold && g.openUntil.Load() == 0 {
-		return
+// view is the guard with the served configuration's policy.
+func (s *storeGuard) view() *guard.Guard {
+	p, err := parsePolicy(s.cfg().Store.FailurePolicy)
+	if err != nil {
+		return s.g
 	}
-	wasOpen := g.openUntil.Load() != 0
-	g.openUntil.Store(g.clk.Now() + int64(breakerCooldown))
-	g.probing.Store(false)
-	if !wasOpen {
-		g.opens.Add(1)
-		g.log.Warn("store circuit open: the failure policy answers", "failures", n, "policy", g.policy, "err", err)
-	}
+	return s.g.WithPolicy(p)
 }
 
-// ready reports whether the store can be used: not while the circuit is
-// open, nor when the store's Ping fails.
-func (g *guard) ready(ctx context.Context) error {
-	if g.self != nil {
-		if g.self.StoreStats().Circuit == metrics.CircuitOpen {
-			return ErrCircuitOpen
-		}
-		if err := g.self.Ping(ctx); err != nil {
-			return fmt.Errorf("server: store ping: %w", err)
-		}
-		return nil
+func (s *storeGuard) applyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
+	return s.view().ApplyAll(ctx, op, reqs)
+}
+
+// ready reports whether the store answers, from the guard's background
+// probe: correct without traffic.
+func (s *storeGuard) ready(ctx context.Context) error { return s.g.Ready(ctx) }
+
+// stats exports the guard's counters (and the Redis store's cache hits).
+func (s *storeGuard) stats() metrics.StoreStats {
+	st := s.g.Stats()
+	out := metrics.StoreStats{Calls: st.Calls, Errors: st.Errors, Degraded: st.DegradedTotal(), CircuitOpens: st.Openings}
+	if st.Open > 0 {
+		out.Circuit = metrics.CircuitOpen
 	}
-	if until := g.openUntil.Load(); until != 0 && g.clk.Now() < until {
-		return ErrCircuitOpen
+	if rs, ok := s.g.Unwrap().(*redisstore.Store); ok {
+		out.CacheHits = rs.Stats().CacheHits
 	}
-	if p, ok := g.store.(Pinger); ok {
-		if err := p.Ping(ctx); err != nil {
-			return fmt.Errorf("server: store ping: %w", err)
-		}
+	return out
+}
+
+// policyStore is a sluice.Store that follows the configuration's failure
+// policy, for the components plugged into the service.
+type policyStore struct{ s *storeGuard }
+
+func (p policyStore) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
+	return p.s.view().Apply(ctx, op, req)
+}
+
+func (p policyStore) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
+	return p.s.view().ApplyAll(ctx, op, reqs)
+}
+
+// guardOf returns the guard a store passed to New already is, or wraps it
+// in one (whose probe then runs for the life of the process: Run passes
+// its own guard and closes it).
+func guardOf(store sluice.Store, sc config.StoreSection, clk clock.Clock, log *slog.Logger) (*guard.Guard, error) {
+	if g, ok := store.(*guard.Guard); ok {
+		return g, nil
 	}
-	return nil
+	return newGuard(store, sc, clk, log)
 }

@@ -14,9 +14,10 @@
 // nothing), encode. Shadow policies are charged in a second call, only when
 // the enforced ones admit, and never deny.
 //
-// Store failures go through a guard (guard.go): a per-call timeout, a
-// circuit breaker, and the configured failure policy, which answers with
-// Degraded decisions instead of errors.
+// Store failures go through package guard (wired in guard.go): a per-call
+// deadline, a circuit per store node, a per-key in-flight cap, a
+// background probe, and the configured failure policy, which answers with
+// Degraded decisions.
 package server
 
 import (
@@ -40,11 +41,9 @@ import (
 
 // Options configure a Server. Store, Config and Metrics are required.
 type Options struct {
-	// Store keeps the limiter state.
+	// Store keeps the limiter state. Unless it is a *guard.Guard already,
+	// New wraps it in one configured by Config.Store.
 	Store sluice.Store
-	// Fallback answers while Store is failing, under the "local" failure
-	// policy; typically a memstore. Nil means "local" behaves as fail_open.
-	Fallback sluice.Store
 	// Config is the initial configuration.
 	Config *config.Config
 	// Metrics receive every decision; they must be registered once.
@@ -61,7 +60,7 @@ type Options struct {
 // Server serves the HTTP API. It is safe for concurrent use.
 type Server struct {
 	cfg      atomic.Pointer[config.Config]
-	guard    *guard
+	guard    *storeGuard
 	m        *metrics.Metrics
 	log      *slog.Logger
 	admin    string
@@ -83,7 +82,12 @@ func New(opts Options) (*Server, error) {
 		opts.Clock = clock.NewSystem()
 	}
 	s := &Server{m: opts.Metrics, log: opts.Logger, admin: opts.AdminToken}
-	s.guard = newGuard(opts.Store, opts.Fallback, opts.Config.Store, opts.Metrics, opts.Clock, opts.Logger)
+	g, err := guardOf(opts.Store, opts.Config.Store, opts.Clock, opts.Logger)
+	if err != nil {
+		return nil, err
+	}
+	s.guard = newStoreGuard(g, s.Config)
+	opts.Metrics.SetStoreStats(s.guard.stats)
 	s.cfg.Store(opts.Config)
 	s.mux = http.NewServeMux()
 	s.handle("POST /v1/check", "check", s.handleCheck)

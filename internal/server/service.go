@@ -103,25 +103,23 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 	reloader.last = data
 	open := opts.OpenStore
 	if open == nil {
-		open = OpenStore
+		open = func(ctx context.Context, sc config.StoreSection) (sluice.Store, io.Closer, error) {
+			return openStore(ctx, sc, log)
+		}
 	}
 	store, closer, err := open(ctx, cfg.Store)
 	if err != nil {
 		return err
 	}
 	defer closer.Close()
-	var fallback sluice.Store
-	if cfg.Store.FailurePolicy == config.FailLocal && !cfg.Store.IsMemory() {
-		fb, err := memstore.New(memstore.Options{MaxKeys: cfg.Store.MaxKeys})
-		if err != nil {
-			return fmt.Errorf("server: local fallback store: %w", err)
-		}
-		defer fb.Close()
-		fallback = fb
+	g, err := newGuard(store, cfg.Store, opts.Clock, log)
+	if err != nil {
+		return err
 	}
+	defer g.Close()
 	m := metrics.New()
 	m.ReloadResult(nil, time.Now())
-	srv, err := New(Options{Store: store, Fallback: fallback, Config: cfg, Metrics: m, Logger: log, AdminToken: opts.AdminToken, Clock: opts.Clock})
+	srv, err := New(Options{Store: g, Config: cfg, Metrics: m, Logger: log, AdminToken: opts.AdminToken, Clock: opts.Clock})
 	if err != nil {
 		return err
 	}
@@ -131,7 +129,7 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 		&httpComponent{srv: srv, addr: listen, onListen: opts.OnListen, log: log},
 		reloader,
 	}
-	deps := Deps{Store: store, Metrics: m, Config: srv.Config, Logger: log}
+	deps := Deps{Store: srv.guard.store, Metrics: m, Config: srv.Config, Logger: log}
 	for _, build := range opts.Components {
 		c, err := build(deps)
 		if err != nil {
@@ -159,9 +157,14 @@ func storeName(sc config.StoreSection) string {
 	return "redis"
 }
 
-// OpenStore opens the store a config names. It knows the memory store; the
-// Redis store is opened by openRedis when it is linked in.
+// OpenStore opens the store a config names, logging to slog.Default(). It
+// knows the memory store; the Redis store is opened by openRedis. Run
+// wraps it in a guard.
 func OpenStore(ctx context.Context, sc config.StoreSection) (sluice.Store, io.Closer, error) {
+	return openStore(ctx, sc, slog.Default())
+}
+
+func openStore(ctx context.Context, sc config.StoreSection, log *slog.Logger) (sluice.Store, io.Closer, error) {
 	if sc.IsMemory() {
 		s, err := memstore.New(memstore.Options{MaxKeys: sc.MaxKeys})
 		if err != nil {
@@ -169,7 +172,7 @@ func OpenStore(ctx context.Context, sc config.StoreSection) (sluice.Store, io.Cl
 		}
 		return s, s, nil
 	}
-	return openRedis(ctx, sc)
+	return openRedis(ctx, sc, log)
 }
 
 // RunComponents runs every component until ctx is done or one fails, then
