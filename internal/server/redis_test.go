@@ -123,17 +123,18 @@ func TestRedisResetWhileDown(t *testing.T) {
 
 // TestRedisThreeInstances runs three services on one Redis and sends
 // concurrent requests for one key round-robin across them: together they
-// admit exactly the limit.
+// admit exactly the limit. The error policy makes a call that misses its
+// deadline on a loaded machine a 503, never an admission.
 func TestRedisThreeInstances(t *testing.T) {
 	srv := redistest.Standalone(t)
-	cfg := strings.Replace(redisConfig(srv.URL(), "fail_open"), "anon: {limit: 2/min}", "anon: {limit: 2/min}\n  shared: {limit: 50/h}", 1)
+	cfg := strings.Replace(redisConfig(srv.URL(), "error"), "anon: {limit: 2/min}", "anon: {limit: 2/min}\n  shared: {limit: 50/h}", 1)
 	var svcs []*svc
 	for range 3 {
 		svcs = append(svcs, startService(t, svcOptions{redis: true, config: cfg}))
 	}
 	body := fmt.Sprintf(`{"policy":"shared","key":%q}`, redistest.Prefix(t))
 	start := time.Now()
-	var admitted, denied, other atomic.Int64
+	var admitted, denied, unavailable, other atomic.Int64
 	var wg sync.WaitGroup
 	for w := range 12 {
 		wg.Add(1)
@@ -146,6 +147,8 @@ func TestRedisThreeInstances(t *testing.T) {
 					admitted.Add(1)
 				case 429:
 					denied.Add(1)
+				case 503:
+					unavailable.Add(1)
 				default:
 					other.Add(1)
 				}
@@ -155,9 +158,10 @@ func TestRedisThreeInstances(t *testing.T) {
 	wg.Wait()
 	// 50/h refills one event every 72s; allow for that if the test is slow.
 	refill := int64(time.Since(start) / (72 * time.Second))
-	if got := admitted.Load(); got < 50 || got > 50+refill || other.Load() != 0 || admitted.Load()+denied.Load() != 300 {
-		t.Fatalf("admitted %d, denied %d, other %d of 300; want 50 admitted", got, denied.Load(), other.Load())
+	if got := admitted.Load(); got < 50 || got > 50+refill || other.Load() != 0 || unavailable.Load() > 30 {
+		t.Fatalf("admitted %d, denied %d, unavailable %d, other %d of 300; want 50 admitted", got, denied.Load(), unavailable.Load(), other.Load())
 	}
+	t.Logf("admitted %d, denied %d, unavailable (deadline missed) %d", admitted.Load(), denied.Load(), unavailable.Load())
 	// Each instance counted its own share of the decisions.
 	var total int64
 	for _, s := range svcs {
