@@ -104,7 +104,7 @@ func TestBadConfigs(t *testing.T) {
 		"unknown_top":           {`2: polices: unknown field; did you mean policies? valid: listen,`},
 		"many": {
 			`2: max_chekcs: unknown field; did you mean max_checks? valid: listen, admin_token,`,
-			`5: store.failure_policy: unknown failure policy "fail_sometimes"; valid: fail_open, fail_closed, local`,
+			`5: store.failure_policy: unknown failure policy "fail_sometimes"; valid: local, fail_open, fail_closed, error`,
 			"6: store.timeout: cannot use `soon` as time.Duration",
 			`10: policies.free.brust: unknown field; did you mean burst? valid: algorithm, limit, burst, shadow`,
 			`12: policies.pro.algorithm: unknown algorithm "leaky"; valid: gcra,`,
