@@ -31,7 +31,7 @@ func bypassStores(t *testing.T, test func(t *testing.T, newEnv envFactory)) {
 		test(t, func(t *testing.T, l Limits, o fakeopenai.Options) *env {
 			clk := clock.NewFake(time.Unix(1_700_000_000, 0))
 			st, err := redisstore.New(context.Background(), redisstore.Options{
-				URL: url, Clock: clk, Policy: redisstore.ReturnError, DisableDenyCache: true, Timeout: 5 * time.Second,
+				URL: url, Clock: clk, DisableDenyCache: true, Timeout: 5 * time.Second,
 			})
 			if err != nil {
 				t.Fatal(err)
