@@ -125,6 +125,9 @@ func checkConfig(out, errOut io.Writer, path string, kind config.Kind) bool {
 	}
 	fmt.Fprintf(out, "%s: ok: %s: %d policies, %d tiers, %d keys, %d overrides, store %s (%s)\n",
 		path, config.KindServe, len(cfg.Policies), len(cfg.Tiers), len(cfg.Keys), len(cfg.File.Overrides), storeName(cfg.Store.URL), cfg.Store.FailurePolicy)
+	for _, w := range cfg.Warnings() {
+		fmt.Fprintf(errOut, "%s: warning: %s\n", path, w)
+	}
 	ok := true
 	if gw := cfg.File.Gateway; gw != nil {
 		fmt.Fprintf(out, "%s: ok: gateway section: %d tiers, %d keys, upstream %s\n", path, len(gw.Tiers), len(gw.Keys), gw.Upstream.BaseURL)

@@ -147,3 +147,29 @@ func TestGatewayCommandReportsEveryProblem(t *testing.T) {
 		t.Errorf("raw or repeated text:\n%v", err)
 	}
 }
+// TestConfigCheckWarnsFailOpen: fail_open on Redis is valid, but check
+// states what it costs; the default policy draws no warning.
+func TestConfigCheckWarnsFailOpen(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		store string
+		warn  bool
+	}{
+		{"store: {url: \"redis://127.0.0.1:6379\", failure_policy: fail_open}\n", true},
+		{"store: {url: \"redis://127.0.0.1:6379\", failure_policy: local}\n", false},
+		{"store: {url: memory, failure_policy: fail_open}\n", false},
+	} {
+		path := filepath.Join(dir, "sluice.yaml")
+		if err := os.WriteFile(path, []byte("policies:\n  p: {limit: 5/s}\n"+c.store), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var out, errOut bytes.Buffer
+		if err := run(context.Background(), []string{"config", "check", path}, &out, &errOut); err != nil {
+			t.Fatalf("%s: %v\n%s", c.store, err, errOut.String())
+		}
+		got := strings.Contains(errOut.String(), "warning: store.failure_policy: fail_open admits every request")
+		if got != c.warn {
+			t.Errorf("%s: warning %v, want %v:\n%s", c.store, got, c.warn, errOut.String())
+		}
+	}
+}

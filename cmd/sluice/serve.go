@@ -8,10 +8,14 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/grpclog"
 
+	"github.com/sluice-io/sluice/internal/envoyrls"
 	"github.com/sluice-io/sluice/internal/server"
 )
 
@@ -48,6 +52,7 @@ store's SLUICE_REDIS_USERNAME and SLUICE_REDIS_PASSWORD.`,
 			if err != nil {
 				return err
 			}
+			routeGRPCLogs(log)
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
@@ -88,4 +93,20 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("serve: --log-format %q: valid: text, json", format)
+}
+
+// grpcLog is the logger that grpc-go's process-wide logger writes to: the
+// one of the running `sluice serve`. grpc-go allows its logger to be set
+// once, before any gRPC use, so it is installed once and pointed at each
+// run's logger.
+var (
+	grpcLog     atomic.Pointer[slog.Logger]
+	grpcLogOnce sync.Once
+)
+
+// routeGRPCLogs sends grpc-go's log lines through log, in its format and
+// at its level, like every other line of the service.
+func routeGRPCLogs(log *slog.Logger) {
+	grpcLog.Store(log)
+	grpcLogOnce.Do(func() { grpclog.SetLoggerV2(envoyrls.GRPCLogger(grpcLog.Load)) })
 }
