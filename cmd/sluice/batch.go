@@ -134,6 +134,13 @@ func runBatch(ctx context.Context, f *batchFlags, stdout, stderr io.Writer) erro
 	}
 
 	apiKey := os.Getenv(f.apiKeyEnv)
+	if apiKey == "" {
+		if !isLocalURL(f.baseURL) {
+			return fmt.Errorf("batch: the API key variable %s is empty, so every request to %s would go without a key and fail; "+
+				"set %s, or name another variable with --api-key-env (a --base-url on localhost needs no key)", f.apiKeyEnv, f.baseURL, f.apiKeyEnv)
+		}
+		logger.Info("batch: no API key: the variable is empty, and the API is on this machine", "api_key_env", f.apiKeyEnv, "base_url", f.baseURL)
+	}
 	store, closeStore, err := batchStore(ctx, f, logger)
 	if err != nil {
 		return err

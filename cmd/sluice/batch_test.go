@@ -76,3 +76,43 @@ func TestBatchCommandErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchRefusesEmptyKeyAndModel: an empty key variable for a remote API,
+// or prompts without a model and no --model, stop the run before any
+// request or output line; a local API needs no key.
+func TestBatchRefusesEmptyKeyAndModel(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{})
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.txt")
+	if err := os.WriteFile(in, []byte("first\nsecond\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SLUICE_TEST_EMPTY_KEY", "")
+	out := filepath.Join(dir, "out.jsonl")
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"batch", "--input", in, "--output", out, "--model", "gpt-4o-mini",
+		"--base-url", "https://api.openai.com/v1", "--api-key-env", "SLUICE_TEST_EMPTY_KEY", "--progress", "none"}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "SLUICE_TEST_EMPTY_KEY is empty") || !strings.Contains(err.Error(), "--api-key-env") {
+		t.Fatalf("remote API without a key: %v", err)
+	}
+	if _, serr := os.Stat(out); !os.IsNotExist(serr) {
+		t.Fatalf("output written: %v", serr)
+	}
+	// Local: allowed, and said so; but no --model stops at the first prompt.
+	stderr.Reset()
+	err = run(context.Background(), []string{"batch", "--input", in, "--output", out,
+		"--base-url", up.BaseURL(), "--api-key-env", "SLUICE_TEST_EMPTY_KEY", "--progress", "none"}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "--model") || up.Count() != 0 {
+		t.Fatalf("no model: %v, %d requests", err, up.Count())
+	}
+	if !strings.Contains(stderr.String(), "no API key") {
+		t.Errorf("stderr does not say no key is sent:\n%s", stderr.String())
+	}
+	// The rerun with --model does every prompt: none was recorded failed.
+	stdout.Reset()
+	err = run(context.Background(), []string{"batch", "--input", in, "--output", out, "--model", "gpt-4o-mini",
+		"--base-url", up.BaseURL(), "--api-key-env", "SLUICE_TEST_EMPTY_KEY", "--progress", "none"}, &stdout, &stderr)
+	if err != nil || !strings.Contains(stdout.String(), "succeeded 2, failed 0") || strings.Contains(stdout.String(), "no price") {
+		t.Fatalf("rerun: %v\n%s", err, stdout.String())
+	}
+}

@@ -3,8 +3,12 @@ package main
 import (
 	"cmp"
 	"fmt"
+	"log/slog"
 	"net"
+	"net/netip"
+	"net/url"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -42,6 +46,9 @@ GET /metrics serves Prometheus metrics, GET /healthz liveness.`,
 			if f.listen != "" {
 				cfg.Listen = f.listen
 			}
+			if err := checkGatewayKey(cfg, os.Getenv, log); err != nil {
+				return err
+			}
 			store, closer, err := gateway.OpenStore(cmd.Context(), cfg.Store, log)
 			if err != nil {
 				return err
@@ -75,9 +82,51 @@ func gatewayComponent(d server.Deps) (server.Component, error) {
 	if cfg == nil || cfg.File == nil || cfg.File.Gateway == nil {
 		return nil, nil
 	}
+	if err := checkGatewayKey(cfg.File.Gateway, os.Getenv, d.Logger); err != nil {
+		return nil, err
+	}
 	gw, err := gateway.New(gateway.Options{Config: cfg.File.Gateway, Store: d.Store, Logger: d.Logger, Registerer: d.Metrics.Registry})
 	if err != nil {
 		return nil, err
 	}
 	return &gateway.Server{Gateway: gw, Addr: cfg.File.Gateway.Listen}, nil
+}
+
+// checkGatewayKey refuses a gateway whose upstream key variable is empty,
+// as every request would then reach the upstream without a key, unless the
+// upstream is on this machine or upstream.allow_no_key says it needs none;
+// then it logs that no key is sent.
+func checkGatewayKey(cfg *gateway.Config, getenv func(string) string, log *slog.Logger) error {
+	env := cfg.Upstream.APIKeyEnv
+	if getenv(env) != "" {
+		return nil
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case isLocalURL(cfg.Upstream.BaseURL):
+		log.Info("gateway: no upstream key: the variable is empty, and the upstream is on this machine", "api_key_env", env, "upstream", cfg.Upstream.BaseURL)
+		return nil
+	case cfg.Upstream.AllowNoKey:
+		log.Info("gateway: no upstream key: the variable is empty, and upstream.allow_no_key is set", "api_key_env", env, "upstream", cfg.Upstream.BaseURL)
+		return nil
+	}
+	return fmt.Errorf("gateway: the upstream key variable %s is empty, so every request to %s would go without a key; "+
+		"set %s, name another variable in upstream.api_key_env, or set upstream.allow_no_key: true for an upstream that needs none", env, cfg.Upstream.BaseURL, env)
+}
+
+// isLocalURL reports whether raw is an http(s) URL on this machine:
+// localhost or a loopback address.
+func isLocalURL(raw string) bool {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return false
+	}
+	host := u.Hostname()
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }

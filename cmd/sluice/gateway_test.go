@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -132,5 +133,34 @@ func TestGatewayInServe(t *testing.T) {
 	bad := strings.Replace(doc, "tier: pro", "tier: gold", 1)
 	if _, err := config.Parse("serve.yaml", []byte(bad)); err == nil || !strings.Contains(err.Error(), `unknown tier "gold"`) {
 		t.Fatalf("bad gateway section: %v", err)
+	}
+}
+
+func TestGatewayRefusesEmptyUpstreamKey(t *testing.T) {
+	env := map[string]string{"SET": "sk-x"}
+	getenv := func(k string) string { return env[k] }
+	log := slog.New(slog.DiscardHandler)
+	for _, c := range []struct {
+		url, env string
+		allow    bool
+		ok       bool
+	}{
+		{"https://api.openai.com/v1", "SET", false, true},
+		{"https://api.openai.com/v1", "EMPTY", false, false},
+		{"https://api.openai.com/v1", "EMPTY", true, true},
+		{"http://127.0.0.1:11434/v1", "EMPTY", false, true},
+		{"http://[::1]:8000/v1", "EMPTY", false, true},
+		{"http://localhost:8000/v1", "EMPTY", false, true},
+		{"http://vllm.internal:8000/v1", "EMPTY", false, false},
+		{"http://127.0.0.1.evil.example/v1", "EMPTY", false, false},
+	} {
+		cfg := &gateway.Config{Upstream: gateway.UpstreamConfig{BaseURL: c.url, APIKeyEnv: c.env, AllowNoKey: c.allow}}
+		err := checkGatewayKey(cfg, getenv, log)
+		if (err == nil) != c.ok {
+			t.Errorf("%+v: %v", c, err)
+		}
+		if err != nil && (!strings.Contains(err.Error(), c.env+" is empty") || !strings.Contains(err.Error(), "allow_no_key")) {
+			t.Errorf("%+v: error does not say what to do: %v", c, err)
+		}
 	}
 }

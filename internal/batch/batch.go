@@ -26,6 +26,12 @@ import (
 	"github.com/sluice-io/sluice/aiclient"
 )
 
+// ErrNoModel means a prompt names no model and Config.Model (--model) is
+// empty. Run stops at the first such prompt instead of recording every
+// prompt as failed: it is the run's setting that is missing, not the
+// prompt that is wrong.
+var ErrNoModel = errors.New("batch: no model: set --model MODEL, or a \"model\" field on every JSONL line")
+
 // Defaults for Config.
 const (
 	DefaultConcurrency      = 8
@@ -102,6 +108,18 @@ type Summary struct {
 	// for a rerun.
 	Interrupted bool
 	Unfinished  int64
+	// Left counts the prompts a rerun would still call: those started but
+	// not finished plus those never read, when Config.Total is known
+	// (Total minus answered, failed, skipped and duplicate lines), else
+	// Unfinished.
+	Left int64
+	// LinesRead is the number of input lines read; when Total is unknown,
+	// the lines after it are left too.
+	LinesRead int64
+	// Total is Config.Total.
+	Total int64
+	// RetryFailed is Config.RetryFailed, for the summary's advice.
+	RetryFailed bool
 	// TornBytes is the size of a torn last line cut from the output.
 	TornBytes int64
 	// Elapsed is the run's duration.
@@ -126,14 +144,27 @@ func (s *Summary) Write(w io.Writer) error {
 	if len(s.UnpricedModels) > 0 {
 		cost += fmt.Sprintf(" (no price for %v; add --price MODEL=USD_PER_MTOK)", s.UnpricedModels)
 	}
+	skippedFailed := fmt.Sprintf("%d already failed", s.SkippedFailed)
+	if s.SkippedFailed > 0 && !s.RetryFailed {
+		skippedFailed += " (not called again: rerun with --retry-failed to retry them)"
+	}
+	left := ""
+	switch {
+	case s.Total == 0 && s.Interrupted:
+		left = fmt.Sprintf("  left for a rerun with the same --output: %d in flight when stopped, and every line after line %d\n", s.Unfinished, s.LinesRead)
+	case s.Left > 0 || s.Interrupted:
+		left = fmt.Sprintf("  %d left for a rerun with the same --output (%d were in flight when stopped)\n", s.Left, s.Unfinished)
+	}
 	_, err := fmt.Fprintf(w, "batch %s in %s (%.2f prompts/s)\n"+
 		"  succeeded %d, failed %d, retried %d (%d retries)\n"+
-		"  skipped %d already done, %d already failed, %d duplicate ids; %d unfinished left for a rerun\n"+
+		"  skipped %d already done, %s, %d duplicate ids\n"+
+		"%s"+
 		"  tokens %d prompt + %d completion = %d\n"+
 		"  estimated cost %s\n",
 		state, s.Elapsed.Round(time.Millisecond), rate,
 		s.OK, s.Failed, s.Retried, s.Retries,
-		s.SkippedOK, s.SkippedFailed, s.Duplicates, s.Unfinished,
+		s.SkippedOK, skippedFailed, s.Duplicates,
+		left,
 		s.PromptTokens, s.CompletionTokens, s.PromptTokens+s.CompletionTokens,
 		cost)
 	return err
@@ -168,7 +199,7 @@ func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &runner{cfg: cfg, out: out, ids: resumed.done, sum: &Summary{TornBytes: resumed.TornBytes}}
+	r := &runner{cfg: cfg, out: out, ids: resumed.done, sum: &Summary{TornBytes: resumed.TornBytes, RetryFailed: cfg.RetryFailed, Total: cfg.Total}}
 	err = r.run(ctx)
 	if cerr := out.Close(); err == nil {
 		err = cerr
@@ -264,6 +295,7 @@ func (r *runner) run(ctx context.Context) error {
 func (r *runner) produce(runCtx context.Context, stop context.CancelFunc, jobs chan<- Prompt) bool {
 	defer close(jobs)
 	rd := NewReader(r.cfg.Input, r.cfg.Model, r.cfg.MaxTokens, r.cfg.MaxLineBytes)
+	defer func() { r.sum.LinesRead = rd.Line() }()
 	for {
 		p, err := rd.Next()
 		if errors.Is(err, io.EOF) {
@@ -273,9 +305,14 @@ func (r *runner) produce(runCtx context.Context, stop context.CancelFunc, jobs c
 			r.fail(err, stop)
 			return false
 		}
+		if errors.Is(p.Err, ErrNoModel) {
+			r.fail(p.Err, stop)
+			return false
+		}
 		marks := r.ids.get(p.ID)
 		switch {
 		case marks&markRun != 0:
+			r.c.skipped.Add(1)
 			r.sum.Duplicates++
 			r.cfg.Logger.Warn("batch: duplicate id skipped", "id", p.ID, "line", p.Line)
 			continue
@@ -285,6 +322,9 @@ func (r *runner) produce(runCtx context.Context, stop context.CancelFunc, jobs c
 			continue
 		case marks&markFailed != 0 && !r.cfg.RetryFailed:
 			r.c.skipped.Add(1)
+			if r.sum.SkippedFailed == 0 {
+				r.cfg.Logger.Warn("batch: skipping prompts that failed in an earlier run; rerun with --retry-failed to call them again", "first_id", p.ID)
+			}
 			r.sum.SkippedFailed++
 			continue
 		}
@@ -310,12 +350,13 @@ func (r *runner) handle(runCtx, workCtx context.Context, stop context.CancelFunc
 		retrying := false
 		res, err = r.cfg.Client.ChatWith(workCtx, &p.Request, aiclient.CallOptions{
 			Stop: runCtx.Done(),
-			OnRetry: func(int, error, time.Duration) {
+			OnRetry: func(_ int, err error, wait time.Duration) {
 				if !retrying {
 					retrying = true
 					r.c.retrying.Add(1)
 				}
 				r.c.retries.Add(1)
+				r.c.waiting(time.Now().Add(wait), isRateLimit(err))
 			},
 		})
 		if retrying {
@@ -359,6 +400,12 @@ func (r *runner) handle(runCtx, workCtx context.Context, stop context.CancelFunc
 	}
 }
 
+// isRateLimit reports whether err is the server's 429.
+func isRateLimit(err error) bool {
+	var apiErr *aiclient.APIError
+	return errors.As(err, &apiErr) && apiErr.StatusCode == 429
+}
+
 // finish fills the summary from the counters.
 func (r *runner) finish(elapsed time.Duration) {
 	s := r.sum
@@ -366,6 +413,10 @@ func (r *runner) finish(elapsed time.Duration) {
 	s.Retried, s.Retries = r.c.retried.Load(), r.c.retries.Load()
 	s.PromptTokens, s.CompletionTokens = r.c.promptTokens.Load(), r.c.completionTokens.Load()
 	s.Unfinished = r.c.interrupted.Load()
+	s.Left = s.Unfinished
+	if t := r.cfg.Total; t > 0 {
+		s.Left = max(t-s.OK-s.Failed-r.c.skipped.Load(), s.Unfinished)
+	}
 	s.Elapsed = elapsed
 	r.c.mu.Lock()
 	defer r.c.mu.Unlock()

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -145,6 +148,79 @@ func TestFailedForGoodAndRetryFailed(t *testing.T) {
 	}
 }
 
+// TestNoModelStopsTheRun: without --model, a prompt that names no model
+// stops the run before anything is sent or written, instead of filling the
+// output with failures that a rerun would skip.
+func TestNoModelStopsTheRun(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{})
+	dir := t.TempDir()
+	for _, input := range []string{"plain prompt\nanother\n", "{\"id\":1,\"prompt\":\"a\"}\n"} {
+		in := dir + "/in.jsonl"
+		if err := os.WriteFile(in, []byte(input), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out := dir + "/out.jsonl"
+		sum, err := Run(context.Background(), Config{Input: openFile(t, in), Output: out, Client: testClient(t, up.URL(), nil), Concurrency: 1})
+		if !errors.Is(err, ErrNoModel) || !strings.Contains(err.Error(), "--model") || !strings.Contains(err.Error(), "line 1") {
+			t.Fatalf("%q: err %v", input, err)
+		}
+		if sum.OK+sum.Failed != 0 || up.Count() != 0 || len(readOutput(t, out)) != 0 {
+			t.Fatalf("%q: summary %+v, %d requests", input, sum, up.Count())
+		}
+	}
+}
+
+// TestRerunNamesRetryFailed: a rerun that skips failures says how to
+// retry them, in the log and in the summary.
+func TestRerunNamesRetryFailed(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{})
+	up.Enqueue(fakeopenai.Fault{Status: 400})
+	dir := t.TempDir()
+	out := dir + "/out.jsonl"
+	in := writeInput(t, dir, "a", 2)
+	runBatch(t, context.Background(), Config{Input: openFile(t, in), Output: out, Client: testClient(t, up.URL(), nil), Model: "m", Concurrency: 1})
+	var log, text bytes.Buffer
+	sum := runBatch(t, context.Background(), Config{Input: openFile(t, in), Output: out, Client: testClient(t, up.URL(), nil), Model: "m", Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	_ = sum.Write(&text)
+	for _, out := range []string{log.String(), text.String()} {
+		if !strings.Contains(out, "--retry-failed") {
+			t.Errorf("no mention of --retry-failed:\n%s", out)
+		}
+	}
+	if !strings.Contains(text.String(), "1 already failed (not called again") {
+		t.Errorf("summary:\n%s", text.String())
+	}
+}
+
+// TestDuplicatesCompleteTheBar: a duplicate id counts as handled, so the
+// bar ends at 100 % and nothing is left.
+func TestDuplicatesCompleteTheBar(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{})
+	dir := t.TempDir()
+	in := dir + "/in.jsonl"
+	if err := os.WriteFile(in, []byte("{\"id\":\"a\",\"prompt\":\"1\"}\n{\"id\":\"b\",\"prompt\":\"2\"}\n{\"id\":\"a\",\"prompt\":\"3\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := openFile(t, in)
+	total, err := CountPrompts(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Seek(0, 0); err != nil {
+		t.Fatal(err)
+	}
+	var bar bytes.Buffer
+	sum := runBatch(t, context.Background(), Config{Input: f, Total: total, Output: dir + "/out.jsonl", Client: testClient(t, up.URL(), nil), Model: "m",
+		Progress: &bar, TTY: true, Logger: slog.New(slog.DiscardHandler)})
+	if sum.Duplicates != 1 || sum.OK != 2 || sum.Left != 0 {
+		t.Fatalf("summary %+v", sum)
+	}
+	lines := strings.Split(strings.TrimSpace(bar.String()), "\r\x1b[K")
+	if last := lines[len(lines)-1]; !strings.Contains(last, "100% 2/2") {
+		t.Fatalf("last bar %q", last)
+	}
+}
+
 func TestBadLinesAreFailedRecords(t *testing.T) {
 	up := fakeopenai.New(t, fakeopenai.Options{})
 	dir := t.TempDir()
@@ -177,12 +253,22 @@ func TestInterruptFinishesInFlight(t *testing.T) {
 	in := writeInput(t, dir, "a", 40)
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { <-g.Reached; cancel() }()
-	sum := runBatch(t, ctx, Config{Input: openFile(t, in), Output: out, Client: testClient(t, g.URL, nil), Model: "m", Concurrency: 4, Grace: 10 * time.Second})
+	sum := runBatch(t, ctx, Config{Input: openFile(t, in), Total: 40, Output: out, Client: testClient(t, g.URL, nil), Model: "m", Concurrency: 4, Grace: 10 * time.Second})
 	recs := readOutput(t, out)
 	// Every request sent was answered and written: none was cut off. (A
 	// prompt a worker had taken but not yet sent counts as unfinished.)
 	if !sum.Interrupted || int(sum.OK) != len(recs) || len(recs) != up.Count() || len(recs) >= 40 {
 		t.Fatalf("summary %+v, %d records, %d requests", sum, len(recs), up.Count())
+	}
+	// What is left is every prompt not written, whether a worker had it
+	// or it was never read.
+	if sum.Left != 40-int64(len(recs)) {
+		t.Fatalf("left %d, want %d", sum.Left, 40-len(recs))
+	}
+	var text bytes.Buffer
+	_ = sum.Write(&text)
+	if want := fmt.Sprintf("%d left for a rerun with the same --output", 40-len(recs)); !strings.Contains(text.String(), want) {
+		t.Errorf("summary lacks %q:\n%s", want, text.String())
 	}
 	runBatch(t, context.Background(), Config{Input: openFile(t, in), Output: out, Client: testClient(t, g.URL, nil), Model: "m", Concurrency: 4})
 	checkExactlyOnce(t, readOutput(t, out), 40)
@@ -326,5 +412,29 @@ func TestPrices(t *testing.T) {
 	_ = os.WriteFile(path, []byte(`{"m":{"inptu":2}}`), 0o644)
 	if err := p.LoadPrices(path); err == nil {
 		t.Fatal("unknown field accepted")
+	}
+}
+
+// TestExampleModelsHavePrices: every model the examples and docs name has
+// a default price, so the summary of a run copied from them has a cost.
+func TestExampleModelsHavePrices(t *testing.T) {
+	prices := DefaultPrices()
+	re := regexp.MustCompile(`(?:--model |"model": ?"|models: \[)([A-Za-z0-9._, -]+)`)
+	for _, f := range []string{"../../examples/gateway.yaml", "../../docs/batch.md", "../../docs/gateway.md", "../../README.md"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range re.FindAllStringSubmatch(string(b), -1) {
+			for _, model := range strings.Split(m[1], ",") {
+				model = strings.TrimSpace(model)
+				if model == "" || model == "..." {
+					continue
+				}
+				if _, ok := prices[model]; !ok {
+					t.Errorf("%s names model %q, which has no default price", f, model)
+				}
+			}
+		}
 	}
 }

@@ -85,7 +85,7 @@ func (r *Reader) parse(b []byte) Prompt {
 	if b[0] != '{' {
 		p.Request.Messages = []aiclient.Message{{Role: "user", Content: string(b)}}
 		if r.model == "" {
-			p.Err = fmt.Errorf("batch: line %d: no model: set --model", r.line)
+			p.Err = fmt.Errorf("%w: line %d is plain text", ErrNoModel, r.line)
 		}
 		return p
 	}
@@ -149,7 +149,8 @@ func (r *Reader) parse(b []byte) Prompt {
 		return bad(`needs "messages" or "prompt"`)
 	}
 	if p.Request.Model == "" {
-		return bad("no model: set --model or a \"model\" field")
+		p.Err = fmt.Errorf("%w: line %d has no \"model\" field", ErrNoModel, r.line)
+		return p
 	}
 	for k, v := range fields {
 		switch k {

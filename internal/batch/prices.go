@@ -21,15 +21,23 @@ type Price struct {
 // Prices maps model names to prices.
 type Prices map[string]Price
 
-// DefaultPrices are list prices per million tokens as the seed tutorial
-// quotes them (one price for input and output alike). They are estimates
-// for the summary only; override them with --price or --prices.
+// DefaultPrices are list prices in US dollars per million tokens for the
+// models the examples and docs use (OpenAI's list prices for the GPT
+// models and embeddings; the seed tutorial's single figure for the
+// others). They are estimates for the summary only; override them with
+// --price or --prices.
 func DefaultPrices() Prices {
 	return Prices{
-		"gpt-4.1":           {Input: 8.00, Output: 8.00},
-		"claude-sonnet-4.5": {Input: 15.00, Output: 15.00},
-		"gemini-2.5-flash":  {Input: 2.50, Output: 2.50},
-		"deepseek-v3.2":     {Input: 0.42, Output: 0.42},
+		"gpt-4.1":                {Input: 2.00, Output: 8.00},
+		"gpt-4.1-mini":           {Input: 0.40, Output: 1.60},
+		"gpt-4.1-nano":           {Input: 0.10, Output: 0.40},
+		"gpt-4o":                 {Input: 2.50, Output: 10.00},
+		"gpt-4o-mini":            {Input: 0.15, Output: 0.60},
+		"text-embedding-3-small": {Input: 0.02, Output: 0},
+		"text-embedding-3-large": {Input: 0.13, Output: 0},
+		"claude-sonnet-4.5":      {Input: 15.00, Output: 15.00},
+		"gemini-2.5-flash":       {Input: 2.50, Output: 2.50},
+		"deepseek-v3.2":          {Input: 0.42, Output: 0.42},
 	}
 }
 

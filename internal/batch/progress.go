@@ -14,7 +14,13 @@ import (
 type counters struct {
 	ok, failed, retrying, retried, retries atomic.Int64
 	promptTokens, completionTokens         atomic.Int64
-	skipped, interrupted                   atomic.Int64
+	// skipped counts input lines not called: done or failed before, or
+	// duplicate ids.
+	skipped, interrupted atomic.Int64
+	// waitUntil is when the latest announced retry wait ends (Unix
+	// nanoseconds), and waitRateLimit whether that wait is for a 429.
+	waitUntil     atomic.Int64
+	waitRateLimit atomic.Bool
 
 	mu      sync.Mutex
 	byModel map[string]*[2]int64 // prompt, completion tokens
@@ -25,6 +31,36 @@ type counters struct {
 const maxModels = 256
 
 const otherModels = "(other models)"
+
+// waiting records that a call waits until t before its retry, raising the
+// run's announced wait if t is later.
+func (c *counters) waiting(t time.Time, rateLimit bool) {
+	n := t.UnixNano()
+	for {
+		cur := c.waitUntil.Load()
+		if n <= cur {
+			return
+		}
+		if c.waitUntil.CompareAndSwap(cur, n) {
+			c.waitRateLimit.Store(rateLimit)
+			return
+		}
+	}
+}
+
+// wait returns how long the announced wait still lasts at now, and a
+// description of it; zero when none.
+func (c *counters) wait(now time.Time) (time.Duration, string) {
+	d := time.Duration(c.waitUntil.Load() - now.UnixNano())
+	if d <= 0 {
+		return 0, ""
+	}
+	d = d.Round(time.Second)
+	if c.waitRateLimit.Load() {
+		return d, "waiting for rate limit, " + d.String()
+	}
+	return d, "waiting to retry, " + d.String()
+}
 
 func (c *counters) addUsage(model string, prompt, completion int64) {
 	c.promptTokens.Add(prompt)
@@ -58,6 +94,7 @@ type progress struct {
 	start    time.Time
 	c        *counters
 	log      *slog.Logger
+	waitSeen time.Time // when the current wait was first seen; zero when none
 }
 
 func (p *progress) run(stop <-chan struct{}, done chan<- struct{}) {
@@ -85,21 +122,46 @@ func (p *progress) run(stop <-chan struct{}, done chan<- struct{}) {
 	}
 }
 
-// snapshot returns the done count, the rate per second and the ETA (0
-// when unknown).
-func (p *progress) snapshot(now time.Time) (done int64, rate float64, eta time.Duration) {
+// snapshot returns the done count, the rate per second, the ETA (0 when
+// unknown) and the wait under way ("" when none). During a wait the ETA
+// is the wait plus the time the prompts left take at the rate seen so far
+// (not counting the wait), so that it does not stand still while nothing
+// completes.
+func (p *progress) snapshot(now time.Time) (done int64, rate float64, eta time.Duration, wait string) {
 	done = p.c.ok.Load() + p.c.failed.Load()
 	if el := now.Sub(p.start).Seconds(); el > 0 {
 		rate = float64(done) / el
 	}
-	if left := p.total - done - p.c.skipped.Load(); p.total > 0 && rate > 0 && left > 0 {
-		eta = time.Duration(float64(left) / rate * float64(time.Second)).Round(time.Second)
+	waitLeft, wait := p.c.wait(now)
+	if left := p.total - done - p.c.skipped.Load(); p.total > 0 && left > 0 {
+		r := rate
+		if waitLeft > 0 {
+			// The rate before the wait began: the wait is counted once.
+			if el := now.Add(-p.waitElapsed(now)).Sub(p.start).Seconds(); el > 0 {
+				r = float64(done) / el
+			}
+		}
+		if r > 0 {
+			eta = waitLeft + time.Duration(float64(left)/r*float64(time.Second))
+			eta = eta.Round(time.Second)
+		}
 	}
-	return done, rate, eta
+	return done, rate, eta, wait
+}
+
+// waitElapsed is how long the progress has seen the current wait last.
+func (p *progress) waitElapsed(now time.Time) time.Duration {
+	if p.waitSeen.IsZero() {
+		p.waitSeen = now
+	}
+	return now.Sub(p.waitSeen)
 }
 
 func (p *progress) bar(now time.Time) string {
-	done, rate, eta := p.snapshot(now)
+	done, rate, eta, wait := p.snapshot(now)
+	if wait == "" {
+		p.waitSeen = time.Time{}
+	}
 	var b strings.Builder
 	todo := p.total - p.c.skipped.Load()
 	if todo > 0 {
@@ -117,6 +179,9 @@ func (p *progress) bar(now time.Time) string {
 		fmt.Fprintf(&b, "%d done", done)
 	}
 	fmt.Fprintf(&b, " | %.1f/s", rate)
+	if wait != "" {
+		fmt.Fprintf(&b, " | %s", wait)
+	}
 	if eta > 0 {
 		fmt.Fprintf(&b, " | ETA %s", eta)
 	}
@@ -126,11 +191,17 @@ func (p *progress) bar(now time.Time) string {
 }
 
 func (p *progress) logLine(now time.Time) {
-	done, rate, eta := p.snapshot(now)
-	p.log.Info("batch progress",
-		"done", done, "total", max(p.total-p.c.skipped.Load(), 0), "ok", p.c.ok.Load(), "failed", p.c.failed.Load(),
-		"retrying", p.c.retrying.Load(), "rate_per_s", fmt.Sprintf("%.2f", rate), "eta", eta,
-		"tokens", p.c.promptTokens.Load()+p.c.completionTokens.Load())
+	done, rate, eta, wait := p.snapshot(now)
+	if wait == "" {
+		p.waitSeen = time.Time{}
+	}
+	attrs := []any{"done", done, "total", max(p.total-p.c.skipped.Load(), 0), "ok", p.c.ok.Load(), "failed", p.c.failed.Load(),
+		"retrying", p.c.retrying.Load(), "rate_per_s", fmt.Sprintf("%.2f", rate), "eta", eta.String(),
+		"tokens", p.c.promptTokens.Load() + p.c.completionTokens.Load()}
+	if wait != "" {
+		attrs = append(attrs, "waiting", wait)
+	}
+	p.log.Info("batch progress", attrs...)
 }
 
 func humanCount(n int64) string {

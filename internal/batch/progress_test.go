@@ -51,3 +51,45 @@ func TestProgressRunDrawsOnTTY(t *testing.T) {
 		t.Fatalf("tty output %q", out)
 	}
 }
+
+// TestProgressShowsWait: during an announced wait the bar says so, and the
+// ETA counts the wait, then the prompts left at the rate seen before it.
+func TestProgressShowsWait(t *testing.T) {
+	var c counters
+	start := time.Unix(1000, 0)
+	p := &progress{total: 30, start: start, c: &c}
+	c.ok.Add(28)
+	now := start.Add(28 * time.Second) // 1 prompt/s
+	c.waiting(now.Add(3*time.Minute), true)
+	got := p.bar(now)
+	for _, want := range []string{"waiting for rate limit, 3m0s", "ETA 3m2s"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("bar %q lacks %q", got, want)
+		}
+	}
+	// A minute into the wait: the ETA went down by a minute, not up.
+	got = p.bar(now.Add(time.Minute))
+	for _, want := range []string{"waiting for rate limit, 2m0s", "ETA 2m2s"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("bar %q lacks %q", got, want)
+		}
+	}
+	// An earlier wait does not shorten the announced one; a retry wait
+	// that is not a 429 is named as such.
+	c.waiting(now, false)
+	if _, w := c.wait(now.Add(time.Minute)); w != "waiting for rate limit, 2m0s" {
+		t.Errorf("wait %q", w)
+	}
+	var buf bytes.Buffer
+	p.log = slog.New(slog.NewJSONHandler(&buf, nil))
+	p.logLine(now.Add(time.Minute))
+	for _, want := range []string{`"waiting":"waiting for rate limit, 2m0s"`, `"eta":"2m2s"`} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("log line %s lacks %s", buf.String(), want)
+		}
+	}
+	// After the wait: no wait shown.
+	if got := p.bar(now.Add(4 * time.Minute)); strings.Contains(got, "waiting") {
+		t.Errorf("bar %q after the wait", got)
+	}
+}

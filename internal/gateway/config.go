@@ -73,8 +73,13 @@ type UpstreamConfig struct {
 	// as "https://api.openai.com/v1" or "http://127.0.0.1:11434/v1".
 	BaseURL string `yaml:"base_url"`
 	// APIKeyEnv names the environment variable holding the upstream key;
-	// default OPENAI_API_KEY. An empty variable sends no key (vLLM, Ollama).
+	// default OPENAI_API_KEY. An empty variable sends no key: `sluice
+	// gateway` and `sluice serve` refuse to start so unless the upstream is
+	// on loopback (a local vLLM or Ollama) or AllowNoKey is set.
 	APIKeyEnv string `yaml:"api_key_env"`
+	// AllowNoKey lets the gateway start with an empty key variable for an
+	// upstream elsewhere that needs no key.
+	AllowNoKey bool `yaml:"allow_no_key"`
 	// Timeout bounds the wait for the upstream's response headers; zero
 	// means no bound beyond the client's.
 	Timeout time.Duration `yaml:"timeout"`
