@@ -64,6 +64,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzResolve$$' -fuzztime 30s ./internal/server
 	$(GO) test -run '^$$' -fuzz '^FuzzReservation$$' -fuzztime 30s ./internal/gateway
 	$(GO) test -run '^$$' -fuzz '^FuzzParseBody$$' -fuzztime 30s ./internal/gateway
+	$(GO) test -run '^$$' -fuzz '^FuzzEnvoyDescriptors$$' -fuzztime 30s ./internal/envoyrls
 
 # static builds bin/sluice-static, the binary the container image runs.
 IMAGE ?= localhost/sluice:$(VERSION)

@@ -54,6 +54,7 @@ func (s *Service) NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 		grpc.NumStreamWorkers(uint32(max(minStreamWorkers, streamWorkersPerCPU*runtime.GOMAXPROCS(0)))),
 		grpc.StaticStreamWindowSize(streamWindow),
 		grpc.StaticConnWindowSize(connWindow),
+		grpc.ForceServerCodecV2(newCodec()), // descriptor values of any bytes (codec.go)
 	}
 	opts = append(defaults, opts...)
 	g := grpc.NewServer(opts...)

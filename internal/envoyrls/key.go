@@ -1,6 +1,9 @@
 package envoyrls
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/sluice-io/sluice"
@@ -28,7 +31,12 @@ import (
 // domains.
 //
 // '%', '=', '|', '{' and '}' are percent-escaped, so distinct entries never
-// produce one key and a domain cannot end the hash tag early.
+// produce one key and a domain cannot end the hash tag early. A key or value
+// longer than maxLiteral bytes (a client's long path or header) is charged
+// like any other, under "%H" and the hex SHA-256 of its bytes: distinct
+// values keep distinct counters (SHA-256 does not collide), store keys stay
+// short, and no escaped literal starts with "%H". Bytes are bytes: invalid
+// UTF-8 is neither refused nor replaced.
 
 // keys fills in the store key of every item that reaches the store.
 func (s *Service) keys(dom *domainConfig, req *rlsv3.RateLimitRequest, items []item, matches []match) {
@@ -52,12 +60,12 @@ func (s *Service) keys(dom *domainConfig, req *rlsv3.RateLimitRequest, items []i
 			if j > 0 {
 				buf = append(buf, '|')
 			}
-			buf = appendEscaped(buf, e.GetKey())
+			buf = appendPart(buf, e.GetKey())
 			buf = append(buf, '=')
 			if j < len(shared) && shared[j] != "" {
-				buf = appendEscaped(buf, shared[j])
+				buf = appendPart(buf, shared[j])
 			} else {
-				buf = appendEscaped(buf, e.GetValue())
+				buf = appendPart(buf, e.GetValue())
 			}
 		}
 		it.key = string(buf)
@@ -82,6 +90,21 @@ func algoCode(a sluice.Algorithm) string {
 }
 
 const hexDigits = "0123456789ABCDEF"
+
+// maxLiteral is the longest key or value written into a store key as it
+// is; longer ones are hashed.
+const maxLiteral = 128
+
+// appendPart appends an entry's key or value: escaped, or hashed when
+// longer than maxLiteral.
+func appendPart(buf []byte, s string) []byte {
+	if len(s) <= maxLiteral {
+		return appendEscaped(buf, s)
+	}
+	sum := sha256.Sum256([]byte(s))
+	buf = append(buf, '%', 'H')
+	return hex.AppendEncode(buf, sum[:])
+}
 
 func appendEscaped(buf []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {

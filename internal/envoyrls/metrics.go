@@ -21,11 +21,12 @@ const (
 // except for detailed_metric descriptors, whose request values are used up
 // to a fixed number of series and folded into the configured key beyond it.
 type metrics struct {
-	hits      *prometheus.CounterVec
-	requests  *prometheus.CounterVec
-	loads     *prometheus.CounterVec
-	rules     prometheus.Gauge
-	maxSeries int
+	hits          *prometheus.CounterVec
+	requests      *prometheus.CounterVec
+	requestErrors *prometheus.CounterVec
+	loads         *prometheus.CounterVec
+	rules         prometheus.Gauge
+	maxSeries     int
 
 	mu       sync.Mutex
 	detailed map[string]*ruleStats // bounded by maxSeries
@@ -38,9 +39,11 @@ type ruleStats struct {
 	total, within, over, near, shadow prometheus.Counter
 }
 
-// domainStats count requests per domain by overall code.
+// domainStats count requests per domain by overall code, and the requests
+// whose limit override was ignored or that exceeded the structural bounds.
 type domainStats struct {
-	ok, over, err prometheus.Counter
+	ok, over, err         prometheus.Counter
+	badOverride, tooLarge prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, maxSeries int) (*metrics, error) {
@@ -56,6 +59,10 @@ func newMetrics(reg prometheus.Registerer, maxSeries int) (*metrics, error) {
 			Name: "sluice_envoy_rls_requests_total",
 			Help: "ShouldRateLimit calls per domain by overall code: ok, over_limit or error.",
 		}, []string{"domain", "code"}),
+		requestErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_envoy_rls_request_errors_total",
+			Help: "Malformed parts of ShouldRateLimit calls per domain, by problem: bad_override (a limit override with an unknown or missing unit or an out-of-range period; the configured limit applied), over_bounds (more descriptors or entries than the service takes; answered OVER_LIMIT).",
+		}, []string{"domain", "problem"}),
 		loads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_envoy_rls_config_loads_total",
 			Help: "Configuration loads by result: success or error.",
@@ -68,7 +75,7 @@ func newMetrics(reg prometheus.Registerer, maxSeries int) (*metrics, error) {
 		detailed:  map[string]*ruleStats{},
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.hits, m.requests, m.loads, m.rules} {
+		for _, c := range []prometheus.Collector{m.hits, m.requests, m.requestErrors, m.loads, m.rules} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -83,6 +90,9 @@ func (m *metrics) domain(name string) *domainStats {
 		ok:   m.requests.WithLabelValues(name, "ok"),
 		over: m.requests.WithLabelValues(name, "over_limit"),
 		err:  m.requests.WithLabelValues(name, "error"),
+
+		badOverride: m.requestErrors.WithLabelValues(name, "bad_override"),
+		tooLarge:    m.requestErrors.WithLabelValues(name, "over_bounds"),
 	}
 }
 

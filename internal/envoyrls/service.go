@@ -24,11 +24,16 @@ import (
 	"github.com/sluice-io/sluice/httplimit"
 )
 
-// Bounds on one request.
+// Structural bounds on one request. The number of descriptors and of
+// entries in each is set by Envoy's route configuration (one per rate_limits
+// action), never by a client, so the bounds are generous; a request beyond
+// them is OVER_LIMIT (and counted as an error), never an error that a
+// failure_mode_deny: false Envoy would let through. The length of a value is
+// a client's (a header, a path) and has no bound: long values are hashed
+// into the store key (key.go).
 const (
-	maxDescriptors = 64
-	maxEntries     = 32
-	maxKeyBytes    = 4096 // a descriptor's keys and values together
+	maxDescriptors = 256
+	maxEntries     = 64
 )
 
 // DefaultKeyPrefix starts every store key the service writes.
@@ -201,26 +206,20 @@ func (s *Service) check(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 	if len(descs) == 0 {
 		return nil, fmt.Errorf("%w: rate limit descriptor list must not be empty", errInvalid)
 	}
-	if len(descs) > maxDescriptors {
-		return nil, fmt.Errorf("%w: %d descriptors, at most %d", errInvalid, len(descs), maxDescriptors)
-	}
-	for i, d := range descs {
-		if len(d.GetEntries()) > maxEntries {
-			return nil, fmt.Errorf("%w: descriptor %d has %d entries, at most %d", errInvalid, i, len(d.GetEntries()), maxEntries)
-		}
-		n := 0
-		for _, e := range d.GetEntries() {
-			n += len(e.GetKey()) + len(e.GetValue())
-		}
-		if n > maxKeyBytes {
-			return nil, fmt.Errorf("%w: descriptor %d is %d bytes long, at most %d", errInvalid, i, n, maxKeyBytes)
-		}
-	}
 	cfg := s.cfg.Load()
 	dom := cfg.domains[req.GetDomain()]
 	dstats := s.metrics.unknown
 	if dom != nil {
 		dstats = dom.stats
+		if why := overBounds(descs); why != "" {
+			// Fail closed: whatever else the request carries, one of its
+			// descriptors may be over its limit.
+			dstats.tooLarge.Inc()
+			dstats.over.Inc()
+			s.log.Warn("envoyrls: request beyond the structural bounds answered OVER_LIMIT; check the route's rate_limits actions",
+				"domain", dom.name, "problem", why)
+			return overLimitAll(len(descs)), nil
+		}
 	}
 	// Envoy sends one to a few descriptors: their items live on the stack.
 	var itemBuf [smallRequest]item
@@ -245,6 +244,31 @@ func (s *Service) check(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 	return resp, nil
 }
 
+// overBounds describes how descs exceeds the structural bounds, or is "".
+func overBounds(descs []*ratelimitv3.RateLimitDescriptor) string {
+	if len(descs) > maxDescriptors {
+		return fmt.Sprintf("%d descriptors, at most %d", len(descs), maxDescriptors)
+	}
+	for i, d := range descs {
+		if n := len(d.GetEntries()); n > maxEntries {
+			return fmt.Sprintf("descriptor %d has %d entries, at most %d", i, n, maxEntries)
+		}
+	}
+	return ""
+}
+
+// overLimitAll answers OVER_LIMIT for every one of n descriptors.
+func overLimitAll(n int) *rlsv3.RateLimitResponse {
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT,
+		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
+	sts := make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
+	for i := range sts {
+		sts[i].Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		resp.Statuses[i] = &sts[i]
+	}
+	return resp
+}
+
 // plan resolves each descriptor's limit, applying replaces, and the hits
 // each is charged.
 func (s *Service) plan(dom *domainConfig, req *rlsv3.RateLimitRequest, items []item) {
@@ -258,13 +282,15 @@ func (s *Service) plan(dom *domainConfig, req *rlsv3.RateLimitRequest, items []i
 	for i, d := range req.GetDescriptors() {
 		if o := d.GetLimit(); o != nil {
 			l, ok := overrideLimit(o.GetRequestsPerUnit(), rlsv3.RateLimitResponse_RateLimit_Unit(o.GetUnit()), o.GetUnitMultiplier().GetValue())
-			if !ok {
-				continue // an unknown unit: no limit, as envoyproxy/ratelimit's cache skips it
+			if ok {
+				items[i] = item{limit: l, algo: sluice.FixedWindow, kind: kindLimited,
+					current: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: rlsv3.RateLimitResponse_RateLimit_Unit(o.GetUnit()), UnitMultiplier: o.GetUnitMultiplier()},
+					stats:   dom.override}
+				continue
 			}
-			items[i] = item{limit: l, algo: sluice.FixedWindow, kind: kindLimited,
-				current: &rlsv3.RateLimitResponse_RateLimit{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: rlsv3.RateLimitResponse_RateLimit_Unit(o.GetUnit()), UnitMultiplier: o.GetUnitMultiplier()},
-				stats:   dom.override}
-			continue
+			// An unknown or missing unit, or a period out of range: the
+			// configured limit stays, and the error is counted.
+			dom.stats.badOverride.Inc()
 		}
 		matches[i] = dom.lookup(d.GetEntries())
 		r := matches[i].rule
@@ -481,7 +507,7 @@ func (s *Service) response(items []item) *rlsv3.RateLimitResponse {
 		d := it.decision
 		st.CurrentLimit = it.current
 		st.LimitRemaining = uint32(min(max(d.Remaining, 0), math.MaxUint32))
-		st.DurationUntilReset = resetDuration(&durs[i], it.algo, d)
+		st.DurationUntilReset = resetDuration(&durs[i], it.algo, d, it.limit.Period)
 		over := !d.Allowed
 		if over {
 			st.LimitRemaining = 0
@@ -508,13 +534,20 @@ type oneResponse struct {
 }
 
 // resetDuration sets out to the time until the limit is fully available
-// again and returns it. For fixed windows it is rounded up to whole
-// seconds, which is exactly envoyproxy/ratelimit's "unit length minus
-// seconds into the window".
-func resetDuration(out *durationpb.Duration, a sluice.Algorithm, d sluice.Decision) *durationpb.Duration {
+// again and returns it, in (0, unit]. For fixed windows it is rounded up to
+// whole seconds, which is exactly envoyproxy/ratelimit's "unit length minus
+// seconds into the window". A limit with nothing used (a check-only
+// hits_addend 0 on an untouched key) reports its whole unit: the store
+// does not say where in the window it is, and the window has surely turned
+// by then. Longer waits (a sliding window's second unit) are capped at the
+// unit.
+func resetDuration(out *durationpb.Duration, a sluice.Algorithm, d sluice.Decision, unit time.Duration) *durationpb.Duration {
 	reset := d.ResetAfter
 	if !d.Allowed {
 		reset = max(reset, d.RetryAfter)
+	}
+	if reset <= 0 || reset > unit {
+		reset = unit
 	}
 	if a == sluice.FixedWindow {
 		out.Seconds = sluice.CeilSeconds(reset)
