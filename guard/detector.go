@@ -26,8 +26,7 @@ const buckets = 4
 type node struct {
 	name  string
 	state atomic.Int32
-	// lastFail is the clock time of the last failure, 0 if none: calls run
-	// under a hard deadline for a window after it.
+	// lastFail is the clock time of the last failure, 0 if none.
 	lastFail atomic.Int64
 	win      [buckets]bucket
 	mu       sync.Mutex // resets buckets, opens and closes
@@ -37,6 +36,7 @@ type node struct {
 	probeErr           atomic.Pointer[string] // last probe error; nil after a success
 	probed             atomic.Bool            // a probe has finished
 	probing            atomic.Bool            // a probe is in flight
+	settling           atomic.Bool            // a background settle is under way
 
 	logAt      atomic.Int64 // clock time of the last error logged
 	suppressed atomic.Int64 // errors not logged since
@@ -101,13 +101,6 @@ func (n *node) resetWindow() {
 		n.win[i].keys.Store(0)
 	}
 	n.lastFail.Store(0)
-}
-
-// recentFailure reports a failure within the window: calls then run under
-// a hard deadline, since a reconnecting client may ignore ctx.
-func (n *node) recentFailure(c *core, now int64) bool {
-	lf := n.lastFail.Load()
-	return n.state.Load() != closed || (lf != 0 && now-lf < int64(c.window))
 }
 
 // trip opens the circuit; it reports whether this call opened it.

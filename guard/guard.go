@@ -362,10 +362,9 @@ func (g *Guard) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, 
 	}
 	g.calls.Add(1)
 	n.calls.Add(1)
-	now := g.clk.Now()
 	var ds []sluice.Decision
 	var err error
-	if g.timeout > 0 && n.recentFailure(g.core, now) {
+	if g.timeout > 0 {
 		ds, err = g.bounded(cctx, op, reqs, one)
 	} else {
 		ds, err = g.call(cctx, op, reqs, one)
@@ -416,8 +415,9 @@ func (g *Guard) call(ctx context.Context, op sluice.Op, reqs []sluice.Request, o
 }
 
 // bounded runs the call in a goroutine and returns at ctx's deadline
-// whatever the call is doing: after a failure a client may be reconnecting
-// (a dial or handshake that ignores ctx).
+// whatever the call is doing: a client may be reconnecting, with a dial or
+// handshake that ignores ctx (rueidis redials when a call times out on a
+// stalled server, and the calls behind it wait for that dial).
 func (g *Guard) bounded(ctx context.Context, op sluice.Op, reqs []sluice.Request, one bool) ([]sluice.Decision, error) {
 	type result struct {
 		ds  []sluice.Decision
@@ -478,6 +478,11 @@ func (g *Guard) degrade(ctx context.Context, op sluice.Op, reqs []sluice.Request
 		if err == nil {
 			for i := range ds {
 				ds[i].Degraded, ds[i].Fallback = true, "local"
+			}
+			if n.state.Load() == closed && op == sluice.OpAllow {
+				// One call failed, the node works: tell the store now what
+				// was admitted, before it hands out the same capacity.
+				g.kickSettle(n)
 			}
 			return ds, nil
 		}

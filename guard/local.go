@@ -17,10 +17,11 @@ import (
 //   - share: this instance enforces limit ÷ n in an embedded memstore,
 //     n the number of live instances.
 //   - seeds: while the store answers, the guard remembers the last
-//     Remaining the store reported for each key (bounded). The first time
-//     Local answers for a key, its local state starts from that
-//     Remaining ÷ n, not from a full bucket: a key exhausted before the
-//     outage stays exhausted.
+//     Remaining the store reported for each key (bounded). When Local
+//     answers for a key, its local state is first reset to that
+//     Remaining ÷ n (less what this instance owes), once per answer of
+//     the store, not from a full bucket: a key exhausted before the outage
+//     stays exhausted, and local state never outlives a newer answer.
 //   - debts: what Local admitted is charged to the store (OpCharge) before
 //     the node's circuit closes again, and in the background for keys
 //     answered locally while busy, so that the store does not admit it a
@@ -44,6 +45,7 @@ type seed struct {
 	remaining int64
 	at        int64 // clock time of the decision
 	resetAt   int64 // clock time at which the key was full again
+	applied   bool  // the local state was seeded from it already
 }
 
 type debt struct {
@@ -109,9 +111,20 @@ func (l *local) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, 
 		r.Limit = share(r.Limit, n)
 		scaled[i] = r
 		if r.Algorithm != sluice.Concurrency {
-			if s, ok := l.seeds.LoadAndDelete(r.Key); ok {
-				l.seedSize.Add(-1)
-				l.seed(ctx, &reqs[i], &r, &s, n, now)
+			// Seed from the store's newest answer, once: local state older
+			// than it has refilled what the store handed out meanwhile.
+			var fresh seed
+			var ok bool
+			l.seeds.Compute(r.Key, func(old seed, loaded bool) (seed, xsync.ComputeOp) {
+				if !loaded || old.applied {
+					return old, xsync.CancelOp
+				}
+				fresh, ok = old, true
+				old.applied = true
+				return old, xsync.UpdateOp
+			})
+			if ok {
+				l.seed(ctx, &reqs[i], &r, &fresh, n, now)
 			}
 		}
 	}
@@ -235,6 +248,20 @@ func (c *core) settle(ctx context.Context, node string) bool {
 	}
 	wg.Wait()
 	return !failed.Load()
+}
+
+// kickSettle settles n's debts in the background now, unless a settle of
+// n is under way.
+func (c *core) kickSettle(n *node) {
+	if !n.settling.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer n.settling.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+		defer cancel()
+		c.settle(ctx, n.name)
+	}()
 }
 
 // settleTimeout bounds one settle pass.

@@ -299,6 +299,23 @@ func (s *Server) Restart(t testing.TB) {
 	t.Fatalf("redistest: restart %s: %v", s.Addr, err)
 }
 
+// Freeze stops the server with SIGSTOP: it keeps its connections and
+// accepts new ones, but answers nothing until Thaw, as a stalled host.
+func (s *Server) Freeze() error { return s.signal(syscall.SIGSTOP) }
+
+// Thaw resumes a server that Freeze stopped (SIGCONT).
+func (s *Server) Thaw() error { return s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) error {
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if cmd == nil {
+		return errors.New("redistest: server not running")
+	}
+	return cmd.Process.Signal(sig)
+}
+
 func (s *Server) stop() {
 	s.Kill()
 	_ = os.RemoveAll(s.dir)
@@ -349,10 +366,14 @@ func (s *Server) CommandCalls(ctx context.Context, cmd string) (int64, error) {
 	return 0, fmt.Errorf("redistest: no calls in %q", stat)
 }
 
-// Cluster is a three-master Redis Cluster without replicas.
+// Cluster is a three-master Redis Cluster, without replicas unless made
+// by NewClusterWithReplicas.
 type Cluster struct {
 	// Nodes are the masters.
 	Nodes []*Server
+	// Replicas are the replicas, one per master with
+	// NewClusterWithReplicas.
+	Replicas []*Server
 }
 
 // Addrs returns the nodes' host:port addresses.
@@ -396,20 +417,40 @@ func NewCluster(t testing.TB) *Cluster {
 	return c
 }
 
-func startCluster() (*Cluster, error) {
+// NewClusterWithReplicas starts a six-node Cluster for this test alone:
+// three masters, each with a replica that takes over (after the 2s node
+// timeout) when its master dies. DEBUG is enabled on every node, for
+// DEBUG SLEEP. t.Cleanup stops it.
+func NewClusterWithReplicas(t testing.TB) *Cluster {
+	t.Helper()
+	c, err := startClusterN(1, "--enable-debug-command", "yes")
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(c.stop)
+	return c
+}
+
+func startCluster() (*Cluster, error) { return startClusterN(0) }
+
+// startClusterN starts three masters with replicas replicas each.
+func startClusterN(replicas int, extra ...string) (*Cluster, error) {
 	c := &Cluster{}
-	for range 3 {
-		s, err := startServer([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"})
+	var all []*Server
+	for range 3 * (1 + replicas) {
+		s, err := startServer(append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"}, extra...))
 		if err != nil {
+			c.Nodes = all
 			c.stop()
 			return nil, err
 		}
-		c.Nodes = append(c.Nodes, s)
+		all = append(all, s)
 	}
+	c.Nodes = all
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput()
 	if err != nil {
 		c.stop()
@@ -432,11 +473,27 @@ func startCluster() (*Cluster, error) {
 			}
 		}
 	}
+	if replicas > 0 {
+		c.Nodes = nil
+		for _, n := range all {
+			role, err := n.Do(ctx, "ROLE")
+			if r, ok := role.([]any); err == nil && ok && len(r) > 0 && r[0] == "master" {
+				c.Nodes = append(c.Nodes, n)
+			} else {
+				c.Replicas = append(c.Replicas, n)
+			}
+		}
+		if len(c.Nodes) != 3 {
+			c.Nodes = all
+			c.stop()
+			return nil, fmt.Errorf("cluster has %d masters, want 3", len(c.Nodes))
+		}
+	}
 	return c, nil
 }
 
 func (c *Cluster) stop() {
-	for _, n := range c.Nodes {
+	for _, n := range append(c.Nodes, c.Replicas...) {
 		n.stop()
 	}
 }
