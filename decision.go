@@ -56,6 +56,10 @@ type Request struct {
 	// Lease identifies a Concurrency holder, for acquire and release. It is
 	// ignored by the other algorithms.
 	Lease string
+	// UseLease lets a leasing store (package lease) answer the request from
+	// capacity it took from its shared store in advance. Other stores
+	// ignore it.
+	UseLease bool
 }
 
 // Validate checks the request for op. Errors wrap ErrInvalidRequest,
@@ -127,6 +131,38 @@ type Decision struct {
 	// "fail_open" or "fail_closed" (package guard's policies). It is empty
 	// when the store answered.
 	Fallback string
+	// Source says how the decision was made: by the store (the zero
+	// value), from a local cache of a denial, or from capacity leased in
+	// advance. Degraded decisions have Source FromStore.
+	Source Source
+}
+
+// Source says how a Decision was made.
+type Source uint8
+
+// The sources of a decision.
+const (
+	// FromStore: the store decided, in one atomic step on the shared state.
+	FromStore Source = iota
+	// FromLease: decided locally from capacity this instance had already
+	// taken (and charged) from the store in a chunk; see package lease.
+	// The limit is kept fleet-wide, but Remaining and ResetAfter describe
+	// the shared state as of the last chunk fetch, not this instant.
+	FromLease
+	// FromCache: a denial the store gave recently, answered again without
+	// asking the store while its RetryAfter runs. The times count down; a
+	// refund or reset by another instance is not seen until it lapses.
+	FromCache
+)
+
+var sourceNames = [...]string{FromStore: "store", FromLease: "lease", FromCache: "cache"}
+
+// String returns the source's name, such as "lease".
+func (s Source) String() string {
+	if int(s) < len(sourceNames) {
+		return sourceNames[s]
+	}
+	return fmt.Sprintf("source(%d)", s)
 }
 
 // RetryAfterSeconds is RetryAfter in whole seconds, rounded up, as HTTP's
@@ -156,13 +192,21 @@ func CeilMillis(d time.Duration) int64 {
 // Combine folds the decisions of one batch into one: allowed only if all
 // are, the longest RetryAfter and ResetAfter, and the Limit and Remaining of
 // the most constrained member; Degraded if any is, with the first Fallback
-// named. Combine of no decisions is an allowed zero Decision.
+// named. Its Source is that of the first denied member, or, when all are
+// allowed, FromStore if any member is. Combine of no decisions is an
+// allowed zero Decision.
 func Combine(ds []Decision) Decision {
 	if len(ds) == 0 {
 		return Decision{Allowed: true}
 	}
 	out := ds[0]
 	for _, d := range ds[1:] {
+		switch {
+		case out.Allowed && !d.Allowed:
+			out.Source = d.Source
+		case out.Allowed && d.Source < out.Source:
+			out.Source = d.Source
+		}
 		out.Allowed = out.Allowed && d.Allowed
 		out.Degraded = out.Degraded || d.Degraded
 		if out.Fallback == "" {

@@ -163,4 +163,19 @@ func TestCombine(t *testing.T) {
 	if got := sluice.Combine(nil); !got.Allowed {
 		t.Fatal("Combine(nil) denies")
 	}
+	// A batch denied from a cache: the source is the denial's.
+	b.Source = sluice.FromCache
+	want.Source = sluice.FromCache
+	if got := sluice.Combine([]sluice.Decision{a, b}); got != want {
+		t.Fatalf("Combine(store, cached denial) = %+v, want %+v", got, want)
+	}
+	// All allowed: from the store if any member went there.
+	a2 := a
+	a2.Source = sluice.FromLease
+	if got := sluice.Combine([]sluice.Decision{a2, a}); !got.Allowed || got.Source != sluice.FromStore {
+		t.Fatalf("Combine(lease, store) = %+v, want allowed from the store", got)
+	}
+	if got := sluice.Combine([]sluice.Decision{a2, a2}); got.Source != sluice.FromLease {
+		t.Fatalf("Combine(lease, lease) = %+v, want from the lease", got)
+	}
 }

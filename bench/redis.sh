@@ -4,4 +4,4 @@
 # docs/BENCHMARKS.md records. SLUICE_BENCH_DURATION sets each run (3s).
 set -euo pipefail
 cd "$(dirname "$0")"
-SLUICE_BENCH_REDIS=1 go test -count=1 -run TestRedisReport -v -timeout 10m ./redis/ | grep -v -e '^=== RUN' -e '^--- ' -e '^PASS' -e '^ok'
+SLUICE_BENCH_REDIS=1 go test -count=1 -run 'TestRedisReport|TestLeaseReport' -v -timeout 10m ./redis/ | grep -v -e '^=== RUN' -e '^--- ' -e '^PASS' -e '^ok'

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,6 +59,7 @@ func (c *denyCache) get(req *sluice.Request, now int64) (sluice.Decision, bool) 
 		return sluice.Decision{}, false
 	}
 	d := e.d
+	d.Source = sluice.FromCache
 	passed := time.Duration(now - e.at)
 	d.RetryAfter = time.Duration(e.until - now)
 	d.ResetAfter = max(0, d.ResetAfter-passed)
@@ -87,4 +89,75 @@ func (c *denyCache) del(key string) {
 	if _, loaded := c.m.LoadAndDelete(key); loaded {
 		c.size.Add(-1)
 	}
+}
+
+// batch looks up the members of an OpAllow or OpPeek batch. When one of
+// them is a cached denial, the batch is denied (it is all or nothing) and
+// batch returns the decisions it knows and the indexes of the members it
+// does not; otherwise it returns nil, allocating nothing.
+func (c *denyCache) batch(reqs []sluice.Request, now int64) (ds []sluice.Decision, unknown []int) {
+	for i := range reqs {
+		if reqs[i].Algorithm == sluice.Concurrency {
+			continue
+		}
+		if d, ok := c.get(&reqs[i], now); ok {
+			if ds == nil {
+				ds = make([]sluice.Decision, len(reqs))
+			}
+			ds[i] = d
+		}
+	}
+	for i := range ds {
+		if ds[i].Source != sluice.FromCache {
+			unknown = append(unknown, i)
+		}
+	}
+	return ds, unknown
+}
+
+// putBatch remembers the denials of a batch that Redis decided at asked:
+// members of cost 1 whose own limit denied them. A key that appears twice
+// in the batch is left out, since its denial may be due to its own other
+// charge in the batch.
+func (c *denyCache) putBatch(reqs []sluice.Request, ds []sluice.Decision, asked int64) {
+	for i := range ds {
+		d := &ds[i]
+		if d.Allowed || d.Degraded || d.RetryAfter <= 0 || reqs[i].Cost > 1 || reqs[i].Algorithm == sluice.Concurrency {
+			continue
+		}
+		dup := false
+		for j := range reqs {
+			if j != i && reqs[j].Key == reqs[i].Key {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			c.put(&reqs[i], *d, asked)
+		}
+	}
+}
+
+// peekRest completes a batch denied from the cache: the members the cache
+// does not know are peeked with their costs, in one call, which is what a
+// denied batch reports for them (whether their limit alone would admit,
+// and their remainder without the charge). A batch of cached denials alone
+// costs Redis nothing.
+func (s *Store) peekRest(ctx context.Context, reqs []sluice.Request, ds []sluice.Decision, unknown []int, asked int64) ([]sluice.Decision, error) {
+	if len(unknown) == 0 {
+		return ds, nil
+	}
+	rest := make([]sluice.Request, len(unknown))
+	for j, i := range unknown {
+		rest[j] = reqs[i]
+	}
+	pds, err := s.applyAll(ctx, sluice.OpPeek, rest)
+	if err != nil {
+		return nil, err
+	}
+	s.cache.putBatch(rest, pds, asked)
+	for j, i := range unknown {
+		ds[i] = pds[j]
+	}
+	return ds, nil
 }

@@ -294,30 +294,57 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 }
 
 // ApplyAll implements sluice.Store. On Redis Cluster the keys must share a
-// hash slot (ErrCrossSlot otherwise). The over-limit cache does not answer
-// batches, but a batch's refund or reset invalidates its keys.
+// hash slot (ErrCrossSlot otherwise). The over-limit cache answers a batch
+// with a member it knows is denied: the batch is denied without charging
+// anything, and its other members, if any, are peeked in one call so that
+// their decisions are what a denied batch reports. A batch's refund,
+// charge or reset invalidates its keys.
 func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
-	for i := range reqs {
-		if err := reqs[i].Validate(op); err != nil {
-			return nil, fmt.Errorf("redisstore: request %d: %w", i, err)
-		}
+	if err := s.checkBatch(op, reqs); err != nil || len(reqs) == 0 {
+		return nil, err
 	}
-	if len(reqs) == 0 {
-		return nil, nil
+	if s.cache == nil {
+		return s.applyAll(ctx, op, reqs)
 	}
-	if s.cluster {
-		slot := keySlot(reqs[0].Key)
-		for i := range reqs[1:] {
-			if keySlot(reqs[i+1].Key) != slot {
-				return nil, fmt.Errorf("redisstore: %w: %q and %q", ErrCrossSlot, reqs[0].Key, reqs[i+1].Key)
-			}
-		}
-	}
-	if s.cache != nil && op != sluice.OpAllow && op != sluice.OpPeek {
+	if op != sluice.OpAllow && op != sluice.OpPeek {
 		for i := range reqs {
 			s.cache.del(reqs[i].Key)
 		}
+		return s.applyAll(ctx, op, reqs)
 	}
+	// Denials are cached from the time of asking, as in Apply.
+	asked := s.localClk.Now()
+	if ds, unknown := s.cache.batch(reqs, asked); ds != nil {
+		s.cacheHits.Add(1)
+		return s.peekRest(ctx, reqs, ds, unknown, asked)
+	}
+	ds, err := s.applyAll(ctx, op, reqs)
+	if err == nil {
+		s.cache.putBatch(reqs, ds, asked)
+	}
+	return ds, err
+}
+
+// checkBatch validates a batch, and on Cluster that its keys share a slot.
+func (s *Store) checkBatch(op sluice.Op, reqs []sluice.Request) error {
+	for i := range reqs {
+		if err := reqs[i].Validate(op); err != nil {
+			return fmt.Errorf("redisstore: request %d: %w", i, err)
+		}
+	}
+	if s.cluster && len(reqs) > 1 {
+		slot := keySlot(reqs[0].Key)
+		for i := range reqs[1:] {
+			if keySlot(reqs[i+1].Key) != slot {
+				return fmt.Errorf("redisstore: %w: %q and %q", ErrCrossSlot, reqs[0].Key, reqs[i+1].Key)
+			}
+		}
+	}
+	return nil
+}
+
+// applyAll runs a checked, non-empty batch on Redis.
+func (s *Store) applyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
 	a := reqs[0].Algorithm
 	if fast := s.scripts.fast[a]; fast != nil && len(reqs) == 1 && op != sluice.OpReset {
 		d, err := s.runFast(ctx, op, &reqs[0], fast)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/yamlconf"
+	"github.com/sluice-io/sluice/lease"
 )
 
 // ErrInvalid means a configuration file is malformed. Load's errors wrap it.
@@ -95,6 +96,9 @@ type Policy struct {
 	Limit sluice.Limit
 	// Shadow counts denials without enforcing them.
 	Shadow bool
+	// Lease lets a Redis store decide the policy's hot keys locally from
+	// leased capacity (sluice.Request.UseLease).
+	Lease bool
 }
 
 // Tier is a plan: policies applied together, all or nothing.
@@ -224,6 +228,13 @@ func (v *validator) compile(f *File) *Config {
 			pol.Limit.Burst = p.Burst
 			if err := pol.Limit.Validate(); err != nil {
 				v.addf(path+".burst", "%s", strings.TrimPrefix(err.Error(), "sluice: "))
+			}
+		}
+		pol.Lease = f.Store.Lease && lease.Leasable(pol.Algorithm)
+		if p.Lease != nil {
+			pol.Lease = *p.Lease
+			if pol.Lease && !lease.Leasable(pol.Algorithm) {
+				v.addf(path+".lease", "%s cannot be leased: its state is one entry per admitted event", pol.Algorithm)
 			}
 		}
 		cfg.Policies[name] = pol

@@ -77,6 +77,9 @@ type StoreSection struct {
 	// locally, until their RetryAfter; on unless set to false, as in the
 	// library (redisstore.Options.DisableDenyCache).
 	LocalCache bool `yaml:"local_cache"`
+	// Lease is the default of every policy's `lease`: decide hot keys
+	// locally from capacity taken from Redis in chunks (package lease).
+	Lease bool `yaml:"lease"`
 	// MaxKeys bounds the keys held in memory; 0 means the store's default.
 	MaxKeys int `yaml:"max_keys"`
 }
@@ -91,6 +94,9 @@ type PolicySection struct {
 	Burst int64 `yaml:"burst"`
 	// Shadow counts what the policy would deny but never denies.
 	Shadow bool `yaml:"shadow"`
+	// Lease decides the policy's hot keys from leased capacity on Redis;
+	// store.lease when unset. Not for sliding_window_log.
+	Lease *bool `yaml:"lease"`
 }
 
 // TierSection is one entry of `tiers:`.

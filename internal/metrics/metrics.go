@@ -109,6 +109,9 @@ type StoreStats struct {
 	CircuitOpens uint64
 	// Circuit is CircuitClosed, CircuitHalfOpen or CircuitOpen.
 	Circuit int
+	// LeaseHits, LeaseFetches and LeaseReturns count decisions made from
+	// leased capacity, chunk requests and refunds of unused capacity.
+	LeaseHits, LeaseFetches, LeaseReturns uint64
 }
 
 // SetStoreStats sets the function that reports the store's counters.
@@ -121,13 +124,16 @@ var (
 	storeCacheDesc    = prometheus.NewDesc("sluice_store_deny_cache_hits_total", "Denials answered from the local over-limit cache without asking the store.", nil, nil)
 	storeOpensDesc    = prometheus.NewDesc("sluice_store_circuit_opens_total", "Times the store circuit breaker opened.", nil, nil)
 	storeCircuitDesc  = prometheus.NewDesc("sluice_store_circuit_state", "Store circuit breaker: 0 closed, 1 half-open, 2 open (the failure policy answers).", nil, nil)
+	leaseHitsDesc     = prometheus.NewDesc("sluice_lease_hits_total", "Decisions made locally from leased capacity, without the store.", nil, nil)
+	leaseFetchesDesc  = prometheus.NewDesc("sluice_lease_fetches_total", "Chunks of capacity requested from the store.", nil, nil)
+	leaseReturnsDesc  = prometheus.NewDesc("sluice_lease_returns_total", "Refunds of unused leased capacity to the store.", nil, nil)
 )
 
 // storeCollector exports StoreStats.
 type storeCollector struct{ m *Metrics }
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeCircuitDesc} {
+	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeCircuitDesc, leaseHitsDesc, leaseFetchesDesc, leaseReturnsDesc} {
 		ch <- d
 	}
 }
@@ -143,6 +149,9 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(storeCacheDesc, prometheus.CounterValue, float64(st.CacheHits))
 	ch <- prometheus.MustNewConstMetric(storeOpensDesc, prometheus.CounterValue, float64(st.CircuitOpens))
 	ch <- prometheus.MustNewConstMetric(storeCircuitDesc, prometheus.GaugeValue, float64(st.Circuit))
+	ch <- prometheus.MustNewConstMetric(leaseHitsDesc, prometheus.CounterValue, float64(st.LeaseHits))
+	ch <- prometheus.MustNewConstMetric(leaseFetchesDesc, prometheus.CounterValue, float64(st.LeaseFetches))
+	ch <- prometheus.MustNewConstMetric(leaseReturnsDesc, prometheus.CounterValue, float64(st.LeaseReturns))
 }
 
 // Handler serves the registry in the Prometheus exposition format.

@@ -148,6 +148,7 @@ func newTarget(cfg *config.Config, p *config.Policy, tier, identity string, apiK
 		Algorithm: p.Algorithm,
 		Limit:     cfg.LimitFor(p, identity, apiKey),
 		Cost:      cost,
+		UseLease:  p.Lease,
 	}}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-io/sluice/guard"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/lease"
 	"github.com/sluice-io/sluice/redisstore"
 )
 
@@ -93,7 +94,13 @@ func (s *storeGuard) stats() metrics.StoreStats {
 	if st.Open > 0 {
 		out.Circuit = metrics.CircuitOpen
 	}
-	if rs, ok := s.g.Unwrap().(*redisstore.Store); ok {
+	inner := s.g.Unwrap()
+	if ls, ok := inner.(*lease.Store); ok {
+		st := ls.Stats()
+		out.LeaseHits, out.LeaseFetches, out.LeaseReturns = st.Hits, st.Fetches, st.Returns
+		inner = ls.Unwrap()
+	}
+	if rs, ok := inner.(*redisstore.Store); ok {
 		out.CacheHits = rs.Stats().CacheHits
 	}
 	return out

@@ -8,13 +8,16 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/lease"
 	"github.com/sluice-io/sluice/redisstore"
 )
 
 // openRedis opens the Redis store a config names. It does not fail when
 // Redis is down: the store connects when Redis appears, and the guard
 // around it answers by the failure policy meanwhile. The guard, not the
-// store, applies the failure policy.
+// store, applies the failure policy. Decisions go through a lease.Store,
+// which leases the requests with UseLease (policies with `lease: true`)
+// and passes the others through.
 func openRedis(ctx context.Context, sc config.StoreSection, log *slog.Logger) (sluice.Store, io.Closer, error) {
 	s, err := redisstore.New(ctx, redisstore.Options{
 		URL:              sc.URL,
@@ -25,5 +28,21 @@ func openRedis(ctx context.Context, sc config.StoreSection, log *slog.Logger) (s
 	if err != nil {
 		return nil, nil, fmt.Errorf("server: open redis store: %w", err)
 	}
-	return s, s, nil
+	l, err := lease.New(lease.Options{Store: s, Instances: max(sc.Instances, 0), Logger: log})
+	if err != nil {
+		_ = s.Close()
+		return nil, nil, fmt.Errorf("server: %w", err)
+	}
+	return l, leaseCloser{l, s}, nil
+}
+
+// leaseCloser gives leased capacity back, then closes the Redis store.
+type leaseCloser struct {
+	l *lease.Store
+	s *redisstore.Store
+}
+
+func (c leaseCloser) Close() error {
+	_ = c.l.Close()
+	return c.s.Close()
 }

@@ -1,0 +1,221 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sluice-io/sluice"
+)
+
+// Apply implements sluice.Store. OpAllow on a leased algorithm is answered
+// from the key's lease when the key is hot; OpPeek from the lease when it
+// holds the cost; OpReset drops the lease and resets the key in the store;
+// everything else goes to the wrapped store.
+func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
+	if !req.UseLease && !s.all {
+		return s.inner.Apply(ctx, op, req)
+	}
+	if err := req.Validate(op); err != nil {
+		return sluice.Decision{}, fmt.Errorf("lease: %w", err)
+	}
+	if Leasable(req.Algorithm) && !s.closed() {
+		switch op {
+		case sluice.OpAllow:
+			if e := s.entry(&req); e != nil {
+				d, _, out, err := s.take(ctx, e, req.Cost)
+				if err != nil {
+					return sluice.Decision{}, err
+				}
+				if out != toStore {
+					s.hits.Add(1)
+					if out == denied {
+						s.localDenials.Add(1)
+					}
+					return d, nil
+				}
+				s.direct.Add(1)
+				d, err = s.inner.Apply(ctx, op, req)
+				if err == nil && d.Allowed {
+					e.mu.Lock()
+					e.direct += req.Cost // this instance's, not the others'
+					e.mu.Unlock()
+				}
+				return d, err
+			}
+		case sluice.OpPeek:
+			if d, ok := s.peek(&req); ok {
+				s.hits.Add(1)
+				return d, nil
+			}
+		case sluice.OpReset:
+			s.forget(req.Key)
+		}
+	}
+	s.direct.Add(1)
+	return s.inner.Apply(ctx, op, req)
+}
+
+// peek answers an OpPeek from the lease if it holds req's cost.
+func (s *Store) peek(req *sluice.Request) (sluice.Decision, bool) {
+	e, ok := s.keys.Load(req.Key)
+	if !ok || e.algo != req.Algorithm || e.limit != req.Limit {
+		return sluice.Decision{}, false
+	}
+	now := s.clk.Now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if now >= e.expiry || e.tokens < max(req.Cost, 1) {
+		return sluice.Decision{}, false
+	}
+	return e.allowed(now), true
+}
+
+// ApplyAll implements sluice.Store. An OpAllow batch takes what it can
+// from its members' leases and sends the rest to the wrapped store in one
+// ApplyAll; if that denies, the units taken locally go back to their
+// leases, so the batch stays all or nothing. A member whose key the store
+// has no chunk for denies the batch at once, charging nothing: the other
+// members are peeked (from their leases, else in one store call), which is
+// what a denied batch reports for them.
+func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if !s.all && !anyLeased(reqs) {
+		return s.inner.ApplyAll(ctx, op, reqs)
+	}
+	for i := range reqs {
+		if err := reqs[i].Validate(op); err != nil {
+			return nil, fmt.Errorf("lease: request %d: %w", i, err)
+		}
+	}
+	if op != sluice.OpAllow || s.closed() {
+		if op == sluice.OpReset {
+			for i := range reqs {
+				s.forget(reqs[i].Key)
+			}
+		}
+		s.direct.Add(uint64(len(reqs)))
+		return s.inner.ApplyAll(ctx, op, reqs)
+	}
+	if len(reqs) == 1 {
+		d, err := s.Apply(ctx, op, reqs[0])
+		if err != nil {
+			return nil, err
+		}
+		return []sluice.Decision{d}, nil
+	}
+	type taken struct {
+		e    *entry
+		gen  uint64
+		cost int64
+	}
+	var local []taken
+	undo := func() {
+		for _, t := range local {
+			s.putBack(t.e, t.gen, t.cost)
+		}
+	}
+	ds := make([]sluice.Decision, len(reqs))
+	rest := make([]int, 0, len(reqs))
+	for i := range reqs {
+		r := &reqs[i]
+		var e *entry
+		if Leasable(r.Algorithm) && (r.UseLease || s.all) {
+			e = s.entry(r)
+		}
+		if e == nil {
+			rest = append(rest, i)
+			continue
+		}
+		d, gen, out, err := s.take(ctx, e, r.Cost)
+		if err != nil {
+			undo()
+			return nil, err
+		}
+		switch out {
+		case fromLease:
+			ds[i] = d
+			local = append(local, taken{e, gen, r.Cost})
+		case toStore:
+			rest = append(rest, i)
+		case denied:
+			undo()
+			s.hits.Add(1)
+			s.localDenials.Add(1)
+			return s.deniedBatch(ctx, reqs, i, d)
+		}
+	}
+	s.hits.Add(uint64(len(local)))
+	if len(rest) == 0 {
+		return ds, nil
+	}
+	sub := make([]sluice.Request, len(rest))
+	for j, i := range rest {
+		sub[j] = reqs[i]
+	}
+	s.direct.Add(uint64(len(rest)))
+	sds, err := s.inner.ApplyAll(ctx, op, sub)
+	if err != nil {
+		undo()
+		return nil, err
+	}
+	if len(sds) != len(sub) {
+		undo()
+		return nil, fmt.Errorf("lease: store gave %d decisions for %d requests", len(sds), len(sub))
+	}
+	ok := true
+	for j, i := range rest {
+		ds[i] = sds[j]
+		ok = ok && sds[j].Allowed
+	}
+	if !ok {
+		undo() // the leased members' limits alone would admit: Allowed stays true
+	}
+	return ds, nil
+}
+
+// deniedBatch completes a batch denied by member i's lease: the others are
+// peeked, from their leases when these hold their cost, else in one
+// OpPeek batch on the store.
+func (s *Store) deniedBatch(ctx context.Context, reqs []sluice.Request, i int, d sluice.Decision) ([]sluice.Decision, error) {
+	ds := make([]sluice.Decision, len(reqs))
+	ds[i] = d
+	var rest []int
+	for j := range reqs {
+		if j == i {
+			continue
+		}
+		if Leasable(reqs[j].Algorithm) {
+			if pd, ok := s.peek(&reqs[j]); ok {
+				ds[j] = pd
+				continue
+			}
+		}
+		rest = append(rest, j)
+	}
+	if len(rest) == 0 {
+		return ds, nil
+	}
+	sub := make([]sluice.Request, len(rest))
+	for k, j := range rest {
+		sub[k] = reqs[j]
+	}
+	pds, err := s.inner.ApplyAll(ctx, sluice.OpPeek, sub)
+	if err != nil {
+		return nil, err
+	}
+	if len(pds) != len(sub) {
+		return nil, fmt.Errorf("lease: store gave %d decisions for %d requests", len(pds), len(sub))
+	}
+	for k, j := range rest {
+		ds[j] = pds[k]
+	}
+	return ds, nil
+}
+
+func anyLeased(reqs []sluice.Request) bool {
+	for i := range reqs {
+		if reqs[i].UseLease {
+			return true
+		}
+	}
+	return false
+}

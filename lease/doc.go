@@ -1,0 +1,85 @@
+// Package lease decides hot keys locally, from capacity taken from a shared
+// store in chunks, without ever admitting more than the limit fleet-wide.
+//
+// # Design
+//
+// A Store wraps a sluice.Store (Redis, usually). For a hot key, it takes a
+// chunk of the key's capacity with one OpAllow of the chunk's size: the
+// store charges the whole chunk at once, atomically, as if that many
+// requests had arrived. The instance then admits requests from the chunk
+// locally, with no round trip, and fetches the next chunk in the background
+// when half of the current one is used, so that a steady caller never
+// waits. Every admission is thus backed by a charge the store already made:
+// the fleet admits at most what the store's limit admits (ideal + 1), with
+// any number of instances, whatever their clocks.
+//
+// Capacity the instance no longer needs goes back with OpRefund: capacity
+// of a key unused for IdleAfter, capacity older than TTL, and everything on
+// Close. Refunds apply to GCRA and the token bucket only, whose refunds do
+// not depend on when they arrive: a refund adds capacity that was charged
+// and not used, and is capped at a full bucket. Window algorithms do not
+// refund (see below).
+//
+// The chunk adapts to the instance's recent rate on the key (Horizon's
+// worth of it) and to the instance's learnt share of the key's traffic
+// (what the store's Remaining says the others took between two fetches),
+// and is bounded by MaxFraction of the capacity times that share, so that
+// the capacity held across the fleet stays a small part of the burst. Cold
+// keys (a chunk would be under MinChunk) and small limits (the bound is
+// under MinChunk) go straight to the store, as without leases.
+//
+// When the store denies a chunk, the instance takes what the store says is
+// left if that is at least half a chunk; otherwise it denies the key
+// locally until the store's RetryAfter for the chunk has passed, and then
+// asks again. Over its limit, a key thus costs the store one call per
+// chunk, not one per request.
+//
+// When the store fails (an error, or a Degraded decision by its failure
+// policy), the instance keeps answering from the capacity it holds, which
+// was charged already; once that is used, requests go to the store and its
+// failure policy answers them, as without leases. Leasing adds no
+// over-admission of its own, whatever the policy.
+//
+// # Algorithms
+//
+// GCRA, TokenBucket, FixedWindow and SlidingWindowCounter are leased.
+// SlidingWindowLog is not: its state is one timestamp per admitted unit, so
+// a chunk would stamp all its units with the fetch time and then release
+// them all at once a Period later, a burst the log exists to prevent.
+// Concurrency is not: a slot is held by a named holder until released, and
+// local slots could not be released by another instance or lapse when a
+// holder crashes. Both always go to the store.
+//
+// Window algorithms lease within one window: a chunk is used only until
+// the end of the window it was charged in (estimated early: the time the
+// fetch was sent plus the store's ResetAfter), since using it in the next
+// window would admit it there on top of that window's limit. They never
+// refund: a refund that reached the store after the window turned (a
+// paused Redis runs queued commands late) would free capacity in the next
+// window. The unused part of a window chunk is stranded until the window
+// ends; Stats.Stranded counts it.
+//
+// # Decisions under a lease
+//
+// Decisions made locally have Source sluice.FromLease. Allowed is exact for
+// the fleet-wide bound. Remaining is the capacity this instance holds plus
+// what the store reported left after its last fetch (other instances may
+// have taken that since). RetryAfter of a local denial is when this
+// instance will next ask the store for the key (the store's exact wait for
+// a chunk); a retry then may still be denied if other instances took the
+// capacity first. ResetAfter is the store's, counted down from the last
+// fetch. Decisions the store made pass through unchanged.
+//
+// # Differences from a plain store
+//
+// The storetest conformance suite runs against a leased Store with every
+// scenario; its step tables pass because their limits are small (a chunk
+// would exceed MinChunk·MaxFraction), so they go straight to the store.
+// The leased-specific answers differ in: Remaining (above), RetryAfter of
+// local denials (above), refunds and charges (passed to the store; they do
+// not touch the local chunk), OpPeek (answered from the chunk when it
+// holds the cost, else by the store, which does not know the chunk), and
+// OpReset (drops the local chunk without refunding it). The bound on
+// admissions is the store's: ideal + 1, tested on Redis with three
+// instances, skewed traffic and a paused server.
+package lease

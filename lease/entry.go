@@ -1,0 +1,370 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/puzpuzpuz/xsync/v4"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/algo"
+)
+
+// entry is one key's lease: the capacity this instance holds and what it
+// has learnt about the key. Its fields are guarded by mu.
+type entry struct {
+	key      string
+	algo     sluice.Algorithm
+	limit    sluice.Limit
+	capacity int64
+
+	mu     sync.Mutex
+	gen    uint64 // bumped when held capacity is dropped, so put-backs of older units are not mixed in
+	tokens int64  // capacity held: charged in the store, not yet admitted
+	expiry int64  // local ns from which tokens must not be used
+
+	fetching bool
+	done     chan struct{} // closed when the fetch in flight ends
+
+	starvedUntil int64 // the store had no chunk: deny locally until then
+	failedUntil  int64 // the store failed: no fetch until then
+	backoff      int64
+
+	storeRemaining int64 // the store's Remaining after the last fetch
+	resetAt        int64 // local ns at which the store's ResetAfter of the last fetch ends
+	lastUse        int64
+
+	rateT0, rateUnits int64
+	rate              float64 // units a second this instance is asked for, smoothed
+	share             float64 // this instance's part of what the fleet takes, smoothed
+
+	grantAt, grantRemaining, grantWindowEnd int64
+	granted                                 bool
+	direct                                  int64 // units the store admitted directly since the last grant
+}
+
+func (e *entry) window() bool {
+	return e.algo == sluice.FixedWindow || e.algo == sluice.SlidingWindowCounter
+}
+
+// drop empties the lease and returns what it held.
+func (e *entry) drop() int64 {
+	n := e.tokens
+	e.tokens = 0
+	e.gen++
+	return n
+}
+
+// observe counts cost towards the rate, over windows of at least w ns.
+func (e *entry) observe(now, cost, w int64) {
+	e.rateUnits += cost
+	el := now - e.rateT0
+	if el < w {
+		return
+	}
+	inst := float64(e.rateUnits) * 1e9 / float64(el)
+	if el > 8*w {
+		e.rate = inst // idle for long: the old rate says nothing
+	} else {
+		e.rate = (e.rate + inst) / 2
+	}
+	e.rateT0, e.rateUnits = now, 0
+}
+
+// allowed is a decision made from the lease after a take.
+func (e *entry) allowed(now int64) sluice.Decision {
+	return sluice.Decision{
+		Allowed:    true,
+		Limit:      e.limit,
+		Remaining:  min(e.capacity, e.tokens+max(0, e.storeRemaining)),
+		ResetAfter: time.Duration(max(0, e.resetAt-now)),
+		Source:     sluice.FromLease,
+	}
+}
+
+// denied is a local denial while the store has no chunk for the key.
+func (e *entry) denied(now int64) sluice.Decision {
+	retry := time.Duration(max(1, e.starvedUntil-now))
+	return sluice.Decision{
+		Limit:      e.limit,
+		Remaining:  min(e.capacity, e.tokens+max(0, e.storeRemaining)),
+		RetryAfter: retry,
+		ResetAfter: max(retry, time.Duration(e.resetAt-now)),
+		Source:     sluice.FromLease,
+	}
+}
+
+// learn updates the share from a grant of got units that left the store
+// with remaining, sent at sent: what the store refilled since the last
+// grant, minus what is left and what this instance took, is what the
+// others took.
+func (e *entry) learn(sent, got, remaining, windowEnd int64) {
+	if e.granted {
+		avail := int64(-1)
+		switch e.algo {
+		case sluice.GCRA, sluice.TokenBucket:
+			avail = min(e.capacity, e.grantRemaining+algo.CostsIn(e.limit, max(0, sent-e.grantAt)))
+		default:
+			if d := windowEnd - e.grantWindowEnd; d > -int64(e.limit.Period)/4 && d < int64(e.limit.Period)/4 {
+				avail = e.grantRemaining // the same window
+			}
+		}
+		if avail >= 0 {
+			others := max(0, avail-got-remaining-e.direct)
+			inst := float64(got) / float64(got+others)
+			e.share = min(1, max(1.0/64, (e.share+inst)/2))
+		}
+	}
+	e.granted, e.grantAt, e.grantRemaining, e.grantWindowEnd = true, sent, remaining, windowEnd
+	e.direct = 0
+}
+
+// outcome is how take settled a request.
+type outcome uint8
+
+const (
+	fromLease outcome = iota // admitted from the lease
+	denied                   // denied locally: the store has no chunk
+	toStore                  // the store must decide
+)
+
+// chunkFor is the chunk to fetch for e, or 0 when the key is better asked
+// directly: cold, or with a limit too small to lease. e.mu is held.
+func (s *Store) chunkFor(e *entry, cost int64) int64 {
+	// A small limit is not leased; a small share still takes MinChunk, so
+	// that it keeps learning its share from grants.
+	top := s.frac * float64(e.capacity)
+	bound := max(s.minChunk, int64(top*e.share))
+	if top < float64(s.minChunk) || bound < cost {
+		return 0
+	}
+	want := int64(math.Ceil(e.rate * s.horizon))
+	if want < s.minChunk {
+		return 0
+	}
+	if e.window() {
+		// No more than this instance uses before the window ends (by the
+		// local clock; windows are aligned to the epoch): the rest would
+		// be stranded.
+		p := int64(e.limit.Period)
+		left := p - s.clk.Now()%p
+		want = min(want, int64(math.Ceil(e.rate*float64(left)/1e9)))
+	}
+	return min(max(want, cost, s.minChunk), bound)
+}
+
+// maxAttempts bounds how often take waits for or makes a fetch before it
+// lets the store decide: many callers may drain one small chunk at once.
+const maxAttempts = 8
+
+// take admits cost from e's lease, fetching a chunk if needed (waiting for
+// one in flight), or reports that the store is out of chunks (a local
+// denial) or that the store must decide. gen identifies the units taken,
+// for putBack.
+func (s *Store) take(ctx context.Context, e *entry, cost int64) (sluice.Decision, uint64, outcome, error) {
+	for attempt := 0; ; attempt++ {
+		now := s.clk.Now()
+		e.mu.Lock()
+		if attempt == 0 {
+			e.observe(now, cost, s.rateWindow)
+			e.lastUse = now
+		}
+		var expired int64
+		if e.tokens > 0 && now >= e.expiry {
+			expired = e.drop()
+		}
+		if e.tokens >= cost {
+			e.tokens -= cost
+			d, gen := e.allowed(now), e.gen
+			var chunk int64
+			if !e.fetching && e.tokens*2 < s.chunkFor(e, 1) && now >= e.starvedUntil && now >= e.failedUntil {
+				chunk = s.chunkFor(e, 1)
+				e.fetching, e.done = true, make(chan struct{})
+			}
+			e.mu.Unlock()
+			s.returnAsync(e, expired)
+			if chunk > 0 && !s.async(func() { s.fetch(e, chunk) }) {
+				s.fetchDone(e)
+			}
+			return d, gen, fromLease, nil
+		}
+		if now < e.starvedUntil {
+			d := e.denied(now)
+			e.mu.Unlock()
+			s.returnAsync(e, expired)
+			return d, 0, denied, nil
+		}
+		if e.fetching && attempt < maxAttempts {
+			ch := e.done
+			e.mu.Unlock()
+			s.returnAsync(e, expired)
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return sluice.Decision{}, 0, 0, fmt.Errorf("lease: %w", ctx.Err())
+			}
+		}
+		var chunk int64
+		if attempt < maxAttempts && now >= e.failedUntil && !e.fetching {
+			chunk = s.chunkFor(e, cost)
+		}
+		if chunk == 0 {
+			e.mu.Unlock()
+			s.returnAsync(e, expired)
+			return sluice.Decision{}, 0, toStore, nil
+		}
+		e.fetching, e.done = true, make(chan struct{})
+		e.mu.Unlock()
+		s.returnAsync(e, expired)
+		s.fetch(e, chunk)
+	}
+}
+
+// putBack returns units taken by take for a batch the store then denied.
+// Units of an older generation (dropped meanwhile) are not put back.
+func (s *Store) putBack(e *entry, gen uint64, cost int64) {
+	e.mu.Lock()
+	if e.gen == gen {
+		e.tokens += cost
+	}
+	e.mu.Unlock()
+}
+
+// fetch asks the store for a chunk of e's key and records the answer.
+// e.fetching is set; fetch clears it.
+func (s *Store) fetch(e *entry, chunk int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	req := sluice.Request{Key: e.key, Algorithm: e.algo, Limit: e.limit, Cost: chunk}
+	sent := s.clk.Now()
+	s.fetches.Add(1)
+	d, err := s.inner.Apply(ctx, sluice.OpAllow, req)
+	if err == nil && !d.Allowed && !d.Degraded && d.Remaining >= 1 && (e.window() || d.Remaining*2 >= chunk) {
+		// Less than a chunk is left: take it if it is half a chunk, or
+		// if it is a window's, which would be lost when the window ends.
+		req.Cost = d.Remaining
+		sent = s.clk.Now()
+		s.fetches.Add(1)
+		d, err = s.inner.Apply(ctx, sluice.OpAllow, req)
+	}
+	recv := s.clk.Now()
+	var expired int64
+	e.mu.Lock()
+	switch {
+	case err != nil || d.Degraded:
+		// Nothing was granted. A charge that Redis applied after the
+		// deadline is lost capacity, never admitted capacity.
+		s.fetchErrors.Add(1)
+		e.backoff = min(max(2*e.backoff, int64(10*time.Millisecond)), int64(time.Second))
+		e.failedUntil = recv + e.backoff
+	case d.Allowed:
+		e.backoff = 0
+		if e.tokens > 0 && recv >= e.expiry {
+			expired = e.drop()
+		}
+		exp := recv + s.ttl
+		var windowEnd int64
+		if e.window() {
+			// The window the chunk was charged in ends no earlier than
+			// this: Redis read its clock after we sent.
+			windowEnd = sent + int64(d.ResetAfter)
+			if e.algo == sluice.SlidingWindowCounter {
+				windowEnd -= int64(e.limit.Period)
+			}
+			exp = windowEnd
+			if e.tokens > 0 {
+				exp = min(exp, e.expiry)
+			}
+		}
+		e.tokens += req.Cost
+		e.expiry = exp
+		e.starvedUntil = 0
+		e.storeRemaining = d.Remaining
+		e.resetAt = sent + int64(d.ResetAfter)
+		e.learn(sent, req.Cost, d.Remaining, windowEnd)
+		s.fetched.Add(uint64(req.Cost))
+	default:
+		e.starvedUntil = sent + int64(d.RetryAfter)
+		e.storeRemaining = d.Remaining
+		e.resetAt = sent + int64(d.ResetAfter)
+	}
+	e.fetching = false
+	close(e.done)
+	e.done = nil
+	e.mu.Unlock()
+	s.returnAsync(e, expired)
+}
+
+// fetchDone ends a fetch that could not be started (the Store is closing).
+func (s *Store) fetchDone(e *entry) {
+	e.mu.Lock()
+	e.fetching = false
+	close(e.done)
+	e.done = nil
+	e.mu.Unlock()
+}
+
+// returnAsync gives n units of e back in the background.
+func (s *Store) returnAsync(e *entry, n int64) {
+	if n > 0 && !s.async(func() { s.giveBack(e, n) }) {
+		s.giveBack(e, n)
+	}
+}
+
+// async runs f in a goroutine that Close waits for, unless the Store is
+// closing; it reports whether f was started.
+func (s *Store) async(f func()) bool {
+	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
+	if s.isClosed {
+		return false
+	}
+	s.inflight.Go(f)
+	return true
+}
+
+// entry returns the lease of req's key, or nil when MaxKeys are tracked.
+// A key seen with another algorithm or limit starts a new lease, and the
+// old one's capacity goes back.
+func (s *Store) entry(req *sluice.Request) *entry {
+	if e, ok := s.keys.Load(req.Key); ok && e.algo == req.Algorithm && e.limit == req.Limit {
+		return e
+	}
+	now := s.clk.Now()
+	fresh := &entry{key: req.Key, algo: req.Algorithm, limit: req.Limit, capacity: req.Capacity(), share: s.seed, rateT0: now, lastUse: now}
+	var old *entry
+	e, _ := s.keys.Compute(req.Key, func(cur *entry, loaded bool) (*entry, xsync.ComputeOp) {
+		switch {
+		case loaded && cur.algo == req.Algorithm && cur.limit == req.Limit:
+			return cur, xsync.CancelOp
+		case loaded:
+			old = cur
+			return fresh, xsync.UpdateOp
+		case s.size.Load() >= s.maxKeys:
+			return nil, xsync.CancelOp
+		}
+		s.size.Add(1)
+		return fresh, xsync.UpdateOp
+	})
+	if old != nil {
+		old.mu.Lock()
+		n := old.drop()
+		old.mu.Unlock()
+		s.returnAsync(old, n)
+	}
+	return e
+}
+
+// forget drops key's lease without giving it back, for OpReset.
+func (s *Store) forget(key string) {
+	if e, ok := s.keys.Load(key); ok {
+		e.mu.Lock()
+		e.drop()
+		e.starvedUntil = 0
+		e.mu.Unlock()
+	}
+}

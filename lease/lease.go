@@ -1,0 +1,313 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/puzpuzpuz/xsync/v4"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
+)
+
+// Defaults for Options.
+const (
+	DefaultHorizon     = 50 * time.Millisecond
+	DefaultMaxFraction = 0.1
+	DefaultMinChunk    = 4
+	DefaultTTL         = time.Second
+	DefaultIdleAfter   = 100 * time.Millisecond
+	DefaultMaxKeys     = 10_000
+	DefaultCallTimeout = time.Second
+)
+
+// Options configure a Store. Store is required.
+type Options struct {
+	// Store is the shared store chunks are taken from, usually a
+	// redisstore.Store. Close leaves it open.
+	Store sluice.Store
+	// Clock is this process's clock: for rates, idleness, expiry and the
+	// local times of decisions. Nil means the system clock.
+	Clock clock.Clock
+	// Horizon is how much of the instance's recent rate on a key one chunk
+	// covers: DefaultHorizon (50ms) when zero, so a hot key costs the store
+	// about 20 calls a second per instance.
+	Horizon time.Duration
+	// MaxFraction bounds a chunk to this fraction of the key's capacity
+	// (the burst; Rate for windows), times the instance's share of the key.
+	// DefaultMaxFraction (0.1) when zero; at most 0.5.
+	MaxFraction float64
+	// MinChunk is the smallest chunk worth taking: keys whose chunk would be
+	// smaller (cold keys, small limits) go straight to the store.
+	// DefaultMinChunk (4) when zero.
+	MinChunk int64
+	// TTL is how long GCRA and token-bucket capacity may be held before it
+	// goes back to the store. DefaultTTL (1s) when zero.
+	TTL time.Duration
+	// IdleAfter is how long a key's capacity may sit unused before it goes
+	// back. DefaultIdleAfter (100ms) when zero.
+	IdleAfter time.Duration
+	// SweepEvery is how often a background sweep returns idle and expired
+	// capacity and forgets idle keys: IdleAfter/2 when zero; negative runs
+	// no sweep (call Sweep yourself, as tests with a fake clock do).
+	SweepEvery time.Duration
+	// MaxKeys bounds the keys tracked; keys beyond it go straight to the
+	// store. DefaultMaxKeys when zero.
+	MaxKeys int
+	// Instances seeds each key's learnt share of the traffic (1/Instances)
+	// until fetches have measured it. Zero means 1.
+	Instances int
+	// CallTimeout bounds the calls the Store makes on its own (prefetches
+	// and refunds); the wrapped store's own deadline applies within it.
+	// DefaultCallTimeout when zero.
+	CallTimeout time.Duration
+	// All leases every request of a leased algorithm; otherwise only
+	// requests with UseLease set are leased and the others pass through.
+	All bool
+	// Logger receives failed refunds. Nil means slog.Default(). Keys are
+	// never logged.
+	Logger *slog.Logger
+}
+
+// Store is a sluice.Store that answers hot keys from leased chunks of
+// capacity and everything else from the wrapped store. It is safe for
+// concurrent use. See the package doc for the model and its bounds.
+type Store struct {
+	inner    sluice.Store
+	clk      clock.Clock
+	horizon  float64 // seconds
+	frac     float64
+	minChunk int64
+	ttl      int64
+	idle     int64
+	maxKeys  int64
+	seed     float64
+	all      bool
+	timeout  time.Duration
+	log      *slog.Logger
+
+	keys *xsync.Map[string, *entry]
+	size atomic.Int64
+
+	hits, localDenials, fetches, fetched, returns, returned, stranded, direct, fetchErrors atomic.Uint64
+
+	rateWindow int64 // ns over which a key's rate is measured
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	bg       sync.WaitGroup // the sweep
+	closeMu  sync.RWMutex
+	isClosed bool
+	inflight sync.WaitGroup // prefetches and refunds
+}
+
+// New validates opts and returns a Store; it starts the background sweep
+// unless SweepEvery is negative.
+func New(opts Options) (*Store, error) {
+	if opts.Store == nil {
+		return nil, errors.New("lease: Options.Store is required")
+	}
+	if opts.Horizon < 0 || opts.MinChunk < 0 || opts.TTL < 0 || opts.IdleAfter < 0 || opts.MaxKeys < 0 || opts.Instances < 0 || opts.CallTimeout < 0 {
+		return nil, errors.New("lease: negative option")
+	}
+	if opts.MaxFraction < 0 || opts.MaxFraction > 0.5 || math.IsNaN(opts.MaxFraction) {
+		return nil, fmt.Errorf("lease: MaxFraction %v must be in (0, 0.5]", opts.MaxFraction)
+	}
+	s := &Store{
+		inner:    opts.Store,
+		clk:      opts.Clock,
+		horizon:  def(opts.Horizon, DefaultHorizon).Seconds(),
+		frac:     opts.MaxFraction,
+		minChunk: opts.MinChunk,
+		ttl:      int64(def(opts.TTL, DefaultTTL)),
+		idle:     int64(def(opts.IdleAfter, DefaultIdleAfter)),
+		maxKeys:  int64(opts.MaxKeys),
+		seed:     1 / float64(max(opts.Instances, 1)),
+		all:      opts.All,
+		timeout:  def(opts.CallTimeout, DefaultCallTimeout),
+		log:      opts.Logger,
+		keys:     xsync.NewMap[string, *entry](),
+		stop:     make(chan struct{}),
+	}
+	if s.clk == nil {
+		s.clk = clock.NewSystem()
+	}
+	s.rateWindow = max(int64(time.Millisecond), int64(s.horizon*1e9)/2)
+	if s.frac == 0 {
+		s.frac = DefaultMaxFraction
+	}
+	if s.minChunk == 0 {
+		s.minChunk = DefaultMinChunk
+	}
+	if s.maxKeys == 0 {
+		s.maxKeys = DefaultMaxKeys
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if every := opts.SweepEvery; every >= 0 {
+		if every == 0 {
+			every = time.Duration(s.idle / 2)
+		}
+		s.bg.Go(func() { s.sweepLoop(every) })
+	}
+	return s, nil
+}
+
+func def(v, d time.Duration) time.Duration {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+// Unwrap returns the wrapped store.
+func (s *Store) Unwrap() sluice.Store { return s.inner }
+
+// Leasable reports whether the Store leases algorithm a; the others always
+// go to the wrapped store.
+func Leasable(a sluice.Algorithm) bool {
+	switch a {
+	case sluice.GCRA, sluice.TokenBucket, sluice.FixedWindow, sluice.SlidingWindowCounter:
+		return true
+	}
+	return false
+}
+
+// Stats are a Store's counters since New, for metrics.
+type Stats struct {
+	// Hits is the number of decisions made from a lease, allowed or not.
+	Hits uint64
+	// LocalDenials is the part of Hits that denied: a key the store had
+	// no chunk for, until the store's RetryAfter.
+	LocalDenials uint64
+	// Fetches is the number of chunk requests sent to the store, and
+	// FetchedUnits the capacity they obtained.
+	Fetches, FetchedUnits uint64
+	// FetchErrors is the number of fetches that failed or were answered by
+	// the store's failure policy.
+	FetchErrors uint64
+	// Returns is the number of refunds of unused capacity sent to the
+	// store, and ReturnedUnits the capacity they gave back.
+	Returns, ReturnedUnits uint64
+	// Stranded is capacity that lapsed unused: window chunks at their
+	// window's end, and returns that failed.
+	Stranded uint64
+	// Direct is the number of decisions passed to the wrapped store
+	// (unleased algorithms, cold keys, small limits, empty leases).
+	Direct uint64
+	// Keys is the number of keys tracked.
+	Keys int64
+}
+
+// Stats returns the Store's counters.
+func (s *Store) Stats() Stats {
+	return Stats{
+		Hits: s.hits.Load(), LocalDenials: s.localDenials.Load(),
+		Fetches: s.fetches.Load(), FetchedUnits: s.fetched.Load(), FetchErrors: s.fetchErrors.Load(),
+		Returns: s.returns.Load(), ReturnedUnits: s.returned.Load(),
+		Stranded: s.stranded.Load(), Direct: s.direct.Load(), Keys: s.size.Load(),
+	}
+}
+
+// Close stops the sweep, waits for the fetches and refunds in flight, and
+// gives every held GCRA and token-bucket chunk back to the wrapped store,
+// which it leaves open. Decisions after Close go straight to the wrapped
+// store.
+func (s *Store) Close() error {
+	s.stopOnce.Do(func() { close(s.stop) })
+	s.bg.Wait()
+	s.closeMu.Lock()
+	s.isClosed = true
+	s.closeMu.Unlock()
+	s.inflight.Wait()
+	var wg sync.WaitGroup
+	s.keys.Range(func(_ string, e *entry) bool {
+		e.mu.Lock()
+		n := e.drop()
+		e.mu.Unlock()
+		if n > 0 {
+			wg.Go(func() { s.giveBack(e, n) })
+		}
+		return true
+	})
+	wg.Wait()
+	return nil
+}
+
+func (s *Store) closed() bool {
+	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
+	return s.isClosed
+}
+
+func (s *Store) sweepLoop(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.Sweep()
+		}
+	}
+}
+
+// Sweep gives back the capacity of keys idle for IdleAfter or held for
+// TTL, drops window chunks whose window has ended, and forgets keys idle
+// for long. The background sweep calls it; tests with a fake clock call it
+// themselves. It waits for the refunds it sends.
+func (s *Store) Sweep() {
+	now := s.clk.Now()
+	var wg sync.WaitGroup
+	s.keys.Range(func(k string, e *entry) bool {
+		e.mu.Lock()
+		var n int64
+		if e.tokens > 0 && !e.fetching && (now >= e.expiry || (now-e.lastUse >= s.idle && !e.window())) {
+			n = e.drop()
+		}
+		forget := e.tokens == 0 && !e.fetching && now-e.lastUse >= 20*s.idle
+		e.mu.Unlock()
+		if n > 0 {
+			wg.Go(func() { s.giveBack(e, n) })
+		}
+		if forget {
+			s.keys.Compute(k, func(old *entry, loaded bool) (*entry, xsync.ComputeOp) {
+				if loaded && old == e {
+					s.size.Add(-1)
+					return nil, xsync.DeleteOp
+				}
+				return old, xsync.CancelOp
+			})
+		}
+		return true
+	})
+	wg.Wait()
+}
+
+// giveBack refunds n units of e's key to the store (GCRA and the token
+// bucket), or counts them stranded (windows).
+func (s *Store) giveBack(e *entry, n int64) {
+	if e.window() {
+		s.stranded.Add(uint64(n))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	s.returns.Add(1)
+	d, err := s.inner.Apply(ctx, sluice.OpRefund, sluice.Request{Key: e.key, Algorithm: e.algo, Limit: e.limit, Cost: n})
+	if err != nil || d.Degraded {
+		// Lost, not misplaced: the store keeps it charged until it refills.
+		s.stranded.Add(uint64(n))
+		s.log.Debug("lease: refund failed; the capacity returns when the limit refills", "err", err, "degraded", d.Degraded)
+		return
+	}
+	s.returned.Add(uint64(n))
+}

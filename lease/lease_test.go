@@ -1,0 +1,252 @@
+package lease_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/lease"
+	"github.com/sluice-io/sluice/memstore"
+	"github.com/sluice-io/sluice/storetest"
+)
+
+func newMem(t *testing.T, clk clock.Clock) *memstore.Store {
+	t.Helper()
+	m, err := memstore.New(memstore.Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
+func TestConformanceLeasedMemory(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, clk *clock.Fake) sluice.Store {
+		return newLease(t, lease.Options{All: true, Store: newMem(t, clk), Clock: clk, SweepEvery: -1})
+	})
+}
+
+// drive sends n requests every step for d, on the fake clock, and returns
+// how many were admitted, and how many of those from the lease.
+func drive(t *testing.T, s sluice.Store, clk *clock.Fake, req sluice.Request, n int, step, d time.Duration) (admitted, local int) {
+	t.Helper()
+	for at := time.Duration(0); at < d; at += step {
+		for range n {
+			dec, err := s.Apply(context.Background(), sluice.OpAllow, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if dec.Allowed {
+				admitted++
+				if dec.Source == sluice.FromLease {
+					local++
+				}
+			}
+		}
+		clk.Advance(step)
+	}
+	return admitted, local
+}
+
+// A hot key is decided from leases, with few store calls, and never above
+// the limit; unused capacity goes back on idle and on Close, exactly.
+func TestHotKeyLeasedAndReturned(t *testing.T) {
+	clk := clock.NewFake(storetest.T0)
+	mem := newMem(t, clk)
+	s, err := lease.New(lease.Options{All: true, Store: mem, Clock: clk, SweepEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	lim := sluice.Limit{Rate: 10_000, Period: time.Second, Burst: 2000}
+	req := sluice.Request{Key: "hot", Algorithm: sluice.GCRA, Limit: lim, Cost: 1}
+	// 5000/s for 2s: under the limit, so all are admitted.
+	admitted, local := drive(t, s, clk, req, 5, time.Millisecond, 2*time.Second)
+	st := s.Stats()
+	t.Logf("admitted %d (%d from leases); %+v", admitted, local, st)
+	if admitted != 10_000 {
+		t.Fatalf("admitted %d of 10000 under the limit", admitted)
+	}
+	if local < 9_000 || st.Fetches > 200 {
+		t.Fatalf("%d from leases with %d fetches; want ≥ 9000 with ≤ 200", local, st.Fetches)
+	}
+	// Idle: the sweep gives the held capacity back, and the store has it.
+	clk.Advance(lease.DefaultIdleAfter)
+	s.Sweep()
+	st2 := s.Stats()
+	held := int64(st2.FetchedUnits) - int64(local)
+	if st2.Returns == 0 || int64(st2.ReturnedUnits) != held {
+		t.Fatalf("after idle: returned %d in %d calls, want the %d held", st2.ReturnedUnits, st2.Returns, held)
+	}
+	p, err := mem.Apply(context.Background(), sluice.OpPeek, req)
+	if err != nil || p.Remaining != lim.Burst {
+		t.Fatalf("store after idle return: %+v %v, want %d remaining (full again)", p, err, lim.Burst)
+	}
+	// A burst then Close: everything not admitted goes back.
+	admitted, _ = drive(t, s, clk, req, 50, time.Millisecond, 30*time.Millisecond)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p, err = mem.Apply(context.Background(), sluice.OpPeek, req)
+	refill := lim.Rate * 30 / 1000
+	if err != nil || p.Remaining != min(lim.Burst, lim.Burst-int64(admitted)+refill) {
+		t.Fatalf("after Close: store %+v %v; admitted %d, want remaining %d", p, err, admitted, lim.Burst-int64(admitted)+refill)
+	}
+	// After Close, decisions come from the store.
+	if d, err := s.Apply(context.Background(), sluice.OpAllow, req); err != nil || d.Source != sluice.FromStore {
+		t.Fatalf("after Close: %+v %v", d, err)
+	}
+}
+
+// Over its limit, a key costs the store one call per chunk; local denials
+// carry a RetryAfter that a retry honours; admissions never exceed the
+// ideal, for every leased algorithm.
+func TestOverLimitDeniedLocally(t *testing.T) {
+	for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.FixedWindow, sluice.SlidingWindowCounter} {
+		t.Run(a.String(), func(t *testing.T) {
+			clk := clock.NewFake(storetest.T0)
+			s := newLease(t, lease.Options{All: true, Store: newMem(t, clk), Clock: clk, SweepEvery: -1})
+			lim := sluice.Limit{Rate: 1000, Period: time.Second}
+			req := sluice.Request{Key: "k", Algorithm: a, Limit: lim, Cost: 1}
+			// 10,000/s offered for 3s: ten times the limit.
+			admitted, _ := drive(t, s, clk, req, 10, time.Millisecond, 3*time.Second)
+			st := s.Stats()
+			calls := st.Fetches + st.Direct
+			t.Logf("admitted %d of 30000; %d store calls; %+v", admitted, calls, st)
+			ideal := 1000 + 3*1000
+			if a == sluice.FixedWindow || a == sluice.SlidingWindowCounter {
+				ideal = 3 * 1000
+			}
+			if admitted > ideal+1 {
+				t.Fatalf("admitted %d > ideal %d + 1", admitted, ideal)
+			}
+			if float64(admitted) < 0.9*float64(ideal) {
+				t.Fatalf("admitted %d < 90%% of ideal %d", admitted, ideal)
+			}
+			if calls > 30_000/20 || st.LocalDenials < 20_000 {
+				t.Fatalf("%d store calls and %d local denials for 30000 requests", calls, st.LocalDenials)
+			}
+		})
+	}
+}
+
+// Cold keys and small limits go to the store; so do the algorithms that
+// cannot be leased.
+func TestDirectWhenNotWorthLeasing(t *testing.T) {
+	clk := clock.NewFake(storetest.T0)
+	s := newLease(t, lease.Options{All: true, Store: newMem(t, clk), Clock: clk, SweepEvery: -1})
+	cases := []struct {
+		name string
+		req  sluice.Request
+		step time.Duration
+	}{
+		{"small limit", sluice.Request{Key: "small", Algorithm: sluice.GCRA, Limit: sluice.PerSecond(20), Cost: 1}, time.Millisecond},
+		{"sliding log", sluice.Request{Key: "log", Algorithm: sluice.SlidingWindowLog, Limit: sluice.PerSecond(100_000), Cost: 1}, time.Millisecond},
+		{"concurrency", sluice.Request{Key: "conc", Algorithm: sluice.Concurrency, Limit: sluice.PerSecond(100_000), Cost: 1, Lease: "x"}, time.Millisecond},
+		// 20/s: a chunk of 50ms would be one unit
+		{"cold", sluice.Request{Key: "cold", Algorithm: sluice.GCRA, Limit: sluice.PerSecond(100_000), Cost: 1}, 250 * time.Millisecond},
+	}
+	for _, c := range cases {
+		_, local := drive(t, s, clk, c.req, 5, c.step, 100*c.step)
+		if local != 0 {
+			t.Errorf("%s: %d decisions from a lease, want all from the store", c.name, local)
+		}
+	}
+}
+
+// A window chunk is never used after its window: the next window's
+// requests are charged in the next window.
+func TestWindowChunkLapses(t *testing.T) {
+	clk := clock.NewFake(storetest.T0)
+	mem := newMem(t, clk)
+	s := newLease(t, lease.Options{All: true, Store: mem, Clock: clk, SweepEvery: -1})
+	lim := sluice.Limit{Rate: 100_000, Period: time.Second}
+	req := sluice.Request{Key: "fw", Algorithm: sluice.FixedWindow, Limit: lim, Cost: 1}
+	drive(t, s, clk, req, 10, time.Millisecond, time.Second-10*time.Millisecond)
+	if st := s.Stats(); st.Hits == 0 {
+		t.Fatalf("no lease hits: %+v", st)
+	}
+	clk.Advance(10 * time.Millisecond) // the next window
+	admitted, _ := drive(t, s, clk, req, 10, time.Millisecond, 100*time.Millisecond)
+	p, err := mem.Apply(context.Background(), sluice.OpPeek, sluice.Request{Key: "fw", Algorithm: sluice.FixedWindow, Limit: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Everything admitted in this window was charged in it.
+	if charged := lim.Rate - p.Remaining; charged < int64(admitted) {
+		t.Fatalf("window charged %d, admitted %d: old chunks were used", charged, admitted)
+	}
+	if st := s.Stats(); st.Stranded == 0 {
+		t.Fatalf("the old window's chunk should have lapsed: %+v", st)
+	}
+}
+
+// A batch is all or nothing across leases and the store: when the store
+// denies its part, the units taken from leases go back; a member with no
+// chunk left denies the batch without the store.
+func TestBatchAllOrNothing(t *testing.T) {
+	clk := clock.NewFake(storetest.T0)
+	mem := newMem(t, clk)
+	s := newLease(t, lease.Options{All: true, Store: mem, Clock: clk, SweepEvery: -1})
+	ctx := context.Background()
+	hot := sluice.Request{Key: "{t}hot", Algorithm: sluice.GCRA, Limit: sluice.PerSecond(100_000), Cost: 1}
+	drive(t, s, clk, hot, 20, time.Millisecond, 100*time.Millisecond) // now leased
+	full := sluice.Request{Key: "{t}full", Algorithm: sluice.FixedWindow, Limit: sluice.PerHour(1), Cost: 1}
+	if _, err := mem.Apply(ctx, sluice.OpAllow, full); err != nil {
+		t.Fatal(err)
+	}
+	before := s.Stats()
+	for range 100 {
+		d, ds, err := sluice.AllowAll(ctx, s, []sluice.Request{hot, full})
+		if err != nil || d.Allowed || !ds[0].Allowed || ds[0].Source != sluice.FromLease || ds[1].Allowed {
+			t.Fatalf("batch: %+v %+v %v", d, ds, err)
+		}
+	}
+	after := s.Stats()
+	// 100 units were taken from the lease and put back: at most one chunk
+	// was fetched meanwhile.
+	if after.Fetches-before.Fetches > 1 {
+		t.Fatalf("%d fetches for denied batches: the lease's units were not put back", after.Fetches-before.Fetches)
+	}
+	// A key over its limit with a lease denies the batch locally.
+	over := sluice.Request{Key: "{t}over", Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: 1000, Period: time.Hour, Burst: 1000}, Cost: 1}
+	drive(t, s, clk, over, 50, time.Millisecond, 100*time.Millisecond)
+	direct := s.Stats().Direct
+	d, ds, err := sluice.AllowAll(ctx, s, []sluice.Request{hot, over})
+	if err != nil || d.Allowed || ds[1].Source != sluice.FromLease || ds[1].RetryAfter <= 0 || s.Stats().Direct != direct {
+		t.Fatalf("batch with a starved member: %+v %+v %v (direct %d → %d)", d, ds, err, direct, s.Stats().Direct)
+	}
+}
+
+// Options are validated.
+func TestOptions(t *testing.T) {
+	mem := newMem(t, clock.NewFake(storetest.T0))
+	for _, o := range []lease.Options{
+		{},
+		{Store: mem, MaxFraction: 0.9},
+		{Store: mem, MaxFraction: -1},
+		{Store: mem, MinChunk: -1},
+		{Store: mem, TTL: -time.Second},
+	} {
+		if s, err := lease.New(o); err == nil {
+			_ = s.Close()
+			t.Errorf("New(%+v) accepted", o)
+		}
+	}
+}
+
+// Without All, only requests with UseLease are leased.
+func TestUseLeaseOptIn(t *testing.T) {
+	clk := clock.NewFake(storetest.T0)
+	s := newLease(t, lease.Options{Store: newMem(t, clk), Clock: clk, SweepEvery: -1})
+	req := sluice.Request{Key: "k", Algorithm: sluice.GCRA, Limit: sluice.PerSecond(100_000), Cost: 1}
+	if _, local := drive(t, s, clk, req, 10, time.Millisecond, 100*time.Millisecond); local != 0 {
+		t.Fatalf("%d leased decisions without UseLease", local)
+	}
+	req.UseLease = true
+	if _, local := drive(t, s, clk, req, 10, time.Millisecond, 100*time.Millisecond); local == 0 {
+		t.Fatal("no leased decision with UseLease")
+	}
+}
