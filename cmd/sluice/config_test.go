@@ -147,6 +147,7 @@ func TestGatewayCommandReportsEveryProblem(t *testing.T) {
 		t.Errorf("raw or repeated text:\n%v", err)
 	}
 }
+
 // TestConfigCheckWarnsFailOpen: fail_open on Redis is valid, but check
 // states what it costs; the default policy draws no warning.
 func TestConfigCheckWarnsFailOpen(t *testing.T) {
