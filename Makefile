@@ -65,6 +65,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzReservation$$' -fuzztime 30s ./internal/gateway
 	$(GO) test -run '^$$' -fuzz '^FuzzParseBody$$' -fuzztime 30s ./internal/gateway
 	$(GO) test -run '^$$' -fuzz '^FuzzEnvoyDescriptors$$' -fuzztime 30s ./internal/envoyrls
+	$(GO) test -run '^$$' -fuzz '^FuzzHeaders$$' -fuzztime 30s ./httplimit
+	$(GO) test -run '^$$' -fuzz '^FuzzParseHeaders$$' -fuzztime 30s ./aiclient
 
 # static builds bin/sluice-static, the binary the container image runs.
 IMAGE ?= localhost/sluice:$(VERSION)

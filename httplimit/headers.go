@@ -397,7 +397,16 @@ var OpenAIFields = [...]string{
 // the time until it is full again, as OpenAI formats it ("6m0s", "250ms").
 // A unit without limits gets no triple.
 func SetOpenAIHeaders(h http.Header, qs []Quota) {
-	var b []byte
+	var scratch [128]byte
+	b, ends := AppendOpenAIValues(scratch[:0], qs)
+	setValues(h, string(b), ends[:], OpenAIFields[:])
+}
+
+// AppendOpenAIValues appends the values of OpenAIFields for qs to b, one
+// after the other, and returns where each ends; the values of a unit
+// without limits are empty. Callers that need no allocation tricks use
+// SetOpenAIHeaders.
+func AppendOpenAIValues(b []byte, qs []Quota) ([]byte, [len(OpenAIFields)]int) {
 	var ends [len(OpenAIFields)]int
 	for u, unit := range [2]Unit{Requests, Tokens} {
 		at := 3 * u
@@ -413,7 +422,7 @@ func SetOpenAIHeaders(h http.Header, qs []Quota) {
 		}
 		ends[at+2] = len(b)
 	}
-	setValues(h, string(b), ends[:], OpenAIFields[:])
+	return b, ends
 }
 
 // AppendResetDuration appends d the way OpenAI's x-ratelimit-reset-*

@@ -216,3 +216,35 @@ func TestHeadersHostileInput(t *testing.T) {
 		}
 	}
 }
+
+// FuzzHeaders: whatever the names and numbers, the fields parse as the
+// draft's grammar, and the OpenAI triple's reset reads back with
+// time.ParseDuration.
+func FuzzHeaders(f *testing.F) {
+	f.Add("api", int64(10), int64(time.Second), int64(30), int64(29), int64(0), int64(100*time.Millisecond), true, uint8(1), uint8(0))
+	f.Add("é\"\\,;=", int64(1<<40), int64(1), int64(0), int64(-5), int64(-1), int64(1<<62), false, uint8(6), uint8(2))
+	f.Fuzz(func(t *testing.T, name string, rate, period, burst, remaining, retry, reset int64, allowed bool, alg, unit uint8) {
+		q := httplimit.Quota{Name: name, Unit: httplimit.Unit(unit % 3), Algorithm: sluice.Algorithm(alg % 7), Decision: sluice.Decision{
+			Allowed: allowed, Limit: sluice.Limit{Rate: rate, Period: time.Duration(period), Burst: burst},
+			Remaining: remaining, RetryAfter: time.Duration(retry), ResetAfter: time.Duration(reset),
+		}}
+		if q.Decision.Limit.Validate() != nil {
+			return // the stores never decide on an invalid limit
+		}
+		h := http.Header{}
+		qs := []httplimit.Quota{q, q}
+		qs[1].Name += "2"
+		httplimit.SetHeaders(h, qs)
+		httplimit.SetOpenAIHeaders(h, qs)
+		if _, _, err := ratelimittest.Parse(h); err != nil {
+			t.Fatalf("%v\n%v", err, h)
+		}
+		for _, k := range []string{"X-Ratelimit-Reset-Requests", "X-Ratelimit-Reset-Tokens"} {
+			if v := h.Get(k); v != "" {
+				if _, err := time.ParseDuration(v); err != nil {
+					t.Fatalf("%s %q: %v", k, v, err)
+				}
+			}
+		}
+	})
+}

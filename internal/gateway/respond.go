@@ -85,7 +85,8 @@ func rateLimitPolicy(specs []spec, model string) string {
 // of the request: OpenAI's x-ratelimit-{limit,remaining,reset}-
 // {requests,tokens}, each triple from the one limit of its unit that binds
 // first, and the IETF RateLimit-Policy (the tier's, computed once) and
-// RateLimit, most constraining first.
+// RateLimit, most constraining first. The values are formatted into one
+// string and share one slice: two allocations.
 func (g *Gateway) setLimitHeaders(h http.Header, c *call, ds []sluice.Decision) {
 	var qbuf [8]httplimit.Quota
 	qs := qbuf[:0]
@@ -97,15 +98,28 @@ func (g *Gateway) setLimitHeaders(h http.Header, c *call, ds []sluice.Decision) 
 	if len(qs) == 0 {
 		return
 	}
-	httplimit.SetOpenAIHeaders(h, qs)
+	var scratch [512]byte
 	var obuf [8]int
-	rl := httplimit.AppendRateLimit(make([]byte, 0, 128), qs, httplimit.Order(qs, obuf[:]))
+	b, ends := httplimit.AppendOpenAIValues(scratch[:0], qs)
+	b = httplimit.AppendRateLimit(b, qs, httplimit.Order(qs, obuf[:]))
+	all := string(b)
+	n := len(httplimit.OpenAIFields)
+	vals := make([]string, n+2)
+	from := 0
+	for i, end := range ends {
+		if vals[i] = all[from:end]; vals[i] != "" {
+			h[httplimit.OpenAIFields[i]] = vals[i : i+1 : i+1]
+		}
+		from = end
+	}
+	vals[n] = all[from:]
 	policy, ok := c.client.tier.policies[c.rawModel]
 	if !ok {
 		policy = c.client.tier.policies[""]
 	}
-	h["Ratelimit-Policy"] = []string{policy}
-	h["Ratelimit"] = []string{string(rl)}
+	vals[n+1] = policy
+	h["Ratelimit"] = vals[n : n+1 : n+1]
+	h["Ratelimit-Policy"] = vals[n+1 : n+2 : n+2]
 }
 
 // retryAfter is how long a denial asks the client to wait. A concurrency
