@@ -23,8 +23,8 @@ type composeFile struct {
 }
 
 type composeService struct {
-	Image   string `yaml:"image"`
-	Build   *struct {
+	Image string `yaml:"image"`
+	Build *struct {
 		Context    string `yaml:"context"`
 		Dockerfile string `yaml:"dockerfile"`
 	} `yaml:"build"`
