@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -18,7 +19,8 @@ import (
 )
 
 // startServe runs `sluice serve` with args through run() and returns the
-// API's base URL, read from the "http listening" log line.
+// API's base URL, read from the "sluice serving" log line, which is logged
+// once the listener is bound and so names the port it got.
 func startServe(t *testing.T, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -33,8 +35,8 @@ func startServe(t *testing.T, args ...string) string {
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
 			var line map[string]any
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line["msg"] == "http listening" {
-				addr <- line["addr"].(string)
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line["msg"] == "sluice serving" {
+				addr <- line["listen"].(string)
 			}
 		}
 	}()
@@ -46,6 +48,9 @@ func startServe(t *testing.T, args ...string) string {
 	})
 	select {
 	case a := <-addr:
+		if strings.HasSuffix(a, ":0") {
+			t.Fatalf("serving logged before the listener was bound: %s", a)
+		}
 		return "http://" + a
 	case err := <-done:
 		t.Fatalf("serve exited: %v", err)
@@ -171,5 +176,19 @@ func TestKeys(t *testing.T) {
 	}
 	if cfg.Keys[sluice.HashKey(key)] == nil || strings.Contains(doc, key) {
 		t.Fatalf("generated entry %q does not match key %q", doc, key)
+	}
+}
+
+// TestJSONLogDurations: durations in JSON logs are strings such as "1.5s",
+// as in text logs, not integer nanoseconds.
+func TestJSONLogDurations(t *testing.T) {
+	var buf bytes.Buffer
+	log, err := newLogger(&buf, "json", "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Info("x", "wait", 1500*time.Millisecond, slog.Group("g", "timeout", 2*time.Minute))
+	if !strings.Contains(buf.String(), `"wait":"1.5s"`) || !strings.Contains(buf.String(), `"timeout":"2m0s"`) {
+		t.Fatalf("log line %s", buf.String())
 	}
 }

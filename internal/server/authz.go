@@ -46,7 +46,7 @@ func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.decide(r, sluice.OpAllow, targets)
 	if err != nil {
-		writeDecideError(w, err)
+		s.writeDecideError(w, err)
 		return
 	}
 	h := w.Header()

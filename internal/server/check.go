@@ -248,7 +248,7 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.decide(r, sluice.OpAllow, targets)
 	if err != nil {
-		writeDecideError(w, err)
+		s.writeDecideError(w, err)
 		return
 	}
 	s.writeDecision(w, res, http.StatusTooManyRequests, true)
@@ -280,7 +280,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 	}
 	res, err := s.decide(r, sluice.OpPeek, targets)
 	if err != nil {
-		writeDecideError(w, err)
+		s.writeDecideError(w, err)
 		return
 	}
 	s.writeDecision(w, res, http.StatusOK, false)
@@ -450,16 +450,18 @@ func reqsOf(targets []target, idx []int) []sluice.Request {
 
 // writeDecideError answers a failed decision: 400 for requests the store
 // rejects as invalid, 503 when the store failed and no failure policy
-// answered.
-func writeDecideError(w http.ResponseWriter, err error) {
+// answered. The store's error is logged, never sent: it can name internal
+// store keys and nodes.
+func (s *Server) writeDecideError(w http.ResponseWriter, err error) {
 	for _, bad := range []error{sluice.ErrInvalidCost, sluice.ErrCostExceedsBurst, sluice.ErrInvalidRequest, sluice.ErrInvalidLimit, sluice.ErrUnknownAlgorithm} {
 		if errors.Is(err, bad) {
 			writeError(w, http.StatusBadRequest, "%s", strings.TrimPrefix(err.Error(), "sluice: "))
 			return
 		}
 	}
+	s.log.Warn("decision failed: store unavailable", "err", err)
 	w.Header().Set("Retry-After", "1")
-	writeError(w, http.StatusServiceUnavailable, "store unavailable: %v", err)
+	writeError(w, http.StatusServiceUnavailable, "store unavailable; retry later")
 }
 
 // writeDecision writes the headers and the JSON decision. denyStatus is the

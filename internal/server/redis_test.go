@@ -178,3 +178,26 @@ func TestRedisThreeInstances(t *testing.T) {
 		t.Errorf("instances report %d allowed, clients saw %d", total, admitted.Load())
 	}
 }
+
+// TestRedisDownErrorHidesStoreDetails: with the error policy, a check while
+// Redis is down is a 503 whose body names neither the store key, nor the
+// Redis address, nor the store's error text: those go to the log.
+func TestRedisDownErrorHidesStoreDetails(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	s := startService(t, svcOptions{redis: true, config: redisConfig(srv.URL(), "error")})
+	key := redistest.Prefix(t)
+	body := fmt.Sprintf(`{"policy":"b","key":%q}`, key)
+	srv.Kill()
+	addr := strings.TrimPrefix(srv.URL(), "redis://")
+	for i := range 4 { // before and after the store notices
+		r := s.check(t, body)
+		if r.status != 503 {
+			t.Fatalf("check %d while down: %d %s", i, r.status, r.raw)
+		}
+		for _, secret := range []string{key, "sluice:", addr, "redisstore", "dial tcp"} {
+			if strings.Contains(r.raw, secret) {
+				t.Fatalf("503 body shows %q: %s", secret, r.raw)
+			}
+		}
+	}
+}

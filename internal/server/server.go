@@ -232,7 +232,7 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		s.log.Warn("reset failed", "identity", logIdentity(targets[0].identity), "err", err)
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, "reset not applied: store unavailable: %v", err)
+		writeError(w, http.StatusServiceUnavailable, "reset not applied: store unavailable; retry later")
 		return
 	}
 	s.log.Info("reset", "identity", logIdentity(targets[0].identity), "policies", len(targets))

@@ -126,7 +126,9 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 	listen := cfg.Listen
 	reloader.Server = srv
 	comps := []Component{
-		&httpComponent{srv: srv, addr: listen, onListen: opts.OnListen, log: log},
+		&httpComponent{srv: srv, addr: listen, onListen: opts.OnListen, log: log, serving: []any{
+			"store", storeName(cfg.Store), "failure_policy", cfg.Store.FailurePolicy,
+			"policies", len(cfg.Policies), "tiers", len(cfg.Tiers), "keys", len(cfg.Keys)}},
 		reloader,
 	}
 	deps := Deps{Store: srv.guard.store, Metrics: m, Config: srv.Config, Logger: log}
@@ -142,8 +144,6 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 	if err := reloader.Watch(); err != nil {
 		return err
 	}
-	log.Info("sluice serving", "listen", listen, "store", storeName(cfg.Store), "failure_policy", cfg.Store.FailurePolicy,
-		"policies", len(cfg.Policies), "tiers", len(cfg.Tiers), "keys", len(cfg.Keys), "components", len(comps))
 	err = RunComponents(ctx, log, comps...)
 	log.Info("sluice stopped")
 	return err
@@ -207,6 +207,7 @@ type httpComponent struct {
 	addr     string
 	onListen func(net.Addr)
 	log      *slog.Logger
+	serving  []any // attributes of the "sluice serving" line
 }
 
 func (h *httpComponent) Name() string { return "http" }
@@ -225,7 +226,8 @@ func (h *httpComponent) Run(ctx context.Context) error {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
 	}
-	h.log.Info("http listening", "addr", ln.Addr().String())
+	// Logged once the listener is bound, so "serving" is true when read.
+	h.log.Info("sluice serving", append([]any{"listen", ln.Addr().String()}, h.serving...)...)
 	if h.onListen != nil {
 		h.onListen(ln.Addr())
 	}
