@@ -420,10 +420,12 @@ func NewCluster(t testing.TB) *Cluster {
 // NewClusterWithReplicas starts a six-node Cluster for this test alone:
 // three masters, each with a replica that takes over (after the 2s node
 // timeout) when its master dies. DEBUG is enabled on every node, for
-// DEBUG SLEEP. t.Cleanup stops it.
+// DEBUG SLEEP, and cluster-require-full-coverage is off, as production
+// should have it: while one master is down, the others keep serving their
+// slots instead of answering CLUSTERDOWN. t.Cleanup stops it.
 func NewClusterWithReplicas(t testing.TB) *Cluster {
 	t.Helper()
-	c, err := startClusterN(1, "--enable-debug-command", "yes")
+	c, err := startClusterN(1, "--enable-debug-command", "yes", "--cluster-require-full-coverage", "no")
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
