@@ -220,7 +220,7 @@ func (c *Client) ChatWith(ctx context.Context, req *ChatRequest, co CallOptions)
 		if stopped(co.Stop) {
 			return res, ErrStopped
 		}
-		charged, err := c.admit(waitCtx, res.EstimatedTokens)
+		charged, seq, err := c.admit(waitCtx, res.EstimatedTokens)
 		if err != nil {
 			return res, c.stopErr(ctx, waitCtx, err)
 		}
@@ -230,7 +230,7 @@ func (c *Client) ChatWith(ctx context.Context, req *ChatRequest, co CallOptions)
 			return res, ErrStopped
 		}
 		res.Attempts++
-		resp, aerr := c.attempt(ctx, body, res.EstimatedTokens)
+		resp, aerr := c.attempt(ctx, body, res.EstimatedTokens, seq)
 		if aerr == nil {
 			if resp.Usage.Total() > 0 { // without usage, the estimate is the best bound known
 				c.settle(ctx, charged, resp.Usage.Total())
@@ -292,23 +292,25 @@ func (c *Client) stopErr(ctx, waitCtx context.Context, err error) error {
 }
 
 // admit waits for the server's pace and the limiters, and returns the
-// tokens charged to the token limiter.
-func (c *Client) admit(ctx context.Context, estimate int64) (int64, error) {
+// tokens charged to the token limiter and the pacer's launch number.
+func (c *Client) admit(ctx context.Context, estimate int64) (int64, uint64, error) {
+	var seq uint64
 	for {
 		if err := ctx.Err(); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
-		d := c.pace.reserve(c.clock.Now(), estimate)
+		var d time.Duration
+		d, seq = c.pace.reserve(c.clock.Now(), estimate)
 		if d <= 0 {
 			break
 		}
 		if err := c.sleep(ctx, d); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
 	if l := c.opts.Requests; l != nil {
 		if _, err := l.Wait(ctx, c.opts.LimitKey, 1); err != nil {
-			return 0, c.limiterErr(ctx, "requests", err)
+			return 0, 0, c.limiterErr(ctx, "requests", err)
 		}
 	}
 	var charged int64
@@ -317,15 +319,15 @@ func (c *Client) admit(ctx context.Context, estimate int64) (int64, error) {
 		charged = min(estimate, r.Capacity())
 		if _, err := l.Wait(ctx, c.opts.LimitKey, charged); err != nil {
 			c.refundRequest()
-			return 0, c.limiterErr(ctx, "tokens", err)
+			return 0, 0, c.limiterErr(ctx, "tokens", err)
 		}
 	}
 	if err := ctx.Err(); err != nil {
 		c.refundRequest()
 		c.settle(ctx, charged, 0)
-		return 0, err
+		return 0, 0, err
 	}
-	return charged, nil
+	return charged, seq, nil
 }
 
 func (c *Client) limiterErr(ctx context.Context, which string, err error) error {
@@ -366,8 +368,9 @@ func (c *Client) settle(ctx context.Context, charged, used int64) {
 	}
 }
 
-// attempt sends one request, of estimate tokens, and reads its response.
-func (c *Client) attempt(ctx context.Context, body []byte, estimate int64) (*ChatResponse, *attemptError) {
+// attempt sends one request, of estimate tokens and the pacer's launch
+// seq, and reads its response.
+func (c *Client) attempt(ctx context.Context, body []byte, estimate int64, seq uint64) (*ChatResponse, *attemptError) {
 	actx := ctx
 	if c.opts.AttemptTimeout > 0 {
 		var cancel context.CancelFunc
@@ -396,7 +399,7 @@ func (c *Client) attempt(ctx context.Context, body []byte, estimate int64) (*Cha
 	data, err := io.ReadAll(io.LimitReader(resp.Body, c.opts.MaxResponseBytes+1))
 	now := c.clock.Now()
 	hint, hasHint := ParseRetryAfter(resp.Header, time.Unix(0, now))
-	c.pace.observe(ParseRateLimit(resp.Header, time.Unix(0, now)), now, estimate, hint, hasHint)
+	c.pace.observe(ParseRateLimit(resp.Header, time.Unix(0, now)), now, seq, estimate, hint, hasHint)
 	if err != nil {
 		return nil, &attemptError{err: fmt.Errorf("aiclient: read response: %w", err), header: resp.Header, status: resp.StatusCode, transport: true}
 	}

@@ -208,8 +208,8 @@ func FuzzParseHeaders(f *testing.F) {
 			}
 		}
 		var p pacer
-		p.observe(info, t0.UnixNano(), 100, d, true)
-		if w := p.reserve(t0.UnixNano(), 100); w < 0 || w > maxHint {
+		p.observe(info, t0.UnixNano(), 0, 100, d, true)
+		if w, _ := p.reserve(t0.UnixNano(), 100); w < 0 || w > maxHint {
 			t.Fatalf("pacer wait %v", w)
 		}
 	})

@@ -23,7 +23,23 @@ type pacer struct {
 	mu     sync.Mutex
 	until  int64 // no launch before this time (Unix ns)
 	limits []paced
+	// seq numbers launches; observed is the launch whose response the
+	// limits describe. A response to an earlier launch is stale.
+	seq, observed uint64
+	// inflight are the launches after observed, which its response could
+	// not count: they are counted down from the limits it reported.
+	inflight []launch
 }
+
+// launch is one request let through by reserve.
+type launch struct {
+	seq    uint64
+	tokens int64
+}
+
+// maxInflight bounds the launches remembered; older ones are forgotten,
+// which only makes the pacer less cautious.
+const maxInflight = 4096
 
 // paced is one limit observed at a time, counted down locally.
 type paced struct {
@@ -107,10 +123,13 @@ func limitsOf(info RateLimitInfo, now int64) []paced {
 	return out
 }
 
-// observe records the rate-limit headers of a response read at now, for a
-// request of tokens estimated tokens. hint, when hasHint, is the server's
-// retry time: no limit of this response may keep that request back longer.
-func (p *pacer) observe(info RateLimitInfo, now, tokens int64, hint time.Duration, hasHint bool) {
+// observe records the rate-limit headers of a response read at now, to
+// the launch seq (reserve's) of tokens estimated tokens. hint, when
+// hasHint, is the server's retry time: no limit of this response may keep
+// that request back longer. A response to a launch older than the one the
+// pacer follows is stale and ignored; the launches after seq, still in
+// flight when the server answered, are counted down from what it reported.
+func (p *pacer) observe(info RateLimitInfo, now int64, seq uint64, tokens int64, hint time.Duration, hasHint bool) {
 	limits := limitsOf(info, now)
 	if hasHint {
 		hintAt := now + int64(hint)
@@ -136,9 +155,26 @@ func (p *pacer) observe(info RateLimitInfo, now, tokens int64, hint time.Duratio
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(limits) > 0 {
-		p.limits = limits
+	if len(limits) == 0 || seq < p.observed {
+		return
 	}
+	n := 0
+	for _, l := range p.inflight {
+		if l.seq <= seq {
+			continue // answered before, or this one
+		}
+		p.inflight[n] = l
+		n++
+		for i := range limits {
+			if limits[i].tokens {
+				limits[i].launched += l.tokens
+			} else {
+				limits[i].launched++
+			}
+		}
+	}
+	p.inflight = p.inflight[:n]
+	p.limits, p.observed = limits, seq
 }
 
 // holdUntil keeps every caller from launching before t.
@@ -149,12 +185,13 @@ func (p *pacer) holdUntil(t int64) {
 }
 
 // reserve returns how long to wait before launching a request of tokens
-// estimated tokens. When it returns zero it has counted the request down.
-func (p *pacer) reserve(now, tokens int64) time.Duration {
+// estimated tokens. When it returns zero it has counted the request down,
+// and seq numbers the launch for observe.
+func (p *pacer) reserve(now, tokens int64) (wait time.Duration, seq uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if now < p.until {
-		return time.Duration(p.until - now)
+		return time.Duration(p.until - now), 0
 	}
 	var d time.Duration
 	for i := range p.limits {
@@ -166,7 +203,7 @@ func (p *pacer) reserve(now, tokens int64) time.Duration {
 		d = max(d, l.wait(now, cost))
 	}
 	if d > 0 {
-		return min(d, maxHint)
+		return min(d, maxHint), 0
 	}
 	for i := range p.limits {
 		l := &p.limits[i]
@@ -176,5 +213,10 @@ func (p *pacer) reserve(now, tokens int64) time.Duration {
 			l.launched++
 		}
 	}
-	return 0
+	p.seq++
+	if len(p.inflight) >= maxInflight {
+		p.inflight = append(p.inflight[:0], p.inflight[1:]...)
+	}
+	p.inflight = append(p.inflight, launch{seq: p.seq, tokens: max(tokens, 0)})
+	return 0, p.seq
 }

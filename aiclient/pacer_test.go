@@ -2,6 +2,8 @@ package aiclient
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
@@ -46,11 +48,11 @@ func TestPacerBindingConstraint(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			var p pacer
 			now := t0.UnixNano()
-			p.observe(ParseRateLimit(hdr("RateLimit-Policy", policy, "RateLimit", c.rl), t0), now, c.tokens, 0, false)
-			if got := p.reserve(now, c.tokens); got != c.want {
+			p.observe(ParseRateLimit(hdr("RateLimit-Policy", policy, "RateLimit", c.rl), t0), now, 0, c.tokens, 0, false)
+			if got, _ := p.reserve(now, c.tokens); got != c.want {
 				t.Fatalf("wait %v, want %v", got, c.want)
 			}
-			if got := p.reserve(now+int64(c.want), c.tokens); got != 0 {
+			if got, _ := p.reserve(now+int64(c.want), c.tokens); got != 0 {
 				t.Fatalf("after the wait: %v more", got)
 			}
 		})
@@ -65,13 +67,13 @@ func TestPacerPrefersStatedRate(t *testing.T) {
 		"RateLimit-Policy", `"rpm";q=500;w=60;sluice-burst=50`, "RateLimit", `"rpm";r=0;t=1`)
 	var p pacer
 	now := t0.UnixNano()
-	p.observe(ParseRateLimit(h, t0), now, 0, 0, false)
+	p.observe(ParseRateLimit(h, t0), now, 0, 0, 0, false)
 	for i := range 3 {
 		at := now + int64(i+1)*int64(120*time.Millisecond)
-		if got := p.reserve(at-1, 0); got != 1 {
+		if got, _ := p.reserve(at-1, 0); got != 1 {
 			t.Fatalf("request %d: wait %v at 1ns early, want 1ns", i, got)
 		}
-		if got := p.reserve(at, 0); got != 0 {
+		if got, _ := p.reserve(at, 0); got != 0 {
 			t.Fatalf("request %d: wait %v, want 0", i, got)
 		}
 	}
@@ -85,20 +87,47 @@ func TestPacerHintThenRate(t *testing.T) {
 	var p pacer
 	now := t0.UnixNano()
 	hint := 200 * time.Millisecond // the server knows better: a unit is nearly back
-	p.observe(ParseRateLimit(h, t0), now, 0, hint, true)
-	if got := p.reserve(now, 0); got != hint {
+	p.observe(ParseRateLimit(h, t0), now, 0, 0, hint, true)
+	if got, _ := p.reserve(now, 0); got != hint {
 		t.Fatalf("first wait %v, want the hint %v", got, hint)
 	}
-	if got := p.reserve(now+int64(hint), 0); got != 0 {
+	if got, _ := p.reserve(now+int64(hint), 0); got != 0 {
 		t.Fatalf("at the hint: %v", got)
 	}
-	if got := p.reserve(now+int64(hint), 0); got != time.Second {
+	if got, _ := p.reserve(now+int64(hint), 0); got != time.Second {
 		t.Fatalf("second caller waits %v, want 1s (the rate)", got)
 	}
 	// A hint longer than the headers imply does not shorten anything;
 	// the 429 hold (holdUntil) covers it.
-	p.observe(ParseRateLimit(h, t0), now, 0, time.Hour, true)
-	if got := p.reserve(now, 0); got != time.Second {
+	var q pacer
+	q.observe(ParseRateLimit(h, t0), now, 0, 0, time.Hour, true)
+	if got, _ := q.reserve(now, 0); got != time.Second {
 		t.Fatalf("long hint: wait %v, want 1s", got)
+	}
+}
+
+// TestPacerCountsInFlight: with several calls in flight, a response
+// describes the server before the launches that followed its own; those
+// are counted down from it, and a response older than the one followed is
+// ignored.
+func TestPacerCountsInFlight(t *testing.T) {
+	h := func(r int) http.Header {
+		return hdr("RateLimit-Policy", `"rpm";q=60;w=60;sluice-burst=3`, "RateLimit", fmt.Sprintf(`"rpm";r=%d;t=1`, r))
+	}
+	var p pacer
+	now := t0.UnixNano()
+	_, a := p.reserve(now, 0)
+	_, b := p.reserve(now, 0)
+	_, c := p.reserve(now, 0)
+	// a's answer: 2 left after a; b and c are still on their way.
+	p.observe(ParseRateLimit(h(2), t0), now, a, 0, 0, false)
+	if got, _ := p.reserve(now, 0); got != time.Second {
+		t.Fatalf("wait %v, want 1s: b and c use up what a's answer left", got)
+	}
+	// c's answer, then b's (older) arrives late: b's is ignored.
+	p.observe(ParseRateLimit(h(0), t0), now, c, 0, 0, false)
+	p.observe(ParseRateLimit(h(1), t0), now, b, 0, 0, false)
+	if got, _ := p.reserve(now, 0); got != time.Second {
+		t.Fatalf("wait %v, want 1s from c's answer", got)
 	}
 }
