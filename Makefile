@@ -60,6 +60,7 @@ bench:
 	$(GO) test -run '^$$' -bench 'AddedLatency|ServeHTTP' -benchtime=10000x ./internal/gateway/
 	$(GO) test -run '^$$' -bench OverheadRatio -benchtime 5x ./internal/batch/
 	$(GO) test -run '^$$' -bench Memory100k -benchtime 1x ./internal/batch/
+	$(GO) test -run '^$$' -bench PauseOverAdmission -benchtime 3x ./guard/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseLimit -fuzztime 30s .

@@ -353,3 +353,34 @@ func (f *fleet) check(t *testing.T, fl fault) {
 		}
 	}
 }
+
+// BenchmarkPauseOverAdmission runs the chaos load through a 2s CLIENT
+// PAUSE and reports, per policy, admitted ÷ what the hot key's limit
+// allows over the run, beside fail_open, the baseline without a bound.
+// make bench runs it; docs/BENCHMARKS.md records the figures.
+func BenchmarkPauseOverAdmission(b *testing.B) {
+	for range b.N {
+		srv := redistest.NewStandalone(b)
+		f := newFleet(b, srv.URL())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			f.run(ctx, "bench")
+			close(done)
+		}()
+		sleep(ctx, 700*time.Millisecond)
+		faults[0].inject(b, srv)
+		sleep(ctx, pauseFor+time.Second) // the pause, then a second of Redis
+		cancel()
+		<-done
+		for _, p := range policies {
+			ratio := float64(f.tally[p].admitted.Load()) / f.ideal(p)
+			b.ReportMetric(ratio, "ratio_"+p.String())
+		}
+		b.Logf("admitted ÷ limit over a 2s CLIENT PAUSE (3 instances, %d callers per hot key): local %.2f, fail_closed %.2f, error %.2f; fail_open (baseline) %.2f",
+			hotCallers, float64(f.tally[guard.Local].admitted.Load())/f.ideal(guard.Local),
+			float64(f.tally[guard.FailClosed].admitted.Load())/f.ideal(guard.FailClosed),
+			float64(f.tally[guard.ReturnError].admitted.Load())/f.ideal(guard.ReturnError),
+			float64(f.tally[guard.FailOpen].admitted.Load())/f.ideal(guard.FailOpen))
+	}
+}

@@ -16,9 +16,12 @@
 // are exact to the nanosecond. Beyond it values are rounded to within a
 // part in 2^53.
 //
-// Around the scripts: a deadline per call (50ms by default), a circuit
-// breaker so that a down Redis costs no timeout per call, a failure Policy
-// (fail_open, fail_closed, local, error) with Decision.Degraded set, and a
-// local over-limit cache that answers a denied key until its RetryAfter
-// passes. See docs/redis.md.
+// Around the scripts: a deadline per call (50ms by default), errors that
+// wrap ErrUnavailable when Redis cannot answer, a connection made in the
+// background when Redis is down at New, and a local over-limit cache that
+// answers a denied key until its RetryAfter passes. The store implements
+// guard.Sharded (the Cluster master of each key), guard.Membership
+// (instances counted by heartbeat) and guard.Pinger: wrap it in package
+// guard for the failure policy, the circuit per master and the bounds in
+// docs/redis.md.
 package redisstore
