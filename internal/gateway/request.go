@@ -61,12 +61,32 @@ func badRequest(code, param, format string, args ...any) *requestError {
 	return &requestError{code: code, param: param, msg: fmt.Sprintf(format, args...)}
 }
 
+// wireBody is what the gateway decodes of a body. encoding/json matches
+// its members case-insensitively, which is exact once parseBody has refused
+// the case variants of these names (readFields).
+type wireBody struct {
+	Model               string            `json:"model"`
+	Stream              bool              `json:"stream"`
+	StreamOptions       json.RawMessage   `json:"stream_options"`
+	MaxTokens           *int64            `json:"max_tokens"`
+	MaxCompletionTokens *int64            `json:"max_completion_tokens"`
+	MaxOutputTokens     *int64            `json:"max_output_tokens"`
+	N                   *int64            `json:"n"`
+	BestOf              *int64            `json:"best_of"`
+	Messages            []json.RawMessage `json:"messages"`
+	Prompt              json.RawMessage   `json:"prompt"`
+	Input               json.RawMessage   `json:"input"`
+	Instructions        string            `json:"instructions"`
+	Tools               json.RawMessage   `json:"tools"`
+	Functions           json.RawMessage   `json:"functions"`
+}
+
 // parsedBody is what the gateway reads of a request body.
 type parsedBody struct {
-	members   map[string]json.RawMessage
-	model     string
-	stream    bool
-	promptEst int64
+	model         string
+	stream        bool
+	streamOptions json.RawMessage
+	promptEst     int64
 	// budget is the largest completion budget named, explicit whether
 	// any was; choices the larger of n and best_of, at least 1.
 	budget   int64
@@ -79,59 +99,41 @@ func parseBody(body []byte, ep endpoint) (*parsedBody, *requestError) {
 	if !utf8.Valid(body) {
 		return nil, badRequest("invalid_json", "", "The request body is not valid UTF-8 JSON.")
 	}
-	var members map[string]json.RawMessage
-	if err := json.Unmarshal(body, &members); err != nil {
-		return nil, badRequest("invalid_json", "", "We could not parse the JSON body of your request: %v", err)
-	}
-	if members == nil {
+	if t := bytes.TrimLeft(body, " \t\r\n"); len(t) == 0 || t[0] != '{' {
 		return nil, badRequest("invalid_json", "", "The request body must be a JSON object.")
 	}
-	for name := range members {
-		if f := caseVariant(name); f != "" {
-			return nil, badRequest("invalid_request_error", name,
-				"Unrecognized request argument %q: did you mean %q? Member names are case-sensitive.", name, f)
+	var w wireBody
+	if err := json.Unmarshal(body, &w); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return nil, badRequest("invalid_type", te.Field, "Invalid type for '%s': %v", te.Field, err)
 		}
+		return nil, badRequest("invalid_json", "", "We could not parse the JSON body of your request: %v", err)
 	}
-	p := &parsedBody{members: members, choices: 1}
-	var req aitoken.Request
-	for _, f := range []struct {
-		name string
-		dst  any
-	}{
-		{"model", &p.model}, {"stream", &p.stream},
-		{"messages", &req.Messages}, {"instructions", &req.Instructions},
-	} {
-		if err := decodeMember(members, f.name, f.dst); err != nil {
-			return nil, err
-		}
+	if name, f := caseVariantMember(body); f != "" {
+		return nil, badRequest("invalid_request_error", name,
+			"Unrecognized request argument %q: did you mean %q? Member names are case-sensitive.", name, f)
 	}
-	req.Prompt, req.Input, req.Tools, req.Functions = members["prompt"], members["input"], members["tools"], members["functions"]
-	if p.model == "" {
+	if w.Model == "" {
 		return nil, badRequest("missing_required_parameter", "model", "You must provide a model parameter.")
 	}
-	p.promptEst = req.PromptTokens()
+	req := aitoken.Request{Messages: w.Messages, Prompt: w.Prompt, Input: w.Input, Instructions: w.Instructions, Tools: w.Tools, Functions: w.Functions}
+	p := &parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: req.PromptTokens(), choices: 1}
 	if ep == epEmbeddings {
 		return p, nil // no completion: the prompt is the whole cost
 	}
-	for _, name := range budgetFields {
-		var v *int64
-		if err := decodeMember(members, name, &v); err != nil {
-			return nil, err
-		}
+	for i, v := range []*int64{w.MaxCompletionTokens, w.MaxTokens, w.MaxOutputTokens} {
 		if v == nil {
 			continue
 		}
 		if *v < 1 {
 			// Some servers read 0 or -1 as "no limit".
-			return nil, badRequest("invalid_value", name, "Invalid '%s': integer below minimum value. Expected a value >= 1, but got %d instead.", name, *v)
+			return nil, badRequest("invalid_value", budgetFields[i], "Invalid '%s': integer below minimum value. Expected a value >= 1, but got %d instead.", budgetFields[i], *v)
 		}
 		p.budget, p.explicit = max(p.budget, *v), true
 	}
-	for _, name := range []string{"n", "best_of"} {
-		var v *int64
-		if err := decodeMember(members, name, &v); err != nil {
-			return nil, err
-		}
+	for i, v := range []*int64{w.N, w.BestOf} {
+		name := [...]string{"n", "best_of"}[i]
 		if v == nil {
 			continue
 		}
@@ -143,16 +145,51 @@ func parseBody(body []byte, ep endpoint) (*parsedBody, *requestError) {
 	return p, nil
 }
 
-// decodeMember decodes member name, if present and not null, into dst.
-func decodeMember(members map[string]json.RawMessage, name string, dst any) *requestError {
-	raw, ok := members[name]
-	if !ok {
-		return nil
+// caseVariantMember returns the first member name of body (a JSON object
+// that json.Unmarshal accepted) that differs from a name the gateway reads
+// only by case, and that name; or "", "". One pass over the bytes; only a
+// name with escapes is decoded.
+func caseVariantMember(body []byte) (name, field string) {
+	depth, inString, keyNext, escaped := 0, false, false, false
+	keyStart := -1
+	for i := 0; i < len(body); i++ {
+		c := body[i]
+		if inString {
+			switch c {
+			case '\\':
+				i++
+				escaped = true
+			case '"':
+				inString = false
+				if keyStart >= 0 {
+					n := string(body[keyStart:i])
+					if escaped {
+						_ = json.Unmarshal(body[keyStart-1:i+1], &n)
+					}
+					keyStart = -1
+					if f := caseVariant(n); f != "" {
+						return n, f
+					}
+				}
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString, escaped = true, false
+			if depth == 1 && keyNext {
+				keyStart, keyNext = i+1, false
+			}
+		case '{', '[':
+			depth++
+			keyNext = depth == 1 && c == '{'
+		case '}', ']':
+			depth--
+		case ',':
+			keyNext = depth == 1
+		}
 	}
-	if err := json.Unmarshal(raw, dst); err != nil {
-		return badRequest("invalid_type", name, "Invalid type for '%s': %v", name, err)
-	}
-	return nil
+	return "", ""
 }
 
 // caseVariant returns the member name the gateway reads that name differs
@@ -221,7 +258,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 	c.reserved = reservation(c.promptEst, budget, p.choices)
 	c.body = body
 	if c.stream && (c.ep == epChat || c.ep == epCompletions) {
-		rawSO, present := p.members["stream_options"]
+		rawSO, present := p.streamOptions, p.streamOptions != nil
 		var so map[string]json.RawMessage
 		if present && string(rawSO) != "null" {
 			if json.Unmarshal(rawSO, &so) != nil || so == nil {
@@ -239,8 +276,13 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 				so = map[string]json.RawMessage{}
 			}
 			so["include_usage"] = json.RawMessage("true")
-			p.members["stream_options"], _ = json.Marshal(so)
-			c.body, _ = json.Marshal(p.members)
+			var members map[string]json.RawMessage
+			if json.Unmarshal(body, &members) != nil {
+				writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "", "The request body must be a JSON object.")
+				return false
+			}
+			members["stream_options"], _ = json.Marshal(so)
+			c.body, _ = json.Marshal(members)
 		}
 	}
 	if !p.explicit {

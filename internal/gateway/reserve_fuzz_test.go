@@ -54,10 +54,11 @@ func FuzzReservation(f *testing.F) {
 	})
 }
 
-// FuzzParseBody: a body the gateway accepts reads the same to encoding/json's
-// case-insensitive struct decoding (a Go upstream's) as to the gateway, and
-// its reservation covers the largest budget times the most choices, exactly
-// (math/big), saturated at MaxInt64.
+// FuzzParseBody: a body the gateway accepts reads the same to an exact,
+// case-sensitive decoder (a Python upstream's) as to encoding/json's
+// case-insensitive struct decoding (a Go upstream's) and to the gateway,
+// and its reservation covers the largest budget times the most choices,
+// exactly (math/big), saturated at MaxInt64.
 func FuzzParseBody(f *testing.F) {
 	for _, s := range []string{
 		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`,
@@ -67,6 +68,8 @@ func FuzzParseBody(f *testing.F) {
 		`{"model":"m","max\u005ftokens":5,"max_completion_tokens":7,"best_of":3,"n":2}`,
 		`{"model":"m","max_output_tokens":4611686018427387904,"n":128}`,
 		`{"model":"m","n":129}`,
+		`{"model":"m","x":{"MAX_TOKENS":1},"y":["N",{"n":3}],"max_tokens":4}`,
+		`{"model":"m","\u004dAX_TOKENS":1,"max_tokens":4}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -74,6 +77,28 @@ func FuzzParseBody(f *testing.F) {
 		p, err := parseBody(body, epChat)
 		if err != nil {
 			return
+		}
+		type view struct {
+			model           string
+			budget, choices int64
+		}
+		var exact map[string]json.RawMessage
+		if json.Unmarshal(body, &exact) != nil {
+			t.Fatalf("accepted a body that is not a JSON object: %q", body)
+		}
+		e := view{choices: 1}
+		_ = json.Unmarshal(exact["model"], &e.model)
+		for _, name := range []string{"max_tokens", "max_completion_tokens", "max_output_tokens"} {
+			var v int64
+			if json.Unmarshal(exact[name], &v) == nil {
+				e.budget = max(e.budget, v)
+			}
+		}
+		for _, name := range []string{"n", "best_of"} {
+			var v int64
+			if json.Unmarshal(exact[name], &v) == nil {
+				e.choices = max(e.choices, v)
+			}
 		}
 		var loose struct {
 			Model               string `json:"model"`
@@ -86,24 +111,22 @@ func FuzzParseBody(f *testing.F) {
 		if json.Unmarshal(body, &loose) != nil {
 			t.Fatalf("accepted a body encoding/json refuses: %q", body)
 		}
-		if loose.Model != p.model {
-			t.Fatalf("model %q here, %q case-insensitively: %q", p.model, loose.Model, body)
-		}
-		budget, choices := int64(0), int64(1)
+		l := view{model: loose.Model, choices: 1}
 		for _, v := range []*int64{loose.MaxTokens, loose.MaxCompletionTokens, loose.MaxOutputTokens} {
 			if v != nil {
-				budget = max(budget, *v)
+				l.budget = max(l.budget, *v)
 			}
 		}
 		for _, v := range []*int64{loose.N, loose.BestOf} {
 			if v != nil {
-				choices = max(choices, *v)
+				l.choices = max(l.choices, *v)
 			}
 		}
-		if budget != p.budget || choices != p.choices {
-			t.Fatalf("budget %d × %d here, %d × %d case-insensitively: %q", p.budget, p.choices, budget, choices, body)
+		g := view{p.model, p.budget, p.choices}
+		if g != e || g != l {
+			t.Fatalf("gateway %+v, exact %+v, case-insensitive %+v: %q", g, e, l, body)
 		}
-		want := bigReservation(p.promptEst, budget, choices)
+		want := bigReservation(p.promptEst, p.budget, p.choices)
 		if got := reservation(p.promptEst, p.budget, p.choices); want.Cmp(big.NewInt(got)) != 0 {
 			t.Fatalf("reservation %d, want %s: %q", got, want, body)
 		}
