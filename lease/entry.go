@@ -243,9 +243,9 @@ func (s *Store) fetch(e *entry, chunk int64) {
 	sent := s.clk.Now()
 	s.fetches.Add(1)
 	d, err := s.inner.Apply(ctx, sluice.OpAllow, req)
-	if err == nil && !d.Allowed && !d.Degraded && d.Remaining >= 1 && (e.window() || d.Remaining*2 >= chunk) {
-		// Less than a chunk is left: take it if it is half a chunk, or
-		// if it is a window's, which would be lost when the window ends.
+	if err == nil && !d.Allowed && !d.Degraded && d.Remaining >= 1 {
+		// Less than a chunk is left: take what there is, so that a key
+		// near its limit is not denied while the store could admit.
 		req.Cost = d.Remaining
 		sent = s.clk.Now()
 		s.fetches.Add(1)

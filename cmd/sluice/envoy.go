@@ -28,6 +28,7 @@ func envoyComponent(d server.Deps) (server.Component, error) {
 		Registerer:      d.Metrics.Registry,
 		ResponseHeaders: sec.ResponseHeaders,
 		MergeDomains:    sec.MergeDomains,
+		Lease:           sec.Lease,
 	})
 	if err != nil {
 		return nil, err

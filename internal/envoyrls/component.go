@@ -35,6 +35,8 @@ type Config struct {
 	ResponseHeaders bool `yaml:"response_headers"`
 	// MergeDomains sets Options.MergeDomains.
 	MergeDomains bool `yaml:"merge_domains"`
+	// Lease sets Options.Lease: every descriptor as if `lease: true`.
+	Lease bool `yaml:"lease"`
 }
 
 // Validate checks the section.

@@ -15,6 +15,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/lease"
 )
 
 // ErrConfig means a rate-limit configuration file is malformed. The wrapping
@@ -50,6 +51,7 @@ var validKeys = map[string]bool{
 	// sluice extensions
 	"algorithm": true,
 	"burst":     true,
+	"lease":     true,
 }
 
 type yamlReplaces struct {
@@ -64,6 +66,7 @@ type yamlRateLimit struct {
 	Replaces        []yamlReplaces `yaml:"replaces"`
 	Algorithm       string         `yaml:"algorithm"`
 	Burst           uint32         `yaml:"burst"`
+	Lease           bool           `yaml:"lease"`
 }
 
 type yamlDescriptor struct {
@@ -92,6 +95,7 @@ type rule struct {
 	name           string
 	replaces       []string
 	algorithm      sluice.Algorithm
+	lease          bool         // decide hot keys from leased capacity (package lease)
 	limit          sluice.Limit // Rate zero: requests_per_unit 0, which denies everything
 	unit           rlsv3.RateLimitResponse_RateLimit_Unit
 	current        *rlsv3.RateLimitResponse_RateLimit // the response's current_limit
@@ -387,6 +391,10 @@ func (l *loader) rule(d *domainConfig, dc yamlDescriptor, fullKey string) (*rule
 		}
 		r.algorithm = a
 	}
+	if rl.Lease && !lease.Leasable(r.algorithm) {
+		return nil, l.fail("descriptor '%s': algorithm %s cannot be leased", fullKey, r.algorithm)
+	}
+	r.lease = rl.Lease
 	if !rl.Unlimited {
 		r.limit = sluice.Limit{Rate: int64(rl.RequestsPerUnit), Period: unitPeriods[unit], Burst: int64(rl.Burst)}
 		if rl.Burst > 0 && r.algorithm != sluice.GCRA && r.algorithm != sluice.TokenBucket {

@@ -56,6 +56,10 @@ type Options struct {
 	// when over the limit, Retry-After to every response's
 	// response_headers_to_add, for the most constrained descriptor.
 	ResponseHeaders bool
+	// Lease decides every descriptor's hot keys from capacity leased in
+	// chunks (package lease; the store must be a lease.Store), as if each
+	// rate_limit said `lease: true`.
+	Lease bool
 	// MergeDomains lets several files add to one domain, as
 	// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG does. Otherwise a repeated
 	// domain is a config error.
@@ -82,6 +86,7 @@ type Service struct {
 	prefix  string
 	headers bool
 	merge   bool
+	lease   bool
 	delay   time.Duration
 	onLoad  func(error)
 	metrics *metrics
@@ -119,6 +124,7 @@ func New(opts Options) (*Service, error) {
 		prefix:  opts.KeyPrefix,
 		headers: opts.ResponseHeaders,
 		merge:   opts.MergeDomains,
+		lease:   opts.Lease,
 		delay:   opts.ReloadDelay,
 		onLoad:  opts.OnReload,
 		metrics: m,
@@ -161,6 +167,7 @@ type item struct {
 	cost     int64
 	kind     itemKind
 	shadow   bool
+	lease    bool
 	key      string
 	decision sluice.Decision
 	decided  bool
@@ -309,7 +316,7 @@ func (s *Service) plan(dom *domainConfig, req *rlsv3.RateLimitRequest, items []i
 		if r == nil || (r.name != "" && replaced[r.name]) {
 			continue
 		}
-		it := item{rule: r, limit: r.limit, algo: r.algorithm, current: r.current, stats: r.stats, shadow: r.shadow, kind: kindLimited}
+		it := item{rule: r, limit: r.limit, algo: r.algorithm, current: r.current, stats: r.stats, shadow: r.shadow, kind: kindLimited, lease: r.lease || s.lease}
 		if r.unlimited {
 			it.kind = kindUnlimited
 		}
@@ -472,7 +479,7 @@ func deniedDecision(l sluice.Limit) sluice.Decision {
 }
 
 func (it *item) request() sluice.Request {
-	return sluice.Request{Key: it.key, Algorithm: it.algo, Limit: it.limit, Cost: it.cost}
+	return sluice.Request{Key: it.key, Algorithm: it.algo, Limit: it.limit, Cost: it.cost, UseLease: it.lease}
 }
 
 // response builds the reply from the items' decisions.
