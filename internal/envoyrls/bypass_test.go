@@ -260,3 +260,20 @@ func testDurationUntilReset(t *testing.T, f storeFactory) {
 		}
 	}
 }
+
+// TestDetailedMetricAnyBytes: a detailed_metric descriptor's value becomes
+// a metric label; one that is not UTF-8 (which Prometheus refuses) is
+// hashed, and counted like any other.
+func TestDetailedMetricAnyBytes(t *testing.T) {
+	e := newEnv(t, memStore, "testdata/config", nil)
+	for range 2 {
+		resp, err := e.callRaw(&rlsv3.RateLimitRequest{Domain: "test-domain", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("key7", "\xff\xfe")}})
+		if err != nil || resp.GetOverallCode() != ok {
+			t.Fatalf("%v %v", resp, err)
+		}
+	}
+	label := "key7_" + metricValue("key7", "\xff\xfe")
+	if n := testutil.ToFloat64(e.svc.metrics.hits.WithLabelValues("test-domain", label, "total_hits")); n != 2 {
+		t.Errorf("hits of %s: %v, want 2", label, n)
+	}
+}

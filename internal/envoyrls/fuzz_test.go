@@ -24,6 +24,7 @@ func FuzzEnvoyDescriptors(f *testing.F) {
 	f.Add("key2", "v", uint16(1), uint64(0), uint32(0), uint32(0), int32(0), uint32(0), int32(-1), uint64(1), uint16(0))
 	f.Add("key2", "\xff\xfe", uint16(2), uint64(5), uint32(3), uint32(10), int32(2), uint32(0), int32(0), uint64(0), uint16(1))
 	f.Add("key1", string(make([]byte, 5000)), uint16(300), uint64(1<<63), uint32(1<<31), uint32(1), int32(6), uint32(1<<31), int32(99), uint64(1<<64-1), uint16(7))
+	f.Add("key7", "\xff\xc3", uint16(3), uint64(0), uint32(0), uint32(0), int32(0), uint32(0), int32(-1), uint64(1), uint16(1)) // detailed_metric: the value becomes a label
 	f.Add("", "", uint16(65), uint64(0), uint32(0), uint32(0), int32(-7), uint32(0), int32(-1), uint64(2), uint16(64))
 	svc, err := New(Options{Store: newFuzzStore(f), ConfigDir: "testdata/config", Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {

@@ -3,6 +3,7 @@ package envoyrls
 import (
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -117,7 +118,11 @@ func (m *metrics) detailedRule(domain string, entries []entryKV, fallback *ruleS
 		if i > 0 {
 			b.WriteByte('.')
 		}
-		b.WriteString(e.key)
+		if len(e.key) > 64 || !utf8.ValidString(e.key) { // a wildcard key can match any bytes
+			b.WriteString("sha256:" + sluice.HashKey(e.key)[:16])
+		} else {
+			b.WriteString(e.key)
+		}
 		if e.value != "" {
 			b.WriteByte('_')
 			b.WriteString(metricValue(e.key, e.value))
@@ -145,11 +150,12 @@ type entryKV struct{ key, value string }
 var credentialKeys = []string{"api_key", "apikey", "api-key", "token", "auth", "secret", "password", "credential", "cookie", "session"}
 
 // metricValue returns a value fit for a label: a value of a credential-like
-// key becomes the first 16 hex digits of its SHA-256, and long values are
-// hashed too.
+// key becomes the first 16 hex digits of its SHA-256, and long values and
+// values that are not UTF-8 (which Prometheus refuses: a label would panic)
+// are hashed too.
 func metricValue(key, value string) string {
 	k := strings.ToLower(key)
-	secret := len(value) > 64
+	secret := len(value) > 64 || !utf8.ValidString(value)
 	for _, c := range credentialKeys {
 		if strings.Contains(k, c) {
 			secret = true
