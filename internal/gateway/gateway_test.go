@@ -384,7 +384,7 @@ func TestRateLimited(t *testing.T) {
 	}
 	ae := decodeError(t, res)
 	if *ae.Error.Code != "rate_limit_exceeded" || ae.Error.Type != "requests" || !strings.Contains(ae.Error.Message, "requests per minute (rpm)") ||
-		!strings.Contains(ae.Error.Message, "limit 2, used 2, requested 1") {
+		!strings.Contains(ae.Error.Message, "limit 2/min, 0 left, requested 1") {
 		t.Fatalf("error %+v", ae.Error)
 	}
 	h := res.Header

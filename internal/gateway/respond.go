@@ -131,8 +131,8 @@ func retryAfter(s *spec, d sluice.Decision) time.Duration {
 	return d.RetryAfter
 }
 
-// reject answers 429 for a batch that a limit denied, naming the limit,
-// the amount used and the amount requested.
+// reject answers 429 for a batch that a limit denied, naming the limit
+// (rate, period and burst), what is left of it and the amount requested.
 func (g *Gateway) reject(w http.ResponseWriter, c *call, ds []sluice.Decision) {
 	worst := -1
 	var wait time.Duration
@@ -146,10 +146,10 @@ func (g *Gateway) reject(w http.ResponseWriter, c *call, ds []sluice.Decision) {
 	}
 	s, d := c.specs[worst], ds[worst]
 	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, s.name).Inc()
-	capacity := d.Limit.Capacity()
-	used := capacity - max(d.Remaining, 0)
-	msg := fmt.Sprintf("Rate limit reached for %s on tier %s: limit %d, used %d, requested %d. Please try again in %s.",
-		s.describe(), c.client.tier.name, capacity, used, c.reqs[worst].Cost, formatReset(wait))
+	// The limit as rate, period and burst, and what is left of the burst:
+	// "limit 500/min burst 50" never passes the burst off as the rate.
+	msg := fmt.Sprintf("Rate limit reached for %s on tier %s: limit %s, %d left, requested %d. Please try again in %s.",
+		s.describe(), c.client.tier.name, d.Limit, max(d.Remaining, 0), c.reqs[worst].Cost, formatReset(wait))
 	h := w.Header()
 	h.Set("Retry-After", strconv.FormatInt(max(sluice.CeilSeconds(wait), 1), 10))
 	h.Set("retry-after-ms", httplimit.RetryAfterMillis(max(wait, time.Millisecond)))
@@ -164,8 +164,8 @@ func (g *Gateway) reject(w http.ResponseWriter, c *call, ds []sluice.Decision) {
 // limit's burst: it can never succeed, so clients are told not to retry.
 func (g *Gateway) tooLarge(w http.ResponseWriter, c *call, s *spec) {
 	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "too_large").Inc()
-	msg := fmt.Sprintf("Request too large for %s on tier %s: limit %d, requested %d (estimated prompt %d plus max_tokens times n). Reduce the prompt, max_tokens or n.",
-		s.describe(), c.client.tier.name, s.limit.Capacity(), c.reserved, c.promptEst)
+	msg := fmt.Sprintf("Request too large for %s on tier %s: at most %d at once (limit %s), requested %d (estimated prompt %d plus max_tokens times n). Reduce the prompt, max_tokens or n.",
+		s.describe(), c.client.tier.name, s.limit.Capacity(), s.limit, c.reserved, c.promptEst)
 	w.Header().Set("x-should-retry", "false")
 	writeError(w, http.StatusTooManyRequests, "tokens", "request_too_large", "max_tokens", msg)
 }
