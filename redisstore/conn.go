@@ -182,8 +182,15 @@ func (s *Store) refreshSlots(ctx context.Context) error {
 		return s.notConnected()
 	}
 	var lastErr error
-	for _, node := range client.Nodes() { // any node that answers will do
-		shards, err := node.Do(ctx, node.B().ClusterSlots().Build()).ToArray()
+	nodes := client.Nodes()
+	each := 100 * time.Millisecond // a dead node must not use up ctx
+	if dl, ok := ctx.Deadline(); ok {
+		each = max(time.Until(dl)/time.Duration(max(len(nodes), 1)), 10*time.Millisecond)
+	}
+	for _, node := range nodes { // any node that answers will do
+		nctx, cancel := context.WithTimeout(ctx, each)
+		shards, err := node.Do(nctx, node.B().ClusterSlots().Build()).ToArray()
+		cancel()
 		if err != nil {
 			lastErr = err
 			if ctx.Err() != nil {
