@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -309,7 +310,7 @@ func (s *Server) decide(r *http.Request, op sluice.Op, targets []target) (*outco
 	}
 	if shadow == 0 || op == sluice.OpPeek {
 		// A peek charges nothing, so shadow policies need no call of their own.
-		ds, err := s.guard.applyAll(ctx, op, reqsOf(targets, nil))
+		ds, err := s.apply(ctx, op, reqsOf(targets, nil))
 		if err != nil {
 			return nil, err
 		}
@@ -329,7 +330,7 @@ func (s *Server) decide(r *http.Request, op sluice.Op, targets []target) (*outco
 		}
 		allowed := true
 		if len(enfIdx) > 0 {
-			ds, err := s.guard.applyAll(ctx, op, reqsOf(targets, enfIdx))
+			ds, err := s.apply(ctx, op, reqsOf(targets, enfIdx))
 			if err != nil {
 				return nil, err
 			}
@@ -344,7 +345,7 @@ func (s *Server) decide(r *http.Request, op sluice.Op, targets []target) (*outco
 		if !allowed && op == sluice.OpAllow {
 			// The request is denied anyway: peek the shadow policies, all
 			// in one call, so that they report without being charged.
-			ds, err := s.guard.applyAll(ctx, sluice.OpPeek, reqsOf(targets, shIdx))
+			ds, err := s.apply(ctx, sluice.OpPeek, reqsOf(targets, shIdx))
 			if err != nil {
 				return nil, err
 			}
@@ -359,7 +360,7 @@ func (s *Server) decide(r *http.Request, op sluice.Op, targets []target) (*outco
 		for _, i := range shIdx {
 			// Each shadow policy is charged on its own, as if it were
 			// enforced alone.
-			ds, err := s.guard.applyAll(ctx, op, reqsOf(targets, []int{i}))
+			ds, err := s.apply(ctx, op, reqsOf(targets, []int{i}))
 			if err != nil {
 				return nil, err
 			}
@@ -392,14 +393,18 @@ func (s *Server) decide(r *http.Request, op sluice.Op, targets []target) (*outco
 // store could not be asked, such as "Sluice-Degraded: local".
 const DegradedHeader = "Sluice-Degraded"
 
-// degraded reports whether the failure policy made any of the decisions.
-func (out *outcome) degraded() bool {
+// fallback names the failure policy that made any of the decisions, or
+// is empty when the store made them all.
+func (out *outcome) fallback(cfg *config.Config) string {
 	for i := range out.decisions {
-		if out.decisions[i].Degraded {
-			return true
+		if d := &out.decisions[i]; d.Degraded {
+			if d.Fallback != "" {
+				return d.Fallback
+			}
+			return cfg.Store.FailurePolicy
 		}
 	}
-	return false
+	return ""
 }
 
 // combine folds the enforced decisions the way sluice.Combine does and
@@ -431,6 +436,21 @@ func (s *Server) combine(out *outcome) {
 		c.Allowed, c.RetryAfter = true, 0
 	}
 	out.combined = c
+}
+
+// apply asks the store, through the guard and the served failure policy:
+// one request by Apply, so that the Redis store's over-limit cache
+// (store.local_cache) answers a known denial without a round trip; several
+// by ApplyAll, all or nothing.
+func (s *Server) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if len(reqs) == 1 {
+		d, err := s.guard.store.Apply(ctx, op, reqs[0])
+		if err != nil {
+			return nil, err
+		}
+		return []sluice.Decision{d}, nil
+	}
+	return s.guard.applyAll(ctx, op, reqs)
 }
 
 func reqsOf(targets []target, idx []int) []sluice.Request {
@@ -474,8 +494,8 @@ func (s *Server) writeDecision(w http.ResponseWriter, res *outcome, denyStatus i
 	if !d.Allowed && charge {
 		status = denyStatus
 	}
-	if res.degraded() {
-		w.Header()[DegradedHeader] = []string{s.cfg.Load().Store.FailurePolicy}
+	if fb := res.fallback(s.cfg.Load()); fb != "" {
+		w.Header()[DegradedHeader] = []string{fb}
 	}
 	bp := respPool.Get().(*[]byte)
 	b := appendDecision((*bp)[:0], d, lim, res.targets[res.limiting].req.Algorithm)

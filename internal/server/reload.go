@@ -29,8 +29,8 @@ const (
 )
 
 // ErrRestartRequired means a new configuration changes a setting that only
-// takes effect on restart (the listen address, the store, the envoy or
-// gateway section). Such a configuration is rejected whole: a reload
+// takes effect on restart (the listen address, the store other than its
+// failure policy, the envoy or gateway section). Such a configuration is rejected whole: a reload
 // applies all of a file or none of it.
 var ErrRestartRequired = errors.New("server: setting changed that takes a restart")
 
@@ -238,7 +238,12 @@ func restartOnly(running, next *config.Config) []string {
 	if running.Listen != next.Listen {
 		out = append(out, "listen")
 	}
-	if running.Store != next.Store {
+	// The failure policy applies per call (each call uses the policy of
+	// the config it loaded); the rest of the store section is fixed when
+	// the store and its guard are built.
+	rs, ns := running.Store, next.Store
+	rs.FailurePolicy, ns.FailurePolicy = "", ""
+	if rs != ns {
 		out = append(out, "store")
 	}
 	if running.File != nil && next.File != nil {

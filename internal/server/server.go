@@ -21,7 +21,6 @@
 package server
 
 import (
-	"context"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -170,21 +169,28 @@ func (s *Server) handle(pattern, name string, h http.HandlerFunc) {
 	})
 }
 
+// handleReady answers whether this instance should get traffic. It reads
+// what the guard's background probe found, so it recovers by itself when
+// the store returns, with no decision traffic. Under the policies that
+// need the store to answer (fail_closed denies everything, error fails
+// everything) an unreachable store makes the instance not ready; under
+// local and fail_open it still answers, so it stays ready and says why it
+// is degraded.
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	if s.draining.Load() {
 		writeText(w, http.StatusServiceUnavailable, "draining\n")
 		return
 	}
-	cfg := s.cfg.Load()
-	if cfg.Store.FailurePolicy == config.FailClosed {
-		ctx, cancel := context.WithTimeout(r.Context(), max(cfg.Store.Timeout, 100*time.Millisecond))
-		defer cancel()
-		if err := s.guard.ready(ctx); err != nil {
-			writeText(w, http.StatusServiceUnavailable, fmt.Sprintf("store unreachable and failure_policy is fail_closed: %v\n", err))
-			return
-		}
+	policy := s.cfg.Load().Store.FailurePolicy
+	err := s.guard.ready(r.Context())
+	switch {
+	case err == nil:
+		writeText(w, http.StatusOK, "ready\n")
+	case policy == config.FailClosed || policy == config.FailError:
+		writeText(w, http.StatusServiceUnavailable, fmt.Sprintf("not ready: store unreachable and failure_policy %s needs it: %v\n", policy, err))
+	default:
+		writeText(w, http.StatusOK, fmt.Sprintf("ready, degraded: store unreachable, failure_policy %s answers: %v\n", policy, err))
 	}
-	writeText(w, http.StatusOK, "ready\n")
 }
 
 // handleReset forgets the state of a key for a policy or tier.
