@@ -529,7 +529,29 @@ func (s *Service) response(items []item) *rlsv3.RateLimitResponse {
 	if s.headers {
 		resp.ResponseHeadersToAdd = headersFor(items)
 	}
+	if fb := fallbackOf(items); fb != "" {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: DegradedHeader, Value: fb})
+	}
 	return resp
+}
+
+// DegradedHeader is added to a response that a failure policy answered in
+// part because the store could not be asked; its value names the policy,
+// such as "local". Envoy adds it to the client's response.
+const DegradedHeader = "sluice-degraded"
+
+// fallbackOf names the failure policy that decided any of the items, or is
+// empty when the store decided them all.
+func fallbackOf(items []item) string {
+	for i := range items {
+		if d := &items[i].decision; items[i].decided && d.Degraded {
+			if d.Fallback == "" {
+				return "degraded"
+			}
+			return d.Fallback
+		}
+	}
+	return ""
 }
 
 // oneResponse is a one-descriptor response with everything it points to.

@@ -568,6 +568,14 @@ func (g *gatedStore) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.R
 	return g.Store.ApplyAll(ctx, op, reqs)
 }
 
+func (g *gatedStore) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
+	if strings.Contains(req.Key, "{gate}") {
+		g.entered <- struct{}{}
+		<-g.release
+	}
+	return g.Store.Apply(ctx, op, req)
+}
+
 func TestGracefulShutdownDrains(t *testing.T) {
 	g := &gatedStore{entered: make(chan struct{}), release: make(chan struct{})}
 	s := startService(t, svcOptions{wrap: func(st sluice.Store) sluice.Store { g.Store = st; return g }})
