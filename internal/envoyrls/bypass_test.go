@@ -19,6 +19,9 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/lease"
 )
 
 // rawCodec sends pre-encoded requests, as Envoy's C++ protobuf does: its
@@ -127,9 +130,25 @@ func manyEntries(n int) *ratelimitv3.RateLimitDescriptor {
 // limit, to get it through. Every row must come back OVER_LIMIT, never an
 // error that an Envoy with failure_mode_deny: false turns into OK, and the
 // exhausted counter never admits a second hit.
-func TestBypassEnvoy(t *testing.T) { forStores(t, testBypassEnvoy) }
+func TestBypassEnvoy(t *testing.T) {
+	forStores(t, func(t *testing.T, f storeFactory) { testBypassEnvoy(t, f, nil) })
+}
 
-func testBypassEnvoy(t *testing.T, f storeFactory) {
+// TestBypassEnvoyLeased: the same with every descriptor decided from
+// leased capacity (Options.Lease) on real Redis.
+func TestBypassEnvoyLeased(t *testing.T) {
+	srv := redistest.Standalone(t)
+	testBypassEnvoy(t, func(t *testing.T, _ *clock.Fake) sluice.Store {
+		l, err := lease.New(lease.Options{Store: openRedis(t, srv.URL(), nil)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		return l
+	}, func(o *Options) { o.Lease = true })
+}
+
+func testBypassEnvoy(t *testing.T, f storeFactory, mod func(*Options)) {
 	long := strings.Repeat("/very/long/path", 20_000)                                   // 300 KB, a long :path
 	victim := func() *ratelimitv3.RateLimitDescriptor { return desc("key3", "victim") } // 1 per hour
 	rows := []struct {
@@ -161,7 +180,7 @@ func testBypassEnvoy(t *testing.T, f storeFactory) {
 		{"request hits_addend 2^32-1", []*ratelimitv3.RateLimitDescriptor{victim(), desc("key2", "other")}, math.MaxUint32},
 		{"beside an unlimited and a shadow-free unknown descriptor", []*ratelimitv3.RateLimitDescriptor{desc("key6", "u"), victim(), desc("nope", "x")}, 0},
 	}
-	e := newEnv(t, f, "testdata/config", nil)
+	e := newEnv(t, f, "testdata/config", mod)
 	first, err := e.callRaw(&rlsv3.RateLimitRequest{Domain: "test-domain", Descriptors: []*ratelimitv3.RateLimitDescriptor{victim()}})
 	if err != nil || first.GetOverallCode() != ok {
 		t.Fatalf("first hit: %v %v", first, err)
