@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,14 +26,83 @@ type Server struct {
 	ShutdownTimeout time.Duration
 	// OnListen, when not nil, is called with the bound address.
 	OnListen func(net.Addr)
+
+	// Counts for the summary logged on stop.
+	requests, ok, limited, clientErrs, serverErrs atomic.Int64
 }
 
 // Name implements the service's component interface.
 func (s *Server) Name() string { return "gateway" }
 
 // Handler returns the mux: /v1/ to the gateway, /healthz, and /metrics
-// when ServeMetrics.
+// when ServeMetrics. Every request is logged at debug level (method, path,
+// status, duration, request id; never a key) and counted for the summary
+// Run logs on stop.
 func (s *Server) Handler() http.Handler {
+	mux := s.mux()
+	log := s.Gateway.log
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		mux.ServeHTTP(sw, r)
+		status := sw.status
+		if status == 0 {
+			status = http.StatusOK
+		}
+		s.count(status)
+		if log.Enabled(r.Context(), slog.LevelDebug) {
+			log.LogAttrs(r.Context(), slog.LevelDebug, "gateway: request",
+				slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.Int("status", status),
+				slog.String("duration", time.Since(start).Round(time.Microsecond).String()),
+				slog.String("request_id", w.Header().Get("x-sluice-request-id")))
+		}
+	})
+}
+
+func (s *Server) count(status int) {
+	s.requests.Add(1)
+	switch {
+	case status == http.StatusTooManyRequests:
+		s.limited.Add(1)
+	case status >= 500:
+		s.serverErrs.Add(1)
+	case status >= 400:
+		s.clientErrs.Add(1)
+	default:
+		s.ok.Add(1)
+	}
+}
+
+// statusWriter records the status of a response. It unwraps, so that
+// http.ResponseController reaches the connection's Flush.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush implements http.Flusher for handlers that assert it.
+func (w *statusWriter) Flush() {
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap returns the underlying writer, for http.ResponseController.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *Server) mux() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", s.Gateway)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -62,6 +133,7 @@ func (s *Server) Run(ctx context.Context) error {
 		MaxHeaderBytes:    64 << 10,
 		// No write timeout: streams last as long as the upstream's.
 	}
+	started := time.Now()
 	if s.OnListen != nil {
 		s.OnListen(ln.Addr())
 	}
@@ -81,6 +153,8 @@ func (s *Server) Run(ctx context.Context) error {
 	defer cancel()
 	err = srv.Shutdown(sctx)
 	_ = s.Gateway.Close() // wait for the last settlements
+	s.Gateway.log.Info("gateway: stopped", "requests", s.requests.Load(), "ok", s.ok.Load(), "rate_limited", s.limited.Load(),
+		"client_errors", s.clientErrs.Load(), "server_errors", s.serverErrs.Load(), "uptime", time.Since(started).Round(time.Second).String())
 	if err != nil {
 		_ = srv.Close()
 		return fmt.Errorf("gateway: shutdown: %w", err)
