@@ -57,6 +57,7 @@ bench:
 	bash bench/redis.sh
 	bash internal/loadtest/bench-service.sh 10s
 	bash internal/loadtest/bench-envoy.sh 10s
+	bash internal/loadtest/bench-envoy-lease.sh 10s
 	$(GO) test -run '^$$' -bench 'AddedLatency|ServeHTTP' -benchtime=10000x ./internal/gateway/
 	$(GO) test -run '^$$' -bench OverheadRatio -benchtime 5x ./internal/batch/
 	$(GO) test -run '^$$' -bench Memory100k -benchtime 1x ./internal/batch/

@@ -29,8 +29,9 @@
 // under MinChunk) go straight to the store, as without leases.
 //
 // When the store denies a chunk, the instance takes what the store says is
-// left, if anything; when nothing is left it denies the key locally until
-// the store's RetryAfter for the chunk has passed, and then asks again. Over its limit, a key thus costs the store one call per
+// left if a whole chunk is more than 4 Horizons away (or the window ends
+// first); otherwise, or when nothing is left, it denies the key locally
+// until the store's RetryAfter for the chunk has passed, and asks again. Over its limit, a key thus costs the store one call per
 // chunk, not one per request.
 //
 // When the store fails (an error, or a Degraded decision by its failure

@@ -243,9 +243,11 @@ func (s *Store) fetch(e *entry, chunk int64) {
 	sent := s.clk.Now()
 	s.fetches.Add(1)
 	d, err := s.inner.Apply(ctx, sluice.OpAllow, req)
-	if err == nil && !d.Allowed && !d.Degraded && d.Remaining >= 1 {
-		// Less than a chunk is left: take what there is, so that a key
-		// near its limit is not denied while the store could admit.
+	if err == nil && !d.Allowed && !d.Degraded && d.Remaining >= 1 && (e.window() || float64(d.RetryAfter) > 4*s.horizon*1e9) {
+		// Less than a chunk is left, and a whole chunk is far off (or
+		// its window ends first): take what there is, so that a key near
+		// its limit is not denied while the store could admit. When the
+		// chunk comes soon, waiting for it costs one call, not three.
 		req.Cost = d.Remaining
 		sent = s.clk.Now()
 		s.fetches.Add(1)
