@@ -174,3 +174,12 @@ func TestConfigCheckWarnsFailOpen(t *testing.T) {
 		}
 	}
 }
+
+// TestGatewayCommandNamesServeConfig: a serve config given to `sluice
+// gateway` is named as such, with the command that runs it.
+func TestGatewayCommandNamesServeConfig(t *testing.T) {
+	err := run(context.Background(), []string{"gateway", "--config", "../../examples/sluice.yaml"}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "looks like a sluice serve config") || !strings.Contains(err.Error(), "sluice serve --config ../../examples/sluice.yaml") {
+		t.Fatalf("err %v", err)
+	}
+}

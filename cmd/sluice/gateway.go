@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/gateway"
 	"github.com/sluice-io/sluice/internal/server"
 )
@@ -41,6 +42,9 @@ GET /metrics serves Prometheus metrics, GET /healthz liveness.`,
 			}
 			cfg, err := gateway.Load(f.config)
 			if err != nil {
+				if data, rerr := os.ReadFile(f.config); rerr == nil && config.Detect(data) == config.KindServe {
+					return fmt.Errorf("%w\n%s looks like a sluice serve config: run it with 'sluice serve --config %s' (its gateway: section runs the gateway)", err, f.config, f.config)
+				}
 				return err
 			}
 			if f.listen != "" {
