@@ -78,9 +78,9 @@ type fleetResult struct {
 // called once a third into the run.
 func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffic, run time.Duration, pause func()) fleetResult {
 	t.Helper()
-	// Calls get a second unless the run pauses Redis: a loaded machine
+	// Calls get 5 s unless the run pauses Redis: a loaded machine
 	// must not turn a slow call into a degraded one.
-	timeout := time.Second
+	timeout := 5 * time.Second
 	if pause != nil {
 		timeout = 100 * time.Millisecond
 	}
