@@ -36,7 +36,6 @@ type node struct {
 	probeErr           atomic.Pointer[string] // last probe error; nil after a success
 	probed             atomic.Bool            // a probe has finished
 	probing            atomic.Bool            // a probe is in flight
-	settling           atomic.Bool            // a background settle is under way
 
 	logAt      atomic.Int64 // clock time of the last error logged
 	suppressed atomic.Int64 // errors not logged since

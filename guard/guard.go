@@ -473,20 +473,25 @@ func (g *Guard) degrade(ctx context.Context, op sluice.Op, reqs []sluice.Request
 		return nil, fmt.Errorf("guard: node %q: %w", n.name, cause)
 	}
 	g.degraded[g.policy].Add(uint64(len(reqs)))
-	if g.policy == Local {
+	// Under Local, a call that failed alone (late, or its key busy) while
+	// its node works is denied: spending locally would spend what the
+	// store is handing out to the other calls at the same moment.
+	if g.policy == Local && !(n.state.Load() == closed && op == sluice.OpAllow) {
 		ds, err := g.local.apply(context.WithoutCancel(ctx), op, reqs, g.Instances(), g.clk.Now(), n.name)
 		if err == nil {
 			for i := range ds {
 				ds[i].Degraded, ds[i].Fallback = true, "local"
 			}
-			if n.state.Load() == closed && op == sluice.OpAllow {
-				// One call failed, the node works: tell the store now what
-				// was admitted, before it hands out the same capacity.
-				g.kickSettle(n)
-			}
 			return ds, nil
 		}
 		// a cost beyond the local share of the burst: deny, as fail_closed
+	}
+	if g.policy == Local {
+		ds := make([]sluice.Decision, len(reqs))
+		for i := range reqs {
+			ds[i] = sluice.Decision{Limit: reqs[i].Limit, RetryAfter: g.probeEvery, ResetAfter: g.probeEvery, Degraded: true, Fallback: "local"}
+		}
+		return ds, nil
 	}
 	admit := g.policy == FailOpen
 	ds := make([]sluice.Decision, len(reqs))

@@ -250,19 +250,5 @@ func (c *core) settle(ctx context.Context, node string) bool {
 	return !failed.Load()
 }
 
-// kickSettle settles n's debts in the background now, unless a settle of
-// n is under way.
-func (c *core) kickSettle(n *node) {
-	if !n.settling.CompareAndSwap(false, true) {
-		return
-	}
-	go func() {
-		defer n.settling.Store(false)
-		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
-		defer cancel()
-		c.settle(ctx, n.name)
-	}()
-}
-
 // settleTimeout bounds one settle pass.
 const settleTimeout = 2 * time.Second

@@ -18,8 +18,11 @@ const (
 	// Local enforces, in memory, the limit ÷ the number of live instances
 	// (learned from the store, or Options.Instances), starting from the last
 	// state the store reported for the key, and charges the store with what
-	// it admitted once the store answers again. It is the default: the only
-	// policy that keeps a limit while the store is away.
+	// it admitted once the store answers again. A call that fails alone
+	// while its node's circuit is closed (late, or its key busy) is denied
+	// instead, since the store is handing out the same capacity meanwhile.
+	// It is the default: the only policy that keeps a limit while the store
+	// is away.
 	Local Policy = iota + 1
 	// FailOpen admits every request: availability over enforcement. While
 	// the store is away the fleet admits without bound.
