@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/gateway"
 	"github.com/sluice-io/sluice/internal/server"
+	"github.com/sluice-io/sluice/internal/tracing"
 )
 
 func newGatewayCmd() *cobra.Command {
@@ -58,12 +60,17 @@ GET /metrics serves Prometheus metrics, GET /healthz liveness.`,
 				return err
 			}
 			defer closer.Close()
-			gw, err := gateway.New(gateway.Options{Config: cfg, Store: store, Logger: log})
+			tr, err := tracing.FromEnv(cmd.Context(), version)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tr.Shutdown(context.WithoutCancel(cmd.Context())) }()
+			gw, err := gateway.New(gateway.Options{Config: cfg, Store: tr.Store(store), Logger: log, WrapTransport: tr.Transport})
 			if err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
-			srv := &gateway.Server{Gateway: gw, Addr: cfg.Listen, ServeMetrics: true, OnListen: func(a net.Addr) {
+			srv := &gateway.Server{Gateway: gw, Addr: cfg.Listen, ServeMetrics: true, Middleware: tr.Handler, OnListen: func(a net.Addr) {
 				fmt.Fprintf(out, "sluice gateway listening on %s\n", a)
 			}}
 			return srv.Run(cmd.Context())
@@ -89,11 +96,11 @@ func gatewayComponent(d server.Deps) (server.Component, error) {
 	if err := checkGatewayKey(cfg.File.Gateway, os.Getenv, d.Logger); err != nil {
 		return nil, err
 	}
-	gw, err := gateway.New(gateway.Options{Config: cfg.File.Gateway, Store: d.Store, Logger: d.Logger, Registerer: d.Metrics.Registry})
+	gw, err := gateway.New(gateway.Options{Config: cfg.File.Gateway, Store: d.Store, Logger: d.Logger, Registerer: d.Metrics.Registry, WrapTransport: d.Tracing.Transport})
 	if err != nil {
 		return nil, err
 	}
-	return &gateway.Server{Gateway: gw, Addr: cfg.File.Gateway.Listen}, nil
+	return &gateway.Server{Gateway: gw, Addr: cfg.File.Gateway.Listen, Middleware: d.Tracing.Handler}, nil
 }
 
 // checkGatewayKey refuses a gateway whose upstream key variable is empty,

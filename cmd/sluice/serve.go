@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/sluice-io/sluice/internal/envoyrls"
 	"github.com/sluice-io/sluice/internal/server"
+	"github.com/sluice-io/sluice/internal/tracing"
 )
 
 // serveFlags are the settings of `sluice serve`. Each flag also reads an
@@ -53,6 +55,11 @@ store's SLUICE_REDIS_USERNAME and SLUICE_REDIS_PASSWORD.`,
 				return err
 			}
 			routeGRPCLogs(log)
+			tr, err := tracing.FromEnv(cmd.Context(), version)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tr.Shutdown(context.WithoutCancel(cmd.Context())) }()
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
@@ -62,6 +69,7 @@ store's SLUICE_REDIS_USERNAME and SLUICE_REDIS_PASSWORD.`,
 				AdminToken: os.Getenv("SLUICE_ADMIN_TOKEN"),
 				Logger:     log,
 				Signals:    hup,
+				Tracing:    tr, // nil (off) unless OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT is set
 				// Seam: components that run beside the API, started and
 				// drained together with it. The Envoy rate limit service
 				// (internal/envoyrls) and the AI gateway (internal/gateway)

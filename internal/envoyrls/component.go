@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc"
 	"log/slog"
 	"net"
 	"net/http"
@@ -68,6 +69,8 @@ type Runner struct {
 	// OnListen, if set, is called with each listener's name ("grpc" or
 	// "http") and address once it is listening.
 	OnListen func(name string, addr net.Addr)
+	// GRPCOptions are added to the gRPC server's (tracing's stats handler).
+	GRPCOptions []grpc.ServerOption
 }
 
 // Name implements sluice serve's component interface.
@@ -92,7 +95,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer cancel()
 	errc := make(chan error, 3)
 	running := 2
-	go func() { errc <- r.Service.Serve(ctx, lis) }()
+	go func() { errc <- r.Service.Serve(ctx, lis, r.GRPCOptions...) }()
 	go func() { errc <- r.Service.Watch(ctx) }()
 	if r.HTTPAddr != "" {
 		hl, err := net.Listen("tcp", r.HTTPAddr)

@@ -72,6 +72,9 @@ type Options struct {
 	// Transport sends upstream requests; nil means a clone of
 	// http.DefaultTransport with a larger idle pool.
 	Transport http.RoundTripper
+	// WrapTransport, when not nil, wraps the upstream transport (tracing:
+	// a client span per call, W3C traceparent sent upstream).
+	WrapTransport func(http.RoundTripper) http.RoundTripper
 	// Logger receives one line per settled request and upstream errors;
 	// nil discards. Keys are never logged, only their client id.
 	Logger *slog.Logger
@@ -275,6 +278,9 @@ func New(opts Options) (*Gateway, error) {
 		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
 		t.ResponseHeaderTimeout = cfg.Upstream.Timeout
 		transport = t
+	}
+	if opts.WrapTransport != nil {
+		transport = opts.WrapTransport(transport)
 	}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite:        g.rewrite,

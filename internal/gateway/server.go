@@ -26,6 +26,8 @@ type Server struct {
 	ShutdownTimeout time.Duration
 	// OnListen, when not nil, is called with the bound address.
 	OnListen func(net.Addr)
+	// Middleware, when not nil, wraps the handler (tracing).
+	Middleware func(http.Handler) http.Handler
 
 	// Counts for the summary logged on stop.
 	requests, ok, limited, clientErrs, serverErrs atomic.Int64
@@ -126,8 +128,12 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("gateway: listen: %w", err)
 	}
+	h := s.Handler()
+	if s.Middleware != nil {
+		h = s.Middleware(h)
+	}
 	srv := &http.Server{
-		Handler:           s.Handler(),
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    64 << 10,

@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-io/sluice/httplimit"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/internal/tracing"
 )
 
 // checkItem is one check: a policy or a tier, a key or an API key, a cost.
@@ -368,6 +369,9 @@ func (s *Server) decide(r *http.Request, op sluice.Op, targets []target) (*outco
 		}
 	}
 	s.combine(out)
+	if tracing.Recording(ctx) {
+		tracing.Annotate(ctx, traceDecisions(out))
+	}
 	if op == sluice.OpAllow {
 		for i, t := range targets {
 			d := out.decisions[i]

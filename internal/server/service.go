@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/internal/tracing"
 	"github.com/sluice-io/sluice/memstore"
 )
 
@@ -41,6 +42,8 @@ type Deps struct {
 	Config func() *config.Config
 	// Logger is the service's logger.
 	Logger *slog.Logger
+	// Tracing is nil when tracing is off; its methods are nil-safe.
+	Tracing *tracing.Tracing
 }
 
 // ComponentFunc builds a plugged-in component from the shared parts. It
@@ -67,6 +70,9 @@ type ServiceOptions struct {
 	OpenStore func(ctx context.Context, sc config.StoreSection) (sluice.Store, io.Closer, error)
 	// Clock times the store circuit breaker; nil means the system clock.
 	Clock clock.Clock
+	// Tracing, when not nil, traces the API's requests, the store's calls
+	// and, through Deps, the components'.
+	Tracing *tracing.Tracing
 	// Components are built after the store and run beside the API.
 	//
 	// Seam: `sluice serve` (cmd/sluice/serve.go) lists the Envoy rate limit
@@ -112,6 +118,7 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 		return err
 	}
 	defer closer.Close()
+	store = opts.Tracing.Store(store)
 	g, err := newGuard(store, cfg.Store, opts.Clock, log)
 	if err != nil {
 		return err
@@ -128,10 +135,10 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 	comps := []Component{
 		&httpComponent{srv: srv, addr: listen, onListen: opts.OnListen, log: log, serving: []any{
 			"store", storeName(cfg.Store), "failure_policy", cfg.Store.FailurePolicy,
-			"policies", len(cfg.Policies), "tiers", len(cfg.Tiers), "keys", len(cfg.Keys)}},
+			"policies", len(cfg.Policies), "tiers", len(cfg.Tiers), "keys", len(cfg.Keys)}, wrap: opts.Tracing.Handler},
 		reloader,
 	}
-	deps := Deps{Store: srv.guard.store, Metrics: m, Config: srv.Config, Logger: log}
+	deps := Deps{Store: srv.guard.store, Metrics: m, Config: srv.Config, Logger: log, Tracing: opts.Tracing}
 	for _, build := range opts.Components {
 		c, err := build(deps)
 		if err != nil {
@@ -207,7 +214,8 @@ type httpComponent struct {
 	addr     string
 	onListen func(net.Addr)
 	log      *slog.Logger
-	serving  []any // attributes of the "sluice serving" line
+	serving  []any                           // attributes of the "sluice serving" line
+	wrap     func(http.Handler) http.Handler // nil-safe tracing
 }
 
 func (h *httpComponent) Name() string { return "http" }
@@ -217,8 +225,12 @@ func (h *httpComponent) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
+	handler := h.srv.Handler()
+	if h.wrap != nil {
+		handler = h.wrap(handler)
+	}
 	hs := &http.Server{
-		Handler:           h.srv.Handler(),
+		Handler:           handler,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,

@@ -1,0 +1,81 @@
+package tracing
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluice-io/sluice"
+)
+
+// Store wraps s so that each call is a span ("sluice.store ApplyAll")
+// recording the operation, the number of requests, their algorithms, the
+// outcome and the store's latency, which is also put on the calling
+// request's span as sluice.store.latency_ms. Keys are never recorded. On a
+// nil *Tracing it returns s.
+func (t *Tracing) Store(s sluice.Store) sluice.Store {
+	if t == nil {
+		return s
+	}
+	return &store{t: t, next: s}
+}
+
+type store struct {
+	t    *Tracing
+	next sluice.Store
+}
+
+func (s *store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
+	parent := trace.SpanFromContext(ctx)
+	ctx, span := s.t.tracer.Start(ctx, "sluice.store Apply", trace.WithSpanKind(trace.SpanKindClient))
+	start := time.Now()
+	d, err := s.next.Apply(ctx, op, req)
+	s.finish(parent, span, start, op, []sluice.Request{req}, []sluice.Decision{d}, err)
+	return d, err
+}
+
+func (s *store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
+	parent := trace.SpanFromContext(ctx)
+	ctx, span := s.t.tracer.Start(ctx, "sluice.store ApplyAll", trace.WithSpanKind(trace.SpanKindClient))
+	start := time.Now()
+	ds, err := s.next.ApplyAll(ctx, op, reqs)
+	s.finish(parent, span, start, op, reqs, ds, err)
+	return ds, err
+}
+
+func (s *store) finish(parent, span trace.Span, start time.Time, op sluice.Op, reqs []sluice.Request, ds []sluice.Decision, err error) {
+	ms := float64(time.Since(start).Microseconds()) / 1000
+	algs := make([]string, len(reqs))
+	for i, r := range reqs {
+		algs[i] = r.Algorithm.String()
+	}
+	span.SetAttributes(
+		attribute.String("sluice.op", op.String()),
+		attribute.Int("sluice.requests", len(reqs)),
+		attribute.StringSlice("sluice.algorithm", algs),
+	)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "store call failed")
+	} else if len(ds) > 0 {
+		allowed := true
+		for _, d := range ds {
+			allowed = allowed && d.Allowed
+		}
+		span.SetAttributes(attribute.String("sluice.outcome", outcome(allowed)))
+	}
+	span.End()
+	if parent.IsRecording() {
+		parent.SetAttributes(attribute.Float64("sluice.store.latency_ms", ms))
+	}
+}
+
+func outcome(allowed bool) string {
+	if allowed {
+		return "allowed"
+	}
+	return "denied"
+}
