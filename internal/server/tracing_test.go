@@ -107,11 +107,11 @@ func TestTracingSpans(t *testing.T) {
 	}
 	stores := 0
 	for _, s := range spans {
-		// (Apply spans without a parent are the guard's readiness probes.)
-		if s.Name == "sluice.store ApplyAll" {
+		// Store spans without a parent are the guard's readiness probes.
+		if strings.HasPrefix(s.Name, "sluice.store ") && s.Parent.IsValid() {
 			stores++
-			if s.Parent.TraceID() != server.SpanContext.TraceID() || !s.Parent.IsValid() {
-				t.Errorf("store span %s is not a child of the request span", s.Name)
+			if s.Parent.TraceID() != server.SpanContext.TraceID() {
+				t.Errorf("store span %s is not in the request's trace", s.Name)
 			}
 		}
 		for _, kv := range s.Attributes {
