@@ -474,9 +474,11 @@ func (g *Guard) degrade(ctx context.Context, op sluice.Op, reqs []sluice.Request
 	}
 	g.degraded[g.policy].Add(uint64(len(reqs)))
 	// Under Local, a call that failed alone (late, or its key busy) while
-	// its node works is denied: spending locally would spend what the
-	// store is handing out to the other calls at the same moment.
-	if g.policy == Local && !(n.state.Load() == closed && op == sluice.OpAllow) {
+	// its node works (circuit closed, last probe answered) is denied:
+	// spending locally would spend what the store is handing out to the
+	// other calls at the same moment.
+	works := n.state.Load() == closed && n.probed.Load() && n.probeErr.Load() == nil
+	if g.policy == Local && !(works && op == sluice.OpAllow) {
 		ds, err := g.local.apply(context.WithoutCancel(ctx), op, reqs, g.Instances(), g.clk.Now(), n.name)
 		if err == nil {
 			for i := range ds {
