@@ -109,6 +109,9 @@ type StoreStats struct {
 	CircuitOpens uint64
 	// Circuit is CircuitClosed, CircuitHalfOpen or CircuitOpen.
 	Circuit int
+	// Instances is the number of instances the local failure policy
+	// divides limits by (learnt by heartbeat, or store.instances).
+	Instances int
 	// LeaseHits, LeaseFetches and LeaseReturns count decisions made from
 	// leased capacity, chunk requests and refunds of unused capacity.
 	LeaseHits, LeaseFetches, LeaseReturns uint64
@@ -118,22 +121,23 @@ type StoreStats struct {
 func (m *Metrics) SetStoreStats(fn func() StoreStats) { m.store.Store(&fn) }
 
 var (
-	storeCallsDesc    = prometheus.NewDesc("sluice_store_calls_total", "Calls sent to the store.", nil, nil)
-	storeErrorsDesc   = prometheus.NewDesc("sluice_store_errors_total", "Store calls that failed or timed out.", nil, nil)
-	storeDegradedDesc = prometheus.NewDesc("sluice_store_degraded_total", "Decisions made by the failure policy because the store failed or its circuit was open.", nil, nil)
-	storeCacheDesc    = prometheus.NewDesc("sluice_store_deny_cache_hits_total", "Denials answered from the local over-limit cache without asking the store.", nil, nil)
-	storeOpensDesc    = prometheus.NewDesc("sluice_store_circuit_opens_total", "Times the store circuit breaker opened.", nil, nil)
-	storeCircuitDesc  = prometheus.NewDesc("sluice_store_circuit_state", "Store circuit breaker: 0 closed, 1 half-open, 2 open (the failure policy answers).", nil, nil)
-	leaseHitsDesc     = prometheus.NewDesc("sluice_lease_hits_total", "Decisions made locally from leased capacity, without the store.", nil, nil)
-	leaseFetchesDesc  = prometheus.NewDesc("sluice_lease_fetches_total", "Chunks of capacity requested from the store.", nil, nil)
-	leaseReturnsDesc  = prometheus.NewDesc("sluice_lease_returns_total", "Refunds of unused leased capacity to the store.", nil, nil)
+	storeCallsDesc     = prometheus.NewDesc("sluice_store_calls_total", "Calls sent to the store.", nil, nil)
+	storeErrorsDesc    = prometheus.NewDesc("sluice_store_errors_total", "Store calls that failed or timed out.", nil, nil)
+	storeDegradedDesc  = prometheus.NewDesc("sluice_store_degraded_total", "Decisions made by the failure policy because the store failed or its circuit was open.", nil, nil)
+	storeCacheDesc     = prometheus.NewDesc("sluice_store_deny_cache_hits_total", "Denials answered from the local over-limit cache without asking the store.", nil, nil)
+	storeOpensDesc     = prometheus.NewDesc("sluice_store_circuit_opens_total", "Times the store circuit breaker opened.", nil, nil)
+	storeInstancesDesc = prometheus.NewDesc("sluice_store_instances", "Instances sharing the limits, as the local failure policy counts them (heartbeats in the store, or store.instances).", nil, nil)
+	storeCircuitDesc   = prometheus.NewDesc("sluice_store_circuit_state", "Store circuit breaker: 0 closed, 1 half-open, 2 open (the failure policy answers).", nil, nil)
+	leaseHitsDesc      = prometheus.NewDesc("sluice_lease_hits_total", "Decisions made locally from leased capacity, without the store.", nil, nil)
+	leaseFetchesDesc   = prometheus.NewDesc("sluice_lease_fetches_total", "Chunks of capacity requested from the store.", nil, nil)
+	leaseReturnsDesc   = prometheus.NewDesc("sluice_lease_returns_total", "Refunds of unused leased capacity to the store.", nil, nil)
 )
 
 // storeCollector exports StoreStats.
 type storeCollector struct{ m *Metrics }
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeCircuitDesc, leaseHitsDesc, leaseFetchesDesc, leaseReturnsDesc} {
+	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeCircuitDesc, storeInstancesDesc, leaseHitsDesc, leaseFetchesDesc, leaseReturnsDesc} {
 		ch <- d
 	}
 }
@@ -149,6 +153,7 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(storeCacheDesc, prometheus.CounterValue, float64(st.CacheHits))
 	ch <- prometheus.MustNewConstMetric(storeOpensDesc, prometheus.CounterValue, float64(st.CircuitOpens))
 	ch <- prometheus.MustNewConstMetric(storeCircuitDesc, prometheus.GaugeValue, float64(st.Circuit))
+	ch <- prometheus.MustNewConstMetric(storeInstancesDesc, prometheus.GaugeValue, float64(st.Instances))
 	ch <- prometheus.MustNewConstMetric(leaseHitsDesc, prometheus.CounterValue, float64(st.LeaseHits))
 	ch <- prometheus.MustNewConstMetric(leaseFetchesDesc, prometheus.CounterValue, float64(st.LeaseFetches))
 	ch <- prometheus.MustNewConstMetric(leaseReturnsDesc, prometheus.CounterValue, float64(st.LeaseReturns))

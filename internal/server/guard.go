@@ -90,11 +90,14 @@ func (s *storeGuard) ready(ctx context.Context) error { return s.g.Ready(ctx) }
 // stats exports the guard's counters (and the Redis store's cache hits).
 func (s *storeGuard) stats() metrics.StoreStats {
 	st := s.g.Stats()
-	out := metrics.StoreStats{Calls: st.Calls, Errors: st.Errors, Degraded: st.DegradedTotal(), CircuitOpens: st.Openings}
+	out := metrics.StoreStats{Calls: st.Calls, Errors: st.Errors, Degraded: st.DegradedTotal(), CircuitOpens: st.Openings, Instances: st.Instances}
 	if st.Open > 0 {
 		out.Circuit = metrics.CircuitOpen
 	}
 	inner := s.g.Unwrap()
+	if lr, ok := inner.(leasedRedis); ok {
+		inner = lr.Store
+	}
 	if ls, ok := inner.(*lease.Store); ok {
 		st := ls.Stats()
 		out.LeaseHits, out.LeaseFetches, out.LeaseReturns = st.Hits, st.Fetches, st.Returns
