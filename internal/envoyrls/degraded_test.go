@@ -52,6 +52,14 @@ func TestDegradedAnswers(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { g.Close() })
+				// Wait for the probe to open the circuit: under local, a
+				// call that fails while its node still counts as working
+				// is denied rather than spent locally.
+				for deadline := time.Now().Add(10 * time.Second); g.Stats().Open == 0; time.Sleep(5 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatal("the probe did not open the circuit")
+					}
+				}
 				return g
 			}
 			e := newEnv(t, factory, "testdata/config", func(o *Options) { o.ResponseHeaders = c.headers })

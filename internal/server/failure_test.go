@@ -104,6 +104,12 @@ func TestRedisServeStartsWhileDown(t *testing.T) {
 			srv.Kill()
 			s := startService(t, svcOptions{redis: true, config: redisConfig(srv.URL(), c.policy)})
 			body := fmt.Sprintf(`{"policy":"b","key":%q}`, redistest.Prefix(t))
+			// The probe finds Redis down and opens the circuit (before it
+			// does, local denies a failed call rather than spend locally).
+			eventually(t, "circuit open", func() (bool, string) {
+				m := s.do(t, "GET", "/metrics", "").raw
+				return strings.Contains(m, "\nsluice_store_circuit_state 2\n"), metricLine(m, "sluice_store_circuit_state")
+			})
 			if a := s.check(t, body); a.status != c.status || (c.status == 200 && a.header.Get(DegradedHeader) != c.policy) {
 				t.Fatalf("check while down: %d %v %s", a.status, a.header, a.raw)
 			}
