@@ -1,0 +1,94 @@
+package gateway
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/tracing"
+	"github.com/sluice-io/sluice/memstore"
+)
+
+// TestTraceContextToUpstream: with tracing on, a chat completion through
+// the gateway reaches the upstream with a traceparent of the caller's
+// trace whose parent is the gateway's upstream span, and no span carries
+// the caller's API key or the upstream's.
+func TestTraceContextToUpstream(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	tr := tracing.New(tp)
+
+	got := make(chan string, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Get("traceparent")
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"c1","object":"chat.completion","created":1,"model":"gpt-test","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+	}))
+	defer up.Close()
+	st, err := memstore.New(memstore.Options{SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cfg := &Config{
+		Upstream: UpstreamConfig{BaseURL: up.URL + "/v1", APIKeyEnv: "TEST_UPSTREAM_KEY"},
+		Models:   []string{"gpt-test"},
+		Tiers:    map[string]TierConfig{"t": Tier(Limits{RPM: 100, TPM: 100000})},
+		Keys:     []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t"}},
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	gw, err := New(Options{
+		Config: cfg, Store: tr.Store(st), WrapTransport: tr.Transport,
+		Getenv: func(k string) string { return map[string]string{"TEST_UPSTREAM_KEY": upstreamKey}[k] },
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	front := httptest.NewServer(tr.Handler((&Server{Gateway: gw}).Handler()))
+	defer front.Close()
+
+	req, _ := http.NewRequest("POST", front.URL+"/v1/chat/completions", strings.NewReader(`{"model":"gpt-test","messages":[{"role":"user","content":"hello"}],"max_tokens":5}`))
+	req.Header.Set("Authorization", "Bearer "+clientKey)
+	req.Header.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	tp2 := <-got
+	var upstream tracetest.SpanStub
+	for _, s := range exp.GetSpans() {
+		if s.Name == "upstream POST" {
+			upstream = s
+		}
+		for _, kv := range s.Attributes {
+			if v := kv.Value.String(); strings.Contains(v, clientKey) || strings.Contains(v, upstreamKey) {
+				t.Errorf("span %s attribute %s holds a key", s.Name, kv.Key)
+			}
+		}
+	}
+	if !upstream.SpanContext.IsValid() {
+		t.Fatal("no upstream span")
+	}
+	want := "00-4bf92f3577b34da6a3ce929d0e0e4736-" + upstream.SpanContext.SpanID().String() + "-01"
+	if tp2 != want {
+		t.Errorf("upstream got traceparent %q, want %q", tp2, want)
+	}
+}
