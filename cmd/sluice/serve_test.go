@@ -8,9 +8,12 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -191,4 +194,83 @@ func TestJSONLogDurations(t *testing.T) {
 	if !strings.Contains(buf.String(), `"wait":"1.5s"`) || !strings.Contains(buf.String(), `"timeout":"2m0s"`) {
 		t.Fatalf("log line %s", buf.String())
 	}
+}
+
+// TestServeLogsOnlyThroughSlog runs serve with --log-format json against a
+// Redis that is not there: it starts, and every line it writes (the
+// store's, the guard's, gRPC's, the server's) is one JSON object.
+func TestServeLogsOnlyThroughSlog(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte("policies:\n  p: {limit: 5/s}\nstore: {url: \"redis://"+dead+"\"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuf
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "--config", cfg, "--listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "debug"}, io.Discard, &logs)
+	}()
+	var url string
+	deadline := time.Now().Add(20 * time.Second)
+	for url == "" {
+		for _, l := range strings.Split(logs.String(), "\n") {
+			var rec map[string]any
+			if json.Unmarshal([]byte(l), &rec) == nil && rec["msg"] == "sluice serving" {
+				url = "http://" + rec["listen"].(string)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not listen with Redis down:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for range 3 {
+		resp, err := http.Post(url+"/v1/check", "application/json", strings.NewReader(`{"policy":"p","key":"k"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("Sluice-Degraded") != "local" {
+			t.Errorf("check with Redis down: %d %v", resp.StatusCode, resp.Header)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	for _, l := range lines {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(l), &rec); err != nil {
+			t.Errorf("a log line is not JSON: %q", l)
+		}
+	}
+	if !strings.Contains(logs.String(), "guard") {
+		t.Errorf("the store's failures were not logged:\n%s", logs.String())
+	}
+}
+
+// syncBuf is a bytes.Buffer safe for concurrent writes and reads.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuf) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuf) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
