@@ -127,7 +127,10 @@ func TestRedisResetWhileDown(t *testing.T) {
 // deadline on a loaded machine a 503, never an admission.
 func TestRedisThreeInstances(t *testing.T) {
 	srv := redistest.Standalone(t)
+	// A 5 s deadline: this test is about exactness across instances, not
+	// deadlines, and a call that times out may still have been charged.
 	cfg := strings.Replace(redisConfig(srv.URL(), "error"), "anon: {limit: 2/min}", "anon: {limit: 2/min}\n  shared: {limit: 50/h}", 1)
+	cfg = strings.Replace(cfg, "timeout: 200ms", "timeout: 5s", 1)
 	var svcs []*svc
 	for range 3 {
 		svcs = append(svcs, startService(t, svcOptions{redis: true, config: cfg}))
@@ -158,7 +161,8 @@ func TestRedisThreeInstances(t *testing.T) {
 	wg.Wait()
 	// 50/h refills one event every 72s; allow for that if the test is slow.
 	refill := int64(time.Since(start) / (72 * time.Second))
-	if got := admitted.Load(); got < 50 || got > 50+refill || other.Load() != 0 || unavailable.Load() > 30 {
+	// A 503 may have been charged in Redis before its deadline passed.
+	if got := admitted.Load(); got < 50-unavailable.Load() || got > 50+refill || other.Load() != 0 || unavailable.Load() > 30 {
 		t.Fatalf("admitted %d, denied %d, unavailable %d, other %d of 300; want 50 admitted", got, denied.Load(), unavailable.Load(), other.Load())
 	}
 	t.Logf("admitted %d, denied %d, unavailable (deadline missed) %d", admitted.Load(), denied.Load(), unavailable.Load())
