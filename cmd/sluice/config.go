@@ -85,7 +85,7 @@ func checkConfig(out, errOut io.Writer, path string, kind config.Kind) bool {
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 		n, err := envoyrls.CheckDir(path, false)
 		if err != nil {
-			fmt.Fprintf(errOut, "%s: invalid envoyproxy/ratelimit config directory:\n  %s\n", path, envoyProblems(err))
+			reportAs(errOut, path+": invalid envoyproxy/ratelimit config directory", err)
 			return false
 		}
 		fmt.Fprintf(out, "%s: ok: envoyproxy/ratelimit config, %d domains\n", path, n)
@@ -139,7 +139,7 @@ func checkConfig(out, errOut io.Writer, path string, kind config.Kind) bool {
 		}
 		n, err := envoyrls.CheckDir(dir, sec.MergeDomains)
 		if err != nil {
-			fmt.Fprintf(errOut, "%s: envoy.config_dir %s: invalid envoyproxy/ratelimit config:\n  %s\n", path, dir, envoyProblems(err))
+			reportAs(errOut, fmt.Sprintf("%s: envoy.config_dir %s: invalid envoyproxy/ratelimit config", path, dir), err)
 			ok = false
 		} else {
 			fmt.Fprintf(out, "%s: ok: envoy config_dir %s, %d domains\n", path, dir, n)
@@ -151,27 +151,30 @@ func checkConfig(out, errOut io.Writer, path string, kind config.Kind) bool {
 // report prints err under a header naming the file and its kind: a
 // *yamlconf.Error as its count and list of problems.
 func report(w io.Writer, path string, kind config.Kind, err error) {
+	reportAs(w, fmt.Sprintf("%s: invalid %s", path, kind), err)
+}
+
+// reportAs prints err under head: a *yamlconf.Error (from any of the
+// loaders, the Envoy one included) as its count and list of problems.
+func reportAs(w io.Writer, head string, err error) {
 	var ye *yamlconf.Error
-	if errors.Is(err, envoyrls.ErrConfig) {
-		fmt.Fprintf(w, "%s: invalid %s:\n  %s\n", path, kind, envoyProblems(err))
-		return
-	}
 	if !errors.As(err, &ye) {
-		fmt.Fprintf(w, "%s: invalid %s:\n  %s\n", path, kind, indent(err))
+		fmt.Fprintf(w, "%s:\n  %s\n", head, envoyProblems(err))
 		return
 	}
 	noun := "problems"
 	if len(ye.Problems) == 1 {
 		noun = "problem"
 	}
-	fmt.Fprintf(w, "%s: invalid %s, %d %s:\n", path, kind, len(ye.Problems), noun)
+	fmt.Fprintf(w, "%s, %d %s:\n", head, len(ye.Problems), noun)
 	for _, p := range ye.Problems {
 		fmt.Fprintf(w, "  %s\n", p)
 	}
 }
 
-// envoyProblems lists the Envoy loader's problems one per line, each
-// "FILE: message", without the package's prefix on every line.
+// envoyProblems indents an error that is not a *yamlconf.Error, such as
+// the Envoy loader's for a directory too large, without its package's
+// prefix on every line.
 func envoyProblems(err error) string {
 	prefix := envoyrls.ErrConfig.Error() + ": "
 	lines := strings.Split(err.Error(), "\n")
@@ -179,10 +182,6 @@ func envoyProblems(err error) string {
 		lines[i] = strings.TrimPrefix(l, prefix)
 	}
 	return strings.Join(lines, "\n  ")
-}
-
-func indent(err error) string {
-	return strings.ReplaceAll(err.Error(), "\n", "\n  ")
 }
 
 func storeName(url string) string {

@@ -46,8 +46,8 @@ func TestConfigCheckRejectsBadEnvoyDir(t *testing.T) {
 		if err == nil || exitCode(err) != 1 {
 			t.Fatalf("check %s: err %v, want exit 1", arg, err)
 		}
-		if !strings.Contains(errOut.String(), "d.yaml") {
-			t.Errorf("check %s: error does not name the file:\n%s", arg, errOut.String())
+		if !strings.Contains(errOut.String(), "d.yaml:6: descriptors[0].rate_limit.unit: should not specify rate limit unit when unlimited") {
+			t.Errorf("check %s: error does not locate the problem:\n%s", arg, errOut.String())
 		}
 	}
 }
@@ -90,15 +90,15 @@ func TestConfigCheckBadFixtures(t *testing.T) {
 			dir + `gateway.bad.yaml:11: keys[0].tier: unknown tier "gold"; valid: free`,
 		},
 		"envoy.bad.yaml": {
-			dir + "envoy.bad.yaml: invalid envoyproxy/ratelimit config:",
-			dir + "envoy.bad.yaml: invalid rate limit unit 'fortnight'",
-			dir + "envoy.bad.yaml: duplicate descriptor composite key 'edge.path_/login'",
-			dir + "envoy.bad.yaml: descriptor has empty key",
+			dir + "envoy.bad.yaml: invalid envoyproxy/ratelimit config, 3 problems:",
+			dir + "envoy.bad.yaml:6: descriptors[0].rate_limit.unit: invalid rate limit unit 'fortnight'; valid: second, minute, hour, day, week, month, year",
+			dir + "envoy.bad.yaml:8: descriptors[1]: duplicate descriptor composite key 'edge.path_/login'",
+			dir + "envoy.bad.yaml:11: descriptors[2].key: descriptor has empty key",
 		},
 		"envoy_dir.bad": {
-			dir + "envoy_dir.bad: invalid envoyproxy/ratelimit config directory:",
-			dir + "envoy_dir.bad/a.yaml: config error, unknown key 'ratelimit'",
-			dir + "envoy_dir.bad/b.yaml: should not specify rate limit unit when unlimited",
+			dir + "envoy_dir.bad: invalid envoyproxy/ratelimit config directory, 2 problems:",
+			dir + "envoy_dir.bad/a.yaml:4: descriptors[0].ratelimit: config error, unknown key 'ratelimit'; valid: algorithm, burst, descriptors, detailed_metric, domain, key, lease, name, rate_limit, replaces, requests_per_unit, shadow_mode, share_threshold, unit, unlimited, value, value_to_metric",
+			dir + "envoy_dir.bad/b.yaml:4: descriptors[0].rate_limit.unit: should not specify rate limit unit when unlimited",
 		},
 	}
 	entries, err := os.ReadDir(dir)

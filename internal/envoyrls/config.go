@@ -12,15 +12,17 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"gopkg.in/yaml.v3"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/yamlconf"
 	"github.com/sluice-io/sluice/lease"
 )
 
-// ErrConfig means a rate-limit configuration file is malformed. The wrapping
-// error names the file and the problem, as envoyproxy/ratelimit does:
-// "envoyrls: config/foo.yaml: duplicate descriptor composite key 'foo.key1_value1'".
+// ErrConfig means a rate-limit configuration file is malformed. A
+// directory's problems come together in one *yamlconf.Error wrapping it,
+// each located as the serve and gateway configs' are, with
+// envoyproxy/ratelimit's message:
+// "config/foo.yaml:7: descriptors[1]: duplicate descriptor composite key 'foo.key1_value1'".
 var ErrConfig = errors.New("envoyrls: bad config")
 
 // Bounds on what a configuration directory may hold.
@@ -183,62 +185,71 @@ func readDir(dir string) ([]configFile, error) {
 
 // loader builds a config from files.
 type loader struct {
-	cfg     *ruleSet
-	merge   bool
-	metrics *metrics
-	file    string
-	errs    []error // problems found so far, in all files
+	cfg      *ruleSet
+	merge    bool
+	metrics  *metrics
+	doc      *yamlconf.Doc      // the file being loaded
+	problems []yamlconf.Problem // found so far, in all files
 }
 
-func (l *loader) fail(format string, args ...any) error {
-	return fmt.Errorf("%w: %s: %s", ErrConfig, l.file, fmt.Sprintf(format, args...))
+// fail records a problem at path (such as "descriptors[1].rate_limit.unit")
+// in the file being loaded.
+func (l *loader) fail(path, format string, args ...any) {
+	l.doc.Addf(path, format, args...)
 }
 
 // parseConfig loads files into one config. Domains may not repeat unless
-// merge is set. Every problem of every file is reported, joined, each
-// naming its file.
+// merge is set. Every problem of every file is reported in one
+// *yamlconf.Error wrapping ErrConfig, by file and then by line.
 func parseConfig(files []configFile, merge bool, m *metrics) (*ruleSet, error) {
 	l := &loader{cfg: &ruleSet{domains: map[string]*domainConfig{}}, merge: merge, metrics: m}
 	for _, f := range files {
-		l.file = f.name
-		if err := l.load(f.data); err != nil {
-			l.errs = append(l.errs, err)
-		}
+		l.load(f.name, f.data)
 	}
-	if len(l.errs) > 0 {
-		return nil, errors.Join(l.errs...)
+	if len(l.problems) > 0 {
+		return nil, &yamlconf.Error{Kind: ErrConfig, Problems: l.problems}
 	}
 	return l.cfg, nil
 }
 
-func (l *loader) load(data []byte) error {
+// load checks one file in envoyproxy/ratelimit's order: YAML, then keys,
+// then types, then descriptors; a stage with problems ends the file's
+// check, as the later ones would only echo them.
+func (l *loader) load(file string, data []byte) {
 	var generic any
-	if err := yaml.Unmarshal(data, &generic); err != nil {
-		return l.fail("error loading config file: %v", err)
+	doc, err := yamlconf.Decode(ErrConfig, file, data, &generic)
+	if err == nil {
+		l.doc = doc
+		l.loadDoc(generic)
+		err = doc.Err()
 	}
-	switch generic.(type) {
-	case nil:
-	case map[string]any, map[any]any:
-		before := len(l.errs)
-		if err := l.validateKeys(generic, 0); err != nil {
-			return err
-		}
-		if len(l.errs) > before {
-			return nil // unknown keys: the rest would only echo them
-		}
-	default:
-		return l.fail("error loading config file: the top level is not a map")
+	var ye *yamlconf.Error
+	if errors.As(err, &ye) {
+		l.problems = append(l.problems, ye.Problems...)
+	}
+}
+
+// loadDoc loads the file decoded as generic into l.doc.
+func (l *loader) loadDoc(generic any) {
+	if l.doc.Len() > 0 { // a repeated YAML key
+		return
+	}
+	l.validateKeys(generic, "", 0)
+	if l.doc.Len() > 0 {
+		return
 	}
 	var root yamlRoot
-	if err := yaml.Unmarshal(data, &root); err != nil {
-		return l.fail("error loading config file: %v", err)
+	if !l.doc.Decode(&root) {
+		return
 	}
 	if root.Domain == "" {
-		return l.fail("config file cannot have empty domain")
+		l.fail("domain", "config file cannot have empty domain")
+		return
 	}
 	d, present := l.cfg.domains[root.Domain]
 	if present && !l.merge {
-		return l.fail("duplicate domain '%s' in config file", root.Domain)
+		l.fail("domain", "duplicate domain '%s' in config file", root.Domain)
+		return
 	}
 	if !present {
 		d = &domainConfig{name: root.Domain, root: node{children: map[string]*node{}}}
@@ -246,44 +257,61 @@ func (l *loader) load(data []byte) error {
 		d.override = l.metrics.rule(root.Domain, root.Domain+"."+overrideRule)
 		l.cfg.domains[root.Domain] = d
 	}
-	return l.loadDescriptors(d, &d.root, root.Domain+".", root.Descriptors, 1)
+	l.loadDescriptors(d, &d.root, root.Domain+".", "descriptors", root.Descriptors, 1)
 }
+
+// validKeyList names validKeys for messages, in a fixed order.
+var validKeyList = func() string {
+	keys := make([]string, 0, len(validKeys))
+	for k := range validKeys {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return strings.Join(keys, ", ")
+}()
 
 // validateKeys mirrors envoyproxy/ratelimit's validateYamlKeys: every map key
 // anywhere must be a known key, lists must hold maps, leaves must be
-// strings, integers, booleans or null.
-func (l *loader) validateKeys(v any, depth int) error {
+// strings, integers, booleans or null. Unknown keys are all reported; any
+// other problem stops the check. It reports whether the check may go on.
+func (l *loader) validateKeys(v any, path string, depth int) bool {
 	if depth > 4*maxDepth {
-		return l.fail("config error, descriptors nested deeper than %d levels", maxDepth)
+		l.fail(path, "config error, descriptors nested deeper than %d levels", maxDepth)
+		return false
 	}
-	check := func(k any, val any) error {
+	check := func(k any, val any) bool {
 		ks, ok := k.(string)
+		p := joinPath(path, fmt.Sprint(k))
 		if !ok {
-			return l.fail("config error, key is not of type string: %v", k)
+			l.fail(p, "config error, key is not of type string: %v", k)
+			return false
 		}
 		if !validKeys[ks] {
-			l.errs = append(l.errs, l.fail("config error, unknown key '%s'", ks))
-			return nil
+			l.fail(p, "config error, unknown key '%s'; valid: %s", ks, validKeyList)
+			return true
 		}
 		switch val := val.(type) {
 		case []any:
-			for _, e := range val {
+			for i, e := range val {
+				ep := fmt.Sprintf("%s[%d]", p, i)
 				switch e.(type) {
 				case map[string]any, map[any]any:
 				default:
-					return l.fail("config error, yaml file contains list of type other than map: %v", e)
+					l.fail(ep, "config error, yaml file contains list of type other than map: %v", e)
+					return false
 				}
-				if err := l.validateKeys(e, depth+1); err != nil {
-					return err
+				if !l.validateKeys(e, ep, depth+1) {
+					return false
 				}
 			}
 		case map[string]any, map[any]any:
-			return l.validateKeys(val, depth+1)
+			return l.validateKeys(val, p, depth+1)
 		case string, int, bool, nil:
 		default:
-			return l.fail("error checking config")
+			l.fail(p, "error checking config")
+			return false
 		}
-		return nil
+		return true
 	}
 	switch m := v.(type) {
 	case map[string]any:
@@ -293,30 +321,39 @@ func (l *loader) validateKeys(v any, depth int) error {
 		}
 		slices.Sort(keys) // deterministic error messages
 		for _, k := range keys {
-			if err := check(k, m[k]); err != nil {
-				return err
+			if !check(k, m[k]) {
+				return false
 			}
 		}
 	case map[any]any:
 		for k, val := range m {
-			if err := check(k, val); err != nil {
-				return err
+			if !check(k, val) {
+				return false
 			}
 		}
 	}
-	return nil
+	return true
 }
 
-// loadDescriptors adds descs under parent. A descriptor's problem is
-// recorded in l.errs and the others are still checked; only nesting too
-// deep stops the walk.
-func (l *loader) loadDescriptors(d *domainConfig, parent *node, parentKey string, descs []yamlDescriptor, depth int) error {
-	if depth > maxDepth {
-		return l.fail("descriptors nested deeper than %d levels", maxDepth)
+func joinPath(path, key string) string {
+	if path == "" {
+		return key
 	}
-	for _, dc := range descs {
+	return path + "." + key
+}
+
+// loadDescriptors adds descs, found at path, under parent. A descriptor's
+// problem is recorded and the others are still checked; only nesting too
+// deep stops the walk.
+func (l *loader) loadDescriptors(d *domainConfig, parent *node, parentKey, path string, descs []yamlDescriptor, depth int) bool {
+	if depth > maxDepth {
+		l.fail(path, "descriptors nested deeper than %d levels", maxDepth)
+		return false
+	}
+	for i, dc := range descs {
+		p := fmt.Sprintf("%s[%d]", path, i)
 		if dc.Key == "" {
-			l.errs = append(l.errs, l.fail("descriptor has empty key"))
+			l.fail(p+".key", "descriptor has empty key")
 			continue
 		}
 		finalKey := dc.Key
@@ -325,43 +362,44 @@ func (l *loader) loadDescriptors(d *domainConfig, parent *node, parentKey string
 		}
 		fullKey := parentKey + finalKey
 		if _, present := parent.children[finalKey]; present {
-			l.errs = append(l.errs, l.fail("duplicate descriptor composite key '%s'", fullKey))
+			l.fail(p, "duplicate descriptor composite key '%s'", fullKey)
 			continue
 		}
 		var r *rule
 		if rl := dc.RateLimit; rl != nil {
-			var err error
-			if r, err = l.rule(d, dc, fullKey); err != nil {
-				l.errs = append(l.errs, err) // and check the rest
-			}
+			r = l.rule(d, dc, fullKey, p+".rate_limit") // nil on a problem; check the rest
 		}
 		wildcard := strings.Contains(finalKey, "*")
 		if dc.ShareThreshold && !wildcard {
-			l.errs = append(l.errs, l.fail("share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", finalKey))
+			l.fail(p+".share_threshold", "share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", finalKey)
 		}
 		n := &node{children: map[string]*node{}, rule: r, shareThreshold: dc.ShareThreshold}
-		if err := l.loadDescriptors(d, n, fullKey+".", dc.Descriptors, depth+1); err != nil {
-			return err
+		if !l.loadDescriptors(d, n, fullKey+".", p+".descriptors", dc.Descriptors, depth+1) {
+			return false
 		}
 		parent.children[finalKey] = n
 		if wildcard {
 			parent.wildcards = append(parent.wildcards, finalKey)
 		}
 	}
-	return nil
+	return true
 }
 
-func (l *loader) rule(d *domainConfig, dc yamlDescriptor, fullKey string) (*rule, error) {
+// rule builds the rate_limit found at path, or records its first problem
+// and returns nil.
+func (l *loader) rule(d *domainConfig, dc yamlDescriptor, fullKey, path string) *rule {
 	rl := dc.RateLimit
 	unitValue, present := rlsv3.RateLimitResponse_RateLimit_Unit_value[strings.ToUpper(rl.Unit)]
 	unit := rlsv3.RateLimitResponse_RateLimit_Unit(unitValue)
 	validUnit := present && unit != rlsv3.RateLimitResponse_RateLimit_UNKNOWN
 	if rl.Unlimited {
 		if validUnit {
-			return nil, l.fail("should not specify rate limit unit when unlimited")
+			l.fail(path+".unit", "should not specify rate limit unit when unlimited")
+			return nil
 		}
 	} else if !validUnit {
-		return nil, l.fail("invalid rate limit unit '%s'", rl.Unit)
+		l.fail(path+".unit", "invalid rate limit unit '%s'; valid: second, minute, hour, day, week, month, year", rl.Unit)
+		return nil
 	}
 	r := &rule{
 		fullKey:        fullKey,
@@ -372,44 +410,51 @@ func (l *loader) rule(d *domainConfig, dc yamlDescriptor, fullKey string) (*rule
 		algorithm:      sluice.FixedWindow,
 		unit:           unit,
 	}
-	for _, rep := range rl.Replaces {
+	for i, rep := range rl.Replaces {
 		if rep.Name == "" {
-			return nil, l.fail("should not have an empty replaces entry")
+			l.fail(fmt.Sprintf("%s.replaces[%d].name", path, i), "should not have an empty replaces entry")
+			return nil
 		}
 		if rep.Name == rl.Name {
-			return nil, l.fail("replaces should not contain name of same descriptor")
+			l.fail(fmt.Sprintf("%s.replaces[%d].name", path, i), "replaces should not contain name of same descriptor")
+			return nil
 		}
 		r.replaces = append(r.replaces, rep.Name)
 	}
 	if rl.Algorithm != "" {
 		a, err := sluice.ParseAlgorithm(rl.Algorithm)
 		if err != nil {
-			return nil, l.fail("descriptor '%s': %v", fullKey, err)
+			l.fail(path+".algorithm", "%v", err)
+			return nil
 		}
 		if a == sluice.Concurrency {
-			return nil, l.fail("descriptor '%s': algorithm concurrency needs a release and cannot serve Envoy's checks", fullKey)
+			l.fail(path+".algorithm", "algorithm concurrency needs a release and cannot serve Envoy's checks")
+			return nil
 		}
 		r.algorithm = a
 	}
 	if rl.Lease && !lease.Leasable(r.algorithm) {
-		return nil, l.fail("descriptor '%s': algorithm %s cannot be leased", fullKey, r.algorithm)
+		l.fail(path+".lease", "algorithm %s cannot be leased", r.algorithm)
+		return nil
 	}
 	r.lease = rl.Lease
 	if !rl.Unlimited {
 		r.limit = sluice.Limit{Rate: int64(rl.RequestsPerUnit), Period: unitPeriods[unit], Burst: int64(rl.Burst)}
 		if rl.Burst > 0 && r.algorithm != sluice.GCRA && r.algorithm != sluice.TokenBucket {
-			return nil, l.fail("descriptor '%s': burst needs algorithm gcra or token_bucket, not %s", fullKey, r.algorithm)
+			l.fail(path+".burst", "burst needs algorithm gcra or token_bucket, not %s", r.algorithm)
+			return nil
 		}
 		if r.limit.Rate > 0 {
 			if err := r.limit.Validate(); err != nil {
-				return nil, l.fail("descriptor '%s': %v", fullKey, err)
+				l.fail(path, "%v", err)
+				return nil
 			}
 		}
 		r.current = &rlsv3.RateLimitResponse_RateLimit{Name: rl.Name, RequestsPerUnit: rl.RequestsPerUnit, Unit: unit}
 	}
 	r.stats = l.metrics.rule(d.name, fullKey)
 	l.cfg.rules++
-	return r, nil
+	return r
 }
 
 // match is the result of looking a request descriptor up.

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/yamlconf"
 )
 
 func testMetrics(t *testing.T) *metrics {
@@ -37,34 +38,38 @@ func loadTestdata(t *testing.T, names ...string) (*ruleSet, error) {
 }
 
 // TestBadConfigs loads each testdata/*.bad.yaml and expects
-// envoyproxy/ratelimit's message for it, prefixed by the file name.
+// envoyproxy/ratelimit's message for it, located as "file:line: field: "
+// (and, where there are any, the valid values); then several at once,
+// which must report every problem in a single error, file by file.
 func TestBadConfigs(t *testing.T) {
+	const keys = "; valid: algorithm, burst, descriptors, detailed_metric, domain, key, lease, name, rate_limit, replaces, requests_per_unit, shadow_mode, share_threshold, unit, unlimited, value, value_to_metric"
 	want := map[string]string{
-		"misspelled_key.bad.yaml":              "config error, unknown key 'ratelimit'",
-		"misspelled_key2.bad.yaml":             "config error, unknown key 'requestsperunit'",
-		"non_string_key.bad.yaml":              "config error, key is not of type string: 1",
-		"non_map_list.bad.yaml":                "config error, yaml file contains list of type other than map: a",
-		"duplicate_key.bad.yaml":               "duplicate descriptor composite key 'test-domain.key1_value1'",
-		"duplicate_nested_key.bad.yaml":        "duplicate descriptor composite key 'test-domain.key1.sub'",
-		"duplicate_yaml_key.bad.yaml":          "error loading config file: yaml: unmarshal errors:\n  line 4: mapping key \"key\" already defined at line 3",
-		"bad_limit_unit.bad.yaml":              "invalid rate limit unit 'fortnight'",
-		"empty_domain.bad.yaml":                "config file cannot have empty domain",
-		"empty_key.bad.yaml":                   "descriptor has empty key",
-		"unlimited_with_unit.bad.yaml":         "should not specify rate limit unit when unlimited",
-		"replaces_self.bad.yaml":               "replaces should not contain name of same descriptor",
-		"replaces_empty.bad.yaml":              "should not have an empty replaces entry",
-		"share_threshold_no_wildcard.bad.yaml": "share_threshold can only be used with wildcard values (containing '*'), but found key 'key1_exact'",
-		"bad_algorithm.bad.yaml":               `descriptor 'test-domain.key1': sluice: unknown algorithm "leaky_sieve"`,
-		"float_value.bad.yaml":                 "error checking config",
-		"negative_rate.bad.yaml":               "error loading config file: yaml: unmarshal errors",
-		"not_yaml.bad.yaml":                    "error loading config file: yaml:",
+		"misspelled_key.bad.yaml":              "4: descriptors[0].ratelimit: config error, unknown key 'ratelimit'" + keys,
+		"misspelled_key2.bad.yaml":             "6: descriptors[0].rate_limit.requestsperunit: config error, unknown key 'requestsperunit'" + keys,
+		"non_string_key.bad.yaml":              "4: descriptors[0].1: config error, key is not of type string: 1",
+		"non_map_list.bad.yaml":                "3: descriptors[0]: config error, yaml file contains list of type other than map: a",
+		"duplicate_key.bad.yaml":               "8: descriptors[1]: duplicate descriptor composite key 'test-domain.key1_value1'",
+		"duplicate_nested_key.bad.yaml":        "9: descriptors[0].descriptors[1]: duplicate descriptor composite key 'test-domain.key1.sub'",
+		"duplicate_yaml_key.bad.yaml":          `4: descriptors[0].key: mapping key "key" already defined at line 3`,
+		"bad_limit_unit.bad.yaml":              "5: descriptors[0].rate_limit.unit: invalid rate limit unit 'fortnight'; valid: second, minute, hour, day, week, month, year",
+		"empty_domain.bad.yaml":                "1: domain: config file cannot have empty domain",
+		"empty_key.bad.yaml":                   "3: descriptors[0].key: descriptor has empty key",
+		"unlimited_with_unit.bad.yaml":         "6: descriptors[0].rate_limit.unit: should not specify rate limit unit when unlimited",
+		"replaces_self.bad.yaml":               "9: descriptors[0].rate_limit.replaces[0].name: replaces should not contain name of same descriptor",
+		"replaces_empty.bad.yaml":              "9: descriptors[0].rate_limit.replaces[0].name: should not have an empty replaces entry",
+		"share_threshold_no_wildcard.bad.yaml": "5: descriptors[0].share_threshold: share_threshold can only be used with wildcard values (containing '*'), but found key 'key1_exact'",
+		"bad_algorithm.bad.yaml":               `7: descriptors[0].rate_limit.algorithm: sluice: unknown algorithm "leaky_sieve"; valid: gcra, token_bucket, sliding_window_log, sliding_window_counter, fixed_window, concurrency`,
+		"float_value.bad.yaml":                 "6: descriptors[0].rate_limit.requests_per_unit: error checking config",
+		"negative_rate.bad.yaml":               "6: descriptors[0].rate_limit.requests_per_unit: cannot use a YAML int `-1` as uint32",
+		"not_yaml.bad.yaml":                    "2: did not find expected node content",
 	}
-	files, err := filepath.Glob("testdata/*.bad.yaml")
+	paths, err := filepath.Glob("testdata/*.bad.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
+	var names, all []string
 	seen := 0
-	for _, path := range files {
+	for _, path := range paths {
 		name := filepath.Base(path)
 		if name == "duplicate_domain.bad.yaml" {
 			continue
@@ -82,22 +87,47 @@ func TestBadConfigs(t *testing.T) {
 			if !errors.Is(err, ErrConfig) {
 				t.Errorf("error %v does not wrap ErrConfig", err)
 			}
-			prefix := "envoyrls: bad config: " + name + ": "
-			if !strings.HasPrefix(err.Error(), prefix+msg) {
-				t.Errorf("error\n  %s\nwant prefix\n  %s", err, prefix+msg)
+			if got, want := problems(t, err), name+":"+msg; got != want {
+				t.Errorf("error\n  %s\nwant\n  %s", got, want)
 			}
 		})
 	}
 	if seen != len(want) {
 		t.Errorf("%d bad fixtures, %d expected messages", seen, len(want))
 	}
+	// Files that fail before their domain is compared, after one that
+	// fails in a descriptor: every problem, in one error, file by file.
+	names = []string{"bad_limit_unit.bad.yaml", "misspelled_key.bad.yaml", "not_yaml.bad.yaml", "negative_rate.bad.yaml"}
+	all = nil
+	for _, n := range names {
+		all = append(all, n+":"+want[n])
+	}
+	_, err = loadTestdata(t, names...)
+	if got, want := problems(t, err), strings.Join(all, "\n"); got != want {
+		t.Errorf("fixtures at once:\n%s\nwant\n%s", got, want)
+	}
+}
+
+// problems returns err's problems one per line; err must be a
+// *yamlconf.Error wrapping ErrConfig.
+func problems(t *testing.T, err error) string {
+	t.Helper()
+	var ye *yamlconf.Error
+	if !errors.As(err, &ye) || !errors.Is(err, ErrConfig) {
+		t.Fatalf("error %v (%T), want a *yamlconf.Error wrapping ErrConfig", err, err)
+	}
+	lines := make([]string, len(ye.Problems))
+	for i, p := range ye.Problems {
+		lines[i] = p.String()
+	}
+	return strings.Join(lines, "\n")
 }
 
 func TestDuplicateDomain(t *testing.T) {
 	_, err := loadTestdata(t, "config/basic.yaml", "duplicate_domain.bad.yaml")
-	want := "envoyrls: bad config: duplicate_domain.bad.yaml: duplicate domain 'test-domain' in config file"
-	if err == nil || err.Error() != want {
-		t.Fatalf("error %v, want %s", err, want)
+	want := "duplicate_domain.bad.yaml:2: domain: duplicate domain 'test-domain' in config file"
+	if got := problems(t, err); got != want {
+		t.Fatalf("error %s, want %s", got, want)
 	}
 	data, _ := os.ReadFile("testdata/config/basic.yaml")
 	extra, _ := os.ReadFile("testdata/duplicate_domain.bad.yaml")

@@ -134,8 +134,9 @@ func New(kind error, file string) *Doc {
 }
 
 // Decode parses data, rejects mapping keys that out's type has no field
-// for, and decodes into out (a pointer to a struct), recording unknown
-// fields and wrongly typed values in the returned Doc. The error is non-nil,
+// for, and decodes into out (a pointer to a struct, or to an any for a
+// format whose keys the caller checks itself), recording unknown fields and
+// wrongly typed values in the returned Doc. The error is non-nil,
 // an *Error wrapping kind, only when data is not YAML at all or is empty:
 // then there is nothing further to check.
 func Decode(kind error, file string, data []byte, out any) (*Doc, error) {
@@ -164,6 +165,26 @@ func Decode(kind error, file string, data []byte, out any) (*Doc, error) {
 	}
 	d.s.decoded = len(d.s.problems)
 	return d, nil
+}
+
+// Decode decodes the document once more, into out, without checking its
+// fields, recording the values of the wrong type as Decode does. It is for
+// a format whose keys the caller checks itself, before decoding into its
+// structs: the envoyproxy/ratelimit format accepts a key by name at any
+// level. It reports whether out was decoded without a problem; it is false
+// for a Doc built in code.
+func (d *Doc) Decode(out any) bool {
+	if d.s.root == nil {
+		return false
+	}
+	before := len(d.s.problems)
+	if err := d.s.root.Decode(out); err != nil {
+		d.typeProblems(err)
+	}
+	if d.s.decoded == before {
+		d.s.decoded = len(d.s.problems)
+	}
+	return len(d.s.problems) == before
 }
 
 // Sub returns a Doc whose paths are relative to path, for a section

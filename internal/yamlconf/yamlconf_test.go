@@ -118,3 +118,29 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestDocDecodeChecksTypesNotFields: a format that checks its own keys
+// decodes into any first (no field is unknown), then into its structs,
+// whose type errors are located and make later problems at the same field
+// consequences.
+func TestDocDecodeChecksTypesNotFields(t *testing.T) {
+	data := "name: a\nitems:\n  - rpm: -x\n    other: 1\n"
+	var generic any
+	dc, err := Decode(errTest, "f.yaml", []byte(data), &generic)
+	if err != nil || dc.Len() != 0 {
+		t.Fatalf("decode into any: %v, %d problems", err, dc.Len())
+	}
+	var d doc
+	if dc.Decode(&d) {
+		t.Fatal("decoded a string into an int64")
+	}
+	dc.Addf("items[0].rpm", "must be positive") // consequence: dropped
+	dc.Addf("name", "too short")                // independent: kept
+	want := "test: invalid:\n  f.yaml:1: name: too short\n  f.yaml:3: items[0].rpm: cannot use `-x` as int64"
+	if err := dc.Err(); err == nil || err.Error() != want {
+		t.Fatalf("error\n%v\nwant\n%s", err, want)
+	}
+	if New(errTest, "").Decode(&d) {
+		t.Error("a Doc built in code decoded")
+	}
+}
