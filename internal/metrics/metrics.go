@@ -115,6 +115,23 @@ type StoreStats struct {
 	// LeaseHits, LeaseFetches and LeaseReturns count decisions made from
 	// leased capacity, chunk requests and refunds of unused capacity.
 	LeaseHits, LeaseFetches, LeaseReturns uint64
+	// DegradedBy counts the decisions each failure policy made, by the
+	// policy's configuration name.
+	DegradedBy map[string]uint64
+	// Nodes are the counters of each store node (a Redis address; one for
+	// a standalone Redis, one per master on a Cluster).
+	Nodes []NodeStats
+}
+
+// NodeStats are one store node's counters.
+type NodeStats struct {
+	// Node names the node, such as a Redis address.
+	Node string
+	// Calls and Errors count as in StoreStats; Openings counts this node's
+	// circuit openings.
+	Calls, Errors, Openings uint64
+	// Open reports that the node's circuit is open now.
+	Open bool
 }
 
 // SetStoreStats sets the function that reports the store's counters.
@@ -131,13 +148,18 @@ var (
 	leaseHitsDesc      = prometheus.NewDesc("sluice_lease_hits_total", "Decisions made locally from leased capacity, without the store.", nil, nil)
 	leaseFetchesDesc   = prometheus.NewDesc("sluice_lease_fetches_total", "Chunks of capacity requested from the store.", nil, nil)
 	leaseReturnsDesc   = prometheus.NewDesc("sluice_lease_returns_total", "Refunds of unused leased capacity to the store.", nil, nil)
+	degradedByDesc     = prometheus.NewDesc("sluice_store_degraded_by_policy_total", "Decisions made by each failure policy because the store failed, missed its deadline or its circuit was open.", []string{"policy"}, nil)
+	nodeCallsDesc      = prometheus.NewDesc("sluice_store_node_calls_total", "Calls sent to each store node.", []string{"node"}, nil)
+	nodeErrorsDesc     = prometheus.NewDesc("sluice_store_node_errors_total", "Calls to each store node that failed or missed the deadline.", []string{"node"}, nil)
+	nodeOpensDesc      = prometheus.NewDesc("sluice_store_node_circuit_opens_total", "Times each store node's circuit opened.", []string{"node"}, nil)
+	nodeOpenDesc       = prometheus.NewDesc("sluice_store_node_circuit_open", "1 while a store node's circuit is open (the failure policy answers for its keys).", []string{"node"}, nil)
 )
 
 // storeCollector exports StoreStats.
 type storeCollector struct{ m *Metrics }
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeCircuitDesc, storeInstancesDesc, leaseHitsDesc, leaseFetchesDesc, leaseReturnsDesc} {
+	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeCircuitDesc, storeInstancesDesc, leaseHitsDesc, leaseFetchesDesc, leaseReturnsDesc, degradedByDesc, nodeCallsDesc, nodeErrorsDesc, nodeOpensDesc, nodeOpenDesc} {
 		ch <- d
 	}
 }
@@ -157,6 +179,19 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(leaseHitsDesc, prometheus.CounterValue, float64(st.LeaseHits))
 	ch <- prometheus.MustNewConstMetric(leaseFetchesDesc, prometheus.CounterValue, float64(st.LeaseFetches))
 	ch <- prometheus.MustNewConstMetric(leaseReturnsDesc, prometheus.CounterValue, float64(st.LeaseReturns))
+	for policy, n := range st.DegradedBy {
+		ch <- prometheus.MustNewConstMetric(degradedByDesc, prometheus.CounterValue, float64(n), policy)
+	}
+	for _, n := range st.Nodes {
+		open := 0.0
+		if n.Open {
+			open = 1
+		}
+		ch <- prometheus.MustNewConstMetric(nodeCallsDesc, prometheus.CounterValue, float64(n.Calls), n.Node)
+		ch <- prometheus.MustNewConstMetric(nodeErrorsDesc, prometheus.CounterValue, float64(n.Errors), n.Node)
+		ch <- prometheus.MustNewConstMetric(nodeOpensDesc, prometheus.CounterValue, float64(n.Openings), n.Node)
+		ch <- prometheus.MustNewConstMetric(nodeOpenDesc, prometheus.GaugeValue, open, n.Node)
+	}
 }
 
 // Handler serves the registry in the Prometheus exposition format.

@@ -94,6 +94,16 @@ func (s *storeGuard) stats() metrics.StoreStats {
 	if st.Open > 0 {
 		out.Circuit = metrics.CircuitOpen
 	}
+	out.DegradedBy = make(map[string]uint64, len(st.Degraded))
+	for p, n := range st.Degraded {
+		if n != 0 {
+			out.DegradedBy[guard.Policy(p).String()] = n
+		}
+	}
+	out.Nodes = make([]metrics.NodeStats, len(st.Nodes))
+	for i, n := range st.Nodes {
+		out.Nodes[i] = metrics.NodeStats{Node: n.Node, Calls: n.Calls, Errors: n.Errors, Openings: n.Openings, Open: n.Open}
+	}
 	inner := s.g.Unwrap()
 	if lr, ok := inner.(leasedRedis); ok {
 		inner = lr.Store

@@ -100,6 +100,12 @@ func TestRedisFailClosed(t *testing.T) {
 	if !strings.Contains(m, `sluice_decisions_total{policy="a",result="degraded",tier="-"} 1`) || strings.Contains(m, "sluice_store_errors_total 0\n") {
 		t.Errorf("metrics:\n%s", grep(m, "sluice_store"))
 	}
+	// The failing node is named, and the policy that answered.
+	node := strings.TrimPrefix(srv.URL(), "redis://")
+	if !strings.Contains(m, `sluice_store_degraded_by_policy_total{policy="fail_closed"} 1`) ||
+		strings.Contains(m, `sluice_store_node_errors_total{node="`+node+`"} 0`) || !strings.Contains(m, `sluice_store_node_errors_total{node="`+node+`"}`) {
+		t.Errorf("per-node and per-policy metrics for %s:\n%s", node, grep(m, "sluice_store"))
+	}
 }
 
 // TestRedisResetWhileDown: a reset the store could not apply is a 503 with
