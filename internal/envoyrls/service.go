@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/httplimit"
+	"github.com/sluice-io/sluice/internal/tracing"
 )
 
 // Structural bounds on one request. The number of descriptors and of
@@ -225,7 +226,11 @@ func (s *Service) check(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 			dstats.over.Inc()
 			s.log.Warn("envoyrls: request beyond the structural bounds answered OVER_LIMIT; check the route's rate_limits actions",
 				"domain", dom.name, "problem", why)
-			return overLimitAll(len(descs)), nil
+			resp := overLimitAll(len(descs))
+			if tracing.Recording(ctx) {
+				traceCheck(ctx, dom, len(descs), nil, resp)
+			}
+			return resp, nil
 		}
 	}
 	// Envoy sends one to a few descriptors: their items live on the stack.
@@ -247,6 +252,9 @@ func (s *Service) check(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		dstats.over.Inc()
 	default:
 		dstats.ok.Inc()
+	}
+	if tracing.Recording(ctx) {
+		traceCheck(ctx, dom, len(descs), items, resp)
 	}
 	return resp, nil
 }

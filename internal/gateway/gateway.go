@@ -58,6 +58,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/tracing"
 )
 
 // Options configure a Gateway. Config and Store are required.
@@ -471,6 +472,9 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 		case kindTokens:
 			req.Cost = c.reserved
 			if req.Cost > s.limit.Capacity() {
+				if tracing.Recording(r.Context()) {
+					traceAdmit(r.Context(), c, "too_large", nil)
+				}
 				g.tooLarge(w, c, s)
 				return false
 			}
@@ -487,6 +491,9 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 	ds, err := g.store.ApplyAll(ctx, sluice.OpAllow, c.reqs)
 	cancel()
 	if err != nil {
+		if tracing.Recording(r.Context()) {
+			traceAdmit(r.Context(), c, "store_error", nil)
+		}
 		g.metrics.rejections.WithLabelValues(t.name, c.model, "store_error").Inc()
 		g.log.Error("gateway: store unavailable", "request_id", c.id, "client", c.client.id, "err", err)
 		w.Header().Set("Retry-After", "1")
@@ -495,7 +502,15 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 		return false
 	}
 	g.setLimitHeaders(w.Header(), c, ds)
-	if !sluice.Combine(ds).Allowed {
+	allowed := sluice.Combine(ds).Allowed
+	if tracing.Recording(r.Context()) {
+		outcome := "admitted"
+		if !allowed {
+			outcome = "limited"
+		}
+		traceAdmit(r.Context(), c, outcome, ds)
+	}
+	if !allowed {
 		g.reject(w, c, ds)
 		return false
 	}

@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/tracing"
@@ -90,5 +92,106 @@ func TestTraceContextToUpstream(t *testing.T) {
 	want := "00-4bf92f3577b34da6a3ce929d0e0e4736-" + upstream.SpanContext.SpanID().String() + "-01"
 	if tp2 != want {
 		t.Errorf("upstream got traceparent %q, want %q", tp2, want)
+	}
+}
+
+// TestAdmitSpans: with tracing on, each request's span carries the tier,
+// the model's label, the admission outcome (admitted, too_large, limited),
+// degraded, and the store latency when the store was asked; the client's
+// key and an unknown model's name appear nowhere.
+func TestAdmitSpans(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	tr := tracing.New(tp)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"c1","object":"chat.completion","created":1,"model":"gpt-test","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+	}))
+	defer up.Close()
+	st, err := memstore.New(memstore.Options{SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cfg := &Config{
+		Upstream: UpstreamConfig{BaseURL: up.URL + "/v1", APIKeyEnv: "TEST_UPSTREAM_KEY"},
+		Models:   []string{"gpt-test"},
+		Tiers:    map[string]TierConfig{"t": Tier(Limits{RPM: 1, TPM: 1000})},
+		Keys:     []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t"}},
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	gw, err := New(Options{
+		Config: cfg, Store: tr.Store(st), WrapTransport: tr.Transport,
+		Getenv: func(k string) string { return map[string]string{"TEST_UPSTREAM_KEY": upstreamKey}[k] },
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	front := httptest.NewServer(tr.Handler((&Server{Gateway: gw}).Handler()))
+	defer front.Close()
+
+	const oddModel = "model-sk-private"
+	for i, c := range []struct {
+		model     string
+		maxTokens int
+		status    int
+	}{
+		{"gpt-test", 5, 200},
+		{oddModel, 5000, 429}, // more tokens than the tier's TPM holds
+		{"gpt-test", 5, 429},  // the minute's one request is spent
+	} {
+		req, _ := http.NewRequest("POST", front.URL+"/v1/chat/completions", strings.NewReader(
+			`{"model":"`+c.model+`","messages":[{"role":"user","content":"hello"}],"max_tokens":`+strconv.Itoa(c.maxTokens)+`}`))
+		req.Header.Set("Authorization", "Bearer "+clientKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status {
+			t.Fatalf("request %d: status %d, want %d: %s", i, resp.StatusCode, c.status, body)
+		}
+	}
+	front.Close()                         // waits for the handlers: every request span has ended
+	got := map[string]map[string]string{} // by outcome: spans end in any order
+	for _, s := range exp.GetSpans() {
+		for _, kv := range s.Attributes {
+			if v := kv.Value.Emit(); strings.Contains(v, clientKey) || strings.Contains(v, upstreamKey) || strings.Contains(v, oddModel) {
+				t.Errorf("span %s attribute %s = %s holds a client's string", s.Name, kv.Key, v)
+			}
+		}
+		if s.SpanKind == trace.SpanKindServer {
+			m := map[string]string{}
+			for _, kv := range s.Attributes {
+				m[string(kv.Key)] = kv.Value.Emit()
+			}
+			got[m["sluice.gateway.outcome"]] = m
+		}
+	}
+	want := []struct {
+		model, outcome string
+		store          bool
+	}{
+		{"gpt-test", "admitted", true},
+		{"other", "too_large", false},
+		{"gpt-test", "limited", true},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d server spans, want %d", len(got), len(want))
+	}
+	for i, w := range want {
+		a := got[w.outcome]
+		if a["sluice.tier"] != "t" || a["sluice.model"] != w.model || a["sluice.gateway.outcome"] != w.outcome || a["sluice.degraded"] != "false" {
+			t.Errorf("request %d: attributes %v, want tier t, model %s, outcome %s, not degraded", i, a, w.model, w.outcome)
+		}
+		if _, ok := a["sluice.store.latency_ms"]; ok != w.store {
+			t.Errorf("request %d: store latency present %v, want %v", i, ok, w.store)
+		}
 	}
 }

@@ -62,3 +62,11 @@ func Annotate(ctx context.Context, ds []Decision) {
 	}
 	span.SetAttributes(attrs...)
 }
+
+// Set puts attrs on ctx's span if it records. Callers check Recording
+// first, so that tracing off does not even build attrs.
+func Set(ctx context.Context, attrs ...attribute.KeyValue) {
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(attrs...)
+	}
+}
