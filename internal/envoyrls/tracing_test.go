@@ -72,8 +72,8 @@ func TestDecisionSpans(t *testing.T) {
 			t.Errorf("span name %q holds a client value", s.Name)
 		}
 		for _, kv := range s.Attributes {
-			if strings.Contains(kv.Value.Emit(), secret) {
-				t.Errorf("span %s attribute %s = %s holds a client value", s.Name, kv.Key, kv.Value.Emit())
+			if strings.Contains(kv.Value.String(), secret) {
+				t.Errorf("span %s attribute %s = %s holds a client value", s.Name, kv.Key, kv.Value.String())
 			}
 		}
 		if s.Name == "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" {
