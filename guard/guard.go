@@ -58,6 +58,9 @@ type Sharded interface {
 
 // Membership is implemented by stores that can count the instances
 // sharing them, for the Local policy's share (limit ÷ instances).
+//
+// The guard looks for Pinger, Sharded and Membership on the store it
+// wraps and, through Unwrap() sluice.Store methods, on the stores below it.
 type Membership interface {
 	// Heartbeat records that instance id is alive for ttl and returns how
 	// many instances are alive, itself included.
@@ -236,9 +239,9 @@ func New(store sluice.Store, opts Options) (*Guard, error) {
 	if c.local, err = newLocal(&opts); err != nil {
 		return nil, fmt.Errorf("guard: local store: %w", err)
 	}
-	c.sharded, _ = store.(Sharded)
-	c.pinger, _ = store.(Pinger)
-	c.membership, _ = store.(Membership)
+	c.sharded = find[Sharded](store)
+	c.pinger = find[Pinger](store)
+	c.membership = find[Membership](store)
 	if cl, ok := store.(interface{ Close() error }); ok && opts.CloseStore {
 		c.closer = cl
 	}
@@ -286,6 +289,25 @@ func (g *Guard) Policy() Policy { return g.policy }
 
 // Unwrap returns the wrapped store.
 func (g *Guard) Unwrap() sluice.Store { return g.inner }
+
+// find returns the first of store and the stores it wraps (each found
+// through an Unwrap() sluice.Store method, such as lease.Store's) that
+// implements T, so that a wrapper need not forward the optional
+// interfaces Sharded, Pinger and Membership.
+func find[T any](store sluice.Store) T {
+	for range 8 { // a bound, in case a wrapper unwraps to itself
+		if v, ok := store.(T); ok {
+			return v
+		}
+		u, ok := store.(interface{ Unwrap() sluice.Store })
+		if !ok {
+			break
+		}
+		store = u.Unwrap()
+	}
+	var zero T
+	return zero
+}
 
 // Instances returns the number of instances Local divides limits by.
 func (g *Guard) Instances() int {

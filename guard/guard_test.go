@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -321,5 +322,46 @@ func TestParsePolicy(t *testing.T) {
 	}
 	if _, err := ParsePolicy("open"); err == nil {
 		t.Fatal("unknown policy accepted")
+	}
+}
+
+// members is a store that counts three instances sharing it.
+type members struct{ *memstore.Store }
+
+func (members) Heartbeat(context.Context, string, time.Duration) (int, error) { return 3, nil }
+func (members) Leave(context.Context, string) error                           { return nil }
+
+// wrapper wraps a store and forwards none of its optional interfaces,
+// as lease.Store does.
+type wrapper struct{ inner sluice.Store }
+
+func (w wrapper) Apply(ctx context.Context, op sluice.Op, r sluice.Request) (sluice.Decision, error) {
+	return w.inner.Apply(ctx, op, r)
+}
+
+func (w wrapper) ApplyAll(ctx context.Context, op sluice.Op, rs []sluice.Request) ([]sluice.Decision, error) {
+	return w.inner.ApplyAll(ctx, op, rs)
+}
+
+func (w wrapper) Unwrap() sluice.Store { return w.inner }
+
+// TestFindsInterfacesThroughUnwrap: the guard counts instances through a
+// wrapper that only unwraps, so Local divides by the real fleet size.
+func TestFindsInterfacesThroughUnwrap(t *testing.T) {
+	m, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	g := newGuard(t, wrapper{wrapper{members{m}}}, Options{HeartbeatInterval: 10 * time.Millisecond})
+	deadline := time.Now().Add(5 * time.Second)
+	for g.Stats().Instances != 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("instances %d through two wrappers, want 3", g.Stats().Instances)
+		}
+		runtime.Gosched()
+	}
+	if find[Membership](wrapper{m}) != nil {
+		t.Fatal("found Membership on a store that has none")
 	}
 }

@@ -105,9 +105,6 @@ func (s *storeGuard) stats() metrics.StoreStats {
 		out.Nodes[i] = metrics.NodeStats{Node: n.Node, Calls: n.Calls, Errors: n.Errors, Openings: n.Openings, Open: n.Open}
 	}
 	inner := s.g.Unwrap()
-	if lr, ok := inner.(leasedRedis); ok {
-		inner = lr.Store
-	}
 	if ls, ok := inner.(*lease.Store); ok {
 		st := ls.Stats()
 		out.LeaseHits, out.LeaseFetches, out.LeaseReturns = st.Hits, st.Fetches, st.Returns

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"time"
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/config"
@@ -34,33 +33,8 @@ func openRedis(ctx context.Context, sc config.StoreSection, log *slog.Logger) (s
 		_ = s.Close()
 		return nil, nil, fmt.Errorf("server: %w", err)
 	}
-	return leasedRedis{Store: l, redis: s}, leaseCloser{l, s}, nil
+	return l, leaseCloser{l, s}, nil
 }
-
-// leasedRedis is the lease.Store over the Redis store, with the Redis
-// store's node, ping and heartbeat methods, so that the guard around it
-// still tracks failure per node (guard.Sharded), probes (guard.Pinger) and
-// counts the instances (guard.Membership): the lease layer hides them.
-type leasedRedis struct {
-	*lease.Store
-	redis *redisstore.Store
-}
-
-func (l leasedRedis) NodeOf(key string) string { return l.redis.NodeOf(key) }
-
-func (l leasedRedis) Nodes(ctx context.Context) ([]string, error) { return l.redis.Nodes(ctx) }
-
-func (l leasedRedis) PingNode(ctx context.Context, node string) error {
-	return l.redis.PingNode(ctx, node)
-}
-
-func (l leasedRedis) Ping(ctx context.Context) error { return l.redis.Ping(ctx) }
-
-func (l leasedRedis) Heartbeat(ctx context.Context, id string, ttl time.Duration) (int, error) {
-	return l.redis.Heartbeat(ctx, id, ttl)
-}
-
-func (l leasedRedis) Leave(ctx context.Context, id string) error { return l.redis.Leave(ctx, id) }
 
 // leaseCloser gives leased capacity back, then closes the Redis store.
 type leaseCloser struct {
