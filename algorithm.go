@@ -27,7 +27,9 @@ const (
 	// much of it still overlaps the sliding window: two integers per key.
 	SlidingWindowCounter
 	// FixedWindow counts events in windows of Period aligned to the Unix
-	// epoch, the way envoyproxy/ratelimit does.
+	// epoch, the way envoyproxy/ratelimit does; or, when the Limit has a
+	// Calendar, in calendar windows of its time zone (local days, weeks,
+	// months or years). It is the one algorithm for calendar limits.
 	FixedWindow
 	// Concurrency bounds how many leases are held at once. Limit.Rate is the
 	// number of slots and Limit.Period the lease time-to-live: a holder that

@@ -77,6 +77,9 @@ func (r *Request) Validate(op Op) error {
 	if err := r.Limit.Validate(); err != nil {
 		return fmt.Errorf("key %q: %w", r.Key, err)
 	}
+	if !r.Limit.Calendar.IsZero() && r.Algorithm != FixedWindow {
+		return fmt.Errorf("%w: key %q: a calendar limit (%s) needs the fixed_window algorithm, not %s", ErrInvalidLimit, r.Key, r.Limit, r.Algorithm)
+	}
 	if r.Cost < 0 || (r.Cost == 0 && op != OpPeek) {
 		return fmt.Errorf("%w: %d for key %q", ErrInvalidCost, r.Cost, r.Key)
 	}

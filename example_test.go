@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/memstore"
 )
 
@@ -87,4 +88,30 @@ func ExampleParseLimit() {
 	// Output:
 	// 100 1m0s 20 100/min burst 20
 	// sluice: invalid limit "0/s": rate: "0" must be positive
+}
+
+// A calendar limit: 3 requests per local day in Europe/Berlin. The window
+// resets at local midnight, whatever the UTC offset that day, and an
+// exhausted window says how long until then. The clock is fixed here to
+// make the output stable: 2026-03-29 is a 23-hour day in Berlin.
+func ExamplePerCalendar() {
+	berlin, _ := sluice.LoadLocation("Europe/Berlin")
+	clk := clock.NewFake(time.Date(2026, 3, 29, 20, 0, 0, 0, berlin))
+	store, _ := memstore.New(memstore.Options{Clock: clk})
+	defer store.Close()
+	limit := sluice.PerCalendar(3, sluice.Calendar{Unit: sluice.Day, Location: berlin})
+	// The same as sluice.ParseLimit("3/day in Europe/Berlin").
+	limiter, _ := sluice.NewLimiter(sluice.Options{Store: store, Limit: limit}) // FixedWindow
+	for range 4 {
+		d, _ := limiter.Allow(context.Background(), "user:42")
+		fmt.Println(d.Allowed, d.Remaining, d.RetryAfter)
+	}
+	start, end := limit.Calendar.Window(clk.Time())
+	fmt.Println(limiter.Limit(), end.Sub(start))
+	// Output:
+	// true 2 0s
+	// true 1 0s
+	// true 0 0s
+	// false 0 4h0m0s
+	// 3/day in Europe/Berlin 23h0m0s
 }

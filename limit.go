@@ -42,6 +42,11 @@ const maxRate = 1 << 40
 //
 // For example Limit{Rate: 10, Period: time.Second, Burst: 20} admits 20
 // events at once, then one every 100ms.
+//
+// A Limit with a Calendar admits Rate events per calendar window (a local
+// day, week, month or year in a time zone) and is enforced by the
+// FixedWindow algorithm only; its Period must be Calendar.Unit.Period().
+// PerCalendar builds one, and ParseLimit reads "5000/day in Europe/Berlin".
 type Limit struct {
 	// Rate is the number of events admitted per Period. It must be positive.
 	Rate int64
@@ -49,6 +54,9 @@ type Limit struct {
 	Period time.Duration
 	// Burst is the capacity: how many events may happen at once. Zero means Rate.
 	Burst int64
+	// Calendar, when set, makes the windows calendar windows in a time
+	// zone rather than Period-long windows aligned to the Unix epoch.
+	Calendar Calendar
 }
 
 // PerSecond returns a Limit of rate events per second with a burst of rate.
@@ -87,6 +95,14 @@ func (l Limit) Validate() error {
 	case l.Burst > maxRate:
 		return fmt.Errorf("%w: burst %d exceeds %d", ErrInvalidLimit, l.Burst, int64(maxRate))
 	}
+	if !l.Calendar.IsZero() {
+		if err := l.Calendar.Validate(); err != nil {
+			return err
+		}
+		if l.Period != l.Calendar.Unit.Period() {
+			return fmt.Errorf("%w: a calendar %s limit needs period %s, not %s", ErrInvalidLimit, l.Calendar.Unit, l.Calendar.Unit.Period(), l.Period)
+		}
+	}
 	if l.CostInterval(l.Capacity()) > int64(maxPeriod)*16 {
 		return fmt.Errorf("%w: burst %d at %s takes too long to refill", ErrInvalidLimit, l.Capacity(), l)
 	}
@@ -120,13 +136,19 @@ func (l Limit) CostInterval(cost int64) int64 {
 	return int64(q)
 }
 
-// String formats l the way ParseLimit reads it, for example "10/s" or
-// "100/min burst 20".
+// String formats l the way ParseLimit reads it, for example "10/s",
+// "100/min burst 20" or "5000/day in Europe/Berlin".
 func (l Limit) String() string {
 	var b strings.Builder
 	b.WriteString(strconv.FormatInt(l.Rate, 10))
 	b.WriteByte('/')
-	b.WriteString(formatPeriod(l.Period))
+	if !l.Calendar.IsZero() {
+		b.WriteString(l.Calendar.Unit.String())
+		b.WriteByte(' ')
+		b.WriteString(l.Calendar.String())
+	} else {
+		b.WriteString(formatPeriod(l.Period))
+	}
 	if l.Burst > 0 && l.Burst != l.Rate {
 		b.WriteString(" burst ")
 		b.WriteString(strconv.FormatInt(l.Burst, 10))
@@ -155,14 +177,29 @@ var units = map[string]time.Duration{
 	"m": time.Minute, "min": time.Minute, "minute": time.Minute, "minutes": time.Minute,
 	"h": time.Hour, "hr": time.Hour, "hour": time.Hour, "hours": time.Hour,
 	"d": 24 * time.Hour, "day": 24 * time.Hour, "days": 24 * time.Hour,
+	"w": 7 * 24 * time.Hour, "week": 7 * 24 * time.Hour, "weeks": 7 * 24 * time.Hour,
 }
 
 // ParseLimit reads a limit such as "10/s", "100/min", "1000/h", "5000/day",
-// "100/10s" or "10/s burst 30" (also written "10/s, burst=30"). Errors wrap
-// ErrInvalidLimit and quote the input.
+// "100/10s" or "10/s burst 30" (also written "10/s, burst=30").
+//
+// Calendar limits name a unit and, after "in", an IANA time zone:
+// "5000/day in Europe/Berlin", "1M tokens/month in America/New_York",
+// "100/week in UTC from sunday", "5000/day in Asia/Tokyo at 09:00". "at"
+// sets the local reset time (default midnight) and "from" the first day of
+// a week (default Monday). "month" and "year" are always calendar windows,
+// in UTC when no zone is named; "day" and "week" without a zone are 24h and
+// 7×24h windows aligned to the Unix epoch, as before.
+//
+// Rates may carry a k, M or G suffix (thousands, millions, billions) and a
+// label: requests, tokens, calls or events. Errors wrap ErrInvalidLimit and
+// quote the input.
 func ParseLimit(s string) (Limit, error) {
 	bad := func(format string, args ...any) (Limit, error) {
 		return Limit{}, fmt.Errorf("%w %q: %s", ErrInvalidLimit, s, fmt.Sprintf(format, args...))
+	}
+	if len(s) > maxLimitText {
+		return Limit{}, fmt.Errorf("%w: limit text of %d bytes is longer than %d", ErrInvalidLimit, len(s), maxLimitText)
 	}
 	spec := strings.TrimSpace(s)
 	var burstText string
@@ -177,11 +214,24 @@ func ParseLimit(s string) (Limit, error) {
 	if !ok {
 		return bad("want RATE/PERIOD, for example 10/s or 100/min")
 	}
-	rate, err := parseCount(strings.TrimSpace(rateText))
+	rate, err := parseRate(strings.TrimSpace(rateText))
 	if err != nil {
 		return bad("rate: %v", err)
 	}
-	periodText = strings.TrimSpace(periodText)
+	// The period, then the calendar clauses: in ZONE, at HH:MM, from DAY.
+	words := strings.Fields(periodText)
+	n := 0
+	for n < len(words) && !calendarWord[strings.ToLower(words[n])] {
+		n++
+	}
+	periodText = strings.Join(words[:n], "")
+	var cal Calendar
+	calendar := n < len(words)
+	if calendar {
+		if cal, err = parseCalendar(words[n:]); err != nil {
+			return bad("%v", err)
+		}
+	}
 	i := 0
 	for i < len(periodText) && periodText[i] >= '0' && periodText[i] <= '9' {
 		i++
@@ -193,9 +243,30 @@ func ParseLimit(s string) (Limit, error) {
 			return bad("period multiplier %q must be a positive integer", periodText[:i])
 		}
 	}
-	unit, ok := units[strings.ToLower(strings.TrimSpace(periodText[i:]))]
+	unitText := strings.ToLower(periodText[i:])
+	if u, ok := calendarUnits[unitText]; ok && (calendar || u == Month || u == Year) {
+		if i > 0 {
+			return bad("a calendar %s takes no multiplier %q", u, periodText[:i])
+		}
+		cal.Unit = u
+		if u != Week {
+			cal.FirstWeekday = 0
+		}
+		l := PerCalendar(rate, cal)
+		if burstText != "" && burstText != strconv.FormatInt(rate, 10) {
+			return bad("a calendar window admits its rate at once and takes no burst")
+		}
+		if err := l.Validate(); err != nil {
+			return Limit{}, fmt.Errorf("%q: %w", s, err)
+		}
+		return l, nil
+	}
+	if calendar {
+		return bad("calendar windows are a day, week, month or year, not %q", periodText)
+	}
+	unit, ok := units[unitText]
 	if !ok {
-		return bad("unknown unit %q; use ms, s, min, h or day", periodText[i:])
+		return bad("unknown unit %q; use ms, s, min, h, day, week, month or year", periodText[i:])
 	}
 	if mult > int64(maxPeriod/unit) {
 		return bad("period %s%s is longer than %s", periodText[:i], periodText[i:], maxPeriod)
@@ -210,6 +281,124 @@ func ParseLimit(s string) (Limit, error) {
 		return Limit{}, fmt.Errorf("%q: %w", s, err)
 	}
 	return l, nil
+}
+
+// maxLimitText bounds the text ParseLimit reads.
+const maxLimitText = 256
+
+var calendarWord = map[string]bool{"in": true, "at": true, "from": true}
+
+var calendarUnits = map[string]CalendarUnit{
+	"day": Day, "days": Day, "d": Day,
+	"week": Week, "weeks": Week, "w": Week,
+	"month": Month, "months": Month, "mo": Month,
+	"year": Year, "years": Year, "y": Year, "yr": Year,
+}
+
+// parseCalendar reads the clauses "in ZONE", "at HH:MM[:SS]" and "from
+// WEEKDAY", each at most once, in any order. Unit is left to the caller;
+// FirstWeekday defaults to Monday.
+func parseCalendar(words []string) (Calendar, error) {
+	c := Calendar{FirstWeekday: time.Monday}
+	seen := map[string]bool{}
+	for len(words) > 0 {
+		kw := strings.ToLower(words[0])
+		if !calendarWord[kw] {
+			return c, fmt.Errorf("unexpected %q; want in ZONE, at HH:MM or from WEEKDAY", words[0])
+		}
+		if seen[kw] {
+			return c, fmt.Errorf("%q given twice", kw)
+		}
+		seen[kw] = true
+		if len(words) < 2 {
+			return c, fmt.Errorf("%q needs a value", kw)
+		}
+		v := words[1]
+		words = words[2:]
+		var err error
+		switch kw {
+		case "in":
+			c.Location, err = LoadLocation(v)
+		case "at":
+			c.ResetAt, err = ParseClock(v)
+		case "from":
+			c.FirstWeekday, err = ParseWeekday(v)
+		}
+		if err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// ParseClock reads a local wall time "HH:MM" or "HH:MM:SS", from 00:00 to
+// 23:59:59, as the duration after midnight, for Calendar.ResetAt. Errors
+// wrap ErrInvalidCalendar.
+func ParseClock(s string) (time.Duration, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) < 2 || len(parts) > 3 {
+		return 0, fmt.Errorf("%w: reset time %q: want HH:MM", ErrInvalidCalendar, s)
+	}
+	var v [3]int
+	for i, p := range parts {
+		if len(p) != 2 || p[0] < '0' || p[0] > '9' || p[1] < '0' || p[1] > '9' {
+			return 0, fmt.Errorf("%w: reset time %q: want HH:MM", ErrInvalidCalendar, s)
+		}
+		v[i] = int(p[0]-'0')*10 + int(p[1]-'0')
+	}
+	if v[0] > 23 || v[1] > 59 || v[2] > 59 {
+		return 0, fmt.Errorf("%w: reset time %q is not a time of day", ErrInvalidCalendar, s)
+	}
+	return time.Duration(v[0])*time.Hour + time.Duration(v[1])*time.Minute + time.Duration(v[2])*time.Second, nil
+}
+
+// ParseWeekday reads a weekday in English, such as "monday" or "Mon".
+// Errors wrap ErrInvalidCalendar.
+func ParseWeekday(s string) (time.Weekday, error) {
+	l := strings.ToLower(s)
+	for d := time.Sunday; d <= time.Saturday; d++ {
+		name := strings.ToLower(d.String())
+		if l == name || (len(l) == 3 && l == name[:3]) {
+			return d, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: unknown weekday %q", ErrInvalidCalendar, s)
+}
+
+// parseRate reads a rate: a count with an optional k, M or G suffix, and
+// an optional label such as "tokens".
+func parseRate(s string) (int64, error) {
+	num, label, _ := strings.Cut(s, " ")
+	if label = strings.ToLower(strings.TrimSpace(label)); label != "" && !rateLabels[label] {
+		return 0, fmt.Errorf("unknown label %q; use requests, tokens, calls or events", label)
+	}
+	mult := int64(1)
+	if k := len(num); k > 1 {
+		switch num[k-1] {
+		case 'k', 'K':
+			mult = 1e3
+		case 'M':
+			mult = 1e6
+		case 'G':
+			mult = 1e9
+		}
+		if mult > 1 {
+			num = num[:k-1]
+		}
+	}
+	n, err := parseCount(num)
+	if err != nil {
+		return 0, err
+	}
+	if n > maxRate/mult {
+		return 0, fmt.Errorf("%q exceeds %d", s, int64(maxRate))
+	}
+	return n * mult, nil
+}
+
+var rateLabels = map[string]bool{
+	"request": true, "requests": true, "req": true, "token": true, "tokens": true,
+	"call": true, "calls": true, "event": true, "events": true,
 }
 
 // parseCount reads a positive integer. It rejects fractions, NaN, infinities

@@ -122,7 +122,8 @@ func TestParseAlgorithm(t *testing.T) {
 }
 
 func FuzzParseLimit(f *testing.F) {
-	for _, s := range []string{"10/s", "100/min burst 5", "1/day", "0/s", "9/9999999999999999d", "1/ms,burst=2"} {
+	for _, s := range []string{"10/s", "100/min burst 5", "1/day", "0/s", "9/9999999999999999d", "1/ms,burst=2",
+		"5000/day in Europe/Berlin at 09:00", "1M tokens/month in America/New_York", "3/week in UTC from sun"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -138,6 +139,16 @@ func FuzzParseLimit(f *testing.F) {
 		}
 		if l.Interval() <= 0 || l.CostInterval(l.Capacity()) <= 0 {
 			t.Fatalf("ParseLimit(%q) = %+v with non-positive interval", s, l)
+		}
+		back, err := sluice.ParseLimit(l.String())
+		if err != nil || back.String() != l.String() || back.Rate != l.Rate || back.Period != l.Period || back.Burst != l.Burst {
+			t.Fatalf("ParseLimit(%q) = %v; reading that back gives %v, %v", s, l, back, err)
+		}
+		if !l.Calendar.IsZero() {
+			start, end := l.Calendar.Window(time.Unix(1_790_000_000, 0))
+			if !end.After(start) {
+				t.Fatalf("ParseLimit(%q): empty window [%s, %s)", s, start, end)
+			}
 		}
 	})
 }

@@ -19,7 +19,8 @@ type Options struct {
 	Store Store
 	// Limit is the limit to enforce per key.
 	Limit Limit
-	// Algorithm defaults to GCRA.
+	// Algorithm defaults to GCRA, or to FixedWindow for a calendar Limit
+	// (the only algorithm that enforces one).
 	Algorithm Algorithm
 	// Prefix is put before every key, to keep limiters that share a store
 	// apart, for example "api:".
@@ -45,12 +46,18 @@ func NewLimiter(opts Options) (*Limiter, error) {
 	}
 	if opts.Algorithm == 0 {
 		opts.Algorithm = GCRA
+		if !opts.Limit.Calendar.IsZero() {
+			opts.Algorithm = FixedWindow
+		}
 	}
 	if !opts.Algorithm.Valid() {
 		return nil, fmt.Errorf("sluice: %w: %d", ErrUnknownAlgorithm, opts.Algorithm)
 	}
 	if err := opts.Limit.Validate(); err != nil {
 		return nil, err
+	}
+	if !opts.Limit.Calendar.IsZero() && opts.Algorithm != FixedWindow {
+		return nil, fmt.Errorf("sluice: %w: a calendar limit needs the fixed_window algorithm, not %s", ErrInvalidLimit, opts.Algorithm)
 	}
 	if opts.Sleep == nil {
 		opts.Sleep = sleep

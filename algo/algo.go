@@ -32,7 +32,7 @@ type Lease struct {
 //
 //	GCRA                  A = theoretical arrival time (TAT)
 //	TokenBucket           A = level, in nanoseconds of refill; B = last refill
-//	FixedWindow           A = window start; B = count
+//	FixedWindow           A = window start (calendar or epoch-aligned); B = count
 //	SlidingWindowCounter  A = current window start; B = its count; C = previous window's count
 //	SlidingWindowLog      Log = one timestamp per admitted unit, ascending
 //	Concurrency           Leases
@@ -90,6 +90,10 @@ func Expiry(st *State, req *sluice.Request) int64 {
 	case sluice.TokenBucket:
 		return st.B + max(0, req.Limit.CostInterval(req.Capacity())-st.A)
 	case sluice.FixedWindow:
+		if !req.Limit.Calendar.IsZero() {
+			_, end := windowOf(req.Limit, st.A)
+			return end
+		}
 		return st.A + p
 	case sluice.SlidingWindowCounter:
 		if st.B > 0 {
@@ -254,11 +258,11 @@ func tokenBucket(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 	return d, st, nil
 }
 
-// fixedWindow counts per window of Period aligned to the Unix epoch.
+// fixedWindow counts per window of Period aligned to the Unix epoch, or
+// per calendar window for a calendar limit.
 func fixedWindow(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decision, State, error) {
 	l := req.Limit
-	p := int64(l.Period)
-	ws := now - now%p
+	ws, we := windowOf(l, now)
 	count := int64(0)
 	if st.A == ws {
 		count = st.B
@@ -267,9 +271,9 @@ func fixedWindow(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 	switch op {
 	case sluice.OpAllow, sluice.OpPeek:
 		if count+effCost(req.Cost) > l.Rate {
-			d.RetryAfter = dur(ws + p - now)
+			d.RetryAfter = dur(we - now)
 			d.Remaining = max(0, l.Rate-count)
-			d.ResetAfter = dur(ws + p - now)
+			d.ResetAfter = dur(we - now)
 			return d, st, nil
 		}
 		d.Allowed = true
@@ -291,7 +295,7 @@ func fixedWindow(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 	}
 	d.Remaining = l.Rate - count
 	if count > 0 {
-		d.ResetAfter = dur(ws + p - now)
+		d.ResetAfter = dur(we - now)
 	}
 	return d, st, nil
 }

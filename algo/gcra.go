@@ -1,6 +1,10 @@
 package algo
 
-import "github.com/sluice-io/sluice"
+import (
+	"fmt"
+
+	"github.com/sluice-io/sluice"
+)
 
 // GCRAParams are the per-limit constants of GCRA and TokenBucket, worth
 // computing once per limit rather than once per decision.
@@ -13,10 +17,14 @@ type GCRAParams struct {
 	Tau int64
 }
 
-// NewGCRAParams validates l and computes its parameters.
+// NewGCRAParams validates l and computes its parameters. A calendar limit
+// fails with sluice.ErrInvalidLimit: only FixedWindow enforces one.
 func NewGCRAParams(l sluice.Limit) (GCRAParams, error) {
 	if err := l.Validate(); err != nil {
 		return GCRAParams{}, err
+	}
+	if !l.Calendar.IsZero() {
+		return GCRAParams{}, fmt.Errorf("%w: a calendar limit (%s) needs the fixed_window algorithm, not gcra", sluice.ErrInvalidLimit, l)
 	}
 	return GCRAParams{Limit: l, Interval: l.Interval(), Tau: l.CostInterval(l.Capacity())}, nil
 }

@@ -257,6 +257,9 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 	if err := req.Validate(op); err != nil {
 		return sluice.Decision{}, fmt.Errorf("redisstore: %w", err)
 	}
+	if err := checkCalendar(&req); err != nil {
+		return sluice.Decision{}, err
+	}
 	cacheable := s.cache != nil && req.Algorithm != sluice.Concurrency
 	switch op {
 	case sluice.OpAllow, sluice.OpPeek:
@@ -330,6 +333,9 @@ func (s *Store) checkBatch(op sluice.Op, reqs []sluice.Request) error {
 	for i := range reqs {
 		if err := reqs[i].Validate(op); err != nil {
 			return fmt.Errorf("redisstore: request %d: %w", i, err)
+		}
+		if err := checkCalendar(&reqs[i]); err != nil {
+			return err
 		}
 	}
 	if s.cluster && len(reqs) > 1 {
