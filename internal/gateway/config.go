@@ -65,6 +65,9 @@ type Config struct {
 	Tiers map[string]TierConfig `yaml:"tiers"`
 	// Keys maps client API keys, by SHA-256 hash, to tiers.
 	Keys []KeyConfig `yaml:"keys"`
+	// Queue lets requests over a limit wait, by priority class and fair
+	// share, instead of being refused (queue_config.go).
+	Queue QueueConfig `yaml:"queue"`
 }
 
 // UpstreamConfig is the `upstream:` section.
@@ -127,6 +130,10 @@ type TierConfig struct {
 	// Models adds limits for single models, on top of the tier's: a
 	// request for such a model must pass both.
 	Models map[string]Limits `yaml:"models"`
+	// Class is the tier's priority class in queue.classes, and Weight its
+	// keys' weight in fair sharing (default 1).
+	Class  string  `yaml:"class"`
+	Weight float64 `yaml:"weight"`
 }
 
 // Tier returns a TierConfig with the limits l for the whole tier.
@@ -150,6 +157,9 @@ type KeyConfig struct {
 	// Client groups keys that share limits; default the hash's first 16
 	// hex digits, so every key has its own.
 	Client string `yaml:"client"`
+	// Class and Weight override the tier's (queue_config.go).
+	Class  string  `yaml:"class"`
+	Weight float64 `yaml:"weight"`
 }
 
 // Load reads and validates the configuration file at path. Its error
@@ -305,6 +315,7 @@ func (c *Config) Check(doc *yamlconf.Doc) {
 			doc.Addf(path+".client", "%q must be 1-128 letters, digits or _.:/-", k.Client)
 		}
 	}
+	c.checkQueue(doc)
 }
 
 var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
@@ -380,6 +391,9 @@ func (c *Config) allModels() []string {
 		for m := range t.Models {
 			set[m] = true
 		}
+	}
+	for m := range c.Queue.Capacity {
+		set[m] = true
 	}
 	out := make([]string, 0, len(set))
 	for m := range set {

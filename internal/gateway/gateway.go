@@ -148,6 +148,7 @@ type Gateway struct {
 	log          *slog.Logger
 	onSettled    func(Settlement)
 	pending      sync.WaitGroup // settlements in progress
+	queue        *queue         // nil without a queue section (queue.go)
 }
 
 // client is what a key resolves to.
@@ -269,6 +270,9 @@ func New(opts Options) (*Gateway, error) {
 			cl.specKeys = append(cl.specKeys, cl.prefix+s.suffix)
 		}
 		g.keys[k.Hash] = cl
+	}
+	if g.queue, err = g.newQueue(reg); err != nil {
+		return nil, err
 	}
 	if g.upstreamKey != "" {
 		g.upstreamAuth = []string{"Bearer " + g.upstreamKey}
@@ -427,6 +431,7 @@ func (g *Gateway) settleAsync(c *call) {
 // Close waits for the settlements in progress. The Gateway must not serve
 // requests after it.
 func (g *Gateway) Close() error {
+	g.queue.close()
 	g.pending.Wait()
 	return nil
 }
@@ -487,9 +492,10 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 	if len(c.reqs) == 0 {
 		return true
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Store.Timeout)
-	ds, err := g.store.ApplyAll(ctx, sluice.OpAllow, c.reqs)
-	cancel()
+	ds, err := g.applyAdmit(r.Context(), w, c)
+	if errors.Is(err, errAnswered) {
+		return false
+	}
 	if err != nil {
 		if tracing.Recording(r.Context()) {
 			traceAdmit(r.Context(), c, "store_error", nil)
@@ -685,6 +691,7 @@ func (g *Gateway) settle(c *call) {
 			s.Err = errors.Join(s.Err, fmt.Errorf("gateway: settle %s: charge: %w", c.id, err))
 		}
 	}
+	g.queue.kick() // capacity may have freed for a waiting request
 	m := g.metrics
 	m.requests.WithLabelValues(s.Tier, s.Model, statusLabel(c)).Inc()
 	m.tokens.WithLabelValues(s.Tier, s.Model, "prompt").Add(float64(s.PromptTokens))
