@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -485,6 +486,7 @@ func TestCancelFlood(t *testing.T) {
 	cancels := make([]context.CancelFunc, n)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
+	var admitted atomic.Int64
 	outcomes := map[Outcome]int{}
 	for i := range n {
 		cctx, cancel := context.WithCancel(context.Background())
@@ -498,6 +500,7 @@ func TestCancelFlood(t *testing.T) {
 				return
 			}
 			if res.Outcome == Admitted {
+				admitted.Add(1)
 				release(res) // the request ran and settled
 			}
 			mu.Lock()
@@ -515,8 +518,17 @@ func TestCancelFlood(t *testing.T) {
 	order := rand.Perm(n)
 	for j, i := range order {
 		if j%100 == 0 && len(holders) > 0 {
+			// Free a slot and let a waiter take it, while the others
+			// keep leaving.
+			before := admitted.Load()
 			release(holders[0])
 			holders = holders[1:]
+			for admitted.Load() == before {
+				if time.Now().After(deadline) {
+					t.Fatal("no waiter took a freed slot")
+				}
+				runtime.Gosched()
+			}
 		}
 		cancels[i]()
 	}
