@@ -60,6 +60,12 @@ type Request struct {
 	// capacity it took from its shared store in advance. Other stores
 	// ignore it.
 	UseLease bool
+	// MaxWait makes OpAllow (and OpPeek) a reservation: a request that
+	// would be admitted within MaxWait is admitted now and charged against
+	// the future, and its Decision.Delay says how long the caller must hold
+	// it before acting. Zero means no reservation. Only GCRA and
+	// TokenBucket take it (see Reserve); it is at most MaxReserveWait.
+	MaxWait time.Duration
 }
 
 // Validate checks the request for op. Errors wrap ErrInvalidRequest,
@@ -73,6 +79,11 @@ func (r *Request) Validate(op Op) error {
 	}
 	if op == OpReset {
 		return nil
+	}
+	if r.MaxWait != 0 {
+		if err := validMaxWait(r.Algorithm, r.MaxWait); err != nil {
+			return fmt.Errorf("key %q: %w", r.Key, err)
+		}
 	}
 	if err := r.Limit.Validate(); err != nil {
 		return fmt.Errorf("key %q: %w", r.Key, err)
@@ -118,8 +129,10 @@ type Decision struct {
 	// Limit is the limit that was applied.
 	Limit Limit
 	// Remaining is how much more could be admitted right now, after this
-	// request. It can be negative after OpCharge. In a batch denied as a
-	// whole it is the remainder without this request's charge.
+	// request. It can be negative after OpCharge, and for a reservation
+	// (Request.MaxWait) it is negative by what is reserved ahead. In a
+	// batch denied as a whole it is the remainder without this request's
+	// charge.
 	Remaining int64
 	// RetryAfter is zero when Allowed. Otherwise it is the exact wait after
 	// which the same request would be admitted, if nothing else happens:
@@ -127,6 +140,10 @@ type Decision struct {
 	RetryAfter time.Duration
 	// ResetAfter is the time until the limit is fully available again.
 	ResetAfter time.Duration
+	// Delay is how long an admitted reservation (Request.MaxWait) must be
+	// held before the caller acts on it: zero for a request admitted at
+	// once, and for every request without MaxWait.
+	Delay time.Duration
 	// Degraded reports that the store could not be asked and a failure
 	// policy answered instead.
 	Degraded bool
@@ -193,9 +210,9 @@ func CeilMillis(d time.Duration) int64 {
 }
 
 // Combine folds the decisions of one batch into one: allowed only if all
-// are, the longest RetryAfter and ResetAfter, and the Limit and Remaining of
-// the most constrained member; Degraded if any is, with the first Fallback
-// named. Its Source is that of the first denied member, or, when all are
+// are, the longest RetryAfter, ResetAfter and Delay, and the Limit and
+// Remaining of the most constrained member; Degraded if any is, with the
+// first Fallback named. Its Source is that of the first denied member, or, when all are
 // allowed, FromStore if any member is. Combine of no decisions is an
 // allowed zero Decision.
 func Combine(ds []Decision) Decision {
@@ -221,6 +238,7 @@ func Combine(ds []Decision) Decision {
 		if d.ResetAfter > out.ResetAfter {
 			out.ResetAfter = d.ResetAfter
 		}
+		out.Delay = max(out.Delay, d.Delay)
 		if d.Remaining < out.Remaining {
 			out.Remaining, out.Limit = d.Remaining, d.Limit
 		}

@@ -60,7 +60,7 @@ func NewLimiter(opts Options) (*Limiter, error) {
 		return nil, fmt.Errorf("sluice: %w: a calendar limit needs the fixed_window algorithm, not %s", ErrInvalidLimit, opts.Algorithm)
 	}
 	if opts.Sleep == nil {
-		opts.Sleep = sleep
+		opts.Sleep = Sleep
 	}
 	return &Limiter{store: opts.Store, limit: opts.Limit, algo: opts.Algorithm, prefix: opts.Prefix, sleep: opts.Sleep}, nil
 }
@@ -178,15 +178,4 @@ func AllowAll(ctx context.Context, store Store, reqs []Request) (Decision, []Dec
 		return Decision{}, nil, err
 	}
 	return Combine(ds), ds, nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

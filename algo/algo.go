@@ -63,6 +63,9 @@ func Apply(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decisi
 	if op == sluice.OpReset {
 		return sluice.Decision{Allowed: true, Limit: req.Limit, Remaining: req.Capacity()}, State{}, nil
 	}
+	if req.MaxWait > 0 && (op == sluice.OpAllow || op == sluice.OpPeek) {
+		return reserve(op, st, req, now) // reserve.go
+	}
 	switch req.Algorithm {
 	case sluice.GCRA:
 		return gcra(op, st, req, now)

@@ -109,6 +109,9 @@ func (l *local) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, 
 	scaled := make([]sluice.Request, len(reqs))
 	for i, r := range reqs {
 		r.Limit = share(r.Limit, n)
+		// A reservation is answered as a plain request: admitted at once
+		// within the share, denied beyond it, never held.
+		r.MaxWait = 0
 		scaled[i] = r
 		if r.Algorithm != sluice.Concurrency {
 			// Seed from the store's newest answer, once: local state older
@@ -157,7 +160,9 @@ func (l *local) seed(ctx context.Context, orig, scaled *sluice.Request, s *seed,
 	l.mu.Unlock()
 	if charge := scaled.Capacity() - rem; charge > 0 {
 		c := *scaled
-		c.Cost = min(charge, 2*scaled.Capacity())
+		// A reservation's Remaining is negative by what the store reserved
+		// ahead, up to MaxWait's worth: that is not handed out again.
+		c.Cost = min(charge, 2*scaled.Capacity()+int64(orig.MaxWait)/scaled.Limit.Interval()+1)
 		_, _ = l.store.Apply(ctx, sluice.OpCharge, c)
 	}
 }

@@ -12,7 +12,9 @@ import (
 // holds the cost; OpReset drops the lease and resets the key in the store;
 // everything else goes to the wrapped store.
 func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
-	if !req.UseLease && !s.all {
+	if (!req.UseLease && !s.all) || req.MaxWait != 0 {
+		// A reservation is decided by the store: a lease holds capacity
+		// for now, not for the future.
 		return s.inner.Apply(ctx, op, req)
 	}
 	if err := req.Validate(op); err != nil {
@@ -78,7 +80,7 @@ func (s *Store) peek(req *sluice.Request) (sluice.Decision, bool) {
 // members are peeked (from their leases, else in one store call), which is
 // what a denied batch reports for them.
 func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
-	if !s.all && !anyLeased(reqs) {
+	if (!s.all && !anyLeased(reqs)) || anyReserves(reqs) {
 		return s.inner.ApplyAll(ctx, op, reqs)
 	}
 	for i := range reqs {
@@ -214,6 +216,17 @@ func (s *Store) deniedBatch(ctx context.Context, reqs []sluice.Request, i int, d
 func anyLeased(reqs []sluice.Request) bool {
 	for i := range reqs {
 		if reqs[i].UseLease {
+			return true
+		}
+	}
+	return false
+}
+
+// anyReserves reports a reservation (sluice.Request.MaxWait) in reqs: the
+// batch goes to the store whole.
+func anyReserves(reqs []sluice.Request) bool {
+	for i := range reqs {
+		if reqs[i].MaxWait != 0 {
 			return true
 		}
 	}

@@ -32,6 +32,7 @@ type denyEntry struct {
 	at    int64 // local clock ns of the denial
 	cost  int64
 	algo  sluice.Algorithm
+	wait  time.Duration // the request's MaxWait: a reservation's denial is its own
 	d     sluice.Decision
 }
 
@@ -55,7 +56,7 @@ func (c *denyCache) get(req *sluice.Request, now int64) (sluice.Decision, bool) 
 		})
 		return sluice.Decision{}, false
 	}
-	if e.algo != req.Algorithm || e.d.Limit != req.Limit || max(req.Cost, 1) != e.cost {
+	if e.algo != req.Algorithm || e.d.Limit != req.Limit || max(req.Cost, 1) != e.cost || e.wait != req.MaxWait {
 		return sluice.Decision{}, false
 	}
 	d := e.d
@@ -68,7 +69,7 @@ func (c *denyCache) get(req *sluice.Request, now int64) (sluice.Decision, bool) 
 
 // put remembers a denial of req.
 func (c *denyCache) put(req *sluice.Request, d sluice.Decision, now int64) {
-	e := &denyEntry{until: now + int64(d.RetryAfter), at: now, cost: max(req.Cost, 1), algo: req.Algorithm, d: d}
+	e := &denyEntry{until: now + int64(d.RetryAfter), at: now, cost: max(req.Cost, 1), algo: req.Algorithm, wait: req.MaxWait, d: d}
 	if _, loaded := c.m.LoadAndStore(req.Key, e); !loaded && c.size.Add(1) > c.max && c.trim.TryLock() {
 		defer c.trim.Unlock()
 		c.size.Add(-int64(c.m.DeleteMatching(func(_ string, e *denyEntry) (bool, bool) { return now >= e.until, false })))

@@ -121,18 +121,19 @@ func Script(req sluice.Request) (src string, argv []string, err error) {
 // store keeps the last one of each algorithm rather than format the
 // numbers on every call.
 type fastParams struct {
-	algo  sluice.Algorithm
-	limit sluice.Limit
-	cost  int64
-	tau   int64 // GCRA and TokenBucket
-	args  []string
+	algo    sluice.Algorithm
+	limit   sluice.Limit
+	cost    int64
+	maxWait time.Duration
+	tau     int64 // GCRA and TokenBucket, with maxWait (see reserveTau)
+	args    []string
 	// argv is the whole ARGV of each op with Redis TIME, shared read-only.
 	argv [sluice.OpCharge + 1][]string
 }
 
 func newFastParams(req *sluice.Request) (*fastParams, error) {
 	l := req.Limit
-	p := &fastParams{algo: req.Algorithm, limit: l, cost: req.Cost}
+	p := &fastParams{algo: req.Algorithm, limit: l, cost: req.Cost, maxWait: req.MaxWait}
 	eff := max(req.Cost, 1)
 	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
 	if req.Algorithm == sluice.FixedWindow {
@@ -142,7 +143,7 @@ func newFastParams(req *sluice.Request) (*fastParams, error) {
 		}
 		p.args = []string{itoa(int64(l.Period)), itoa(ps), itoa(l.Rate), itoa(eff), itoa(req.Cost)}
 	} else {
-		p.tau = l.CostInterval(l.Capacity())
+		p.tau = reserveTau(req)
 		p.args = []string{itoa(p.tau), itoa(l.CostInterval(eff)), itoa(l.CostInterval(req.Cost))}
 	}
 	for _, op := range []sluice.Op{sluice.OpAllow, sluice.OpPeek, sluice.OpRefund, sluice.OpCharge} {
@@ -153,7 +154,7 @@ func newFastParams(req *sluice.Request) (*fastParams, error) {
 
 // matches reports whether p holds req's parameters.
 func (p *fastParams) matches(req *sluice.Request) bool {
-	return p != nil && p.algo == req.Algorithm && p.limit == req.Limit && p.cost == req.Cost
+	return p != nil && p.algo == req.Algorithm && p.limit == req.Limit && p.cost == req.Cost && p.maxWait == req.MaxWait
 }
 
 // fastArgs is the ARGV of a fast script: op, time, then p's values.
@@ -193,7 +194,7 @@ func appendArgs(args []string, req *sluice.Request) ([]string, error) {
 	eff := max(req.Cost, 1)
 	tau := int64(0)
 	if req.Algorithm == sluice.GCRA || req.Algorithm == sluice.TokenBucket {
-		tau = l.CostInterval(l.Capacity())
+		tau = reserveTau(req) // reserve.go
 	}
 	inc, chg := l.CostInterval(eff), l.CostInterval(req.Cost)
 	return append(args,

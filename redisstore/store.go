@@ -409,7 +409,7 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, req *sluice.Request, 
 	case sluice.FixedWindow:
 		r.y = vals[2]
 	}
-	return decide(req, r), nil
+	return decideOp(op, req, r), nil
 }
 
 // failed counts a failed call and wraps its error: the caller's own
@@ -469,13 +469,14 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 		return nil, s.failed(ctx, err)
 	}
 	ds := make([]sluice.Decision, len(reqs))
+	dop := deniedOp(op, vals) // reserve.go
 	for i := range reqs {
 		if op == sluice.OpReset {
 			ds[i] = sluice.Decision{Allowed: true, Limit: reqs[i].Limit, Remaining: reqs[i].Capacity()}
 			continue
 		}
 		v := vals[4*i:]
-		ds[i] = decide(&reqs[i], reply{ok: v[0] == 1, x: v[1], y: v[2], z: v[3]})
+		ds[i] = decideOp(dop, &reqs[i], reply{ok: v[0] == 1, x: v[1], y: v[2], z: v[3]})
 	}
 	return ds, nil
 }

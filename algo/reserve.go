@@ -1,0 +1,52 @@
+package algo
+
+import "github.com/sluice-io/sluice"
+
+// reserve is OpAllow or OpPeek of a GCRA or TokenBucket request with a
+// MaxWait w (validated): the request is admitted when it would be admitted
+// within w, that is when its wait TAT + interval(cost) − tau − now is at
+// most w, and charged now, moving the TAT (or the bucket's level) into the
+// future. Its Delay is the wait. A denied request's RetryAfter is the time
+// until its wait shrinks to w.
+//
+// It is GCRA with tolerance tau + w whose admitted requests are told to
+// wait until the TAT minus tau: the Redis scripts run exactly that (they
+// are sent tau + w as tau). Remaining is exact and negative by what is
+// reserved ahead, for allowed and denied requests alike, so that package
+// guard seeds its local state with the debt.
+func reserve(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decision, State, error) {
+	l := req.Limit
+	tau := l.CostInterval(l.Capacity())
+	w := int64(req.MaxWait)
+	inc := l.CostInterval(effCost(req.Cost))
+	// level is the bucket's content in nanoseconds of refill: tau − (TAT − now).
+	level := tau
+	if req.Algorithm == sluice.TokenBucket {
+		if st.B != 0 {
+			level = min(tau, st.A+max(0, now-st.B))
+		}
+	} else if st.A > now {
+		level = tau - (st.A - now)
+	}
+	d := sluice.Decision{Limit: l}
+	wait := inc - level
+	if wait > w {
+		d.RetryAfter = dur(wait - w)
+		d.Remaining = CostsIn(l, level)
+		d.ResetAfter = dur(tau - level)
+		return d, st, nil
+	}
+	d.Allowed = true
+	d.Delay = dur(wait)
+	if op == sluice.OpAllow {
+		level -= l.CostInterval(req.Cost)
+		if req.Algorithm == sluice.TokenBucket {
+			st = State{A: level, B: now}
+		} else {
+			st = State{A: now + tau - level}
+		}
+	}
+	d.Remaining = CostsIn(l, level)
+	d.ResetAfter = dur(tau - level)
+	return d, st, nil
+}
