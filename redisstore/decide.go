@@ -18,6 +18,9 @@ type reply struct {
 // same integer arithmetic as package algo, so Redis and memory agree to the
 // nanosecond.
 func decide(req *sluice.Request, r reply) sluice.Decision {
+	if !req.Limit.Calendar.IsZero() {
+		return decideCalendar(req, r)
+	}
 	l := req.Limit
 	p := int64(l.Period)
 	eff := max(req.Cost, 1)

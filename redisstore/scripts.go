@@ -42,9 +42,12 @@ type scripts struct {
 	fast    [sluice.Concurrency + 1]*rueidis.Lua
 	fastSrc [sluice.Concurrency + 1]string
 	batch   *rueidis.Lua
+	// calendar is the script of FixedWindow with a calendar limit.
+	calendar *rueidis.Lua
 	// sources, for redis-benchmark and tests
-	singleSrc [sluice.Concurrency + 1]string
-	batchSrc  string
+	singleSrc   [sluice.Concurrency + 1]string
+	batchSrc    string
+	calendarSrc string
 }
 
 func loadScripts() (*scripts, error) {
@@ -74,6 +77,13 @@ func loadScripts() (*scripts, error) {
 		s.single[a] = rueidis.NewLuaScript(s.singleSrc[a])
 		all += "\n" + body
 	}
+	cal, err := read(calendarFile)
+	if err != nil {
+		return nil, err
+	}
+	s.calendarSrc = lib + "\n" + cal + "\n" + main
+	s.calendar = rueidis.NewLuaScript(s.calendarSrc)
+	all += "\n" + cal
 	s.batchSrc = all + "\n" + main
 	s.batch = rueidis.NewLuaScript(s.batchSrc)
 	for a, name := range fastFiles {
@@ -102,6 +112,10 @@ func Script(req sluice.Request) (src string, argv []string, err error) {
 	if err != nil {
 		return "", nil, err
 	}
+	if !req.Limit.Calendar.IsZero() {
+		argv, err = appendArgs([]string{opArg(sluice.OpAllow), "", ""}, &req, time.Now().UnixNano())
+		return s.calendarSrc, argv, err
+	}
 	if s.fast[req.Algorithm] != nil {
 		p, err := newFastParams(&req)
 		if err != nil {
@@ -109,7 +123,7 @@ func Script(req sluice.Request) (src string, argv []string, err error) {
 		}
 		return s.fastSrc[req.Algorithm], fastArgs(sluice.OpAllow, p, -1), nil
 	}
-	argv, err = appendArgs([]string{opArg(sluice.OpAllow), "", ""}, &req)
+	argv, err = appendArgs([]string{opArg(sluice.OpAllow), "", ""}, &req, 0)
 	return s.singleSrc[req.Algorithm], argv, err
 }
 
@@ -183,9 +197,13 @@ const argsPerKey = 10
 // maxExactNS is 2^53: durations below it are exact in a Lua double.
 const maxExactNS = 1 << 53
 
-// appendArgs appends req's ARGV values.
-func appendArgs(args []string, req *sluice.Request) ([]string, error) {
+// appendArgs appends req's ARGV values. hint is the time (Unix ns) around
+// which a calendar limit's window boundaries are computed.
+func appendArgs(args []string, req *sluice.Request, hint int64) ([]string, error) {
 	l := req.Limit
+	if !l.Calendar.IsZero() {
+		return appendCalendarArgs(args, req, hint), nil
+	}
 	p := int64(l.Period)
 	ps, err := wholeSeconds(req)
 	if err != nil {

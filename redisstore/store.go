@@ -201,7 +201,7 @@ func (c *core) preload(ctx context.Context, client rueidis.Client) {
 	ctx, cancel := context.WithTimeout(ctx, max(c.timeout*4, time.Second))
 	defer cancel()
 	var srcs []string
-	for _, src := range append(append(c.scripts.singleSrc[:], c.scripts.fastSrc[:]...), c.scripts.batchSrc) {
+	for _, src := range append(append(c.scripts.singleSrc[:], c.scripts.fastSrc[:]...), c.scripts.batchSrc, c.scripts.calendarSrc) {
 		if src != "" && !slices.Contains(srcs, src) {
 			srcs = append(srcs, src)
 		}
@@ -257,9 +257,6 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 	if err := req.Validate(op); err != nil {
 		return sluice.Decision{}, fmt.Errorf("redisstore: %w", err)
 	}
-	if err := checkCalendar(&req); err != nil {
-		return sluice.Decision{}, err
-	}
 	cacheable := s.cache != nil && req.Algorithm != sluice.Concurrency
 	switch op {
 	case sluice.OpAllow, sluice.OpPeek:
@@ -278,13 +275,13 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 	// so the entry never outlives the real denial.
 	asked := s.localClk.Now()
 	var d sluice.Decision
-	if fast := s.scripts.fast[req.Algorithm]; fast != nil && op != sluice.OpReset {
+	if fast := s.scripts.fast[req.Algorithm]; fast != nil && op != sluice.OpReset && req.Limit.Calendar.IsZero() {
 		var err error
 		if d, err = s.runFast(ctx, op, &req, fast); err != nil {
 			return sluice.Decision{}, err
 		}
 	} else {
-		ds, err := s.run(ctx, op, []sluice.Request{req}, s.scripts.single[req.Algorithm])
+		ds, err := s.run(ctx, op, []sluice.Request{req}, s.scripts.of(&req))
 		if err != nil {
 			return sluice.Decision{}, err
 		}
@@ -334,9 +331,6 @@ func (s *Store) checkBatch(op sluice.Op, reqs []sluice.Request) error {
 		if err := reqs[i].Validate(op); err != nil {
 			return fmt.Errorf("redisstore: request %d: %w", i, err)
 		}
-		if err := checkCalendar(&reqs[i]); err != nil {
-			return err
-		}
 	}
 	if s.cluster && len(reqs) > 1 {
 		slot := keySlot(reqs[0].Key)
@@ -352,20 +346,21 @@ func (s *Store) checkBatch(op sluice.Op, reqs []sluice.Request) error {
 // applyAll runs a checked, non-empty batch on Redis.
 func (s *Store) applyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
 	a := reqs[0].Algorithm
-	if fast := s.scripts.fast[a]; fast != nil && len(reqs) == 1 && op != sluice.OpReset {
+	if fast := s.scripts.fast[a]; fast != nil && len(reqs) == 1 && op != sluice.OpReset && reqs[0].Limit.Calendar.IsZero() {
 		d, err := s.runFast(ctx, op, &reqs[0], fast)
 		if err != nil {
 			return nil, err
 		}
 		return []sluice.Decision{d}, nil
 	}
+	one := s.scripts.of(&reqs[0])
 	for i := range reqs[1:] {
-		if reqs[i+1].Algorithm != a {
+		if s.scripts.of(&reqs[i+1]) != one {
 			return s.run(ctx, op, reqs, s.scripts.batch)
 		}
 	}
 	// One algorithm: its own script defines only the functions it needs.
-	return s.run(ctx, op, reqs, s.scripts.single[a])
+	return s.run(ctx, op, reqs, one)
 }
 
 // runFast runs a lean one-key script for req. It is the hot path, so it
@@ -433,19 +428,26 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 		keys[i] = reqs[i].Key
 	}
 	var args []string
-	if op != sluice.OpReset {
+	now, hint := int64(-1), s.localClk.Now()
+	if s.testClk != nil {
+		now = s.testClk.Now()
+		hint = now
+	}
+	build := func(hint int64) error {
 		args = make([]string, 3, 3+argsPerKey*len(reqs))
 		args[0] = opArg(op)
-		now := int64(-1)
-		if s.testClk != nil {
-			now = s.testClk.Now()
-		}
 		args[1], args[2] = timeArgs(now)
 		for i := range reqs {
 			var err error
-			if args, err = appendArgs(args, &reqs[i]); err != nil {
-				return nil, err
+			if args, err = appendArgs(args, &reqs[i], hint); err != nil {
+				return err
 			}
+		}
+		return nil
+	}
+	if op != sluice.OpReset {
+		if err := build(hint); err != nil {
+			return nil, err
 		}
 	}
 	client := s.client()
@@ -461,6 +463,17 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 		err = del(cctx, client, keys)
 	} else {
 		vals, err = script.Exec(cctx, client, keys, args).AsIntSlice()
+		if t, skewed := calendarMiss(vals, err); skewed {
+			// A calendar window was computed around a clock too far from
+			// Redis's: compute it around Redis's and ask once more.
+			if err = build(t); err == nil {
+				s.calls.Add(1)
+				vals, err = script.Exec(cctx, client, keys, args).AsIntSlice()
+				if t, skewed := calendarMiss(vals, err); skewed {
+					err = fmt.Errorf("redisstore: calendar window: redis time %s lies outside the windows computed for it", time.Unix(0, t).UTC())
+				}
+			}
+		}
 		if err == nil && len(vals) != 4*len(reqs) {
 			err = fmt.Errorf("redisstore: script replied %d values for %d keys", len(vals), len(reqs))
 		}

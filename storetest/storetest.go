@@ -132,6 +132,7 @@ func scenarios() []scenario {
 		out = append(out, bucketScenarios(a)...)
 	}
 	out = append(out, fixedWindowScenarios()...)
+	out = append(out, calendarScenarios()...)
 	out = append(out, slidingCounterScenarios()...)
 	out = append(out, slidingLogScenarios()...)
 	out = append(out, concurrencyScenarios()...)

@@ -27,6 +27,8 @@ for i = 1, n do
     eff = tonumber(ARGV[b + 8]), cost = tonumber(ARGV[b + 9]), lease = ARGV[b + 10],
   }
   if id == 4 or id == 5 then q.e = elapsed(q.p, q.ps) end
+  -- A calendar window outside Redis's time: nothing is written yet.
+  if A.prep and not A.prep(q) then return { -2, NS, NN } end
   qs[i] = q
   local k = KEYS[i]
   local st = cur[k]
