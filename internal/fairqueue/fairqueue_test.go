@@ -355,7 +355,7 @@ func TestTimeoutAndCancel(t *testing.T) {
 	if r := w3.Result(); r.Outcome != Timeout || r.Waited != 1500*time.Millisecond {
 		t.Fatalf("w3: %+v", r)
 	}
-	if q.Depth("default") != 0 || q.total != 0 || len(q.perKey) != 0 || len(q.perGroup) != 0 {
+	if q.Depth("default") != 0 || q.total != 0 || len(q.perKey) != 0 || len(q.perGroup) != 0 || len(q.perCap) != 0 {
 		t.Fatalf("queue not empty: %d %v %v", q.total, q.perKey, q.perGroup)
 	}
 }
@@ -539,7 +539,7 @@ func TestCancelFlood(t *testing.T) {
 	if outcomes[Canceled] == 0 || outcomes[Admitted] == 0 {
 		t.Fatalf("want both canceled and admitted callers: %v", outcomes)
 	}
-	if q.total != 0 || len(q.perKey) != 0 || q.Depth("default") != 0 {
+	if q.total != 0 || len(q.perKey) != 0 || len(q.perCap) != 0 || q.Depth("default") != 0 {
 		t.Fatalf("queue holds %d items after every caller left", q.total)
 	}
 	d, err := st.Apply(context.Background(), sluice.OpPeek, sluice.Request{Key: "{q}:m:pool:concurrency", Algorithm: sluice.Concurrency, Limit: capLimit})

@@ -1,0 +1,139 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/internal/fakeopenai"
+	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/redisstore"
+)
+
+// TestQueueTwoGatewaysRedis: two gateway instances, each with its own
+// connection to one real Redis, queue requests for a model whose shared
+// capacity is 20 req/s burst 5. Heavy and light keys send as fast as
+// their answers come back, for 2 s. The instances together never admit
+// more than the capacity allows over the run, each instance gets capacity
+// in its turn, and every key gets some; each key's share is printed.
+func TestQueueTwoGatewaysRedis(t *testing.T) {
+	srv := redistest.Standalone(t)
+	id := strings.NewReplacer(":", "", "/", "", "_", "").Replace(redistest.Prefix(t))
+	id = id[max(0, len(id)-8):]
+	model := "gpt-q" + id
+	const rate, burst = 20, 5
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey})
+	tiers := map[string]TierConfig{"t": {RPM: 60000}}
+	q := QueueConfig{
+		MaxWait: time.Second, MaxPerKey: 64, Poll: 5 * time.Millisecond,
+		Capacity: map[string]Limits{model: {RPM: rate * 60, RPMBurst: burst}},
+	}
+	// Gateway 0 serves a heavy key; gateway 1 a heavy key and two light.
+	keysOf := [][]string{{"heavy0" + id}, {"heavy1" + id, "light1" + id, "light2" + id}}
+	all := map[string]string{}
+	for _, ks := range keysOf {
+		for _, k := range ks {
+			all[k] = "t"
+		}
+	}
+	var envs []*qenv
+	for range 2 {
+		st, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), DisableDenyCache: true, Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = st.Close() })
+		envs = append(envs, newQueueEnv(t, st, up, tiers, all, q))
+	}
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":5}`, model)
+	var mu sync.Mutex
+	ok := map[string]int{}
+	status := map[int]int{}
+	var wg sync.WaitGroup
+	start := time.Now()
+	stop := start.Add(2 * time.Second)
+	var last time.Time
+	for g, ks := range keysOf {
+		for _, k := range ks {
+			senders := 1
+			if strings.HasPrefix(k, "heavy") {
+				senders = 6
+			}
+			for range senders {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for time.Now().Before(stop) {
+						req, _ := http.NewRequest(http.MethodPost, envs[g].srv.URL+"/v1/chat/completions", strings.NewReader(body))
+						req.Header.Set("Authorization", "Bearer sk-"+k)
+						res, err := http.DefaultClient.Do(req)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						res.Body.Close()
+						now := time.Now()
+						mu.Lock()
+						status[res.StatusCode]++
+						if res.StatusCode == 200 {
+							ok[k]++
+							if now.After(last) {
+								last = now
+							}
+						}
+						mu.Unlock()
+					}
+				}()
+			}
+		}
+	}
+	wg.Wait()
+	total := 0
+	for _, n := range ok {
+		total += n
+	}
+	elapsed := last.Sub(start)
+	limit := burst + int(rate*elapsed.Seconds())
+	names := make([]string, 0, len(all))
+	for k := range all {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var shares []string
+	for _, k := range names {
+		shares = append(shares, fmt.Sprintf("%s %d (%.0f%%)", strings.TrimSuffix(k, id), ok[k], 100*float64(ok[k])/float64(max(total, 1))))
+	}
+	perGateway := [2]int{ok[keysOf[0][0]], 0}
+	for _, k := range keysOf[1] {
+		perGateway[1] += ok[k]
+	}
+	t.Logf("admitted %d in %s (capacity allows %d); statuses %v; per key: %s; per gateway: %v",
+		total, elapsed.Round(time.Millisecond), limit, status, strings.Join(shares, ", "), perGateway)
+	if total > limit {
+		t.Fatalf("admitted %d, over the shared capacity's %d", total, limit)
+	}
+	if status[http.StatusServiceUnavailable] > 0 {
+		t.Fatalf("store errors: %v", status)
+	}
+	for _, k := range names {
+		if ok[k] == 0 {
+			t.Errorf("%s got nothing", k)
+		}
+	}
+	for g, n := range perGateway {
+		if n < total/5 {
+			t.Errorf("gateway %d admitted %d of %d: it did not get its turn", g, n, total)
+		}
+	}
+	// Nothing is left waiting or holding capacity.
+	for g, e := range envs {
+		if d := e.depth("default"); d != 0 {
+			t.Errorf("gateway %d: %d still queued", g, d)
+		}
+	}
+}
