@@ -49,6 +49,14 @@ type Options struct {
 	// PromptTokens, when positive, is the prompt_tokens reported for every
 	// request; otherwise CountPromptTokens decides.
 	PromptTokens int
+	// CachedTokens is the part of the prompt reported as read from the
+	// prompt cache (prompt_tokens_details.cached_tokens, or
+	// input_tokens_details for /v1/responses), capped at the prompt.
+	CachedTokens int
+	// ReasoningTokens is the part of the completion reported as reasoning
+	// (completion_tokens_details.reasoning_tokens, or
+	// output_tokens_details), capped at the completion.
+	ReasoningTokens int
 	// Default is the behaviour of requests with no queued fault.
 	Default Fault
 	// MaxBodyBytes bounds a request body; zero means 4 MiB.
@@ -268,7 +276,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			s.streamCompletion(w, r, f, chat, req, prompt, completion)
 			return
 		}
-		writeJSON(w, completionBody(chat, req.Model, prompt, completion))
+		writeJSON(w, s.completionBody(chat, req.Model, prompt, completion))
 	case "/v1/embeddings":
 		writeJSON(w, map[string]any{
 			"object": "list", "model": req.Model,
@@ -280,7 +288,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			s.streamResponse(w, r, f, req, prompt, completion)
 			return
 		}
-		writeJSON(w, responseBody(req.Model, prompt, completion))
+		writeJSON(w, s.responseBody(req.Model, prompt, completion))
 	default:
 		errorBody(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "fakeopenai: unknown url "+r.URL.Path)
 	}
@@ -356,11 +364,16 @@ func writeJSON(w http.ResponseWriter, v any) {
 
 func text(n int) string { return strings.Repeat("tok ", n) }
 
-func usage(prompt, completion int) map[string]any {
-	return map[string]any{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+func (s *Server) usage(prompt, completion int) map[string]any {
+	u := map[string]any{"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+	if s.opts.CachedTokens > 0 || s.opts.ReasoningTokens > 0 {
+		u["prompt_tokens_details"] = map[string]any{"cached_tokens": min(s.opts.CachedTokens, prompt)}
+		u["completion_tokens_details"] = map[string]any{"reasoning_tokens": min(s.opts.ReasoningTokens, completion)}
+	}
+	return u
 }
 
-func completionBody(chat bool, model string, prompt, completion int) map[string]any {
+func (s *Server) completionBody(chat bool, model string, prompt, completion int) map[string]any {
 	choice := map[string]any{"index": 0, "finish_reason": "stop", "logprobs": nil}
 	object := "text_completion"
 	if chat {
@@ -371,18 +384,20 @@ func completionBody(chat bool, model string, prompt, completion int) map[string]
 	}
 	return map[string]any{
 		"id": "cmpl-fake", "object": object, "created": 1700000000, "model": model,
-		"choices": []any{choice}, "usage": usage(prompt, completion),
+		"choices": []any{choice}, "usage": s.usage(prompt, completion),
 	}
 }
 
-func responseBody(model string, prompt, completion int) map[string]any {
+func (s *Server) responseBody(model string, prompt, completion int) map[string]any {
 	return map[string]any{
 		"id": "resp_fake", "object": "response", "created_at": 1700000000, "model": model, "status": "completed",
 		"output": []any{map[string]any{
 			"type": "message", "id": "msg_fake", "role": "assistant", "status": "completed",
 			"content": []any{map[string]any{"type": "output_text", "text": text(completion), "annotations": []any{}}},
 		}},
-		"usage": map[string]any{"input_tokens": prompt, "output_tokens": completion, "total_tokens": prompt + completion},
+		"usage": map[string]any{"input_tokens": prompt, "output_tokens": completion, "total_tokens": prompt + completion,
+			"input_tokens_details":  map[string]any{"cached_tokens": min(s.opts.CachedTokens, prompt)},
+			"output_tokens_details": map[string]any{"reasoning_tokens": min(s.opts.ReasoningTokens, completion)}},
 	}
 }
 
@@ -488,7 +503,7 @@ func (s *Server) streamCompletion(w http.ResponseWriter, r *http.Request, f Faul
 	}
 	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage {
 		c := chunk(nil)
-		c["usage"] = usage(prompt, completion)
+		c["usage"] = s.usage(prompt, completion)
 		if e.event("", c) != nil {
 			return
 		}
@@ -507,7 +522,7 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, f Fault,
 		}
 		return e.event(typ, m)
 	}
-	created := responseBody(req.Model, prompt, 0)
+	created := s.responseBody(req.Model, prompt, 0)
 	created["status"], created["output"], created["usage"] = "in_progress", []any{}, nil
 	if ev("response.created", map[string]any{"response": created}) != nil {
 		return
@@ -517,5 +532,5 @@ func (s *Server) streamResponse(w http.ResponseWriter, r *http.Request, f Fault,
 	}) {
 		return
 	}
-	_ = ev("response.completed", map[string]any{"response": responseBody(req.Model, prompt, completion)})
+	_ = ev("response.completed", map[string]any{"response": s.responseBody(req.Model, prompt, completion)})
 }

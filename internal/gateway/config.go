@@ -68,6 +68,18 @@ type Config struct {
 	// Queue lets requests over a limit wait, by priority class and fair
 	// share, instead of being refused (queue_config.go).
 	Queue QueueConfig `yaml:"queue"`
+	// Teams and Orgs are the levels above keys: a key may belong to a
+	// team and a team to an org, each with limits and budgets shared by
+	// all its keys (levels.go).
+	Teams map[string]LevelConfig `yaml:"teams"`
+	Orgs  map[string]LevelConfig `yaml:"orgs"`
+	// Prices adds or replaces model prices in dollars per million tokens,
+	// over the shipped list prices (package pricing).
+	Prices map[string]PriceConfig `yaml:"prices"`
+	// DefaultPrice prices the models Prices and the list do not name.
+	// Without it, a request on an unpriced model that a budget applies to
+	// is refused (400 model_not_priced).
+	DefaultPrice *PriceConfig `yaml:"default_price"`
 }
 
 // UpstreamConfig is the `upstream:` section.
@@ -134,6 +146,9 @@ type TierConfig struct {
 	// keys' weight in fair sharing (default 1).
 	Class  string  `yaml:"class"`
 	Weight float64 `yaml:"weight"`
+	// Budgets are dollar budgets each client of the tier has for itself,
+	// unless its key names budgets of its own.
+	Budgets []BudgetConfig `yaml:"budgets"`
 }
 
 // Tier returns a TierConfig with the limits l for the whole tier.
@@ -160,6 +175,10 @@ type KeyConfig struct {
 	// Class and Weight override the tier's (queue_config.go).
 	Class  string  `yaml:"class"`
 	Weight float64 `yaml:"weight"`
+	// Team is the team the key belongs to, if any (Config.Teams).
+	Team string `yaml:"team"`
+	// Budgets replace the tier's budgets for this key's client.
+	Budgets []BudgetConfig `yaml:"budgets"`
 }
 
 // Load reads and validates the configuration file at path. Its error
@@ -275,8 +294,8 @@ func (c *Config) Check(doc *yamlconf.Doc) {
 			doc.Addf(path, "tier name must be 1-128 letters, digits or _.:/-")
 		}
 		t.Limits().check(doc, path, c.LeaseTTL)
-		if t.Limits() == (Limits{}) && len(t.Models) == 0 {
-			doc.Addf(path, "no limits: set at least one of rpm, tpm, rpd, concurrency or models")
+		if t.Limits() == (Limits{}) && len(t.Models) == 0 && len(t.Budgets) == 0 {
+			doc.Addf(path, "no limits: set at least one of rpm, tpm, rpd, concurrency, models or budgets")
 		}
 		for _, model := range sortedKeys(t.Models) {
 			mpath := path + ".models." + model
@@ -316,6 +335,7 @@ func (c *Config) Check(doc *yamlconf.Doc) {
 		}
 	}
 	c.checkQueue(doc)
+	c.checkLevels(doc)
 }
 
 var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)

@@ -58,6 +58,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/pricing"
 	"github.com/sluice-io/sluice/internal/tracing"
 )
 
@@ -105,6 +106,15 @@ type Settlement struct {
 	// on: reported by the upstream when UsageReported, else estimated.
 	PromptTokens, CompletionTokens int64
 	UsageReported                  bool
+	// Team is the key's team, "" when it has none.
+	Team string
+	// CachedTokens and ReasoningTokens are the parts of PromptTokens and
+	// CompletionTokens the upstream reported as cached and as reasoning.
+	CachedTokens, ReasoningTokens int64
+	// ReservedCost is the maximum cost reserved on the request's dollar
+	// budgets, Cost what was finally charged to them; both zero when no
+	// budget applies (budget.go).
+	ReservedCost, Cost pricing.Micros
 	// Err is the store's error, if settling failed.
 	Err error
 }
@@ -149,6 +159,7 @@ type Gateway struct {
 	onSettled    func(Settlement)
 	pending      sync.WaitGroup // settlements in progress
 	queue        *queue         // nil without a queue section (queue.go)
+	prices       *pricing.Table
 }
 
 // client is what a key resolves to.
@@ -159,6 +170,9 @@ type client struct {
 	prefix string // "{gw:<id>}:", one Redis Cluster slot per client
 	// specKeys[i] is the store key of tier.specs[i]: prefix + suffix.
 	specKeys []string
+	// levels are the client's budgets and its team's and org's limits
+	// (levels.go); nil when it has none.
+	levels *levels
 }
 
 type kind uint8
@@ -181,6 +195,11 @@ type spec struct {
 	suffix string // key suffix
 	alg    sluice.Algorithm
 	limit  sluice.Limit
+	// level is "" for a limit of the key's own, else "team" or "org",
+	// and levelName the team's or org's name (levels.go).
+	level, levelName string
+	// window is a budget's window, such as "month" (budget.go).
+	window, zone string
 }
 
 func (s *spec) describe() string {
@@ -188,6 +207,9 @@ func (s *spec) describe() string {
 	d := names[s.name] + " (" + s.name + ")"
 	if s.model != "" {
 		d += " on model " + s.model
+	}
+	if s.level != "" {
+		d += " of " + s.level + " " + s.levelName
 	}
 	return d
 }
@@ -240,6 +262,7 @@ func New(opts Options) (*Gateway, error) {
 		metrics:      m,
 		log:          log,
 		onSettled:    opts.OnSettled,
+		prices:       cfg.priceTable(),
 	}
 	for _, model := range cfg.allModels() {
 		g.models[model] = true
@@ -266,6 +289,7 @@ func New(opts Options) (*Gateway, error) {
 	}
 	for _, k := range cfg.Keys {
 		cl := &client{id: k.Client, name: k.Name, tier: tiers[k.Tier], prefix: "{gw:" + k.Client + "}:"}
+		g.attachLevels(cl, k)
 		for _, s := range cl.tier.specs {
 			cl.specKeys = append(cl.specKeys, cl.prefix+s.suffix)
 		}
@@ -340,6 +364,7 @@ type call struct {
 	rawModel    string // as the client named it
 	stream      bool
 	wantUsage   bool // the client asked for the usage event itself
+	bud         callBudget
 	body        []byte
 	promptEst   int64
 	reserved    int64
@@ -394,6 +419,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ep != epNone && r.Method != http.MethodPost && strings.EqualFold(r.Method, http.MethodPost) {
 		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "",
 			"Method "+r.Method+" is not allowed; use POST.")
+		return
+	}
+	if r.URL.Path == statusPath && r.Method == http.MethodGet {
+		g.serveStatus(w, r, c)
 		return
 	}
 	if r.Method != http.MethodPost || ep == epNone {
@@ -489,6 +518,9 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 		c.specs = append(c.specs, s)
 		c.reqs = append(c.reqs, req)
 	}
+	if !g.admitLevels(w, r, c) {
+		return false
+	}
 	if len(c.reqs) == 0 {
 		return true
 	}
@@ -508,6 +540,7 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 		return false
 	}
 	g.setLimitHeaders(w.Header(), c, ds)
+	g.setBudgetHeaders(w.Header(), c, ds)
 	allowed := sluice.Combine(ds).Allowed
 	if tracing.Recording(r.Context()) {
 		outcome := "admitted"
@@ -643,14 +676,19 @@ func (g *Gateway) settle(c *call) {
 		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst
 	}
 	s.Actual = addSat(s.PromptTokens, s.CompletionTokens)
+	g.settleCost(c, &s)
 	refunds := make([]sluice.Request, 0, len(c.reqs))
 	var charges []sluice.Request
 	for i, req := range c.reqs {
 		switch c.specs[i].kind {
 		case kindConcurrency, kindReservation:
 			refunds = append(refunds, req)
-		case kindTokens:
-			if d := req.Cost - s.Actual; d > 0 {
+		case kindTokens, kindBudget:
+			actual := s.Actual
+			if c.specs[i].kind == kindBudget {
+				actual = budgetCharge(s.Cost)
+			}
+			if d := req.Cost - actual; d > 0 {
 				req.Cost = d
 				refunds = append(refunds, req)
 			} else if d < 0 {
@@ -696,6 +734,7 @@ func (g *Gateway) settle(c *call) {
 	m.requests.WithLabelValues(s.Tier, s.Model, statusLabel(c)).Inc()
 	m.tokens.WithLabelValues(s.Tier, s.Model, "prompt").Add(float64(s.PromptTokens))
 	m.tokens.WithLabelValues(s.Tier, s.Model, "completion").Add(float64(s.CompletionTokens))
+	g.countSpend(c, &s)
 	level := slog.LevelDebug
 	if s.Err != nil {
 		level = slog.LevelError

@@ -17,6 +17,7 @@ type metrics struct {
 	rejections *prometheus.CounterVec
 	upstream   *prometheus.HistogramVec
 	overhead   *prometheus.HistogramVec
+	spend      *prometheus.CounterVec
 	handler    http.Handler
 }
 
@@ -39,9 +40,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sluice_gateway_overhead_seconds", Help: "Time the gateway adds before a request goes upstream: authentication, parsing, estimation and the limit check.",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 14),
 		}, []string{"tier", "model"}),
+		spend: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_gateway_spend_microdollars_total", Help: "Dollars charged to budgets after settlement, in micro-dollars, by org, team (\"-\" for none) and model.",
+		}, []string{"org", "team", "model"}),
 		handler: http.NotFoundHandler(),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.tokens, m.rejections, m.upstream, m.overhead} {
+	for _, c := range []prometheus.Collector{m.requests, m.tokens, m.rejections, m.upstream, m.overhead, m.spend} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("gateway: metrics: %w", err)
 		}

@@ -21,11 +21,25 @@ type usageJSON struct {
 	InputTokens      int64 `json:"input_tokens"`
 	OutputTokens     int64 `json:"output_tokens"`
 	TotalTokens      int64 `json:"total_tokens"`
+	// The cached and reasoning parts: prompt_tokens_details and
+	// completion_tokens_details for chat and completions,
+	// input_tokens_details and output_tokens_details for responses.
+	PromptTokensDetails     *tokenDetails `json:"prompt_tokens_details"`
+	CompletionTokensDetails *tokenDetails `json:"completion_tokens_details"`
+	InputTokensDetails      *tokenDetails `json:"input_tokens_details"`
+	OutputTokensDetails     *tokenDetails `json:"output_tokens_details"`
+}
+
+// tokenDetails is the breakdown of a usage count.
+type tokenDetails struct {
+	CachedTokens    int64 `json:"cached_tokens"`
+	ReasoningTokens int64 `json:"reasoning_tokens"`
 }
 
 // setUsage records usage; negative numbers count as 0 and sums saturate.
 func (c *call) setUsage(u *usageJSON) {
 	c.usageSeen = true
+	c.bud.setDetails(u)
 	c.prompt = addSat(u.PromptTokens, u.InputTokens)
 	c.completion = addSat(u.CompletionTokens, u.OutputTokens)
 	if c.prompt == 0 && c.completion == 0 && u.TotalTokens > 0 {

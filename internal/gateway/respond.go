@@ -57,6 +57,9 @@ func (s *spec) quota(d sluice.Decision) httplimit.Quota {
 	if s.model != "" {
 		name += ":" + s.model
 	}
+	if s.level != "" {
+		name = s.level + "." + name // "team.rpm"
+	}
 	return httplimit.Quota{Name: name, Unit: u, Algorithm: s.alg, Decision: d}
 }
 
@@ -113,9 +116,13 @@ func (g *Gateway) setLimitHeaders(h http.Header, c *call, ds []sluice.Decision) 
 		from = end
 	}
 	vals[n] = all[from:]
-	policy, ok := c.client.tier.policies[c.rawModel]
+	policies := c.client.tier.policies
+	if c.client.levels != nil {
+		policies = c.client.levels.policies
+	}
+	policy, ok := policies[c.rawModel]
 	if !ok {
-		policy = c.client.tier.policies[""]
+		policy = policies[""]
 	}
 	vals[n+1] = policy
 	h["Ratelimit"] = vals[n : n+1 : n+1]
@@ -134,6 +141,9 @@ func retryAfter(s *spec, d sluice.Decision) time.Duration {
 // reject answers 429 for a batch that a limit denied, naming the limit
 // (rate, period and burst), what is left of it and the amount requested.
 func (g *Gateway) reject(w http.ResponseWriter, c *call, ds []sluice.Decision) {
+	if g.rejectBudget(w, c, ds) {
+		return
+	}
 	worst := -1
 	var wait time.Duration
 	for i, d := range ds {
@@ -145,7 +155,7 @@ func (g *Gateway) reject(w http.ResponseWriter, c *call, ds []sluice.Decision) {
 		}
 	}
 	s, d := c.specs[worst], ds[worst]
-	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, s.name).Inc()
+	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, s.reason()).Inc()
 	// The limit as rate, period and burst, and what is left of the burst:
 	// "limit 500/min burst 50" never passes the burst off as the rate.
 	msg := fmt.Sprintf("Rate limit reached for %s on tier %s: limit %s, %d left, requested %d. Please try again in %s.",

@@ -1,0 +1,605 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/internal/fakeopenai"
+	"github.com/sluice-io/sluice/internal/pricing"
+	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/internal/yamlconf"
+	"github.com/sluice-io/sluice/memstore"
+	"github.com/sluice-io/sluice/redisstore"
+)
+
+const clientKey2 = "sk-client-test-0002"
+
+// budgetEnv is one or more gateways, built from a YAML configuration,
+// in front of one fake upstream.
+type budgetEnv struct {
+	t       *testing.T
+	cfg     *Config
+	up      *fakeopenai.Server
+	gws     []*Gateway
+	urls    []string
+	stores  []sluice.Store
+	reg     *prometheus.Registry
+	settled chan Settlement
+}
+
+// newBudgetEnv parses doc, whose %[1]s is the upstream's base URL, %[2]s
+// the hash of clientKey and %[3]s that of clientKey2, and starts a gateway
+// per store.
+func newBudgetEnv(t *testing.T, doc string, up *fakeopenai.Server, stores ...sluice.Store) *budgetEnv {
+	t.Helper()
+	cfg, err := Parse("test.yaml", []byte(fmt.Sprintf(doc, up.URL()+"/v1", sluice.HashKey(clientKey), sluice.HashKey(clientKey2))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &budgetEnv{t: t, cfg: cfg, up: up, stores: stores, settled: make(chan Settlement, 1000)}
+	for i, st := range stores {
+		reg := prometheus.NewRegistry()
+		if i == 0 {
+			e.reg = reg
+		}
+		gw, err := New(Options{Config: cfg, Store: st, Registerer: reg,
+			Getenv:    func(string) string { return upstreamKey },
+			OnSettled: func(s Settlement) { e.settled <- s },
+			Logger:    slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(gw)
+		t.Cleanup(srv.Close)
+		e.gws = append(e.gws, gw)
+		e.urls = append(e.urls, srv.URL)
+	}
+	return e
+}
+
+func (e *budgetEnv) do(i int, method, path, key, body string) *http.Response {
+	e.t.Helper()
+	req, err := http.NewRequest(method, e.urls[i]+path, strings.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { res.Body.Close() })
+	return res
+}
+
+func (e *budgetEnv) settle() Settlement {
+	e.t.Helper()
+	select {
+	case s := <-e.settled:
+		return s
+	case <-time.After(10 * time.Second):
+		e.t.Fatal("no settlement within 10s")
+	}
+	return Settlement{}
+}
+
+// budget peeks the budget spec of client key hash h's levels that matches
+// scope and window, and returns what is spent of it.
+func (e *budgetEnv) spent(key, scope, window string) pricing.Micros {
+	e.t.Helper()
+	cl := e.gws[0].keys[sluice.HashKey(key)]
+	for i, s := range cl.levels.specs {
+		if s.kind == kindBudget && s.scope() == scope && s.window == window {
+			d, err := e.stores[0].Apply(context.Background(), sluice.OpPeek, sluice.Request{Key: cl.levels.keys[i], Algorithm: s.alg, Limit: s.limit})
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			return pricing.Micros(s.limit.Rate - d.Remaining)
+		}
+	}
+	e.t.Fatalf("no %s budget per %s", scope, window)
+	return 0
+}
+
+func code(t *testing.T, res *http.Response) string {
+	t.Helper()
+	ae := decodeError(t, res)
+	if ae.Error.Code == nil {
+		return ""
+	}
+	return *ae.Error.Code
+}
+
+// hardStopDoc: two keys in two teams of one org whose budget is $1.00 a
+// month; gpt-test costs $2.50/M input, $1.25/M cached input, $10/M output.
+const hardStopDoc = `
+upstream: {base_url: %[1]s, api_key_env: UP}
+store: {timeout: 5s}
+prices:
+  gpt-test: {input: 2.50, cached_input: 1.25, output: 10}
+tiers:
+  t: {rpm: 100000, budgets: [{usd: 100, per: month}]}
+orgs:
+  %[4]s: {budgets: [{usd: 1.00, per: month, zone: Europe/Berlin}]}
+teams:
+  a: {org: %[4]s, rpm: 100000}
+  b: {org: %[4]s, tpm: 100000000}
+keys:
+  - {name: one, hash: %[2]s, tier: t, team: a, client: c1}
+  - {name: two, hash: %[3]s, tier: t, team: b, client: c2}
+`
+
+// hardStop: 50 concurrent requests from two keys through every gateway
+// against the org's $1.00 budget never spend more than the budget plus
+// one request's maximum cost, and spend exactly the usage the upstream
+// reported, priced, after settlement; every request refused is 429
+// insufficient_quota with x-should-retry: false and a Retry-After.
+func hardStop(t *testing.T, org string, stores ...sluice.Store) {
+	// The upstream reports 5 prompt tokens (fewer than the gateway's
+	// estimate), 2 of them cached, and the full 4000 completion tokens.
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, PromptTokens: 5, CachedTokens: 2, CompletionTokens: 4000})
+	e := newBudgetEnv(t, strings.Replace(hardStopDoc, "%[4]s", org, -1), up, stores...)
+	body := `{"model":"gpt-test","messages":[{"role":"user","content":"write a long essay about the history of rate limiting in distributed systems"}],"max_tokens":4000}`
+	price, _ := e.gws[0].prices.Lookup("gpt-test")
+	maxCost := price.Cost(pricing.Usage{pricing.Input: promptEstimate(t, body), pricing.Output: 4000})
+	each := price.Cost(pricing.OpenAIUsage(5, 2, 4000, 0)) // 7.5 + 2.5 + 40000 → 40010
+	if each != 40010 || maxCost <= each {
+		t.Fatalf("cost %d, max %d", each, maxCost)
+	}
+	var wg sync.WaitGroup
+	var ok, refused atomic.Int64
+	for i := range 50 {
+		key := []string{clientKey, clientKey2}[i%2]
+		gw := i % len(e.urls)
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodPost, e.urls[gw]+"/v1/chat/completions", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+key)
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer res.Body.Close()
+			b, _ := io.ReadAll(res.Body)
+			switch res.StatusCode {
+			case 200:
+				ok.Add(1)
+			case 429:
+				refused.Add(1)
+				if !strings.Contains(string(b), `"code":"insufficient_quota"`) || res.Header.Get("x-should-retry") != "false" || res.Header.Get("Retry-After") == "" {
+					t.Errorf("refusal %v: %s", res.Header, b)
+				}
+			default:
+				t.Errorf("status %d: %s", res.StatusCode, b)
+			}
+		})
+	}
+	wg.Wait()
+	var settledCost pricing.Micros
+	for range ok.Load() {
+		s := e.settle()
+		if s.Cost != each || s.ReservedCost != maxCost || s.CachedTokens != 2 || s.Team == "" {
+			t.Fatalf("settlement %+v", s)
+		}
+		settledCost += s.Cost
+	}
+	n := pricing.Micros(ok.Load())
+	if n == 0 || refused.Load() == 0 || int64(up.Count()) != ok.Load() {
+		t.Fatalf("admitted %d, refused %d, upstream %d", n, refused.Load(), up.Count())
+	}
+	spent := e.spent(clientKey, "org "+org, "month")
+	if spent > pricing.Dollar+maxCost {
+		t.Fatalf("spent %s of a $1 budget, more than one request's max cost %s over", spent, maxCost)
+	}
+	if spent != n*each || settledCost != spent {
+		t.Fatalf("spent %s, settled %s, upstream usage priced %s (%d requests)", spent, settledCost, n*each, n)
+	}
+	// Both keys see the same org budget; their own (tier) budgets were
+	// charged their share only.
+	if got := e.spent(clientKey2, "org "+org, "month"); got != spent {
+		t.Fatalf("key two sees %s spent", got)
+	}
+	if a, b := e.spent(clientKey, "key", "month"), e.spent(clientKey2, "key", "month"); a+b != spent {
+		t.Fatalf("key budgets %s + %s, org %s", a, b, spent)
+	}
+}
+
+func TestBudgetHardStopMemory(t *testing.T) {
+	st, err := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	hardStop(t, "acme", st)
+}
+
+func redisStores(t *testing.T, url string) []sluice.Store {
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	var out []sluice.Store
+	for range 2 {
+		// Each gateway has its own connections, as two processes would.
+		st, err := redisstore.New(context.Background(), redisstore.Options{URL: url, Clock: clk, DisableDenyCache: true, Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = st.Close() })
+		out = append(out, st)
+	}
+	return out
+}
+
+func uniqueName(t *testing.T) string {
+	n := strings.NewReplacer(":", "", "/", "", "{", "", "}", "").Replace(redistest.Prefix(t))
+	return "o" + n[max(len(n)-12, 0):]
+}
+
+// TestBudgetHardStopRedisTwoGateways: the hard stop through two gateways
+// sharing one real Redis.
+func TestBudgetHardStopRedisTwoGateways(t *testing.T) {
+	hardStop(t, uniqueName(t), redisStores(t, redistest.Standalone(t).URL())...)
+}
+
+// TestBudgetHardStopRedisCluster: the same on a 3-master Cluster, where a
+// key's, its team's and its org's store keys share the org's hash tag.
+func TestBudgetHardStopRedisCluster(t *testing.T) {
+	hardStop(t, uniqueName(t), redisStores(t, redistest.SharedCluster(t).URL())...)
+}
+
+// TestLevelKeysShareSlot: every store key a request of a client in an org
+// touches has the org's hash tag; a client without a team keeps its own.
+func TestLevelKeysShareSlot(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey})
+	st, _ := memstore.New(memstore.Options{})
+	t.Cleanup(func() { _ = st.Close() })
+	e := newBudgetEnv(t, strings.Replace(hardStopDoc, "%[4]s", "acme", -1), up, st)
+	for _, key := range []string{clientKey, clientKey2} {
+		cl := e.gws[0].keys[sluice.HashKey(key)]
+		all := append(append([]string(nil), cl.specKeys...), cl.levels.keys...)
+		seen := map[string]bool{}
+		for _, k := range all {
+			if !strings.HasPrefix(k, "{gw:o:acme}:") || seen[k] {
+				t.Fatalf("key %q of %v", k, all)
+			}
+			seen[k] = true
+		}
+	}
+}
+
+// TestOfficialSDKInsufficientQuota: the official SDK, allowed two
+// retries, sees 429 insufficient_quota and does not retry it.
+func TestOfficialSDKInsufficientQuota(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, CompletionTokens: 6})
+	st, _ := memstore.New(memstore.Options{Clock: clock.NewSystem()})
+	t.Cleanup(func() { _ = st.Close() })
+	e := newBudgetEnv(t, `
+upstream: {base_url: %[1]s, api_key_env: UP}
+prices: {gpt-test: {input: 1000, output: 1000}}
+tiers: {t: {budgets: [{usd: 0.05, per: day}]}}
+keys: [{name: one, hash: %[2]s, tier: t}, {name: two, hash: %[3]s, tier: t}]
+`, up, st)
+	var hits atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		e.gws[0].ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	client := openai.NewClient(option.WithBaseURL(srv.URL+"/v1/"), option.WithAPIKey(clientKey), option.WithMaxRetries(2))
+	ctx := context.Background()
+	// $1000/M: 20 tokens reserved cost $0.02 and more; the first request
+	// passes, then the budget is spent.
+	if _, err := client.Chat.Completions.New(ctx, chatParams(20)); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.settle(); s.Cost <= 0 || s.Cost > 50_000 {
+		t.Fatalf("settled %+v", s)
+	}
+	for {
+		_, err := client.Chat.Completions.New(ctx, chatParams(20))
+		if err == nil {
+			e.settle()
+			continue
+		}
+		var apiErr *openai.Error
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != 429 || apiErr.Code != "insufficient_quota" || apiErr.Type != "insufficient_quota" {
+			t.Fatalf("error %v", err)
+		}
+		break
+	}
+	before := hits.Load()
+	_, err := client.Chat.Completions.New(ctx, chatParams(20))
+	if err == nil || hits.Load() != before+1 {
+		t.Fatalf("err %v, the SDK sent %d requests for one call", err, hits.Load()-before)
+	}
+}
+
+// TestBudgetHostileInput: what a caller can send to get past a budget or
+// break its accounting.
+func TestBudgetHostileInput(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, CompletionTokens: 10})
+	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
+	t.Cleanup(func() { _ = st.Close() })
+	e := newBudgetEnv(t, `
+upstream: {base_url: %[1]s, api_key_env: UP}
+store: {timeout: 5s}
+prices: {gpt-test: {input: 2.50, output: 10}}
+tiers: {t: {budgets: [{usd: 5, per: day}]}}
+keys: [{name: one, hash: %[2]s, tier: t}, {name: two, hash: %[3]s, tier: t, budgets: [{usd: 1, per: week}]}]
+`, up, st)
+	for _, c := range []struct {
+		name, body string
+		status     int
+		code       string
+	}{
+		{"negative max_tokens", `{"model":"gpt-test","prompt":"x","max_tokens":-5}`, 400, "invalid_value"},
+		{"zero max_tokens", `{"model":"gpt-test","prompt":"x","max_tokens":0}`, 400, "invalid_value"},
+		// 10^18 output tokens: the cost saturates and can never fit.
+		{"huge max_tokens", `{"model":"gpt-test","prompt":"x","max_tokens":1000000000000000000}`, 429, "insufficient_quota"},
+		{"max_tokens beyond int64", `{"model":"gpt-test","prompt":"x","max_tokens":99999999999999999999}`, 400, "invalid_type"},
+		{"overflow through n", `{"model":"gpt-test","prompt":"x","max_tokens":9223372036854775807,"n":128}`, 429, "insufficient_quota"},
+		// Just above the whole $5 budget: never passes, not worth a retry.
+		{"over the whole budget", `{"model":"gpt-test","prompt":"x","max_tokens":500001}`, 429, "insufficient_quota"},
+		{"unknown model", `{"model":"gpt-unpriced","prompt":"x","max_tokens":5}`, 400, "model_not_priced"},
+		{"unknown dated model", `{"model":"gpt-unpriced-2024-01-01","prompt":"x","max_tokens":5}`, 400, "model_not_priced"},
+	} {
+		res := e.do(0, "POST", "/v1/completions", clientKey, c.body)
+		if res.StatusCode != c.status || code(t, res) != c.code {
+			t.Errorf("%s: status %d, want %d %s", c.name, res.StatusCode, c.status, c.code)
+		}
+		if c.status == 429 && res.Header.Get("x-should-retry") != "false" {
+			t.Errorf("%s: x-should-retry %q", c.name, res.Header.Get("x-should-retry"))
+		}
+	}
+	if up.Count() != 0 {
+		t.Fatalf("upstream saw %d requests", up.Count())
+	}
+	if got := e.spent(clientKey, "key", "day"); got != 0 {
+		t.Fatalf("refused requests spent %s", got)
+	}
+	// A dated snapshot of a priced model is priced as the model.
+	if res := e.do(0, "POST", "/v1/completions", clientKey, `{"model":"gpt-test-2025-01-01","prompt":"x","max_tokens":5}`); res.StatusCode != 200 {
+		t.Fatalf("dated model: %d", res.StatusCode)
+	}
+	if s := e.settle(); s.Cost <= 0 {
+		t.Fatalf("dated model settled %+v", s)
+	}
+	// The second key's own budget replaces its tier's: $1 a week.
+	res := e.do(0, "POST", "/v1/completions", clientKey2, `{"model":"gpt-test","prompt":"x","max_tokens":100001}`)
+	if res.StatusCode != 429 || !strings.Contains(decodeError(t, res).Error.Message, "$1.000000 per week") {
+		t.Fatalf("key budget: %d", res.StatusCode)
+	}
+}
+
+// TestBudgetUpstreamOverreports: an upstream reporting absurd usage
+// charges the budget at most pricing.MaxMicros, which spends it without
+// wrapping the window's count.
+func TestBudgetUpstreamOverreports(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, PromptTokens: math.MaxInt64 / 4, CompletionTokens: 5})
+	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
+	t.Cleanup(func() { _ = st.Close() })
+	e := newBudgetEnv(t, `
+upstream: {base_url: %[1]s, api_key_env: UP}
+store: {timeout: 5s}
+prices: {gpt-test: {input: 2.50, output: 10}}
+tiers: {t: {budgets: [{usd: 5, per: day}]}}
+keys: [{name: one, hash: %[2]s, tier: t}]
+`, up, st)
+	if res := e.do(0, "POST", "/v1/completions", clientKey, `{"model":"gpt-test","prompt":"x","max_tokens":5}`); res.StatusCode != 200 {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	if s := e.settle(); s.Err != nil || s.Cost <= pricing.MaxMicros {
+		t.Fatalf("settled %+v", s)
+	}
+	if got := e.spent(clientKey, "key", "day"); got != 5*pricing.Dollar {
+		t.Fatalf("spent %s", got)
+	}
+	res := e.do(0, "POST", "/v1/completions", clientKey, `{"model":"gpt-test","prompt":"x","max_tokens":5}`)
+	if res.StatusCode != 429 || code(t, res) != "insufficient_quota" {
+		t.Fatalf("after the overreport: %d", res.StatusCode)
+	}
+}
+
+// TestBudgetVisible: the x-sluice-budget-* headers, /v1/status and the
+// spend metric by org, team and model.
+func TestBudgetVisible(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, PromptTokens: 100, CompletionTokens: 10, CachedTokens: 40, ReasoningTokens: 4})
+	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
+	t.Cleanup(func() { _ = st.Close() })
+	e := newBudgetEnv(t, `
+upstream: {base_url: %[1]s, api_key_env: UP}
+store: {timeout: 5s}
+models: [gpt-test]
+prices: {gpt-test: {input: 2.50, cached_input: 1.25, output: 10, reasoning: 20}}
+tiers: {t: {rpm: 100, budgets: [{usd: 3, per: day}]}}
+orgs: {acme: {tpm: 100000, budgets: [{usd: 2, per: month}]}}
+teams: {research: {org: acme, rpm: 50, budgets: [{usd: 1, per: week, model: gpt-test}]}}
+keys: [{name: one, hash: %[2]s, tier: t, team: research}]
+`, up, st)
+	res := e.do(0, "POST", "/v1/chat/completions", clientKey, `{"model":"gpt-test","messages":[{"role":"user","content":"hi"}],"max_tokens":1000}`)
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	s := e.settle()
+	// 60 input × 2.5 + 40 cached × 1.25 + 6 output × 10 + 4 reasoning × 20 = 150+50+60+80.
+	if s.Cost != 340 || s.CachedTokens != 40 || s.ReasoningTokens != 4 {
+		t.Fatalf("settled %+v", s)
+	}
+	h := res.Header
+	// The $1 team budget binds first: the least is left of it.
+	if h.Get("x-sluice-budget-limit-usd") != "1.000000" || h.Get("x-sluice-budget-scope") != "team research" ||
+		h.Get("x-sluice-budget-window") != "week" || h.Get("x-sluice-budget-reserved-usd") != pricing.Micros(s.ReservedCost).String() ||
+		h.Get("x-sluice-budget-remaining-usd") != (pricing.Dollar-s.ReservedCost).String() || h.Get("x-sluice-budget-reset") == "" {
+		t.Fatalf("headers %v", h)
+	}
+	// Team and org limits are in the rate-limit headers too.
+	if !strings.Contains(h.Get("Ratelimit-Policy"), `"team.rpm"`) || !strings.Contains(h.Get("Ratelimit-Policy"), `"org.tpm"`) {
+		t.Fatalf("policy %q", h.Get("Ratelimit-Policy"))
+	}
+	sres := e.do(0, "GET", "/v1/status", clientKey, "")
+	var st1 statusBody
+	if err := json.NewDecoder(sres.Body).Decode(&st1); err != nil || sres.StatusCode != 200 {
+		t.Fatal(sres.StatusCode, err)
+	}
+	if st1.Team != "research" || st1.Org != "acme" || len(st1.Budgets) != 3 || len(st1.Limits) != 3 {
+		t.Fatalf("status %+v", st1)
+	}
+	for _, b := range st1.Budgets {
+		if b.SpentUSD != "0.000340" {
+			t.Fatalf("budget %+v", b)
+		}
+	}
+	if up.Count() != 1 {
+		t.Fatalf("/v1/status went upstream")
+	}
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if strings.Contains(l.GetValue(), clientKey) || strings.Contains(l.GetValue(), sluice.HashKey(clientKey)[:16]) {
+					t.Fatalf("metric %s labelled with the key: %v", mf.GetName(), m)
+				}
+			}
+		}
+		if mf.GetName() == "sluice_gateway_spend_microdollars_total" {
+			m := mf.GetMetric()[0]
+			found = m.GetCounter().GetValue() == 340 && len(m.GetLabel()) == 3
+		}
+	}
+	if !found {
+		t.Fatal("no spend metric of 340 by org, team and model")
+	}
+}
+
+// TestNestedAllOrNothing: a request a team's limit refuses charges
+// nothing at the key's or the org's levels, and two keys of one team
+// share its limit.
+func TestNestedAllOrNothing(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, CompletionTokens: 5})
+	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
+	t.Cleanup(func() { _ = st.Close() })
+	e := newBudgetEnv(t, `
+upstream: {base_url: %[1]s, api_key_env: UP}
+store: {timeout: 5s}
+prices: {gpt-test: {input: 1, output: 1}}
+tiers: {t: {rpm: 100}}
+orgs: {acme: {rpm: 100, budgets: [{usd: 10, per: month}]}}
+teams: {research: {org: acme, rpm: 3}}
+keys: [{name: one, hash: %[2]s, tier: t, team: research}, {name: two, hash: %[3]s, tier: t, team: research}]
+`, up, st)
+	body := `{"model":"gpt-test","prompt":"x","max_tokens":5}`
+	for i, key := range []string{clientKey, clientKey2, clientKey, clientKey2} {
+		res := e.do(0, "POST", "/v1/completions", key, body)
+		want := 200
+		if i == 3 {
+			want = 429
+		}
+		if res.StatusCode != want {
+			t.Fatalf("request %d: %d", i, res.StatusCode)
+		}
+		if want == 200 {
+			e.settle()
+		} else if ae := decodeError(t, res); !strings.Contains(ae.Error.Message, "of team research") || *ae.Error.Code != "rate_limit_exceeded" {
+			t.Fatalf("refusal %+v", ae)
+		}
+	}
+	// The refused request charged neither the org's rpm nor its budget,
+	// nor the key's own rpm.
+	sres := e.do(0, "GET", "/v1/status", clientKey2, "")
+	var body2 statusBody
+	if err := json.NewDecoder(sres.Body).Decode(&body2); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{"key/rpm": 99, "team research/rpm": 0, "org acme/rpm": 97}
+	for _, l := range body2.Limits {
+		if w, ok := want[l.Scope+"/"+l.Name]; !ok || l.Remaining != w {
+			t.Fatalf("limit %+v", l)
+		}
+	}
+	if spent := e.spent(clientKey, "org acme", "month"); spent != 3*e.settledCostEach(body) {
+		t.Fatalf("org spent %s", spent)
+	}
+}
+
+func (e *budgetEnv) settledCostEach(body string) pricing.Micros {
+	price, _ := e.gws[0].prices.Lookup("gpt-test")
+	return price.Cost(pricing.Usage{pricing.Input: int64(fakeopenai.CountPromptTokens([]byte(body))), pricing.Output: 5})
+}
+
+// TestBudgetConfigErrors: each mistake in budgets, levels and prices is
+// located and explained.
+func TestBudgetConfigErrors(t *testing.T) {
+	doc := `
+upstream: {base_url: http://127.0.0.1:1/v1}
+prices:
+  bad: {input: -1, output: 1e3}
+  fine: {input: 0.000001, output: 100000.5}
+default_price: {input: 2.1234567}
+tiers:
+  t: {budgets: [{usd: 0, per: fortnight}, {usd: 5, per: day, zone: Mars/Olympus}, {usd: 5, per: day}]}
+orgs:
+  acme: {org: other}
+teams:
+  research: {org: nope}
+keys:
+  - {name: a, hash: ` + sluice.HashKey("a") + `, tier: t, team: nobody, client: c}
+  - {name: b, hash: ` + sluice.HashKey("b") + `, tier: t, client: c, budgets: [{usd: 2, per: year}]}
+`
+	_, err := Parse("g.yaml", []byte(doc))
+	var ye *yamlconf.Error
+	if !errors.As(err, &ye) || !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("%v", err)
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		"prices.bad.input", "prices.fine.output", "default_price",
+		"tiers.t.budgets[0].usd", "tiers.t.budgets[0].per", "tiers.t.budgets[1].zone", "tiers.t.budgets[2]: same window",
+		"orgs.acme.org", "teams.research.org: unknown org", "keys[0].team: unknown team", "keys[1].team", "keys[1].budgets",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("no %q in:\n%s", want, msg)
+		}
+	}
+	// Amounts are read exactly, never through a float.
+	cfg, err := Parse("g.yaml", []byte(`
+upstream: {base_url: http://127.0.0.1:1/v1}
+prices: {m: {input: 0.075, cached_input: "0.0375", output: 0.3}}
+tiers: {t: {budgets: [{usd: 1234567.89, per: day}]}}
+`))
+	if err == nil {
+		t.Fatalf("a budget above the maximum was accepted: %+v", cfg.Tiers)
+	}
+	cfg, err = Parse("g.yaml", []byte(`
+upstream: {base_url: http://127.0.0.1:1/v1}
+prices: {m: {input: 0.075, cached_input: "0.0375", output: 0.3}}
+tiers: {t: {budgets: [{usd: 0.29, per: day}]}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	usd, _ := cfg.Tiers["t"].Budgets[0].USD.Micros()
+	if p, err := cfg.Prices["m"].Price(); err != nil || p != (pricing.Price{75_000, 37_500, 300_000, 300_000}) || usd != 290_000 {
+		t.Fatalf("price %v %v, budget %d", p, err, usd)
+	}
+}

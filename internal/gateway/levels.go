@@ -1,0 +1,166 @@
+package gateway
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/tracing"
+)
+
+// Nested limits
+//
+// A key belongs to a client (keys may share one), a client to at most one
+// team, a team to at most one org. Each level carries limits (rpm, tpm,
+// rpd, concurrency) and dollar budgets, and a request is charged at every
+// level in the same store.ApplyAll as its tier's limits: all or nothing,
+// so no level is charged for a request another level refused, and
+// parallel requests through any number of gateways cannot together pass a
+// level's limit.
+//
+// In Redis Cluster one ApplyAll must stay in one hash slot, so every store
+// key of a request carries the same hash tag, chosen by the highest level:
+//
+//	no team:        {gw:<client>}:<suffix>                (as before levels)
+//	team, no org:   {gw:t:<team>}:c:<n>:<client>:<suffix>  client
+//	                {gw:t:<team>}:t:<n>:<team>:<suffix>    team
+//	team in an org: {gw:o:<org>}:c:<n>:<client>:<suffix>   client
+//	                {gw:o:<org>}:t:<n>:<team>:<suffix>     team
+//	                {gw:o:<org>}:o:<suffix>                org
+//
+// (<n> is the length of the name that follows, so that no client's keys
+// can spell another's.) The cost of this design is that all of an org's
+// traffic lands on one Cluster slot, hence one master: an org's request
+// rate is bounded by what one Redis master decides (about 50-100k
+// admissions per second for a few keys each), and its keys cannot be
+// spread by adding masters. Orgs are spread over masters as clients were.
+// The alternative, one slot per level with a two-phase reservation
+// (reserve at the key, then the team, then the org, refunding on a later
+// denial), costs a round trip per level and is not atomic: a crash between
+// two phases leaks a reservation until its lease lapses, and two requests
+// can each see the other's uncommitted charge and both be refused.
+
+// levels is what a client is charged beyond its tier's limits: its own
+// budgets, and its team's and org's limits and budgets.
+type levels struct {
+	team, org string
+	specs     []spec
+	keys      []string // keys[i] is the store key of specs[i]
+	// policies is the RateLimit-Policy field of the client's requests by
+	// model, its tier's limits followed by these.
+	policies map[string]string
+}
+
+// lengthPrefixed writes a name so that no two (name, suffix) pairs join
+// into the same key.
+func lengthPrefixed(name string) string { return strconv.Itoa(len(name)) + ":" + name }
+
+// attachLevels gives cl its budgets and its team's and org's limits, and
+// moves its keys under the hash tag of its highest level.
+func (g *Gateway) attachLevels(cl *client, k KeyConfig) {
+	cfg := g.cfg
+	team, hasTeam := cfg.Teams[k.Team]
+	budgets := k.Budgets
+	if len(budgets) == 0 {
+		budgets = cfg.Tiers[k.Tier].Budgets
+	}
+	if !hasTeam && len(budgets) == 0 {
+		return
+	}
+	lv := &levels{}
+	add := func(prefix string, specs []spec) {
+		for _, s := range specs {
+			lv.specs = append(lv.specs, s)
+			lv.keys = append(lv.keys, prefix+s.suffix)
+		}
+	}
+	if hasTeam {
+		tag := "{gw:t:" + k.Team + "}:"
+		if team.Org != "" {
+			tag = "{gw:o:" + team.Org + "}:"
+		}
+		cl.prefix = tag + "c:" + lengthPrefixed(cl.id) + ":"
+		add(cl.prefix, appendBudgetSpecs(nil, budgets, "", ""))
+		lv.team = k.Team
+		teamSpecs := appendSpecs(nil, team.Limits, "", cfg.LeaseTTL)
+		add(tag+"t:"+lengthPrefixed(k.Team)+":", appendBudgetSpecs(setLevel(teamSpecs, "team", k.Team), team.Budgets, "team", k.Team))
+		if team.Org != "" {
+			lv.org = team.Org
+			org := cfg.Orgs[team.Org]
+			orgSpecs := appendSpecs(nil, org.Limits, "", cfg.LeaseTTL)
+			add(tag+"o:", appendBudgetSpecs(setLevel(orgSpecs, "org", team.Org), org.Budgets, "org", team.Org))
+		}
+	} else {
+		add(cl.prefix, appendBudgetSpecs(nil, budgets, "", ""))
+	}
+	all := append(append([]spec(nil), cl.tier.specs...), lv.specs...)
+	lv.policies = map[string]string{"": rateLimitPolicy(all, "")}
+	for _, s := range all {
+		if s.model != "" {
+			lv.policies[s.model] = rateLimitPolicy(all, s.model)
+		}
+	}
+	cl.levels = lv
+}
+
+func setLevel(specs []spec, level, name string) []spec {
+	for i := range specs {
+		specs[i].level, specs[i].levelName = level, name
+	}
+	return specs
+}
+
+// reason is the spec's label in sluice_gateway_rejections_total: its name,
+// after its level's ("team_rpm"); bounded by the kinds of limits.
+func (s *spec) reason() string {
+	name := s.name
+	if s.kind == kindBudget {
+		name = "budget"
+	}
+	if s.level != "" {
+		return s.level + "_" + name
+	}
+	return name
+}
+
+// admitLevels adds the client's level limits and budgets to c's batch. It
+// answers the client itself and reports false when the request can never
+// pass one of them, or its model has no price for a budget.
+func (g *Gateway) admitLevels(w http.ResponseWriter, r *http.Request, c *call) bool {
+	lv := c.client.levels
+	if lv == nil {
+		return true
+	}
+	for i := range lv.specs {
+		s := &lv.specs[i]
+		if !s.applies(c.rawModel) {
+			continue
+		}
+		req := sluice.Request{Key: lv.keys[i], Algorithm: s.alg, Limit: s.limit, Cost: 1}
+		switch s.kind {
+		case kindTokens:
+			req.Cost = c.reserved
+			if req.Cost > s.limit.Capacity() {
+				if tracing.Recording(r.Context()) {
+					traceAdmit(r.Context(), c, "too_large", nil)
+				}
+				g.tooLarge(w, c, s)
+				return false
+			}
+		case kindConcurrency:
+			req.Lease = c.id
+		case kindBudget:
+			if !c.bud.priced && !g.priceCall(w, c) {
+				return false
+			}
+			req.Cost = int64(max(c.bud.reserved, 1))
+			if req.Cost > s.limit.Rate {
+				g.budgetTooLarge(w, c, s)
+				return false
+			}
+		}
+		c.specs = append(c.specs, s)
+		c.reqs = append(c.reqs, req)
+	}
+	return true
+}
