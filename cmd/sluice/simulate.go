@@ -15,6 +15,7 @@ import (
 func newSimulateCmd() *cobra.Command {
 	var (
 		pattern, limitText, algos, chart string
+		scenario                         string
 		rps                              float64
 		duration, bucket                 time.Duration
 	)
@@ -25,12 +26,20 @@ func newSimulateCmd() *cobra.Command {
 virtual clock and prints, per second, what each one allowed and denied.
 
 Patterns: steady, burst (a bulk client's spikes), ramp, or file:PATH with one
-arrival per line (seconds since start, or RFC 3339 timestamps).`,
+arrival per line (seconds since start, or RFC 3339 timestamps).
+
+--scenario fairness or priority replays instead the gateway queue (priority
+classes, reserved shares, fair queueing among keys) in front of a shared
+model capacity, and prints per second what each flow got (docs/QUEUEING.md).`,
 		Example: `  sluice simulate
   sluice simulate --pattern ramp --rps 50 --limit "20/s burst 40" --chart ramp.svg
-  sluice simulate --pattern file:arrivals.txt --algorithms token_bucket,sliding_window_log`,
+  sluice simulate --pattern file:arrivals.txt --algorithms token_bucket,sliding_window_log
+  sluice simulate --scenario fairness --chart fairness.svg`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if scenario != "" {
+				return runScenario(cmd, scenario, chart)
+			}
 			limit, err := sluice.ParseLimit(limitText)
 			if err != nil {
 				return err
@@ -88,5 +97,6 @@ arrival per line (seconds since start, or RFC 3339 timestamps).`,
 	f.StringVar(&algos, "algorithms", "token_bucket,gcra,sliding_window_log,sliding_window_counter,fixed_window", "comma-separated algorithms to compare")
 	f.DurationVar(&bucket, "bucket", time.Second, "width of one table row")
 	f.StringVar(&chart, "chart", "", "also write an SVG chart to this file")
+	f.StringVar(&scenario, "scenario", "", "replay a gateway queue scenario instead: fairness or priority")
 	return cmd
 }

@@ -1,0 +1,47 @@
+package main
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-io/sluice/internal/simulate"
+)
+
+// runScenario runs `sluice simulate --scenario NAME`: a built-in gateway
+// queue scenario, its table, and the chart when asked.
+func runScenario(cmd *cobra.Command, name, chart string) error {
+	all := simulate.Scenarios()
+	s, ok := all[name]
+	if !ok {
+		names := slices.Sorted(maps.Keys(all))
+		return fmt.Errorf("simulate: unknown scenario %q; valid: %s", name, strings.Join(names, ", "))
+	}
+	res, err := simulate.RunScenario(cmd.Context(), s)
+	if err != nil {
+		return err
+	}
+	if err := res.WriteTable(cmd.OutOrStdout()); err != nil {
+		return err
+	}
+	if chart == "" {
+		return nil
+	}
+	f, err := os.Create(chart)
+	if err != nil {
+		return fmt.Errorf("simulate: %w", err)
+	}
+	if err := res.WriteSVG(f); err != nil {
+		f.Close()
+		return fmt.Errorf("simulate: writing %s: %w", chart, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("simulate: writing %s: %w", chart, err)
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "\nchart written to %s\n", chart)
+	return nil
+}
