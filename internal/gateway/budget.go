@@ -64,13 +64,26 @@ func (b *callBudget) setDetails(u *usageJSON) {
 	}
 }
 
-// budgetWindow is the store limit of a budget window: the budget in
-// micro-dollars per window.
+// budgetWindow is the store limit of a budget: its micro-dollars per
+// calendar window, enforced by FixedWindow on the store's clock (Redis
+// TIME), so that a month is a calendar month in the budget's zone.
 func budgetWindow(b BudgetConfig) (sluice.Algorithm, sluice.Limit) {
-	period := map[string]time.Duration{"day": 24 * time.Hour, "week": 7 * 24 * time.Hour, "month": 30 * 24 * time.Hour, "year": 365 * 24 * time.Hour}[b.Per]
-	usd, _ := b.USD.Micros() // validated
-	return sluice.FixedWindow, sluice.Limit{Rate: int64(usd), Period: period}
+	// Validated by checkBudgets.
+	usd, _ := b.USD.Micros()
+	cal := sluice.Calendar{Unit: budgetUnits[b.Per], Location: time.UTC, FirstWeekday: time.Monday}
+	if b.Timezone != "" {
+		cal.Location, _ = sluice.LoadLocation(b.Timezone)
+	}
+	if b.ResetAt != "" {
+		cal.ResetAt, _ = sluice.ParseClock(b.ResetAt)
+	}
+	if b.WeekStarts != "" {
+		cal.FirstWeekday, _ = sluice.ParseWeekday(b.WeekStarts)
+	}
+	return sluice.FixedWindow, sluice.PerCalendar(int64(usd), cal)
 }
+
+var budgetUnits = map[string]sluice.CalendarUnit{"day": sluice.Day, "week": sluice.Week, "month": sluice.Month, "year": sluice.Year}
 
 // appendBudgetSpecs appends a spec per budget, at level (name).
 func appendBudgetSpecs(specs []spec, bs []BudgetConfig, level, name string) []spec {
@@ -80,12 +93,8 @@ func appendBudgetSpecs(specs []spec, bs []BudgetConfig, level, name string) []sp
 		if b.Model != "" {
 			suffix += ":m:" + b.Model
 		}
-		zone := b.Zone
-		if zone == "" {
-			zone = "UTC"
-		}
 		specs = append(specs, spec{kind: kindBudget, name: "usd_per_" + b.Per, model: b.Model, suffix: suffix, alg: alg, limit: lim,
-			level: level, levelName: name, window: b.Per, zone: zone})
+			level: level, levelName: name, window: b.Per, zone: lim.Calendar.Zone()})
 	}
 	return specs
 }

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
+	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/pricing"
 	"github.com/sluice-io/sluice/internal/yamlconf"
 )
@@ -36,9 +36,17 @@ type BudgetConfig struct {
 	USD USD `yaml:"usd"`
 	// Per is the window: day, week, month or year.
 	Per string `yaml:"per"`
-	// Zone is the IANA time zone whose calendar the window follows, such
-	// as Europe/Berlin; default UTC.
-	Zone string `yaml:"zone"`
+	// Timezone is the IANA time zone whose calendar the window follows,
+	// such as Europe/Berlin; default UTC. The window starts at local
+	// midnight, or at ResetAt ("09:00"), on the first day of the unit:
+	// days are 23 or 25 hours long across DST changes, months 28 to 31
+	// days (sluice.Calendar).
+	Timezone string `yaml:"timezone"`
+	// ResetAt is the local wall time windows start at, "HH:MM"; default
+	// 00:00.
+	ResetAt string `yaml:"reset_at"`
+	// WeekStarts is the first day of a week window; default monday.
+	WeekStarts string `yaml:"week_starts"`
 	// Model, when set, limits the budget to requests on that model.
 	Model string `yaml:"model"`
 }
@@ -192,9 +200,19 @@ func checkBudgets(doc *yamlconf.Doc, path string, bs []BudgetConfig) {
 		if !slices.Contains(budgetWindows, b.Per) {
 			doc.Addf(p+".per", "%q is not a window; valid: %s", b.Per, strings.Join(budgetWindows, ", "))
 		}
-		if b.Zone != "" {
-			if _, err := time.LoadLocation(b.Zone); err != nil || len(b.Zone) > 64 || b.Zone == "Local" {
-				doc.Addf(p+".zone", "%q is not an IANA time zone, such as Europe/Berlin or America/New_York", b.Zone)
+		if b.Timezone != "" {
+			if _, err := sluice.LoadLocation(b.Timezone); err != nil {
+				doc.Addf(p+".timezone", "%q is not an IANA time zone, such as Europe/Berlin or America/New_York", truncateName(b.Timezone))
+			}
+		}
+		if b.ResetAt != "" {
+			if _, err := sluice.ParseClock(b.ResetAt); err != nil {
+				doc.Addf(p+".reset_at", "%q: want a local time HH:MM, such as 09:00", truncateName(b.ResetAt))
+			}
+		}
+		if b.WeekStarts != "" {
+			if _, err := sluice.ParseWeekday(b.WeekStarts); err != nil || b.Per != "week" {
+				doc.Addf(p+".week_starts", "%q: want a weekday such as monday, for a budget per week", truncateName(b.WeekStarts))
 			}
 		}
 		if b.Model != "" && !nameRE.MatchString(b.Model) {

@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -139,7 +140,7 @@ prices:
 tiers:
   t: {rpm: 100000, budgets: [{usd: 100, per: month}]}
 orgs:
-  %[4]s: {budgets: [{usd: 1.00, per: month, zone: Europe/Berlin}]}
+  %[4]s: {budgets: [{usd: 1.00, per: month, timezone: Europe/Berlin}]}
 teams:
   a: {org: %[4]s, rpm: 100000}
   b: {org: %[4]s, tpm: 100000000}
@@ -557,7 +558,7 @@ prices:
   fine: {input: 0.000001, output: 100000.5}
 default_price: {input: 2.1234567}
 tiers:
-  t: {budgets: [{usd: 0, per: fortnight}, {usd: 5, per: day, zone: Mars/Olympus}, {usd: 5, per: day}]}
+  t: {budgets: [{usd: 0, per: fortnight}, {usd: 5, per: day, timezone: Mars/Olympus}, {usd: 5, per: day}]}
 orgs:
   acme: {org: other}
 teams:
@@ -574,7 +575,7 @@ keys:
 	msg := err.Error()
 	for _, want := range []string{
 		"prices.bad.input", "prices.fine.output", "default_price",
-		"tiers.t.budgets[0].usd", "tiers.t.budgets[0].per", "tiers.t.budgets[1].zone", "tiers.t.budgets[2]: same window",
+		"tiers.t.budgets[0].usd", "tiers.t.budgets[0].per", "tiers.t.budgets[1].timezone", "tiers.t.budgets[2]: same window",
 		"orgs.acme.org", "teams.research.org: unknown org", "keys[0].team: unknown team", "keys[1].team", "keys[1].budgets",
 	} {
 		if !strings.Contains(msg, want) {
@@ -602,4 +603,72 @@ tiers: {t: {budgets: [{usd: 0.29, per: day}]}}
 	if p, err := cfg.Prices["m"].Price(); err != nil || p != (pricing.Price{75_000, 37_500, 300_000, 300_000}) || usd != 290_000 {
 		t.Fatalf("price %v %v, budget %d", p, err, usd)
 	}
+}
+
+// calendarReset: a monthly budget in America/New_York resets at local
+// midnight on the first of the month, to the millisecond, and not at
+// midnight UTC five hours earlier; while spent, Retry-After is the time to
+// the local reset.
+func calendarReset(t *testing.T, st sluice.Store, clk *clock.Fake) {
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, CompletionTokens: 20})
+	e := newBudgetEnv(t, `
+upstream: {base_url: %[1]s, api_key_env: UP}
+store: {timeout: 5s}
+prices: {gpt-test: {input: 1000, output: 1000}}
+tiers: {t: {budgets: [{usd: 0.05, per: month, timezone: America/New_York}]}}
+keys: [{name: one, hash: %[2]s, tier: t, client: `+uniqueName(t)+`}]
+`, up, st)
+	ny, _ := time.LoadLocation("America/New_York")
+	clk.Set(time.Date(2027, 1, 31, 18, 59, 0, 0, ny)) // 23:59 UTC
+	body := `{"model":"gpt-test","prompt":"x","max_tokens":20}`
+	spend := func() *http.Response {
+		for range 10 {
+			res := e.do(0, "POST", "/v1/completions", clientKey, body)
+			if res.StatusCode != 200 {
+				return res
+			}
+			e.settle()
+		}
+		t.Fatal("a $0.05 budget was never spent")
+		return nil
+	}
+	localMidnight := time.Date(2027, 2, 1, 0, 0, 0, 0, ny)
+	res := spend()
+	if res.StatusCode != 429 || code(t, res) != "insufficient_quota" {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	if ra := res.Header.Get("Retry-After"); ra != strconv.FormatInt(int64(localMidnight.Sub(clk.Time())/time.Second), 10) {
+		t.Fatalf("Retry-After %s, want the time to local midnight %s", ra, localMidnight.Sub(clk.Time()))
+	}
+	// Past midnight UTC: still spent.
+	clk.Set(time.Date(2027, 2, 1, 0, 1, 0, 0, time.UTC))
+	if res := e.do(0, "POST", "/v1/completions", clientKey, body); res.StatusCode != 429 {
+		t.Fatalf("reset at the UTC boundary: %d", res.StatusCode)
+	}
+	clk.Set(localMidnight.Add(-time.Millisecond))
+	if res := e.do(0, "POST", "/v1/completions", clientKey, body); res.StatusCode != 429 || res.Header.Get("Retry-After") != "1" {
+		t.Fatalf("1ms before the local reset: %d %s", res.StatusCode, res.Header.Get("Retry-After"))
+	}
+	clk.Set(localMidnight)
+	if res := e.do(0, "POST", "/v1/completions", clientKey, body); res.StatusCode != 200 {
+		t.Fatalf("at the local reset: %d", res.StatusCode)
+	}
+	e.settle()
+}
+
+func TestBudgetCalendarResetMemory(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	st, _ := memstore.New(memstore.Options{Clock: clk, SweepInterval: -1})
+	t.Cleanup(func() { _ = st.Close() })
+	calendarReset(t, st, clk)
+}
+
+func TestBudgetCalendarResetRedis(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	st, err := redisstore.New(context.Background(), redisstore.Options{URL: redistest.Standalone(t).URL(), Clock: clk, DisableDenyCache: true, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	calendarReset(t, st, clk)
 }
