@@ -100,9 +100,11 @@ func (q *Queue) Submit(ctx context.Context, it *Item) (*Waiter, error) {
 	q.mu.Lock()
 	ahead := q.aheadLocked(w)
 	q.mu.Unlock()
+	var blockedFor time.Duration
 	if !ahead {
 		// The fast path: one ApplyAll per option, no queue.
-		blockedFor, hopeless := q.try(ctx, w)
+		var hopeless bool
+		blockedFor, hopeless = q.try(ctx, w)
 		if w.res.Outcome == Admitted || w.res.Outcome == Failed {
 			q.noteUsage(w)
 			w.done = closed
@@ -127,7 +129,8 @@ func (q *Queue) Submit(ctx context.Context, it *Item) (*Waiter, error) {
 		close(w.done)
 		return w, nil
 	}
-	if q.perKey[it.Key] >= q.o.MaxPerKey || q.perGroup[it.Group] >= q.o.MaxPerGroup || q.total >= q.o.MaxTotal {
+	if q.perKey[it.Key] >= q.o.MaxPerKey || q.perGroup[it.Group] >= q.o.MaxPerGroup || q.total >= q.o.MaxTotal ||
+		it.Bytes < 0 || it.Bytes > q.o.MaxBytes-q.bytes {
 		w.res.Outcome = Full
 		w.state.Store(stFinished)
 		close(w.done)
@@ -141,7 +144,13 @@ func (q *Queue) Submit(ctx context.Context, it *Item) (*Waiter, error) {
 		kq = &keyQueue{key: it.Key}
 		w.class.keys[it.Key] = kq
 	}
+	if blockedFor > 0 {
+		// The fast path's denial says when the key's own limits allow
+		// again: no need to ask the store before.
+		kq.blocked = max(kq.blocked, now+int64(blockedFor))
+	}
 	kq.waiting = append(kq.waiting, w)
+	q.bytes += it.Bytes
 	q.perKey[it.Key]++
 	q.perGroup[it.Group]++
 	if w.capacity != nil {
@@ -336,6 +345,7 @@ func (q *Queue) finishLocked(w *Waiter, o Outcome, now int64) {
 				}
 			}
 			q.total--
+			q.bytes -= w.item.Bytes
 			w.class.depth.Add(-1)
 		}
 		if len(kq.waiting) == 0 {

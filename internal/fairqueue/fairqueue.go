@@ -118,6 +118,9 @@ type Options struct {
 	// key, of one group (the gateway: tier) and of the queue. Zero means
 	// 16, 256 and 4096.
 	MaxPerKey, MaxPerGroup, MaxTotal int
+	// MaxBytes bounds the Bytes of all waiting items together (the
+	// gateway: their request bodies); zero means 256 MiB.
+	MaxBytes int64
 	// HalfLife is how fast recent usage is forgotten; zero means 10s.
 	HalfLife time.Duration
 	// Poll is how often a limit without a retry time (concurrency) is
@@ -153,6 +156,9 @@ type Item struct {
 	// Usage is what the admission adds to the key's recent usage: 1 to be
 	// fair in requests, the tokens to be fair in tokens; zero means 1.
 	Usage float64
+	// Bytes is the memory the item holds while it waits (the gateway: its
+	// request body), bounded together by Options.MaxBytes.
+	Bytes int64
 	// Lease names the item's hold on Concurrency limits.
 	Lease string
 	// Reqs are the item's own limits, charged with the capacity in one
@@ -316,6 +322,7 @@ type Queue struct {
 	perKey   map[string]int
 	perGroup map[string]int
 	perCap   map[*capacity]int
+	bytes    int64 // Bytes of the waiting items
 	total    int
 	rng      *rand.Rand
 }
@@ -339,6 +346,9 @@ func New(opts Options) (*Queue, error) {
 	setDefault(&opts.MaxPerKey, 16)
 	setDefault(&opts.MaxPerGroup, 256)
 	setDefault(&opts.MaxTotal, 4096)
+	if opts.MaxBytes <= 0 {
+		opts.MaxBytes = 256 << 20
+	}
 	if opts.HalfLife <= 0 {
 		opts.HalfLife = 10 * time.Second
 	}

@@ -315,6 +315,37 @@ func TestBounds(t *testing.T) {
 	}
 }
 
+// TestBoundsBytes: the waiting items' bytes (request bodies) are bounded
+// together: a caller cannot fill memory with large waiting bodies.
+func TestBoundsBytes(t *testing.T) {
+	q, _, _ := newQueue(t, Options{
+		Capacities: map[string][]Limit{"m": perSecond(1, 1)},
+		MaxWait:    time.Hour, MaxBytes: 10 << 20,
+	})
+	ctx := context.Background()
+	var got []Outcome
+	for i, size := range []int64{1, 4 << 20, 4 << 20, 4 << 20, 2 << 20, -1} {
+		w, err := q.Submit(ctx, &Item{Key: fmt.Sprint(i), Capacity: "m", Bytes: size})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := Pending
+		select {
+		case <-w.Done():
+			o = w.Result().Outcome
+		default:
+		}
+		got = append(got, o)
+	}
+	want := []Outcome{Admitted, Pending, Pending, Full, Pending, Full}
+	if !slices.Equal(got, want) {
+		t.Fatalf("%v, want %v", got, want)
+	}
+	if q.bytes != 10<<20 {
+		t.Fatalf("bytes %d", q.bytes)
+	}
+}
+
 // TestTimeoutAndCancel: an item waits at most MaxWait; a canceled item
 // leaves at once and is never charged, so the next one takes its turn.
 func TestTimeoutAndCancel(t *testing.T) {

@@ -86,7 +86,7 @@ func (g *Gateway) newQueue(reg prometheus.Registerer) (*queue, error) {
 	}
 	fq, err := fairqueue.New(fairqueue.Options{
 		Store: g.store, Classes: classes, Capacities: caps, KeyPrefix: queueKeyPrefix,
-		MaxWait: qc.MaxWait, MaxPerKey: qc.MaxPerKey, MaxPerGroup: qc.MaxPerTier, MaxTotal: qc.MaxTotal,
+		MaxWait: qc.MaxWait, MaxPerKey: qc.MaxPerKey, MaxPerGroup: qc.MaxPerTier, MaxTotal: qc.MaxTotal, MaxBytes: qc.MaxBytes,
 		HalfLife: qc.HalfLife, Poll: qc.Poll, StoreTimeout: g.cfg.Store.Timeout,
 		Jitter: 2 * time.Millisecond, Seed: rand.Uint64(),
 	})
@@ -175,7 +175,7 @@ func (g *Gateway) applyAdmit(ctx context.Context, w http.ResponseWriter, c *call
 	qc := q.class[c.client]
 	it := fairqueue.Item{
 		Key: c.client.id, Group: c.client.tier.name, Class: qc.name, Weight: qc.weight,
-		Tokens: c.reserved, Lease: c.id, Reqs: c.reqs,
+		Tokens: c.reserved, Lease: c.id, Reqs: c.reqs, Bytes: int64(len(c.body)),
 	}
 	if _, ok := g.cfg.Queue.Capacity[c.rawModel]; ok {
 		it.Capacity = c.rawModel
@@ -206,16 +206,21 @@ func (g *Gateway) applyAdmit(ctx context.Context, w http.ResponseWriter, c *call
 	case fairqueue.Failed:
 		return nil, res.Err
 	case fairqueue.Canceled:
-		c.canceled = true
-		return nil, errAnswered // the client is gone
+		if ctx.Err() != nil {
+			return nil, errAnswered // the client is gone
+		}
+		// The gateway is closing.
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "", "The gateway is shutting down; please retry.")
+		return nil, errAnswered
 	case fairqueue.Full:
 		g.metrics.rejections.WithLabelValues(tier, c.model, "queue_full").Inc()
 		h := w.Header()
 		h.Set("Retry-After", "1")
 		h.Set("retry-after-ms", "1000")
 		writeError(w, http.StatusTooManyRequests, "requests", "queue_full", "",
-			fmt.Sprintf("Too many requests waiting for your key or tier %s (at most %d per key, %d per tier); please retry shortly.",
-				tier, g.cfg.Queue.MaxPerKey, g.cfg.Queue.MaxPerTier))
+			fmt.Sprintf("Too many requests waiting for your key or tier %s (at most %d per key, %d per tier, %d bytes of bodies in all); please retry shortly.",
+				tier, g.cfg.Queue.MaxPerKey, g.cfg.Queue.MaxPerTier, g.cfg.Queue.MaxBytes))
 		return nil, errAnswered
 	}
 	// Denied or timed out: by the key's own limits (admit's usual 429),

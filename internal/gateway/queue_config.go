@@ -14,6 +14,7 @@ const (
 	DefaultQueueMaxPerKey  = 16
 	DefaultQueueMaxPerTier = 256
 	DefaultQueueMaxTotal   = 4096
+	DefaultQueueMaxBytes   = 256 << 20
 	maxQueueWait           = 5 * time.Minute
 	maxQueueLength         = 1 << 20
 	maxClassPriority       = 1000
@@ -33,6 +34,9 @@ type QueueConfig struct {
 	MaxPerKey  int `yaml:"max_per_key"`
 	MaxPerTier int `yaml:"max_per_tier"`
 	MaxTotal   int `yaml:"max_total"`
+	// MaxBytes bounds the request bodies held by waiting requests
+	// together; default 256 MiB. A request beyond it is refused at once.
+	MaxBytes int64 `yaml:"max_bytes"`
 	// Fairness is what recent usage counts when keys of one class share
 	// capacity: "requests" (the default) or "tokens" (the reservation).
 	Fairness string `yaml:"fairness"`
@@ -76,6 +80,9 @@ func (q *QueueConfig) applyDefaults() {
 	if q.MaxTotal == 0 {
 		q.MaxTotal = DefaultQueueMaxTotal
 	}
+	if q.MaxBytes == 0 {
+		q.MaxBytes = DefaultQueueMaxBytes
+	}
 	if q.Fairness == "" {
 		q.Fairness = "requests"
 	}
@@ -107,6 +114,9 @@ func (c *Config) checkQueue(doc *yamlconf.Doc) {
 		if n.v < 0 || n.v > maxQueueLength {
 			doc.Addf(n.path, "%d must be 0 to %d", n.v, maxQueueLength)
 		}
+	}
+	if q.MaxBytes < 0 {
+		doc.Addf("queue.max_bytes", "%d must not be negative", q.MaxBytes)
 	}
 	if q.Fairness != "requests" && q.Fairness != "tokens" {
 		doc.Addf("queue.fairness", "unknown %q; valid: requests, tokens", q.Fairness)

@@ -268,6 +268,46 @@ func TestQueueFull(t *testing.T) {
 	wg.Wait()
 }
 
+// TestQueueFullBytes: waiting bodies are bounded in bytes too, so large
+// bodies cannot fill memory within the count bounds.
+func TestQueueFullBytes(t *testing.T) {
+	e := newQueueEnv(t, nil, nil, map[string]TierConfig{"t": {RPM: 1000}}, map[string]string{"a": "t"},
+		QueueConfig{MaxWait: 10 * time.Second, Capacity: oneSlot, MaxBytes: int64(len(chatBody)) - 1})
+	e.holdCapacity("elsewhere", sluice.OpAllow)
+	res, body, err := e.do(context.Background(), "a", nil)
+	if err != nil || res.StatusCode != 429 || !strings.Contains(body, `"queue_full"`) {
+		t.Fatalf("%v %v %s", err, res, body)
+	}
+}
+
+// TestQueueShutdown: requests still waiting when the gateway closes are
+// answered 503, not left without an answer.
+func TestQueueShutdown(t *testing.T) {
+	e := newQueueEnv(t, nil, nil, map[string]TierConfig{"t": {RPM: 1000}}, map[string]string{"a": "t"},
+		QueueConfig{MaxWait: time.Minute, Capacity: oneSlot})
+	e.holdCapacity("elsewhere", sluice.OpAllow)
+	type answer struct {
+		res  *http.Response
+		body string
+	}
+	got := make(chan answer, 1)
+	go func() {
+		res, body, err := e.do(context.Background(), "a", nil)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- answer{res, body}
+	}()
+	waitFor(t, "the request to queue", func() bool { return e.depth("default") == 1 })
+	if err := e.gw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a := <-got
+	if a.res == nil || a.res.StatusCode != 503 || !strings.Contains(a.body, "shutting_down") {
+		t.Fatalf("%+v", a)
+	}
+}
+
 // TestQueuePriorityNotForgeable: the class comes from the key's
 // configuration only: a batch key sending priority headers still waits
 // behind an interactive request that came later.
