@@ -20,13 +20,21 @@
 // and not used, and is capped at a full bucket. Window algorithms do not
 // refund (see below).
 //
-// The chunk adapts to the instance's recent rate on the key (Horizon's
-// worth of it) and to the instance's learnt share of the key's traffic
-// (what the store's Remaining says the others took between two fetches),
-// and is bounded by MaxFraction of the capacity times that share, so that
-// the capacity held across the fleet stays a small part of the burst. Cold
-// keys (a chunk would be under MinChunk) and small limits (the bound is
-// under MinChunk) go straight to the store, as without leases.
+// The chunk adapts to the instance's recent rate on the key and to the
+// instance's learnt share of the key's traffic (what the store's Remaining
+// says the others took between two fetches), and is bounded by MaxFraction
+// of the capacity times that share, so that the capacity held across the
+// fleet stays a small part of the burst. The rate is covered for a horizon
+// that depends on how close the key is to its limit: Horizon (50ms) when
+// the store had nothing left at the last fetch, growing with the square of
+// the fraction left to MaxHorizon (1s) when it was full. A hot key far from
+// its limit thus costs the store about two fetches a second per instance,
+// and one at its limit holds little capacity that others could use. The
+// next chunk is fetched when what is held falls under half a chunk or
+// under four fetch times of the rate (fetch latency is measured), so that
+// a steady caller never waits for a fetch. Cold keys (a chunk would be
+// under MinChunk) and small limits (the bound is under MinChunk) go
+// straight to the store, as without leases.
 //
 // When the store denies a chunk, the instance takes what the store says is
 // left if a whole chunk is more than 4 Horizons away (or the window ends

@@ -141,7 +141,7 @@ func (s *Store) chunkFor(e *entry, cost int64) int64 {
 	if top < float64(s.minChunk) || bound < cost {
 		return 0
 	}
-	want := int64(math.Ceil(e.rate * s.horizon))
+	want := int64(math.Ceil(e.rate * s.horizonFor(e)))
 	if want < s.minChunk {
 		return 0
 	}
@@ -154,6 +154,37 @@ func (s *Store) chunkFor(e *entry, cost int64) int64 {
 		want = min(want, int64(math.Ceil(e.rate*float64(left)/1e9)))
 	}
 	return min(max(want, cost, s.minChunk), bound)
+}
+
+// horizonFor is how many seconds of e's rate a chunk covers: Horizon near
+// the limit, growing to MaxHorizon with the square of the fraction of the
+// capacity the store had left at the last fetch. Far from its limit a key
+// thus costs few fetches, and near it little capacity sits in leases.
+// e.mu is held.
+func (s *Store) horizonFor(e *entry) float64 {
+	if s.maxHor <= s.horizon || e.capacity <= 0 {
+		return s.horizon
+	}
+	f := min(1, max(0, float64(e.storeRemaining)/float64(e.capacity)))
+	return s.horizon + (s.maxHor-s.horizon)*f*f
+}
+
+// lowMark is how much capacity e may hold before the next chunk is
+// fetched: half a chunk, or what the key uses in four fetch times if that
+// is more, so that a steady caller never waits for a fetch. e.mu is held.
+func (s *Store) lowMark(e *entry, chunk int64) int64 {
+	lat := float64(s.fetchLat.Load()) / 1e9
+	return min(chunk, max(chunk/2, int64(math.Ceil(4*lat*e.rate))))
+}
+
+// noteFetch folds one fetch's duration into the smoothed fetch latency.
+func (s *Store) noteFetch(ns int64) {
+	old := s.fetchLat.Load()
+	if old == 0 {
+		s.fetchLat.Store(ns)
+		return
+	}
+	s.fetchLat.Store(old + (ns-old)/8)
 }
 
 // maxAttempts bounds how often take waits for or makes a fetch before it
@@ -180,9 +211,11 @@ func (s *Store) take(ctx context.Context, e *entry, cost int64) (sluice.Decision
 			e.tokens -= cost
 			d, gen := e.allowed(now), e.gen
 			var chunk int64
-			if !e.fetching && e.tokens*2 < s.chunkFor(e, 1) && now >= e.starvedUntil && now >= e.failedUntil {
-				chunk = s.chunkFor(e, 1)
-				e.fetching, e.done = true, make(chan struct{})
+			if !e.fetching && now >= e.starvedUntil && now >= e.failedUntil {
+				if c := s.chunkFor(e, 1); c > 0 && e.tokens < s.lowMark(e, c) {
+					chunk = c
+					e.fetching, e.done = true, make(chan struct{})
+				}
 			}
 			e.mu.Unlock()
 			s.returnAsync(e, expired)
@@ -254,6 +287,9 @@ func (s *Store) fetch(e *entry, chunk int64) {
 		d, err = s.inner.Apply(ctx, sluice.OpAllow, req)
 	}
 	recv := s.clk.Now()
+	if err == nil && !d.Degraded {
+		s.noteFetch(recv - sent)
+	}
 	var expired int64
 	e.mu.Lock()
 	switch {
@@ -291,6 +327,23 @@ func (s *Store) fetch(e *entry, chunk int64) {
 		s.fetched.Add(uint64(req.Cost))
 	default:
 		e.starvedUntil = sent + int64(d.RetryAfter)
+		if e.algo == sluice.SlidingWindowCounter {
+			// Its capacity trickles in as the previous window's weight
+			// falls, and what is not taken by the window's end is lost:
+			// ask again within a fifth of a Horizon for what is left
+			// (the instance holding a chunk uses the trickle only as fast
+			// as it is asked: left to it, the surplus lapses at the
+			// window's end; 98% of ideal waiting a whole Horizon, 99.4%
+			// a fifth, in TestAccuracyTable), and just before the
+			// window's end, rather than wait for a whole chunk into the
+			// next window.
+			e.starvedUntil = min(e.starvedUntil, sent+int64(s.horizon*1e9)/5)
+			p := int64(e.limit.Period)
+			last := sent + p - sent%p - max(2*s.fetchLat.Load(), int64(time.Millisecond))
+			if last > sent && last < e.starvedUntil {
+				e.starvedUntil = last
+			}
+		}
 		e.storeRemaining = d.Remaining
 		e.resetAt = sent + int64(d.ResetAfter)
 	}

@@ -19,9 +19,10 @@ import (
 // Defaults for Options.
 const (
 	DefaultHorizon     = 50 * time.Millisecond
+	DefaultMaxHorizon  = time.Second
 	DefaultMaxFraction = 0.1
 	DefaultMinChunk    = 4
-	DefaultTTL         = time.Second
+	DefaultTTL         = 3 * time.Second
 	DefaultIdleAfter   = 100 * time.Millisecond
 	DefaultMaxKeys     = 10_000
 	DefaultCallTimeout = time.Second
@@ -36,9 +37,18 @@ type Options struct {
 	// local times of decisions. Nil means the system clock.
 	Clock clock.Clock
 	// Horizon is how much of the instance's recent rate on a key one chunk
-	// covers: DefaultHorizon (50ms) when zero, so a hot key costs the store
-	// about 20 calls a second per instance.
+	// covers when the key is near its limit: DefaultHorizon (50ms) when
+	// zero, so a hot key at its limit costs the store about 20 calls a
+	// second per instance, and little capacity sits in leases while others
+	// want it.
 	Horizon time.Duration
+	// MaxHorizon is how much of the rate a chunk covers when the store
+	// reported the key's capacity full at the last fetch: the horizon
+	// grows from Horizon to MaxHorizon with the square of the fraction of
+	// the capacity left, so a key far from its limit costs the store a
+	// call per MaxHorizon/2 per instance. DefaultMaxHorizon (1s) when
+	// zero; at most TTL/2, and never below Horizon.
+	MaxHorizon time.Duration
 	// MaxFraction bounds a chunk to this fraction of the key's capacity
 	// (the burst; Rate for windows), times the instance's share of the key.
 	// DefaultMaxFraction (0.1) when zero; at most 0.5.
@@ -47,8 +57,9 @@ type Options struct {
 	// smaller (cold keys, small limits) go straight to the store.
 	// DefaultMinChunk (4) when zero.
 	MinChunk int64
-	// TTL is how long GCRA and token-bucket capacity may be held before it
-	// goes back to the store. DefaultTTL (1s) when zero.
+	// TTL is how long GCRA and token-bucket capacity may be held after the
+	// last fetch before it goes back to the store. DefaultTTL (3s) when
+	// zero.
 	TTL time.Duration
 	// IdleAfter is how long a key's capacity may sit unused before it goes
 	// back. DefaultIdleAfter (100ms) when zero.
@@ -82,6 +93,7 @@ type Store struct {
 	inner    sluice.Store
 	clk      clock.Clock
 	horizon  float64 // seconds
+	maxHor   float64 // seconds
 	frac     float64
 	minChunk int64
 	ttl      int64
@@ -99,6 +111,8 @@ type Store struct {
 
 	rateWindow int64 // ns over which a key's rate is measured
 
+	fetchLat atomic.Int64 // smoothed ns a fetch takes, for the prefetch mark
+
 	stop     chan struct{}
 	stopOnce sync.Once
 	bg       sync.WaitGroup // the sweep
@@ -113,7 +127,7 @@ func New(opts Options) (*Store, error) {
 	if opts.Store == nil {
 		return nil, errors.New("lease: Options.Store is required")
 	}
-	if opts.Horizon < 0 || opts.MinChunk < 0 || opts.TTL < 0 || opts.IdleAfter < 0 || opts.MaxKeys < 0 || opts.Instances < 0 || opts.CallTimeout < 0 {
+	if opts.Horizon < 0 || opts.MaxHorizon < 0 || opts.MinChunk < 0 || opts.TTL < 0 || opts.IdleAfter < 0 || opts.MaxKeys < 0 || opts.Instances < 0 || opts.CallTimeout < 0 {
 		return nil, errors.New("lease: negative option")
 	}
 	if opts.MaxFraction < 0 || opts.MaxFraction > 0.5 || math.IsNaN(opts.MaxFraction) {
@@ -138,6 +152,8 @@ func New(opts Options) (*Store, error) {
 	if s.clk == nil {
 		s.clk = clock.NewSystem()
 	}
+	s.maxHor = min(max(def(opts.MaxHorizon, DefaultMaxHorizon).Seconds(), s.horizon), float64(s.ttl)/2e9)
+	s.maxHor = max(s.maxHor, s.horizon)
 	s.rateWindow = max(int64(time.Millisecond), int64(s.horizon*1e9)/2)
 	if s.frac == 0 {
 		s.frac = DefaultMaxFraction

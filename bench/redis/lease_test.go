@@ -30,25 +30,39 @@ type hotResult struct {
 	calls      int64   // Redis script calls during the run
 	usec       float64 // Redis CPU µs per script call
 	total      int64
-	redisUsecs float64
+	redisUsecs float64 // script CPU (INFO commandstats)
+	cpuUsecs   float64 // the whole server's CPU (INFO cpu used_cpu_*)
+	// Where the tail comes from (leased rows): decisions the store made,
+	// and the p99 of those made from a lease alone.
+	direct   int64
+	localP99 time.Duration
+	slowest  [2]int64 // decisions over 1ms: from a lease, from the store
 }
 
-// loadHot runs fn(caller, key) from callers goroutines over hotKeys keys.
-func loadHot(t testing.TB, srv *redistest.Server, name string, d time.Duration, fn func(ctx context.Context, caller int, key string) error) hotResult {
+// sample is one decision's latency, and whether a lease made it.
+type sample struct {
+	d     time.Duration
+	local bool
+}
+
+// loadHot runs fn(caller, key) from callers goroutines over hotKeys keys;
+// fn reports whether its decision came from a lease.
+func loadHot(t testing.TB, srv *redistest.Server, name string, d time.Duration, fn func(ctx context.Context, caller int, key string) (bool, error)) hotResult {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := srv.Do(ctx, "CONFIG", "RESETSTAT"); err != nil {
 		t.Fatal(err)
 	}
+	cpu0 := redisCPU(t, srv)
 	var total atomic.Int64
-	lats := make([][]time.Duration, callers)
+	lats := make([][]sample, callers)
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	start := time.Now()
 	for c := range callers {
 		wg.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(c), 11))
-			own := make([]time.Duration, 0, 1<<16)
+			own := make([]sample, 0, 1<<16)
 			for i := 0; ; i++ {
 				if i%64 == 0 {
 					select {
@@ -59,12 +73,13 @@ func loadHot(t testing.TB, srv *redistest.Server, name string, d time.Duration, 
 					}
 				}
 				t0 := time.Now()
-				if err := fn(ctx, c, "hot:"+strconv.Itoa(r.IntN(hotKeys))); err != nil {
+				local, err := fn(ctx, c, "hot:"+strconv.Itoa(r.IntN(hotKeys)))
+				if err != nil {
 					t.Errorf("%s: %v", name, err)
 					lats[c] = own
 					return
 				}
-				own = append(own, time.Since(t0))
+				own = append(own, sample{time.Since(t0), local})
 				total.Add(1)
 			}
 		})
@@ -72,20 +87,56 @@ func loadHot(t testing.TB, srv *redistest.Server, name string, d time.Duration, 
 	time.AfterFunc(d, func() { close(stop) })
 	wg.Wait()
 	elapsed := time.Since(start)
-	var all []time.Duration
+	var all, local []time.Duration
+	res := hotResult{name: name, decisions: float64(total.Load()) / elapsed.Seconds(), total: total.Load()}
 	for _, l := range lats {
-		all = append(all, l...)
+		for _, s := range l {
+			all = append(all, s.d)
+			slow := s.d > time.Millisecond
+			if s.local {
+				local = append(local, s.d)
+			} else {
+				res.direct++
+			}
+			if slow && s.local {
+				res.slowest[0]++
+			} else if slow {
+				res.slowest[1]++
+			}
+		}
 	}
 	slices.Sort(all)
-	res := hotResult{name: name, decisions: float64(total.Load()) / elapsed.Seconds(), total: total.Load()}
+	slices.Sort(local)
 	if len(all) > 0 {
 		res.p99 = all[len(all)*99/100]
 	}
+	if len(local) > 0 {
+		res.localP99 = local[len(local)*99/100]
+	}
+	res.cpuUsecs = redisCPU(t, srv) - cpu0
 	res.calls, res.redisUsecs = scriptStats(t, srv)
 	if res.calls > 0 {
 		res.usec = res.redisUsecs / float64(res.calls)
 	}
 	return res
+}
+
+// redisCPU is the server's CPU time so far in µs (used_cpu_sys +
+// used_cpu_user), network I/O included.
+func redisCPU(t testing.TB, srv *redistest.Server) float64 {
+	info, err := srv.Info(context.Background(), "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sec float64
+	for _, k := range []string{"used_cpu_sys", "used_cpu_user"} {
+		v, err := strconv.ParseFloat(strings.TrimSpace(info[k]), 64)
+		if err != nil {
+			t.Fatalf("INFO cpu %s: %q", k, info[k])
+		}
+		sec += v
+	}
+	return sec * 1e6
 }
 
 // scriptStats is the number of script calls and their total Redis CPU in
@@ -131,33 +182,47 @@ func TestLeaseReport(t *testing.T) {
 	{
 		srv := redistest.NewStandalone(t)
 		rr := redisRateFn(newGoRedis(t, srv))
-		rows = append(rows, loadHot(t, srv, "redis_rate (go-redis, GCRA)", d, func(ctx context.Context, _ int, key string) error { return rr(ctx, key) }))
+		rows = append(rows, loadHot(t, srv, "redis_rate (go-redis, GCRA)", d, func(ctx context.Context, _ int, key string) (bool, error) { return false, rr(ctx, key) }))
 	}
 	{
 		srv := redistest.NewStandalone(t)
 		s := newStore(t, srv.URL(), redisstore.Options{})
 		fn := sluiceFn(s, sluice.GCRA)
-		rows = append(rows, loadHot(t, srv, "sluice redisstore GCRA, no lease", d, func(ctx context.Context, _ int, key string) error { return fn(ctx, key) }))
+		rows = append(rows, loadHot(t, srv, "sluice redisstore GCRA, no lease", d, func(ctx context.Context, _ int, key string) (bool, error) { return false, fn(ctx, key) }))
 	}
 	{
 		srv := redistest.NewStandalone(t)
 		stores := leasedStores(t, srv, 3)
-		rows = append(rows, loadHot(t, srv, "sluice GCRA, leased, 3 stores", d, func(ctx context.Context, c int, key string) error {
+		rows = append(rows, loadHot(t, srv, "sluice GCRA, leased, 3 stores", d, func(ctx context.Context, c int, key string) (bool, error) {
 			dec, err := stores[c%3].Apply(ctx, sluice.OpAllow, sluice.Request{Key: key, Algorithm: sluice.GCRA, Limit: benchLimit, Cost: 1, UseLease: true})
 			if err == nil && (!dec.Allowed || dec.Degraded) {
 				err = fmt.Errorf("unexpected decision %+v", dec)
 			}
-			return err
+			return dec.Source == sluice.FromLease, err
 		}))
+		var st lease.Stats
+		for _, s := range stores {
+			x := s.Stats()
+			st.Fetches += x.Fetches
+			st.Returns += x.Returns
+			st.Direct += x.Direct
+		}
+		report("leased stores: %d fetches, %d returns, %d direct", st.Fetches, st.Returns, st.Direct)
 	}
 	base := rows[0]
 	report("## Leases: %d hot keys, %d callers, %s per run; baseline %s = %.0f decisions/s, p99 %s", hotKeys, callers, d, base.name, base.decisions, base.p99)
-	report("| system | decisions/s | × baseline | p99 | p99 ÷ baseline | Redis calls/decision | Redis µs/decision |")
-	report("|---|---|---|---|---|---|---|")
+	report("| system | decisions/s | × baseline | p99 | p99 ÷ baseline | Redis calls/decision | script µs/decision | Redis CPU µs/decision | Redis CPU ÷ baseline |")
+	report("|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
-		report("| %s | %.0f | %.2f | %s | %.3f | %.4f | %.3f |", r.name, r.decisions, r.decisions/base.decisions,
-			r.p99, float64(r.p99)/float64(base.p99), float64(r.calls)/float64(r.total), r.redisUsecs/float64(r.total))
+		n := float64(r.total)
+		report("| %s | %.0f | %.2f | %s | %.3f | %.4f | %.3f | %.3f | %.4f |", r.name, r.decisions, r.decisions/base.decisions,
+			r.p99, float64(r.p99)/float64(base.p99), float64(r.calls)/n, r.redisUsecs/n, r.cpuUsecs/n,
+			(r.cpuUsecs/n)/(base.cpuUsecs/float64(base.total)))
 	}
+	last := rows[len(rows)-1]
+	report("")
+	report("Tail of the leased row: %d of %d decisions (%.3f%%) went to the store; p99 of lease-made decisions %s; over 1ms: %d from leases, %d from the store",
+		last.direct, last.total, 100*float64(last.direct)/float64(last.total), last.localP99, last.slowest[0], last.slowest[1])
 
 	// Accuracy: one key per algorithm, 3 stores × 21 callers as fast as
 	// they can, for d; admitted against ideal + 1.
