@@ -330,15 +330,16 @@ func (s *Store) fetch(e *entry, chunk int64) {
 		if e.algo == sluice.SlidingWindowCounter {
 			// Its capacity trickles in as the previous window's weight
 			// falls, and what is not taken by the window's end is lost:
-			// ask again within a fifth of a Horizon for what is left
+			// ask again within a fifth of a Horizon (and a hundredth of
+			// the period) for what is left
 			// (the instance holding a chunk uses the trickle only as fast
 			// as it is asked: left to it, the surplus lapses at the
 			// window's end; 98% of ideal waiting a whole Horizon, 99.4%
 			// a fifth, in TestAccuracyTable), and just before the
 			// window's end, rather than wait for a whole chunk into the
 			// next window.
-			e.starvedUntil = min(e.starvedUntil, sent+int64(s.horizon*1e9)/5)
 			p := int64(e.limit.Period)
+			e.starvedUntil = min(e.starvedUntil, sent+min(int64(s.horizon*1e9)/5, p/100))
 			last := sent + p - sent%p - max(2*s.fetchLat.Load(), int64(time.Millisecond))
 			if last > sent && last < e.starvedUntil {
 				e.starvedUntil = last

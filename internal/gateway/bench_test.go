@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-io/sluice/internal/aitoken"
 	"github.com/sluice-io/sluice/internal/fakeopenai"
 	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/lease"
 	"github.com/sluice-io/sluice/memstore"
 	"github.com/sluice-io/sluice/redisstore"
 )
@@ -43,7 +44,7 @@ func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
 		}
 		b.Cleanup(func() { _ = m.Close() })
 		st = m
-	case "redis":
+	case "redis", "redis-lease":
 		r, err := redisstore.New(context.Background(), redisstore.Options{
 			URL: redistest.Standalone(b).URL(), DisableDenyCache: true, Timeout: time.Second,
 		})
@@ -52,6 +53,14 @@ func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
 		}
 		b.Cleanup(func() { _ = r.Close() })
 		st = r
+		if storeName == "redis-lease" {
+			l, err := lease.New(lease.Options{Store: r})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = l.Close() })
+			st = l
+		}
 	}
 	up := fakeopenai.New(b, fakeopenai.Options{CompletionTokens: 2, MaxRecorded: 1})
 	rig := &benchRig{up: up}
@@ -61,6 +70,7 @@ func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
 		Models:   []string{"gpt-test"},
 		Tiers:    map[string]TierConfig{"big": {RPM: 1 << 30, TPM: 1 << 36, RPD: 1 << 36, Concurrency: 1 << 20}},
 		Store:    StoreConfig{Timeout: time.Second},
+		Lease:    storeName == "redis-lease",
 	}
 	for i := range conns {
 		key := fmt.Sprintf("sk-bench-%s-%d", run, i)
@@ -141,7 +151,7 @@ func pct(d []time.Duration, p float64) time.Duration {
 // (gateway minus direct) in µs. With -benchtime=20000x the percentiles
 // are stable.
 func BenchmarkAddedLatency(b *testing.B) {
-	for _, storeName := range []string{"memory", "redis"} {
+	for _, storeName := range []string{"memory", "redis", "redis-lease"} {
 		for _, conns := range []int{1, 64} {
 			for _, stream := range []bool{false, true} {
 				name := fmt.Sprintf("%s/conns=%d/json", storeName, conns)

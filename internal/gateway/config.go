@@ -58,6 +58,11 @@ type Config struct {
 	// the gateway never settles them (it crashed); default 10m. It must
 	// exceed the longest upstream request.
 	LeaseTTL time.Duration `yaml:"lease_ttl"`
+	// Lease decides the request and token limits (rpm, rpd, tpm) of every
+	// tier from capacity leased from Redis in chunks (package lease), unless
+	// a tier says otherwise: a hot client's admission then needs Redis only
+	// for its reservation. Ignored on the memory store.
+	Lease bool `yaml:"lease"`
 	// Models names the models reported as metric labels; others are
 	// reported as "other". Models with per-model limits are added.
 	Models []string `yaml:"models"`
@@ -139,6 +144,9 @@ type TierConfig struct {
 	TPMBurst    int64 `yaml:"tpm_burst"`
 	RPD         int64 `yaml:"rpd"`
 	Concurrency int64 `yaml:"concurrency"`
+	// Lease overrides the config's Lease for this tier's limits and its
+	// models' limits.
+	Lease *bool `yaml:"lease"`
 	// Models adds limits for single models, on top of the tier's: a
 	// request for such a model must pass both.
 	Models map[string]Limits `yaml:"models"`

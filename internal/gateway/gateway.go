@@ -216,6 +216,7 @@ func (s *spec) describe() string {
 
 type tier struct {
 	name  string
+	lease bool // rpm, rpd and tpm are leased (Config.Lease, TierConfig.Lease)
 	specs []spec
 	// policies is the RateLimit-Policy field for a request on each model
 	// that has limits of its own; policies[""] for every other model.
@@ -270,7 +271,10 @@ func New(opts Options) (*Gateway, error) {
 	tiers := map[string]*tier{}
 	for _, name := range sortedKeys(cfg.Tiers) {
 		tc := cfg.Tiers[name]
-		t := &tier{name: name}
+		t := &tier{name: name, lease: cfg.Lease}
+		if tc.Lease != nil {
+			t.lease = *tc.Lease
+		}
 		t.specs = appendSpecs(t.specs, tc.Limits(), "", cfg.LeaseTTL)
 		for _, model := range sortedKeys(tc.Models) {
 			t.specs = appendSpecs(t.specs, tc.Models[model], model, cfg.LeaseTTL)
@@ -381,6 +385,7 @@ type call struct {
 	completion  int64
 	produced    int64 // completion tokens relayed in a stream
 	settled     atomic.Bool
+	reserving   chan struct{} // closed once a leased tier's reservation is taken (applyLeased)
 }
 
 type callKey struct{}
@@ -501,7 +506,7 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 		if !s.applies(model) {
 			continue
 		}
-		req := sluice.Request{Key: c.client.specKeys[i], Algorithm: s.alg, Limit: s.limit, Cost: 1}
+		req := sluice.Request{Key: c.client.specKeys[i], Algorithm: s.alg, Limit: s.limit, Cost: 1, UseLease: t.lease}
 		switch s.kind {
 		case kindTokens:
 			req.Cost = c.reserved
@@ -513,7 +518,7 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 				return false
 			}
 		case kindConcurrency, kindReservation:
-			req.Lease = c.id
+			req.Lease, req.UseLease = c.id, false
 		}
 		c.specs = append(c.specs, s)
 		c.reqs = append(c.reqs, req)
@@ -658,6 +663,9 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 
 // settle settles c's reservation; settleAsync makes sure it runs once.
 func (g *Gateway) settle(c *call) {
+	if c.reserving != nil {
+		<-c.reserving
+	}
 	s := Settlement{RequestID: c.id, Client: c.client.id, Tier: c.client.tier.name, Model: c.model, Status: c.status, Reserved: c.reserved}
 	refundRequests := false
 	switch {

@@ -170,7 +170,7 @@ func (g *Gateway) applyAdmit(ctx context.Context, w http.ResponseWriter, c *call
 	if q == nil {
 		ctx, cancel := context.WithTimeout(ctx, g.cfg.Store.Timeout)
 		defer cancel()
-		return g.store.ApplyAll(ctx, sluice.OpAllow, c.reqs)
+		return g.applyLeased(ctx, c)
 	}
 	qc := q.class[c.client]
 	it := fairqueue.Item{
