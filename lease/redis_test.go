@@ -245,13 +245,11 @@ func TestFleetNeverOverAdmits(t *testing.T) {
 		{sluice.GCRA, sluice.Limit{Rate: 5000, Period: time.Second, Burst: 1000}, uniform, 0.99},
 		{sluice.GCRA, sluice.Limit{Rate: 5000, Period: time.Second, Burst: 1000}, skewed, 0.97},
 		{sluice.TokenBucket, sluice.Limit{Rate: 5000, Period: time.Second, Burst: 1000}, uniform, 0.99},
+		{sluice.TokenBucket, sluice.Limit{Rate: 5000, Period: time.Second, Burst: 1000}, skewed, 0.97},
 		{sluice.FixedWindow, sluice.Limit{Rate: 500, Period: 100 * time.Millisecond}, uniform, 0.99},
 		{sluice.FixedWindow, sluice.Limit{Rate: 500, Period: 100 * time.Millisecond}, skewed, 0.97},
-		// The sliding counter's capacity arrives gradually within a
-		// window (the previous window's weight falls), and a chunk
-		// lapses at its window's end: the last one of each window is
-		// partly stranded. Measured 92-100%.
-		{sluice.SlidingWindowCounter, sluice.Limit{Rate: 500, Period: 100 * time.Millisecond}, uniform, 0.85},
+		{sluice.SlidingWindowCounter, sluice.Limit{Rate: 500, Period: 100 * time.Millisecond}, uniform, 0.99},
+		{sluice.SlidingWindowCounter, sluice.Limit{Rate: 500, Period: 100 * time.Millisecond}, skewed, 0.97},
 	}
 	for _, c := range cases {
 		t.Run(c.a.String()+"/"+c.tr.name, func(t *testing.T) {
@@ -282,28 +280,44 @@ func TestFleetNeverOverAdmits(t *testing.T) {
 	}
 }
 
-// Redis paused (CLIENT PAUSE ALL) for 300ms mid-run: fetches time out,
-// instances answer from what they hold and then return the store's error
-// (a guard around them would apply its failure policy); the queued
-// fetches run after the pause. Nothing is ever admitted beyond ideal + 1.
+// Redis stopped for 300ms mid-run, by CLIENT PAUSE ALL or by SIGSTOP (the
+// process frozen, its sockets open): fetches time out, instances answer
+// from what they hold and then return the store's error (a guard around
+// them would apply its failure policy); the queued fetches run after the
+// pause, charging capacity nobody uses. Nothing is ever admitted beyond
+// ideal + 1, uniform or skewed.
 func TestFleetRedisPaused(t *testing.T) {
 	srv := redistest.NewStandalone(t)
+	clientPause := func(done chan<- error) {
+		_, err := srv.Do(context.Background(), "CLIENT", "PAUSE", "300", "ALL")
+		done <- err
+	}
+	sigstop := func(done chan<- error) {
+		if err := srv.Freeze(); err != nil {
+			done <- err
+			return
+		}
+		// The fault's length, not a synchronisation: Thaw ends it.
+		time.AfterFunc(300*time.Millisecond, func() { done <- srv.Thaw() })
+	}
 	for _, c := range []struct {
-		a   sluice.Algorithm
-		lim sluice.Limit
+		name  string
+		a     sluice.Algorithm
+		lim   sluice.Limit
+		tr    traffic
+		fault func(chan<- error)
 	}{
-		{sluice.GCRA, sluice.Limit{Rate: 5000, Period: time.Second, Burst: 1000}},
-		{sluice.FixedWindow, sluice.Limit{Rate: 500, Period: 100 * time.Millisecond}},
+		{"pause", sluice.GCRA, sluice.Limit{Rate: 5000, Period: time.Second, Burst: 1000}, uniform, clientPause},
+		{"pause", sluice.FixedWindow, sluice.Limit{Rate: 500, Period: 100 * time.Millisecond}, uniform, clientPause},
+		{"sigstop", sluice.GCRA, sluice.Limit{Rate: 5000, Period: time.Second, Burst: 1000}, skewed, sigstop},
+		{"sigstop", sluice.SlidingWindowCounter, sluice.Limit{Rate: 500, Period: 100 * time.Millisecond}, uniform, sigstop},
 	} {
-		t.Run(c.a.String(), func(t *testing.T) {
+		t.Run(c.a.String()+"/"+c.name+"/"+c.tr.name, func(t *testing.T) {
 			req := sluice.Request{Key: redistest.Prefix(t) + "hot", Algorithm: c.a, Limit: c.lim, Cost: 1}
-			paused := make(chan error, 1)
-			r := runFleet(t, srv, req, uniform, 1500*time.Millisecond, func() {
-				_, err := srv.Do(context.Background(), "CLIENT", "PAUSE", "300", "ALL")
-				paused <- err
-			})
-			if err := <-paused; err != nil {
-				t.Fatalf("CLIENT PAUSE: %v", err)
+			faulted := make(chan error, 1)
+			r := runFleet(t, srv, req, c.tr, 1500*time.Millisecond, func() { c.fault(faulted) })
+			if err := <-faulted; err != nil {
+				t.Fatalf("%s: %v", c.name, err)
 			}
 			ideal, base := bounds(c.lim, c.a, r.start, r.end, r.drained, r.stopped)
 			base = min(base, float64(r.offeredAfter))
@@ -312,9 +326,9 @@ func TestFleetRedisPaused(t *testing.T) {
 				t.Fatalf("admitted %d > ideal %.0f + 1", r.admitted, ideal)
 			}
 			if r.degraded == 0 {
-				t.Fatal("no degraded decision: the pause did not bite")
+				t.Fatal("no degraded decision: the fault did not bite")
 			}
-			// The pause costs at most its 300ms of the limit (plus the
+			// The fault costs at most its 300ms of the limit (plus the
 			// chunks whose fetches timed out and ran late).
 			if floor := base * 0.6; floorMeasurable(t, r, c.lim) && float64(r.afterDrain) < floor {
 				t.Fatalf("admitted %d after the limit was reached, want ≥ %.0f", r.afterDrain, floor)
