@@ -235,18 +235,37 @@ func (u Usage) Total() int64 {
 	return max(u.PromptTokens, 0) + max(u.CompletionTokens, 0)
 }
 
-// EstimateTokens guesses a request's token cost before it is sent, with the
-// gateway's estimator (internal/aitoken: words in runs of four letters, one
-// token per non-ASCII character or symbol, a few per message), plus MaxTokens
-// (what servers such as OpenAI's reserve against a tokens-per-minute limit),
-// or defaultCompletion when MaxTokens is unset.
+// EstimateTokens is a request's token cost before it is sent: its prompt
+// tokens counted as the gateway counts them (internal/aitoken: exactly with
+// the model's vocabulary for OpenAI models, messages, names and
+// Params["tools"] or Params["functions"] included; with the heuristic for
+// other models), plus MaxTokens (what servers such as OpenAI's reserve
+// against a tokens-per-minute limit), or defaultCompletion when MaxTokens
+// is unset.
 func EstimateTokens(r *ChatRequest, defaultCompletion int64) int64 {
-	n := int64(aitoken.ReplyOverhead)
-	for _, m := range r.Messages {
-		n += aitoken.MessageOverhead + aitoken.Count(m.Role) + aitoken.Count(m.Content) + aitoken.Count(m.Name) + aitoken.Count(string(m.Parts))
+	var n int64
+	if c := aitoken.ForModel(r.Model); c.Exact() {
+		n = c.PromptTokens(r.tokenRequest())
+	} else {
+		n = aitoken.ReplyOverhead
+		for _, m := range r.Messages {
+			n += aitoken.MessageOverhead + aitoken.Count(m.Role) + aitoken.Count(m.Content) + aitoken.Count(m.Name) + aitoken.Count(string(m.Parts))
+		}
 	}
 	if r.MaxTokens > 0 {
 		return n + r.MaxTokens
 	}
 	return n + max(defaultCompletion, 0)
+}
+
+// tokenRequest is the part of r that takes prompt tokens, in wire form.
+func (r *ChatRequest) tokenRequest() *aitoken.Request {
+	req := &aitoken.Request{Tools: r.Params["tools"], Functions: r.Params["functions"], Messages: make([]json.RawMessage, 0, len(r.Messages))}
+	for i := range r.Messages {
+		var b bytes.Buffer
+		if r.Messages[i].appendJSON(&b) == nil {
+			req.Messages = append(req.Messages, b.Bytes())
+		}
+	}
+	return req
 }

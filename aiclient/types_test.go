@@ -79,3 +79,23 @@ func TestDecodeResponse(t *testing.T) {
 		t.Fatalf("CJK estimate %d", got)
 	}
 }
+
+// TestEstimateTokensExact checks that an OpenAI model's estimate is the
+// exact count the gateway makes: the OpenAI cookbook's weather example
+// ("How to count tokens with tiktoken", section 7) took 101 prompt tokens
+// on gpt-4o and 105 on gpt-4 by the API's own usage.
+func TestEstimateTokensExact(t *testing.T) {
+	tools := json.RawMessage(`[{"type":"function","function":{"name":"get_current_weather","description":"Get the current weather in a given location",
+	  "parameters":{"type":"object","properties":{"location":{"type":"string","description":"The city and state, e.g. San Francisco, CA"},
+	  "unit":{"type":"string","description":"The unit of temperature to return","enum":["celsius","fahrenheit"]}},"required":["location"]}}}]`)
+	msgs := []Message{
+		{Role: "system", Content: "You are a helpful assistant that can answer to questions about the weather."},
+		{Role: "user", Content: "What's the weather like in San Francisco?"},
+	}
+	for model, want := range map[string]int64{"gpt-4o": 101, "gpt-4o-mini": 101, "gpt-4": 105} {
+		r := &ChatRequest{Model: model, Messages: msgs, MaxTokens: 50, Params: map[string]json.RawMessage{"tools": tools}}
+		if got := EstimateTokens(r, 0); got != want+50 {
+			t.Errorf("%s: estimate %d, want %d prompt + 50", model, got, want)
+		}
+	}
+}

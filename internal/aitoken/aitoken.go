@@ -1,16 +1,26 @@
-// Package aitoken estimates how many LLM tokens a text or an
-// OpenAI-style request takes, offline and without a vocabulary file.
+// Package aitoken counts how many LLM tokens a text or an OpenAI-style
+// request takes, offline.
 //
-// The estimate is a heuristic tuned to err high for English and code with
-// BPE tokenizers such as cl100k and o200k: a run of ASCII letters or digits
-// costs one token per four bytes (rounded up), every other ASCII symbol one
-// token, whitespace nothing, and every non-ASCII character one token (CJK
-// text is about one token per character). Chat messages add OpenAI's
-// documented overhead of 3 tokens per message and 3 for the reply.
+// For OpenAI models (EncodingForModel) the count is exact: ForModel returns
+// a Counter that tokenizes with the model's byte-pair vocabulary
+// (cl100k_base or o200k_base, embedded by github.com/tiktoken-go/tokenizer)
+// using pre-tokenizers written for the two split patterns, and counts a
+// request as OpenAI's cookbook does, per-message, name and tool
+// overheads included; the counts match tiktoken's on a golden corpus and
+// the API's on the cookbook's examples. The same Counter serves the
+// gateway, aiclient and sluice batch.
 //
-// The gateway reserves this estimate before forwarding a request and
-// settles against the upstream's exact usage afterwards, so the estimate
-// only needs to be cheap and rarely low.
+// For other models the Counter is Heuristic (Count, Request.PromptTokens),
+// tuned to err high for English and code with BPE tokenizers: a run of
+// ASCII letters or digits costs one token per four bytes (rounded up),
+// every other ASCII symbol one token, whitespace nothing, and every
+// non-ASCII character one token (CJK text is about one token per
+// character). Chat messages add OpenAI's documented overhead of 3 tokens
+// per message and 3 for the reply.
+//
+// The gateway reserves the count before forwarding a request and settles
+// against the upstream's usage afterwards, by kind of token (Usage,
+// Weights), so an estimate only needs to be cheap and rarely low.
 package aitoken
 
 import (

@@ -118,7 +118,8 @@ func parseBody(body []byte, ep endpoint) (*parsedBody, *requestError) {
 		return nil, badRequest("missing_required_parameter", "model", "You must provide a model parameter.")
 	}
 	req := aitoken.Request{Messages: w.Messages, Prompt: w.Prompt, Input: w.Input, Instructions: w.Instructions, Tools: w.Tools, Functions: w.Functions}
-	p := &parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: req.PromptTokens(), choices: 1}
+	// Exact for OpenAI models, the heuristic for others (package aitoken).
+	p := &parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: aitoken.ForModel(w.Model).PromptTokens(&req), choices: 1}
 	if ep == epEmbeddings {
 		return p, nil // no completion: the prompt is the whole cost
 	}

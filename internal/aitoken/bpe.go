@@ -1,0 +1,275 @@
+package aitoken
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/tiktoken-go/tokenizer"
+)
+
+// Encoding names a byte-pair-encoding vocabulary of OpenAI's tiktoken.
+type Encoding string
+
+// The encodings the package embeds (through github.com/tiktoken-go/tokenizer,
+// which generates its vocabularies from OpenAI's published files).
+const (
+	// Cl100kBase is the vocabulary of gpt-4, gpt-3.5-turbo and
+	// text-embedding-3/ada-002.
+	Cl100kBase Encoding = "cl100k_base"
+	// O200kBase is the vocabulary of gpt-4o, gpt-4.1, gpt-5 and the
+	// o-series.
+	O200kBase Encoding = "o200k_base"
+)
+
+// vocab is one encoding's merge ranks (a token's rank is its id) and its
+// pre-tokenizer.
+type vocab struct {
+	ranks map[string]uint32
+	split func(string, func(string))
+}
+
+// counters loads each encoding once, when it is first used: about 0.1 s
+// and 10-20 MiB of heap each. They are read-only afterwards.
+var counters = map[Encoding]func() (*Counter, error){
+	Cl100kBase: sync.OnceValues(func() (*Counter, error) { return newCounter(Cl100kBase, tokenizer.Cl100kBase, splitCL100K) }),
+	O200kBase:  sync.OnceValues(func() (*Counter, error) { return newCounter(O200kBase, tokenizer.O200kBase, splitO200K) }),
+}
+
+func newCounter(enc Encoding, lib tokenizer.Encoding, split func(string, func(string))) (*Counter, error) {
+	v, err := loadVocab(lib, split)
+	if err != nil {
+		return nil, err
+	}
+	return &Counter{enc: enc, v: v}, nil
+}
+
+// loadVocab reads the ranks of enc out of the tokenizer library, whose
+// vocabulary maps are private: decoding each id gives its token's bytes.
+func loadVocab(enc tokenizer.Encoding, split func(string, func(string))) (*vocab, error) {
+	codec, err := tokenizer.Get(enc)
+	if err != nil {
+		return nil, fmt.Errorf("aitoken: load %s: %w", enc, err)
+	}
+	v := &vocab{ranks: make(map[string]uint32, 200_000), split: split}
+	miss := 0
+	for id := uint(0); miss < 1024; id++ { // the ids are dense; specials come after a gap
+		tok, err := codec.Decode([]uint{id})
+		if err != nil || tok == "" {
+			miss++
+			continue
+		}
+		miss = 0
+		v.ranks[tok] = uint32(id)
+	}
+	if len(v.ranks) < 50_000 {
+		return nil, fmt.Errorf("aitoken: load %s: only %d tokens", enc, len(v.ranks))
+	}
+	return v, nil
+}
+
+// maxPiece bounds the piece that byte-pair encoding merges as a whole. A
+// longer piece (a run of one character class longer than this: a base64
+// blob, a line of dashes, a megabyte of spaces sent to burn CPU) is merged
+// in chunks of maxPiece bytes, cut at character boundaries. A chunk's
+// merges cannot cross its ends, so a long piece may count a token or so
+// more per chunk than tiktoken does (at most about 1 in 250), and the cost
+// stays linear: the heap of one chunk fits in the CPU's cache.
+const maxPiece = 1024
+
+// count returns the number of tokens of s.
+func (v *vocab) count(s string) int64 {
+	var n int64
+	v.split(s, func(piece string) {
+		if _, ok := v.ranks[piece]; ok {
+			n++
+			return
+		}
+		for len(piece) > maxPiece {
+			cut := maxPiece
+			for cut > maxPiece-utf8.UTFMax && !utf8.RuneStart(piece[cut]) {
+				cut--
+			}
+			n += int64(v.merge(piece[:cut]))
+			piece = piece[cut:]
+		}
+		n += int64(v.merge(piece))
+	})
+	return n
+}
+
+const noRank = math.MaxUint32
+
+// merge returns the number of tokens that byte-pair encoding makes of
+// piece: starting from single bytes, the adjacent pair whose joined bytes
+// have the lowest rank is merged, leftmost first, until no pair is a
+// token. Short pieces use a quadratic scan, long ones (a run of letters
+// can be the whole body) a heap, so that the cost stays O(n log n).
+func (v *vocab) merge(piece string) int {
+	if len(piece) <= 1 {
+		return len(piece)
+	}
+	if len(piece) < 64 {
+		return v.mergeScan(piece)
+	}
+	return v.mergeHeap(piece)
+}
+
+func (v *vocab) rank(s string) uint32 {
+	if r, ok := v.ranks[s]; ok {
+		return r
+	}
+	return noRank
+}
+
+func (v *vocab) mergeScan(piece string) int {
+	// starts[k] is where part k starts; ranks[k] the rank of parts k and
+	// k+1 joined.
+	var sbuf [65]int32
+	var rbuf [64]uint32
+	n := len(piece)
+	starts := sbuf[:n+1]
+	ranks := rbuf[:n]
+	for k := range n + 1 {
+		starts[k] = int32(k)
+	}
+	pair := func(k int) uint32 {
+		if k+2 >= len(starts) {
+			return noRank
+		}
+		return v.rank(piece[starts[k]:starts[k+2]])
+	}
+	for k := range n - 1 {
+		ranks[k] = pair(k)
+	}
+	ranks[n-1] = noRank
+	for len(starts) > 2 {
+		best, at := uint32(noRank), -1
+		for k, r := range ranks[:len(starts)-2] {
+			if r < best {
+				best, at = r, k
+			}
+		}
+		if at < 0 {
+			break
+		}
+		// Join parts at and at+1.
+		starts = append(starts[:at+1], starts[at+2:]...)
+		ranks = append(ranks[:at+1], ranks[at+2:]...)
+		ranks[at] = pair(at)
+		if at > 0 {
+			ranks[at-1] = pair(at - 1)
+		}
+	}
+	return len(starts) - 1
+}
+
+// mergeHeap is mergeScan with the parts in a linked list and the
+// candidate pairs in a min-heap of (rank, start), stale entries skipped.
+func (v *vocab) mergeHeap(piece string) int {
+	n := int32(len(piece))
+	next := make([]int32, n+1) // next part's start; n ends the list
+	prev := make([]int32, n+1)
+	cur := make([]uint32, n+1) // the rank of the pair starting here
+	for i := range n + 1 {
+		next[i], prev[i], cur[i] = i+1, i-1, noRank
+	}
+	h := make(pairHeap, 0, n)
+	rankAt := func(i int32) uint32 {
+		j := next[i]
+		if j >= n {
+			return noRank
+		}
+		return v.rank(piece[i:next[j]])
+	}
+	for i := int32(0); i+1 < n; i++ {
+		if r := rankAt(i); r != noRank {
+			cur[i] = r
+			h = append(h, pairEntry{r, i})
+		}
+	}
+	h.init()
+	parts := int(n)
+	for len(h) > 0 {
+		e := h.pop()
+		if cur[e.start] != e.rank || next[e.start] >= n+1 {
+			continue // stale
+		}
+		i, j := e.start, next[e.start]
+		// Join i and j.
+		next[i] = next[j]
+		if next[j] <= n {
+			prev[next[j]] = i
+		}
+		cur[j], next[j] = noRank, n+1 // j is gone
+		parts--
+		for _, b := range [2]int32{i, prev[i]} {
+			if b < 0 {
+				continue
+			}
+			cur[b] = rankAt(b)
+			if cur[b] != noRank {
+				h.push(pairEntry{cur[b], b})
+			}
+		}
+	}
+	return parts
+}
+
+type pairEntry struct {
+	rank  uint32
+	start int32
+}
+
+// pairHeap orders pairs by rank, then leftmost first, as the merge rule
+// does.
+type pairHeap []pairEntry
+
+func (h pairHeap) less(a, b int) bool {
+	return h[a].rank < h[b].rank || h[a].rank == h[b].rank && h[a].start < h[b].start
+}
+
+func (h pairHeap) init() {
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+}
+
+func (h *pairHeap) push(e pairEntry) {
+	*h = append(*h, e)
+	for i := len(*h) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !h.less(i, p) {
+			break
+		}
+		(*h)[i], (*h)[p] = (*h)[p], (*h)[i]
+		i = p
+	}
+}
+
+func (h *pairHeap) pop() pairEntry {
+	old := *h
+	top := old[0]
+	old[0] = old[len(old)-1]
+	*h = old[:len(old)-1]
+	h.down(0)
+	return top
+}
+
+func (h pairHeap) down(i int) {
+	for {
+		c := 2*i + 1
+		if c >= len(h) {
+			return
+		}
+		if r := c + 1; r < len(h) && h.less(r, c) {
+			c = r
+		}
+		if !h.less(c, i) {
+			return
+		}
+		h[i], h[c] = h[c], h[i]
+		i = c
+	}
+}
