@@ -70,6 +70,8 @@ type Config struct {
 	MaxBodyBytes int64
 	// MaxChecks bounds the checks of one batch.
 	MaxChecks int
+	// MaxWaiting bounds the requests held at once for delay-mode policies.
+	MaxWaiting int
 	// ShutdownTimeout bounds the drain on shutdown.
 	ShutdownTimeout time.Duration
 	// Store is the store section with defaults applied.
@@ -99,6 +101,13 @@ type Policy struct {
 	// Lease lets a Redis store decide the policy's hot keys locally from
 	// leased capacity (sluice.Request.UseLease).
 	Lease bool
+	// MaxWait is the policy's max_wait: zero unless it is in delay mode
+	// (see Reservation).
+	MaxWait time.Duration
+	// Delay is the policy's delay threshold, when HasDelay.
+	Delay int64
+	// HasDelay reports that the policy set delay.
+	HasDelay bool
 }
 
 // Tier is a plan: policies applied together, all or nothing.
@@ -170,6 +179,7 @@ func (v *validator) compile(f *File) *Config {
 		AdminToken:      f.AdminToken,
 		MaxBodyBytes:    f.MaxBodyBytes,
 		MaxChecks:       f.MaxChecks,
+		MaxWaiting:      f.MaxWaiting,
 		ShutdownTimeout: f.ShutdownTimeout,
 		Store:           f.Store,
 		Policies:        map[string]*Policy{},
@@ -196,6 +206,7 @@ func (v *validator) compile(f *File) *Config {
 		v.addf("shutdown_timeout", "%s must be positive", cfg.ShutdownTimeout)
 	}
 	v.compileStore(&cfg.Store)
+	v.compileMaxWaiting(cfg)
 
 	names := sortedKeys(f.Policies)
 	for _, name := range names {
@@ -237,6 +248,7 @@ func (v *validator) compile(f *File) *Config {
 				v.addf(path+".lease", "%s cannot be leased: its state is one entry per admitted event", pol.Algorithm)
 			}
 		}
+		v.compileDelay(path, &p, pol) // delay.go
 		cfg.Policies[name] = pol
 	}
 

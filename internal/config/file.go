@@ -35,6 +35,10 @@ type File struct {
 	MaxChecks int `yaml:"max_checks"`
 	// ShutdownTimeout bounds the drain of in-flight requests; default 10s.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// MaxWaiting bounds the requests this instance holds at once for
+	// delay-mode policies; past it they are answered at once (admitted
+	// within the burst, 429 beyond). Default DefaultMaxWaiting.
+	MaxWaiting int `yaml:"max_waiting"`
 	// Store selects where limiter state lives.
 	Store StoreSection `yaml:"store"`
 	// Policies are the named limits.
@@ -97,6 +101,13 @@ type PolicySection struct {
 	// Lease decides the policy's hot keys from leased capacity on Redis;
 	// store.lease when unset. Not for sliding_window_log.
 	Lease *bool `yaml:"lease"`
+	// MaxWait turns on delay mode: a request that would be admitted within
+	// it is charged now and answered after its delay, instead of 429. Only
+	// gcra and token_bucket; at most MaxMaxWait.
+	MaxWait time.Duration `yaml:"max_wait"`
+	// Delay is NGINX's limit_req delay: of the burst, the first Delay
+	// requests pass at once and the rest are held, paced at the rate.
+	Delay *int64 `yaml:"delay"`
 }
 
 // TierSection is one entry of `tiers:`.

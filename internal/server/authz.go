@@ -44,9 +44,14 @@ func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status, "%v", err)
 		return
 	}
+	release := s.waitSlot(cfg, targets)
+	defer release()
 	res, err := s.decide(r, sluice.OpAllow, targets)
 	if err != nil {
 		s.writeDecideError(w, err)
+		return
+	}
+	if !s.hold(w, r, res) {
 		return
 	}
 	h := w.Header()

@@ -145,13 +145,17 @@ func resolve(cfg *config.Config, c *checkItem, mode resolveMode) ([]target, int,
 
 // newTarget is policy p for identity, with its limit for that identity.
 func newTarget(cfg *config.Config, p *config.Policy, tier, identity string, apiKey *config.Key, cost int64) target {
-	return target{policy: p, tier: tier, identity: identity, req: sluice.Request{
+	t := target{policy: p, tier: tier, identity: identity, req: sluice.Request{
 		Key:       storeKey(identity, p),
 		Algorithm: p.Algorithm,
 		Limit:     cfg.LimitFor(p, identity, apiKey),
 		Cost:      cost,
 		UseLease:  p.Lease,
 	}}
+	if p.Delayed() {
+		t.req.Limit, t.req.MaxWait = p.Reservation(t.req.Limit) // delay.go
+	}
+	return t
 }
 
 var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
@@ -248,9 +252,14 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	release := s.waitSlot(cfg, targets)
+	defer release()
 	res, err := s.decide(r, sluice.OpAllow, targets)
 	if err != nil {
 		s.writeDecideError(w, err)
+		return
+	}
+	if !s.hold(w, r, res) {
 		return
 	}
 	s.writeDecision(w, res, http.StatusTooManyRequests, true)
@@ -429,6 +438,7 @@ func (s *Server) combine(out *outcome) {
 		c.Degraded = c.Degraded || d.Degraded
 		c.RetryAfter = max(c.RetryAfter, d.RetryAfter)
 		c.ResetAfter = max(c.ResetAfter, d.ResetAfter)
+		c.Delay = max(c.Delay, d.Delay)
 		if d.Remaining < c.Remaining {
 			c.Remaining, c.Limit, out.limiting = d.Remaining, d.Limit, i
 		}
@@ -600,6 +610,10 @@ func appendDecision(b []byte, d sluice.Decision, policy string, alg sluice.Algor
 	b = strconv.AppendInt(b, sluice.CeilMillis(d.ResetAfter), 10)
 	b = append(b, `,"degraded":`...)
 	b = strconv.AppendBool(b, d.Degraded)
+	if d.Delay > 0 {
+		b = append(b, `,"delay_ms":`...)
+		b = strconv.AppendInt(b, sluice.CeilMillis(d.Delay), 10)
+	}
 	return b
 }
 

@@ -21,6 +21,7 @@
 package server
 
 import (
+	"context"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -54,6 +55,9 @@ type Options struct {
 	// AdminToken, when set, overrides the config's admin token (it comes
 	// from the SLUICE_ADMIN_TOKEN environment variable).
 	AdminToken string
+	// Sleep holds a delay-mode request for its delay, or until the context
+	// ends; nil means a timer (sluice.Sleep). Tests pass one that records.
+	Sleep func(ctx context.Context, d time.Duration) error
 }
 
 // Server serves the HTTP API. It is safe for concurrent use.
@@ -67,6 +71,9 @@ type Server struct {
 	mux      *http.ServeMux
 	// decisions caches the children of m.Decisions.
 	decisions counterCache[decisionLabels]
+	// waiting counts the delay-mode requests being held (delay.go).
+	waiting atomic.Int64
+	sleep   func(context.Context, time.Duration) error
 }
 
 // New validates opts and returns a Server.
@@ -80,7 +87,10 @@ func New(opts Options) (*Server, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.NewSystem()
 	}
-	s := &Server{m: opts.Metrics, log: opts.Logger, admin: opts.AdminToken}
+	s := &Server{m: opts.Metrics, log: opts.Logger, admin: opts.AdminToken, sleep: opts.Sleep}
+	if s.sleep == nil {
+		s.sleep = sluice.Sleep
+	}
 	g, err := guardOf(opts.Store, opts.Config.Store, opts.Clock, opts.Logger)
 	if err != nil {
 		return nil, err
