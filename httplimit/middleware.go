@@ -8,7 +8,10 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/sluice-io/sluice"
 )
@@ -36,7 +39,25 @@ type Options struct {
 	FailOpen bool
 	// Logger receives limiter errors. Nil means slog.Default().
 	Logger *slog.Logger
+	// MaxWait turns on delay mode: a request that would be admitted within
+	// it is charged now (Limiter.Reserve), held for its delay and then
+	// passed on with DelayHeader, instead of getting 429. A caller that
+	// hangs up meanwhile gets its reservation refunded. The Limiter's
+	// algorithm must be GCRA or TokenBucket. Zero: no delay mode.
+	MaxWait time.Duration
+	// MaxWaiting bounds the requests held at once; past it a request is
+	// decided without MaxWait (admitted at once within the burst, 429
+	// beyond). Zero means DefaultMaxWaiting.
+	MaxWaiting int
 }
+
+// DelayHeader carries how long a request was held by delay mode, in
+// milliseconds rounded up, such as "Sluice-Delay-Ms: 300". `sluice serve`
+// sends it too.
+const DelayHeader = "Sluice-Delay-Ms"
+
+// DefaultMaxWaiting is the default of Options.MaxWaiting.
+const DefaultMaxWaiting = 10000
 
 // New returns middleware that limits requests to next. Admitted requests
 // carry the rate-limit headers; denied ones get 429 with Retry-After, the
@@ -53,6 +74,16 @@ func New(opts Options) (func(http.Handler) http.Handler, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.MaxWait < 0 || opts.MaxWait > sluice.MaxReserveWait || opts.MaxWaiting < 0 {
+		return nil, fmt.Errorf("httplimit: MaxWait %s must be between 0 and %s, MaxWaiting %d not negative", opts.MaxWait, sluice.MaxReserveWait, opts.MaxWaiting)
+	}
+	if opts.MaxWait > 0 && !sluice.Reserves(opts.Limiter.Algorithm()) {
+		return nil, fmt.Errorf("httplimit: MaxWait needs a gcra or token_bucket Limiter, not %s", opts.Limiter.Algorithm())
+	}
+	if opts.MaxWaiting == 0 {
+		opts.MaxWaiting = DefaultMaxWaiting
+	}
+	var waiting atomic.Int64
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			key, err := opts.Key(r)
@@ -64,7 +95,20 @@ func New(opts Options) (func(http.Handler) http.Handler, error) {
 			if opts.Cost != nil {
 				cost = opts.Cost(r)
 			}
-			d, err := opts.Limiter.AllowN(r.Context(), key, cost)
+			var d sluice.Decision
+			var rv *sluice.Reservation
+			if opts.MaxWait > 0 && waiting.Add(1) <= int64(opts.MaxWaiting) {
+				defer waiting.Add(-1)
+				rv, err = opts.Limiter.Reserve(r.Context(), key, cost, opts.MaxWait)
+				if err == nil {
+					d = rv.Decision
+				}
+			} else {
+				if opts.MaxWait > 0 {
+					waiting.Add(-1)
+				}
+				d, err = opts.Limiter.AllowN(r.Context(), key, cost)
+			}
 			switch {
 			case errors.Is(err, sluice.ErrCostExceedsBurst):
 				writeError(w, http.StatusRequestEntityTooLarge, "cost_exceeds_limit", fmt.Sprintf("request cost %d exceeds the limit %s", cost, opts.Limiter.Limit()), 0)
@@ -84,6 +128,14 @@ func New(opts Options) (func(http.Handler) http.Handler, error) {
 				writeError(w, http.StatusTooManyRequests, "rate_limited",
 					fmt.Sprintf("rate limit %s exceeded; retry in %s", d.Limit, RetryAfterMillis(d.RetryAfter)+"ms"), sluice.CeilMillis(d.RetryAfter))
 				return
+			}
+			if d.Delay > 0 {
+				if err := rv.Wait(r.Context()); err != nil {
+					// The caller went away; its reservation is refunded.
+					opts.Logger.DebugContext(r.Context(), "delayed request abandoned", "err", err)
+					return
+				}
+				w.Header()[DelayHeader] = []string{strconv.FormatInt(sluice.CeilMillis(d.Delay), 10)}
 			}
 			next.ServeHTTP(w, r)
 		})

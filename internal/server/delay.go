@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/httplimit"
 	"github.com/sluice-io/sluice/internal/config"
 )
 
@@ -24,7 +25,7 @@ import (
 // DelayHeader carries how long a delay-mode answer was held, in
 // milliseconds, rounded up: "Sluice-Delay-Ms: 300". It is absent when the
 // answer was not held.
-const DelayHeader = "Sluice-Delay-Ms"
+const DelayHeader = httplimit.DelayHeader
 
 // waitSlot takes one of the instance's waiting slots for a check with
 // delay-mode targets, or, when none is free, strips their max wait. It
