@@ -17,7 +17,7 @@ func newSimulateCmd() *cobra.Command {
 		pattern, limitText, algos, chart string
 		scenario                         string
 		rps                              float64
-		duration, bucket                 time.Duration
+		duration, bucket, maxWait        time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "simulate",
@@ -34,7 +34,8 @@ model capacity, and prints per second what each flow got (docs/QUEUEING.md).`,
 		Example: `  sluice simulate
   sluice simulate --pattern ramp --rps 50 --limit "20/s burst 40" --chart ramp.svg
   sluice simulate --pattern file:arrivals.txt --algorithms token_bucket,sliding_window_log
-  sluice simulate --scenario fairness --chart fairness.svg`,
+  sluice simulate --scenario fairness --chart fairness.svg
+  sluice simulate --max-wait 1s --limit "10/s burst 5" --chart delay.svg`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if scenario != "" {
@@ -65,6 +66,9 @@ model capacity, and prints per second what each flow got (docs/QUEUEING.md).`,
 			} else if arrivals, err = simulate.Generate(simulate.Pattern(pattern), rps, duration); err != nil {
 				return err
 			}
+			if maxWait != 0 {
+				return runDelay(cmd, limit, list, arrivals, bucket, maxWait, chart) // simulate_delay.go
+			}
 			res, err := simulate.Run(cmd.Context(), limit, list, arrivals, bucket)
 			if err != nil {
 				return err
@@ -93,6 +97,7 @@ model capacity, and prints per second what each flow got (docs/QUEUEING.md).`,
 	f.StringVar(&pattern, "pattern", "burst", "traffic: steady, burst, ramp or file:PATH")
 	f.Float64Var(&rps, "rps", 20, "offered requests per second for the built-in patterns")
 	f.DurationVar(&duration, "duration", 20*time.Second, "length of a built-in pattern")
+	f.DurationVar(&maxWait, "max-wait", 0, "compare with delay mode: hold requests due within this wait (gcra and token_bucket)")
 	f.StringVar(&limitText, "limit", "10/s burst 20", "the limit every algorithm enforces")
 	f.StringVar(&algos, "algorithms", "token_bucket,gcra,sliding_window_log,sliding_window_counter,fixed_window", "comma-separated algorithms to compare")
 	f.DurationVar(&bucket, "bucket", time.Second, "width of one table row")
