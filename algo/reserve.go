@@ -1,6 +1,10 @@
 package algo
 
-import "github.com/sluice-io/sluice"
+import (
+	"time"
+
+	"github.com/sluice-io/sluice"
+)
 
 // reserve is OpAllow or OpPeek of a GCRA or TokenBucket request with a
 // MaxWait w (validated): the request is admitted when it would be admitted
@@ -49,4 +53,27 @@ func reserve(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Deci
 	d.Remaining = CostsIn(l, level)
 	d.ResetAfter = dur(tau - level)
 	return d, st, nil
+}
+
+// GCRAReserve is reserve for GCRA's OpAllow on one key's TAT, for stores
+// that keep the TAT in an atomic word (as GCRAAllow): it returns the
+// decision and the TAT to store if it is admitted. The caller must have
+// validated the request. It agrees exactly with Apply.
+func GCRAReserve(tat int64, p *GCRAParams, cost int64, maxWait time.Duration, now int64) (sluice.Decision, int64) {
+	inc := p.Interval
+	if cost != 1 {
+		inc = p.Limit.CostInterval(cost)
+	}
+	tat = max(tat, now)
+	wait := tat + inc - p.Tau - now
+	d := sluice.Decision{Limit: p.Limit}
+	if wait > int64(maxWait) {
+		d.RetryAfter = dur(wait - int64(maxWait))
+	} else {
+		d.Allowed, d.Delay = true, dur(wait)
+		tat += inc
+	}
+	d.Remaining = CostsIn(p.Limit, now+p.Tau-tat)
+	d.ResetAfter = dur(tat - now)
+	return d, tat
 }

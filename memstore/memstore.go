@@ -135,7 +135,10 @@ func (s *Store) Len() int { return int(s.count.Load()) }
 
 // Apply implements sluice.Store.
 func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
-	if req.Algorithm == sluice.GCRA && op == sluice.OpAllow && req.MaxWait == 0 {
+	if req.Algorithm == sluice.GCRA && op == sluice.OpAllow && req.MaxWait != 0 {
+		return s.gcraReserve(req) // reserve.go
+	}
+	if req.Algorithm == sluice.GCRA && op == sluice.OpAllow {
 		// The hot path: a cost of 1 under the limit seen last.
 		if p := s.params.Load(); p != nil && p.Limit == req.Limit && req.Cost == 1 && req.Key != "" {
 			if d, ok := s.gcraFast(req.Key, p); ok {
