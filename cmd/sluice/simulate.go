@@ -30,7 +30,11 @@ arrival per line (seconds since start, or RFC 3339 timestamps).
 
 --scenario fairness or priority replays instead the gateway queue (priority
 classes, reserved shares, fair queueing among keys) in front of a shared
-model capacity, and prints per second what each flow got (docs/QUEUEING.md).`,
+model capacity, and prints per second what each flow got (docs/QUEUEING.md).
+
+--max-wait D compares gcra and token_bucket with and without delay mode (the
+max_wait of sluice serve's policies): held requests are counted when they go
+ahead, so the table and chart show the burst smoothed instead of refused.`,
 		Example: `  sluice simulate
   sluice simulate --pattern ramp --rps 50 --limit "20/s burst 40" --chart ramp.svg
   sluice simulate --pattern file:arrivals.txt --algorithms token_bucket,sliding_window_log
