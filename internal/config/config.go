@@ -241,6 +241,7 @@ func (v *validator) compile(f *File) *Config {
 				v.addf(path+".burst", "%s", strings.TrimPrefix(err.Error(), "sluice: "))
 			}
 		}
+		v.policyCalendar(path, &p, pol) // calendar.go
 		pol.Lease = f.Store.Lease && lease.Leasable(pol.Algorithm)
 		if p.Lease != nil {
 			pol.Lease = *p.Lease
@@ -307,6 +308,11 @@ func (v *validator) compile(f *File) *Config {
 				v.addf(opath, "%s", strings.TrimPrefix(err.Error(), "sluice: "))
 				continue
 			}
+			l, problem := overrideLimit(cfg.Policies[pn], l)
+			if problem != "" {
+				v.addf(opath, "%s", problem)
+				continue
+			}
 			if key.Overrides == nil {
 				key.Overrides = map[string]sluice.Limit{}
 			}
@@ -329,6 +335,11 @@ func (v *validator) compile(f *File) *Config {
 		l, err := sluice.ParseLimit(o.Limit)
 		if err != nil {
 			v.addf(path+".limit", "%s", strings.TrimPrefix(err.Error(), "sluice: "))
+			continue
+		}
+		l, problem := overrideLimit(cfg.Policies[o.Policy], l)
+		if problem != "" {
+			v.addf(path+".limit", "%s", problem)
 			continue
 		}
 		m := cfg.Overrides[o.Key]

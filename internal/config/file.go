@@ -108,6 +108,18 @@ type PolicySection struct {
 	// Delay is NGINX's limit_req delay: of the burst, the first Delay
 	// requests pass at once and the rest are held, paced at the rate.
 	Delay *int64 `yaml:"delay"`
+	// Timezone makes a limit per day, week, month or year a calendar
+	// window in this IANA zone, such as "Europe/Berlin": "5000/day" then
+	// resets at local midnight, 23 or 25 hours apart across DST changes.
+	// The same as writing "5000/day in Europe/Berlin". The algorithm
+	// defaults to (and must be) fixed_window.
+	Timezone string `yaml:"timezone"`
+	// ResetAt is the local time, "HH:MM", at which calendar windows start;
+	// default 00:00. UTC when no timezone is given.
+	ResetAt string `yaml:"reset_at"`
+	// WeekStarts is the first day of calendar weeks, such as "sunday";
+	// default monday.
+	WeekStarts string `yaml:"week_starts"`
 }
 
 // TierSection is one entry of `tiers:`.
