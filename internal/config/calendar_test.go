@@ -37,7 +37,7 @@ tiers:
     policies: [daily, monthly]
 keys:
   - name: big
-    hash: "` + strings.Repeat("ab", 32) + `"
+    hash: "`+strings.Repeat("ab", 32)+`"
     tier: pro
     overrides: {daily: 9000/day}
 overrides:
