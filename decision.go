@@ -97,7 +97,7 @@ func (r *Request) Validate(op Op) error {
 	if r.Algorithm == Concurrency && r.Lease == "" && (op == OpAllow || op == OpRefund) {
 		return fmt.Errorf("%w: key %q: concurrency needs a lease id", ErrInvalidRequest, r.Key)
 	}
-	if (op == OpAllow || op == OpPeek) && r.Cost > r.capacity() {
+	if (op == OpAllow || op == OpPeek) && r.Cost > r.capacity() && !r.fitsReservation() {
 		return fmt.Errorf("%w: cost %d, burst %d for key %q", ErrCostExceedsBurst, r.Cost, r.capacity(), r.Key)
 	}
 	return nil

@@ -36,6 +36,14 @@ func validMaxWait(a Algorithm, w time.Duration) error {
 	return nil
 }
 
+// fitsReservation reports whether a reservation of r's cost could ever be
+// admitted: on a full bucket, after a wait of at most MaxWait. A cost above
+// the burst can be, held until the rest of it has refilled.
+func (r *Request) fitsReservation() bool {
+	return r.MaxWait > 0 && Reserves(r.Algorithm) &&
+		r.Limit.CostInterval(r.Cost) <= r.Limit.CostInterval(r.Limit.Capacity())+int64(r.MaxWait)
+}
+
 // Reservation is an admission charged against the future: the store
 // admitted its requests now, and the caller acts after Decision.Delay. A
 // caller that gives up meanwhile calls Cancel (Wait does it when its

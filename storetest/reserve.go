@@ -23,6 +23,7 @@ func reserveScenarios() []scenario {
 	out = append(out,
 		scenario{"Reserve/ApplyAll", reserveBatch},
 		scenario{"Reserve/AfterPlainDenial", reserveAfterDenial},
+		scenario{"Reserve/CostAboveBurst", reserveAboveBurst},
 		scenario{"Reserve/Refused", reserveRefused},
 	)
 	return out
@@ -256,5 +257,29 @@ func reserveAfterDenial(h *harness) {
 	long.MaxWait = 200 * ms
 	if d, err := h.store.Apply(ctx, sluice.OpAllow, long); err != nil || !d.Allowed || d.Delay != 200*ms {
 		h.t.Fatalf("longer reservation after a short one's denial: %+v %v, want delay 200ms", d, err)
+	}
+}
+
+// reserveAboveBurst: a cost above the burst is held until the rest of it
+// has refilled, if that is within the max wait; beyond, it could never be
+// admitted and is refused as any cost above the burst.
+func reserveAboveBurst(h *harness) {
+	ctx := context.Background()
+	for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket} {
+		req := sluice.Request{Key: h.key("big-" + a.String()), Algorithm: a, Limit: sluice.Limit{Rate: 10, Period: s, Burst: 5}, Cost: 15, MaxWait: s}
+		if d, err := h.store.Apply(ctx, sluice.OpPeek, req); err != nil || !d.Allowed || d.Delay != s {
+			h.t.Fatalf("%s: peek of 15: %+v %v, want admitted after 1s", a, d, err)
+		}
+		if d, err := h.store.Apply(ctx, sluice.OpAllow, req); err != nil || !d.Allowed || d.Delay != s || d.Remaining != -10 {
+			h.t.Fatalf("%s: 15 of burst 5: %+v %v, want admitted after 1s, remaining -10", a, d, err)
+		}
+		req.Cost = 1
+		if d, err := h.store.Apply(ctx, sluice.OpAllow, req); err != nil || d.Allowed || d.RetryAfter != 100*ms {
+			h.t.Fatalf("%s: after 15: %+v %v, want denied for 100ms", a, d, err)
+		}
+		req.Cost = 16
+		if _, err := h.store.Apply(ctx, sluice.OpAllow, req); !errors.Is(err, sluice.ErrCostExceedsBurst) {
+			h.t.Fatalf("%s: 16 with 1s of wait at 10/s burst 5: %v, want ErrCostExceedsBurst", a, err)
+		}
 	}
 }
