@@ -60,6 +60,30 @@ func ExampleLimiter_Wait() {
 	// Output: true
 }
 
+// Reserve admits what would be admitted within the max wait now, charged
+// against the future: the caller holds it for its Delay (Wait sleeps it,
+// and refunds if the context ends first). Beyond the max wait it is denied.
+func ExampleLimiter_Reserve() {
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	store, _ := memstore.New(memstore.Options{Clock: clk})
+	defer store.Close()
+	limiter, _ := sluice.NewLimiter(sluice.Options{Store: store, Limit: sluice.Limit{Rate: 10, Period: time.Second, Burst: 2}})
+	for range 5 {
+		r, err := limiter.Reserve(context.Background(), "client", 1, 200*time.Millisecond)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		fmt.Println(r.Decision.Allowed, r.Decision.Delay, r.Decision.RetryAfter)
+	}
+	// Output:
+	// true 0s 0s
+	// true 0s 0s
+	// true 100ms 0s
+	// true 200ms 0s
+	// false 0s 100ms
+}
+
 // A concurrency limit holds leases; a crashed holder's lease lapses after
 // the limit's period.
 func ExampleLimiter_Acquire() {
