@@ -38,9 +38,15 @@ import (
 // Options configure a Client. BaseURL is required.
 type Options struct {
 	// BaseURL is the API root that "/chat/completions" is appended to,
-	// such as "https://api.openai.com/v1".
+	// such as "https://api.openai.com/v1" ("/messages" for API
+	// "anthropic", such as "https://api.anthropic.com/v1").
 	BaseURL string
-	// APIKey is sent as a bearer token. It is never logged.
+	// API is the wire format: APIOpenAI (the default) or APIAnthropic,
+	// whose requests carry max_tokens always (MaxTokens, else
+	// DefaultCompletionTokens) and the system messages as "system".
+	API string
+	// APIKey is sent as a bearer token (x-api-key for API "anthropic"). It
+	// is never logged.
 	APIKey string
 	// HTTPClient sends the requests; nil means a client without a timeout
 	// of its own (see AttemptTimeout).
@@ -113,6 +119,13 @@ func New(opts Options) (*Client, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("aiclient: base url %q must be an absolute http(s) url", opts.BaseURL)
 	}
+	switch opts.API {
+	case "":
+		opts.API = APIOpenAI
+	case APIOpenAI, APIAnthropic:
+	default:
+		return nil, fmt.Errorf("aiclient: unknown API %q; valid: openai, anthropic", opts.API)
+	}
 	switch {
 	case opts.MaxRetries == 0:
 		opts.MaxRetries = 5
@@ -138,9 +151,13 @@ func New(opts Options) (*Client, error) {
 	if opts.LimitKey == "" {
 		opts.LimitKey = sluice.HashKey(opts.APIKey)
 	}
+	path := "/chat/completions"
+	if opts.API == APIAnthropic {
+		path = "/messages"
+	}
 	c := &Client{
 		opts:     opts,
-		endpoint: strings.TrimRight(opts.BaseURL, "/") + "/chat/completions",
+		endpoint: strings.TrimRight(opts.BaseURL, "/") + path,
 		http:     opts.HTTPClient,
 		clock:    opts.Clock,
 		sleep:    opts.Sleep,
@@ -200,7 +217,7 @@ func (c *Client) ChatWith(ctx context.Context, req *ChatRequest, co CallOptions)
 	if req.Model == "" {
 		return res, errors.New("aiclient: request has no model")
 	}
-	body, err := req.MarshalJSON()
+	body, err := c.marshal(req)
 	if err != nil {
 		return res, fmt.Errorf("aiclient: encode request: %w", err)
 	}
@@ -388,7 +405,9 @@ func (c *Client) attempt(ctx context.Context, body []byte, estimate int64, seq u
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
-	if c.opts.APIKey != "" {
+	if c.opts.API == APIAnthropic {
+		c.setAnthropicHeaders(req.Header)
+	} else if c.opts.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+c.opts.APIKey)
 	}
 	resp, err := c.http.Do(req)
@@ -412,7 +431,7 @@ func (c *Client) attempt(ctx context.Context, body []byte, estimate int64, seq u
 			header: resp.Header, hint: hint, hasHint: hasHint, status: resp.StatusCode,
 		}
 	}
-	out, err := decodeResponse(data)
+	out, err := c.decode(data)
 	var apiErr *APIError
 	if errors.As(err, &apiErr) {
 		return nil, &attemptError{err: apiErr, header: resp.Header, status: resp.StatusCode}
@@ -421,6 +440,22 @@ func (c *Client) attempt(ctx context.Context, body []byte, estimate int64, seq u
 		return nil, &attemptError{err: fmt.Errorf("aiclient: decode response: %w", err), header: resp.Header, status: resp.StatusCode, unreadable: true}
 	}
 	return out, nil
+}
+
+// marshal writes req in the client's wire format.
+func (c *Client) marshal(req *ChatRequest) ([]byte, error) {
+	if c.opts.API == APIAnthropic {
+		return marshalAnthropic(req, c.opts.DefaultCompletionTokens)
+	}
+	return req.MarshalJSON()
+}
+
+// decode reads a 2xx response body in the client's wire format.
+func (c *Client) decode(data []byte) (*ChatResponse, error) {
+	if c.opts.API == APIAnthropic {
+		return decodeAnthropic(data)
+	}
+	return decodeResponse(data)
 }
 
 func sleepTimer(ctx context.Context, d time.Duration) error {

@@ -225,14 +225,24 @@ type Usage struct {
 	CompletionTokens int64 `json:"completion_tokens"`
 	// TotalTokens is their sum.
 	TotalTokens int64 `json:"total_tokens"`
+	// CacheCreationInputTokens and CacheReadInputTokens are an Anthropic
+	// response's cached input, not included in PromptTokens (Anthropic's
+	// input_tokens).
+	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens,omitempty"`
+	CacheReadInputTokens     int64 `json:"cache_read_input_tokens,omitempty"`
 }
 
-// Total is TotalTokens, or the sum of the parts when a server leaves it out.
+// Total is TotalTokens, or the sum of the parts when a server leaves it
+// out, with Anthropic's cached input weighted as it is billed (and as the
+// sluice gateway charges it): a cache write 1.25 input tokens, a cache read
+// 0.1, rounded up.
 func (u Usage) Total() int64 {
+	cw, cr := max(u.CacheCreationInputTokens, 0), max(u.CacheReadInputTokens, 0)
+	cached := cw + (cw+3)/4 + (cr+9)/10
 	if u.TotalTokens > 0 {
-		return u.TotalTokens
+		return u.TotalTokens + cached
 	}
-	return max(u.PromptTokens, 0) + max(u.CompletionTokens, 0)
+	return max(u.PromptTokens, 0) + max(u.CompletionTokens, 0) + cached
 }
 
 // EstimateTokens is a request's token cost before it is sent: its prompt

@@ -24,6 +24,7 @@ type batchFlags struct {
 	input, output, model    string
 	maxTokens               int64
 	baseURL, apiKeyEnv      string
+	api                     string
 	rate                    string
 	burst                   int64
 	tpm, tokenBurst         int64
@@ -56,10 +57,26 @@ lost or paid for twice. Calls wait for --rate and --tpm; with --redis, every
 process on that Redis shares them. Ctrl-C stops launching, lets calls in
 flight finish for up to --grace, and prints the summary.
 
+--api anthropic calls Anthropic's Messages API instead (POST /messages, the
+key as x-api-key, base URL https://api.anthropic.com/v1 and key variable
+ANTHROPIC_API_KEY unless given), paced by its anthropic-ratelimit-* headers.
+
 The API key is read from the environment variable named by --api-key-env.
 The exit code is 1 when any prompt failed for good, 130 when interrupted.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch f.api {
+			case aiclient.APIOpenAI:
+			case aiclient.APIAnthropic:
+				if !cmd.Flags().Changed("base-url") {
+					f.baseURL = "https://api.anthropic.com/v1"
+				}
+				if !cmd.Flags().Changed("api-key-env") {
+					f.apiKeyEnv = "ANTHROPIC_API_KEY"
+				}
+			default:
+				return fmt.Errorf("batch: --api %q: want openai or anthropic", f.api)
+			}
 			return runBatch(cmd.Context(), &f, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
@@ -69,7 +86,8 @@ The exit code is 1 when any prompt failed for good, 130 when interrupted.`,
 	fl.StringVar(&f.model, "model", "", "model for prompts that name none")
 	fl.Int64Var(&f.maxTokens, "max-tokens", 0, "max_tokens for prompts that set none (0: the server's default)")
 	fl.StringVar(&f.baseURL, "base-url", envOr("OPENAI_BASE_URL", "https://api.openai.com/v1"), "API base URL ($OPENAI_BASE_URL)")
-	fl.StringVar(&f.apiKeyEnv, "api-key-env", "OPENAI_API_KEY", "environment variable holding the API key")
+	fl.StringVar(&f.apiKeyEnv, "api-key-env", "OPENAI_API_KEY", "environment variable holding the API key (ANTHROPIC_API_KEY with --api anthropic)")
+	fl.StringVar(&f.api, "api", aiclient.APIOpenAI, "wire format of the API: openai (chat completions) or anthropic (messages)")
 	fl.StringVar(&f.rate, "rate", "", `request limit, such as "3/s" or "500/min" (none when empty)`)
 	fl.Int64Var(&f.burst, "burst", 0, "request burst (default: the rate)")
 	fl.Int64Var(&f.tpm, "tpm", 0, "token limit per minute (0: none)")
@@ -148,6 +166,7 @@ func runBatch(ctx context.Context, f *batchFlags, stdout, stderr io.Writer) erro
 	defer closeStore()
 	opts := aiclient.Options{
 		BaseURL:                 f.baseURL,
+		API:                     f.api,
 		APIKey:                  apiKey,
 		LimitKey:                f.limitKey,
 		MaxRetries:              f.maxRetries,

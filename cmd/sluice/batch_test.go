@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluice-io/sluice/internal/fakeanthropic"
 	"github.com/sluice-io/sluice/internal/fakeopenai"
 )
 
@@ -114,5 +115,47 @@ func TestBatchRefusesEmptyKeyAndModel(t *testing.T) {
 		"--base-url", up.BaseURL(), "--api-key-env", "SLUICE_TEST_EMPTY_KEY", "--progress", "none"}, &stdout, &stderr)
 	if err != nil || !strings.Contains(stdout.String(), "succeeded 2, failed 0") || strings.Contains(stdout.String(), "no price") {
 		t.Fatalf("rerun: %v\n%s", err, stdout.String())
+	}
+}
+
+// TestBatchCommandAnthropic: --api anthropic runs the prompts through a
+// Messages API (key as x-api-key), records the answers and resumes.
+func TestBatchCommandAnthropic(t *testing.T) {
+	up := fakeanthropic.New(t, fakeanthropic.Options{APIKey: "sk-ant-cmd", OutputTokens: 3})
+	up.Enqueue(fakeanthropic.Fault{Status: 529}) // retried
+	t.Setenv("SLUICE_TEST_KEY", "sk-ant-cmd")
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "in.txt"), filepath.Join(dir, "out.jsonl")
+	if err := os.WriteFile(in, []byte("first\nsecond\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"batch", "--api", "anthropic", "--input", in, "--output", out, "--model", "claude-test", "--base-url", up.URL() + "/v1",
+		"--api-key-env", "SLUICE_TEST_KEY", "--rate", "1000/s", "--tpm", "1000000", "--concurrency", "1", "--progress", "none", "--max-retries", "2"}
+	var stdout, stderr bytes.Buffer
+	if err := run(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "succeeded 2, failed 0") || up.Count() != 3 {
+		t.Fatalf("%d requests:\n%s", up.Count(), stdout.String())
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(string(data), `"response":"tok tok tok "`) != 2 {
+		t.Fatalf("output:\n%s", data)
+	}
+	for _, r := range up.Requests() {
+		if r.Path != "/v1/messages" || r.Header.Get("X-Api-Key") != "sk-ant-cmd" {
+			t.Fatalf("request %s %v", r.Path, r.Header)
+		}
+	}
+	stdout.Reset()
+	if err := run(context.Background(), args, &stdout, &stderr); err != nil || up.Count() != 3 {
+		t.Fatalf("rerun: %v, %d requests\n%s", err, up.Count(), stdout.String())
+	}
+	args[2] = "gemini"
+	if err := run(context.Background(), args, &stdout, &stderr); err == nil || !strings.Contains(err.Error(), "--api") {
+		t.Fatalf("--api gemini: %v", err)
 	}
 }

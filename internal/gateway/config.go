@@ -92,6 +92,13 @@ type UpstreamConfig struct {
 	// BaseURL is the OpenAI-compatible base URL, including its /v1, such
 	// as "https://api.openai.com/v1" or "http://127.0.0.1:11434/v1".
 	BaseURL string `yaml:"base_url"`
+	// API is the upstream's API: "openai" (the default; the key goes as
+	// Authorization: Bearer) or "anthropic" (https://api.anthropic.com/v1;
+	// the key goes as x-api-key, default variable ANTHROPIC_API_KEY). The
+	// gateway serves both ingresses, OpenAI's paths and Anthropic's
+	// /v1/messages, whichever it is; each path goes to this upstream as it
+	// came.
+	API string `yaml:"api"`
 	// APIKeyEnv names the environment variable holding the upstream key;
 	// default OPENAI_API_KEY. An empty variable sends no key: `sluice
 	// gateway` and `sluice serve` refuse to start so unless the upstream is
@@ -221,8 +228,14 @@ func (c *Config) ApplyDefaults() {
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}
+	if c.Upstream.API == "" {
+		c.Upstream.API = APIOpenAI
+	}
 	if c.Upstream.APIKeyEnv == "" {
 		c.Upstream.APIKeyEnv = DefaultUpstreamKeyEnv
+		if c.Upstream.API == APIAnthropic {
+			c.Upstream.APIKeyEnv = DefaultAnthropicKeyEnv
+		}
 	}
 	if c.Store.URL == "" {
 		c.Store.URL = "memory"
@@ -265,6 +278,9 @@ func (c *Config) Check(doc *yamlconf.Doc) {
 		doc.Addf("upstream.base_url", "required, the OpenAI-compatible base URL with its /v1, such as https://api.openai.com/v1 or http://127.0.0.1:11434/v1")
 	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
 		doc.Addf("upstream.base_url", "%q must be an http or https URL, such as https://api.openai.com/v1", redactURL(c.Upstream.BaseURL))
+	}
+	if c.Upstream.API != APIOpenAI && c.Upstream.API != APIAnthropic {
+		doc.Addf("upstream.api", "unknown API %q; valid: openai, anthropic", redactSecret(c.Upstream.API))
 	}
 	if !envNameRE.MatchString(c.Upstream.APIKeyEnv) {
 		doc.Addf("upstream.api_key_env", "%q is not an environment variable name, such as OPENAI_API_KEY; the key itself belongs in the environment, never in this file", redactSecret(c.Upstream.APIKeyEnv))

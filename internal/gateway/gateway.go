@@ -104,6 +104,9 @@ type Settlement struct {
 	Reserved, Actual int64
 	// PromptTokens and CompletionTokens are the usage the charge is based
 	// on: reported by the upstream when UsageReported, else estimated.
+	// For an Anthropic request PromptTokens weighs cached input as
+	// Anthropic bills it: input_tokens + ⌈1.25·CacheCreationTokens⌉ +
+	// ⌈0.1·CacheReadTokens⌉.
 	PromptTokens, CompletionTokens int64
 	UsageReported                  bool
 	// Team is the key's team, "" when it has none.
@@ -115,6 +118,9 @@ type Settlement struct {
 	// budgets, Cost what was finally charged to them; both zero when no
 	// budget applies (budget.go).
 	ReservedCost, Cost pricing.Micros
+	// CacheCreationTokens and CacheReadTokens are an Anthropic upstream's
+	// cache_creation_input_tokens and cache_read_input_tokens.
+	CacheCreationTokens, CacheReadTokens int64
 	// Err is the store's error, if settling failed.
 	Err error
 }
@@ -140,6 +146,9 @@ var endpoints = map[string]endpoint{
 	"/v1/completions":      epCompletions,
 	"/v1/embeddings":       epEmbeddings,
 	"/v1/responses":        epResponses,
+	// Anthropic's Messages API (anthropic.go).
+	"/v1/messages":              epMessages,
+	"/v1/messages/count_tokens": epCountTokens,
 }
 
 // Gateway is the proxy, an http.Handler for /v1/. It is safe for
@@ -384,6 +393,7 @@ type call struct {
 	prompt      int64
 	completion  int64
 	produced    int64 // completion tokens relayed in a stream
+	anth        anthropicUsage
 	settled     atomic.Bool
 	reserving   chan struct{} // closed once a leased tier's reservation is taken (applyLeased)
 }
@@ -398,6 +408,10 @@ func callFrom(ctx context.Context) *call {
 // ServeHTTP implements http.Handler.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	var done bool
+	if w, done = anthropicIngress(w, r); done {
+		return
+	}
 	if !strings.HasPrefix(r.URL.Path, "/v1/") {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "", "Unknown request URL: "+r.Method+" "+r.URL.Path+".")
 		return
@@ -473,7 +487,13 @@ func (g *Gateway) Close() error {
 // authenticate maps the bearer key to its client, by hash. The scheme is
 // case-insensitive (RFC 9110, 11.1).
 func (g *Gateway) authenticate(r *http.Request) *client {
-	scheme, key, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	auth := strings.TrimSpace(r.Header.Get("Authorization"))
+	if auth == "" {
+		if key := anthropicKey(r); key != "" {
+			return g.keys[sluice.HashKey(key)]
+		}
+	}
+	scheme, key, ok := strings.Cut(auth, " ")
 	key = strings.TrimSpace(key)
 	if !ok || !strings.EqualFold(scheme, "Bearer") || key == "" {
 		return nil
@@ -509,6 +529,9 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 		req := sluice.Request{Key: c.client.specKeys[i], Algorithm: s.alg, Limit: s.limit, Cost: 1, UseLease: t.lease}
 		switch s.kind {
 		case kindTokens:
+			if c.ep == epCountTokens {
+				continue // reserves no tokens
+			}
 			req.Cost = c.reserved
 			if req.Cost > s.limit.Capacity() {
 				if tracing.Recording(r.Context()) {
@@ -546,6 +569,9 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 	}
 	g.setLimitHeaders(w.Header(), c, ds)
 	g.setBudgetHeaders(w.Header(), c, ds)
+	if c.ep.anthropic() {
+		setAnthropicHeaders(w.Header(), c, ds, time.Now())
+	}
 	allowed := sluice.Combine(ds).Allowed
 	if tracing.Recording(r.Context()) {
 		outcome := "admitted"
@@ -580,7 +606,11 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	if g.upstreamAuth != nil {
 		out.Header["Authorization"] = g.upstreamAuth
 	}
-	if c := callFrom(pr.In.Context()); c != nil && c.body != nil {
+	c := callFrom(pr.In.Context())
+	if c != nil {
+		g.rewriteAnthropic(out, c.ep, pr.In.URL.Path)
+	}
+	if c != nil && c.body != nil {
 		body := c.body
 		out.Body = io.NopCloser(bytes.NewReader(body))
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
@@ -611,7 +641,7 @@ func (g *Gateway) modifyResponse(res *http.Response) error {
 	// Our limits, not the upstream account's, are the client's: whatever
 	// the status, the client sees one set of limit headers, ours.
 	for k := range res.Header { // keys are canonical: the client parsed them
-		if strings.HasPrefix(k, "X-Ratelimit-") || k == "Ratelimit" || k == "Ratelimit-Policy" {
+		if strings.HasPrefix(k, "X-Ratelimit-") || strings.HasPrefix(k, "Anthropic-Ratelimit-") || k == "Ratelimit" || k == "Ratelimit-Policy" {
 			res.Header.Del(k)
 		}
 	}
@@ -671,6 +701,7 @@ func (g *Gateway) settle(c *call) {
 	switch {
 	case c.usageSeen:
 		s.PromptTokens, s.CompletionTokens, s.UsageReported = c.prompt, c.completion, true
+		s.CacheCreationTokens, s.CacheReadTokens = c.anth.cacheCreation, c.anth.cacheRead
 	case c.rejected, c.unreachable:
 		refundRequests = true
 	case c.canceled && c.status == 0:

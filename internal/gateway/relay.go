@@ -28,6 +28,9 @@ type usageJSON struct {
 	CompletionTokensDetails *tokenDetails `json:"completion_tokens_details"`
 	InputTokensDetails      *tokenDetails `json:"input_tokens_details"`
 	OutputTokensDetails     *tokenDetails `json:"output_tokens_details"`
+	// Anthropic's cached input (anthropic.go).
+	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
 }
 
 // tokenDetails is the breakdown of a usage count.
@@ -38,6 +41,10 @@ type tokenDetails struct {
 
 // setUsage records usage; negative numbers count as 0 and sums saturate.
 func (c *call) setUsage(u *usageJSON) {
+	if c.ep.anthropic() {
+		c.setAnthropicUsage(u)
+		return
+	}
 	c.usageSeen = true
 	c.bud.setDetails(u)
 	c.prompt = addSat(u.PromptTokens, u.InputTokens)
@@ -248,6 +255,10 @@ func (r *sseReader) keep(line []byte) bool {
 // usage. It reports whether the event is a usage event the client did not
 // ask for.
 func (r *sseReader) inspect(data []byte) bool {
+	if r.c.ep.anthropic() {
+		r.c.inspectAnthropic(data)
+		return false // Anthropic's usage events are the client's too
+	}
 	var ev sseEvent
 	if json.Unmarshal(data, &ev) != nil {
 		return false

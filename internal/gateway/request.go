@@ -110,7 +110,7 @@ func parseBody(body []byte, ep endpoint) (*parsedBody, *requestError) {
 		}
 		return nil, badRequest("invalid_json", "", "We could not parse the JSON body of your request: %v", err)
 	}
-	if name, f := caseVariantMember(body); f != "" {
+	if name, f := caseVariantMember(body, readFields); f != "" {
 		return nil, badRequest("invalid_request_error", name,
 			"Unrecognized request argument %q: did you mean %q? Member names are case-sensitive.", name, f)
 	}
@@ -147,10 +147,10 @@ func parseBody(body []byte, ep endpoint) (*parsedBody, *requestError) {
 }
 
 // caseVariantMember returns the first member name of body (a JSON object
-// that json.Unmarshal accepted) that differs from a name the gateway reads
-// only by case, and that name; or "", "". One pass over the bytes; only a
+// that json.Unmarshal accepted) that differs from one of fields (the names
+// the gateway reads) only by case, and that field; or "", "". One pass over the bytes; only a
 // name with escapes is decoded.
-func caseVariantMember(body []byte) (name, field string) {
+func caseVariantMember(body []byte, fields []string) (name, field string) {
 	depth, inString, keyNext, escaped := 0, false, false, false
 	keyStart := -1
 	for i := 0; i < len(body); i++ {
@@ -168,7 +168,7 @@ func caseVariantMember(body []byte) (name, field string) {
 						_ = json.Unmarshal(body[keyStart-1:i+1], &n)
 					}
 					keyStart = -1
-					if f := caseVariant(n); f != "" {
+					if f := caseVariant(n, fields); f != "" {
 						return n, f
 					}
 				}
@@ -193,10 +193,10 @@ func caseVariantMember(body []byte) (name, field string) {
 	return "", ""
 }
 
-// caseVariant returns the member name the gateway reads that name differs
-// from only by case, or "".
-func caseVariant(name string) string {
-	for _, f := range readFields {
+// caseVariant returns the member of fields that name differs from only by
+// case, or "".
+func caseVariant(name string, fields []string) string {
+	for _, f := range fields {
 		if name != f && strings.EqualFold(name, f) {
 			return f
 		}
@@ -239,6 +239,9 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 			writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "Could not read the request body.")
 		}
 		return false
+	}
+	if c.ep.anthropic() {
+		return g.prepareAnthropic(w, c, body)
 	}
 	p, perr := parseBody(body, c.ep)
 	if perr != nil {

@@ -14,6 +14,10 @@ import (
 // writeError answers with OpenAI's error shape:
 // {"error":{"message","type","param","code"}}.
 func writeError(w http.ResponseWriter, status int, typ, code, param, msg string) {
+	if _, ok := w.(*anthropicWriter); ok {
+		writeAnthropicError(w, status, code, msg)
+		return
+	}
 	var codeVal, paramVal any
 	if code != "" {
 		codeVal = code
