@@ -142,8 +142,27 @@ func decodeAnthError(t *testing.T, res *http.Response) anthError {
 
 const messagesBody = `{"model":"claude-test","max_tokens":50,"messages":[{"role":"user","content":"hello there"}]}`
 
-func anthSDK(e *anthEnv, retries int) anthropic.Client {
-	return anthropic.NewClient(option.WithBaseURL(e.srv.URL), option.WithAPIKey(clientKey), option.WithMaxRetries(retries))
+func anthSDK(e *anthEnv, retries int, opts ...option.RequestOption) anthropic.Client {
+	return anthropic.NewClient(append([]option.RequestOption{option.WithBaseURL(e.srv.URL), option.WithAPIKey(clientKey), option.WithMaxRetries(retries)}, opts...)...)
+}
+
+// answerLog records when the SDK received each answer and its
+// retry-after-ms.
+type answerLog struct {
+	next http.RoundTripper
+	mu   sync.Mutex
+	at   []time.Time
+	wait []string
+}
+
+func (l *answerLog) RoundTrip(req *http.Request) (*http.Response, error) {
+	res, err := l.next.RoundTrip(req)
+	if err == nil {
+		l.mu.Lock()
+		l.at, l.wait = append(l.at, time.Now()), append(l.wait, res.Header.Get("retry-after-ms"))
+		l.mu.Unlock()
+	}
+	return res, err
 }
 
 func messageParams(maxTokens int64) anthropic.MessageNewParams {
@@ -229,7 +248,8 @@ func TestAnthropicSDKRetriesAfterRetryAfter(t *testing.T) {
 	t.Cleanup(func() { _ = st.Close() })
 	up := fakeanthropic.New(t, fakeanthropic.Options{APIKey: upstreamKey})
 	e := newAnthEnv(t, Limits{RPM: 120, RPMBurst: 1, TPM: 100000}, up, st, "")
-	client := anthSDK(e, 2)
+	answers := &answerLog{next: http.DefaultTransport}
+	client := anthSDK(e, 2, option.WithHTTPClient(&http.Client{Transport: answers}))
 	ctx := context.Background()
 	if _, err := client.Messages.New(ctx, messageParams(5)); err != nil {
 		t.Fatal(err)
@@ -246,8 +266,17 @@ func TestAnthropicSDKRetriesAfterRetryAfter(t *testing.T) {
 	if len(reqs) != 2 {
 		t.Fatalf("upstream saw %d requests", len(reqs))
 	}
-	if gap := reqs[1].Time.Sub(reqs[0].Time); gap < 495*time.Millisecond {
-		t.Fatalf("retry came after %s, before the 500ms the limit needs", gap)
+	// The retry reached the upstream no earlier than our 429 asked: its
+	// retry-after-ms after the SDK received it.
+	answers.mu.Lock()
+	at, wait := answers.at, answers.wait
+	answers.mu.Unlock()
+	if len(at) < 3 || wait[1] == "" {
+		t.Fatalf("answers %v %q: want 200, 429 with retry-after-ms, 200", at, wait)
+	}
+	ms, _ := strconv.Atoi(wait[1])
+	if ms < 100 || reqs[1].Time.Before(at[1].Add(time.Duration(ms)*time.Millisecond)) {
+		t.Fatalf("retry reached the upstream %s after the 429, which asked for %sms", reqs[1].Time.Sub(at[1]), wait[1])
 	}
 	if reqs[1].Header.Get("X-Stainless-Retry-Count") == "0" {
 		t.Fatalf("second upstream request was not a retry: %v", reqs[1].Header)

@@ -32,7 +32,7 @@ func TestLoadBad(t *testing.T) {
 		"burst_without_rate.bad.yml": {`1: upstream.base_url: "ftp://x/v1" must be an http or https URL`, "2: tiers.free.tpm_burst: a burst needs its rate: set tpm too"},
 		"many.bad.yml": {
 			`4: upstream.api_key_env: "sk-liv..." is not an environment variable name`,
-			"5: upstream.timout: unknown field; did you mean timeout? valid: base_url, api_key_env, allow_no_key, timeout",
+			"5: upstream.timout: unknown field; did you mean timeout? valid: base_url, api, api_key_env, allow_no_key, timeout",
 			`7: store.url: unknown store "postgres://db"; valid: memory, redis://`,
 			"8: store.timeout: cannot use `soon` as time.Duration",
 			"9: default_max_tokens: -1 must not be negative",
