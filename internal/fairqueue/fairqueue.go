@@ -270,7 +270,11 @@ type option struct {
 	reqs   []sluice.Request
 	kinds  []Kind
 	caps   []int64      // capacity of each request, for tokens
-	emptyT atomic.Int64 // clock time until which the option was found exhausted
+	// emptyT is the clock time until which the option was found
+	// exhausted. Options that charge the same buckets with the same
+	// limits (the pool, for every class) share it, so that when the
+	// buckets refill, every class sees it at once and priority decides.
+	emptyT *atomic.Int64
 }
 
 // exhaustedUntil records that the option denies until t.
@@ -447,6 +451,7 @@ func (q *Queue) newCapacity(name string, limits []Limit) (*capacity, error) {
 		splits[i] = splitLimit(l, q.classes)
 	}
 	c := &capacity{name: name, options: map[string][]*option{}}
+	shared := map[string]*atomic.Int64{} // by the option's keys and limits
 	base := q.o.KeyPrefix + name + ":"
 	build := func(label, keyPart string, limitOf func(i int) (sluice.Limit, bool)) *option {
 		o := &option{name: label}
@@ -463,6 +468,11 @@ func (q *Queue) newCapacity(name string, limits []Limit) (*capacity, error) {
 			}
 			o.caps = append(o.caps, capa)
 		}
+		sig := fmt.Sprint(o.reqs)
+		if shared[sig] == nil {
+			shared[sig] = new(atomic.Int64)
+		}
+		o.emptyT = shared[sig]
 		return o
 	}
 	for _, cl := range q.classes {

@@ -264,6 +264,34 @@ func TestPriorityPool(t *testing.T) {
 	}
 }
 
+// TestPriorityAfterPoll: a lower class that was tried later than a higher
+// one does not get a freed concurrency slot first: the classes share what
+// they learnt of the pool, so both are ready when it frees.
+func TestPriorityAfterPoll(t *testing.T) {
+	q, clk, st := newQueue(t, Options{
+		Classes:    []Class{{Name: "hi", Priority: 1}, {Name: "lo"}},
+		Capacities: map[string][]Limit{"m": {{Name: "concurrency", Kind: Concurrency, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: 1, Period: time.Minute}}}},
+		MaxWait:    time.Minute, Poll: 10 * time.Millisecond,
+	})
+	ctx := context.Background()
+	holder, _ := q.Submit(ctx, &Item{Key: "h", Class: "hi", Capacity: "m", Lease: "h"})
+	lo, _ := q.Submit(ctx, &Item{Key: "lo", Class: "lo", Capacity: "m", Lease: "lo"})
+	q.Dispatch(ctx)
+	clk.Advance(5 * time.Millisecond)
+	hi, _ := q.Submit(ctx, &Item{Key: "hi", Class: "hi", Capacity: "m", Lease: "hi"})
+	q.Dispatch(ctx)
+	if _, err := st.ApplyAll(ctx, sluice.OpRefund, holder.Result().Pool); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // lo's last try is older: it would be retried first
+		clk.Advance(5 * time.Millisecond)
+		q.Dispatch(ctx)
+	}
+	if hi.Result().Outcome != Admitted || lo.Result().Outcome != Pending {
+		t.Fatalf("hi %s, lo %s: the higher class must take the freed slot", hi.Result().Outcome, lo.Result().Outcome)
+	}
+}
+
 // TestBounds: the queue holds at most MaxPerKey items of one key,
 // MaxPerGroup of one group and MaxTotal in all; the rest are Full at once.
 func TestBounds(t *testing.T) {
