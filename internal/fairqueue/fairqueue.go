@@ -266,10 +266,10 @@ func (w *Waiter) Result() Result { return w.res }
 // option is one way to charge a class on a capacity: its own bucket, the
 // pool, or a borrowed bucket.
 type option struct {
-	name   string // own, pool, borrow:<class>
-	reqs   []sluice.Request
-	kinds  []Kind
-	caps   []int64      // capacity of each request, for tokens
+	name  string // own, pool, borrow:<class>
+	reqs  []sluice.Request
+	kinds []Kind
+	caps  []int64 // capacity of each request, for tokens
 	// emptyT is the clock time until which the option was found
 	// exhausted. Options that charge the same buckets with the same
 	// limits (the pool, for every class) share it, so that when the
