@@ -20,6 +20,10 @@ import (
 //   - queued: every request waits (64 are submitted while others wait) and
 //     is admitted by Dispatch: enqueue, fair pick, try, wake-up.
 //
+// Besides ns/op (wall time, inflated by other processes on a shared
+// machine), each reports cpu-ns/op: the process's CPU time per request, GC
+// included.
+//
 // Run: go test -run '^$' -bench Admit -benchmem ./internal/fairqueue/
 func BenchmarkAdmit(b *testing.B) {
 	ctx := context.Background()
@@ -49,6 +53,7 @@ func BenchmarkAdmit(b *testing.B) {
 	b.Run("direct", func(b *testing.B) {
 		st := newStore(b)
 		b.ReportAllocs()
+		defer cpuPerOp(b)()
 		i := 0
 		for b.Loop() {
 			reqs := make([]sluice.Request, 0, 2)
@@ -66,6 +71,7 @@ func BenchmarkAdmit(b *testing.B) {
 	b.Run("unqueued", func(b *testing.B) {
 		q := newQueue(b)
 		b.ReportAllocs()
+		defer cpuPerOp(b)()
 		i := 0
 		for b.Loop() {
 			res, err := q.Admit(ctx, &Item{Key: keys[i%10], Capacity: "m", Reqs: own[i%10]})
@@ -90,6 +96,7 @@ func BenchmarkAdmit(b *testing.B) {
 		}
 		b.Cleanup(func() { q.Cancel(blocker) })
 		b.ReportAllocs()
+		defer cpuPerOp(b)()
 		const batch = 64
 		ws := make([]*Waiter, 0, batch)
 		i := 0
@@ -120,6 +127,17 @@ func drain(b *testing.B, q *Queue, ws []*Waiter) {
 		<-w.Done()
 		if r := w.Result(); r.Outcome != Admitted || !r.Queued {
 			b.Fatalf("item %d: %s queued %v", j, r.Outcome, r.Queued)
+		}
+	}
+}
+
+// cpuPerOp starts measuring the process's CPU time; the returned function
+// reports it per iteration as cpu-ns/op.
+func cpuPerOp(b *testing.B) func() {
+	start := processCPU()
+	return func() {
+		if used := processCPU() - start; used > 0 && b.N > 0 {
+			b.ReportMetric(float64(used.Nanoseconds())/float64(b.N), "cpu-ns/op")
 		}
 	}
 }
