@@ -311,6 +311,7 @@ type outcome struct {
 // store call, then, if they admit, the shadow policies. It records metrics.
 func (s *Server) decide(r *http.Request, op sluice.Op, targets []target) (*outcome, error) {
 	ctx := r.Context()
+	s.applyOverrides(targets)
 	out := &outcome{targets: targets}
 	shadow := 0
 	for i := range targets {

@@ -1,5 +1,6 @@
 // Package server is the sluice rate-limit service's HTTP API: decisions
-// (/v1/check), peeks (/v1/status), admin resets (/v1/reset), forward-auth
+// (/v1/check), peeks (/v1/status), admin resets (/v1/reset), runtime
+// overrides (/v1/overrides, package overrides), forward-auth
 // for proxies (/v1/authz), health (/healthz, /readyz) and /metrics.
 //
 // # Design
@@ -22,7 +23,6 @@ package server
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,6 +37,7 @@ import (
 	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/internal/overrides"
 )
 
 // Options configure a Server. Store, Config and Metrics are required.
@@ -58,6 +59,9 @@ type Options struct {
 	// Sleep holds a delay-mode request for its delay, or until the context
 	// ends; nil means a timer (sluice.Sleep). Tests pass one that records.
 	Sleep func(ctx context.Context, d time.Duration) error
+	// Overrides holds the runtime overrides; nil means this instance's own
+	// (in memory), as on the memory store.
+	Overrides *overrides.Manager
 }
 
 // Server serves the HTTP API. It is safe for concurrent use.
@@ -67,6 +71,7 @@ type Server struct {
 	m        *metrics.Metrics
 	log      *slog.Logger
 	admin    string
+	ovr      *overrides.Manager
 	draining atomic.Bool
 	mux      *http.ServeMux
 	// decisions caches the children of m.Decisions.
@@ -87,9 +92,16 @@ func New(opts Options) (*Server, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.NewSystem()
 	}
-	s := &Server{m: opts.Metrics, log: opts.Logger, admin: opts.AdminToken, sleep: opts.Sleep}
+	s := &Server{m: opts.Metrics, log: opts.Logger, admin: opts.AdminToken, sleep: opts.Sleep, ovr: opts.Overrides}
 	if s.sleep == nil {
 		s.sleep = sluice.Sleep
+	}
+	if s.ovr == nil {
+		m, err := overrides.New(overrides.Options{Backend: overrides.NewMemory(), Clock: opts.Clock, Logger: opts.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("server: %w", err)
+		}
+		s.ovr = m
 	}
 	g, err := guardOf(opts.Store, opts.Config.Store, opts.Clock, opts.Logger)
 	if err != nil {
@@ -102,7 +114,10 @@ func New(opts Options) (*Server, error) {
 	s.handle("POST /v1/check", "check", s.handleCheck)
 	s.handle("GET /v1/status", "status", s.handleStatus)
 	s.handle("POST /v1/reset", "reset", s.handleReset)
-	for path, allow := range map[string]string{"/v1/check": "POST", "/v1/status": "GET", "/v1/reset": "POST"} {
+	s.handle("PUT /v1/overrides", "overrides", s.handlePutOverride)
+	s.handle("GET /v1/overrides", "overrides", s.handleListOverrides)
+	s.handle("DELETE /v1/overrides", "overrides", s.handleDeleteOverride)
+	for path, allow := range map[string]string{"/v1/check": "POST", "/v1/status": "GET", "/v1/reset": "POST", "/v1/overrides": "GET, PUT, DELETE"} {
 		s.handle(path, "other", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
 			writeError(w, http.StatusMethodNotAllowed, "%s %s: use %s", r.Method, path, allow)
@@ -206,18 +221,7 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 // handleReset forgets the state of a key for a policy or tier.
 func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 	cfg := s.cfg.Load()
-	token := s.admin
-	if token == "" {
-		token = cfg.AdminToken
-	}
-	if token == "" {
-		writeError(w, http.StatusForbidden, "reset is disabled: set admin_token in the config or SLUICE_ADMIN_TOKEN")
-		return
-	}
-	got, ok := bearerToken(r.Header.Get("Authorization"))
-	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice admin"`)
-		writeError(w, http.StatusUnauthorized, "reset needs Authorization: Bearer <admin token>")
+	if _, ok := s.authorizeAdmin(w, r, "reset"); !ok {
 		return
 	}
 	var body checkBody

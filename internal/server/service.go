@@ -118,6 +118,10 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 		return err
 	}
 	defer closer.Close()
+	ovr, err := newOverrides(store, opts.Clock, log)
+	if err != nil {
+		return err
+	}
 	store = opts.Tracing.Store(store)
 	g, err := newGuard(store, cfg.Store, opts.Clock, log)
 	if err != nil {
@@ -126,7 +130,7 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 	defer g.Close()
 	m := metrics.New()
 	m.ReloadResult(nil, time.Now())
-	srv, err := New(Options{Store: g, Config: cfg, Metrics: m, Logger: log, AdminToken: opts.AdminToken, Clock: opts.Clock})
+	srv, err := New(Options{Store: g, Config: cfg, Metrics: m, Logger: log, AdminToken: opts.AdminToken, Clock: opts.Clock, Overrides: ovr})
 	if err != nil {
 		return err
 	}
@@ -137,6 +141,7 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 			"store", storeName(cfg.Store), "failure_policy", cfg.Store.FailurePolicy,
 			"policies", len(cfg.Policies), "tiers", len(cfg.Tiers), "keys", len(cfg.Keys)}, wrap: opts.Tracing.Handler},
 		reloader,
+		overridesComponent{ovr},
 	}
 	deps := Deps{Store: srv.guard.store, Metrics: m, Config: srv.Config, Logger: log, Tracing: opts.Tracing}
 	for _, build := range opts.Components {

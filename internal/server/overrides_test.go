@@ -1,0 +1,203 @@
+package server
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/internal/redistest"
+)
+
+var bearer = []string{"Authorization", "Bearer " + adminToken, "Content-Type", "application/json"}
+
+// TestOverridesAPI: the admin token guards every method; bodies, patterns
+// and values are bounded; a key_name override applies to its API key; the
+// audit log names the token, the change, before and after, never a key.
+func TestOverridesAPI(t *testing.T) {
+	logs := new(syncBuffer)
+	s := startService(t, svcOptions{log: logs})
+	put := func(body string) answer { return s.do(t, "PUT", "/v1/overrides", body, bearer...) }
+	if a := s.do(t, "PUT", "/v1/overrides", `{"identity":"a","scale":2}`); a.status != 401 {
+		t.Fatalf("no token: %d %s", a.status, a.raw)
+	}
+	if a := s.do(t, "GET", "/v1/overrides", "", "Authorization", "Bearer wrong"); a.status != 401 {
+		t.Fatalf("wrong token: %d %s", a.status, a.raw)
+	}
+	if a := s.do(t, "DELETE", "/v1/overrides?identity=a", ""); a.status != 401 {
+		t.Fatalf("delete without token: %d", a.status)
+	}
+	for _, bad := range []struct {
+		body   string
+		status int
+	}{
+		{`{"identity":"a","scale":2,"extra":1}`, 400},
+		{`{"identity":"a","policy":"nope","limit":"1/s"}`, 400},
+		{`{"identity":"a","limit":"1/s"}`, 400},
+		{`{"identity":"a","policy":"a","limit":"1/s","scale":3}`, 400},
+		{`{"identity":"a","scale":1e300}`, 400},
+		{`{"identity":"a","scale":-2}`, 400},
+		{`{"identity":"a","policy":"a","limit":"9999999999999999/s"}`, 400},
+		{`{"identity":"a","scale":2,"ttl":"-1h"}`, 400},
+		{`{"identity":"a","scale":2,"ttl":"10000h"}`, 400},
+		{`{"identity":"a","scale":2,"until":"2000-01-01T00:00:00Z"}`, 400},
+		{`{"identity":"a","scale":2,"by":"mallory"}`, 400},
+		{`{"identity":"key:` + freeKey + `","scale":2}`, 400},
+		{`{"identity":"` + strings.Repeat("*a", 5) + `","scale":2}`, 400},
+		{`{"identity":"` + strings.Repeat("x", 300) + `","scale":2}`, 400},
+		{"{\"identity\":\"a\xff\",\"scale\":2}", 400},
+		{`{"identity":"a","scale":2,"reason":"` + strings.Repeat("r", 5000) + `"}`, 413},
+		{`{"identity":"a","scale":2}{}`, 400},
+	} {
+		if a := put(bad.body); a.status != bad.status {
+			t.Errorf("%.80s: %d %s", bad.body, a.status, a.raw)
+		}
+	}
+	if a := s.do(t, "DELETE", "/v1/overrides?identity=nobody", "", bearer...); a.status != 404 {
+		t.Fatalf("delete missing: %d %s", a.status, a.raw)
+	}
+	// demo-free is tier free (10/min): 2x by its key name.
+	if a := put(`{"identity":"key_name:demo-*","scale":2,"reason":"launch"}`); a.status != 201 || a.body["shared"] != false {
+		t.Fatalf("put: %d %s", a.status, a.raw)
+	}
+	if a := s.check(t, fmt.Sprintf(`{"api_key":%q}`, freeKey)); a.status != 200 || a.num("rate") != 20 {
+		t.Fatalf("key_name override: %d %s", a.status, a.raw)
+	}
+	if a := put(`{"identity":"key_name:demo-*","scale":3}`); a.status != 200 || a.body["replaced"] == nil {
+		t.Fatalf("replace: %d %s", a.status, a.raw)
+	}
+	if a := s.do(t, "GET", "/v1/overrides?identity=key_name:demo-free", "", bearer...); a.status != 200 || a.num("count") != 1 {
+		t.Fatalf("list: %d %s", a.status, a.raw)
+	}
+	if a := s.do(t, "DELETE", "/v1/overrides?identity=key_name:demo-*", "", bearer...); a.status != 200 {
+		t.Fatalf("delete: %d %s", a.status, a.raw)
+	}
+	if a := s.check(t, fmt.Sprintf(`{"api_key":%q}`, freeKey)); a.num("rate") != 10 {
+		t.Fatalf("after delete: %s", a.raw)
+	}
+	out := logs.String()
+	for _, want := range []string{"override put", "by=SLUICE_ADMIN_TOKEN", `before=none`, `after="scale 2x"`, `before="scale 2x"`, `after="scale 3x"`, "override delete"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("audit log lacks %s", want)
+		}
+	}
+	if strings.Contains(out, freeKey) || strings.Contains(out, adminToken) {
+		t.Error("the log holds a raw API key or the admin token")
+	}
+}
+
+// TestOverridesPrecedence: a runtime override beats the config's; a
+// specific override beats a wildcard, which beats the tier.
+func TestOverridesPrecedence(t *testing.T) {
+	s := startService(t, svcOptions{})
+	status := func(key string) int64 {
+		t.Helper()
+		a := s.do(t, "GET", "/v1/status?tier=free&key="+key, "")
+		if a.status != 200 {
+			t.Fatalf("status %s: %d %s", key, a.status, a.raw)
+		}
+		return a.num("rate")
+	}
+	if got := status("x@example.com"); got != 10 {
+		t.Fatalf("tier: %d", got)
+	}
+	if a := s.do(t, "PUT", "/v1/overrides", `{"identity":"*@example.com","scale":3}`, bearer...); a.status != 201 {
+		t.Fatal(a.raw)
+	}
+	if a := s.do(t, "PUT", "/v1/overrides", `{"identity":"x@example.com","policy":"free","limit":"50/min"}`, bearer...); a.status != 201 {
+		t.Fatal(a.raw)
+	}
+	if got := status("y@example.com"); got != 30 {
+		t.Errorf("wildcard over tier: %d, want 30", got)
+	}
+	if got := status("x@example.com"); got != 50 {
+		t.Errorf("specific over wildcard: %d, want 50", got)
+	}
+	if got := status("x@example.org"); got != 10 {
+		t.Errorf("no match: %d, want 10", got)
+	}
+	// vip has a config override on policy a (7/s); the runtime one wins.
+	if a := s.do(t, "PUT", "/v1/overrides", `{"identity":"vip","policy":"a","limit":"70/s"}`, bearer...); a.status != 201 {
+		t.Fatal(a.raw)
+	}
+	if a := s.do(t, "GET", "/v1/status?policy=a&key=vip", ""); a.num("rate") != 70 {
+		t.Errorf("runtime over config: %s", a.raw)
+	}
+}
+
+// TestOverridesRedisReplicas: three replicas on one Redis. An override set
+// on one applies on the others within 1 s; a wildcard beats the tier and a
+// specific override the wildcard on every replica; an override with a ttl
+// stops applying when the replica's clock passes it.
+func TestOverridesRedisReplicas(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	var rs [3]*svc
+	for i := range rs {
+		rs[i] = startService(t, svcOptions{redis: true, config: redisConfig(srv.URL(), "fail_open")})
+	}
+	id := redistest.Prefix(t)
+	rate := func(s *svc, q string) int64 {
+		a := s.do(t, "GET", "/v1/status?"+q, "")
+		if a.status != 200 {
+			t.Fatalf("status %s: %d %s", q, a.status, a.raw)
+		}
+		return a.num("rate")
+	}
+	// within waits until cond holds on every replica, at most 1 s after
+	// the change was acknowledged, and returns how long it took.
+	within := func(what string, cond func(s *svc) bool) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for _, s := range rs {
+			for !cond(s) {
+				if time.Since(start) > time.Second {
+					t.Fatalf("%s: not applied on every replica within 1s", what)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		return time.Since(start)
+	}
+	key := "policy=b&key=" + id
+	for i := range 3 {
+		a := rs[0].check(t, fmt.Sprintf(`{"policy":"b","key":%q}`, id))
+		if want := i < 2; a.body["allowed"] != want {
+			t.Fatalf("check %d: %s", i, a.raw)
+		}
+	}
+	if a := rs[1].do(t, "PUT", "/v1/overrides", fmt.Sprintf(`{"identity":%q,"policy":"b","limit":"100/s"}`, id), bearer...); a.status != 201 || a.body["shared"] != true {
+		t.Fatalf("put: %d %s", a.status, a.raw)
+	}
+	took := within("specific", func(s *svc) bool { return rate(s, key) == 100 })
+	t.Logf("an override set on one replica applied on all three in %s", took)
+	if a := rs[2].check(t, fmt.Sprintf(`{"policy":"b","key":%q}`, id)); a.status != 200 {
+		t.Fatalf("the next decision on another replica: %d %s", a.status, a.raw)
+	}
+
+	tier := func(user string) string { return "tier=free&key=" + user + "@" + id + ".example" }
+	if a := rs[0].do(t, "PUT", "/v1/overrides", fmt.Sprintf(`{"identity":"*@%s.example","scale":4}`, id), bearer...); a.status != 201 {
+		t.Fatal(a.raw)
+	}
+	if a := rs[2].do(t, "PUT", "/v1/overrides", fmt.Sprintf(`{"identity":"vip@%s.example","policy":"free","limit":"90/min"}`, id), bearer...); a.status != 201 {
+		t.Fatal(a.raw)
+	}
+	within("wildcard and specific", func(s *svc) bool { return rate(s, tier("anyone")) == 40 && rate(s, tier("vip")) == 90 })
+
+	// Expiry: each replica judges it by its own clock.
+	if a := rs[0].do(t, "PUT", "/v1/overrides", fmt.Sprintf(`{"identity":"temp-%s","policy":"b","limit":"50/s","ttl":"1m"}`, id), bearer...); a.status != 201 {
+		t.Fatal(a.raw)
+	}
+	temp := "policy=b&key=temp-" + id
+	within("ttl", func(s *svc) bool { return rate(s, temp) == 50 })
+	rs[1].clk.Advance(time.Minute)
+	if got := rate(rs[1], temp); got != 2 {
+		t.Errorf("expired override still applies: rate %d", got)
+	}
+	if got := rate(rs[2], temp); got != 50 {
+		t.Errorf("unexpired replica: rate %d", got)
+	}
+	if a := rs[1].do(t, "DELETE", "/v1/overrides?policy=b&identity="+id, "", bearer...); a.status != 200 {
+		t.Fatal(a.raw)
+	}
+	within("delete", func(s *svc) bool { return rate(s, key) == 2 })
+}
