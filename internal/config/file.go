@@ -3,6 +3,7 @@ package config
 import (
 	"time"
 
+	"github.com/sluice-io/sluice/internal/console"
 	"github.com/sluice-io/sluice/internal/envoyrls"
 	"github.com/sluice-io/sluice/internal/gateway"
 )
@@ -57,6 +58,8 @@ type File struct {
 	// Gateway runs the AI gateway (OpenAI-compatible proxy with token
 	// limits) on its own listener beside the API, with the service's store.
 	Gateway *gateway.Config `yaml:"gateway"`
+	// Console serves the operator's console at /ui when enabled.
+	Console *console.Config `yaml:"console"`
 }
 
 // StoreSection is the `store:` section.

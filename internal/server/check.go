@@ -393,6 +393,9 @@ func (s *Server) decide(r *http.Request, op sluice.Op, targets []target) (*outco
 				result = metrics.ShadowDenied
 			case !d.Allowed:
 				result = metrics.Denied
+				if s.top != nil && s.top.Sampled() {
+					s.observeDenied(&targets[i], d)
+				}
 			}
 			k := decisionLabels{t.policy.Name, t.tier, result}
 			s.decisions.get(k, func() prometheus.Counter {

@@ -36,6 +36,7 @@ import (
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/console"
 	"github.com/sluice-io/sluice/internal/metrics"
 	"github.com/sluice-io/sluice/internal/overrides"
 )
@@ -62,6 +63,9 @@ type Options struct {
 	// Overrides holds the runtime overrides; nil means this instance's own
 	// (in memory), as on the memory store.
 	Overrides *overrides.Manager
+	// TopSink keeps the console's top limited identities; nil means this
+	// instance's own. Unused unless the config enables the console.
+	TopSink console.TopSink
 }
 
 // Server serves the HTTP API. It is safe for concurrent use.
@@ -72,6 +76,8 @@ type Server struct {
 	log      *slog.Logger
 	admin    string
 	ovr      *overrides.Manager
+	series   *console.Series // nil unless the console is enabled
+	top      *console.Top    // nil unless the console is enabled
 	draining atomic.Bool
 	mux      *http.ServeMux
 	// decisions caches the children of m.Decisions.
@@ -129,6 +135,7 @@ func New(opts Options) (*Server, error) {
 		writeText(w, http.StatusOK, "ok\n")
 	})
 	s.handle("GET /readyz", "readyz", s.handleReady)
+	s.newConsole(consoleOf(opts.Config), opts.TopSink)
 	s.mux.Handle("GET /metrics", s.m.Handler())
 	s.handle("/", "other", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint %s %s; see docs/API.md", r.Method, r.URL.Path)

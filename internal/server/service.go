@@ -130,7 +130,7 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 	defer g.Close()
 	m := metrics.New()
 	m.ReloadResult(nil, time.Now())
-	srv, err := New(Options{Store: g, Config: cfg, Metrics: m, Logger: log, AdminToken: opts.AdminToken, Clock: opts.Clock, Overrides: ovr})
+	srv, err := New(Options{Store: g, Config: cfg, Metrics: m, Logger: log, AdminToken: opts.AdminToken, Clock: opts.Clock, Overrides: ovr, TopSink: newTopSink(store)})
 	if err != nil {
 		return err
 	}
@@ -142,6 +142,9 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 			"policies", len(cfg.Policies), "tiers", len(cfg.Tiers), "keys", len(cfg.Keys)}, wrap: opts.Tracing.Handler},
 		reloader,
 		overridesComponent{ovr},
+	}
+	if srv.top != nil {
+		comps = append(comps, consoleComponent{srv})
 	}
 	deps := Deps{Store: srv.guard.store, Metrics: m, Config: srv.Config, Logger: log, Tracing: opts.Tracing}
 	for _, build := range opts.Components {

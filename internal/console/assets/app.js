@@ -1,0 +1,215 @@
+// sluice console: plain JavaScript, no build step, no external assets.
+// Every value from the server is written with textContent, never as HTML:
+// identities come from callers.
+"use strict";
+(function () {
+  const $ = (s) => document.querySelector(s);
+  const el = (tag, text, cls) => { const e = document.createElement(tag); if (text !== undefined) e.textContent = text; if (cls) e.className = cls; return e; };
+  const row = (cells) => { const tr = el("tr"); for (const c of cells) { const td = el("td"); if (c instanceof Node) td.append(c); else td.textContent = c; tr.append(td); } return tr; };
+  const fill = (tbody, rows) => { tbody.replaceChildren(...rows); };
+  let token = sessionStorage.getItem("sluice-token") || "";
+  let overview = null;
+  let refreshMs = 5000;
+
+  async function api(path, opts) {
+    opts = opts || {};
+    opts.headers = Object.assign({}, opts.headers || {});
+    if (token) opts.headers["Authorization"] = "Bearer " + token;
+    const r = await fetch(path, opts);
+    let body = null;
+    try { body = await r.json(); } catch (e) { body = null; }
+    if (!r.ok) throw new Error((body && body.error) || (r.status + " " + r.statusText));
+    return body;
+  }
+
+  function fmtRate(v) { return v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2); }
+  function fmtWhen(ms) {
+    const d = ms - Date.now();
+    if (!ms || d <= 0) return "now";
+    if (d < 1000) return "in <1s";
+    if (d < 120000) return "in " + Math.ceil(d / 1000) + "s";
+    return "in " + Math.ceil(d / 60000) + "m";
+  }
+  function fmtDur(ms) { return ms < 1000 ? ms + "ms" : ms < 120000 ? (ms / 1000) + "s" : (ms / 60000).toFixed(1) + "m"; }
+
+  // chart draws series of [x, y] lines into an SVG of w×h, y from 0.
+  function chart(lines, w, h, xmin, xmax) {
+    const ns = "http://www.w3.org/2000/svg";
+    const svg = document.createElementNS(ns, "svg");
+    svg.setAttribute("viewBox", "0 0 " + w + " " + h);
+    svg.setAttribute("role", "img");
+    let ymax = 0;
+    for (const l of lines) for (const p of l.points) ymax = Math.max(ymax, p[1]);
+    ymax = ymax > 0 ? ymax * 1.1 : 1;
+    const pad = 28, X = (x) => pad + (xmax > xmin ? (x - xmin) / (xmax - xmin) : 1) * (w - pad - 4), Y = (y) => h - 14 - (y / ymax) * (h - 22);
+    const axis = document.createElementNS(ns, "path");
+    axis.setAttribute("d", "M" + pad + " 4V" + (h - 14) + "H" + (w - 4));
+    axis.setAttribute("class", "axis");
+    svg.append(axis);
+    const top = document.createElementNS(ns, "text");
+    top.setAttribute("x", 2); top.setAttribute("y", 12); top.textContent = fmtRate(ymax / 1.1);
+    svg.append(top);
+    for (const l of lines) {
+      const pl = document.createElementNS(ns, "polyline");
+      pl.setAttribute("class", l.cls);
+      pl.setAttribute("points", l.points.map((p) => X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1)).join(" "));
+      svg.append(pl);
+    }
+    return svg;
+  }
+
+  async function loadSeries() {
+    const s = await api("api/series");
+    refreshMs = Math.max(1000, Math.min(5000, s.interval_ms));
+    $("#interval").textContent = "(a point every " + fmtDur(s.interval_ms) + ")";
+    const box = $("#charts");
+    if (!s.series.length) return;
+    // The x axis spans the data, up to the 15 minutes kept.
+    let from = Date.now();
+    const now = from;
+    for (const ser of s.series) if (ser.points.length) from = Math.min(from, ser.points[0].t);
+    from = Math.max(from, now - 15 * 60 * 1000);
+    const figs = [];
+    for (const ser of s.series) {
+      const fig = el("figure");
+      fig.dataset.series = ser.policy + "/" + ser.tier;
+      const last = ser.points.length ? ser.points[ser.points.length - 1] : { d: 0, x: 0 };
+      const cap = el("figcaption");
+      cap.append(el("strong", ser.policy + (ser.tier !== "-" ? " · " + ser.tier : "")));
+      const cur = el("span", fmtRate(last.d) + " /s, " + fmtRate(last.x) + " denied /s", "current");
+      cur.dataset.decisions = String(last.d);
+      cap.append(cur);
+      fig.append(cap);
+      fig.append(chart([
+        { cls: "d", points: ser.points.map((p) => [p.t, p.d]) },
+        { cls: "x", points: ser.points.map((p) => [p.t, p.x]) },
+      ], 400, 120, from, now));
+      figs.push(fig);
+    }
+    box.replaceChildren(...figs);
+  }
+
+  async function loadTop() {
+    const t = await api("api/top");
+    $("#top-scope").textContent = t.shared ? "(every replica, sampled)" : "(this instance, sampled)";
+    fill($("#top tbody"), t.top.map((h) => {
+      const id = el("td", h.identity, "clickable");
+      id.title = "look up";
+      id.addEventListener("click", () => { $("#lookup-id").value = h.identity; lookup(); });
+      const tr = row([h.policy, String(Math.round(h.denies)), fmtWhen(h.retry_at)]);
+      tr.prepend(id);
+      return tr;
+    }));
+    if (!t.top.length) fill($("#top tbody"), [row(["nobody is being limited", "", "", ""])]);
+  }
+
+  async function loadOverview() {
+    overview = await api("api/overview");
+    const st = $("#store");
+    st.textContent = overview.store.kind + " · " + overview.store.failure_policy + (overview.store.ready ? " · ok" : " · " + overview.store.error);
+    st.className = "badge " + (overview.store.ready ? "ok" : "bad");
+    document.body.classList.toggle("admin", overview.admin);
+    $("#mode").textContent = overview.admin ? "admin" : (overview.admin_enabled ? "read-only (enter the admin token to change)" : "read-only");
+    $("#mode").className = "badge" + (overview.admin ? " admin" : "");
+    fill($("#policies tbody"), overview.policies.map((p) => row([p.name, p.algorithm, p.limit, [p.shadow ? "shadow" : "", p.lease ? "lease" : ""].filter(Boolean).join(" ")])));
+    fill($("#tiers tbody"), overview.tiers.map((t) => row([t.name, t.policies.join(", ")])));
+    fill($("#keys tbody"), overview.keys.map((k) => row([k.name, k.tier])));
+    const sel = $("#ov-policy");
+    if (sel.options.length === 1) for (const p of overview.policies) sel.append(new Option(p.name, p.name));
+    const gw = overview.gateway;
+    $("#gateway").hidden = !gw;
+    if (gw) {
+      fill($("#gw-tiers tbody"), gw.tiers.map((t) => row([t.name, String(t.rpm || "–"), String(t.tpm || "–"), String(t.rpd || "–"), String(t.concurrency || "–"), (t.models || []).join(", ")])));
+      $("#gw-models").textContent = "models: " + (gw.models || []).join(", ") + "; keys: " + gw.keys.map((k) => k.name + " (" + k.tier + ")").join(", ");
+    }
+    const algos = $("#sim-algos");
+    if (!algos.childElementCount) for (const a of overview.algorithms) {
+      const lab = el("label"); const cb = el("input"); cb.type = "checkbox"; cb.value = a; cb.checked = a === "gcra" || a === "sliding_window";
+      lab.append(cb, " " + a + " "); algos.append(lab);
+    }
+  }
+
+  async function lookup() {
+    const id = $("#lookup-id").value.trim();
+    if (!id) return;
+    const msg = $("#lookup-msg");
+    try {
+      const r = await api("api/identity?id=" + encodeURIComponent(id));
+      $("#lookup").hidden = false;
+      $("#lookup").dataset.identity = r.identity;
+      fill($("#peek tbody"), r.policies.map((p) => row([p.policy, p.rate + " per " + fmtDur(p.period_ms) + (p.overridden ? " (override)" : ""), String(p.remaining), el("span", p.allowed ? "passes" : "limited", p.allowed ? "allow" : "deny"), p.retry_after_ms ? fmtDur(p.retry_after_ms) : "–"])));
+      const ul = $("#lookup-overrides");
+      ul.replaceChildren(...r.overrides.map((o) => {
+        const li = el("li", o.identity + " · " + (o.policy || "every policy") + " · " + (o.limit || (o.scale + "x")) + (o.until ? " until " + o.until : "") + (o.active ? "" : " (expired)") + (o.by ? " · by " + o.by : ""));
+        if (document.body.classList.contains("admin")) {
+          const b = el("button", "remove"); b.type = "button";
+          b.addEventListener("click", async () => {
+            try { await api("/v1/overrides?identity=" + encodeURIComponent(o.identity) + "&policy=" + encodeURIComponent(o.policy || ""), { method: "DELETE" }); await lookup(); }
+            catch (e) { msg.textContent = e.message; }
+          });
+          li.append(" ", b);
+        }
+        return li;
+      }));
+      if (!r.overrides.length) ul.replaceChildren(el("li", "none"));
+      msg.textContent = r.note || "";
+    } catch (e) { msg.textContent = e.message; $("#lookup").hidden = false; }
+  }
+
+  $("#lookup-form").addEventListener("submit", (ev) => { ev.preventDefault(); lookup(); });
+  $("#token-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    token = $("#token").value.trim();
+    sessionStorage.setItem("sluice-token", token);
+    $("#token").value = "";
+    await loadOverview().catch(() => {});
+  });
+  $("#override-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const msg = $("#lookup-msg");
+    const body = { identity: $("#lookup").dataset.identity, policy: $("#ov-policy").value };
+    const v = $("#ov-limit").value.trim();
+    const m = /^([0-9.]+)\s*x$/i.exec(v);
+    if (m) body.scale = parseFloat(m[1]); else body.limit = v;
+    const ttl = $("#ov-ttl").value.trim();
+    if (ttl) body.ttl = ttl;
+    try {
+      await api("/v1/overrides", { method: "PUT", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+      msg.textContent = "override set";
+      await lookup();
+      msg.textContent = "override set";
+    } catch (e) { msg.textContent = e.message; }
+  });
+  $("#reset").addEventListener("click", async () => {
+    const msg = $("#lookup-msg");
+    try {
+      const r = await api("api/reset?id=" + encodeURIComponent($("#lookup").dataset.identity), { method: "POST" });
+      await lookup();
+      msg.textContent = "reset " + r.reset + " policies";
+    } catch (e) { msg.textContent = e.message; }
+  });
+  $("#sim-form").addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const algos = [...document.querySelectorAll("#sim-algos input:checked")].map((c) => c.value);
+    const msg = $("#sim-msg");
+    try {
+      const r = await api("api/simulate", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({
+        limit: $("#sim-limit").value, pattern: $("#sim-pattern").value, rps: parseFloat($("#sim-rps").value), duration: $("#sim-duration").value, algorithms: algos }) });
+      const lines = [{ cls: "axis", points: r.offered.map((v, i) => [i, v]) }];
+      const colors = ["d", "x"];
+      const box = $("#sim-chart");
+      box.replaceChildren();
+      r.algorithms.forEach((a, i) => lines.push({ cls: colors[i % 2], points: r.allowed[a].map((v, j) => [j, v]) }));
+      box.append(chart(lines, 800, 200, 0, Math.max(1, r.offered.length - 1)));
+      msg.textContent = "per " + fmtDur(r.bucket_ms) + ": offered (grey) " + r.offered.reduce((a, b) => a + b, 0) + "; " + r.algorithms.map((a) => a + " admitted " + r.totals[a]).join(", ");
+    } catch (e) { msg.textContent = e.message; }
+  });
+
+  async function tick() {
+    await Promise.all([loadSeries(), loadTop()].map((p) => p.catch(() => {})));
+    setTimeout(tick, refreshMs);
+  }
+  loadOverview().catch((e) => { $("#store").textContent = e.message; });
+  setInterval(() => loadOverview().catch(() => {}), 15000);
+  tick();
+})();

@@ -1,0 +1,67 @@
+// Package console holds the parts of the operator's console that `sluice
+// serve` shows at /ui: the page itself (HTML, CSS and JavaScript embedded
+// with go:embed, no build step, no external assets), the rate history
+// behind its charts (Series), and the fleet's top limited identities
+// (Top, kept in the store so that every replica's denials count).
+//
+// The server (internal/server/console.go) serves the page and its JSON
+// API; this package knows nothing of the server.
+package console
+
+import (
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"time"
+)
+
+//go:embed assets
+var assets embed.FS
+
+// Assets returns the page's files: index.html, app.js, app.css.
+func Assets() fs.FS {
+	sub, err := fs.Sub(assets, "assets")
+	if err != nil {
+		panic(err) // the embedded tree is fixed at build time
+	}
+	return sub
+}
+
+// Defaults of Config.
+const (
+	DefaultSampleInterval = 5 * time.Second
+	DefaultTopSample      = 16
+	// Window is how far back the charts and the top list look.
+	Window = 15 * time.Minute
+)
+
+// Config is the `console:` section of the service's config file.
+type Config struct {
+	// Enabled serves the console at /ui; it is off by default.
+	Enabled bool `yaml:"enabled"`
+	// SampleInterval is how often the charts get a point; default 5s,
+	// from 100ms to 1m.
+	SampleInterval time.Duration `yaml:"sample_interval"`
+	// TopSample counts one denial in TopSample towards the top limited
+	// identities (scaled back up); default 16, 1 counts every denial.
+	TopSample int `yaml:"top_sample"`
+}
+
+// Validate checks the bounds and fills in the defaults.
+func (c *Config) Validate() error {
+	if c.SampleInterval == 0 {
+		c.SampleInterval = DefaultSampleInterval
+	}
+	if c.TopSample == 0 {
+		c.TopSample = DefaultTopSample
+	}
+	var errs []error
+	if c.SampleInterval < 100*time.Millisecond || c.SampleInterval > time.Minute {
+		errs = append(errs, fmt.Errorf("sample_interval %s must be from 100ms to 1m", c.SampleInterval))
+	}
+	if c.TopSample < 1 || c.TopSample > 1<<20 {
+		errs = append(errs, fmt.Errorf("top_sample %d must be from 1 to %d", c.TopSample, 1<<20))
+	}
+	return errors.Join(errs...)
+}

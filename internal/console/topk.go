@@ -1,0 +1,323 @@
+package console
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// Hit is one limited identity under one policy: its denials (estimated
+// from the sample) over the window and when it passes again.
+type Hit struct {
+	// Identity is the identity as the console shows it: a key's name
+	// ("key_name:acme") or a hash prefix, a user id, a check's key; never
+	// a raw API key.
+	Identity string `json:"identity"`
+	// Policy denied it.
+	Policy string `json:"policy"`
+	// Denies estimates its denials in the window.
+	Denies float64 `json:"denies"`
+	// RetryAt is when its last sampled denial's Retry-After ends, Unix ms.
+	RetryAt int64 `json:"retry_at"`
+}
+
+func (h *Hit) member() string { return h.Policy + "|" + h.Identity }
+
+func fromMember(m string) Hit {
+	p, id, _ := strings.Cut(m, "|")
+	return Hit{Policy: p, Identity: id}
+}
+
+// TopSink keeps the sampled denials of every replica, bounded, over Window.
+type TopSink interface {
+	// Add records a batch of hits at now.
+	Add(ctx context.Context, hits []Hit, now time.Time) error
+	// Top returns the n identities with the most denials in the Window
+	// before now, most first.
+	Top(ctx context.Context, n int, now time.Time) ([]Hit, error)
+	// Shared reports whether the sink holds the fleet's denials.
+	Shared() bool
+}
+
+// Bounds of the top-K.
+const (
+	// maxPending bounds the distinct hits a replica holds between flushes.
+	maxPending = 1024
+	// maxMembers bounds the members of one minute's set.
+	maxMembers = 4096
+	// FlushInterval is how often a replica sends its sampled hits.
+	FlushInterval = time.Second
+)
+
+// Top samples denials on the hot path and sends them to a TopSink once a
+// FlushInterval. Observe costs one random number per denial, and a short
+// lock for one denial in `sample`.
+type Top struct {
+	sink    TopSink
+	sample  uint32
+	log     *slog.Logger
+	mu      sync.Mutex
+	pending map[hitKey]*Hit
+	dropped atomic.Int64
+}
+
+// NewTop counts one denial in sample (at least 1) into sink.
+func NewTop(sink TopSink, sample int, log *slog.Logger) *Top {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Top{sink: sink, sample: uint32(max(1, sample)), log: log, pending: map[hitKey]*Hit{}}
+}
+
+// hitKey is a pending hit's key: no string is built per denial.
+type hitKey struct{ policy, identity string }
+
+// Sink returns the sink.
+func (t *Top) Sink() TopSink { return t.sink }
+
+// Sampled reports whether this denial is to be observed: true one time in
+// the sample rate. The caller builds the identity only then.
+func (t *Top) Sampled() bool { return t.sample <= 1 || rand.Uint32N(t.sample) == 0 }
+
+// Observe records a sampled denial of identity under policy, passing
+// again at retryAt (Unix ms).
+func (t *Top) Observe(identity, policy string, retryAt int64) {
+	k := hitKey{policy, identity}
+	t.mu.Lock()
+	h := t.pending[k]
+	if h == nil {
+		if len(t.pending) >= maxPending {
+			t.mu.Unlock()
+			t.dropped.Add(1)
+			return
+		}
+		h = &Hit{Identity: identity, Policy: policy}
+		t.pending[k] = h
+	}
+	h.Denies += float64(t.sample)
+	h.RetryAt = max(h.RetryAt, retryAt)
+	t.mu.Unlock()
+}
+
+// Flush sends the pending hits.
+func (t *Top) Flush(ctx context.Context, now time.Time) error {
+	t.mu.Lock()
+	if len(t.pending) == 0 {
+		t.mu.Unlock()
+		return nil
+	}
+	hits := make([]Hit, 0, len(t.pending))
+	for _, h := range t.pending {
+		hits = append(hits, *h)
+	}
+	clear(t.pending)
+	t.mu.Unlock()
+	return t.sink.Add(ctx, hits, now)
+}
+
+// Run flushes every FlushInterval until ctx is done.
+func (t *Top) Run(ctx context.Context) error {
+	tk := time.NewTicker(FlushInterval)
+	defer tk.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-tk.C:
+			err := t.Flush(ctx, now)
+			if err != nil && !failing {
+				t.log.Warn("console: cannot record the top limited identities", "err", err)
+			}
+			failing = err != nil
+		}
+	}
+}
+
+// minute numbers the minute of t, the sets' bucket.
+func minute(t time.Time) int64 { return t.Unix() / 60 }
+
+// windowMinutes is the buckets a Top read sums.
+const windowMinutes = int64(Window / time.Minute)
+
+// MemoryTop keeps the hits of this instance only.
+type MemoryTop struct {
+	mu      sync.Mutex
+	buckets map[int64]map[string]float64
+	retry   map[string]int64
+}
+
+// NewMemoryTop returns an empty MemoryTop.
+func NewMemoryTop() *MemoryTop {
+	return &MemoryTop{buckets: map[int64]map[string]float64{}, retry: map[string]int64{}}
+}
+
+// Add implements TopSink.
+func (m *MemoryTop) Add(_ context.Context, hits []Hit, now time.Time) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cur := minute(now)
+	for b := range m.buckets {
+		if b <= cur-windowMinutes {
+			delete(m.buckets, b)
+		}
+	}
+	bk := m.buckets[cur]
+	if bk == nil {
+		bk = map[string]float64{}
+		m.buckets[cur] = bk
+	}
+	if len(m.retry) > 4*maxMembers {
+		clear(m.retry)
+	}
+	for _, h := range hits {
+		k := h.member()
+		if _, ok := bk[k]; !ok && len(bk) >= maxMembers {
+			continue
+		}
+		bk[k] += h.Denies
+		m.retry[k] = max(m.retry[k], h.RetryAt)
+	}
+	return nil
+}
+
+// Top implements TopSink.
+func (m *MemoryTop) Top(_ context.Context, n int, now time.Time) ([]Hit, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sum := map[string]float64{}
+	cur := minute(now)
+	for b, bk := range m.buckets {
+		if b > cur-windowMinutes && b <= cur {
+			for k, v := range bk {
+				sum[k] += v
+			}
+		}
+	}
+	out := make([]Hit, 0, len(sum))
+	for k, v := range sum {
+		h := fromMember(k)
+		h.Denies, h.RetryAt = v, m.retry[k]
+		out = append(out, h)
+	}
+	return topN(out, n), nil
+}
+
+// Shared implements TopSink: false.
+func (m *MemoryTop) Shared() bool { return false }
+
+func topN(hits []Hit, n int) []Hit {
+	slices.SortFunc(hits, func(a, b Hit) int {
+		return cmp.Or(cmp.Compare(b.Denies, a.Denies), cmp.Compare(a.Identity, b.Identity), cmp.Compare(a.Policy, b.Policy))
+	})
+	return hits[:min(n, len(hits))]
+}
+
+// DefaultTopPrefix is the Redis key prefix of the top-K; its hash tag
+// keeps every bucket in one Cluster slot, so one ZUNION reads them.
+const DefaultTopPrefix = "sluice:{topk}"
+
+// RedisTop keeps the fleet's hits in Redis: a sorted set per minute
+// (PREFIX:m:MINUTE, member "policy|identity", score the denials), trimmed
+// to its maxMembers highest after each batch and expiring after the
+// window, and a hash of retry times (PREFIX:retry) that expires with
+// them. A read sums the window's minutes with ZUNION: a sliding window
+// rather than a decay, with the same bound.
+type RedisTop struct {
+	client func() rueidis.Client
+	prefix string
+}
+
+// NewRedisTop returns a RedisTop on the connection client returns (nil
+// while there is none); prefix defaults to DefaultTopPrefix.
+func NewRedisTop(client func() rueidis.Client, prefix string) *RedisTop {
+	if prefix == "" {
+		prefix = DefaultTopPrefix
+	}
+	return &RedisTop{client: client, prefix: prefix}
+}
+
+func (r *RedisTop) bucket(m int64) string { return r.prefix + ":m:" + strconv.FormatInt(m, 10) }
+
+// Add implements TopSink: one pipeline per batch.
+func (r *RedisTop) Add(ctx context.Context, hits []Hit, now time.Time) error {
+	c := r.client()
+	if c == nil {
+		return fmt.Errorf("console: top-K: redis not connected")
+	}
+	key, retry := r.bucket(minute(now)), r.prefix+":retry"
+	ttl := int64(Window/time.Second) + 120
+	cmds := make(rueidis.Commands, 0, 2*len(hits)+4)
+	for i := range hits {
+		h := &hits[i]
+		cmds = append(cmds,
+			c.B().Zincrby().Key(key).Increment(h.Denies).Member(h.member()).Build(),
+			c.B().Hset().Key(retry).FieldValue().FieldValue(h.member(), strconv.FormatInt(h.RetryAt, 10)).Build())
+	}
+	cmds = append(cmds,
+		c.B().Zremrangebyrank().Key(key).Start(0).Stop(-maxMembers-1).Build(),
+		c.B().Expire().Key(key).Seconds(ttl).Build(),
+		c.B().Expire().Key(retry).Seconds(ttl).Build())
+	for _, res := range c.DoMulti(ctx, cmds...) {
+		if err := res.Error(); err != nil {
+			return fmt.Errorf("console: top-K: %w", err)
+		}
+	}
+	// The retry hash grows with distinct members; past a bound it is
+	// dropped whole (it only tells when identities pass again).
+	if n, err := c.Do(ctx, c.B().Hlen().Key(retry).Build()).AsInt64(); err == nil && n > 4*maxMembers {
+		c.Do(ctx, c.B().Del().Key(retry).Build())
+	}
+	return nil
+}
+
+// Top implements TopSink.
+func (r *RedisTop) Top(ctx context.Context, n int, now time.Time) ([]Hit, error) {
+	c := r.client()
+	if c == nil {
+		return nil, fmt.Errorf("console: top-K: redis not connected")
+	}
+	cur := minute(now)
+	keys := make([]string, 0, windowMinutes)
+	for m := cur - windowMinutes + 1; m <= cur; m++ {
+		keys = append(keys, r.bucket(m))
+	}
+	zs, err := c.Do(ctx, c.B().Zunion().Numkeys(int64(len(keys))).Key(keys...).Withscores().Build()).AsZScores()
+	if err != nil {
+		return nil, fmt.Errorf("console: top-K: %w", err)
+	}
+	slices.Reverse(zs) // highest first
+	zs = zs[:min(n, len(zs))]
+	out := make([]Hit, len(zs))
+	if len(zs) == 0 {
+		return out, nil
+	}
+	members := make([]string, len(zs))
+	for i, z := range zs {
+		out[i] = fromMember(z.Member)
+		out[i].Denies = z.Score
+		members[i] = z.Member
+	}
+	vals, err := c.Do(ctx, c.B().Hmget().Key(r.prefix+":retry").Field(members...).Build()).ToArray()
+	if err == nil {
+		for i := range min(len(vals), len(out)) {
+			if v, err := vals[i].AsInt64(); err == nil {
+				out[i].RetryAt = v
+			}
+		}
+	}
+	return topN(out, n), nil
+}
+
+// Shared implements TopSink: true.
+func (r *RedisTop) Shared() bool { return true }

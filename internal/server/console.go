@@ -1,0 +1,473 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/console"
+	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/internal/overrides"
+	"github.com/sluice-io/sluice/internal/simulate"
+	"github.com/sluice-io/sluice/redisstore"
+)
+
+// This file serves the operator's console (package console) at /ui when
+// the config's `console: {enabled: true}`: the embedded page, and its JSON
+// API under /ui/api/. Reading is open to whoever reaches the listener;
+// changes (reset, and the overrides the page sets through /v1/overrides)
+// need the admin token. Whether the console runs is read at start.
+
+// consoleOf returns the console section of cfg, nil when disabled.
+func consoleOf(cfg *config.Config) *console.Config {
+	if cfg.File == nil || cfg.File.Console == nil || !cfg.File.Console.Enabled {
+		return nil
+	}
+	return cfg.File.Console
+}
+
+// newConsole builds the console's series and top-K for a server whose
+// initial config enables it; sink nil means this instance's own top-K.
+func (s *Server) newConsole(cc *console.Config, sink console.TopSink) {
+	if cc == nil {
+		return
+	}
+	if sink == nil {
+		sink = console.NewMemoryTop()
+	}
+	s.series = console.NewSeries(s.decisionTotals, cc.SampleInterval)
+	s.top = console.NewTop(sink, cc.TopSample, s.log)
+	static := http.FileServerFS(console.Assets())
+	s.handle("GET /ui", "console", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/ui/", http.StatusFound)
+	})
+	s.handle("GET /ui/", "console", s.consoleOn(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		http.StripPrefix("/ui", static).ServeHTTP(w, r)
+	}))
+	s.handle("GET /ui/api/overview", "console", s.consoleOn(s.handleOverview))
+	s.handle("GET /ui/api/series", "console", s.consoleOn(s.handleSeries))
+	s.handle("GET /ui/api/top", "console", s.consoleOn(s.handleTop))
+	s.handle("GET /ui/api/identity", "console", s.consoleOn(s.handleIdentity))
+	s.handle("POST /ui/api/reset", "console", s.consoleOn(s.handleConsoleReset))
+	s.handle("POST /ui/api/simulate", "console", s.consoleOn(s.handleSimulate))
+}
+
+// consoleOn answers 404 while a reload has turned the console off.
+func (s *Server) consoleOn(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if consoleOf(s.cfg.Load()) == nil {
+			writeError(w, http.StatusNotFound, "the console is disabled: set console: {enabled: true}")
+			return
+		}
+		w.Header().Set("Cache-Control", "no-store")
+		h(w, r)
+	}
+}
+
+// observeDenied counts a sampled denial towards the top limited
+// identities. An API key shows as its configured name, or its hash.
+func (s *Server) observeDenied(t *target, d sluice.Decision) {
+	id := t.identity
+	if name := keyNameOf(s.cfg.Load(), id); name != "" {
+		id = overrides.KeyNamePrefix + name
+	}
+	s.top.Observe(id, t.policy.Name, time.Now().Add(d.RetryAfter).UnixMilli())
+}
+
+// decisionTotals reads sluice_decisions_total by policy and tier.
+func (s *Server) decisionTotals() map[console.SeriesKey]console.Totals {
+	out := map[console.SeriesKey]console.Totals{}
+	mfs, err := s.m.Registry.Gather()
+	if err != nil {
+		return out
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_decisions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var k console.SeriesKey
+			var result string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "policy":
+					k.Policy = l.GetValue()
+				case "tier":
+					k.Tier = l.GetValue()
+				case "result":
+					result = l.GetValue()
+				}
+			}
+			v := m.GetCounter().GetValue()
+			t := out[k]
+			t.Decisions += v
+			if result == metrics.Denied {
+				t.Denials += v
+			}
+			out[k] = t
+		}
+	}
+	return out
+}
+
+func writeAny(w http.ResponseWriter, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "encoding: %v", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, append(b, '\n'))
+}
+
+func (s *Server) handleSeries(w http.ResponseWriter, _ *http.Request) {
+	writeAny(w, map[string]any{"interval_ms": s.series.Interval().Milliseconds(), "series": s.series.Snapshot()})
+}
+
+func (s *Server) handleTop(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	top, err := s.top.Sink().Top(ctx, 20, time.Now())
+	if err != nil {
+		s.log.Warn("console: reading the top limited identities", "err", err)
+		writeError(w, http.StatusServiceUnavailable, "the store cannot be read now")
+		return
+	}
+	writeAny(w, map[string]any{"top": top, "shared": s.top.Sink().Shared()})
+}
+
+type policyJSON struct {
+	Name      string `json:"name"`
+	Algorithm string `json:"algorithm"`
+	Limit     string `json:"limit"`
+	Shadow    bool   `json:"shadow"`
+	Lease     bool   `json:"lease"`
+}
+
+func (s *Server) handleOverview(w http.ResponseWriter, r *http.Request) {
+	cfg := s.cfg.Load()
+	out := map[string]any{}
+	var ps []policyJSON
+	for _, n := range cfg.PolicyNames() {
+		p := cfg.Policies[n]
+		ps = append(ps, policyJSON{n, p.Algorithm.String(), p.Limit.String(), p.Shadow, p.Lease})
+	}
+	type tierJSON struct {
+		Name     string   `json:"name"`
+		Policies []string `json:"policies"`
+	}
+	var ts []tierJSON
+	for _, n := range cfg.TierNames() {
+		t := tierJSON{Name: n}
+		for _, p := range cfg.Tiers[n].Policies {
+			t.Policies = append(t.Policies, p.Name)
+		}
+		ts = append(ts, t)
+	}
+	type keyJSON struct {
+		Name string `json:"name"`
+		Tier string `json:"tier"`
+	}
+	ks := []keyJSON{}
+	for _, k := range cfg.Keys {
+		tier := ""
+		if k.Tier != nil {
+			tier = k.Tier.Name
+		}
+		ks = append(ks, keyJSON{k.Name, tier})
+	}
+	slices.SortFunc(ks, func(a, b keyJSON) int { return strings.Compare(a.Name, b.Name) })
+	store := map[string]any{"kind": storeName(cfg.Store), "failure_policy": cfg.Store.FailurePolicy, "ready": true}
+	ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+	defer cancel()
+	if err := s.guard.ready(ctx); err != nil {
+		store["ready"], store["error"] = false, "unreachable"
+	}
+	var algos []string
+	for _, a := range sluice.Algorithms() {
+		if a != sluice.Concurrency {
+			algos = append(algos, a.String())
+		}
+	}
+	token, _ := s.adminToken()
+	out["policies"], out["tiers"], out["keys"], out["store"] = ps, ts, ks, store
+	out["admin"], out["admin_enabled"] = s.isAdmin(r), token != ""
+	out["overrides_shared"], out["algorithms"] = s.ovr.Shared(), algos
+	if gw := cfg.File.Gateway; gw != nil {
+		out["gateway"] = gatewaySummary(cfg)
+	}
+	writeAny(w, out)
+}
+
+// gatewaySummary is the gateway's tiers, models, budgets and key names;
+// never its upstream (which may hold a credential) or key hashes.
+func gatewaySummary(cfg *config.Config) any {
+	gw := cfg.File.Gateway
+	type tier struct {
+		Name        string   `json:"name"`
+		RPM         int64    `json:"rpm"`
+		TPM         int64    `json:"tpm"`
+		RPD         int64    `json:"rpd"`
+		Concurrency int64    `json:"concurrency"`
+		Models      []string `json:"models"`
+	}
+	var ts []tier
+	for name, t := range gw.Tiers {
+		x := tier{Name: name, RPM: t.RPM, TPM: t.TPM, RPD: t.RPD, Concurrency: t.Concurrency}
+		for m, l := range t.Models {
+			x.Models = append(x.Models, fmt.Sprintf("%s (rpm %d, tpm %d)", m, l.RPM, l.TPM))
+		}
+		slices.Sort(x.Models)
+		ts = append(ts, x)
+	}
+	slices.SortFunc(ts, func(a, b tier) int { return strings.Compare(a.Name, b.Name) })
+	type key struct {
+		Name string `json:"name"`
+		Tier string `json:"tier"`
+	}
+	ks := []key{}
+	for _, k := range gw.Keys {
+		ks = append(ks, key{k.Name, k.Tier})
+	}
+	return map[string]any{"tiers": ts, "models": gw.Models, "keys": ks, "default_max_tokens": gw.DefaultMaxTokens}
+}
+
+// consoleIdentity resolves what the page names: "key_name:NAME" is that
+// API key's identity (key:HASH); anything else is an identity as it is.
+func consoleIdentity(cfg *config.Config, id string) (identity string, key *config.Key, err error) {
+	if id == "" || len(id) > config.MaxKeyLen {
+		return "", nil, fmt.Errorf("give an identity of 1 to %d bytes", config.MaxKeyLen)
+	}
+	if name, ok := strings.CutPrefix(id, overrides.KeyNamePrefix); ok {
+		for _, k := range cfg.Keys {
+			if k.Name == name {
+				return "key:" + k.Hash, k, nil
+			}
+		}
+		return "", nil, fmt.Errorf("no API key is named %q", name)
+	}
+	if h, ok := strings.CutPrefix(id, "key:"); ok {
+		return id, cfg.Keys[h], nil
+	}
+	return id, nil, nil
+}
+
+// maxPeekPolicies bounds the policies one look-up peeks.
+const maxPeekPolicies = 64
+
+func (s *Server) handleIdentity(w http.ResponseWriter, r *http.Request) {
+	cfg := s.cfg.Load()
+	q := r.URL.Query().Get("id")
+	identity, key, err := consoleIdentity(cfg, q)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	names := cfg.PolicyNames()
+	if len(names) > maxPeekPolicies {
+		names = names[:maxPeekPolicies]
+	}
+	var targets []target
+	for _, n := range names {
+		targets = append(targets, newTarget(cfg, cfg.Policies[n], metrics.NoTier, identity, key, 0))
+	}
+	type peekJSON struct {
+		Policy       string `json:"policy"`
+		Rate         int64  `json:"rate"`
+		PeriodMS     int64  `json:"period_ms"`
+		Remaining    int64  `json:"remaining"`
+		Allowed      bool   `json:"allowed"`
+		RetryAfterMS int64  `json:"retry_after_ms"`
+		Overridden   bool   `json:"overridden"`
+		Degraded     bool   `json:"degraded"`
+	}
+	out := map[string]any{"identity": q, "policies": []peekJSON{}}
+	if len(targets) > 0 {
+		configured := make([]sluice.Limit, len(targets))
+		for i := range targets {
+			configured[i] = targets[i].req.Limit
+		}
+		// One peek of every policy: their keys share the identity's hash
+		// tag, so one store call serves, on Cluster too.
+		res, err := s.decide(r, sluice.OpPeek, targets)
+		if err != nil {
+			s.writeDecideError(w, err)
+			return
+		}
+		ps := make([]peekJSON, len(targets))
+		for i, t := range res.targets {
+			d := res.decisions[i]
+			ps[i] = peekJSON{t.policy.Name, d.Limit.Rate, sluice.CeilMillis(d.Limit.Period), d.Remaining, d.Allowed,
+				sluice.CeilMillis(d.RetryAfter), t.req.Limit != configured[i], d.Degraded}
+		}
+		out["policies"] = ps
+	}
+	name := ""
+	if key != nil {
+		name = key.Name
+	}
+	matching := s.ovr.Set().Matching(identity, name)
+	now := s.ovr.Now()
+	ovs := make([]overrideJSON, len(matching))
+	for i, o := range matching {
+		ovs[i] = overrideJSON{o, o.Active(now)}
+	}
+	out["overrides"] = ovs
+	if !s.ovr.Shared() {
+		out["note"] = "overrides on the memory store are this instance's only"
+	}
+	writeAny(w, out)
+}
+
+func (s *Server) handleConsoleReset(w http.ResponseWriter, r *http.Request) {
+	by, ok := s.authorizeAdmin(w, r, "reset")
+	if !ok {
+		return
+	}
+	cfg := s.cfg.Load()
+	identity, key, err := consoleIdentity(cfg, r.URL.Query().Get("id"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	var reqs []sluice.Request
+	for _, n := range cfg.PolicyNames() {
+		reqs = append(reqs, newTarget(cfg, cfg.Policies[n], metrics.NoTier, identity, key, 1).req)
+	}
+	if len(reqs) == 0 {
+		writeAny(w, map[string]int{"reset": 0})
+		return
+	}
+	ds, err := s.guard.store.ApplyAll(r.Context(), sluice.OpReset, reqs)
+	if err == nil && slices.ContainsFunc(ds, func(d sluice.Decision) bool { return d.Degraded }) {
+		err = errors.New("the store is unreachable and a failure policy answered")
+	}
+	if err != nil {
+		s.log.Warn("reset failed", "identity", logIdentity(identity), "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, "reset not applied: store unavailable; retry later")
+		return
+	}
+	s.log.Info("reset", "audit", true, "by", by, "identity", logIdentity(identity), "policies", len(reqs), "from", "console")
+	writeAny(w, map[string]int{"reset": len(reqs)})
+}
+
+// Bounds of a console simulation: it runs in the request.
+const (
+	maxSimBody     = 4 << 10
+	maxSimArrivals = 200_000
+	maxSimDuration = time.Hour
+)
+
+func (s *Server) handleSimulate(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Limit      string   `json:"limit"`
+		Pattern    string   `json:"pattern"`
+		RPS        float64  `json:"rps"`
+		Duration   string   `json:"duration"`
+		Algorithms []string `json:"algorithms"`
+	}
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxSimBody))
+	if err != nil {
+		writeError(w, http.StatusRequestEntityTooLarge, "request body larger than %d bytes", maxSimBody)
+		return
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&body); err != nil {
+		writeError(w, http.StatusBadRequest, "malformed JSON: %s", strings.TrimPrefix(err.Error(), "json: "))
+		return
+	}
+	limit, err := sluice.ParseLimit(body.Limit)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "%s", strings.TrimPrefix(err.Error(), "sluice: "))
+		return
+	}
+	d, err := time.ParseDuration(body.Duration)
+	if err != nil || d <= 0 || d > maxSimDuration {
+		writeError(w, http.StatusBadRequest, "duration %q must be from 1ms to %s", body.Duration, maxSimDuration)
+		return
+	}
+	if !(body.RPS > 0) || body.RPS*2*d.Seconds() > maxSimArrivals {
+		writeError(w, http.StatusBadRequest, "rps must be positive and rps x duration x 2 at most %d", maxSimArrivals)
+		return
+	}
+	if len(body.Algorithms) == 0 || len(body.Algorithms) > 8 {
+		writeError(w, http.StatusBadRequest, "pick 1 to 8 algorithms")
+		return
+	}
+	var algos []sluice.Algorithm
+	for _, n := range body.Algorithms {
+		a, err := sluice.ParseAlgorithm(n)
+		if err != nil || a == sluice.Concurrency || slices.Contains(algos, a) {
+			writeError(w, http.StatusBadRequest, "algorithm %q: unknown, repeated or not simulable", n)
+			return
+		}
+		algos = append(algos, a)
+	}
+	if !slices.Contains(simulate.Patterns(), simulate.Pattern(body.Pattern)) {
+		writeError(w, http.StatusBadRequest, "pattern %q: valid: steady, burst, ramp", body.Pattern)
+		return
+	}
+	arrivals, err := simulate.Generate(simulate.Pattern(body.Pattern), body.RPS, d)
+	if err != nil || len(arrivals) == 0 {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	bucket := max(d/60, time.Second)
+	res, err := simulate.Run(r.Context(), limit, algos, arrivals, bucket)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	allowed, totals := map[string][]int{}, map[string]int{}
+	names := make([]string, len(algos))
+	for i, a := range algos {
+		names[i] = a.String()
+		allowed[a.String()], totals[a.String()] = res.Allowed[a], res.Total(a)
+	}
+	writeAny(w, map[string]any{"bucket_ms": bucket.Milliseconds(), "offered": res.Offered, "algorithms": names, "allowed": allowed, "totals": totals})
+}
+
+// newTopSink is the top-K's sink on store: Redis when it is (found
+// through Unwrap), so that the list is the fleet's; nil (this instance's)
+// otherwise.
+func newTopSink(store sluice.Store) console.TopSink {
+	for st := store; st != nil; {
+		if rs, ok := st.(*redisstore.Store); ok {
+			return console.NewRedisTop(rs.Client, "")
+		}
+		u, ok := st.(interface{ Unwrap() sluice.Store })
+		if !ok {
+			return nil
+		}
+		st = u.Unwrap()
+	}
+	return nil
+}
+
+// consoleComponent samples the charts and flushes the top-K.
+type consoleComponent struct{ s *Server }
+
+func (c consoleComponent) Name() string { return "console" }
+
+func (c consoleComponent) Run(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = c.s.top.Run(ctx)
+	}()
+	err := c.s.series.Run(ctx)
+	<-done
+	return err
+}

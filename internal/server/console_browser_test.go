@@ -1,0 +1,212 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/sluice-io/sluice/internal/redistest"
+)
+
+// The browser test drives the console in a real headless Chromium. It
+// needs /usr/bin/chromium (Debian's chromium; .ci/run installs it) or the
+// browser named by SLUICE_CHROMIUM, and skips, saying why, only when none
+// can start. Screenshots go to SLUICE_UI_ARTIFACTS when set (kept), or to
+// a directory under the test's TempDir (removed with it).
+
+// chromiumPath finds the browser.
+func chromiumPath() (string, error) {
+	if p := os.Getenv("SLUICE_CHROMIUM"); p != "" {
+		return p, nil
+	}
+	for _, name := range []string{"/usr/bin/chromium", "chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p, nil
+		}
+	}
+	return "", errors.New("no chromium found (apt-get install chromium, or set SLUICE_CHROMIUM)")
+}
+
+// browser starts a headless Chromium with the flags this sandbox needs: no
+// background networking (the network is closed), a fresh profile.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	path, err := chromiumPath()
+	if err != nil {
+		t.Skipf("browser test skipped: %v", err)
+	}
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(path),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 900),
+	}
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelB := chromedp.NewContext(actx)
+	t.Cleanup(func() { cancelB(); cancelA() })
+	// The first call starts the browser, for the context's lifetime: no
+	// timeout on it (a timeout would stop the browser with it).
+	if err := chromedp.Do(ctx); err != nil {
+		t.Skipf("browser test skipped: chromium at %s cannot start: %v", path, err)
+	}
+	return ctx
+}
+
+func artifactsDir(t *testing.T) string {
+	dir := os.Getenv("SLUICE_UI_ARTIFACTS")
+	if dir == "" {
+		dir = filepath.Join(t.TempDir(), "screenshots")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshots in %s", dir)
+	return dir
+}
+
+// TestConsoleBrowser: two replicas on one Redis, traffic on the first.
+// In Chromium, the console of the first shows its chart moving and the
+// limited identity in the fleet's top list; an override set through the
+// page (with the admin token) changes the next decision on the second
+// replica within 1 s.
+func TestConsoleBrowser(t *testing.T) {
+	ctx := browser(t)
+	shots := artifactsDir(t)
+	srv := redistest.NewStandalone(t)
+	cfg := redisConfig(srv.URL(), "fail_open") + "console: {enabled: true, sample_interval: 250ms, top_sample: 1}\n"
+	a, b := startService(t, svcOptions{redis: true, config: cfg}), startService(t, svcOptions{redis: true, config: cfg})
+	user := "user:" + redistest.Prefix(t)
+	check := fmt.Sprintf(`{"policy":"b","key":%q}`, user)
+
+	// Traffic: policy b (2/s) for one identity, about 40 requests a second.
+	tctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tk := time.NewTicker(25 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-tctx.Done():
+				return
+			case <-tk.C:
+				req, _ := http.NewRequestWithContext(tctx, "POST", a.url+"/v1/check", strings.NewReader(check))
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() { stop(); wg.Wait() })
+
+	shot := func(name string) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			buf, err := chromedp.FullScreenshot(100)(ctx, tg)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(shots, name), buf, 0o644)
+		})
+	}
+	run := func(what string, timeout time.Duration, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		c, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		if err := chromedp.Do(c, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	poll := func(expr string) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := chromedp.Poll[bool](expr)(ctx, tg)
+			return err
+		})
+	}
+	points := func() string {
+		c, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		v, err := chromedp.Run(c, chromedp.AttributeValue(chromedp.CSS(`figure[data-series="b/-"] polyline.d`), "points"))
+		if err != nil {
+			t.Fatalf("chart line: %v", err)
+		}
+		return v.Value
+	}
+	chartSel := `figure[data-series="b/-"] polyline.d`
+	run("load /ui and see the chart", 15*time.Second,
+		chromedp.Navigate(a.url+"/ui/"),
+		chromedp.WaitVisible(chromedp.CSS(chartSel)),
+	)
+	before := points()
+	// The chart moves: its line changes as points arrive, and the current
+	// rate is above zero.
+	run("the chart moves", 15*time.Second, poll(fmt.Sprintf(
+		`(() => { const p = document.querySelector(%q); const c = document.querySelector('figure[data-series="b/-"] .current');
+		   return !!(p && p.getAttribute("points") !== %q && c && parseFloat(c.dataset.decisions) > 0); })()`, chartSel, before)),
+		shot("1-chart.png"))
+	if after := points(); before == after {
+		t.Fatal("the chart did not move")
+	}
+	// The limited identity is in the fleet's top list.
+	run("the top list", 15*time.Second, poll(fmt.Sprintf(
+		`[...document.querySelectorAll("#top tbody td.clickable")].some(td => td.textContent === %q)`, user)),
+		shot("2-top.png"))
+	// With the admin token, look it up from the list and set an override.
+	run("admin token", 10*time.Second,
+		chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		chromedp.WaitReady(chromedp.CSS("body.admin")),
+	)
+	run("look up from the top list", 10*time.Second,
+		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			nodes, err := chromedp.Nodes(chromedp.Search(fmt.Sprintf(`//table[@id="top"]//td[@class="clickable" and text()=%q]`, user)))(ctx, tg)
+			if err != nil {
+				return err
+			}
+			_, err = chromedp.MouseClickNode(nodes[0])(ctx, tg)
+			return err
+		}),
+		chromedp.WaitVisible(chromedp.CSS("#peek tbody tr")),
+		chromedp.SetValue(chromedp.CSS("#ov-policy"), "b"),
+		chromedp.SendKeys(chromedp.CSS("#ov-limit"), "1000/s"),
+		chromedp.SendKeys(chromedp.CSS("#ov-ttl"), "10m"),
+	)
+	run("set the override", 10*time.Second,
+		chromedp.Click(chromedp.CSS(`#override-form button[type="submit"]`)),
+		poll(`document.querySelector("#lookup-msg").textContent === "override set"`),
+	)
+	set := time.Now()
+	run("screenshot", 10*time.Second, shot("3-override.png"))
+	// The next decision on the other replica uses it within 1 s.
+	for {
+		r := b.check(t, check)
+		if r.status == 200 && r.num("rate") == 1000 {
+			t.Logf("the override set in the page applied on the other replica after %s", time.Since(set))
+			break
+		}
+		if time.Since(set) > time.Second {
+			t.Fatalf("the other replica still answers %d %s 1s after the override", r.status, r.raw)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The page at a phone's width.
+	run("phone", 10*time.Second, chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile), chromedp.Reload(),
+		chromedp.WaitVisible(chromedp.CSS("#top")), shot("4-phone.png"))
+}

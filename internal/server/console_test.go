@@ -1,0 +1,103 @@
+package server
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+const consoleConfig = testConfig + "console: {enabled: true, sample_interval: 100ms, top_sample: 1}\n"
+
+// TestConsoleAPI: the console's JSON API on the memory store: config
+// without secrets, the top list from denials (key names, never keys),
+// look-up with the override in force, reset only with the admin token,
+// bounded simulation.
+func TestConsoleAPI(t *testing.T) {
+	s := startService(t, svcOptions{config: consoleConfig})
+	if a := s.do(t, "GET", "/ui/", ""); a.status != 200 || !strings.Contains(a.raw, "<title>sluice console</title>") || a.header.Get("Content-Security-Policy") == "" {
+		t.Fatalf("page: %d %.200s", a.status, a.raw)
+	}
+	if a := s.do(t, "GET", "/ui/app.js", ""); a.status != 200 || !strings.Contains(a.raw, "textContent") {
+		t.Fatalf("app.js: %d", a.status)
+	}
+	ov := s.do(t, "GET", "/ui/api/overview", "")
+	if ov.status != 200 || ov.body["admin"] != false || !strings.Contains(ov.raw, `"demo-free"`) {
+		t.Fatalf("overview: %d %s", ov.status, ov.raw)
+	}
+	if strings.Contains(ov.raw, "ba8510809b71") || strings.Contains(ov.raw, adminToken) {
+		t.Fatalf("overview leaks a key hash or the token: %s", ov.raw)
+	}
+	if a := s.do(t, "GET", "/ui/api/overview", "", bearer...); a.body["admin"] != true {
+		t.Fatalf("admin overview: %s", a.raw)
+	}
+	for range 12 {
+		s.check(t, fmt.Sprintf(`{"api_key":%q}`, freeKey))
+	}
+	var top answer
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		top = s.do(t, "GET", "/ui/api/top", "")
+		if strings.Contains(top.raw, `"identity":"key_name:demo-free"`) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(top.raw, `"identity":"key_name:demo-free","policy":"free","denies":2`) || strings.Contains(top.raw, freeKey) {
+		t.Fatalf("top: %s", top.raw)
+	}
+	if a := s.do(t, "PUT", "/v1/overrides", `{"identity":"key_name:demo-free","policy":"free","limit":"40/min"}`, bearer...); a.status != 201 {
+		t.Fatal(a.raw)
+	}
+	id := s.do(t, "GET", "/ui/api/identity?id=key_name:demo-free", "")
+	if id.status != 200 || !strings.Contains(id.raw, `"policy":"free","rate":40`) || !strings.Contains(id.raw, `"overridden":true`) || !strings.Contains(id.raw, `"limit":"40/min"`) {
+		t.Fatalf("identity: %d %s", id.status, id.raw)
+	}
+	if a := s.do(t, "GET", "/ui/api/identity?id=key_name:nobody", ""); a.status != 400 {
+		t.Fatalf("unknown key name: %d", a.status)
+	}
+	if a := s.do(t, "POST", "/ui/api/reset?id=key_name:demo-free", ""); a.status != 401 {
+		t.Fatalf("reset without token: %d", a.status)
+	}
+	if a := s.do(t, "POST", "/ui/api/reset?id=key_name:demo-free", "", bearer...); a.status != 200 {
+		t.Fatalf("reset: %d %s", a.status, a.raw)
+	}
+	if a := s.check(t, fmt.Sprintf(`{"api_key":%q}`, freeKey)); a.num("remaining") != 39 {
+		t.Fatalf("after reset: %s", a.raw)
+	}
+	sim := s.do(t, "POST", "/ui/api/simulate", `{"limit":"10/s","pattern":"steady","rps":20,"duration":"10s","algorithms":["gcra","fixed_window"]}`)
+	if sim.status != 200 || !strings.Contains(sim.raw, `"totals":{"fixed_window":`) {
+		t.Fatalf("simulate: %d %s", sim.status, sim.raw)
+	}
+	for _, bad := range []string{
+		`{"limit":"10/s","pattern":"steady","rps":1e9,"duration":"10s","algorithms":["gcra"]}`,
+		`{"limit":"10/s","pattern":"steady","rps":10,"duration":"1000h","algorithms":["gcra"]}`,
+		`{"limit":"10/s","pattern":"steady","rps":10,"duration":"10s","algorithms":["concurrency"]}`,
+		`{"limit":"10/s","pattern":"nope","rps":10,"duration":"10s","algorithms":["gcra"]}`,
+		`{"limit":"10/s","pattern":"steady","rps":10,"duration":"10s","algorithms":[]}`,
+	} {
+		if a := s.do(t, "POST", "/ui/api/simulate", bad); a.status != 400 {
+			t.Errorf("%s: %d %s", bad, a.status, a.raw)
+		}
+	}
+	var ser answer
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if ser = s.do(t, "GET", "/ui/api/series", ""); strings.Contains(ser.raw, `"policy":"free","tier":"free","points":[{`) {
+			break
+		}
+	}
+	if !strings.Contains(ser.raw, `"policy":"free","tier":"free","points":[{`) {
+		t.Fatalf("series: %s", ser.raw)
+	}
+}
+
+// TestConsoleOff: without console.enabled, /ui is not served.
+func TestConsoleOff(t *testing.T) {
+	s := startService(t, svcOptions{})
+	if a := s.do(t, "GET", "/ui/", ""); a.status != 404 {
+		t.Fatalf("/ui/: %d", a.status)
+	}
+	if a := s.do(t, "GET", "/ui/api/overview", ""); a.status != 404 {
+		t.Fatalf("/ui/api/overview: %d", a.status)
+	}
+}
