@@ -34,12 +34,17 @@ model capacity, and prints per second what each flow got (docs/QUEUEING.md).
 
 --max-wait D compares gcra and token_bucket with and without delay mode (the
 max_wait of sluice serve's policies): held requests are counted when they go
-ahead, so the table and chart show the burst smoothed instead of refused.`,
+ahead, so the table and chart show the burst smoothed instead of refused.
+
+--scenario budget replays a dollar budget per calendar month in a time zone
+over a simulated month of gateway traffic, and prints per local day what was
+admitted, refused and spent (docs/gateway.md).`,
 		Example: `  sluice simulate
   sluice simulate --pattern ramp --rps 50 --limit "20/s burst 40" --chart ramp.svg
   sluice simulate --pattern file:arrivals.txt --algorithms token_bucket,sliding_window_log
   sluice simulate --scenario fairness --chart fairness.svg
-  sluice simulate --max-wait 1s --limit "10/s burst 5" --chart delay.svg`,
+  sluice simulate --max-wait 1s --limit "10/s burst 5" --chart delay.svg
+  sluice simulate --scenario budget`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if scenario != "" {

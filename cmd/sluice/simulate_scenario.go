@@ -15,10 +15,18 @@ import (
 // runScenario runs `sluice simulate --scenario NAME`: a built-in gateway
 // queue scenario, its table, and the chart when asked.
 func runScenario(cmd *cobra.Command, name, chart string) error {
+	if b, ok := simulate.BudgetScenarios()[name]; ok {
+		res, err := simulate.RunBudget(cmd.Context(), b)
+		if err != nil {
+			return err
+		}
+		return res.WriteTable(cmd.OutOrStdout())
+	}
 	all := simulate.Scenarios()
 	s, ok := all[name]
 	if !ok {
-		names := slices.Sorted(maps.Keys(all))
+		names := slices.Concat(slices.Collect(maps.Keys(all)), slices.Collect(maps.Keys(simulate.BudgetScenarios())))
+		slices.Sort(names)
 		return fmt.Errorf("simulate: unknown scenario %q; valid: %s", name, strings.Join(names, ", "))
 	}
 	res, err := simulate.RunScenario(cmd.Context(), s)

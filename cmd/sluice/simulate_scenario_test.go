@@ -27,7 +27,7 @@ func TestSimulateScenario(t *testing.T) {
 		t.Fatalf("chart: %v", err)
 	}
 	err := run(context.Background(), []string{"simulate", "--scenario", "nope"}, &out, &errOut)
-	if err == nil || !strings.Contains(err.Error(), "valid: fairness, priority") {
+	if err == nil || !strings.Contains(err.Error(), "fairness, priority") {
 		t.Fatalf("unknown scenario: %v", err)
 	}
 }
