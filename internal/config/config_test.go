@@ -113,7 +113,7 @@ func TestBadConfigs(t *testing.T) {
 			`20: keys[0].tier: unknown tier "gold"; valid: free`,
 			`22: authz.default_tier: unknown tier "platinum"; valid: free`,
 			`25: gateway.upstream.base_url: "ftp://example.com/v1" must be an http or https URL`,
-			`28: gateway.tiers.free.rpmm: unknown field; did you mean rpm? valid: rpm, rpm_burst, tpm, tpm_burst, rpd, concurrency, models`,
+			`28: gateway.tiers.free.rpmm: unknown field; did you mean rpm? valid: rpm, rpm_burst, tpm, tpm_burst, rpd, concurrency, timezone, lease, models, class, weight, budgets`,
 			`29: gateway.tiers.free.tpm: -5 must not be negative`,
 			`33: gateway.keys[0].tier: unknown tier "gold"; valid: free`,
 		},

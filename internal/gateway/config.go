@@ -66,6 +66,11 @@ type Config struct {
 	// Models names the models reported as metric labels; others are
 	// reported as "other". Models with per-model limits are added.
 	Models []string `yaml:"models"`
+	// Timezone makes every rpd (of tiers, models, teams and orgs that name
+	// no zone of their own) a calendar day in this IANA zone, such as
+	// "America/New_York", resetting at local midnight; empty keeps rpd a
+	// rolling 24 hours.
+	Timezone string `yaml:"timezone"`
 	// Tiers are the plans keys belong to.
 	Tiers map[string]TierConfig `yaml:"tiers"`
 	// Keys maps client API keys, by SHA-256 hash, to tiers.
@@ -136,10 +141,15 @@ type Limits struct {
 	// exceeds the burst is rejected as too large.
 	TPM      int64 `yaml:"tpm"`
 	TPMBurst int64 `yaml:"tpm_burst"`
-	// RPD is requests per day.
+	// RPD is requests per day: a rolling 24 hours, or, when Timezone is
+	// set, a calendar day that resets at local midnight.
 	RPD int64 `yaml:"rpd"`
 	// Concurrency bounds the requests in flight at once.
 	Concurrency int64 `yaml:"concurrency"`
+	// Timezone makes RPD a calendar day in this IANA zone, such as
+	// "Europe/Berlin" (23 or 25 hours across DST changes); default the
+	// tier's timezone, then the config's (calendar.go).
+	Timezone string `yaml:"timezone"`
 }
 
 // TierConfig is one entry of `tiers:`: the fields of Limits for the
@@ -151,6 +161,9 @@ type TierConfig struct {
 	TPMBurst    int64 `yaml:"tpm_burst"`
 	RPD         int64 `yaml:"rpd"`
 	Concurrency int64 `yaml:"concurrency"`
+	// Timezone makes the tier's rpd, and its models', calendar days in
+	// this IANA zone; default the config's Timezone.
+	Timezone string `yaml:"timezone"`
 	// Lease overrides the config's Lease for this tier's limits and its
 	// models' limits.
 	Lease *bool `yaml:"lease"`
@@ -168,12 +181,12 @@ type TierConfig struct {
 
 // Tier returns a TierConfig with the limits l for the whole tier.
 func Tier(l Limits) TierConfig {
-	return TierConfig{RPM: l.RPM, RPMBurst: l.RPMBurst, TPM: l.TPM, TPMBurst: l.TPMBurst, RPD: l.RPD, Concurrency: l.Concurrency}
+	return TierConfig{RPM: l.RPM, RPMBurst: l.RPMBurst, TPM: l.TPM, TPMBurst: l.TPMBurst, RPD: l.RPD, Concurrency: l.Concurrency, Timezone: l.Timezone}
 }
 
 // Limits returns the tier-wide limits.
 func (t TierConfig) Limits() Limits {
-	return Limits{RPM: t.RPM, RPMBurst: t.RPMBurst, TPM: t.TPM, TPMBurst: t.TPMBurst, RPD: t.RPD, Concurrency: t.Concurrency}
+	return Limits{RPM: t.RPM, RPMBurst: t.RPMBurst, TPM: t.TPM, TPMBurst: t.TPMBurst, RPD: t.RPD, Concurrency: t.Concurrency, Timezone: t.Timezone}
 }
 
 // KeyConfig is one entry of `keys:`.
@@ -307,6 +320,7 @@ func (c *Config) Check(doc *yamlconf.Doc) {
 			doc.Addf(n.path, "%d must not be negative", n.v)
 		}
 	}
+	checkTimezone(doc, "timezone", c.Timezone) // calendar.go
 	if len(c.Tiers) == 0 {
 		doc.Addf("tiers", "at least one tier is required, such as tiers: {free: {rpm: 20, tpm: 40000}}")
 	}
@@ -318,7 +332,7 @@ func (c *Config) Check(doc *yamlconf.Doc) {
 			doc.Addf(path, "tier name must be 1-128 letters, digits or _.:/-")
 		}
 		t.Limits().check(doc, path, c.LeaseTTL)
-		if t.Limits() == (Limits{}) && len(t.Models) == 0 && len(t.Budgets) == 0 {
+		if t.Limits() == (Limits{Timezone: t.Timezone}) && len(t.Models) == 0 && len(t.Budgets) == 0 {
 			doc.Addf(path, "no limits: set at least one of rpm, tpm, rpd, concurrency, models or budgets")
 		}
 		for _, model := range sortedKeys(t.Models) {
@@ -385,6 +399,7 @@ func (l Limits) check(doc *yamlconf.Doc, path string, leaseTTL time.Duration) {
 		doc.Addf(path+".tpm_burst", "a burst needs its rate: set tpm too")
 		bad = true
 	}
+	checkTimezone(doc, path+".timezone", l.Timezone) // calendar.go
 	if bad {
 		return
 	}

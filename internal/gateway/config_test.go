@@ -24,7 +24,7 @@ func TestLoadGood(t *testing.T) {
 // the problems listed, all in one run, located at file:line and field.
 func TestLoadBad(t *testing.T) {
 	want := map[string][]string{
-		"unknown_field.bad.yml":      {"2: tiers.free.tokens_per_minute: unknown field; valid: rpm, rpm_burst, tpm, tpm_burst, rpd, concurrency, lease, models"},
+		"unknown_field.bad.yml":      {"2: tiers.free.tokens_per_minute: unknown field; valid: rpm, rpm_burst, tpm, tpm_burst, rpd, concurrency, timezone, lease, models"},
 		"no_upstream.bad.yml":        {"1: upstream.base_url: required, the OpenAI-compatible base URL"},
 		"bad_hash.bad.yml":           {"3: keys[0].hash: want the 64 lowercase hex digits of the key's SHA-256 (sluice keys hash KEY)"},
 		"unknown_tier.bad.yml":       {`3: keys[0].tier: unknown tier "gold"; valid: free`},
@@ -37,7 +37,7 @@ func TestLoadBad(t *testing.T) {
 			"8: store.timeout: cannot use `soon` as time.Duration",
 			"9: default_max_tokens: -1 must not be negative",
 			"10: lease_ttl: 500ms must be at least 1s",
-			"13: tiers.free.rpmm: unknown field; did you mean rpm? valid: rpm, rpm_burst, tpm, tpm_burst, rpd, concurrency, lease, models",
+			"13: tiers.free.rpmm: unknown field; did you mean rpm? valid: rpm, rpm_burst, tpm, tpm_burst, rpd, concurrency, timezone, lease, models",
 			"14: tiers.free.rpm_burst: a burst needs its rate: set rpm too",
 			"20: tiers.pro.models.gpt-3.5-turbo.tpm: -3 must not be negative",
 			`24: keys[0].tier: unknown tier "gold"; valid: free, pro`,

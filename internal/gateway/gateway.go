@@ -284,9 +284,10 @@ func New(opts Options) (*Gateway, error) {
 		if tc.Lease != nil {
 			t.lease = *tc.Lease
 		}
-		t.specs = appendSpecs(t.specs, tc.Limits(), "", cfg.LeaseTTL)
+		tl := tc.Limits().inZone(cfg.Timezone) // calendar.go
+		t.specs = appendSpecs(t.specs, tl, "", cfg.LeaseTTL)
 		for _, model := range sortedKeys(tc.Models) {
-			t.specs = appendSpecs(t.specs, tc.Models[model], model, cfg.LeaseTTL)
+			t.specs = appendSpecs(t.specs, tc.Models[model].inZone(tl.Timezone), model, cfg.LeaseTTL)
 		}
 		if !slices.ContainsFunc(t.specs, func(s spec) bool { return s.kind == kindConcurrency && s.model == "" }) {
 			t.specs = append(t.specs, spec{kind: kindReservation, name: "reservation", suffix: "reservation",
@@ -356,7 +357,8 @@ func appendSpecs(specs []spec, l Limits, model string, leaseTTL time.Duration) [
 		specs = append(specs, spec{kind: k, name: name, model: model, suffix: suffix, alg: alg, limit: lim})
 	}
 	add(kindRequests, "rpm", sluice.GCRA, sluice.Limit{Rate: l.RPM, Period: time.Minute, Burst: l.RPMBurst})
-	add(kindRequests, "rpd", sluice.GCRA, sluice.Limit{Rate: l.RPD, Period: 24 * time.Hour})
+	rpdAlg, rpd := l.rpd() // calendar.go
+	add(kindRequests, "rpd", rpdAlg, rpd)
 	add(kindTokens, "tpm", sluice.GCRA, sluice.Limit{Rate: l.TPM, Period: time.Minute, Burst: l.TPMBurst})
 	add(kindConcurrency, "concurrency", sluice.Concurrency, sluice.Limit{Rate: l.Concurrency, Period: leaseTTL})
 	return specs

@@ -82,12 +82,12 @@ func (g *Gateway) attachLevels(cl *client, k KeyConfig) {
 		cl.prefix = tag + "c:" + lengthPrefixed(cl.id) + ":"
 		add(cl.prefix, appendBudgetSpecs(nil, budgets, "", ""))
 		lv.team = k.Team
-		teamSpecs := appendSpecs(nil, team.Limits, "", cfg.LeaseTTL)
+		teamSpecs := appendSpecs(nil, team.Limits.inZone(cfg.Timezone), "", cfg.LeaseTTL)
 		add(tag+"t:"+lengthPrefixed(k.Team)+":", appendBudgetSpecs(setLevel(teamSpecs, "team", k.Team), team.Budgets, "team", k.Team))
 		if team.Org != "" {
 			lv.org = team.Org
 			org := cfg.Orgs[team.Org]
-			orgSpecs := appendSpecs(nil, org.Limits, "", cfg.LeaseTTL)
+			orgSpecs := appendSpecs(nil, org.Limits.inZone(cfg.Timezone), "", cfg.LeaseTTL)
 			add(tag+"o:", appendBudgetSpecs(setLevel(orgSpecs, "org", team.Org), org.Budgets, "org", team.Org))
 		}
 	} else {

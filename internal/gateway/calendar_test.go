@@ -1,0 +1,95 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	_ "time/tzdata"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/fakeopenai"
+)
+
+// With a timezone, rpd is a calendar day: spent on the evening of New
+// York's fall-back day (25 hours), it stays spent across UTC midnight and
+// comes back exactly at local midnight, which Retry-After names.
+func TestRPDCalendarDay(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, Limits{RPD: 2, TPM: 60000, Timezone: "America/New_York"}, fakeopenai.Options{})
+	e.clk.Set(time.Date(2026, 11, 1, 18, 0, 0, 0, ny)) // 23:00 UTC
+	midnight := time.Date(2026, 11, 2, 0, 0, 0, 0, ny)
+	for range 2 {
+		if res := e.post(context.Background(), "/v1/chat/completions", clientKey, chatBody); res.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", res.StatusCode)
+		}
+		e.settle()
+	}
+	deny := func(at time.Time) {
+		t.Helper()
+		e.clk.Set(at)
+		res := e.post(context.Background(), "/v1/chat/completions", clientKey, chatBody)
+		if res.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("at %s: status %d", at, res.StatusCode)
+		}
+		ae := decodeError(t, res)
+		if !strings.Contains(ae.Error.Message, "requests per day (rpd)") || !strings.Contains(ae.Error.Message, "2/day in America/New_York") {
+			t.Fatalf("error %+v", ae.Error)
+		}
+		want := sluice.CeilSeconds(midnight.Sub(at))
+		if got := res.Header.Get("Retry-After"); got != strconv.FormatInt(want, 10) {
+			t.Fatalf("at %s: Retry-After %s, want %d (to local midnight)", at, got, want)
+		}
+	}
+	deny(time.Date(2026, 11, 1, 18, 0, 1, 0, ny))
+	deny(time.Date(2026, 11, 2, 0, 0, 0, 0, time.UTC)) // UTC midnight resets nothing
+	deny(midnight.Add(-time.Millisecond))
+	e.clk.Set(midnight)
+	if res := e.post(context.Background(), "/v1/chat/completions", clientKey, chatBody); res.StatusCode != http.StatusOK {
+		t.Fatalf("at local midnight: status %d", res.StatusCode)
+	}
+	e.settle()
+}
+
+func TestTimezoneConfig(t *testing.T) {
+	cfg, err := Parse("gw.yaml", []byte(`
+upstream: {base_url: "http://127.0.0.1:1/v1"}
+timezone: Europe/Berlin
+tiers:
+  free: {rpd: 100}
+  tokyo: {rpd: 100, timezone: Asia/Tokyo, models: {big: {rpd: 5}}}
+  rolling: {rpm: 10}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		l    Limits
+		zone string
+		want string
+	}{
+		{cfg.Tiers["free"].Limits(), cfg.Timezone, "100/day in Europe/Berlin"},
+		{cfg.Tiers["tokyo"].Limits(), cfg.Timezone, "100/day in Asia/Tokyo"},
+		{cfg.Tiers["tokyo"].Models["big"], "Asia/Tokyo", "5/day in Asia/Tokyo"},
+		{Limits{RPD: 7}, "", "7/day"},
+	} {
+		alg, l := c.l.inZone(c.zone).rpd()
+		if l.String() != c.want || (alg == sluice.FixedWindow) != !l.Calendar.IsZero() {
+			t.Errorf("%+v in %q: %s by %s, want %s", c.l, c.zone, l, alg, c.want)
+		}
+	}
+	for _, bad := range []string{"timezone: Mars/Base\n", "tiers: {x: {rpd: 1, timezone: Local}}\n", "tiers: {x: {rpd: 1, models: {m: {rpd: 1, timezone: \"../etc\"}}}}\n"} {
+		_, err := Parse("gw.yaml", []byte("upstream: {base_url: \"http://127.0.0.1:1/v1\"}\n"+bad+"tiers: {free: {rpd: 1}}\n"))
+		if strings.HasPrefix(bad, "tiers") {
+			_, err = Parse("gw.yaml", []byte("upstream: {base_url: \"http://127.0.0.1:1/v1\"}\n"+bad))
+		}
+		if err == nil || !strings.Contains(err.Error(), "is not an IANA time zone") {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}
