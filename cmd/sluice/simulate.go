@@ -38,13 +38,19 @@ ahead, so the table and chart show the burst smoothed instead of refused.
 
 --scenario budget replays a dollar budget per calendar month in a time zone
 over a simulated month of gateway traffic, and prints per local day what was
-admitted, refused and spent (docs/gateway.md).`,
+admitted, refused and spent (docs/gateway.md).
+
+--scenario calendar replays a limit per local day in Europe/Berlin over
+March 2026 (a 23-hour day on the 29th) beside the same rate per UTC day, and
+prints per window when it started, how long it lasted, when it was spent and
+the Retry-After it gave (docs/calendar.md).`,
 		Example: `  sluice simulate
   sluice simulate --pattern ramp --rps 50 --limit "20/s burst 40" --chart ramp.svg
   sluice simulate --pattern file:arrivals.txt --algorithms token_bucket,sliding_window_log
   sluice simulate --scenario fairness --chart fairness.svg
   sluice simulate --max-wait 1s --limit "10/s burst 5" --chart delay.svg
-  sluice simulate --scenario budget`,
+  sluice simulate --scenario budget
+  sluice simulate --scenario calendar`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if scenario != "" {
@@ -111,6 +117,6 @@ admitted, refused and spent (docs/gateway.md).`,
 	f.StringVar(&algos, "algorithms", "token_bucket,gcra,sliding_window_log,sliding_window_counter,fixed_window", "comma-separated algorithms to compare")
 	f.DurationVar(&bucket, "bucket", time.Second, "width of one table row")
 	f.StringVar(&chart, "chart", "", "also write an SVG chart to this file")
-	f.StringVar(&scenario, "scenario", "", "replay a gateway queue scenario instead: fairness or priority")
+	f.StringVar(&scenario, "scenario", "", "replay a scenario instead: fairness, priority, budget or calendar")
 	return cmd
 }
