@@ -1,8 +1,11 @@
 package server
 
 import (
+	"errors"
 	"net/http"
 	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/httplimit"
@@ -42,6 +45,7 @@ func (s *Server) waitSlot(cfg *config.Config, targets []target) (release func())
 		return func() { s.waiting.Add(-1) }
 	}
 	s.waiting.Add(-1)
+	s.delay.outcomes.WithLabelValues(delayUnheld).Inc()
 	for i := range targets {
 		targets[i].req.MaxWait = 0
 	}
@@ -67,9 +71,62 @@ func (s *Server) hold(w http.ResponseWriter, r *http.Request, res *outcome) bool
 	}
 	rv := sluice.NewReservation(s.guard.store, charged, d, s.sleep)
 	if err := rv.Wait(r.Context()); err != nil {
+		s.delay.outcomes.WithLabelValues(delayAbandoned).Inc()
 		s.log.Debug("delayed request abandoned by its caller; reservation refunded", "err", err)
 		return false
 	}
+	s.delay.outcomes.WithLabelValues(delayHeld).Inc()
+	s.delay.seconds.Observe(d.Delay.Seconds())
 	w.Header()[DelayHeader] = []string{strconv.FormatInt(sluice.CeilMillis(d.Delay), 10)}
 	return true
+}
+
+// The results of sluice_delay_requests_total.
+const (
+	delayHeld      = "held"      // held for its delay, then answered
+	delayAbandoned = "abandoned" // its caller went away; refunded
+	delayUnheld    = "unheld"    // no waiting slot free: decided at once
+)
+
+// delayMetrics are delay mode's collectors.
+type delayMetrics struct {
+	outcomes *prometheus.CounterVec
+	seconds  prometheus.Histogram
+}
+
+// newDelayMetrics registers delay mode's collectors on reg, or reuses
+// those registered there already.
+func newDelayMetrics(reg prometheus.Registerer, waiting func() float64) *delayMetrics {
+	m := &delayMetrics{
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_delay_requests_total",
+			Help: "Delay-mode requests by result: held (then answered), abandoned (the caller went away; refunded), unheld (max_waiting reached: decided at once).",
+		}, []string{"result"}),
+		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sluice_delay_seconds",
+			Help:    "How long delay-mode requests were held.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}),
+	}
+	m.outcomes = register(reg, m.outcomes)
+	m.seconds = register(reg, m.seconds)
+	register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_delay_waiting",
+		Help: "Delay-mode requests being held now (at most max_waiting).",
+	}, waiting))
+	return m
+}
+
+// register registers c on reg, or returns the collector registered there
+// already under its name.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var dup prometheus.AlreadyRegisteredError
+		if errors.As(err, &dup) {
+			if old, ok := dup.ExistingCollector.(C); ok {
+				return old
+			}
+		}
+	}
+	return c
 }

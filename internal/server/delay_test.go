@@ -59,6 +59,26 @@ func startDelay(t *testing.T, store sluice.Store, maxWaiting int, sleep func(con
 	return &delaySvc{srv: srv, url: hs.URL}
 }
 
+// metric returns the /metrics line that starts with name, or "".
+func (s *delaySvc) metric(t *testing.T, name string) string {
+	t.Helper()
+	resp, err := http.Get(s.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, name+" ") {
+			return line
+		}
+	}
+	return ""
+}
+
 type held struct {
 	status int
 	delay  string // DelayHeader
@@ -256,6 +276,9 @@ func TestDelayModeDisconnectRefunds(t *testing.T) {
 	if n := s.srv.Waiting(); n != 0 {
 		t.Fatalf("%d still waiting", n)
 	}
+	if got := s.metric(t, `sluice_delay_requests_total{result="abandoned"}`); !strings.HasSuffix(got, " 1") {
+		t.Fatalf("abandoned metric: %q", got)
+	}
 }
 
 // A flood cannot make an instance hold more than max_waiting requests:
@@ -308,6 +331,12 @@ func TestDelayModeBoundsWaiting(t *testing.T) {
 	if w := s.srv.Waiting(); w != 4 {
 		t.Fatalf("%d waiting, want 4", w)
 	}
+	if got := s.metric(t, "sluice_delay_waiting"); got != "sluice_delay_waiting 4" {
+		t.Fatalf("waiting gauge: %q", got)
+	}
+	if got := s.metric(t, `sluice_delay_requests_total{result="unheld"}`); got != fmt.Sprintf(`sluice_delay_requests_total{result="unheld"} %d`, n-4) {
+		t.Fatalf("unheld metric: %q", got)
+	}
 	close(release)
 	for range 4 {
 		if h := <-statuses; h.status != 200 || h.delay == "" {
@@ -316,6 +345,12 @@ func TestDelayModeBoundsWaiting(t *testing.T) {
 	}
 	if peak.Load() > 4 {
 		t.Fatalf("%d held at once, bound 4", peak.Load())
+	}
+	if got := s.metric(t, `sluice_delay_requests_total{result="held"}`); got != `sluice_delay_requests_total{result="held"} 4` {
+		t.Fatalf("held metric: %q", got)
+	}
+	if got := s.metric(t, "sluice_delay_seconds_count"); got != "sluice_delay_seconds_count 4" {
+		t.Fatalf("delay histogram: %q", got)
 	}
 }
 

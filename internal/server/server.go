@@ -85,6 +85,7 @@ type Server struct {
 	// waiting counts the delay-mode requests being held (delay.go).
 	waiting atomic.Int64
 	sleep   func(context.Context, time.Duration) error
+	delay   *delayMetrics
 }
 
 // New validates opts and returns a Server.
@@ -109,6 +110,7 @@ func New(opts Options) (*Server, error) {
 		}
 		s.ovr = m
 	}
+	s.delay = newDelayMetrics(opts.Metrics.Registry, func() float64 { return float64(s.waiting.Load()) })
 	g, err := guardOf(opts.Store, opts.Config.Store, opts.Clock, opts.Logger)
 	if err != nil {
 		return nil, err
