@@ -47,6 +47,8 @@ type target struct {
 	tier     string
 	identity string
 	req      sluice.Request
+	// base is the limit before delay mode's conversion (delay.go).
+	base sluice.Limit
 }
 
 // storeKey names a policy's state for an identity. The identity is a Redis
@@ -152,6 +154,7 @@ func newTarget(cfg *config.Config, p *config.Policy, tier, identity string, apiK
 		Cost:      cost,
 		UseLease:  p.Lease,
 	}}
+	t.base = t.req.Limit
 	if p.Delayed() {
 		t.req.Limit, t.req.MaxWait = p.Reservation(t.req.Limit) // delay.go
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -50,6 +51,22 @@ func (s *Server) waitSlot(cfg *config.Config, targets []target) (release func())
 		targets[i].req.MaxWait = 0
 	}
 	return func() {}
+}
+
+// overrideLimit sets t's limit to l, a runtime override of t.base, with
+// delay mode's conversion as newTarget makes it (a delay threshold applies
+// to the override's burst). A max wait that waitSlot stripped stays
+// stripped.
+func (t *target) overrideLimit(l sluice.Limit) {
+	if !t.policy.Delayed() {
+		t.req.Limit = l
+		return
+	}
+	var w time.Duration
+	t.req.Limit, w = t.policy.Reservation(l)
+	if t.req.MaxWait > 0 {
+		t.req.MaxWait = w
+	}
 }
 
 // Waiting returns the number of requests being held now.

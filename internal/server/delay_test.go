@@ -50,7 +50,7 @@ func startDelay(t *testing.T, store sluice.Store, maxWaiting int, sleep func(con
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := New(Options{Store: store, Config: cfg, Metrics: metrics.New(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Sleep: sleep})
+	srv, err := New(Options{Store: store, Config: cfg, Metrics: metrics.New(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Sleep: sleep, AdminToken: adminToken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,5 +379,49 @@ func TestDelayModeAuthz(t *testing.T) {
 	}
 	if got := slept(); len(got) != 2 || got[0] != 100*time.Millisecond || got[1] != 200*time.Millisecond {
 		t.Fatalf("slept %v", got)
+	}
+}
+
+// A runtime override of a delay-mode policy keeps its delay threshold: the
+// override's burst is NGINX's, its first delay requests pass at once.
+func TestDelayModeRuntimeOverride(t *testing.T) {
+	clk := clock.NewFake(storetest.T0)
+	store, err := memstore.New(memstore.Options{Clock: clk, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sleep, slept := recorder()
+	s := startDelay(t, store, 100, sleep)
+	req, _ := http.NewRequest("PUT", s.url+"/v1/overrides", strings.NewReader(`{"identity":"vip","policy":"nginx","limit":"20/s burst 30"}`))
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 && resp.StatusCode != 201 {
+		t.Fatalf("PUT override: %d", resp.StatusCode)
+	}
+	var now, late, denied int
+	for range 40 {
+		h, err := s.post(context.Background(), `{"policy":"nginx","key":"vip"}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case h.status == 429:
+			denied++
+		case h.delay == "":
+			now++
+		default:
+			late++
+		}
+	}
+	// 20/s burst 30 with delay 5: 5 at once, 25 held 50ms apart, 10 denied.
+	if now != 5 || late != 25 || denied != 10 {
+		t.Fatalf("%d at once, %d held, %d denied; want 5, 25, 10", now, late, denied)
+	}
+	if d := slept(); d[len(d)-1] != 1250*time.Millisecond {
+		t.Fatalf("longest delay %s, want 1.25s", d[len(d)-1])
 	}
 }

@@ -40,7 +40,7 @@ func (s *Server) applyOverrides(targets []target) {
 	for i := range targets {
 		t := &targets[i]
 		if o := set.Lookup(t.identity, keyNameOf(cfg, t.identity), t.policy.Name, now); o != nil {
-			t.req.Limit = o.Apply(t.req.Limit)
+			t.overrideLimit(o.Apply(t.base)) // delay.go
 		}
 	}
 }
