@@ -19,7 +19,7 @@ func (v *validator) policyCalendar(path string, p *PolicySection, pol *Policy) {
 	if set && pol.Limit.Rate > 0 {
 		cal := pol.Limit.Calendar
 		switch {
-		case strings.Contains(p.Limit, " in "):
+		case p.Timezone != "" && strings.Contains(p.Limit, " in "):
 			v.addf(path+".timezone", "the limit %q names its time zone already; give it in one place", p.Limit)
 			return
 		case cal.IsZero() && pol.Limit.Period == 24*time.Hour:

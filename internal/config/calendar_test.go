@@ -32,6 +32,8 @@ policies:
     timezone: Pacific/Kiritimati
   rolling:
     limit: 5000/day
+  quota: {limit: 5000/day, timezone: Europe/Berlin}
+  monthly9: {limit: 1M/month in America/New_York, reset_at: "09:00"}
 tiers:
   pro:
     policies: [daily, monthly]
@@ -60,6 +62,8 @@ overrides:
 	check("monthly", "1000000/month in America/New_York", sluice.FixedWindow)
 	check("monthly_utc", "1000/month in Pacific/Kiritimati", sluice.FixedWindow)
 	check("rolling", "5000/day", sluice.GCRA)
+	check("quota", "5000/day in Europe/Berlin", sluice.FixedWindow)
+	check("monthly9", "1000000/month in America/New_York at 09:00", sluice.FixedWindow)
 	// Overrides per day take their policy's calendar.
 	key := cfg.Keys[strings.Repeat("ab", 32)]
 	if got := cfg.LimitFor(cfg.Policies["daily"], "key:x", key); got.String() != "9000/day in Europe/Berlin" {
