@@ -85,8 +85,13 @@ func TestMemoryTop(t *testing.T) { testTop(t, NewMemoryTop()) }
 
 // TestRedisTop: two replicas' sinks on one Redis add up.
 func TestRedisTop(t *testing.T) {
-	srv := redistest.Standalone(t)
-	cl, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true})
+	t.Run("standalone", func(t *testing.T) { testRedisTop(t, []string{redistest.Standalone(t).Addr}) })
+	// Every minute's set shares the hash tag: ZUNION reads them in one slot.
+	t.Run("cluster", func(t *testing.T) { testRedisTop(t, redistest.SharedCluster(t).Addrs()) })
+}
+
+func testRedisTop(t *testing.T, addrs []string) {
+	cl, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
 	if err != nil {
 		t.Fatal(err)
 	}

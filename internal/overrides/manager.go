@@ -13,6 +13,9 @@ import (
 	"github.com/sluice-io/sluice/clock"
 )
 
+// fullReloadEvery is how many polls pass between full reloads.
+const fullReloadEvery = 40
+
 // DefaultPollInterval is how often a Manager asks a shared backend whether
 // the overrides changed.
 const DefaultPollInterval = 250 * time.Millisecond
@@ -144,8 +147,11 @@ func (m *Manager) Run(ctx context.Context) error {
 	failing := false
 	t := time.NewTicker(m.poll)
 	defer t.Stop()
-	for {
-		err := m.Refresh(ctx, false)
+	for n := 0; ; n++ {
+		// A full reload now and then: should Redis lose its data (a
+		// restart without persistence, a failover to a lagging replica)
+		// its counter can come back to a version seen before.
+		err := m.Refresh(ctx, n%fullReloadEvery == 0)
 		switch {
 		case err != nil && !failing && ctx.Err() == nil:
 			m.log.Warn("overrides: cannot reload from the store; keeping the last ones", "err", err)

@@ -14,7 +14,9 @@
 // a hash beside a version counter that every change increments in the same
 // script; each replica polls the counter (PollInterval, 250 ms by default)
 // and reloads the hash when it moved, so a change applies on every replica
-// within the interval plus one round trip. On the memory store they live in
+// within the interval plus one round trip. Every 40 polls it reloads the
+// hash anyway, in case Redis lost its data and the counter came back to a
+// version seen before. On the memory store they live in
 // the instance and apply to it alone.
 //
 // # Precedence

@@ -239,8 +239,13 @@ func TestBounds(t *testing.T) {
 // TestRedisShared: two managers on one Redis; a change on one applies on
 // the other by its poll (waited for with a deadline), deletes too.
 func TestRedisShared(t *testing.T) {
-	srv := redistest.Standalone(t)
-	cl, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true})
+	t.Run("standalone", func(t *testing.T) { testRedisShared(t, []string{redistest.Standalone(t).Addr}) })
+	// The hash and the version share a hash tag: one slot, one script.
+	t.Run("cluster", func(t *testing.T) { testRedisShared(t, redistest.SharedCluster(t).Addrs()) })
+}
+
+func testRedisShared(t *testing.T, addrs []string) {
+	cl, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,4 +281,45 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// TestRedisDown: while Redis is down a manager keeps applying the
+// overrides it last read, and a change fails with ErrUnavailable (the
+// API's 503); when Redis returns, changes flow again.
+func TestRedisDown(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	cl, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var ms [2]*Manager
+	for i := range ms {
+		ms[i], _ = New(Options{Backend: NewRedis(func() rueidis.Client { return cl }, ""), PollInterval: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+		go ms[i].Run(ctx)
+	}
+	base := sluice.Limit{Rate: 10, Period: time.Second}
+	if _, _, err := ms[0].Put(ctx, "t", Override{Identity: "acme", Scale: 3}, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { l, _ := ms[1].Apply("acme", "", "api", base); return l.Rate == 30 })
+	srv.Kill()
+	short, cancelShort := context.WithTimeout(ctx, time.Second)
+	defer cancelShort()
+	if _, _, err := ms[0].Put(short, "t", Override{Identity: "other", Scale: 2}, 0, nil); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("put with Redis down: %v", err)
+	}
+	if l, _ := ms[1].Apply("acme", "", "api", base); l.Rate != 30 {
+		t.Fatalf("the last overrides are not kept: %v", l)
+	}
+	srv.Restart(t)
+	// The restarted server has lost its data (no persistence): a new change
+	// is applied everywhere, and the old one is gone with it.
+	waitFor(t, func() bool {
+		_, _, err := ms[0].Put(ctx, "t", Override{Identity: "other", Scale: 2}, 0, nil)
+		return err == nil
+	})
+	waitFor(t, func() bool { l, _ := ms[1].Apply("other", "", "api", base); return l.Rate == 20 })
 }
