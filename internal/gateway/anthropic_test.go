@@ -616,3 +616,51 @@ func TestAnthropicConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// FuzzParseAnthropicBody: a Messages body the gateway accepts reads the
+// same model and max_tokens to an exact, case-sensitive decoder (a Python
+// upstream's) as to encoding/json's case-insensitive struct decoding (a Go
+// upstream's) and to the gateway; its input estimate is never negative,
+// and its reservation covers max_tokens.
+func FuzzParseAnthropicBody(f *testing.F) {
+	for _, s := range []string{
+		messagesBody,
+		`{"model":"m","max_tokens":9223372036854775807,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","max_tokens":5,"MAX_TOKENS":100000}`,
+		`{"model":"m","max_tokens":5,"max_tokens":100000}`,
+		`{"model":"m","max\u005ftokens":5,"system":[{"type":"text","text":"x","cache_control":{"type":"ephemeral"}}]}`,
+		`{"model":"m","\u004dAX_TOKENS":1,"max_tokens":4}`,
+		`{"model":"m","max_tokens":0,"messages":[{"role":"user","content":[{"type":"image","source":{}}]}],"tools":[{"name":"t","input_schema":{}}]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		p, err := parseAnthropicBody(body, epMessages)
+		if err != nil {
+			return
+		}
+		var exact map[string]json.RawMessage
+		if json.Unmarshal(body, &exact) != nil {
+			t.Fatalf("accepted a body that is not a JSON object: %q", body)
+		}
+		var model string
+		var maxTokens int64
+		_ = json.Unmarshal(exact["model"], &model)
+		if json.Unmarshal(exact["max_tokens"], &maxTokens) != nil {
+			t.Fatalf("accepted a body whose max_tokens an exact decoder cannot read: %q", body)
+		}
+		var loose struct {
+			Model     string `json:"model"`
+			MaxTokens int64  `json:"max_tokens"`
+		}
+		if json.Unmarshal(body, &loose) != nil {
+			t.Fatalf("accepted a body encoding/json refuses: %q", body)
+		}
+		if p.model != model || p.model != loose.Model || p.maxTokens != maxTokens || p.maxTokens != loose.MaxTokens {
+			t.Fatalf("gateway %q/%d, exact %q/%d, case-insensitive %q/%d: %q", p.model, p.maxTokens, model, maxTokens, loose.Model, loose.MaxTokens, body)
+		}
+		if p.promptEst < 0 || p.maxTokens < 0 || reservation(p.promptEst, p.maxTokens, 1) < p.maxTokens {
+			t.Fatalf("estimate %d, max_tokens %d: %q", p.promptEst, p.maxTokens, body)
+		}
+	})
+}
