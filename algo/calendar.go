@@ -23,8 +23,9 @@ const MaxCalendarWindows = 8
 
 // CalendarBounds returns the boundaries, in ascending Unix seconds, of the
 // calendar windows of c that hold any instant of [now-skew, now+skew]
-// (Unix ns): b[0] ≤ now-skew and now+skew < b[len(b)-1], at most
-// MaxCalendarWindows windows. A store whose clock cannot read time zones
+// (Unix ns): b[0] ≤ now-skew and now+skew < b[len(b)-1], unless that
+// takes more than MaxCalendarWindows windows (a skew of days on daily
+// windows), where the list stops. A store whose clock cannot read time zones
 // (Redis Lua) picks among them the window [b[i], b[i+1]) that holds its
 // own time; when its time lies outside [b[0], b[len-1]), the list was
 // computed around a clock more than skew away from the store's, and the
