@@ -2,12 +2,14 @@ package fairqueue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/redisstore"
 )
 
 // Depth is the number of items of class waiting now.
@@ -78,13 +80,65 @@ func (q *Queue) Cancel(w *Waiter) bool {
 }
 
 func (q *Queue) refund(res *Result, it *Item) {
-	reqs := make([]sluice.Request, 0, len(it.Reqs)+len(res.Pool))
-	reqs = append(append(reqs, it.Reqs...), res.Pool...)
 	ctx, cancel := context.WithTimeout(context.Background(), q.o.StoreTimeout)
 	defer cancel()
-	// An error leaves tokens charged that refill at their rate, and a
-	// concurrency lease that lapses: nothing leaks for good.
-	_, _ = q.o.Store.ApplyAll(ctx, sluice.OpRefund, reqs)
+	// The item's own limits and the capacity's buckets are refunded
+	// apart: on Redis Cluster they are in different hash slots. An error
+	// leaves tokens charged that refill at their rate, and a concurrency
+	// lease that lapses: nothing leaks for good.
+	for _, reqs := range [][]sluice.Request{it.Reqs, res.Pool} {
+		if len(reqs) > 0 {
+			_, _ = q.o.Store.ApplyAll(ctx, sluice.OpRefund, reqs)
+		}
+	}
+}
+
+// apply charges reqs (the item's own first n, then the capacity's) all or
+// nothing: in one ApplyAll, or, once the store refused a batch across hash
+// slots (Redis Cluster: the capacity's keys share no slot with a client's),
+// in two, the own limits first and given back if the capacity denies. Two
+// calls never admit past a limit; they can only deny, for the moment
+// between them, what one call would have admitted.
+func (q *Queue) apply(ctx context.Context, reqs []sluice.Request, n int) ([]sluice.Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, q.o.StoreTimeout)
+	defer cancel()
+	if !q.split.Load() || n == 0 || n == len(reqs) {
+		ds, err := q.o.Store.ApplyAll(ctx, sluice.OpAllow, reqs)
+		if err == nil || !errors.Is(err, redisstore.ErrCrossSlot) || n == 0 || n == len(reqs) {
+			return ds, err
+		}
+		q.split.Store(true)
+	}
+	own, err := q.o.Store.ApplyAll(ctx, sluice.OpAllow, reqs[:n])
+	if err != nil {
+		return nil, err
+	}
+	ds := make([]sluice.Decision, len(reqs))
+	copy(ds, own)
+	if !sluice.Combine(own).Allowed {
+		for i := n; i < len(reqs); i++ {
+			ds[i] = sluice.Decision{Allowed: true, Limit: reqs[i].Limit} // not asked
+		}
+		return ds, nil
+	}
+	pool, err := q.o.Store.ApplyAll(ctx, sluice.OpAllow, reqs[n:])
+	if err == nil && sluice.Combine(pool).Allowed {
+		copy(ds[n:], pool)
+		return ds, nil
+	}
+	// Give the own limits back: the request is not admitted.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), q.o.StoreTimeout)
+	_, _ = q.o.Store.ApplyAll(rctx, sluice.OpRefund, reqs[:n])
+	rcancel()
+	if err != nil {
+		return nil, err
+	}
+	copy(ds[n:], pool)
+	for i := range n {
+		// As in a batch denied as a whole: whether each would admit.
+		ds[i].Allowed = true
+	}
+	return ds, nil
 }
 
 // Submit admits it at once when nothing waits ahead of it (for its key or
@@ -242,9 +296,7 @@ func (q *Queue) try(ctx context.Context, w *Waiter) (blockedFor time.Duration, h
 			reqs = it.Reqs
 		}
 		fitsAny = true
-		cctx, cancel := context.WithTimeout(ctx, q.o.StoreTimeout)
-		ds, err := q.o.Store.ApplyAll(cctx, sluice.OpAllow, reqs)
-		cancel()
+		ds, err := q.apply(ctx, reqs, n)
 		if err != nil {
 			w.res.Outcome, w.res.Err = Failed, fmt.Errorf("fairqueue: admit: %w", err)
 			return 0, false

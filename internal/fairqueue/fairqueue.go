@@ -327,6 +327,9 @@ type Queue struct {
 	perGroup map[string]int
 	perCap   map[*capacity]int
 	bytes    int64 // Bytes of the waiting items
+	// split is set once the store refused a batch across hash slots:
+	// own limits and capacity are then charged in two calls (apply).
+	split atomic.Bool
 	total    int
 	rng      *rand.Rand
 }

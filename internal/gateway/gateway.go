@@ -397,7 +397,8 @@ type call struct {
 	produced    int64 // completion tokens relayed in a stream
 	anth        anthropicUsage
 	settled     atomic.Bool
-	reserving   chan struct{} // closed once a leased tier's reservation is taken (applyLeased)
+	reserving   chan struct{}  // closed once a leased tier's reservation is taken (applyLeased)
+	capacity    *capacityGrant // the model's shared capacity charged (queue.go)
 }
 
 type callKey struct{}
@@ -770,7 +771,9 @@ func (g *Gateway) settle(c *call) {
 			s.Err = errors.Join(s.Err, fmt.Errorf("gateway: settle %s: charge: %w", c.id, err))
 		}
 	}
-	g.queue.kick() // capacity may have freed for a waiting request
+	if err := g.queue.settle(ctx, g.store, c, s.Actual, refundRequests, held); err != nil { // and wakes the queue
+		s.Err = errors.Join(s.Err, err)
+	}
 	m := g.metrics
 	m.requests.WithLabelValues(s.Tier, s.Model, statusLabel(c)).Inc()
 	m.tokens.WithLabelValues(s.Tier, s.Model, "prompt").Add(float64(s.PromptTokens))

@@ -41,14 +41,6 @@ type queueClass struct {
 	weight float64
 }
 
-// poolSpecs are the specs of the shared capacity's requests, by kind, for
-// settlement (which reads their kind only) and messages.
-var poolSpecs = [...]spec{
-	fairqueue.Requests:    {kind: kindRequests, name: "capacity_requests"},
-	fairqueue.Tokens:      {kind: kindTokens, name: "capacity_tokens"},
-	fairqueue.Concurrency: {kind: kindConcurrency, name: "capacity_concurrency"},
-}
-
 // newQueue builds the queue of cfg, or returns nil when cfg has none, and
 // starts its dispatcher; Close stops it.
 func (g *Gateway) newQueue(reg prometheus.Registerer) (*queue, error) {
@@ -152,11 +144,64 @@ func (q *queue) close() {
 	}
 }
 
-// kick wakes the dispatcher: a settled request freed capacity.
-func (q *queue) kick() {
-	if q != nil {
-		q.fq.Kick()
+// capacityGrant is the model capacity charged with an admitted request.
+type capacityGrant struct {
+	reqs  []sluice.Request
+	kinds []fairqueue.Kind
+}
+
+// settle settles the model capacity that c was charged, as settle does
+// c's own limits, in a call of its own (on Redis Cluster the capacity's
+// keys are in another hash slot): the concurrency lease released, the
+// tokens refunded or charged to actual, the request refunded when the
+// upstream refused it. Only a settlement that found c's own lease held
+// (held) touches tokens and requests, so that they are settled once. Then
+// it wakes the dispatcher: capacity may have freed for a waiting request.
+func (q *queue) settle(ctx context.Context, st sluice.Store, c *call, actual int64, refundRequests, held bool) error {
+	if q == nil {
+		return nil
 	}
+	defer q.fq.Kick()
+	g := c.capacity
+	if g == nil {
+		return nil
+	}
+	var refunds, charges []sluice.Request
+	for i, r := range g.reqs {
+		switch g.kinds[i] {
+		case fairqueue.Concurrency:
+			refunds = append(refunds, r)
+		case fairqueue.Tokens:
+			if !held {
+				continue
+			}
+			if d := r.Cost - actual; d > 0 {
+				r.Cost = d
+				refunds = append(refunds, r)
+			} else if d < 0 {
+				r.Cost = -d
+				charges = append(charges, r)
+			}
+		case fairqueue.Requests:
+			if held && refundRequests {
+				refunds = append(refunds, r)
+			}
+		}
+	}
+	// An error leaves the capacity charged as reserved: tokens refill at
+	// their rate and the lease lapses after lease_ttl.
+	var errs []error
+	if len(refunds) > 0 {
+		if _, err := st.ApplyAll(ctx, sluice.OpRefund, refunds); err != nil {
+			errs = append(errs, fmt.Errorf("gateway: settle %s: capacity refund: %w", c.id, err))
+		}
+	}
+	if len(charges) > 0 {
+		if _, err := st.ApplyAll(ctx, sluice.OpCharge, charges); err != nil {
+			errs = append(errs, fmt.Errorf("gateway: settle %s: capacity charge: %w", c.id, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // applyAdmit charges c's limits in one store ApplyAll, with its model's
@@ -198,9 +243,8 @@ func (g *Gateway) applyAdmit(ctx context.Context, w http.ResponseWriter, c *call
 	}
 	switch res.Outcome {
 	case fairqueue.Admitted:
-		for i, r := range res.Pool {
-			c.reqs = append(c.reqs, r)
-			c.specs = append(c.specs, &poolSpecs[res.PoolKinds[i]])
+		if len(res.Pool) > 0 {
+			c.capacity = &capacityGrant{reqs: res.Pool, kinds: res.PoolKinds}
 		}
 		return res.Decisions, nil
 	case fairqueue.Failed:

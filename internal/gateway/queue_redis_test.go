@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/fakeopenai"
 	"github.com/sluice-io/sluice/internal/redistest"
 	"github.com/sluice-io/sluice/redisstore"
@@ -136,4 +137,53 @@ func TestQueueTwoGatewaysRedis(t *testing.T) {
 			t.Errorf("gateway %d: %d still queued", g, d)
 		}
 	}
+}
+
+// TestQueueCapacityCluster: on a 3-master Redis Cluster, where a model's
+// capacity keys share no hash slot with a client's, requests are still
+// admitted against both (in two calls, the client's limits given back when
+// the capacity denies), queued while the capacity's one slot is taken, and
+// settled: the slot is free again afterwards.
+func TestQueueCapacityCluster(t *testing.T) {
+	cl := redistest.SharedCluster(t)
+	id := strings.NewReplacer(":", "", "/", "", "_", "").Replace(redistest.Prefix(t))
+	id = id[max(0, len(id)-8):]
+	model := "gpt-c" + id
+	st, err := redisstore.New(context.Background(), redisstore.Options{URL: cl.URL(), DisableDenyCache: true, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	e := newQueueEnv(t, st, nil, map[string]TierConfig{"t": {RPM: 1000, TPM: 100000}}, map[string]string{"c" + id: "t"},
+		QueueConfig{MaxWait: 10 * time.Second, Poll: 2 * time.Millisecond, Capacity: map[string]Limits{model: {Concurrency: 1, TPM: 100000}}})
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":5}`, model)
+	var wg sync.WaitGroup
+	codes := make(chan int, 6)
+	for range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer sk-c"+id)
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			res.Body.Close()
+			codes <- res.StatusCode
+		}()
+	}
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		if c != 200 {
+			t.Fatalf("status %d", c)
+		}
+	}
+	slot := sluice.Request{Key: queueKeyPrefix + model + ":pool:concurrency", Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: 1, Period: e.cfg.LeaseTTL}}
+	waitFor(t, "the capacity's slot to be released", func() bool {
+		d, err := st.Apply(context.Background(), sluice.OpPeek, slot)
+		return err == nil && d.Remaining == 1
+	})
 }

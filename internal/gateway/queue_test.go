@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -429,4 +430,29 @@ queue:
 	if _, err := Parse("gw.yaml", []byte(strings.Replace(doc, "max_per_key", "max_per_kye", 1))); err == nil || !strings.Contains(err.Error(), "max_per_kye") {
 		t.Fatalf("unknown field: %v", err)
 	}
+}
+
+// TestQueueCapacitySettles: the model capacity's tokens are settled to the
+// usage the upstream reported, like the key's own.
+func TestQueueCapacitySettles(t *testing.T) {
+	e := newQueueEnv(t, nil, nil, map[string]TierConfig{"t": {RPM: 1000}}, map[string]string{"a": "t"},
+		// 1 token a minute refills: the bucket shows the charge exactly.
+		QueueConfig{Capacity: map[string]Limits{"gpt-test": {TPM: 1, TPMBurst: 10000}}})
+	res, body, err := e.do(context.Background(), "a", nil)
+	if err != nil || res.StatusCode != 200 {
+		t.Fatalf("%v %v %s", err, res, body)
+	}
+	var usage struct {
+		Usage struct {
+			Total int64 `json:"total_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal([]byte(body), &usage); err != nil || usage.Usage.Total == 0 {
+		t.Fatalf("usage: %v %s", err, body)
+	}
+	tpm := sluice.Request{Key: queueKeyPrefix + "gpt-test:pool:tpm", Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: 1, Period: time.Minute, Burst: 10000}}
+	waitFor(t, "the capacity's tokens settled to usage", func() bool {
+		d, err := e.st.Apply(context.Background(), sluice.OpPeek, tpm)
+		return err == nil && d.Remaining == 10000-usage.Usage.Total
+	})
 }
