@@ -330,8 +330,8 @@ type Queue struct {
 	// split is set once the store refused a batch across hash slots:
 	// own limits and capacity are then charged in two calls (apply).
 	split atomic.Bool
-	total    int
-	rng      *rand.Rand
+	total int
+	rng   *rand.Rand
 }
 
 // New validates opts and returns a Queue.
