@@ -37,10 +37,8 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 				}
 				s.direct.Add(1)
 				d, err = s.inner.Apply(ctx, op, req)
-				if err == nil && d.Allowed {
-					e.mu.Lock()
-					e.direct += req.Cost // this instance's, not the others'
-					e.mu.Unlock()
+				if err == nil {
+					e.noteDirect(d, req.Cost)
 				}
 				return d, err
 			}
@@ -117,6 +115,7 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 	}
 	ds := make([]sluice.Decision, len(reqs))
 	rest := make([]int, 0, len(reqs))
+	restE := make([]*entry, 0, len(reqs)) // the lease of each of rest, or nil
 	for i := range reqs {
 		r := &reqs[i]
 		var e *entry
@@ -124,7 +123,7 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 			e = s.entry(r)
 		}
 		if e == nil {
-			rest = append(rest, i)
+			rest, restE = append(rest, i), append(restE, nil)
 			continue
 		}
 		d, gen, out, err := s.take(ctx, e, r.Cost)
@@ -137,7 +136,7 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 			ds[i] = d
 			local = append(local, taken{e, gen, r.Cost})
 		case toStore:
-			rest = append(rest, i)
+			rest, restE = append(rest, i), append(restE, e)
 		case denied:
 			undo()
 			s.hits.Add(1)
@@ -167,6 +166,15 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 	for j, i := range rest {
 		ds[i] = sds[j]
 		ok = ok && sds[j].Allowed
+	}
+	for j, e := range restE {
+		if e != nil {
+			c := reqs[rest[j]].Cost
+			if !ok {
+				c = 0 // the batch charged nothing
+			}
+			e.noteDirect(sds[j], c)
+		}
 	}
 	if !ok {
 		undo() // the leased members' limits alone would admit: Allowed stays true

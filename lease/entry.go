@@ -74,6 +74,22 @@ func (e *entry) observe(now, cost, w int64) {
 	e.rateT0, e.rateUnits = now, 0
 }
 
+// noteDirect records a decision the store made for e's key without a
+// lease: what it has left tells how close the key is to its limit (so a
+// key far from it leases with a longer horizon from its first chunk on),
+// and what it admitted for this instance is not the others' (learn).
+func (e *entry) noteDirect(d sluice.Decision, cost int64) {
+	if d.Degraded {
+		return
+	}
+	e.mu.Lock()
+	e.storeRemaining = d.Remaining
+	if d.Allowed {
+		e.direct += cost
+	}
+	e.mu.Unlock()
+}
+
 // allowed is a decision made from the lease after a take.
 func (e *entry) allowed(now int64) sluice.Decision {
 	return sluice.Decision{

@@ -146,8 +146,9 @@ func TestDirectWhenNotWorthLeasing(t *testing.T) {
 		{"small limit", sluice.Request{Key: "small", Algorithm: sluice.GCRA, Limit: sluice.PerSecond(20), Cost: 1}, time.Millisecond},
 		{"sliding log", sluice.Request{Key: "log", Algorithm: sluice.SlidingWindowLog, Limit: sluice.PerSecond(100_000), Cost: 1}, time.Millisecond},
 		{"concurrency", sluice.Request{Key: "conc", Algorithm: sluice.Concurrency, Limit: sluice.PerSecond(100_000), Cost: 1, Lease: "x"}, time.Millisecond},
-		// 20/s: a chunk of 50ms would be one unit
-		{"cold", sluice.Request{Key: "cold", Algorithm: sluice.GCRA, Limit: sluice.PerSecond(100_000), Cost: 1}, 250 * time.Millisecond},
+		// 2/s: a chunk of even the longest horizon (1s, the key far
+		// from its limit) would be 2 units, under MinChunk
+		{"cold", sluice.Request{Key: "cold", Algorithm: sluice.GCRA, Limit: sluice.PerSecond(100_000), Cost: 1}, 2500 * time.Millisecond},
 	}
 	for _, c := range cases {
 		_, local := drive(t, s, clk, c.req, 5, c.step, 100*c.step)

@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -72,12 +74,17 @@ func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
 		Store:    StoreConfig{Timeout: time.Second},
 		Lease:    storeName == "redis-lease",
 	}
+	if cfg.Lease {
+		// A concurrency slot needs Redis on every request; without it the
+		// reservation is taken off the client's path (applyLeased).
+		cfg.Tiers = map[string]TierConfig{"big": {RPM: 1 << 30, TPM: 1 << 36, RPD: 1 << 36}}
+	}
 	for i := range conns {
 		key := fmt.Sprintf("sk-bench-%s-%d", run, i)
 		rig.keys = append(rig.keys, key)
 		cfg.Keys = append(cfg.Keys, KeyConfig{Name: "bench", Hash: sluice.HashKey(key), Tier: "big"})
 	}
-	gw, err := New(Options{Config: cfg, Store: st})
+	gw, err := New(Options{Config: cfg, Store: st, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -163,6 +163,7 @@ type Gateway struct {
 	keys         map[string]*client
 	models       map[string]bool
 	proxy        *httputil.ReverseProxy
+	asyncResv    atomic.Int64 // reservations taken in the background (applyLeased)
 	metrics      *metrics
 	log          *slog.Logger
 	onSettled    func(Settlement)

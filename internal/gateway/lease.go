@@ -15,10 +15,17 @@ import (
 // from leases with no Redis round trip on the client's path. settle waits
 // for the reservation first; one that failed leaves the refund batch
 // unapplied (the store applies it only while the reservation is held), so
-// a failure keeps the reservation charged, never refunds it twice.
+// a failure keeps the reservation charged, never refunds it twice. Past
+// maxAsyncReservations in flight, the reservation stays in the batch.
+// maxAsyncReservations bounds the reservations in flight in the
+// background: past it, a request waits for its reservation in its batch,
+// so that a Redis slower than the request rate pushes back on clients
+// instead of piling up calls that time out.
+const maxAsyncReservations = 64
+
 func (g *Gateway) applyLeased(ctx context.Context, c *call) ([]sluice.Decision, error) {
 	res := -1
-	if c.client.tier.lease {
+	if c.client.tier.lease && g.asyncResv.Load() < maxAsyncReservations {
 		for i, s := range c.specs {
 			if s.kind == kindReservation {
 				res = i
@@ -46,9 +53,11 @@ func (g *Gateway) applyLeased(ctx context.Context, c *call) ([]sluice.Decision, 
 	done := make(chan struct{})
 	c.reserving = done
 	g.pending.Add(1)
+	g.asyncResv.Add(1)
 	go func() {
 		defer g.pending.Done()
 		defer close(done)
+		defer g.asyncResv.Add(-1)
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.Store.Timeout)
 		defer cancel()
 		if _, err := g.store.Apply(ctx, sluice.OpAllow, req); err != nil {
