@@ -20,7 +20,7 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 	if err := req.Validate(op); err != nil {
 		return sluice.Decision{}, fmt.Errorf("lease: %w", err)
 	}
-	if Leasable(req.Algorithm) && !s.closed() {
+	if leasable(&req) && !s.closed() {
 		switch op {
 		case sluice.OpAllow:
 			if e := s.entry(&req); e != nil {
@@ -119,7 +119,7 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 	for i := range reqs {
 		r := &reqs[i]
 		var e *entry
-		if Leasable(r.Algorithm) && (r.UseLease || s.all) {
+		if leasable(r) && (r.UseLease || s.all) {
 			e = s.entry(r)
 		}
 		if e == nil {
@@ -193,7 +193,7 @@ func (s *Store) deniedBatch(ctx context.Context, reqs []sluice.Request, i int, d
 		if j == i {
 			continue
 		}
-		if Leasable(reqs[j].Algorithm) {
+		if leasable(&reqs[j]) {
 			if pd, ok := s.peek(&reqs[j]); ok {
 				ds[j] = pd
 				continue
@@ -239,4 +239,11 @@ func anyReserves(reqs []sluice.Request) bool {
 		}
 	}
 	return false
+}
+
+// leasable reports whether req may be answered from a lease: a leased
+// algorithm, and not a calendar window (whose windows the lease's
+// epoch-aligned chunk sizing does not know; they go to the store).
+func leasable(req *sluice.Request) bool {
+	return Leasable(req.Algorithm) && req.Limit.Calendar.IsZero()
 }

@@ -57,7 +57,9 @@
 // them all at once a Period later, a burst the log exists to prevent.
 // Concurrency is not: a slot is held by a named holder until released, and
 // local slots could not be released by another instance or lapse when a
-// holder crashes. Both always go to the store.
+// holder crashes. Both always go to the store, and so do fixed windows
+// with a Calendar (local days, weeks, months), whose window boundaries the
+// chunk sizing does not compute.
 //
 // Window algorithms lease within one window: a chunk is used only until
 // the end of the window it was charged in (estimated early: the time the

@@ -282,3 +282,22 @@ func leasedDifferences(name string) (string, bool) {
 	}
 	return "", false
 }
+
+// A calendar window is not leased: it goes to the store.
+func TestCalendarNotLeased(t *testing.T) {
+	clk := clock.NewFake(storetest.T0)
+	s := newLease(t, lease.Options{All: true, Store: newMem(t, clk), Clock: clk, SweepEvery: -1})
+	lim, err := sluice.ParseLimit("1000000/day in Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := sluice.Request{Key: "cal", Algorithm: sluice.FixedWindow, Limit: lim, Cost: 1}
+	if _, local := drive(t, s, clk, req, 10, time.Millisecond, 100*time.Millisecond); local != 0 {
+		t.Fatalf("%d calendar decisions from a lease", local)
+	}
+	req.Limit.Calendar = sluice.Calendar{}
+	req.Limit.Period = 24 * time.Hour
+	if _, local := drive(t, s, clk, req, 10, time.Millisecond, 100*time.Millisecond); local == 0 {
+		t.Fatal("the same limit without a calendar was not leased")
+	}
+}
