@@ -85,7 +85,7 @@ func TestConfigCheckBadFixtures(t *testing.T) {
 		},
 		"gateway.bad.yaml": {
 			dir + "gateway.bad.yaml: invalid sluice gateway config, 3 problems:",
-			dir + "gateway.bad.yaml:6: tiers.free.rpmm: unknown field; did you mean rpm? valid: rpm, rpm_burst, tpm, tpm_burst, rpd, concurrency, timezone, lease, models, class, weight, budgets",
+			dir + "gateway.bad.yaml:6: tiers.free.rpmm: unknown field; did you mean rpm? valid: rpm, rpm_burst, tpm, tpm_burst, rpd, concurrency, timezone, lease, models, class, weight, budgets, itpm, itpm_burst, otpm, otpm_burst",
 			dir + "gateway.bad.yaml:7: tiers.free.tpm: -1 must not be negative",
 			dir + `gateway.bad.yaml:11: keys[0].tier: unknown tier "gold"; valid: free`,
 		},

@@ -19,8 +19,8 @@
 // per message and 3 for the reply.
 //
 // The gateway reserves the count before forwarding a request and settles
-// against the upstream's usage afterwards, by kind of token (Usage,
-// Weights), so an estimate only needs to be cheap and rarely low.
+// against the upstream's usage afterwards, by kind of token (package
+// pricing's Usage), so an estimate only needs to be cheap and rarely low.
 package aitoken
 
 import (

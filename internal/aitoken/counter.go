@@ -73,7 +73,7 @@ func ForEncoding(enc Encoding) (*Counter, error) {
 	}
 	load, ok := counters[enc]
 	if !ok {
-		return nil, fmt.Errorf("aitoken: unknown encoding %q; valid: cl100k_base, o200k_base", truncate(string(enc)))
+		return nil, fmt.Errorf("aitoken: unknown encoding %.40q; valid: cl100k_base, o200k_base", string(enc))
 	}
 	return load()
 }

@@ -71,6 +71,10 @@ type Config struct {
 	// "America/New_York", resetting at local midnight; empty keeps rpd a
 	// rolling 24 hours.
 	Timezone string `yaml:"timezone"`
+	// TokenWeights maps a model, or "*" for every other model, to what a
+	// token of each kind counts against its token limits (tpm, itpm,
+	// otpm), such as {cached_input: 0.1}; a kind left out counts 1.
+	TokenWeights map[string]TokenWeights `yaml:"token_weights"`
 	// Tiers are the plans keys belong to.
 	Tiers map[string]TierConfig `yaml:"tiers"`
 	// Keys maps client API keys, by SHA-256 hash, to tiers.
@@ -150,6 +154,14 @@ type Limits struct {
 	// "Europe/Berlin" (23 or 25 hours across DST changes); default the
 	// tier's timezone, then the config's (calendar.go).
 	Timezone string `yaml:"timezone"`
+	// ITPM is input tokens (uncached and cached) per minute and OTPM
+	// output tokens (visible and reasoning) per minute, as Anthropic
+	// limits them, each with its burst (default the rate); tokens count
+	// by the model's token_weights (tokenkinds.go).
+	ITPM      int64 `yaml:"itpm"`
+	ITPMBurst int64 `yaml:"itpm_burst"`
+	OTPM      int64 `yaml:"otpm"`
+	OTPMBurst int64 `yaml:"otpm_burst"`
 }
 
 // TierConfig is one entry of `tiers:`: the fields of Limits for the
@@ -177,16 +189,24 @@ type TierConfig struct {
 	// Budgets are dollar budgets each client of the tier has for itself,
 	// unless its key names budgets of its own.
 	Budgets []BudgetConfig `yaml:"budgets"`
+	// ITPM, ITPMBurst, OTPM and OTPMBurst are Limits' input and output
+	// token limits for the whole tier.
+	ITPM      int64 `yaml:"itpm"`
+	ITPMBurst int64 `yaml:"itpm_burst"`
+	OTPM      int64 `yaml:"otpm"`
+	OTPMBurst int64 `yaml:"otpm_burst"`
 }
 
 // Tier returns a TierConfig with the limits l for the whole tier.
 func Tier(l Limits) TierConfig {
-	return TierConfig{RPM: l.RPM, RPMBurst: l.RPMBurst, TPM: l.TPM, TPMBurst: l.TPMBurst, RPD: l.RPD, Concurrency: l.Concurrency, Timezone: l.Timezone}
+	return TierConfig{RPM: l.RPM, RPMBurst: l.RPMBurst, TPM: l.TPM, TPMBurst: l.TPMBurst, RPD: l.RPD, Concurrency: l.Concurrency, Timezone: l.Timezone,
+		ITPM: l.ITPM, ITPMBurst: l.ITPMBurst, OTPM: l.OTPM, OTPMBurst: l.OTPMBurst}
 }
 
 // Limits returns the tier-wide limits.
 func (t TierConfig) Limits() Limits {
-	return Limits{RPM: t.RPM, RPMBurst: t.RPMBurst, TPM: t.TPM, TPMBurst: t.TPMBurst, RPD: t.RPD, Concurrency: t.Concurrency, Timezone: t.Timezone}
+	return Limits{RPM: t.RPM, RPMBurst: t.RPMBurst, TPM: t.TPM, TPMBurst: t.TPMBurst, RPD: t.RPD, Concurrency: t.Concurrency, Timezone: t.Timezone,
+		ITPM: t.ITPM, ITPMBurst: t.ITPMBurst, OTPM: t.OTPM, OTPMBurst: t.OTPMBurst}
 }
 
 // KeyConfig is one entry of `keys:`.
@@ -284,6 +304,7 @@ func (c *Config) Validate() error {
 // doc, each at its field. The service config's loader calls it for the
 // `gateway:` section, with paths under "gateway".
 func (c *Config) Check(doc *yamlconf.Doc) {
+	c.checkTokenWeights(doc)
 	c.ApplyDefaults()
 	u, err := url.Parse(c.Upstream.BaseURL)
 	switch {
@@ -333,7 +354,7 @@ func (c *Config) Check(doc *yamlconf.Doc) {
 		}
 		t.Limits().check(doc, path, c.LeaseTTL)
 		if t.Limits() == (Limits{Timezone: t.Timezone}) && len(t.Models) == 0 && len(t.Budgets) == 0 {
-			doc.Addf(path, "no limits: set at least one of rpm, tpm, rpd, concurrency, models or budgets")
+			doc.Addf(path, "no limits: set at least one of rpm, tpm, itpm, otpm, rpd, concurrency, models or budgets")
 		}
 		for _, model := range sortedKeys(t.Models) {
 			mpath := path + ".models." + model
@@ -383,7 +404,8 @@ func (l Limits) check(doc *yamlconf.Doc, path string, leaseTTL time.Duration) {
 	fields := []struct {
 		name string
 		v    int64
-	}{{"rpm", l.RPM}, {"rpm_burst", l.RPMBurst}, {"tpm", l.TPM}, {"tpm_burst", l.TPMBurst}, {"rpd", l.RPD}, {"concurrency", l.Concurrency}}
+	}{{"rpm", l.RPM}, {"rpm_burst", l.RPMBurst}, {"tpm", l.TPM}, {"tpm_burst", l.TPMBurst}, {"rpd", l.RPD}, {"concurrency", l.Concurrency},
+		{"itpm", l.ITPM}, {"itpm_burst", l.ITPMBurst}, {"otpm", l.OTPM}, {"otpm_burst", l.OTPMBurst}}
 	bad := false
 	for _, f := range fields {
 		if f.v < 0 {
@@ -400,6 +422,12 @@ func (l Limits) check(doc *yamlconf.Doc, path string, leaseTTL time.Duration) {
 		bad = true
 	}
 	checkTimezone(doc, path+".timezone", l.Timezone) // calendar.go
+	for _, b := range [][3]any{{"itpm", l.ITPM, l.ITPMBurst}, {"otpm", l.OTPM, l.OTPMBurst}} {
+		if b[2].(int64) > 0 && b[1].(int64) == 0 {
+			doc.Addf(path+"."+b[0].(string)+"_burst", "a burst needs its rate: set %s too", b[0])
+			bad = true
+		}
+	}
 	if bad {
 		return
 	}
@@ -409,6 +437,8 @@ func (l Limits) check(doc *yamlconf.Doc, path string, leaseTTL time.Duration) {
 	}{
 		{"rpm", sluice.Limit{Rate: l.RPM, Period: time.Minute, Burst: l.RPMBurst}},
 		{"tpm", sluice.Limit{Rate: l.TPM, Period: time.Minute, Burst: l.TPMBurst}},
+		{"itpm", sluice.Limit{Rate: l.ITPM, Period: time.Minute, Burst: l.ITPMBurst}},
+		{"otpm", sluice.Limit{Rate: l.OTPM, Period: time.Minute, Burst: l.OTPMBurst}},
 		{"rpd", sluice.Limit{Rate: l.RPD, Period: 24 * time.Hour}},
 		{"concurrency", sluice.Limit{Rate: l.Concurrency, Period: max(leaseTTL, time.Second)}},
 	} {

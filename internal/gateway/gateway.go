@@ -106,9 +106,12 @@ type Settlement struct {
 	// on: reported by the upstream when UsageReported, else estimated.
 	// For an Anthropic request PromptTokens weighs cached input as
 	// Anthropic bills it: input_tokens + ⌈1.25·CacheCreationTokens⌉ +
-	// ⌈0.1·CacheReadTokens⌉.
+	// ⌈0.1·CacheReadTokens⌉. Usage is the same split into disjoint kinds
+	// (cached input and reasoning reported by the upstream), which token
+	// limits weigh by the model's token_weights.
 	PromptTokens, CompletionTokens int64
 	UsageReported                  bool
+	Usage                          pricing.Usage
 	// Team is the key's team, "" when it has none.
 	Team string
 	// CachedTokens and ReasoningTokens are the parts of PromptTokens and
@@ -210,10 +213,13 @@ type spec struct {
 	level, levelName string
 	// window is a budget's window, such as "month" (budget.go).
 	window, zone string
+	// sel is the kinds of token a token limit counts (tokenkinds.go).
+	sel tokenSel
 }
 
 func (s *spec) describe() string {
-	names := map[string]string{"rpm": "requests per minute", "rpd": "requests per day", "tpm": "tokens per minute", "concurrency": "concurrent requests"}
+	names := map[string]string{"rpm": "requests per minute", "rpd": "requests per day", "tpm": "tokens per minute", "concurrency": "concurrent requests",
+		"itpm": "input tokens per minute", "otpm": "output tokens per minute"}
 	d := names[s.name] + " (" + s.name + ")"
 	if s.model != "" {
 		d += " on model " + s.model
@@ -361,6 +367,14 @@ func appendSpecs(specs []spec, l Limits, model string, leaseTTL time.Duration) [
 	rpdAlg, rpd := l.rpd() // calendar.go
 	add(kindRequests, "rpd", rpdAlg, rpd)
 	add(kindTokens, "tpm", sluice.GCRA, sluice.Limit{Rate: l.TPM, Period: time.Minute, Burst: l.TPMBurst})
+	if n := len(specs); l.ITPM > 0 { // tokenkinds.go
+		add(kindTokens, "itpm", sluice.GCRA, sluice.Limit{Rate: l.ITPM, Period: time.Minute, Burst: l.ITPMBurst})
+		specs[n].sel = selInput
+	}
+	if n := len(specs); l.OTPM > 0 {
+		add(kindTokens, "otpm", sluice.GCRA, sluice.Limit{Rate: l.OTPM, Period: time.Minute, Burst: l.OTPMBurst})
+		specs[n].sel = selOutput
+	}
 	add(kindConcurrency, "concurrency", sluice.Concurrency, sluice.Limit{Rate: l.Concurrency, Period: leaseTTL})
 	return specs
 }
@@ -536,7 +550,7 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 			if c.ep == epCountTokens {
 				continue // reserves no tokens
 			}
-			req.Cost = c.reserved
+			req.Cost = g.tokenCost(c, s)
 			if req.Cost > s.limit.Capacity() {
 				if tracing.Recording(r.Context()) {
 					traceAdmit(r.Context(), c, "too_large", nil)
@@ -719,6 +733,7 @@ func (g *Gateway) settle(c *call) {
 		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst
 	}
 	s.Actual = addSat(s.PromptTokens, s.CompletionTokens)
+	s.Usage = settledUsage(c, &s)
 	g.settleCost(c, &s)
 	refunds := make([]sluice.Request, 0, len(c.reqs))
 	var charges []sluice.Request
@@ -727,9 +742,11 @@ func (g *Gateway) settle(c *call) {
 		case kindConcurrency, kindReservation:
 			refunds = append(refunds, req)
 		case kindTokens, kindBudget:
-			actual := s.Actual
+			var actual int64
 			if c.specs[i].kind == kindBudget {
 				actual = budgetCharge(s.Cost)
+			} else {
+				actual = g.tokenActual(c, c.specs[i], &s)
 			}
 			if d := req.Cost - actual; d > 0 {
 				req.Cost = d

@@ -139,7 +139,7 @@ func (g *Gateway) admitLevels(w http.ResponseWriter, r *http.Request, c *call) b
 		req := sluice.Request{Key: lv.keys[i], Algorithm: s.alg, Limit: s.limit, Cost: 1}
 		switch s.kind {
 		case kindTokens:
-			req.Cost = c.reserved
+			req.Cost = g.tokenCost(c, s)
 			if req.Cost > s.limit.Capacity() {
 				if tracing.Recording(r.Context()) {
 					traceAdmit(r.Context(), c, "too_large", nil)

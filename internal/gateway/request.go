@@ -294,7 +294,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 		for i := range c.client.tier.specs {
 			s := &c.client.tier.specs[i]
 			if s.kind == kindTokens && s.applies(p.model) {
-				c.reserved = max(c.promptEst, min(c.reserved, s.limit.Capacity()))
+				g.clampDefaultBudget(c, s)
 			}
 		}
 	}
