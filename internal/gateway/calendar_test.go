@@ -10,18 +10,43 @@ import (
 	_ "time/tzdata"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/internal/fakeopenai"
+	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/redisstore"
 )
 
 // With a timezone, rpd is a calendar day: spent on the evening of New
 // York's fall-back day (25 hours), it stays spent across UTC midnight and
 // comes back exactly at local midnight, which Retry-After names.
 func TestRPDCalendarDay(t *testing.T) {
+	rpdCalendarDay(t, newEnv(t, Limits{RPD: 2, TPM: 60000, Timezone: "America/New_York"}, fakeopenai.Options{}))
+}
+
+// The same on a 3-master Redis Cluster, whose script picks the window
+// from the boundaries the gateway sends (the fake clock's time is sent
+// along, as storetest does).
+func TestRPDCalendarDayRedisCluster(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	st, err := redisstore.New(context.Background(), redisstore.Options{
+		URL: redistest.SharedCluster(t).URL(), Clock: clk, DisableDenyCache: true, Timeout: 5 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	client := strings.NewReplacer(":", "", "/", "").Replace(redistest.Prefix(t))
+	client = client[len(client)-6:] + "c"
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey})
+	rpdCalendarDay(t, newEnvUpstream(t, Limits{RPD: 2, TPM: 60000, Timezone: "America/New_York"}, up, st, clk, client))
+}
+
+func rpdCalendarDay(t *testing.T, e *env) {
+	t.Helper()
 	ny, err := time.LoadLocation("America/New_York")
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newEnv(t, Limits{RPD: 2, TPM: 60000, Timezone: "America/New_York"}, fakeopenai.Options{})
 	e.clk.Set(time.Date(2026, 11, 1, 18, 0, 0, 0, ny)) // 23:00 UTC
 	midnight := time.Date(2026, 11, 2, 0, 0, 0, 0, ny)
 	for range 2 {
