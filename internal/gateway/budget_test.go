@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/internal/fakeanthropic"
 	"github.com/sluice-io/sluice/internal/fakeopenai"
 	"github.com/sluice-io/sluice/internal/pricing"
 	"github.com/sluice-io/sluice/internal/redistest"
@@ -38,7 +39,7 @@ const clientKey2 = "sk-client-test-0002"
 type budgetEnv struct {
 	t       *testing.T
 	cfg     *Config
-	up      *fakeopenai.Server
+	up      interface{ URL() string }
 	gws     []*Gateway
 	urls    []string
 	stores  []sluice.Store
@@ -49,7 +50,7 @@ type budgetEnv struct {
 // newBudgetEnv parses doc, whose %[1]s is the upstream's base URL, %[2]s
 // the hash of clientKey and %[3]s that of clientKey2, and starts a gateway
 // per store.
-func newBudgetEnv(t *testing.T, doc string, up *fakeopenai.Server, stores ...sluice.Store) *budgetEnv {
+func newBudgetEnv(t *testing.T, doc string, up interface{ URL() string }, stores ...sluice.Store) *budgetEnv {
 	t.Helper()
 	cfg, err := Parse("test.yaml", []byte(fmt.Sprintf(doc, up.URL()+"/v1", sluice.HashKey(clientKey), sluice.HashKey(clientKey2))))
 	if err != nil {
@@ -671,4 +672,45 @@ func TestBudgetCalendarResetRedis(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = st.Close() })
 	calendarReset(t, st, clk)
+}
+
+// TestBudgetAnthropicMessages: a budget on /v1/messages is charged what
+// Anthropic bills, cache writes at 1.25 and reads at 0.1 times the input
+// price, and refuses in Anthropic's error shape with x-should-retry: false.
+func TestBudgetAnthropicMessages(t *testing.T) {
+	up := fakeanthropic.New(t, fakeanthropic.Options{APIKey: upstreamKey, InputTokens: 100, CacheCreationInputTokens: 8, CacheReadInputTokens: 40, OutputTokens: 6})
+	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
+	t.Cleanup(func() { _ = st.Close() })
+	e := newBudgetEnv(t, `
+upstream: {base_url: %[1]s, api: anthropic, api_key_env: UP}
+store: {timeout: 5s}
+tiers: {t: {budgets: [{usd: 0.001, per: day}]}}
+keys: [{name: one, hash: %[2]s, tier: t}]
+`, up, st)
+	body := `{"model":"claude-sonnet-4-5-20250929","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`
+	post := func() *http.Response {
+		req, _ := http.NewRequest(http.MethodPost, e.urls[0]+"/v1/messages", strings.NewReader(body))
+		req.Header.Set("x-api-key", clientKey)
+		req.Header.Set("anthropic-version", "2023-06-01")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { res.Body.Close() })
+		return res
+	}
+	if res := post(); res.StatusCode != 200 {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	// Sonnet 4.5: 100 input × $3 + 8 cache writes × $3.75 + 40 cache reads
+	// × $0.30 + 6 output × $15 per million = 432 micro-dollars.
+	if s := e.settle(); s.Cost != 432 {
+		t.Fatalf("settled %+v", s)
+	}
+	res := post()
+	b, _ := io.ReadAll(res.Body)
+	if res.StatusCode != 429 || res.Header.Get("x-should-retry") != "false" || res.Header.Get("Retry-After") == "" ||
+		!strings.Contains(string(b), `"type":"error"`) || !strings.Contains(string(b), "exceeded your current quota") {
+		t.Fatalf("refusal %d %v %s", res.StatusCode, res.Header, b)
+	}
 }

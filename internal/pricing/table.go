@@ -11,8 +11,10 @@ package pricing
 //   - Anthropic: https://platform.claude.com/docs/en/about-claude/pricing
 //     ("Model pricing"; cached input is "Cache Hits & Refreshes"): Claude
 //     Opus 4.5/4.6 $5, $0.50, $25; Sonnet 4/4.5/4.6 $3, $0.30, $15; Haiku
-//     4.5 $1, $0.10, $5. Cache writes ($3.75 for Sonnet) are charged as
-//     input here, which under-counts them by a quarter.
+//     4.5 $1, $0.10, $5. Cache writes ($3.75 for Sonnet, 1.25 times
+//     input) have no kind here: the gateway's /v1/messages path weighs
+//     cache writes and reads into its input tokens (1.25 and 0.1 times)
+//     and prices them at the input price, which is what Anthropic bills.
 //
 // Prices change: override them in the gateway's `prices:` section.
 var defaultPrices = map[string]Price{
