@@ -203,3 +203,44 @@ func TestPromptTokensBounded(t *testing.T) {
 		t.Fatalf("PromptTokens = %d, exact %d: the part past MaxExactBytes should be estimated high", got, exact)
 	}
 }
+
+// TestReservationError measures, per kind of text of the golden corpus,
+// the reservation error of a one-message chat request (reserved minus
+// actual prompt tokens, over actual), actual being tiktoken's count plus
+// the cookbook's overheads (3 per message, 1 for "user", 3 for the reply).
+// The exact counter must be within 2 % (it is exact); the heuristic's error
+// is logged for docs/BENCHMARKS.md (go test -run TestReservationError -v).
+func TestReservationError(t *testing.T) {
+	type sum struct{ actual, exact, heur int64 }
+	for _, enc := range []Encoding{Cl100kBase, O200kBase} {
+		c := mustCounter(t, enc)
+		by := map[string]*sum{}
+		for _, g := range readGolden(t) {
+			want := g.CL100K
+			if enc == O200kBase {
+				want = g.O200K
+			}
+			body, _ := json.Marshal(map[string]any{"messages": []map[string]string{{"role": "user", "content": g.Text}}})
+			var r Request
+			if err := json.Unmarshal(body, &r); err != nil {
+				t.Fatal(err)
+			}
+			s := by[g.Kind]
+			if s == nil {
+				s = &sum{}
+				by[g.Kind] = s
+			}
+			s.actual += MessageOverhead + 1 + want + ReplyOverhead
+			s.exact += c.PromptTokens(&r)
+			s.heur += r.PromptTokens()
+		}
+		for _, kind := range []string{"english", "code", "cjk", "emoji", "edge", "random"} {
+			s := by[kind]
+			pct := func(n int64) float64 { return 100 * float64(n-s.actual) / float64(s.actual) }
+			t.Logf("%s %-8s actual %5d  exact %5d (%+.1f%%)  heuristic %5d (%+.1f%%)", enc, kind, s.actual, s.exact, pct(s.exact), s.heur, pct(s.heur))
+			if e := pct(s.exact); e > 2 || e < -2 {
+				t.Errorf("%s %s: exact reservation error %.1f%%, want within 2%%", enc, kind, e)
+			}
+		}
+	}
+}
