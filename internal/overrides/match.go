@@ -30,7 +30,10 @@ func Match(pattern, s string) bool {
 		return true
 	}
 	// Middle parts, leftmost-first in what lies between prefix and suffix.
-	for _, part := range strings.Split(pattern[:last], "*") {
+	// strings.Cut rather than strings.Split: no allocation per decision.
+	for rest := pattern[:last]; rest != ""; {
+		var part string
+		part, rest, _ = strings.Cut(rest, "*")
 		if part == "" {
 			continue
 		}

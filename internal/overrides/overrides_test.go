@@ -323,3 +323,39 @@ func TestRedisDown(t *testing.T) {
 	})
 	waitFor(t, func() bool { l, _ := ms[1].Apply("other", "", "api", base); return l.Rate == 20 })
 }
+
+// BenchmarkLookup is the per-decision cost of the overrides: "exact" is a
+// hit on an exact pattern (a map lookup, the baseline); "wildcards-miss"
+// is the worst case a caller can meet, MaxWildcards patterns of
+// MaxStars stars each tried and none matching, for the identity and its
+// key name.
+func BenchmarkLookup(b *testing.B) {
+	var list []Override
+	for i := range MaxWildcards / 2 {
+		n := strings.Repeat("x", i%50) + string(rune('a'+i/50))
+		list = append(list,
+			Override{Identity: "*" + n + "*tenant*" + n + "*", Scale: 2},
+			Override{Identity: KeyNamePrefix + "*" + n + "*acme*" + n + "*", Scale: 2})
+	}
+	list = append(list, Override{Identity: "tenant:exact", Scale: 3})
+	for i := range list {
+		if err := list[i].compile(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	s := NewSet(list)
+	now := int64(1e18)
+	for _, c := range []struct{ name, identity, keyName string }{
+		{"exact", "tenant:exact", ""},
+		{"wildcards-miss", "tenant:" + strings.Repeat("y", 64), "acme-prod"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if o := s.Lookup(c.identity, c.keyName, "api", now); (o != nil) != (c.name == "exact") {
+					b.Fatal("wrong lookup", o)
+				}
+			}
+		})
+	}
+}
