@@ -46,6 +46,7 @@ func (s *Server) newConsole(cc *console.Config, sink console.TopSink) {
 	}
 	s.series = console.NewSeries(s.decisionTotals, cc.SampleInterval)
 	s.top = console.NewTop(sink, cc.TopSample, s.log)
+	s.simulating = make(chan struct{}, 1)
 	static := http.FileServerFS(console.Assets())
 	s.handle("GET /ui", "console", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/ui/", http.StatusFound)
@@ -362,7 +363,10 @@ func (s *Server) handleConsoleReset(w http.ResponseWriter, r *http.Request) {
 	writeAny(w, map[string]int{"reset": len(reqs)})
 }
 
-// Bounds of a console simulation: it runs in the request.
+// Bounds of a console simulation: it runs in the request, one at a time
+// per instance (its endpoint needs no token; at the bounds one takes a
+// tenth of a second of a core, so parallel callers could otherwise starve
+// the decisions of CPU).
 const (
 	maxSimBody     = 4 << 10
 	maxSimArrivals = 200_000
@@ -370,6 +374,14 @@ const (
 )
 
 func (s *Server) handleSimulate(w http.ResponseWriter, r *http.Request) {
+	select {
+	case s.simulating <- struct{}{}:
+		defer func() { <-s.simulating }()
+	default:
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusTooManyRequests, "another simulation is running on this instance; retry in a second")
+		return
+	}
 	var body struct {
 		Limit      string   `json:"limit"`
 		Pattern    string   `json:"pattern"`

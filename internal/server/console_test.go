@@ -2,9 +2,16 @@ package server
 
 import (
 	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/memstore"
 )
 
 const consoleConfig = testConfig + "console: {enabled: true, sample_interval: 100ms, top_sample: 1}\n"
@@ -99,5 +106,40 @@ func TestConsoleOff(t *testing.T) {
 	}
 	if a := s.do(t, "GET", "/ui/api/overview", ""); a.status != 404 {
 		t.Fatalf("/ui/api/overview: %d", a.status)
+	}
+}
+
+// TestConsoleSimulateOneAtATime: the simulator needs no token, so an
+// instance runs one simulation at a time; a second caller meanwhile gets
+// 429 with Retry-After, not a share of the CPU the decisions need.
+func TestConsoleSimulateOneAtATime(t *testing.T) {
+	cfg, err := config.Parse("console.yaml", []byte(consoleConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := memstore.New(memstore.Options{SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	srv, err := New(Options{Store: store, Config: cfg, Metrics: metrics.New(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const body = `{"limit":"10/s","pattern":"steady","rps":20,"duration":"10s","algorithms":["gcra"]}`
+	simulate := func() *httptest.ResponseRecorder {
+		w := httptest.NewRecorder()
+		srv.Handler().ServeHTTP(w, httptest.NewRequest("POST", "/ui/api/simulate", strings.NewReader(body)))
+		return w
+	}
+	srv.simulating <- struct{}{} // a simulation is running
+	if w := simulate(); w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != "1" {
+		t.Fatalf("while one runs: %d %q %s", w.Code, w.Header().Get("Retry-After"), w.Body)
+	}
+	<-srv.simulating
+	for range 2 { // the slot is given back after each
+		if w := simulate(); w.Code != http.StatusOK {
+			t.Fatalf("alone: %d %s", w.Code, w.Body)
+		}
 	}
 }

@@ -70,16 +70,18 @@ type Options struct {
 
 // Server serves the HTTP API. It is safe for concurrent use.
 type Server struct {
-	cfg      atomic.Pointer[config.Config]
-	guard    *storeGuard
-	m        *metrics.Metrics
-	log      *slog.Logger
-	admin    string
-	ovr      *overrides.Manager
-	series   *console.Series // nil unless the console is enabled
-	top      *console.Top    // nil unless the console is enabled
-	draining atomic.Bool
-	mux      *http.ServeMux
+	cfg    atomic.Pointer[config.Config]
+	guard  *storeGuard
+	m      *metrics.Metrics
+	log    *slog.Logger
+	admin  string
+	ovr    *overrides.Manager
+	series *console.Series // nil unless the console is enabled
+	top    *console.Top    // nil unless the console is enabled
+	// simulating holds the one console simulation that may run at a time.
+	simulating chan struct{}
+	draining   atomic.Bool
+	mux        *http.ServeMux
 	// decisions caches the children of m.Decisions.
 	decisions counterCache[decisionLabels]
 	// waiting counts the delay-mode requests being held (delay.go).
