@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -32,7 +34,8 @@ import (
 // the maximum costs of the requests in flight never exceeds what is left;
 // a budget is exceeded only by the part of a settled cost above its
 // reservation (an underestimated prompt, an upstream ignoring max_tokens),
-// bounded per charge by pricing.MaxMicros.
+// bounded per charge by pricing.MaxMicros. A request without a completion
+// cap is forwarded with the one it reserved (forwardCap).
 
 // kindBudget is a dollar budget; its costs are micro-dollars.
 const kindBudget kind = 16
@@ -120,7 +123,42 @@ func (g *Gateway) priceCall(w http.ResponseWriter, c *call) bool {
 		return false
 	}
 	c.bud.priced, c.bud.price = true, p
+	if c.defaultCap > 0 && !forwardCap(w, c) {
+		return false
+	}
 	c.bud.reserved = p.Cost(pricing.Usage{pricing.Input: c.promptEst, pricing.Output: max(c.reserved-c.promptEst, 0)})
+	return true
+}
+
+// capFields is the completion cap the upstream reads, by endpoint.
+var capFields = map[endpoint]string{epChat: "max_completion_tokens", epCompletions: "max_tokens", epResponses: "max_output_tokens"}
+
+// forwardCap writes the completion cap c reserved (defaultCap, per
+// choice) into the body sent upstream when the client set none, so that a
+// budget's reservation bounds what the upstream may generate. The body is
+// decoded and encoded member by member, as the upstream and parseBody read
+// it (the last of duplicate members wins), so that a member spelt with
+// escapes or a null cap is replaced rather than shadowing the cap. It
+// answers the client itself and reports false on error.
+func forwardCap(w http.ResponseWriter, c *call) bool {
+	field, ok := capFields[c.ep]
+	if !ok {
+		return true
+	}
+	var members map[string]json.RawMessage
+	if json.Unmarshal(c.body, &members) != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "", "The request body must be a JSON object.")
+		return false
+	}
+	members[field] = strconv.AppendInt(nil, c.defaultCap, 10)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false) // as sent: no \u003c for <
+	if err := enc.Encode(members); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", "", "The request body must be a JSON object.")
+		return false
+	}
+	c.body = bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 	return true
 }
 

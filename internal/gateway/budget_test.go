@@ -714,3 +714,68 @@ keys: [{name: one, hash: %[2]s, tier: t}]
 		t.Fatalf("refusal %d %v %s", res.StatusCode, res.Header, b)
 	}
 }
+
+// TestBudgetDefaultCapForwarded: a request without max_tokens that a
+// budget applies to reserves default_max_tokens per choice and the gateway
+// forwards that cap, so an upstream that would otherwise generate 4000
+// tokens stops at the reservation and the settled cost never exceeds the
+// reserved one; a null or escape-spelt cap cannot shadow it. Without a
+// budget the body goes upstream unchanged.
+func TestBudgetDefaultCapForwarded(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, CompletionTokens: 4000})
+	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
+	t.Cleanup(func() { _ = st.Close() })
+	e := newBudgetEnv(t, `
+upstream: {base_url: %[1]s, api_key_env: UP}
+store: {timeout: 5s}
+default_max_tokens: 100
+prices: {gpt-test: {input: 2.50, output: 10}}
+tiers:
+  t: {budgets: [{usd: 5, per: day}]}
+  free: {rpm: 1000}
+keys: [{name: one, hash: %[2]s, tier: t}, {name: two, hash: %[3]s, tier: free}]
+`, up, st)
+	for _, c := range []struct {
+		path, body, field string
+		cap                int64
+	}{
+		{"/v1/chat/completions", `{"model":"gpt-test","messages":[{"role":"user","content":"<essay>"}]}`, "max_completion_tokens", 100},
+		{"/v1/chat/completions", `{"model":"gpt-test","messages":[{"role":"user","content":"hi"}],"max_tokens":null,"max_completion_tokens":null}`, "max_completion_tokens", 100},
+		{"/v1/chat/completions", `{"model":"gpt-test","messages":[{"role":"user","content":"hi"}],"max\u005fcompletion_tokens":null}`, "max_completion_tokens", 100},
+		{"/v1/completions", `{"model":"gpt-test","prompt":"hi","n":3}`, "max_tokens", 100},
+		{"/v1/completions", `{"model":"gpt-test","prompt":"hi","stream":true}`, "max_tokens", 100},
+		{"/v1/responses", `{"model":"gpt-test","input":"hi"}`, "max_output_tokens", 100},
+	} {
+		before := len(up.Requests())
+		res := e.do(0, "POST", c.path, clientKey, c.body)
+		_, _ = io.Copy(io.Discard, res.Body)
+		if res.StatusCode != 200 {
+			t.Fatalf("%s %s: status %d", c.path, c.body, res.StatusCode)
+		}
+		s := e.settle()
+		if !s.UsageReported || s.CompletionTokens != c.cap || s.Cost > s.ReservedCost || s.Cost <= 0 {
+			t.Errorf("%s %s: settled %+v", c.path, c.body, s)
+		}
+		reqs := up.Requests()
+		var sent map[string]any
+		if len(reqs) != before+1 || json.Unmarshal(reqs[before].Body, &sent) != nil {
+			t.Fatalf("%s: upstream saw %d requests", c.path, len(reqs)-before)
+		}
+		if got, _ := sent[c.field].(float64); int64(got) != c.cap {
+			t.Errorf("%s %s: forwarded %s", c.path, c.body, reqs[before].Body)
+		}
+		if strings.Contains(c.body, "<essay>") && !strings.Contains(string(reqs[before].Body), "<essay>") {
+			t.Errorf("body re-encoded with HTML escapes: %s", reqs[before].Body)
+		}
+	}
+	// No budget applies: the body is forwarded as sent.
+	body := `{"model":"gpt-test","messages":[{"role":"user","content":"hi"}]}`
+	res := e.do(0, "POST", "/v1/chat/completions", clientKey2, body)
+	_, _ = io.Copy(io.Discard, res.Body)
+	if s := e.settle(); res.StatusCode != 200 || s.CompletionTokens != 4000 {
+		t.Fatalf("status %d, settled %+v", res.StatusCode, s)
+	}
+	if reqs := up.Requests(); string(reqs[len(reqs)-1].Body) != body {
+		t.Fatalf("forwarded %s", reqs[len(reqs)-1].Body)
+	}
+}

@@ -50,7 +50,8 @@ type Config struct {
 	Store StoreConfig `yaml:"store"`
 	// DefaultMaxTokens is the completion budget reserved when a request
 	// sets no max_tokens; default 1024. The reservation never exceeds the
-	// tier's token burst on its account.
+	// tier's token burst on its account. When a dollar budget applies, the
+	// request is forwarded with that cap (forwardCap).
 	DefaultMaxTokens int64 `yaml:"default_max_tokens"`
 	// MaxBodyBytes bounds a request body; default 8 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`

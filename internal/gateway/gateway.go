@@ -398,6 +398,7 @@ type call struct {
 	body        []byte
 	promptEst   int64
 	reserved    int64
+	defaultCap  int64 // completion tokens per choice reserved when the client set none (forwardCap)
 	specs       []*spec
 	reqs        []sluice.Request
 	sent        time.Time // upstream round trip started

@@ -297,6 +297,12 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 				g.clampDefaultBudget(c, s)
 			}
 		}
+		if c.ep != epEmbeddings {
+			// Whole tokens per choice, so that forwardCap's cap bounds the
+			// completion to exactly what is reserved.
+			c.defaultCap = max((c.reserved-c.promptEst)/p.choices, 1)
+			c.reserved = reservation(c.promptEst, c.defaultCap, p.choices)
+		}
 	}
 	c.reserved = max(c.reserved, 1)
 	return true
