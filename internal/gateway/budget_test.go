@@ -737,7 +737,7 @@ keys: [{name: one, hash: %[2]s, tier: t}, {name: two, hash: %[3]s, tier: free}]
 `, up, st)
 	for _, c := range []struct {
 		path, body, field string
-		cap                int64
+		cap               int64
 	}{
 		{"/v1/chat/completions", `{"model":"gpt-test","messages":[{"role":"user","content":"<essay>"}]}`, "max_completion_tokens", 100},
 		{"/v1/chat/completions", `{"model":"gpt-test","messages":[{"role":"user","content":"hi"}],"max_tokens":null,"max_completion_tokens":null}`, "max_completion_tokens", 100},
