@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/internal/fakeopenai"
 	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/memstore"
 	"github.com/sluice-io/sluice/redisstore"
 )
 
@@ -115,6 +116,44 @@ tiers:
 		}
 		if err == nil || !strings.Contains(err.Error(), "is not an IANA time zone") {
 			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}
+
+// Team and org rpd follow the same rule as a tier's: a calendar day in the
+// level's timezone, else the configuration's, else a rolling 24 hours.
+func TestLevelRPDCalendar(t *testing.T) {
+	for _, c := range []struct{ zone, team, org string }{
+		{"timezone: America/New_York\n", "3/day in America/New_York", "5/day in Asia/Tokyo"},
+		{"", "3/day", "5/day in Asia/Tokyo"},
+	} {
+		cfg, err := Parse("gw.yaml", []byte(`
+upstream: {base_url: "http://127.0.0.1:1/v1"}
+`+c.zone+`tiers: {t: {rpm: 10}}
+orgs: {acme: {rpd: 5, timezone: Asia/Tokyo}}
+teams: {research: {org: acme, rpd: 3}}
+keys: [{name: one, hash: `+sluice.HashKey(clientKey)+`, tier: t, team: research}]
+`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ := memstore.New(memstore.Options{SweepInterval: -1})
+		t.Cleanup(func() { _ = st.Close() })
+		gw, err := New(Options{Config: cfg, Store: st, Getenv: func(string) string { return upstreamKey }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, s := range gw.keys[sluice.HashKey(clientKey)].levels.specs {
+			if s.name == "rpd" {
+				if (s.alg == sluice.FixedWindow) == s.limit.Calendar.IsZero() {
+					t.Errorf("%s rpd %s by %s", s.level, s.limit, s.alg)
+				}
+				got[s.level] = s.limit.String()
+			}
+		}
+		if got["team"] != c.team || got["org"] != c.org {
+			t.Errorf("%q: team rpd %q, org rpd %q; want %q, %q", c.zone, got["team"], got["org"], c.team, c.org)
 		}
 	}
 }
