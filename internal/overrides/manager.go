@@ -20,6 +20,9 @@ const fullReloadEvery = 40
 // the overrides changed.
 const DefaultPollInterval = 250 * time.Millisecond
 
+// DefaultTimeout bounds each call a Manager makes to its backend.
+const DefaultTimeout = time.Second
+
 // Options configure a Manager. Backend is required.
 type Options struct {
 	// Backend keeps the overrides.
@@ -31,6 +34,11 @@ type Options struct {
 	// PollInterval is how often Run polls a shared backend's version;
 	// zero means DefaultPollInterval.
 	PollInterval time.Duration
+	// Timeout bounds each backend call (a poll, a reload, a change), so
+	// that a paused store fails a change with ErrUnavailable rather than
+	// holding it, and a listing waits at most for one poll; zero means
+	// DefaultTimeout.
+	Timeout time.Duration
 }
 
 // Manager serves the overrides of one instance: Lookup from a compiled
@@ -41,6 +49,7 @@ type Manager struct {
 	clk   clock.Clock
 	log   *slog.Logger
 	poll  time.Duration
+	limit time.Duration // Options.Timeout
 	set   atomic.Pointer[Set]
 	mu    sync.Mutex // serialises reloads
 	ver   int64      // the version of set; -1 before the first load
@@ -62,7 +71,10 @@ func New(opts Options) (*Manager, error) {
 	if opts.PollInterval <= 0 {
 		opts.PollInterval = DefaultPollInterval
 	}
-	m := &Manager{b: opts.Backend, clk: opts.Clock, log: opts.Logger, poll: opts.PollInterval, ver: -1}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	m := &Manager{b: opts.Backend, clk: opts.Clock, log: opts.Logger, poll: opts.PollInterval, limit: opts.Timeout, ver: -1}
 	m.set.Store(NewSet(nil))
 	return m, nil
 }
@@ -98,6 +110,8 @@ func (m *Manager) Apply(identity, keyName, policy string, l sluice.Limit) (sluic
 func (m *Manager) Refresh(ctx context.Context, force bool) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, m.limit)
+	defer cancel()
 	if !force && m.ver >= 0 {
 		v, err := m.b.Version(ctx)
 		if err != nil {
@@ -198,8 +212,11 @@ func (m *Manager) Put(ctx context.Context, by string, o Override, ttl time.Durat
 			wild++
 		}
 	}
-	before, err = m.b.Put(ctx, o, wild)
+	bctx, cancel := context.WithTimeout(ctx, m.limit)
+	before, err = m.b.Put(bctx, o, wild)
+	cancel()
 	if err != nil {
+		m.unknown("put", by, o.Identity, o.Policy, &o, err)
 		return nil, o, err
 	}
 	m.audit("put", by, o.Identity, o.Policy, before, &o)
@@ -215,8 +232,11 @@ func (m *Manager) Delete(ctx context.Context, by, identity, policy string) (*Ove
 	if err := ValidatePattern(identity); err != nil {
 		return nil, err
 	}
-	before, err := m.b.Delete(ctx, ID(identity, policy))
+	bctx, cancel := context.WithTimeout(ctx, m.limit)
+	before, err := m.b.Delete(bctx, ID(identity, policy))
+	cancel()
 	if err != nil {
+		m.unknown("delete", by, identity, policy, nil, err)
 		return nil, err
 	}
 	m.audit("delete", by, identity, policy, before, nil)
@@ -227,15 +247,37 @@ func (m *Manager) Delete(ctx context.Context, by, identity, policy string) (*Ove
 }
 
 // purge deletes expired overrides, so that they do not count against the
-// bounds. Failures are left for the next change.
+// bounds. Failures are left for the next change: the first one ends the
+// purge, so an unreachable store costs a change one Timeout here.
 func (m *Manager) purge(ctx context.Context, now int64) {
+	ctx, cancel := context.WithTimeout(ctx, m.limit)
+	defer cancel()
 	for _, o := range m.set.Load().All() {
 		if !o.Active(now) {
-			if _, err := m.b.Delete(ctx, o.ID()); err == nil {
+			_, err := m.b.Delete(ctx, o.ID())
+			switch {
+			case err == nil:
 				m.audit("expire", "sluice", o.Identity, o.Policy, o, nil)
+			case !errors.Is(err, ErrNotFound):
+				return
 			}
 		}
 	}
+}
+
+// unknown logs the audit line of a change whose store call failed with
+// ErrUnavailable: a call that timed out may still be applied when a paused
+// store resumes, so the trail records the attempt.
+func (m *Manager) unknown(action, by, identity, policy string, after *Override, err error) {
+	if !errors.Is(err, ErrUnavailable) {
+		return
+	}
+	if policy == "" {
+		policy = "*"
+	}
+	m.log.Warn("override "+action+" outcome unknown", "audit", true, "by", by, "action", action,
+		"identity", LogPattern(identity), "policy", policy, "after", after.Summary(),
+		"applied", "unknown", "shared", m.b.Shared(), "err", err)
 }
 
 // audit logs one change: who (the admin token's name), what, before and

@@ -201,3 +201,73 @@ func TestOverridesRedisReplicas(t *testing.T) {
 	}
 	within("delete", func(s *svc) bool { return rate(s, key) == 2 })
 }
+
+// TestOverridesRedisPause: Redis paused (SIGSTOP) under two replicas. The
+// decisions go on by the failure policy (local) with the overrides each
+// replica last read, an override's limit included; a change and a listing
+// answer while Redis is still paused (503 and the last overrides), not
+// when it returns; once it returns, changes flow to every replica again.
+func TestOverridesRedisPause(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	var rs [2]*svc
+	for i := range rs {
+		rs[i] = startService(t, svcOptions{redis: true, config: redisConfig(srv.URL(), "local")})
+	}
+	id := redistest.Prefix(t)
+	rate := func(s *svc, key string) (int64, bool) {
+		a := s.do(t, "GET", "/v1/status?policy=b&key="+key, "")
+		if a.status != 200 {
+			t.Fatalf("status %s: %d %s", key, a.status, a.raw)
+		}
+		return a.num("rate"), a.body["degraded"] == true
+	}
+	if a := rs[0].do(t, "PUT", "/v1/overrides", fmt.Sprintf(`{"identity":%q,"policy":"b","limit":"100/s"}`, id), bearer...); a.status != 201 {
+		t.Fatalf("put: %d %s", a.status, a.raw)
+	}
+	eventually(t, "applied on the other replica", func() (bool, string) {
+		r, _ := rate(rs[1], id)
+		return r == 100, fmt.Sprint(r)
+	})
+
+	if err := srv.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			if err := srv.Thaw(); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	defer thaw()
+	// Every answer below comes while Redis is paused: none waits for it.
+	// The local policy splits a limit among the instances it knows of, so
+	// the override shows as 50 times the policy's 2/s, whatever the split.
+	withOverride := func(s *svc) (bool, string) {
+		r, degraded := rate(s, id)
+		plain, _ := rate(s, id+"-other")
+		return degraded && plain > 0 && r == 50*plain, fmt.Sprint(r, plain, degraded)
+	}
+	eventually(t, "degraded decisions with the override", func() (bool, string) { return withOverride(rs[1]) })
+	if a := rs[1].do(t, "PUT", "/v1/overrides", fmt.Sprintf(`{"identity":"new-%s","policy":"b","limit":"50/s"}`, id), bearer...); a.status != 503 || a.header.Get("Retry-After") == "" {
+		t.Fatalf("put while paused: %d %s", a.status, a.raw)
+	}
+	if a := rs[0].do(t, "GET", "/v1/overrides", "", bearer...); a.status != 200 || !strings.Contains(a.raw, `"limit":"100/s"`) {
+		t.Fatalf("list while paused: %d %s", a.status, a.raw)
+	}
+	eventually(t, "degraded decisions with the override on the replica that set it", func() (bool, string) { return withOverride(rs[0]) })
+	thaw()
+
+	// The change that got 503 may have been applied when Redis resumed
+	// (its script was sent); its retry replaces it or creates it.
+	eventually(t, "a change after the pause", func() (bool, string) {
+		a := rs[1].do(t, "PUT", "/v1/overrides", fmt.Sprintf(`{"identity":"new-%s","policy":"b","limit":"50/s"}`, id), bearer...)
+		return a.status == 200 || a.status == 201, a.raw
+	})
+	eventually(t, "a change after the pause reaches the other replica", func() (bool, string) {
+		r, degraded := rate(rs[0], "new-"+id)
+		return r == 50 && !degraded, fmt.Sprint(r, degraded)
+	})
+}
