@@ -779,3 +779,31 @@ keys: [{name: one, hash: %[2]s, tier: t}, {name: two, hash: %[3]s, tier: free}]
 		t.Fatalf("forwarded %s", reqs[len(reqs)-1].Body)
 	}
 }
+
+// TestDefaultCapFitsLevelTokens: default_max_tokens shrinks to fit a
+// team's or org's token burst as it does a tier's, instead of making a
+// request that sets no max_tokens too large for a limit it fits.
+func TestDefaultCapFitsLevelTokens(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, CompletionTokens: 4000})
+	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
+	t.Cleanup(func() { _ = st.Close() })
+	e := newBudgetEnv(t, `
+upstream: {base_url: %[1]s, api_key_env: UP}
+store: {timeout: 5s}
+default_max_tokens: 1024
+prices: {gpt-test: {input: 2.50, output: 10}}
+tiers: {t: {tpm: 100000}}
+orgs: {acme: {tpm: 300}}
+teams: {research: {org: acme, tpm: 500, budgets: [{usd: 1, per: day}]}}
+keys: [{name: one, hash: %[2]s, tier: t, team: research}]
+`, up, st)
+	res := e.do(0, "POST", "/v1/chat/completions", clientKey, `{"model":"gpt-test","messages":[{"role":"user","content":"hi"}]}`)
+	_, _ = io.Copy(io.Discard, res.Body)
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	s := e.settle()
+	if s.Reserved > 300 || s.Reserved < 290 || s.CompletionTokens != s.Reserved-promptEstimate(t, `{"model":"gpt-test","messages":[{"role":"user","content":"hi"}]}`) {
+		t.Fatalf("settled %+v", s)
+	}
+}

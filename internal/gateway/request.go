@@ -297,6 +297,13 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 				g.clampDefaultBudget(c, s)
 			}
 		}
+		if lv := c.client.levels; lv != nil { // and the team's and org's (levels.go)
+			for i := range lv.specs {
+				if s := &lv.specs[i]; s.kind == kindTokens && s.applies(p.model) {
+					g.clampDefaultBudget(c, s)
+				}
+			}
+		}
 		if c.ep != epEmbeddings {
 			// Whole tokens per choice, so that forwardCap's cap bounds the
 			// completion to exactly what is reserved.
