@@ -807,3 +807,112 @@ keys: [{name: one, hash: %[2]s, tier: t, team: research}]
 		t.Fatalf("settled %+v", s)
 	}
 }
+
+// TestBudgetRedisPausedAtSettlement: Redis stalls (SIGSTOP) for 2 s while
+// a request is upstream, so its settlement times out. Its budget keeps
+// the reservation (or, if the refund queued in the stalled server runs
+// when it resumes, the settled cost): never refunded twice, never below
+// the cost. Requests after it spend the rest, and the window never
+// exceeds the budget plus one request's maximum cost.
+func TestBudgetRedisPausedAtSettlement(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	fake := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, PromptTokens: 5, CompletionTokens: 4000})
+	var freezeNext atomic.Bool
+	thawed := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if freezeNext.CompareAndSwap(true, false) {
+			if err := srv.Freeze(); err != nil {
+				t.Error(err)
+			}
+			// The stall is the fault under test: 2 s, then the server resumes.
+			time.AfterFunc(2*time.Second, func() {
+				if err := srv.Thaw(); err != nil {
+					t.Error(err)
+				}
+				close(thawed)
+			})
+		}
+		req, _ := http.NewRequest(r.Method, fake.URL()+r.URL.Path, r.Body)
+		req.Header = r.Header.Clone()
+		res, err := http.DefaultTransport.RoundTrip(req)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer res.Body.Close()
+		w.WriteHeader(res.StatusCode)
+		_, _ = io.Copy(w, res.Body)
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(func() { _ = srv.Thaw() })
+	st, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), DisableDenyCache: true, Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	e := newBudgetEnv(t, `
+upstream: {base_url: %[1]s, api_key_env: UP}
+store: {timeout: 300ms}
+prices: {gpt-test: {input: 2.50, output: 10}}
+tiers: {t: {budgets: [{usd: 1, per: month}]}}
+keys: [{name: one, hash: %[2]s, tier: t}]
+`, urlOf(up.URL), st)
+	body := `{"model":"gpt-test","messages":[{"role":"user","content":"write a long essay about the history of rate limiting"}],"max_tokens":4000}`
+	price, _ := e.gws[0].prices.Lookup("gpt-test")
+	maxCost := price.Cost(pricing.Usage{pricing.Input: promptEstimate(t, body), pricing.Output: 4000})
+	each := price.Cost(pricing.Usage{pricing.Input: 5, pricing.Output: 4000})
+	if each >= maxCost {
+		t.Fatalf("cost %s, max %s", each, maxCost)
+	}
+
+	freezeNext.Store(true)
+	res := e.do(0, "POST", "/v1/chat/completions", clientKey, body)
+	_, _ = io.Copy(io.Discard, res.Body)
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	if s := e.settle(); s.Err == nil || s.Cost != each {
+		t.Fatalf("settlement during the stall %+v", s)
+	}
+	<-thawed
+	var spent pricing.Micros
+	deadline := time.Now().Add(5 * time.Second)
+	lv := e.gws[0].keys[sluice.HashKey(clientKey)].levels
+	for {
+		d, err := st.Apply(context.Background(), sluice.OpPeek, sluice.Request{Key: lv.keys[0], Algorithm: lv.specs[0].alg, Limit: lv.specs[0].limit})
+		if err == nil {
+			spent = pricing.Dollar - pricing.Micros(d.Remaining)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redis not back: %v", err)
+		}
+	}
+	if spent != maxCost && spent != each {
+		t.Fatalf("after the stalled settlement spent %s: want the reservation %s or the cost %s", spent, maxCost, each)
+	}
+	admitted := 1
+	for range 40 {
+		res := e.do(0, "POST", "/v1/chat/completions", clientKey, body)
+		_, _ = io.Copy(io.Discard, res.Body)
+		if res.StatusCode == 429 {
+			break
+		}
+		if res.StatusCode != 200 {
+			t.Fatalf("status %d", res.StatusCode)
+		}
+		if s := e.settle(); s.Err != nil || s.Cost != each {
+			t.Fatalf("settlement %+v", s)
+		}
+		admitted++
+	}
+	final := e.spent(clientKey, "key", "month")
+	if final > pricing.Dollar+maxCost || final < pricing.Micros(admitted)*each || final > pricing.Micros(admitted-1)*each+maxCost {
+		t.Fatalf("spent %s after %d requests of %s (max %s) on a $1 budget", final, admitted, each, maxCost)
+	}
+}
+
+// urlOf is a base URL as newBudgetEnv's upstream.
+type urlOf string
+
+func (u urlOf) URL() string { return string(u) }
