@@ -20,9 +20,10 @@ type Backend interface {
 	// Version returns the version, which every change moves; a cheap call.
 	Version(ctx context.Context) (int64, error)
 	// Put stores o under o.ID(), returning the override it replaced (nil
-	// for none). wildcards is how many wildcard overrides the caller knows
-	// of; it errs with ErrFull past MaxOverrides or MaxWildcards.
-	Put(ctx context.Context, o Override, wildcards int) (*Override, error)
+	// for none). It errs with ErrFull past MaxOverrides or MaxWildcards,
+	// counted in the store itself (not in a replica's snapshot, which may
+	// be stale), so that the bounds hold for the fleet.
+	Put(ctx context.Context, o Override) (*Override, error)
 	// Delete removes the override id, returning it, or ErrNotFound.
 	Delete(ctx context.Context, id string) (*Override, error)
 	// Shared reports whether every replica sees the same overrides.
@@ -58,7 +59,7 @@ func (b *Memory) Version(context.Context) (int64, error) {
 }
 
 // Put implements Backend.
-func (b *Memory) Put(_ context.Context, o Override, wildcards int) (*Override, error) {
+func (b *Memory) Put(_ context.Context, o Override) (*Override, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	old, ok := b.m[o.ID()]
@@ -66,8 +67,16 @@ func (b *Memory) Put(_ context.Context, o Override, wildcards int) (*Override, e
 		if len(b.m) >= MaxOverrides {
 			return nil, fmt.Errorf("%w: at most %d", ErrFull, MaxOverrides)
 		}
-		if o.Wildcard() && wildcards >= MaxWildcards {
-			return nil, fmt.Errorf("%w: at most %d with '*'", ErrFull, MaxWildcards)
+		if o.Wildcard() {
+			wild := 0
+			for _, x := range b.m {
+				if x.Wildcard() {
+					wild++
+				}
+			}
+			if wild >= MaxWildcards {
+				return nil, fmt.Errorf("%w: at most %d with '*'", ErrFull, MaxWildcards)
+			}
 		}
 	}
 	b.m[o.ID()] = o
@@ -173,7 +182,7 @@ func (b *Redis) Version(ctx context.Context) (int64, error) {
 }
 
 // Put implements Backend.
-func (b *Redis) Put(ctx context.Context, o Override, wildcards int) (*Override, error) {
+func (b *Redis) Put(ctx context.Context, o Override) (*Override, error) {
 	raw, err := json.Marshal(o)
 	if err != nil {
 		return nil, fmt.Errorf("overrides: encode: %w", err)
@@ -182,21 +191,21 @@ func (b *Redis) Put(ctx context.Context, o Override, wildcards int) (*Override, 
 	if o.Wildcard() {
 		wild = "1"
 	}
-	return b.change(ctx, o.ID(), string(raw), wild, wildcards)
+	return b.change(ctx, o.ID(), string(raw), wild)
 }
 
 // Delete implements Backend.
 func (b *Redis) Delete(ctx context.Context, id string) (*Override, error) {
-	return b.change(ctx, id, "", "0", 0)
+	return b.change(ctx, id, "", "0")
 }
 
-func (b *Redis) change(ctx context.Context, id, raw, wild string, wildcards int) (*Override, error) {
+func (b *Redis) change(ctx context.Context, id, raw, wild string) (*Override, error) {
 	c, err := b.conn()
 	if err != nil {
 		return nil, err
 	}
 	res := changeScript.Exec(ctx, c, []string{b.set, b.version},
-		[]string{id, raw, fmt.Sprint(MaxOverrides), wild, fmt.Sprint(MaxWildcards), fmt.Sprint(wildcards)})
+		[]string{id, raw, fmt.Sprint(MaxOverrides), wild, fmt.Sprint(MaxWildcards)})
 	if err := res.Error(); err != nil {
 		if re, ok := rueidis.IsRedisErr(err); ok && strings.HasPrefix(re.Error(), "FULL") {
 			return nil, fmt.Errorf("%w: %s", ErrFull, strings.TrimPrefix(re.Error(), "FULL "))

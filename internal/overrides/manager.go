@@ -206,14 +206,8 @@ func (m *Manager) Put(ctx context.Context, by string, o Override, ttl time.Durat
 		return nil, o, err
 	}
 	m.purge(ctx, now)
-	wild := 0
-	for _, x := range m.set.Load().All() {
-		if x.Wildcard() {
-			wild++
-		}
-	}
 	bctx, cancel := context.WithTimeout(ctx, m.limit)
-	before, err = m.b.Put(bctx, o, wild)
+	before, err = m.b.Put(bctx, o)
 	cancel()
 	if err != nil {
 		m.unknown("put", by, o.Identity, o.Policy, &o, err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"regexp"
@@ -357,5 +358,37 @@ func BenchmarkLookup(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestRedisWildcardBoundFleet: the wildcard bound is counted in Redis, not
+// in a replica's snapshot: a replica that has not yet read the others'
+// wildcards (its snapshot empty) cannot add one past MaxWildcards.
+func TestRedisWildcardBoundFleet(t *testing.T) {
+	cl, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{redistest.Standalone(t).Addr}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	prefix := redistest.Prefix(t) + ":{ovr}"
+	b := NewRedis(func() rueidis.Client { return cl }, prefix)
+	for i := range MaxWildcards {
+		if _, err := b.Put(ctx, Override{Identity: fmt.Sprintf("w%d-*", i), Scale: 2}); err != nil {
+			t.Fatal(i, err)
+		}
+	}
+	stale, _ := New(Options{Backend: b, Logger: slog.New(slog.DiscardHandler)})
+	if _, _, err := stale.Put(ctx, "t", Override{Identity: "one-more-*", Scale: 2}, 0, nil); !errors.Is(err, ErrFull) {
+		t.Fatalf("wildcard %d from a stale replica: %v", MaxWildcards+1, err)
+	}
+	for _, o := range []Override{
+		{Identity: "w0-*", Scale: 3}, // replacing one is no new one
+		{Identity: "a|b", Scale: 2},  // exact, with the separator of IDs in it
+		{Identity: "exact", Policy: "p", Limit: "1/s"},
+	} {
+		if _, _, err := stale.Put(ctx, "t", o, 0, nil); err != nil {
+			t.Fatalf("%+v: %v", o, err)
+		}
 	}
 }
