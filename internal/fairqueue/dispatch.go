@@ -153,43 +153,37 @@ func (q *Queue) Submit(ctx context.Context, it *Item) (*Waiter, error) {
 	}
 	q.mu.Lock()
 	ahead := q.aheadLocked(w)
+	full := ahead && q.fullLocked(it)
 	q.mu.Unlock()
 	var blockedFor time.Duration
-	if !ahead {
+	var hopeless bool
+	switch {
+	case full:
+		// Refused before any store call: a flood at a full queue costs
+		// no round trips.
+		return q.finished(w, Full), nil
+	case !ahead:
 		// The fast path: one ApplyAll per option, no queue.
-		var hopeless bool
 		blockedFor, hopeless = q.try(ctx, w)
-		if w.res.Outcome == Admitted || w.res.Outcome == Failed {
-			q.noteUsage(w)
-			w.done = closed
-			w.state.Store(stFinished)
-			return w, nil
-		}
-		if hopeless || q.o.MaxWait == 0 || blockedFor > q.o.MaxWait {
-			w.res.Outcome = Denied
-			w.done = closed
-			w.state.Store(stFinished)
-			return w, nil
-		}
+	case len(it.Reqs) > 0 && q.o.MaxWait > 0:
+		// It queues behind the items ahead of it untried, but its own
+		// limits are peeked at, so that an item they deny for longer
+		// than it may wait (a spent budget) is refused now.
+		blockedFor, hopeless = q.peekOwn(ctx, w)
 	}
-	w.done = make(chan struct{})
+	if w.res.Outcome == Admitted || w.res.Outcome == Failed {
+		q.noteUsage(w)
+		return q.finished(w, w.res.Outcome), nil
+	}
+	if hopeless || q.o.MaxWait == 0 || blockedFor > q.o.MaxWait {
+		return q.finished(w, Denied), nil
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.o.MaxWait == 0 {
-		// Something waits ahead, yet queueing is off: impossible, as
-		// nothing ever waits; kept for safety.
-		w.res.Outcome = Denied
-		w.state.Store(stFinished)
-		close(w.done)
-		return w, nil
+	if q.fullLocked(it) {
+		return q.finished(w, Full), nil
 	}
-	if q.perKey[it.Key] >= q.o.MaxPerKey || q.perGroup[it.Group] >= q.o.MaxPerGroup || q.total >= q.o.MaxTotal ||
-		it.Bytes < 0 || it.Bytes > q.o.MaxBytes-q.bytes {
-		w.res.Outcome = Full
-		w.state.Store(stFinished)
-		close(w.done)
-		return w, nil
-	}
+	w.done = make(chan struct{})
 	now := q.clk.Now()
 	w.enqueued, w.deadline = now, now+int64(q.o.MaxWait)
 	w.res.Queued = true
@@ -214,6 +208,20 @@ func (q *Queue) Submit(ctx context.Context, it *Item) (*Waiter, error) {
 	w.class.depth.Add(1)
 	q.Kick()
 	return w, nil
+}
+
+// finished returns w, done without waiting, with outcome o.
+func (q *Queue) finished(w *Waiter, o Outcome) *Waiter {
+	w.res.Outcome = o
+	w.done = closed
+	w.state.Store(stFinished)
+	return w
+}
+
+// fullLocked reports whether a bound on waiting items refuses it.
+func (q *Queue) fullLocked(it *Item) bool {
+	return q.perKey[it.Key] >= q.o.MaxPerKey || q.perGroup[it.Group] >= q.o.MaxPerGroup || q.total >= q.o.MaxTotal ||
+		it.Bytes < 0 || it.Bytes > q.o.MaxBytes-q.bytes
 }
 
 func (q *Queue) newWaiter(it *Item) (*Waiter, error) {
@@ -263,7 +271,7 @@ func (q *Queue) try(ctx context.Context, w *Waiter) (blockedFor time.Duration, h
 		opts = []*option{nil}
 	}
 	now := q.clk.Now()
-	fitsAny := false
+	fitsAny, tried := false, false
 	for _, o := range opts {
 		n := len(it.Reqs)
 		var reqs []sluice.Request
@@ -295,7 +303,7 @@ func (q *Queue) try(ctx context.Context, w *Waiter) (blockedFor time.Duration, h
 		} else {
 			reqs = it.Reqs
 		}
-		fitsAny = true
+		fitsAny, tried = true, true
 		ds, err := q.apply(ctx, reqs, n)
 		if err != nil {
 			w.res.Outcome, w.res.Err = Failed, fmt.Errorf("fairqueue: admit: %w", err)
@@ -317,7 +325,33 @@ func (q *Queue) try(ctx context.Context, w *Waiter) (blockedFor time.Duration, h
 			return own, false
 		}
 	}
+	if fitsAny && !tried && len(it.Reqs) > 0 {
+		// Every option is known exhausted, so no try asked the store
+		// about the item's own limits: peek at them, so that an item
+		// they deny for longer than it may wait (a spent budget or
+		// daily limit) is refused now, not after waiting for capacity.
+		return q.peekOwn(ctx, w)
+	}
 	return 0, !fitsAny
+}
+
+// peekOwn asks the store, changing nothing, whether w's own limits would
+// admit it now. When they deny, it records their decisions in w.res and
+// returns how long they deny; a store error is the Failed outcome.
+func (q *Queue) peekOwn(ctx context.Context, w *Waiter) (blockedFor time.Duration, hopeless bool) {
+	ctx, cancel := context.WithTimeout(ctx, q.o.StoreTimeout)
+	defer cancel()
+	reqs := w.item.Reqs
+	ds, err := q.o.Store.ApplyAll(ctx, sluice.OpPeek, reqs)
+	if err != nil {
+		w.res.Outcome, w.res.Err = Failed, fmt.Errorf("fairqueue: peek: %w", err)
+		return 0, false
+	}
+	if wait, denied := q.retryAfter(reqs, ds); denied {
+		w.res.Decisions = ds
+		return wait, false
+	}
+	return 0, false
 }
 
 // retryAfter is how long the denied requests among reqs deny: the longest

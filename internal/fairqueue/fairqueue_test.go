@@ -451,6 +451,53 @@ func TestDeniedWhenWaitCannotHelp(t *testing.T) {
 	}
 }
 
+// TestDeniedWhenOwnLimitSpentBehindCapacity: while the capacity is
+// exhausted (known from an earlier denial, so no try reaches the store) or
+// other items wait for it, an item whose own limit (a spent budget, a
+// daily limit) frees only after MaxWait is still denied at once, with its
+// own limit's decisions, rather than waiting MaxWait for capacity first.
+// An item whose own limit frees within MaxWait queues as before.
+func TestDeniedWhenOwnLimitSpentBehindCapacity(t *testing.T) {
+	q, _, _ := newQueue(t, Options{Capacities: map[string][]Limit{"m": perSecond(1, 1)}, MaxWait: 5 * time.Second})
+	ctx := context.Background()
+	spent := []sluice.Request{{Key: "{s}:rpd", Algorithm: sluice.GCRA, Limit: sluice.PerDay(1), Cost: 1}}
+	if w, _ := q.Submit(ctx, &Item{Key: "s", Reqs: spent}); w.Result().Outcome != Admitted {
+		t.Fatal("s's only request of the day")
+	}
+	if w, _ := q.Submit(ctx, &Item{Key: "a", Capacity: "m"}); w.Result().Outcome != Admitted {
+		t.Fatal("a")
+	}
+	// The capacity denies b and is known exhausted for a second.
+	b, _ := q.Submit(ctx, &Item{Key: "b", Capacity: "m"})
+	if r := b.Result(); r.Outcome != Pending || !r.PoolDenied() {
+		t.Fatalf("b: %+v", r)
+	}
+	// b gives up: nothing waits, but every option of the capacity is
+	// known exhausted. Then b waits again, ahead on the capacity.
+	q.Cancel(b)
+	for _, name := range []string{"exhausted", "behind b"} {
+		if name == "behind b" {
+			if b, _ = q.Submit(ctx, &Item{Key: "b", Capacity: "m"}); b.Result().Outcome != Pending {
+				t.Fatalf("b again: %+v", b.Result())
+			}
+		}
+		w, _ := q.Submit(ctx, &Item{Key: "s", Capacity: "m", Reqs: spent})
+		r := w.Result()
+		if r.Outcome != Denied || r.Queued || len(r.Decisions) != 1 || r.Decisions[0].Allowed || r.Decisions[0].RetryAfter < time.Hour {
+			t.Fatalf("%s: spent own limit: %+v", name, r)
+		}
+	}
+	// An own limit that frees within MaxWait: the item waits.
+	soon := []sluice.Request{{Key: "{n}:rps", Algorithm: sluice.GCRA, Limit: sluice.PerSecond(1), Cost: 1}}
+	if w, _ := q.Submit(ctx, &Item{Key: "n", Reqs: soon}); w.Result().Outcome != Admitted {
+		t.Fatal("n")
+	}
+	w, _ := q.Submit(ctx, &Item{Key: "n", Capacity: "m", Reqs: soon})
+	if r := w.Result(); r.Outcome != Pending || q.Depth("default") != 2 {
+		t.Fatalf("n: %+v, depth %d", r, q.Depth("default"))
+	}
+}
+
 // TestOptionsInvalid: shares over 100 %, bad limits and missing parts are
 // refused.
 func TestOptionsInvalid(t *testing.T) {

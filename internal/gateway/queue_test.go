@@ -53,6 +53,7 @@ func newQueueEnv(t *testing.T, st sluice.Store, up *fakeopenai.Server, tiers map
 		Store:    StoreConfig{Timeout: 5 * time.Second},
 		Tiers:    tiers,
 		Queue:    q,
+		Prices:   map[string]PriceConfig{"gpt-test": {Input: "1", Output: "1"}}, // for budgets
 	}
 	for _, name := range sortedKeys(keys) {
 		cfg.Keys = append(cfg.Keys, KeyConfig{Name: name, Hash: sluice.HashKey("sk-" + name), Tier: keys[name], Client: name})
@@ -212,6 +213,48 @@ func TestQueueOwnLimit(t *testing.T) {
 	}
 	if time.Since(start) > 900*time.Millisecond {
 		t.Fatal("a hopeless request waited")
+	}
+}
+
+// TestQueueSpentBudgetRefusedAtOnce: a request whose budget is spent is
+// answered 429 insufficient_quota at once, not after waiting max_wait for
+// the model's capacity (held elsewhere) and then told the capacity is
+// busy; so is one queued behind another request for the capacity.
+func TestQueueSpentBudgetRefusedAtOnce(t *testing.T) {
+	tiers := map[string]TierConfig{"t": {RPM: 1000, Budgets: []BudgetConfig{{USD: "1", Per: "day"}}}}
+	e := newQueueEnv(t, nil, nil, tiers, map[string]string{"a": "t", "b": "t"},
+		QueueConfig{MaxWait: 2 * time.Second, Capacity: oneSlot, Poll: time.Millisecond})
+	// Spend a's budget, as its earlier requests would have.
+	lv := e.gw.keys[sluice.HashKey("sk-a")].levels
+	for i, s := range lv.specs {
+		if s.kind == kindBudget {
+			req := sluice.Request{Key: lv.keys[i], Algorithm: s.alg, Limit: s.limit, Cost: s.limit.Rate}
+			if _, err := e.st.Apply(context.Background(), sluice.OpCharge, req); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	e.holdCapacity("elsewhere", sluice.OpAllow)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	waiting := make(chan struct{})
+	for _, behind := range []bool{false, true} {
+		if behind {
+			go func() { // b waits for the capacity, ahead of a
+				defer close(waiting)
+				_, _, _ = e.do(ctx, "b", nil)
+			}()
+			waitFor(t, "b to queue", func() bool { return e.depth("default") == 1 })
+		}
+		res, body, err := e.do(context.Background(), "a", nil)
+		if err != nil || res.StatusCode != 429 || !strings.Contains(body, "insufficient_quota") || res.Header.Get("x-sluice-queued-ms") != "" {
+			t.Fatalf("behind %v: want an immediate insufficient_quota: %v %v %s", behind, err, res, body)
+		}
+	}
+	cancel()
+	<-waiting
+	if e.up.Count() != 0 {
+		t.Fatal("upstream reached")
 	}
 }
 
