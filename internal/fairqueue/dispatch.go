@@ -180,6 +180,10 @@ func (q *Queue) Submit(ctx context.Context, it *Item) (*Waiter, error) {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.closed {
+		// No dispatcher would ever admit or expire it.
+		return q.finished(w, Canceled), nil
+	}
 	if q.fullLocked(it) {
 		return q.finished(w, Full), nil
 	}
@@ -609,7 +613,8 @@ func (q *Queue) nextLocked(now int64) int64 {
 }
 
 // Run dispatches until ctx is done, sleeping until the next retry time or
-// a Kick.
+// a Kick. Then it answers every waiting item Canceled, and so are the items
+// submitted later that would have to wait.
 func (q *Queue) Run(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -635,9 +640,12 @@ func (q *Queue) Run(ctx context.Context) {
 }
 
 // drain finishes every waiting item as canceled: the queue is closing.
+// Items submitted afterwards are admitted at once or canceled: nothing
+// waits once no dispatcher runs.
 func (q *Queue) drain() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.closed = true
 	now := q.clk.Now()
 	for _, c := range q.classes {
 		for _, kq := range c.keys {

@@ -329,9 +329,10 @@ type Queue struct {
 	bytes    int64 // Bytes of the waiting items
 	// split is set once the store refused a batch across hash slots:
 	// own limits and capacity are then charged in two calls (apply).
-	split atomic.Bool
-	total int
-	rng   *rand.Rand
+	split  atomic.Bool
+	total  int
+	closed bool // Run has returned: nothing may wait
+	rng    *rand.Rand
 }
 
 // New validates opts and returns a Queue.

@@ -498,6 +498,30 @@ func TestDeniedWhenOwnLimitSpentBehindCapacity(t *testing.T) {
 	}
 }
 
+// TestSubmitAfterRun: once Run has returned, an item is still admitted at
+// once when its limits allow, but one that would wait is canceled rather
+// than left waiting with no dispatcher to admit or expire it.
+func TestSubmitAfterRun(t *testing.T) {
+	q, _, _ := newQueue(t, Options{Capacities: map[string][]Limit{"m": perSecond(1, 1)}, MaxWait: time.Minute})
+	ctx, stop := context.WithCancel(context.Background())
+	stop()
+	q.Run(ctx)
+	for i, want := range []Outcome{Admitted, Canceled} {
+		w, err := q.Submit(context.Background(), &Item{Key: "k", Capacity: "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-w.Done():
+		default:
+			t.Fatalf("item %d waits after Run returned", i)
+		}
+		if r := w.Result(); r.Outcome != want || r.Queued {
+			t.Fatalf("item %d: %+v, want %s", i, r, want)
+		}
+	}
+}
+
 // TestOptionsInvalid: shares over 100 %, bad limits and missing parts are
 // refused.
 func TestOptionsInvalid(t *testing.T) {

@@ -136,7 +136,8 @@ func (q *queue) register(reg prometheus.Registerer) error {
 	return nil
 }
 
-// close stops the dispatcher; waiting requests are answered as canceled.
+// close stops the dispatcher; waiting requests, and those that would
+// wait later, are answered as canceled. It may be called again.
 func (q *queue) close() {
 	if q != nil {
 		q.stop()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -351,6 +352,41 @@ func TestQueueShutdown(t *testing.T) {
 	a := <-got
 	if a.res == nil || a.res.StatusCode != 503 || !strings.Contains(a.body, "shutting_down") {
 		t.Fatalf("%+v", a)
+	}
+}
+
+// TestQueueServerShutdown: when the server stops, a request waiting in
+// the queue is answered 503 at once, so that the HTTP drain ends without
+// waiting max_wait (a minute here, beyond the shutdown timeout).
+func TestQueueServerShutdown(t *testing.T) {
+	e := newQueueEnv(t, nil, nil, map[string]TierConfig{"t": {RPM: 1000}}, map[string]string{"a": "t"},
+		QueueConfig{MaxWait: time.Minute, Capacity: oneSlot})
+	e.holdCapacity("elsewhere", sluice.OpAllow)
+	addr := make(chan net.Addr, 1)
+	srv := &Server{Gateway: e.gw, Addr: "127.0.0.1:0", ShutdownTimeout: 5 * time.Second, OnListen: func(a net.Addr) { addr <- a }}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	ran := make(chan error, 1)
+	go func() { ran <- srv.Run(ctx) }()
+	e.srv.URL = "http://" + (<-addr).String() // e.do goes through srv
+	type answer struct {
+		res  *http.Response
+		body string
+		err  error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		res, body, err := e.do(context.Background(), "a", nil)
+		got <- answer{res, body, err}
+	}()
+	waitFor(t, "the request to queue", func() bool { return e.depth("default") == 1 })
+	stop()
+	a := <-got
+	if a.err != nil || a.res.StatusCode != 503 || !strings.Contains(a.body, "shutting_down") {
+		t.Fatalf("%v %v %s", a.err, a.res, a.body)
+	}
+	if err := <-ran; err != nil {
+		t.Fatalf("shutdown: %v", err)
 	}
 }
 

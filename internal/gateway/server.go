@@ -157,6 +157,10 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
+	// Requests waiting in the queue are answered 503 now, rather than
+	// holding the shutdown for up to max_wait; requests later in the
+	// drain are admitted at once or answered 503 too.
+	s.Gateway.queue.close()
 	err = srv.Shutdown(sctx)
 	_ = s.Gateway.Close() // wait for the last settlements
 	s.Gateway.log.Info("gateway: stopped", "requests", s.requests.Load(), "ok", s.ok.Load(), "rate_limited", s.limited.Load(),
