@@ -160,9 +160,11 @@ func (l *local) seed(ctx context.Context, orig, scaled *sluice.Request, s *seed,
 	l.mu.Unlock()
 	if charge := scaled.Capacity() - rem; charge > 0 {
 		c := *scaled
-		// A reservation's Remaining is negative by what the store reserved
-		// ahead, up to MaxWait's worth: that is not handed out again.
-		c.Cost = min(charge, 2*scaled.Capacity()+int64(orig.MaxWait)/scaled.Limit.Interval()+1)
+		// After reservations the store's Remaining is negative by what it
+		// reserved ahead, up to sluice.MaxReserveWait's worth: that is not
+		// handed out again, whoever asks first now (the caller's own
+		// MaxWait says nothing of the key's debt; the others' reserved it).
+		c.Cost = min(charge, 2*scaled.Capacity()+int64(sluice.MaxReserveWait)/scaled.Limit.Interval()+1)
 		_, _ = l.store.Apply(ctx, sluice.OpCharge, c)
 	}
 }

@@ -71,3 +71,40 @@ func TestLocalReservationsDoNotOverAdmit(t *testing.T) {
 		t.Fatalf("local admitted %d of a fresh key, want its burst 5 and nothing reserved ahead", admitted)
 	}
 }
+
+// The debt a key's reservations left in the store is seeded whole even when
+// the first call the guard answers locally is a plain request (no MaxWait)
+// of the same key: the store's state, not the caller's MaxWait, says how
+// much was reserved ahead.
+func TestLocalSeedsReservedDebtForPlainRequests(t *testing.T) {
+	f := newFaulty(t)
+	clk := clock.NewFake(time.Now())
+	g := newGuard(t, f, Options{Instances: 1, ProbeInterval: 10 * time.Millisecond, Clock: clk})
+	ctx := context.Background()
+	lim := sluice.Limit{Rate: 60, Period: time.Minute, Burst: 5}
+	reserved := sluice.Request{Key: "k", Algorithm: sluice.GCRA, Limit: lim, Cost: 1, MaxWait: 20 * time.Second}
+	plain := reserved
+	plain.MaxWait = 0
+	for range 30 {
+		if _, err := g.Apply(ctx, sluice.OpAllow, reserved); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.down.Store(true)
+	eventually(t, "circuit open", func() bool { return g.Stats().Open == 1 })
+	// The first local call seeds the key; 8s on, the store still owes 12s
+	// of what it reserved 20s ahead.
+	if d, err := g.Apply(ctx, sluice.OpAllow, plain); err != nil || !d.Degraded || d.Allowed {
+		t.Fatalf("%+v %v", d, err)
+	}
+	clk.Advance(8 * time.Second)
+	for i := range 10 {
+		d, err := g.Apply(ctx, sluice.OpAllow, plain)
+		if err != nil || !d.Degraded {
+			t.Fatalf("%+v %v", d, err)
+		}
+		if d.Allowed {
+			t.Fatalf("local admitted plain request %d of a key the store had reserved 20s ahead: %+v", i, d)
+		}
+	}
+}
