@@ -185,13 +185,18 @@ func (c Calendar) window(t int64) (start, end int64) {
 	// The anchor's boundary is at most one unit off t's local date: one
 	// back when t is before ResetAt, one on when the clocks fell back over
 	// a boundary. The loops are bounded for odd zones all the same.
-	for i := 0; i < 4 && c.boundary(y, m, d, k) > t; i++ {
+	// Each boundary is computed once: it walks the zone's rules.
+	start = c.boundary(y, m, d, k)
+	for i := 0; i < 4 && start > t; i++ {
 		k--
+		start = c.boundary(y, m, d, k)
 	}
-	for i := 0; i < 4 && c.boundary(y, m, d, k+1) <= t; i++ {
+	end = c.boundary(y, m, d, k+1)
+	for i := 0; i < 4 && end <= t; i++ {
 		k++
+		start, end = end, c.boundary(y, m, d, k+1)
 	}
-	return c.boundary(y, m, d, k), c.boundary(y, m, d, k+1)
+	return start, end
 }
 
 // boundary is the start of the window k units after the local date y-m-d.
