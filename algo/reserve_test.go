@@ -1,7 +1,9 @@
 package algo_test
 
 import (
+	"cmp"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -49,6 +51,116 @@ func TestReserveAgrees(t *testing.T) {
 		}
 		if tbd != want {
 			t.Fatalf("case %d: token bucket %+v, gcra %+v", i, tbd, want)
+		}
+	}
+}
+
+// A caller cannot use reservations to take more than the limit: on random
+// sequences of reservations on one key (costs up to what fits within the
+// wait, above the burst too, each with its own max wait up to wmax) and
+// refunds of the newest reservation not yet due, (1) what is admitted by any time t
+// is at most burst + rate·(t − t0 + wmax), and (2) the admitted requests,
+// acting at their decision time plus Delay, are every one admitted by a
+// plain limiter of the same limit (no max wait) replayed at those times:
+// reservations shift requests into the future, never past the limit.
+func TestReserveBound(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	const t0 = int64(1_800_000_000_000_000_000)
+	for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket} {
+		for run := range 300 {
+			l := sluice.Limit{Rate: 1 + r.Int64N(50), Period: time.Duration(1+r.Int64N(10)) * time.Second, Burst: r.Int64N(20)}
+			wmax := time.Duration(r.Int64N(int64(3 * l.Period)))
+			type act struct {
+				at, cost int64
+				refunded bool
+			}
+			var acts []act
+			var st algo.State
+			now, admitted := t0, int64(0)
+			for range 200 {
+				now += r.Int64N(int64(l.Period) / 4)
+				if len(acts) > 0 && r.IntN(8) == 0 {
+					// refund the newest reservation if not yet due, as
+					// Reservation.Cancel does (an older one, refunded whole,
+					// would hand its slot to the next caller at the end of
+					// the queue, beside the later ones that keep theirs)
+					i := len(acts) - 1
+					for i > 0 && acts[i].refunded {
+						i--
+					}
+					if x := &acts[i]; !x.refunded && x.at > now {
+						var err error
+						if _, st, err = algo.Apply(sluice.OpRefund, st, sluice.Request{Key: "k", Algorithm: a, Limit: l, Cost: x.cost}, now); err != nil {
+							t.Fatal(err)
+						}
+						x.refunded = true
+						admitted -= x.cost
+						continue
+					}
+				}
+				w := time.Duration(r.Int64N(int64(wmax) + 1))
+				top := l.Capacity()
+				if w > 0 {
+					top += algo.CostsIn(l, int64(w))
+				}
+				req := sluice.Request{Key: "k", Algorithm: a, Limit: l, Cost: 1 + r.Int64N(top), MaxWait: w}
+				if req.Validate(sluice.OpAllow) != nil {
+					continue // a cost that could never fit within w
+				}
+				d, next, err := algo.Apply(sluice.OpAllow, st, req, now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				st = next
+				if !d.Allowed {
+					continue
+				}
+				admitted += req.Cost
+				acts = append(acts, act{at: now + int64(d.Delay), cost: req.Cost})
+				if bound := l.Capacity() + algo.CostsIn(l, now-t0+int64(wmax)); admitted > bound {
+					t.Fatalf("%s run %d: %s, max wait %s: %d admitted by %s, over burst + rate·(elapsed + max wait) = %d",
+						a, run, l, wmax, admitted, time.Duration(now-t0), bound)
+				}
+			}
+			// (2) replay at the acting times on a plain limiter, in time
+			// order. A cost above the burst, held until the rest of it has
+			// refilled, is replayed as a charge when that refill began: the
+			// bucket must be full then.
+			tau := l.CostInterval(l.Capacity())
+			for i := range acts {
+				if c := acts[i].cost; c > l.Capacity() {
+					acts[i].at -= l.CostInterval(c) - tau
+				}
+			}
+			slices.SortStableFunc(acts, func(x, y act) int { return cmp.Compare(x.at, y.at) })
+			var plain algo.State
+			for i, x := range acts {
+				if x.refunded {
+					continue
+				}
+				req := sluice.Request{Key: "k", Algorithm: a, Limit: l, Cost: x.cost}
+				op := sluice.OpAllow
+				if x.cost > l.Capacity() {
+					op = sluice.OpPeek
+					req.Cost = l.Capacity()
+				}
+				d, next, err := algo.Apply(op, plain, req, x.at)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !d.Allowed {
+					t.Fatalf("%s run %d: %s, max wait %s: reservation %d (cost %d) acts at %s, which a plain limiter denies: %+v",
+						a, run, l, wmax, i, x.cost, time.Duration(x.at-t0), d)
+				}
+				if op == sluice.OpPeek {
+					req.Cost = x.cost
+					_, next, err = algo.Apply(sluice.OpCharge, plain, req, x.at)
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				plain = next
+			}
 		}
 	}
 }
