@@ -425,3 +425,51 @@ func TestDelayModeRuntimeOverride(t *testing.T) {
 		t.Fatalf("longest delay %s, want 1.25s", d[len(d)-1])
 	}
 }
+
+// A caller that hangs up while held, with Redis paused (SIGSTOP): its
+// goroutine and waiting slot are given back while Redis is still paused
+// (the refund is bounded by the store's timeout, not left waiting for
+// Redis).
+func TestDelayModeDisconnectRedisPaused(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	store, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	sleeping := make(chan time.Duration, 10)
+	s := startDelay(t, store, 4, func(ctx context.Context, d time.Duration) error {
+		sleeping <- d
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	body := fmt.Sprintf(`{"policy":"one","key":%q}`, redistest.Prefix(t))
+	if h, err := s.post(context.Background(), body); err != nil || h.status != 200 || h.delay != "" {
+		t.Fatalf("first: %+v %v", h, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.post(ctx, body)
+		done <- err
+	}()
+	<-sleeping
+	if n := s.srv.Waiting(); n != 1 {
+		t.Fatalf("%d waiting, want 1", n)
+	}
+	if err := srv.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Thaw() }()
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("the cancelled request was answered")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.srv.Waiting() != 0 || !strings.HasSuffix(s.metric(t, `sluice_delay_requests_total{result="abandoned"}`), " 1") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the held request was not let go while Redis is paused: %d waiting", s.srv.Waiting())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
