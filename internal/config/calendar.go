@@ -74,12 +74,13 @@ func (v *validator) policyCalendar(path string, p *PolicySection, pol *Policy) {
 	}
 }
 
-// overrideLimit fits an override's limit to its policy: a policy per
+// FitOverride fits an override's limit to its policy, for the config's
+// overrides and the runtime ones (package overrides) alike: a policy per
 // calendar window passes its calendar to an override per day or week
 // that names none ("500/day" in a policy with timezone: Europe/Berlin
 // resets at Berlin's midnight too), and only fixed_window can enforce an
-// override that is a calendar limit.
-func overrideLimit(pol *Policy, l sluice.Limit) (sluice.Limit, string) {
+// override that is a calendar limit; otherwise it returns the problem.
+func FitOverride(pol *Policy, l sluice.Limit) (sluice.Limit, string) {
 	if c := pol.Limit.Calendar; !c.IsZero() && l.Calendar.IsZero() && l.Burst == 0 {
 		switch {
 		case c.Unit == sluice.Day && l.Period == 24*time.Hour, c.Unit == sluice.Week && l.Period == 7*24*time.Hour:

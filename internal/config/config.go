@@ -308,7 +308,7 @@ func (v *validator) compile(f *File) *Config {
 				v.addf(opath, "%s", strings.TrimPrefix(err.Error(), "sluice: "))
 				continue
 			}
-			l, problem := overrideLimit(cfg.Policies[pn], l)
+			l, problem := FitOverride(cfg.Policies[pn], l)
 			if problem != "" {
 				v.addf(opath, "%s", problem)
 				continue
@@ -337,7 +337,7 @@ func (v *validator) compile(f *File) *Config {
 			v.addf(path+".limit", "%s", strings.TrimPrefix(err.Error(), "sluice: "))
 			continue
 		}
-		l, problem := overrideLimit(cfg.Policies[o.Policy], l)
+		l, problem := FitOverride(cfg.Policies[o.Policy], l)
 		if problem != "" {
 			v.addf(path+".limit", "%s", problem)
 			continue

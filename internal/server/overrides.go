@@ -40,7 +40,12 @@ func (s *Server) applyOverrides(targets []target) {
 	for i := range targets {
 		t := &targets[i]
 		if o := set.Lookup(t.identity, keyNameOf(cfg, t.identity), t.policy.Name, now); o != nil {
-			t.overrideLimit(o.Apply(t.base)) // delay.go
+			// Fitted as the config's overrides are; one that no longer
+			// fits (a reload changed the policy's algorithm) is skipped
+			// rather than failing every decision it matches.
+			if l, problem := config.FitOverride(t.policy, o.Apply(t.base)); problem == "" {
+				t.overrideLimit(l) // delay.go
+			}
 		}
 	}
 }
@@ -139,6 +144,17 @@ func (s *Server) handlePutOverride(w http.ResponseWriter, r *http.Request) {
 	}
 	cfg := s.cfg.Load()
 	exists := func(p string) bool { return cfg.Policies[p] != nil }
+	if p := cfg.Policies[body.Policy]; p != nil && body.Limit != "" {
+		// A limit the policy's algorithm cannot enforce (a calendar limit
+		// on a policy other than fixed_window) would fail every decision
+		// it matches: refused here as in the config.
+		if l, err := sluice.ParseLimit(body.Limit); err == nil {
+			if _, problem := config.FitOverride(p, l); problem != "" {
+				writeError(w, http.StatusBadRequest, "%s", problem)
+				return
+			}
+		}
+	}
 	before, after, err := s.ovr.Put(r.Context(), by, body.Override, ttl, exists)
 	if err != nil {
 		s.writeOverrideError(w, err)

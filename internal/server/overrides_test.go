@@ -48,6 +48,7 @@ func TestOverridesAPI(t *testing.T) {
 		{"{\"identity\":\"a\xff\",\"scale\":2}", 400},
 		{`{"identity":"a","scale":2,"reason":"` + strings.Repeat("r", 5000) + `"}`, 413},
 		{`{"identity":"a","scale":2}{}`, 400},
+		{`{"identity":"a","policy":"free","limit":"5/day in Europe/Berlin"}`, 400}, // token_bucket cannot
 	} {
 		if a := put(bad.body); a.status != bad.status {
 			t.Errorf("%.80s: %d %s", bad.body, a.status, a.raw)
@@ -270,4 +271,18 @@ func TestOverridesRedisPause(t *testing.T) {
 		r, degraded := rate(rs[0], "new-"+id)
 		return r == 50 && !degraded, fmt.Sprint(r, degraded)
 	})
+}
+
+// TestOverridesCalendar: a runtime override is fitted to its policy as the
+// config's are: "5/day" on a policy per Berlin day resets at Berlin's
+// midnight (23:00 UTC on the fake clock's 1 January), not at UTC's.
+func TestOverridesCalendar(t *testing.T) {
+	s := startService(t, svcOptions{config: strings.Replace(testConfig, "  b: {limit: 2/s}\n", "  b: {limit: 2/s}\n  cal: {limit: 3/day, timezone: Europe/Berlin}\n", 1)})
+	if a := s.do(t, "PUT", "/v1/overrides", `{"identity":"x","policy":"cal","limit":"5/day"}`, bearer...); a.status != 201 {
+		t.Fatalf("put: %d %s", a.status, a.raw)
+	}
+	a := s.check(t, `{"policy":"cal","key":"x"}`)
+	if a.status != 200 || a.num("rate") != 5 || a.num("reset_after_ms") != (23*time.Hour).Milliseconds() {
+		t.Fatalf("check: %d %s", a.status, a.raw)
+	}
 }
