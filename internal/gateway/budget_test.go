@@ -456,9 +456,17 @@ keys: [{name: one, hash: %[2]s, tier: t, team: research}]
 		t.Fatalf("policy %q", h.Get("Ratelimit-Policy"))
 	}
 	sres := e.do(0, "GET", "/v1/status", clientKey, "")
+	raw, _ := io.ReadAll(sres.Body)
 	var st1 statusBody
-	if err := json.NewDecoder(sres.Body).Decode(&st1); err != nil || sres.StatusCode != 200 {
+	if err := json.Unmarshal(raw, &st1); err != nil || sres.StatusCode != 200 {
 		t.Fatal(sres.StatusCode, err)
+	}
+	// Never the key, its hash, its client id or its name.
+	cl := e.gws[0].keys[sluice.HashKey(clientKey)]
+	for _, secret := range []string{clientKey, sluice.HashKey(clientKey)[:16], cl.id, `"` + cl.name + `"`} {
+		if strings.Contains(string(raw), secret) {
+			t.Fatalf("/v1/status names %q: %s", secret, raw)
+		}
 	}
 	if st1.Team != "research" || st1.Org != "acme" || len(st1.Budgets) != 3 || len(st1.Limits) != 3 {
 		t.Fatalf("status %+v", st1)
