@@ -3,7 +3,6 @@ package gateway
 import (
 	"fmt"
 	"math"
-	"math/bits"
 	"strconv"
 	"strings"
 
@@ -163,23 +162,15 @@ func (w weights) upper() weights {
 
 // apply is the weighted sum of the kinds of u, rounded up to a whole
 // token. Negative counts and weights count as 0; it saturates at
-// math.MaxInt64 and is monotone in every count.
+// math.MaxInt64 and is monotone in every count. It is pricing's exact
+// cost arithmetic with the weights as prices: a weight w per thousand is a
+// price of w×1000 per million.
 func (w weights) apply(u pricing.Usage, kinds []pricing.Kind) int64 {
-	var hi, lo uint64
+	var p pricing.Price
 	for _, k := range kinds {
-		h, l := bits.Mul64(uint64(max(u[k], 0)), uint64(max(w[k], 0)))
-		var carry uint64
-		lo, carry = bits.Add64(lo, l, 0)
-		hi += h + carry
+		p[k] = pricing.Micros(max(w[k], 0) * (1_000_000 / WeightScale))
 	}
-	if hi >= WeightScale {
-		return math.MaxInt64 // the quotient would not fit 64 bits
-	}
-	q, r := bits.Div64(hi, lo, WeightScale)
-	if r > 0 {
-		q++
-	}
-	return int64(min(q, math.MaxInt64))
+	return int64(p.Cost(u))
 }
 
 // checkTokenWeights records the problems of `token_weights:` in doc.
