@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -58,7 +59,7 @@ func (s *store) finish(parent, span trace.Span, start time.Time, op sluice.Op, r
 		attribute.StringSlice("sluice.algorithm", algs),
 	)
 	if err != nil {
-		span.RecordError(err)
+		span.RecordError(storeErrorClass(err))
 		span.SetStatus(codes.Error, "store call failed")
 	} else if len(ds) > 0 {
 		allowed := true
@@ -79,3 +80,21 @@ func outcome(allowed bool) string {
 	}
 	return "denied"
 }
+
+// storeErrorClass is what a span records of a store error: the sentinel
+// it wraps, never its message, since sluice's errors name the request's
+// key ("cost 5, burst 1 for key ...") and a caller can provoke them.
+func storeErrorClass(err error) error {
+	for _, sentinel := range []error{
+		sluice.ErrCostExceedsBurst, sluice.ErrInvalidCalendar, sluice.ErrInvalidLimit, sluice.ErrInvalidCost,
+		sluice.ErrUnknownAlgorithm, sluice.ErrInvalidRequest, sluice.ErrUnavailable,
+		context.DeadlineExceeded, context.Canceled,
+	} {
+		if errors.Is(err, sentinel) {
+			return sentinel
+		}
+	}
+	return errStore
+}
+
+var errStore = errors.New("store error")

@@ -2,6 +2,8 @@ package tracing
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -242,4 +244,28 @@ func TestOff(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 0)
 	defer cancel()
 	_ = got.Shutdown(ctx) // nothing was exported; just stop it
+}
+
+// TestStoreErrorHoldsNoKey: a store error names the request's key
+// (sluice's errors do, and a caller can provoke one with a cost past the
+// burst); its span records the error's class only.
+func TestStoreErrorHoldsNoKey(t *testing.T) {
+	tr, exp := newTest(t)
+	ms, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ms.Close()
+	const secret = "user:alice@example.com"
+	lim, _ := sluice.ParseLimit("1/min")
+	_, err = tr.Store(ms).Apply(context.Background(), sluice.OpAllow, sluice.Request{Key: secret, Algorithm: sluice.GCRA, Limit: lim, Cost: 5})
+	if !errors.Is(err, sluice.ErrCostExceedsBurst) || !strings.Contains(err.Error(), secret) {
+		t.Fatalf("the store's error, which names the key, is returned whole: %v", err)
+	}
+	spans := exp.GetSpans()
+	noSecret(t, spans, secret)
+	s := spanByName(t, spans, "sluice.store Apply")
+	if len(s.Events) != 1 || !strings.Contains(fmt.Sprint(s.Events[0].Attributes), sluice.ErrCostExceedsBurst.Error()) {
+		t.Fatalf("the span does not record the error's class: %v", s.Events)
+	}
 }
