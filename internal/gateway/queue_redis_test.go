@@ -187,3 +187,78 @@ func TestQueueCapacityCluster(t *testing.T) {
 		return err == nil && d.Remaining == 1
 	})
 }
+
+// TestQueueRedisFrozen: clients keep requests waiting for a model's shared
+// capacity (10 req/s, burst 1) on a real Redis that freezes (SIGSTOP) for
+// 2 s in the middle. The gateway admits no more than the capacity allows
+// over the run, every request is answered (200, 429 at max_wait, or 503
+// when the store timed out), none later than max_wait plus one store
+// timeout, and nothing is left waiting.
+func TestQueueRedisFrozen(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	const rate, burst = 10, 1
+	const maxWait, storeTimeout = 500 * time.Millisecond, time.Second
+	st, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), DisableDenyCache: true, Timeout: storeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	e := newQueueEnv(t, st, nil, map[string]TierConfig{"t": {RPM: 60000}}, map[string]string{"a": "t", "b": "t", "c": "t"}, QueueConfig{
+		MaxWait: maxWait, Poll: 5 * time.Millisecond,
+		Capacity: map[string]Limits{"gpt-test": {RPM: rate * 60, RPMBurst: burst}},
+	})
+	var mu sync.Mutex
+	status := map[int]int{}
+	var slowest time.Duration
+	var last time.Time
+	start := time.Now()
+	stop := start.Add(3500 * time.Millisecond)
+	var wg sync.WaitGroup
+	for _, k := range []string{"a", "b", "c"} {
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(stop) {
+					t0 := time.Now()
+					res, _, err := e.do(context.Background(), k, nil)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					took := time.Since(t0)
+					mu.Lock()
+					status[res.StatusCode]++
+					slowest = max(slowest, took)
+					if res.StatusCode == 200 {
+						last = time.Now()
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	waitFor(t, "requests to wait", func() bool { return e.depth("default") >= 3 })
+	if err := srv.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // the pause itself
+	if err := srv.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	limit := burst + int(rate*last.Sub(start).Seconds())
+	t.Logf("statuses %v; upstream saw %d (capacity allows %d); slowest answer %s", status, e.up.Count(), limit, slowest.Round(time.Millisecond))
+	if n := e.up.Count(); n > limit || n != status[200] {
+		t.Fatalf("upstream saw %d, %d answered 200, capacity allows %d", n, status[200], limit)
+	}
+	for s := range status {
+		if s != 200 && s != 429 && s != 503 {
+			t.Fatalf("status %d: %v", s, status)
+		}
+	}
+	if bound := maxWait + storeTimeout + 500*time.Millisecond; slowest > bound {
+		t.Fatalf("an answer took %s, over max_wait + store timeout (+0.5 s slack) = %s", slowest, bound)
+	}
+	waitFor(t, "the queue to empty", func() bool { return e.depth("default") == 0 })
+}
