@@ -315,7 +315,7 @@ func (q *Queue) try(ctx context.Context, w *Waiter) (blockedFor time.Duration, h
 		}
 		w.res.Decisions, w.res.Pool, w.res.PoolKinds, w.res.PoolDecisions = ds[:n:n], reqs[n:len(reqs):len(reqs)], kinds, ds[n:]
 		if sluice.Combine(ds).Allowed {
-			w.res.Outcome = Admitted
+			w.res.Outcome, w.res.At = Admitted, now
 			return 0, false
 		}
 		own, ownDenied := q.retryAfter(reqs[:n], ds[:n])
@@ -391,18 +391,45 @@ func (q *Queue) noteUsage(w *Waiter) {
 	if add == 0 {
 		add = 1
 	}
+	q.AddUsage(w.item.Key, add, w.res.At)
+}
+
+// AddUsage adds delta to key's recent usage as if it had been added at
+// clock time at (it has decayed since). A negative delta corrects an
+// admission's Usage once the actual is known: fair in tokens, a request
+// is admitted with its reservation and settles for the tokens it used
+// (Result.At is then the admission's time). Usage never goes below zero.
+func (q *Queue) AddUsage(key string, delta float64, at int64) {
+	if delta == 0 || math.IsNaN(delta) || math.IsInf(delta, 0) {
+		return
+	}
 	now := q.clk.Now()
+	if at < now {
+		delta *= math.Exp2(-float64(now-at) / float64(q.o.HalfLife))
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	u := q.usage[w.item.Key]
+	u := q.usage[key]
 	if u == nil {
+		if delta < 0 {
+			return
+		}
 		if len(q.usage) >= 4*q.o.MaxTotal {
 			q.sweepUsageLocked(now)
 		}
 		u = &usage{}
-		q.usage[w.item.Key] = u
+		q.usage[key] = u
 	}
-	u.v, u.at = q.decayed(u, now)+add, now
+	u.v, u.at = max(q.decayed(u, now)+delta, 0), now
+}
+
+// RecentUsage is key's recent usage now, decayed, as fair queueing
+// weighs it.
+func (q *Queue) RecentUsage(key string) float64 {
+	now := q.clk.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.decayed(q.usage[key], now)
 }
 
 // sweepUsageLocked forgets the usage of keys that have none left worth

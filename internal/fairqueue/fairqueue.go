@@ -205,6 +205,9 @@ type Result struct {
 	// long, by the queue's clock.
 	Queued bool
 	Waited time.Duration
+	// At is the queue's clock time of the admission, when the item's
+	// Usage was added to its key's recent usage (see AddUsage).
+	At int64
 	// Decisions are the decisions for the item's Reqs at its last try
 	// (nil if it was never tried).
 	Decisions []sluice.Decision

@@ -522,6 +522,28 @@ func TestSubmitAfterRun(t *testing.T) {
 	}
 }
 
+// TestAddUsage: a correction made later decays as if made at the
+// admission, so that settling for the actual leaves exactly the usage an
+// admission with the actual would have left; usage never goes negative,
+// and a correction for an unknown key adds none.
+func TestAddUsage(t *testing.T) {
+	q, clk, _ := newQueue(t, Options{HalfLife: 10 * time.Second, MaxWait: time.Second})
+	w, _ := q.Submit(context.Background(), &Item{Key: "a", Usage: 1000})
+	if w.Result().Outcome != Admitted || w.Result().At != t0.UnixNano() {
+		t.Fatalf("%+v", w.Result())
+	}
+	clk.Advance(10 * time.Second) // one half-life
+	q.AddUsage("a", 10-1000, w.Result().At)
+	if u := q.RecentUsage("a"); u < 4.999 || u > 5.001 {
+		t.Fatalf("usage %v, want 5 (10 used, half of it left)", u)
+	}
+	q.AddUsage("a", -1e9, clk.Now())
+	q.AddUsage("nobody", -5, clk.Now())
+	if u, n := q.RecentUsage("a"), len(q.usage); u != 0 || n != 1 {
+		t.Fatalf("usage %v, %d keys", u, n)
+	}
+}
+
 // TestOptionsInvalid: shares over 100 %, bad limits and missing parts are
 // refused.
 func TestOptionsInvalid(t *testing.T) {

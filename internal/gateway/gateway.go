@@ -419,6 +419,7 @@ type call struct {
 	settled     atomic.Bool
 	reserving   chan struct{}  // closed once a leased tier's reservation is taken (applyLeased)
 	capacity    *capacityGrant // the model's shared capacity charged (queue.go)
+	fair        fairUsage      // what the queue counted for fairness (queue.go)
 }
 
 type callKey struct{}

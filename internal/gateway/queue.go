@@ -145,6 +145,14 @@ func (q *queue) close() {
 	}
 }
 
+// fairUsage is what an admission added to its client's recent usage, and
+// when (the queue's clock): fair in tokens, the reservation, corrected to
+// the tokens used at settlement.
+type fairUsage struct {
+	usage float64
+	at    int64
+}
+
 // capacityGrant is the model capacity charged with an admitted request.
 type capacityGrant struct {
 	reqs  []sluice.Request
@@ -156,13 +164,19 @@ type capacityGrant struct {
 // keys are in another hash slot): the concurrency lease released, the
 // tokens refunded or charged to actual, the request refunded when the
 // upstream refused it. Only a settlement that found c's own lease held
-// (held) touches tokens and requests, so that they are settled once. Then
-// it wakes the dispatcher: capacity may have freed for a waiting request.
+// (held) touches tokens and requests, so that they are settled once, and
+// corrects the client's recent usage when fair in tokens. Then it wakes
+// the dispatcher: capacity may have freed for a waiting request.
 func (q *queue) settle(ctx context.Context, st sluice.Store, c *call, actual int64, refundRequests, held bool) error {
 	if q == nil {
 		return nil
 	}
 	defer q.fq.Kick()
+	if held && c.fair.usage > 0 {
+		// Fair in tokens: count what the request used, not its
+		// reservation (once, by the settlement that holds the lease).
+		q.fq.AddUsage(c.client.id, float64(actual)-c.fair.usage, c.fair.at)
+	}
 	g := c.capacity
 	if g == nil {
 		return nil
@@ -244,6 +258,9 @@ func (g *Gateway) applyAdmit(ctx context.Context, w http.ResponseWriter, c *call
 	}
 	switch res.Outcome {
 	case fairqueue.Admitted:
+		if q.tokens {
+			c.fair = fairUsage{usage: it.Usage, at: res.At}
+		}
 		if len(res.Pool) > 0 {
 			c.capacity = &capacityGrant{reqs: res.Pool, kinds: res.PoolKinds}
 		}

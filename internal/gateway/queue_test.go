@@ -259,6 +259,31 @@ func TestQueueSpentBudgetRefusedAtOnce(t *testing.T) {
 	}
 }
 
+// TestQueueFairTokensSettled: fair in tokens, a client's recent usage is
+// what its requests used once they settle, not their reservation
+// (max_tokens 50 reserved, 8 produced).
+func TestQueueFairTokensSettled(t *testing.T) {
+	e := newQueueEnv(t, nil, nil, map[string]TierConfig{"t": {RPM: 1000}}, map[string]string{"a": "t"},
+		QueueConfig{MaxWait: time.Second, Fairness: "tokens", HalfLife: time.Hour}) // no decay to speak of
+	res, body, err := e.do(context.Background(), "a", nil)
+	if err != nil || res.StatusCode != 200 {
+		t.Fatalf("%v %v %s", err, res, body)
+	}
+	var got struct {
+		Usage struct {
+			Total int `json:"total_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal([]byte(body), &got); err != nil || got.Usage.Total == 0 {
+		t.Fatalf("usage: %v %s", err, body)
+	}
+	want := float64(got.Usage.Total)
+	waitFor(t, "the usage to settle", func() bool {
+		u := e.gw.queue.fq.RecentUsage("a")
+		return u > want-0.01 && u < want+0.01
+	})
+}
+
 // TestQueueDisconnect: a client that leaves while queued is taken out of
 // the queue at once and never charged: the next request gets the slot.
 func TestQueueDisconnect(t *testing.T) {
