@@ -20,8 +20,9 @@ import (
 // from the sample) over the window and when it passes again.
 type Hit struct {
 	// Identity is the identity as the console shows it: a key's name
-	// ("key_name:acme") or a hash prefix, a user id, a check's key; never
-	// a raw API key.
+	// ("key_name:acme") or, for a key the config does not name, "key:"
+	// and its SHA-256 (which the look-up takes back); a user id, a check's
+	// key; never a raw API key.
 	Identity string `json:"identity"`
 	// Policy denied it.
 	Policy string `json:"policy"`
