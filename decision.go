@@ -66,6 +66,16 @@ type Request struct {
 	// it before acting. Zero means no reservation. Only GCRA and
 	// TokenBucket take it (see Reserve); it is at most MaxReserveWait.
 	MaxWait time.Duration
+	// ReservedAhead makes OpRefund the refund of a reservation (GCRA and
+	// TokenBucket): how far ahead of now the key's state reached right
+	// after the reservation was admitted (its Decision.ResetAfter, less
+	// the time since). Only the part of the cost that no later admission
+	// has reserved behind it is given back, so that a cancelled
+	// reservation never hands its slot to a newcomer at the end of the
+	// queue while the ones between keep theirs. Zero refunds the whole
+	// cost. (Reservation.Cancel does not set it yet: it needs the time
+	// since the decision on the store's clock.)
+	ReservedAhead time.Duration
 }
 
 // Validate checks the request for op. Errors wrap ErrInvalidRequest,
@@ -79,6 +89,9 @@ func (r *Request) Validate(op Op) error {
 	}
 	if op == OpReset {
 		return nil
+	}
+	if r.ReservedAhead != 0 && (op != OpRefund || r.ReservedAhead < 0 || r.ReservedAhead > MaxReserveWait+maxPeriod*16) {
+		return fmt.Errorf("%w: key %q: reserved ahead %s: only a refund takes it, within [0, %s]", ErrInvalidRequest, r.Key, r.ReservedAhead, MaxReserveWait+maxPeriod*16)
 	}
 	if r.MaxWait != 0 {
 		if err := validMaxWait(r.Algorithm, r.MaxWait); err != nil {

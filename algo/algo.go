@@ -119,6 +119,22 @@ func Expiry(st *State, req *sluice.Request) int64 {
 
 func effCost(c int64) int64 { return max(c, 1) }
 
+// refundable is how much of back (nanoseconds of refill) a GCRA or
+// TokenBucket refund gives back when the key's state reaches ahead
+// nanoseconds past now: all of it, unless req refunds a reservation
+// (Request.ReservedAhead) behind which later admissions reserved more;
+// that much is kept, as golang.org/x/time/rate's Reservation.Cancel does.
+// The Redis scripts compute the same.
+func refundable(req *sluice.Request, back, ahead int64) int64 {
+	if req.ReservedAhead <= 0 {
+		return back
+	}
+	if later := ahead - int64(req.ReservedAhead); later > 0 {
+		return max(0, back-later)
+	}
+	return back
+}
+
 // CostsIn is how many events fit in ns nanoseconds of refill:
 // floor(ns·Rate/Period), exact in 128 bits, rounded towards -∞. Stores that
 // compute decisions outside Apply use it to agree with Apply exactly.
@@ -204,7 +220,7 @@ func gcra(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decisio
 			st.A = tat
 		}
 	case sluice.OpRefund:
-		tat = max(tat-l.CostInterval(req.Cost), now)
+		tat = max(tat-refundable(&req, l.CostInterval(req.Cost), tat-now), now)
 		st.A = tat
 		d.Allowed = true
 	case sluice.OpCharge:
@@ -244,7 +260,7 @@ func tokenBucket(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 			level -= l.CostInterval(req.Cost)
 		}
 	case sluice.OpRefund:
-		level = min(tau, level+l.CostInterval(req.Cost))
+		level = min(tau, level+refundable(&req, l.CostInterval(req.Cost), tau-level))
 		d.Allowed = true
 	case sluice.OpCharge:
 		level -= l.CostInterval(req.Cost)

@@ -57,8 +57,9 @@ func TestReserveAgrees(t *testing.T) {
 
 // A caller cannot use reservations to take more than the limit: on random
 // sequences of reservations on one key (costs up to what fits within the
-// wait, above the burst too, each with its own max wait up to wmax) and
-// refunds of the newest reservation not yet due, (1) what is admitted by any time t
+// wait, above the burst too, each with its own max wait up to wmax) or
+// reservations and refunds of any of them not yet due (Request.ReservedAhead,
+// as Reservation.Cancel sends), (1) what is admitted by any time t
 // is at most burst + rate·(t − t0 + wmax), and (2) the admitted requests,
 // acting at their decision time plus Delay, are every one admitted by a
 // plain limiter of the same limit (no max wait) replayed at those times:
@@ -70,8 +71,12 @@ func TestReserveBound(t *testing.T) {
 		for run := range 300 {
 			l := sluice.Limit{Rate: 1 + r.Int64N(50), Period: time.Duration(1+r.Int64N(10)) * time.Second, Burst: r.Int64N(20)}
 			wmax := time.Duration(r.Int64N(int64(3 * l.Period)))
+			// Half the runs refund, the other half ask costs above the
+			// burst (whose replay below assumes no refund moved the queue).
+			refunds := run%2 == 0
 			type act struct {
 				at, cost int64
+				ahead    int64 // when the key's state reached right after it
 				refunded bool
 			}
 			var acts []act
@@ -79,18 +84,14 @@ func TestReserveBound(t *testing.T) {
 			now, admitted := t0, int64(0)
 			for range 200 {
 				now += r.Int64N(int64(l.Period) / 4)
-				if len(acts) > 0 && r.IntN(8) == 0 {
-					// refund the newest reservation if not yet due, as
-					// Reservation.Cancel does (an older one, refunded whole,
-					// would hand its slot to the next caller at the end of
-					// the queue, beside the later ones that keep theirs)
-					i := len(acts) - 1
-					for i > 0 && acts[i].refunded {
-						i--
-					}
+				if refunds && len(acts) > 0 && r.IntN(8) == 0 {
+					// refund a reservation not yet due, as Reservation.Cancel
+					// does: only what no later one reserved behind it
+					i := r.IntN(len(acts))
 					if x := &acts[i]; !x.refunded && x.at > now {
+						req := sluice.Request{Key: "k", Algorithm: a, Limit: l, Cost: x.cost, ReservedAhead: time.Duration(x.ahead - now)}
 						var err error
-						if _, st, err = algo.Apply(sluice.OpRefund, st, sluice.Request{Key: "k", Algorithm: a, Limit: l, Cost: x.cost}, now); err != nil {
+						if _, st, err = algo.Apply(sluice.OpRefund, st, req, now); err != nil {
 							t.Fatal(err)
 						}
 						x.refunded = true
@@ -100,7 +101,7 @@ func TestReserveBound(t *testing.T) {
 				}
 				w := time.Duration(r.Int64N(int64(wmax) + 1))
 				top := l.Capacity()
-				if w > 0 {
+				if w > 0 && !refunds {
 					top += algo.CostsIn(l, int64(w))
 				}
 				req := sluice.Request{Key: "k", Algorithm: a, Limit: l, Cost: 1 + r.Int64N(top), MaxWait: w}
@@ -116,7 +117,7 @@ func TestReserveBound(t *testing.T) {
 					continue
 				}
 				admitted += req.Cost
-				acts = append(acts, act{at: now + int64(d.Delay), cost: req.Cost})
+				acts = append(acts, act{at: now + int64(d.Delay), cost: req.Cost, ahead: now + int64(d.ResetAfter)})
 				if bound := l.Capacity() + algo.CostsIn(l, now-t0+int64(wmax)); admitted > bound {
 					t.Fatalf("%s run %d: %s, max wait %s: %d admitted by %s, over burst + rate·(elapsed + max wait) = %d",
 						a, run, l, wmax, admitted, time.Duration(now-t0), bound)

@@ -12,7 +12,7 @@ import (
 // holds the cost; OpReset drops the lease and resets the key in the store;
 // everything else goes to the wrapped store.
 func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
-	if (!req.UseLease && !s.all) || req.MaxWait != 0 {
+	if (!req.UseLease && !s.all) || req.MaxWait != 0 || req.ReservedAhead != 0 {
 		// A reservation is decided by the store: a lease holds capacity
 		// for now, not for the future.
 		return s.inner.Apply(ctx, op, req)
@@ -230,11 +230,11 @@ func anyLeased(reqs []sluice.Request) bool {
 	return false
 }
 
-// anyReserves reports a reservation (sluice.Request.MaxWait) in reqs: the
-// batch goes to the store whole.
+// anyReserves reports a reservation (sluice.Request.MaxWait) or its refund
+// (ReservedAhead) in reqs: the batch goes to the store whole.
 func anyReserves(reqs []sluice.Request) bool {
 	for i := range reqs {
-		if reqs[i].MaxWait != 0 {
+		if reqs[i].MaxWait != 0 || reqs[i].ReservedAhead != 0 {
 			return true
 		}
 	}

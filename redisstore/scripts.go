@@ -215,6 +215,11 @@ func appendArgs(args []string, req *sluice.Request, hint int64) ([]string, error
 		tau = reserveTau(req) // reserve.go
 	}
 	inc, chg := l.CostInterval(eff), l.CostInterval(req.Cost)
+	if req.ReservedAhead > 0 && tau > 0 {
+		// a refund of a reservation: the inc slot, unused by refunds,
+		// carries its reserved-ahead time, negated (gcra.lua, tokenbucket.lua)
+		inc = -int64(req.ReservedAhead)
+	}
 	return append(args,
 		strconv.Itoa(int(req.Algorithm)),
 		strconv.FormatInt(p, 10),

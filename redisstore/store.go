@@ -275,7 +275,7 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 	// so the entry never outlives the real denial.
 	asked := s.localClk.Now()
 	var d sluice.Decision
-	if fast := s.scripts.fast[req.Algorithm]; fast != nil && op != sluice.OpReset && req.Limit.Calendar.IsZero() {
+	if fast := s.scripts.fast[req.Algorithm]; fast != nil && op != sluice.OpReset && req.Limit.Calendar.IsZero() && req.ReservedAhead == 0 {
 		var err error
 		if d, err = s.runFast(ctx, op, &req, fast); err != nil {
 			return sluice.Decision{}, err
@@ -346,7 +346,7 @@ func (s *Store) checkBatch(op sluice.Op, reqs []sluice.Request) error {
 // applyAll runs a checked, non-empty batch on Redis.
 func (s *Store) applyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
 	a := reqs[0].Algorithm
-	if fast := s.scripts.fast[a]; fast != nil && len(reqs) == 1 && op != sluice.OpReset && reqs[0].Limit.Calendar.IsZero() {
+	if fast := s.scripts.fast[a]; fast != nil && len(reqs) == 1 && op != sluice.OpReset && reqs[0].Limit.Calendar.IsZero() && reqs[0].ReservedAhead == 0 {
 		d, err := s.runFast(ctx, op, &reqs[0], fast)
 		if err != nil {
 			return nil, err

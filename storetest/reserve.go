@@ -18,6 +18,7 @@ func reserveScenarios() []scenario {
 			scenario{"Reserve/" + a.String() + "/Burst", func(h *harness) { reserveBurst(h, a) }},
 			scenario{"Reserve/" + a.String() + "/RefundReturns", func(h *harness) { reserveRefund(h, a) }},
 			scenario{"Reserve/" + a.String() + "/Steps", func(h *harness) { reserveSteps(h, a) }},
+			scenario{"Reserve/" + a.String() + "/CancelKeepsLaterSlots", func(h *harness) { reserveCancelStack(h, a) }},
 		)
 	}
 	out = append(out,
@@ -281,5 +282,58 @@ func reserveAboveBurst(h *harness) {
 		if _, err := h.store.Apply(ctx, sluice.OpAllow, req); !errors.Is(err, sluice.ErrCostExceedsBurst) {
 			h.t.Fatalf("%s: 16 with 1s of wait at 10/s burst 5: %v, want ErrCostExceedsBurst", a, err)
 		}
+	}
+}
+
+// reserveCancelStack: a caller who fills the queue (10/s burst 1, max
+// wait 1s: 11 reservations) and refunds all but the newest with
+// Request.ReservedAhead gets nothing back, since the newest keeps its time
+// behind them: otherwise the next round would queue 10 more, its newest
+// acting beside the first round's, and rounds of it would stack the whole
+// max wait's capacity on one instant. Refunded newest first, every one
+// comes back. The clock stands still: ReservedAhead is each decision's
+// ResetAfter.
+func reserveCancelStack(h *harness, a sluice.Algorithm) {
+	ctx := context.Background()
+	req := sluice.Request{Key: h.key("stack"), Algorithm: a, Limit: sluice.Limit{Rate: 10, Period: s, Burst: 1}, Cost: 1, MaxWait: s}
+	fill := func() []sluice.Decision {
+		var ds []sluice.Decision
+		for range 20 {
+			d, err := h.store.Apply(ctx, sluice.OpAllow, req)
+			if err != nil {
+				h.t.Fatal(err)
+			}
+			if !d.Allowed {
+				break
+			}
+			ds = append(ds, d)
+		}
+		return ds
+	}
+	refund := func(d sluice.Decision) {
+		r := req
+		r.MaxWait, r.ReservedAhead = 0, d.ResetAfter
+		if _, err := h.store.Apply(ctx, sluice.OpRefund, r); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	ds := fill()
+	if len(ds) != 11 {
+		h.t.Fatalf("%s: %d reservations fill 1s at 10/s burst 1, want 11", a, len(ds))
+	}
+	for _, d := range ds[:10] {
+		refund(d)
+	}
+	if again := fill(); len(again) != 0 {
+		h.t.Fatalf("%s: after refunding all but the newest, %d more reservations, the last acting at %s beside the kept one at %s; want 0",
+			a, len(again), again[len(again)-1].Delay, ds[10].Delay)
+	}
+	req.Key = h.key("lifo")
+	ds = fill()
+	for i := len(ds) - 1; i >= 0; i-- { // newest first: each is the queue's end when refunded
+		refund(ds[i])
+	}
+	if again := fill(); len(again) != 11 {
+		h.t.Fatalf("%s: after refunding everything newest first, %d reservations, want 11", a, len(again))
 	}
 }

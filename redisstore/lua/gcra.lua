@@ -15,7 +15,15 @@ ALGOS[1] = {
       if op == 2 then return 1, tat, 0, 0 end
       tat = tat + q.chg
     elseif op == 3 then
-      tat = tat - q.chg
+      -- q.inc < 0: the refund of a reservation whose state reached -q.inc
+      -- ahead; what later admissions reserved behind it is kept (algo's
+      -- refundable)
+      local back = q.chg
+      if q.inc < 0 and tat + q.inc > 0 then
+        back = back - (tat + q.inc)
+        if back < 0 then back = 0 end
+      end
+      tat = tat - back
       if tat < 0 then tat = 0 end
     else
       tat = tat + q.chg

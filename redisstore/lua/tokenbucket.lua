@@ -26,7 +26,13 @@ ALGOS[2] = {
       if op == 2 then return 1, level, 0, 0 end
       level = level - q.chg
     elseif op == 3 then
-      level = level + q.chg
+      -- q.inc < 0: the refund of a reservation (see gcra.lua)
+      local back = q.chg
+      if q.inc < 0 and q.tau - level + q.inc > 0 then
+        back = back - (q.tau - level + q.inc)
+        if back < 0 then back = 0 end
+      end
+      level = level + back
       if level > q.tau then level = q.tau end
     else
       level = level - q.chg
