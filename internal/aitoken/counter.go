@@ -35,8 +35,10 @@ func EncodingForModel(model string) Encoding {
 }
 
 // MaxExactBytes bounds the text one Counter.PromptTokens call tokenizes
-// exactly (about 64k tokens of English); the rest is estimated with the
-// heuristic, which errs high, and settlement corrects it. Exact counting
+// exactly (about 64k tokens of English); a string that does not fit what
+// is left of it is estimated whole with the heuristic, which errs high on
+// English and code but low on emoji and random text (up to some 40 %
+// under, docs/BENCHMARKS.md), and settlement corrects it. Exact counting
 // costs 25-100 ns per byte of prose and code and up to about 250 ns per
 // byte of text made to be slow (docs/BENCHMARKS.md), so one request's count
 // costs at most some 60 ms of CPU however large its body.
