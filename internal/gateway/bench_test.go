@@ -247,18 +247,24 @@ func BenchmarkServeHTTP(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer gw.Close()
+	serveParallel(b, gw, keys)
+}
+
+// serveParallel sends benchBody through gw from b's parallel goroutines,
+// each with one of keys, and fails on any answer but 200.
+func serveParallel(b *testing.B, gw *Gateway, keys []string) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	var n atomic.Int64
 	b.RunParallel(func(pb *testing.PB) {
-		key := "Bearer " + keys[n.Add(1)%64]
+		key := "Bearer " + keys[n.Add(1)%int64(len(keys))]
 		for pb.Next() {
 			req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(benchBody))
 			req.Header.Set("Authorization", key)
 			w := httptest.NewRecorder()
 			gw.ServeHTTP(w, req)
 			if w.Code != 200 {
-				b.Fatalf("status %d", w.Code)
+				b.Fatalf("status %d: %s", w.Code, w.Body)
 			}
 		}
 	})

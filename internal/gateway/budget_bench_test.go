@@ -2,10 +2,6 @@ package gateway
 
 import (
 	"fmt"
-	"net/http"
-	"net/http/httptest"
-	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/sluice-io/sluice"
@@ -56,21 +52,7 @@ func BenchmarkBudgetAdmission(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer gw.Close()
-			b.ReportAllocs()
-			b.ResetTimer()
-			var n atomic.Int64
-			b.RunParallel(func(pb *testing.PB) {
-				key := "Bearer " + keys[n.Add(1)%64]
-				for pb.Next() {
-					req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(benchBody))
-					req.Header.Set("Authorization", key)
-					w := httptest.NewRecorder()
-					gw.ServeHTTP(w, req)
-					if w.Code != 200 {
-						b.Fatalf("status %d: %s", w.Code, w.Body)
-					}
-				}
-			})
+			serveParallel(b, gw, keys)
 		})
 	}
 }
