@@ -24,43 +24,8 @@ import (
 // trace whose parent is the gateway's upstream span, and no span carries
 // the caller's API key or the upstream's.
 func TestTraceContextToUpstream(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	defer func() { _ = tp.Shutdown(context.Background()) }()
-	tr := tracing.New(tp)
-
 	got := make(chan string, 1)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got <- r.Header.Get("traceparent")
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"id":"c1","object":"chat.completion","created":1,"model":"gpt-test","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
-	}))
-	defer up.Close()
-	st, err := memstore.New(memstore.Options{SweepInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	cfg := &Config{
-		Upstream: UpstreamConfig{BaseURL: up.URL + "/v1", APIKeyEnv: "TEST_UPSTREAM_KEY"},
-		Models:   []string{"gpt-test"},
-		Tiers:    map[string]TierConfig{"t": Tier(Limits{RPM: 100, TPM: 100000})},
-		Keys:     []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t"}},
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	gw, err := New(Options{
-		Config: cfg, Store: tr.Store(st), WrapTransport: tr.Transport,
-		Getenv: func(k string) string { return map[string]string{"TEST_UPSTREAM_KEY": upstreamKey}[k] },
-		Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gw.Close()
-	front := httptest.NewServer(tr.Handler((&Server{Gateway: gw}).Handler()))
-	defer front.Close()
+	front, exp := tracedGateway(t, Limits{RPM: 100, TPM: 100000}, func(r *http.Request) { got <- r.Header.Get("traceparent") })
 
 	req, _ := http.NewRequest("POST", front.URL+"/v1/chat/completions", strings.NewReader(`{"model":"gpt-test","messages":[{"role":"user","content":"hello"}],"max_tokens":5}`))
 	req.Header.Set("Authorization", "Bearer "+clientKey)
@@ -100,40 +65,7 @@ func TestTraceContextToUpstream(t *testing.T) {
 // degraded, and the store latency when the store was asked; the client's
 // key and an unknown model's name appear nowhere.
 func TestAdmitSpans(t *testing.T) {
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	defer func() { _ = tp.Shutdown(context.Background()) }()
-	tr := tracing.New(tp)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"id":"c1","object":"chat.completion","created":1,"model":"gpt-test","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
-	}))
-	defer up.Close()
-	st, err := memstore.New(memstore.Options{SweepInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	cfg := &Config{
-		Upstream: UpstreamConfig{BaseURL: up.URL + "/v1", APIKeyEnv: "TEST_UPSTREAM_KEY"},
-		Models:   []string{"gpt-test"},
-		Tiers:    map[string]TierConfig{"t": Tier(Limits{RPM: 1, TPM: 1000})},
-		Keys:     []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t"}},
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	gw, err := New(Options{
-		Config: cfg, Store: tr.Store(st), WrapTransport: tr.Transport,
-		Getenv: func(k string) string { return map[string]string{"TEST_UPSTREAM_KEY": upstreamKey}[k] },
-		Logger: slog.New(slog.DiscardHandler),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gw.Close()
-	front := httptest.NewServer(tr.Handler((&Server{Gateway: gw}).Handler()))
-	defer front.Close()
+	front, exp := tracedGateway(t, Limits{RPM: 1, TPM: 1000}, func(*http.Request) {})
 
 	const oddModel = "model-sk-private"
 	for i, c := range []struct {
@@ -194,4 +126,48 @@ func TestAdmitSpans(t *testing.T) {
 			t.Errorf("request %d: store latency present %v, want %v", i, ok, w.store)
 		}
 	}
+}
+
+// tracedGateway starts a gateway with tracing on (spans to exp, W3C
+// traceparent upstream) for clientKey on a tier of limits, in front of an
+// upstream that calls seen with each request and answers one chat
+// completion.
+func tracedGateway(t *testing.T, limits Limits, seen func(*http.Request)) (*httptest.Server, *tracetest.InMemoryExporter) {
+	t.Helper()
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tr := tracing.New(tp)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen(r)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"c1","object":"chat.completion","created":1,"model":"gpt-test","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+	}))
+	t.Cleanup(up.Close)
+	st, err := memstore.New(memstore.Options{SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	cfg := &Config{
+		Upstream: UpstreamConfig{BaseURL: up.URL + "/v1", APIKeyEnv: "TEST_UPSTREAM_KEY"},
+		Models:   []string{"gpt-test"},
+		Tiers:    map[string]TierConfig{"t": Tier(limits)},
+		Keys:     []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t"}},
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	gw, err := New(Options{
+		Config: cfg, Store: tr.Store(st), WrapTransport: tr.Transport,
+		Getenv: func(k string) string { return map[string]string{"TEST_UPSTREAM_KEY": upstreamKey}[k] },
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gw.Close() })
+	front := httptest.NewServer(tr.Handler((&Server{Gateway: gw}).Handler()))
+	t.Cleanup(front.Close)
+	return front, exp
 }
