@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"html"
 	"io"
 	"time"
 
@@ -174,64 +173,18 @@ func (r *DelayResult) WriteTable(w io.Writer) error {
 // the requests that went ahead in delay mode as a dashed one, the limit's
 // steady rate as a dotted line, with axes and a legend.
 func (r *DelayResult) WriteSVG(w io.Writer) error {
-	const (
-		width, height = 960.0, 480.0
-		left, right   = 60.0, 260.0
-		top, bottom   = 40.0, 50.0
-	)
-	plotW, plotH := width-left-right, height-top-bottom
-	n := r.rows()
-	peak := 1
-	for i := range n {
-		peak = max(peak, at(r.Offered, i))
-		for _, a := range r.Algorithms {
-			peak = max(peak, at(r.Allowed[a], i), at(r.Passed[a], i))
-		}
+	c := &chart{
+		title:  fmt.Sprintf("limit %s, delay mode max wait %s: admitted per %s", r.Limit, r.MaxWait, r.Bucket),
+		bucket: r.Bucket, n: r.rows(), bars: r.Offered,
+		ref: steadyPerBucket(r.Limit.Rate, r.Limit.Period, r.Bucket), refDash: "2 3", refLabel: "steady rate",
 	}
-	x := func(i float64) float64 { return left + plotW*i/float64(n) }
-	y := func(v float64) float64 { return top + plotH - plotH*v/float64(peak) }
-	bw := bufio.NewWriter(w)
-	fmt.Fprintf(bw, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
-	fmt.Fprintf(bw, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(bw, `<text x="%.0f" y="24" font-size="16">%s: admitted per %s</text>`+"\n", left,
-		html.EscapeString(fmt.Sprintf("limit %s, delay mode max wait %s", r.Limit, r.MaxWait)), r.Bucket)
-	barW := plotW / float64(n)
-	for i, o := range r.Offered {
-		fmt.Fprintf(bw, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="#ddd"><title>t=%s offered %d</title></rect>`+"\n",
-			x(float64(i))+barW*0.1, y(float64(o)), barW*0.8, top+plotH-y(float64(o)), time.Duration(i)*r.Bucket, o)
-	}
-	steady := float64(r.Limit.Rate) * float64(r.Bucket) / float64(r.Limit.Period)
-	if steady <= float64(peak) {
-		fmt.Fprintf(bw, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#555" stroke-dasharray="2 3"/>`+"\n", left, left+plotW, y(steady), y(steady))
-	}
-	fmt.Fprintf(bw, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="black"/>`+"\n", left, left+plotW, top+plotH, top+plotH)
-	fmt.Fprintf(bw, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="black"/>`+"\n", left, left, top, top+plotH)
-	for k := 0; k <= 4; k++ {
-		v := float64(peak) * float64(k) / 4
-		fmt.Fprintf(bw, `<text x="%.1f" y="%.1f" text-anchor="end">%.0f</text>`+"\n", left-6, y(v)+4, v)
-	}
-	for i := 0; i < n; i += max(1, n/10) {
-		fmt.Fprintf(bw, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", x(float64(i)+0.5), top+plotH+18, time.Duration(i)*r.Bucket)
-	}
-	fmt.Fprintf(bw, `<text x="%.1f" y="%.1f" text-anchor="middle">time</text>`+"\n", left+plotW/2, height-8)
-	line := func(series []int, colour, dash, name, label string, ly float64) {
-		fmt.Fprintf(bw, `<polyline fill="none" stroke="%s" stroke-width="2.5" stroke-opacity="0.85" stroke-dasharray="%s" data-series="%s" points="`, colour, dash, name)
-		for i := range n {
-			fmt.Fprintf(bw, "%.1f,%.1f ", x(float64(i)+0.5), y(float64(at(series, i))))
-		}
-		fmt.Fprintln(bw, `"/>`)
-		fmt.Fprintf(bw, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="%s" stroke-width="3" stroke-dasharray="%s"/>`+"\n", width-right+15, width-right+40, ly, ly, colour, dash)
-		fmt.Fprintf(bw, `<text x="%.1f" y="%.1f">%s</text>`+"\n", width-right+46, ly+4, html.EscapeString(label))
-	}
-	ly := top
 	for k, a := range r.Algorithms {
 		colour := palette[k%len(palette)]
-		line(r.Allowed[a], colour, "none", a.String(), fmt.Sprintf("%s, at once (%d)", a, sum(r.Allowed[a])), ly)
-		line(r.Passed[a], colour, "7 4", a.String()+"+wait", fmt.Sprintf("%s, max wait %s (%d)", a, r.MaxWait, sum(r.Passed[a])), ly+20)
-		ly += 40
+		c.lines = append(c.lines,
+			chartLine{values: r.Allowed[a], colour: colour, width: 2.5, attr: "series", name: a.String(),
+				label: fmt.Sprintf("%s, at once (%d)", a, sum(r.Allowed[a]))},
+			chartLine{values: r.Passed[a], colour: colour, dash: "7 4", width: 2.5, attr: "series", name: a.String() + "+wait",
+				label: fmt.Sprintf("%s, max wait %s (%d)", a, r.MaxWait, sum(r.Passed[a]))})
 	}
-	fmt.Fprintf(bw, `<rect x="%.1f" y="%.1f" width="25" height="10" fill="#ddd"/><text x="%.1f" y="%.1f">offered</text>`+"\n", width-right+15, ly-5, width-right+46, ly+4)
-	fmt.Fprintf(bw, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#555" stroke-dasharray="2 3"/><text x="%.1f" y="%.1f">steady rate</text>`+"\n", width-right+15, width-right+40, ly+20, ly+20, width-right+46, ly+24)
-	fmt.Fprintln(bw, "</svg>")
-	return bw.Flush()
+	return c.write(w)
 }

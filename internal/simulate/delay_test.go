@@ -3,9 +3,6 @@ package simulate_test
 import (
 	"bytes"
 	"context"
-	"encoding/xml"
-	"errors"
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -49,24 +46,7 @@ func TestDelaySimulation(t *testing.T) {
 	if err := res.WriteSVG(&svg); err != nil {
 		t.Fatal(err)
 	}
-	dec := xml.NewDecoder(&svg)
-	series := map[string]bool{}
-	for {
-		tok, err := dec.Token()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("SVG not well formed: %v", err)
-		}
-		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "polyline" {
-			for _, at := range se.Attr {
-				if at.Name.Local == "data-series" {
-					series[at.Value] = true
-				}
-			}
-		}
-	}
+	series := polylines(t, &svg, "data-series")
 	for _, want := range []string{"gcra", "gcra+wait", "token_bucket", "token_bucket+wait"} {
 		if !series[want] {
 			t.Errorf("no line for %s: %v", want, series)

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"html"
 	"io"
 	"slices"
 	"time"
@@ -275,54 +274,16 @@ func (r *ScenarioResult) WriteTable(w io.Writer) error {
 // WriteSVG draws admitted requests per bucket, one line per flow, over the
 // capacity's steady rate.
 func (r *ScenarioResult) WriteSVG(w io.Writer) error {
-	const (
-		width, height = 960.0, 480.0
-		left, right   = 60.0, 260.0
-		top, bottom   = 40.0, 50.0
-	)
 	s := r.Scenario
-	plotW, plotH := width-left-right, height-top-bottom
-	n := len(r.Flows[0].Admitted)
-	steady := float64(s.Capacity.Rate) * float64(s.Bucket) / float64(s.Capacity.Period)
-	peak := max(1, int(steady*1.2))
-	for _, f := range r.Flows {
-		for _, a := range f.Admitted {
-			peak = max(peak, a)
-		}
+	steady := steadyPerBucket(s.Capacity.Rate, s.Capacity.Period, s.Bucket)
+	c := &chart{
+		title:  fmt.Sprintf("scenario %s: admitted per %s, capacity %s", s.Name, s.Bucket, s.Capacity),
+		bucket: s.Bucket, n: len(r.Flows[0].Admitted), peak: int(steady * 1.2),
+		ref: steady, refDash: "6 4", refLabel: "capacity",
 	}
-	x := func(i float64) float64 { return left + plotW*i/float64(n) }
-	y := func(v float64) float64 { return top + plotH - plotH*v/float64(peak) }
-	bw := bufio.NewWriter(w)
-	fmt.Fprintf(bw, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
-	fmt.Fprintf(bw, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(bw, `<text x="%.0f" y="24" font-size="16">%s</text>`+"\n", left,
-		html.EscapeString(fmt.Sprintf("scenario %s: admitted per %s, capacity %s", s.Name, s.Bucket, s.Capacity)))
-	fmt.Fprintf(bw, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#555" stroke-dasharray="6 4"/>`+"\n", left, left+plotW, y(steady), y(steady))
-	fmt.Fprintf(bw, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="black"/>`+"\n", left, left+plotW, top+plotH, top+plotH)
-	fmt.Fprintf(bw, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="black"/>`+"\n", left, left, top, top+plotH)
-	for k := 0; k <= 4; k++ {
-		v := float64(peak) * float64(k) / 4
-		fmt.Fprintf(bw, `<text x="%.1f" y="%.1f" text-anchor="end">%.0f</text>`+"\n", left-6, y(v)+4, v)
-	}
-	step := max(1, n/10)
-	for i := 0; i < n; i += step {
-		fmt.Fprintf(bw, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", x(float64(i)+0.5), top+plotH+18, time.Duration(i)*s.Bucket)
-	}
-	fmt.Fprintf(bw, `<text x="%.1f" y="%.1f" text-anchor="middle">time</text>`+"\n", left+plotW/2, height-8)
 	for k, f := range r.Flows {
-		colour := palette[k%len(palette)]
-		fmt.Fprintf(bw, `<polyline fill="none" stroke="%s" stroke-width="3" data-flow="%s" points="`, colour, html.EscapeString(f.Name))
-		for i, c := range f.Admitted {
-			fmt.Fprintf(bw, "%.1f,%.1f ", x(float64(i)+0.5), y(float64(c)))
-		}
-		fmt.Fprintln(bw, `"/>`)
-		ly := top + 20*float64(k)
-		fmt.Fprintf(bw, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="%s" stroke-width="3"/>`+"\n", width-right+15, width-right+40, ly, ly, colour)
-		fmt.Fprintf(bw, `<text x="%.1f" y="%.1f">%s</text>`+"\n", width-right+46, ly+4,
-			html.EscapeString(fmt.Sprintf("%s: %d x %g/s (%d ok)", f.Name, f.Keys, f.RPS, f.Outcomes[fairqueue.Admitted])))
+		c.lines = append(c.lines, chartLine{values: f.Admitted, colour: palette[k%len(palette)], width: 3, attr: "flow", name: f.Name,
+			label: fmt.Sprintf("%s: %d x %g/s (%d ok)", f.Name, f.Keys, f.RPS, f.Outcomes[fairqueue.Admitted])})
 	}
-	ly := top + 20*float64(len(r.Flows))
-	fmt.Fprintf(bw, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#555" stroke-dasharray="6 4"/><text x="%.1f" y="%.1f">capacity</text>`+"\n", width-right+15, width-right+40, ly, ly, width-right+46, ly+4)
-	fmt.Fprintln(bw, "</svg>")
-	return bw.Flush()
+	return c.write(w)
 }

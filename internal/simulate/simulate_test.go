@@ -59,27 +59,34 @@ func TestSVGIsWellFormedAndNamesEachAlgorithm(t *testing.T) {
 	if err := res.WriteSVG(&svg); err != nil {
 		t.Fatal(err)
 	}
-	dec := xml.NewDecoder(&svg)
+	lines := polylines(t, &svg, "data-algorithm")
+	for _, a := range algos {
+		if !lines[a.String()] {
+			t.Errorf("no line for %s", a)
+		}
+	}
+}
+
+// polylines checks that svg is well-formed XML and returns the values of
+// attribute attr of its polylines.
+func polylines(t *testing.T, svg io.Reader, attr string) map[string]bool {
+	t.Helper()
+	dec := xml.NewDecoder(svg)
 	lines := map[string]bool{}
 	for {
 		tok, err := dec.Token()
 		if errors.Is(err, io.EOF) {
-			break
+			return lines
 		}
 		if err != nil {
 			t.Fatalf("chart is not well-formed XML: %v", err)
 		}
 		if el, ok := tok.(xml.StartElement); ok && el.Name.Local == "polyline" {
 			for _, a := range el.Attr {
-				if a.Name.Local == "data-algorithm" {
+				if a.Name.Local == attr {
 					lines[a.Value] = true
 				}
 			}
-		}
-	}
-	for _, a := range algos {
-		if !lines[a.String()] {
-			t.Errorf("no line for %s", a)
 		}
 	}
 }
