@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -88,24 +89,7 @@ the Retry-After it gave (docs/calendar.md).`,
 			if err != nil {
 				return err
 			}
-			if err := res.WriteTable(cmd.OutOrStdout()); err != nil {
-				return err
-			}
-			if chart != "" {
-				f, err := os.Create(chart)
-				if err != nil {
-					return fmt.Errorf("simulate: %w", err)
-				}
-				if err := res.WriteSVG(f); err != nil {
-					f.Close()
-					return fmt.Errorf("simulate: writing %s: %w", chart, err)
-				}
-				if err := f.Close(); err != nil {
-					return fmt.Errorf("simulate: writing %s: %w", chart, err)
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "\nchart written to %s\n", chart)
-			}
-			return nil
+			return writeReport(cmd, res, chart)
 		},
 	}
 	f := cmd.Flags()
@@ -119,4 +103,34 @@ the Retry-After it gave (docs/calendar.md).`,
 	f.StringVar(&chart, "chart", "", "also write an SVG chart to this file")
 	f.StringVar(&scenario, "scenario", "", "replay a scenario instead: fairness, priority, budget or calendar")
 	return cmd
+}
+
+// simResult is a simulation's result: a table, and a chart.
+type simResult interface {
+	WriteTable(w io.Writer) error
+	WriteSVG(w io.Writer) error
+}
+
+// writeReport prints r's table and, when chart names a file, writes r's
+// chart there.
+func writeReport(cmd *cobra.Command, r simResult, chart string) error {
+	if err := r.WriteTable(cmd.OutOrStdout()); err != nil {
+		return err
+	}
+	if chart == "" {
+		return nil
+	}
+	f, err := os.Create(chart)
+	if err != nil {
+		return fmt.Errorf("simulate: %w", err)
+	}
+	if err := r.WriteSVG(f); err != nil {
+		f.Close()
+		return fmt.Errorf("simulate: writing %s: %w", chart, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("simulate: writing %s: %w", chart, err)
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "\nchart written to %s\n", chart)
+	return nil
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -28,23 +27,5 @@ func runDelay(cmd *cobra.Command, limit sluice.Limit, list []sluice.Algorithm, a
 	if err != nil {
 		return err
 	}
-	if err := res.WriteTable(cmd.OutOrStdout()); err != nil {
-		return err
-	}
-	if chart == "" {
-		return nil
-	}
-	f, err := os.Create(chart)
-	if err != nil {
-		return fmt.Errorf("simulate: %w", err)
-	}
-	if err := res.WriteSVG(f); err != nil {
-		f.Close()
-		return fmt.Errorf("simulate: writing %s: %w", chart, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("simulate: writing %s: %w", chart, err)
-	}
-	fmt.Fprintf(cmd.OutOrStdout(), "\nchart written to %s\n", chart)
-	return nil
+	return writeReport(cmd, res, chart)
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"maps"
-	"os"
 	"slices"
 	"strings"
 
@@ -40,23 +39,5 @@ func runScenario(cmd *cobra.Command, name, chart string) error {
 	if err != nil {
 		return err
 	}
-	if err := res.WriteTable(cmd.OutOrStdout()); err != nil {
-		return err
-	}
-	if chart == "" {
-		return nil
-	}
-	f, err := os.Create(chart)
-	if err != nil {
-		return fmt.Errorf("simulate: %w", err)
-	}
-	if err := res.WriteSVG(f); err != nil {
-		f.Close()
-		return fmt.Errorf("simulate: writing %s: %w", chart, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("simulate: writing %s: %w", chart, err)
-	}
-	fmt.Fprintf(cmd.OutOrStdout(), "\nchart written to %s\n", chart)
-	return nil
+	return writeReport(cmd, res, chart)
 }
