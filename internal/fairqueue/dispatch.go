@@ -614,12 +614,12 @@ func (q *Queue) nextLocked(now int64) int64 {
 	}
 	for _, c := range q.classes {
 		for _, kq := range c.keys {
-			for _, w := range kq.waiting {
-				at(w.deadline)
-			}
 			if len(kq.waiting) == 0 {
 				continue
 			}
+			// A key's items queue in order with one MaxWait: its head
+			// has the earliest deadline.
+			at(kq.waiting[0].deadline)
 			if kq.blocked > now {
 				at(kq.blocked)
 				continue
