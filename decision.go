@@ -73,8 +73,7 @@ type Request struct {
 	// has reserved behind it is given back, so that a cancelled
 	// reservation never hands its slot to a newcomer at the end of the
 	// queue while the ones between keep theirs. Zero refunds the whole
-	// cost. (Reservation.Cancel does not set it yet: it needs the time
-	// since the decision on the store's clock.)
+	// cost. Reservation.Cancel sets it.
 	ReservedAhead time.Duration
 }
 
@@ -90,8 +89,8 @@ func (r *Request) Validate(op Op) error {
 	if op == OpReset {
 		return nil
 	}
-	if r.ReservedAhead != 0 && (op != OpRefund || r.ReservedAhead < 0 || r.ReservedAhead > MaxReserveWait+maxPeriod*16) {
-		return fmt.Errorf("%w: key %q: reserved ahead %s: only a refund takes it, within [0, %s]", ErrInvalidRequest, r.Key, r.ReservedAhead, MaxReserveWait+maxPeriod*16)
+	if r.ReservedAhead != 0 && (op != OpRefund || r.ReservedAhead < 0 || r.ReservedAhead > maxReservedAhead) {
+		return fmt.Errorf("%w: key %q: reserved ahead %s: only a refund takes it, within [0, %s]", ErrInvalidRequest, r.Key, r.ReservedAhead, maxReservedAhead)
 	}
 	if r.MaxWait != 0 {
 		if err := validMaxWait(r.Algorithm, r.MaxWait); err != nil {

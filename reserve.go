@@ -58,18 +58,38 @@ type Reservation struct {
 	store Store
 	reqs  []Request
 	sleep func(context.Context, time.Duration) error
+	at    int64 // when it was made, on storeNow's clock
 	once  sync.Once
 	err   error
 }
 
+// storeNow reads the clock of store, or of the first store below it
+// (through Unwrap() Store methods) that has a Now() int64 method, else
+// the system clock: the time Cancel measures the reservation's age on.
+func storeNow(store Store) int64 {
+	for range 8 {
+		if c, ok := store.(interface{ Now() int64 }); ok {
+			return c.Now()
+		}
+		u, ok := store.(interface{ Unwrap() Store })
+		if !ok {
+			break
+		}
+		store = u.Unwrap()
+	}
+	return time.Now().UnixNano()
+}
+
 // NewReservation describes requests that store has already admitted with
-// decision d (combined), for callers that charge them their own way. sleep
+// decision d (combined), for callers that charge them their own way; set
+// Decisions too (one per request), so that Cancel refunds each only what
+// no later admission reserved behind it (Request.ReservedAhead). sleep
 // waits for a duration or until the context is done; nil means a timer.
 func NewReservation(store Store, reqs []Request, d Decision, sleep func(context.Context, time.Duration) error) *Reservation {
 	if sleep == nil {
 		sleep = Sleep
 	}
-	return &Reservation{Decision: d, store: store, reqs: reqs, sleep: sleep}
+	return &Reservation{Decision: d, store: store, reqs: reqs, sleep: sleep, at: storeNow(store)}
 }
 
 // ReserveAll applies OpAllow to reqs as one atomic step, all or nothing,
@@ -127,10 +147,24 @@ func (r *Reservation) Wait(ctx context.Context) error {
 // refundTimeout bounds a Cancel whose caller's context has ended.
 const refundTimeout = 5 * time.Second
 
+// maxReservedAhead bounds Request.ReservedAhead: a reservation's state
+// reaches at most a burst's refill (at most 16 maxPeriods, Limit.Validate)
+// plus MaxReserveWait ahead.
+const maxReservedAhead = MaxReserveWait + maxPeriod*16
+
+// refundSlack is how much further ahead Cancel takes a reservation's state
+// to reach than measured: at most this much refill comes back beyond what
+// no later admission reserved.
+const refundSlack = time.Millisecond
+
 // Cancel gives the reservation's charge back, once: later calls return the
 // first one's result. It runs even when ctx has ended (the caller that
 // gave up is the usual reason to cancel), bounded by a few seconds. A
-// denied reservation charged nothing and has nothing to give back.
+// denied reservation charged nothing and has nothing to give back. With
+// Decisions set, a reservation that later ones queue behind gives back
+// only what they did not reserve (Request.ReservedAhead): they keep their
+// times, and a whole refund would hand its slot to a newcomer at the
+// queue's end beside them.
 func (r *Reservation) Cancel(ctx context.Context) error {
 	if !r.Decision.Allowed {
 		return nil
@@ -138,9 +172,17 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 	r.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
 		defer cancel()
+		since := time.Duration(storeNow(r.store) - r.at)
 		reqs := make([]Request, len(r.reqs))
 		for i, q := range r.reqs {
 			q.MaxWait = 0
+			if i < len(r.Decisions) && r.Decisions[i].Allowed && Reserves(q.Algorithm) {
+				// refundSlack more for a store whose own clock (Redis
+				// TIME) differs from the one measured by a round trip's
+				// jitter. At least 1ns: a reservation past its time keeps
+				// what was reserved behind it all the same.
+				q.ReservedAhead = min(max(r.Decisions[i].ResetAfter-since+refundSlack, 1), maxReservedAhead)
+			}
 			reqs[i] = q
 		}
 		if len(reqs) == 1 {

@@ -187,6 +187,10 @@ func (s *Store) gcraParams(l sluice.Limit) (*algo.GCRAParams, error) {
 	return &p, nil
 }
 
+// Now reads the store's clock (Unix ns): Reservation.Cancel measures
+// with it how long ago a reservation was made.
+func (s *Store) Now() int64 { return s.now() }
+
 // now reads the store's clock, calling the system clock directly.
 func (s *Store) now() int64 {
 	if s.sys != nil {

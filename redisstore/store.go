@@ -104,6 +104,11 @@ type Store struct {
 	*core
 }
 
+// Now reads the client's clock (Unix ns; Options.Clock when set), which
+// runs at the pace of Redis TIME: Reservation.Cancel measures with it how
+// long ago a reservation was made.
+func (s *Store) Now() int64 { return s.localClk.Now() }
+
 // core is the store's state.
 type core struct {
 	conn     // the client, connected now or later

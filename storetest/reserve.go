@@ -286,54 +286,50 @@ func reserveAboveBurst(h *harness) {
 }
 
 // reserveCancelStack: a caller who fills the queue (10/s burst 1, max
-// wait 1s: 11 reservations) and refunds all but the newest with
-// Request.ReservedAhead gets nothing back, since the newest keeps its time
-// behind them: otherwise the next round would queue 10 more, its newest
-// acting beside the first round's, and rounds of it would stack the whole
-// max wait's capacity on one instant. Refunded newest first, every one
-// comes back. The clock stands still: ReservedAhead is each decision's
-// ResetAfter.
+// wait 1s: 11 reservations) and cancels all but the newest gets nothing
+// back, since the newest keeps its time behind them (Reservation.Cancel
+// sends Request.ReservedAhead): otherwise the next round would queue 10
+// more, its newest acting beside the first round's, and rounds of it would
+// stack the whole max wait's capacity on one instant. Cancelled newest
+// first, every one comes back.
 func reserveCancelStack(h *harness, a sluice.Algorithm) {
 	ctx := context.Background()
 	req := sluice.Request{Key: h.key("stack"), Algorithm: a, Limit: sluice.Limit{Rate: 10, Period: s, Burst: 1}, Cost: 1, MaxWait: s}
-	fill := func() []sluice.Decision {
-		var ds []sluice.Decision
+	fill := func() []*sluice.Reservation {
+		var rs []*sluice.Reservation
 		for range 20 {
-			d, err := h.store.Apply(ctx, sluice.OpAllow, req)
+			r, err := sluice.ReserveAll(ctx, h.store, []sluice.Request{req})
 			if err != nil {
 				h.t.Fatal(err)
 			}
-			if !d.Allowed {
+			if !r.Decision.Allowed {
 				break
 			}
-			ds = append(ds, d)
+			rs = append(rs, r)
 		}
-		return ds
+		return rs
 	}
-	refund := func(d sluice.Decision) {
-		r := req
-		r.MaxWait, r.ReservedAhead = 0, d.ResetAfter
-		if _, err := h.store.Apply(ctx, sluice.OpRefund, r); err != nil {
+	rs := fill()
+	if len(rs) != 11 {
+		h.t.Fatalf("%s: %d reservations fill 1s at 10/s burst 1, want 11", a, len(rs))
+	}
+	for _, r := range rs[:10] {
+		if err := r.Cancel(ctx); err != nil {
 			h.t.Fatal(err)
 		}
 	}
-	ds := fill()
-	if len(ds) != 11 {
-		h.t.Fatalf("%s: %d reservations fill 1s at 10/s burst 1, want 11", a, len(ds))
-	}
-	for _, d := range ds[:10] {
-		refund(d)
-	}
 	if again := fill(); len(again) != 0 {
-		h.t.Fatalf("%s: after refunding all but the newest, %d more reservations, the last acting at %s beside the kept one at %s; want 0",
-			a, len(again), again[len(again)-1].Delay, ds[10].Delay)
+		h.t.Fatalf("%s: after cancelling all but the newest, %d more reservations, the last acting at %s beside the kept one at %s; want 0",
+			a, len(again), again[len(again)-1].Decision.Delay, rs[10].Decision.Delay)
 	}
 	req.Key = h.key("lifo")
-	ds = fill()
-	for i := len(ds) - 1; i >= 0; i-- { // newest first: each is the queue's end when refunded
-		refund(ds[i])
+	rs = fill()
+	for i := len(rs) - 1; i >= 0; i-- { // newest first: each is the queue's end when cancelled
+		if err := rs[i].Cancel(ctx); err != nil {
+			h.t.Fatal(err)
+		}
 	}
 	if again := fill(); len(again) != 11 {
-		h.t.Fatalf("%s: after refunding everything newest first, %d reservations, want 11", a, len(again))
+		h.t.Fatalf("%s: after cancelling everything newest first, %d reservations, want 11", a, len(again))
 	}
 }

@@ -81,12 +81,15 @@ func (s *Server) hold(w http.ResponseWriter, r *http.Request, res *outcome) bool
 		return true
 	}
 	var charged []sluice.Request
+	var ds []sluice.Decision
 	for i := range res.targets {
 		if res.decisions[i].Allowed && !res.decisions[i].Degraded {
 			charged = append(charged, res.targets[i].req)
+			ds = append(ds, res.decisions[i])
 		}
 	}
 	rv := sluice.NewReservation(s.guard.store, charged, d, s.sleep)
+	rv.Decisions = ds // a refund keeps what later callers reserved behind it
 	if err := rv.Wait(r.Context()); err != nil {
 		s.delay.outcomes.WithLabelValues(delayAbandoned).Inc()
 		s.log.Debug("delayed request abandoned by its caller; reservation refunded", "err", err)
