@@ -128,6 +128,10 @@ func (p policyStore) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.R
 	return p.s.view().ApplyAll(ctx, op, reqs)
 }
 
+// Unwrap returns the guard, through which sluice.Reservation finds the
+// store's clock.
+func (p policyStore) Unwrap() sluice.Store { return p.s.g }
+
 // guardOf returns the guard a store passed to New already is, or wraps it
 // in one (whose probe then runs for the life of the process: Run passes
 // its own guard and closes it).
