@@ -316,6 +316,12 @@ func (g *Gateway) capacityBusy(w http.ResponseWriter, c *call, res *fairqueue.Re
 		}
 		wait = max(wait, ra)
 	}
+	if wait <= 0 {
+		// No denial to go by (the last try found every bucket known
+		// exhausted, or a concurrency slot): a second, as Retry-After
+		// says, rather than retry-after-ms 1 and "try again in 0s".
+		wait = time.Second
+	}
 	g.metrics.rejections.WithLabelValues(tier, c.model, "capacity").Inc()
 	h := w.Header()
 	h.Set("Retry-After", strconv.FormatInt(max(sluice.CeilSeconds(wait), 1), 10))

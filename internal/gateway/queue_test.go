@@ -178,8 +178,9 @@ func TestQueueTimeout(t *testing.T) {
 	if ms, _ := strconv.Atoi(res.Header.Get("x-sluice-queued-ms")); ms < 50 {
 		t.Fatalf("x-sluice-queued-ms %q, want >= 50", res.Header.Get("x-sluice-queued-ms"))
 	}
-	if res.Header.Get("Retry-After") == "" {
-		t.Fatal("no Retry-After")
+	if res.Header.Get("Retry-After") != "1" || res.Header.Get("retry-after-ms") != "1000" || strings.Contains(body, "in 0s") {
+		t.Fatalf("a concurrency slot's retry is a second: Retry-After %q, retry-after-ms %q, %s",
+			res.Header.Get("Retry-After"), res.Header.Get("retry-after-ms"), body)
 	}
 	if n := testutil.ToFloat64(e.gw.queue.results.WithLabelValues("t", "default", "timeout")); n != 1 {
 		t.Fatalf("timeouts: %v", n)
@@ -187,6 +188,32 @@ func TestQueueTimeout(t *testing.T) {
 	if e.up.Count() != 0 {
 		t.Fatal("upstream reached")
 	}
+}
+
+// TestQueueTimeoutUntried: a request queued behind another for the
+// capacity and never tried before max_wait (the capacity is known busy
+// until the next poll) still gets a retry time of a second, not "try again
+// in 0s" with retry-after-ms 1.
+func TestQueueTimeoutUntried(t *testing.T) {
+	e := newQueueEnv(t, nil, nil, map[string]TierConfig{"t": {RPM: 1000}}, map[string]string{"a": "t", "b": "t"},
+		QueueConfig{MaxWait: 200 * time.Millisecond, Capacity: oneSlot, Poll: time.Minute})
+	e.holdCapacity("elsewhere", sluice.OpAllow)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		_, _, _ = e.do(ctx, "a", nil)
+	}()
+	waitFor(t, "a to queue", func() bool { return e.depth("default") == 1 })
+	res, body, err := e.do(context.Background(), "b", nil)
+	if err != nil || res.StatusCode != 429 || !strings.Contains(body, "shared capacity") {
+		t.Fatalf("%v %v %s", err, res, body)
+	}
+	if res.Header.Get("Retry-After") != "1" || res.Header.Get("retry-after-ms") != "1000" || strings.Contains(body, "in 0s") {
+		t.Fatalf("Retry-After %q, retry-after-ms %q, %s", res.Header.Get("Retry-After"), res.Header.Get("retry-after-ms"), body)
+	}
+	<-first
 }
 
 // TestQueueOwnLimit: a key over its own rpm waits until its next request
