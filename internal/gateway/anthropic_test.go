@@ -534,6 +534,55 @@ func TestAnthropicHostileInput(t *testing.T) {
 	}
 }
 
+// TestAnthropicInputOutputLimits: with itpm and otpm (Anthropic's ITPM and
+// OTPM) a Messages request reserves its input estimate on itpm and
+// max_tokens on otpm, gets anthropic-ratelimit-input-tokens-* and
+// -output-tokens-* headers, and settles each at its usage: the weighted
+// input on itpm, the output on otpm.
+func TestAnthropicInputOutputLimits(t *testing.T) {
+	up := fakeanthropic.New(t, fakeanthropic.Options{APIKey: upstreamKey, InputTokens: 30, OutputTokens: 10, CacheReadInputTokens: 100})
+	e := newAnthEnv(t, Limits{ITPM: 1000, OTPM: 500}, up, nil, "")
+	peek := func(name string, rate int64) int64 {
+		d, err := e.store.Apply(context.Background(), sluice.OpPeek, sluice.Request{Key: "{gw:" + e.client + "}:" + name,
+			Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: rate, Period: time.Minute}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Remaining
+	}
+	res := e.post(context.Background(), "/v1/messages", clientKey, messagesBody)
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	s := e.settle()
+	est := s.Reserved - 50
+	h := res.Header
+	for _, c := range []struct{ field, want string }{
+		{"anthropic-ratelimit-input-tokens-limit", "1000"},
+		{"anthropic-ratelimit-input-tokens-remaining", strconv.FormatInt(1000-est, 10)},
+		{"anthropic-ratelimit-output-tokens-limit", "500"},
+		{"anthropic-ratelimit-output-tokens-remaining", "450"},
+		{"anthropic-ratelimit-tokens-remaining", "450"}, // the most restrictive
+	} {
+		if got := h.Get(c.field); got != c.want {
+			t.Fatalf("%s: %q, want %q (headers %v)", c.field, got, c.want, h)
+		}
+	}
+	if got := peek("itpm", 1000); got != 1000-40 {
+		t.Fatalf("itpm remaining %d, want 1000 - (30 + 100 reads at 0.1)", got)
+	}
+	if got := peek("otpm", 500); got != 500-10 {
+		t.Fatalf("otpm remaining %d, want 490", got)
+	}
+	res = e.post(context.Background(), "/v1/messages", clientKey, `{"model":"claude-test","max_tokens":600,"messages":[]}`)
+	if res.StatusCode != 429 || res.Header.Get("x-should-retry") != "false" {
+		t.Fatalf("max_tokens over otpm: status %d", res.StatusCode)
+	}
+	if ae := decodeAnthError(t, res); ae.Error.Type != "rate_limit_error" {
+		t.Fatalf("%+v", ae)
+	}
+}
+
 // TestAnthropicRedisTwoGateways: parallel Messages requests, JSON and
 // streamed, spread over two gateways that share a real Redis, never admit
 // more tokens than the TPM limit, and settle exactly.
