@@ -93,16 +93,16 @@ func (w *anthropicWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter
 func (w *anthropicWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
 
 // anthropicIngress wraps w in an anthropicWriter for a path of the
-// Messages API (any case, so that a refused spelling is answered in its
-// shape), and answers the paths the gateway refuses itself; done reports
-// that it did.
+// Messages API (any spelling, canonicalPath, so that a refused one is
+// answered in its shape), and answers the paths the gateway refuses
+// itself; done reports that it did.
 func anthropicIngress(w http.ResponseWriter, r *http.Request) (_ http.ResponseWriter, done bool) {
-	lower := strings.ToLower(r.URL.Path)
-	if !strings.HasPrefix(lower, "/v1/messages") {
+	canon := canonicalPath(r.URL.Path)
+	if !strings.HasPrefix(canon, "/v1/messages") {
 		return w, false
 	}
 	w = &anthropicWriter{w}
-	if strings.HasPrefix(strings.TrimRight(lower, "/."), "/v1/messages/batches") && r.Method != http.MethodGet {
+	if strings.HasPrefix(canon, "/v1/messages/batches") && r.Method != http.MethodGet {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "",
 			"Message batches are not available through the sluice gateway: their requests could not be rate limited.")
 		return w, true

@@ -496,6 +496,15 @@ func TestAnthropicHostileInput(t *testing.T) {
 		{"another spelling", "/v1/Messages", clientKey, messagesBody, 404, "not_found_error"},
 		{"trailing slash", "/v1/messages/count_tokens/", clientKey, messagesBody, 404, "not_found_error"},
 		{"batches", "/v1/messages/batches", clientKey, `{"requests":[]}`, 404, "not_found_error"},
+		// Dot segments and repeated slashes, which a proxy or upstream may
+		// resolve to a metered path (gateway.Server's mux redirects them; a
+		// Gateway on another router sees them).
+		{"dot segment", "/v1/./messages", clientKey, messagesBody, 404, "not_found_error"},
+		{"double slash", "/v1//messages", clientKey, messagesBody, 404, "not_found_error"},
+		{"dot-dot", "/v1/messages/count_tokens/../../messages", clientKey, messagesBody, 404, "not_found_error"},
+		{"batches, dot segment", "/v1/messages/./batches", clientKey, `{"requests":[]}`, 404, "not_found_error"},
+		{"batches, double slash", "/v1/messages//batches", clientKey, `{"requests":[]}`, 404, "not_found_error"},
+		{"batches, other case", "/v1/Messages/Batches/", clientKey, `{"requests":[]}`, 404, "not_found_error"},
 	}
 	for _, tc := range cases {
 		res := e.post(context.Background(), tc.path, tc.key, tc.body)

@@ -192,6 +192,8 @@ func testBypassGatewayTokens(t *testing.T, newEnv envFactory) {
 		{"path in capitals", "POST", "/v1/Chat/Completions", `{"model":"gpt-test",` + msgs + `,"max_tokens":100000}`, 404, "unknown_url"},
 		{"path parameter", "POST", "/v1/chat/completions;x=1", `{"model":"gpt-test",` + msgs + `,"max_tokens":100000}`, 404, "unknown_url"},
 		{"trailing dot", "POST", "/v1/responses.", `{"model":"gpt-test","input":"x","max_output_tokens":100000}`, 404, "unknown_url"},
+		{"dot segment", "POST", "/v1/./chat/completions", `{"model":"gpt-test",` + msgs + `,"max_tokens":100000}`, 404, "unknown_url"},
+		{"double slash", "POST", "/v1/chat//completions", `{"model":"gpt-test",` + msgs + `,"max_tokens":100000}`, 404, "unknown_url"},
 		{"lower-case method", "post", "/v1/chat/completions", `{"model":"gpt-test",` + msgs + `,"max_tokens":100000}`, 405, "method_not_allowed"},
 	}
 	for _, row := range rows {

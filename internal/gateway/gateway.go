@@ -48,6 +48,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -525,15 +526,23 @@ func (g *Gateway) authenticate(r *http.Request) *client {
 	return g.keys[sluice.HashKey(key)]
 }
 
-// meteredAlias returns the metered path that path is another spelling of
-// (letter case, trailing slashes or dots, ;parameters), or "".
-func meteredAlias(path string) string {
-	canon, _, _ := strings.Cut(strings.ToLower(path), ";")
-	canon = strings.TrimRight(canon, "/.")
-	if _, ok := endpoints[canon]; ok && canon != path {
+// meteredAlias returns the metered path that p is another spelling of
+// (canonicalPath), or "".
+func meteredAlias(p string) string {
+	canon := canonicalPath(p)
+	if _, ok := endpoints[canon]; ok && canon != p {
 		return canon
 	}
 	return ""
+}
+
+// canonicalPath is the path a lenient upstream or proxy may route p to:
+// lower case, without ;parameters, dot segments, repeated slashes and
+// trailing slashes or dots. gateway.Server's mux redirects the unclean
+// spellings itself; a Gateway mounted on another router sees them.
+func canonicalPath(p string) string {
+	canon, _, _ := strings.Cut(strings.ToLower(p), ";")
+	return strings.TrimRight(path.Clean(canon), "/.")
 }
 
 func (s *spec) applies(model string) bool { return s.model == "" || s.model == model }
