@@ -659,6 +659,102 @@ func TestAnthropicRedisTwoGateways(t *testing.T) {
 	}
 }
 
+// TestAnthropicRedisPauseMidStream: Redis stopped (SIGSTOP) for 2 s while
+// a Messages stream is relayed. The stream reaches the client whole (settling
+// is off its path), no settlement is reported at once, a request arriving
+// during the pause does not reach the upstream unless Redis admits it, and
+// tpm ends charged each request's usage, or its reservation when its
+// settlement failed against the stopped Redis: never less.
+func TestAnthropicRedisPauseMidStream(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	st, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), Clock: clk, DisableDenyCache: true, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	up := fakeanthropic.New(t, fakeanthropic.Options{APIKey: upstreamKey, OutputTokens: 10, InputTokens: 30})
+	// A tpm slow enough that its Redis keys (whose TTL runs on Redis time,
+	// not the test clock) outlive the pause.
+	l := Limits{TPM: 200, Concurrency: 2}
+	e := newAnthEnv(t, l, up, st, "")
+	const perRequest = 30 + 10
+
+	hold, held := make(chan struct{}), make(chan struct{})
+	up.Enqueue(fakeanthropic.Fault{HoldAfter: 4, Hold: hold, Held: held})
+	res := e.post(context.Background(), "/v1/messages", clientKey, `{"model":"claude-test","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"stream it"}]}`)
+	<-held
+	if err := srv.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	frozen := true
+	thaw := func() {
+		if frozen {
+			frozen = false
+			if err := srv.Thaw(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer thaw()
+	paused := time.Now()
+	close(hold)
+	if ev := readEvents(t, res.Body); len(ev) == 0 || ev[len(ev)-1] != "message_stop" {
+		t.Fatalf("stream relayed while Redis is stopped: events %v", ev)
+	}
+	select {
+	case s := <-e.settled:
+		t.Fatalf("settled against a stopped Redis: %+v", s)
+	default:
+	}
+
+	status := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/messages", strings.NewReader(messagesBody))
+		req.Header.Set("x-api-key", clientKey)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			status <- -1
+			return
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		status <- res.StatusCode
+	}()
+	time.Sleep(2*time.Second - time.Since(paused)) // the pause itself, not synchronisation
+	if n := up.Count(); n != 1 {
+		t.Fatalf("upstream saw %d requests while Redis was stopped, want only the stream's", n)
+	}
+	thaw()
+	// The request sent during the pause waited for Redis, within the
+	// store timeout, or was refused 503; either way it was metered.
+	// (A 2 s stop can outlast a reconnection's 1 s handshake in
+	// redisstore, so either answer is possible.)
+	want := map[int]bool{200: true, 503: true}
+	got := <-status
+	if !want[got] || up.Count() != 1+map[bool]int{true: 1}[got == 200] {
+		t.Fatalf("request sent during the pause: status %d, upstream saw %d", got, up.Count())
+	}
+	// Every settlement charges its usage exactly, or, when Redis failed it,
+	// leaves at most the larger reservation charged: tpm never under-counts.
+	var lo, hi int64
+	for range 1 + map[bool]int{true: 1}[got == 200] {
+		s := e.settle()
+		switch {
+		case s.Status != 200 || !s.UsageReported || s.Actual != perRequest:
+			t.Fatalf("settled %+v, want %d tokens", s, perRequest)
+		case s.Err == nil:
+			lo, hi = lo+s.Actual, hi+s.Actual
+		default:
+			t.Logf("settlement failed against the stopped Redis: %v", s.Err)
+			lo, hi = lo+s.Actual, hi+s.Reserved
+		}
+	}
+	if rem := e.tpmRemaining(); rem > l.TPM-lo || rem < l.TPM-hi {
+		t.Fatalf("tpm remaining %d, want %d to %d", rem, l.TPM-hi, l.TPM-lo)
+	}
+}
+
 // TestAnthropicConfig: upstream.api is validated and picks the key
 // variable.
 func TestAnthropicConfig(t *testing.T) {
