@@ -541,6 +541,21 @@ func TestAnthropicHostileInput(t *testing.T) {
 	if got := up.Requests()[0].Header.Get("X-Api-Key"); got != upstreamKey {
 		t.Fatalf("upstream got x-api-key %q", got)
 	}
+	// A wrong bearer key is not rescued by a valid x-api-key: one key
+	// decides, and it is the one metered.
+	req, _ = http.NewRequest(http.MethodPost, e.srv.URL+"/v1/messages", strings.NewReader(messagesBody))
+	req.Header.Set("Authorization", "Bearer sk-wrong")
+	req.Header.Set("x-api-key", clientKey)
+	if res, err = http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	if ae := decodeAnthError(t, res); res.StatusCode != 401 || ae.Error.Type != "authentication_error" {
+		t.Fatalf("wrong bearer, valid x-api-key: status %d %+v", res.StatusCode, ae)
+	}
+	res.Body.Close()
+	if up.Count() != 1 {
+		t.Fatalf("upstream saw %d requests", up.Count())
+	}
 }
 
 // TestAnthropicInputOutputLimits: with itpm and otpm (Anthropic's ITPM and
