@@ -436,17 +436,17 @@ func setAnthropicHeaders(h http.Header, c *call, ds []sluice.Decision, now time.
 }
 
 // rewriteAnthropic finishes the upstream request of an Anthropic upstream
-// or endpoint: an Anthropic upstream gets the gateway's key as x-api-key
-// instead of a bearer token, and an Anthropic request an anthropic-version
-// when the client sent none.
-func (g *Gateway) rewriteAnthropic(out *http.Request, ep endpoint, inPath string) {
+// or path: an Anthropic upstream gets the gateway's key as x-api-key
+// instead of a bearer token, and a request under /v1/messages (metered or
+// passed through) an anthropic-version when the client sent none.
+func (g *Gateway) rewriteAnthropic(out *http.Request, inPath string) {
 	if g.cfg.Upstream.API == APIAnthropic {
 		out.Header.Del("Authorization")
 		if g.upstreamKey != "" {
 			out.Header["X-Api-Key"] = []string{g.upstreamKey}
 		}
 	}
-	if (ep.anthropic() || strings.HasPrefix(inPath, "/v1/messages")) && out.Header.Get("Anthropic-Version") == "" {
+	if strings.HasPrefix(inPath, "/v1/messages") && out.Header.Get("Anthropic-Version") == "" {
 		out.Header["Anthropic-Version"] = []string{DefaultAnthropicVersion}
 	}
 }

@@ -639,11 +639,8 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	if g.upstreamAuth != nil {
 		out.Header["Authorization"] = g.upstreamAuth
 	}
-	c := callFrom(pr.In.Context())
-	if c != nil {
-		g.rewriteAnthropic(out, c.ep, pr.In.URL.Path)
-	}
-	if c != nil && c.body != nil {
+	g.rewriteAnthropic(out, pr.In.URL.Path)
+	if c := callFrom(pr.In.Context()); c != nil && c.body != nil {
 		body := c.body
 		out.Body = io.NopCloser(bytes.NewReader(body))
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
