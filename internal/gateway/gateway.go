@@ -173,7 +173,9 @@ type Gateway struct {
 	log          *slog.Logger
 	onSettled    func(Settlement)
 	pending      sync.WaitGroup // settlements in progress
-	queue        *queue         // nil without a queue section (queue.go)
+	closing      chan struct{}  // closed by Close: settlements stop retrying
+	closeOnce    sync.Once
+	queue        *queue // nil without a queue section (queue.go)
 	prices       *pricing.Table
 }
 
@@ -282,6 +284,7 @@ func New(opts Options) (*Gateway, error) {
 		log:          log,
 		onSettled:    opts.OnSettled,
 		prices:       cfg.priceTable(),
+		closing:      make(chan struct{}),
 	}
 	for _, model := range cfg.allModels() {
 		g.models[model] = true
@@ -504,6 +507,7 @@ func (g *Gateway) settleAsync(c *call) {
 // Close waits for the settlements in progress. The Gateway must not serve
 // requests after it.
 func (g *Gateway) Close() error {
+	g.closeOnce.Do(func() { close(g.closing) })
 	g.queue.close()
 	g.pending.Wait()
 	return nil
@@ -773,16 +777,17 @@ func (g *Gateway) settle(c *call) {
 			}
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
-	defer cancel()
 	// The refunds carry the request's lease, and the store applies a refund
 	// batch only while its lease is held: of all the gateway instances,
 	// only the first settlement of this request id refunds, and only then
 	// are excess tokens charged. A lease that lapsed (a settlement later
 	// than Options' LeaseTTL) leaves the reservation charged as it was.
+	// That same rule makes a refund safe to retry while the store is
+	// unreachable (refundHeld): an attempt that was applied after all
+	// leaves the lease released, and the next attempt changes nothing.
 	held := true
 	if len(refunds) > 0 {
-		ds, err := g.store.ApplyAll(ctx, sluice.OpRefund, refunds)
+		ds, retried, err := g.refundHeld(refunds)
 		if err != nil {
 			// Whether the lease is still held is unknown: charging now
 			// could charge twice after a peer's settlement.
@@ -790,12 +795,17 @@ func (g *Gateway) settle(c *call) {
 			s.Err = fmt.Errorf("gateway: settle %s: refund: %w", c.id, err)
 		}
 		for i, d := range ds {
-			if refunds[i].Algorithm == sluice.Concurrency && !d.Allowed {
+			if refunds[i].Algorithm == sluice.Concurrency && !d.Allowed && !retried {
 				held = false
 				s.Err = fmt.Errorf("gateway: settle %s: %w", c.id, ErrAlreadySettled)
 			}
 		}
+		// After a retry a released lease is this settlement's own earlier
+		// attempt, which the store ran after all (a stalled Redis runs
+		// what it had received when it resumes): the refund is done.
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
+	defer cancel()
 	if len(charges) > 0 && held {
 		if _, err := g.store.ApplyAll(ctx, sluice.OpCharge, charges); err != nil {
 			s.Err = errors.Join(s.Err, fmt.Errorf("gateway: settle %s: charge: %w", c.id, err))
@@ -817,6 +827,50 @@ func (g *Gateway) settle(c *call) {
 		"model", s.Model, "status", s.Status, "reserved", s.Reserved, "actual", s.Actual, "usage_reported", s.UsageReported, "err", s.Err)
 	if g.onSettled != nil {
 		g.onSettled(s)
+	}
+}
+
+// Settlement retries: the first retry after settleRetryMin, doubling up to
+// settleRetryMax, until the request's lease would have lapsed (LeaseTTL) or
+// the Gateway closes.
+const (
+	settleRetryMin = 100 * time.Millisecond
+	settleRetryMax = 2 * time.Second
+)
+
+// refundHeld applies a settlement's refund batch, retrying while the store
+// is unavailable (sluice.ErrUnavailable, or no answer in Store.Timeout),
+// so that a Redis that paused or
+// failed over while requests finished gives back their concurrency slots
+// and unused tokens when it returns, not a LeaseTTL later. Retrying is
+// safe because the batch is applied only while the request's lease is
+// held: once an attempt has applied, the lease is released and later ones
+// are refused whole (their lease member comes back not Allowed). retried
+// reports that an earlier attempt failed, so such a refusal may be its
+// doing.
+func (g *Gateway) refundHeld(refunds []sluice.Request) (ds []sluice.Decision, retried bool, err error) {
+	giveUp := time.Now().Add(g.cfg.LeaseTTL)
+	wait := settleRetryMin
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
+		ds, err = g.store.ApplyAll(ctx, sluice.OpRefund, refunds)
+		cancel()
+		// The attempt's own deadline passing is the store not answering
+		// in time too (stores report a caller's deadline as it is).
+		unanswered := errors.Is(err, sluice.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
+		if err == nil || !unanswered || time.Now().Add(wait).After(giveUp) {
+			return ds, retried, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-g.closing:
+			t.Stop()
+			return ds, retried, err
+		case <-t.C:
+		}
+		retried = true
+		g.metrics.settleRetries.Inc()
+		wait = min(2*wait, settleRetryMax)
 	}
 }
 

@@ -6,23 +6,23 @@ import (
 	"github.com/sluice-io/sluice"
 )
 
-// applyLeased is admit's one all-or-nothing ApplyAll of c.reqs when no
-// queue is configured (applyAdmit). For a
-// leased tier without a concurrency limit it leaves the reservation member
-// out of it and takes it in the background once the limits admitted: that
-// member has no limit of its own (it never denies) and only marks the
-// request so that one settlement refunds it. The limits are then decided
-// from leases with no Redis round trip on the client's path. settle waits
-// for the reservation first; one that failed leaves the refund batch
-// unapplied (the store applies it only while the reservation is held), so
-// a failure keeps the reservation charged, never refunds it twice. Past
-// maxAsyncReservations in flight, the reservation stays in the batch.
 // maxAsyncReservations bounds the reservations in flight in the
 // background: past it, a request waits for its reservation in its batch,
 // so that a Redis slower than the request rate pushes back on clients
 // instead of piling up calls that time out.
 const maxAsyncReservations = 64
 
+// applyLeased is admit's one all-or-nothing ApplyAll of c.reqs when no
+// queue is configured (applyAdmit). For a leased tier without a
+// concurrency limit it leaves the reservation member out of it and takes it
+// in the background once the limits admitted: that member has no limit of
+// its own (it never denies) and only marks the request so that one
+// settlement refunds it. The limits are then decided from leases with no
+// Redis round trip on the client's path. settle waits for the reservation
+// first; one that failed leaves the refund batch unapplied (the store
+// applies it only while the reservation is held), so a failure keeps the
+// reservation charged, never refunds it twice. Past maxAsyncReservations
+// in flight, the reservation stays in the batch.
 func (g *Gateway) applyLeased(ctx context.Context, c *call) ([]sluice.Decision, error) {
 	res := -1
 	if c.client.tier.lease && g.asyncResv.Load() < maxAsyncReservations {

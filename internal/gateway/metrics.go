@@ -18,7 +18,10 @@ type metrics struct {
 	upstream   *prometheus.HistogramVec
 	overhead   *prometheus.HistogramVec
 	spend      *prometheus.CounterVec
-	handler    http.Handler
+	// settleRetries counts refund batches tried again because the store
+	// was unavailable (Gateway.refundHeld).
+	settleRetries prometheus.Counter
+	handler       http.Handler
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -43,9 +46,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		spend: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_gateway_spend_microdollars_total", Help: "Dollars charged to budgets after settlement, in micro-dollars, by org, team (\"-\" for none) and model.",
 		}, []string{"org", "team", "model"}),
+		settleRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_gateway_settle_retries_total", Help: "Settlement refunds tried again because the store was unavailable.",
+		}),
 		handler: http.NotFoundHandler(),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.tokens, m.rejections, m.upstream, m.overhead, m.spend} {
+	for _, c := range []prometheus.Collector{m.requests, m.tokens, m.rejections, m.upstream, m.overhead, m.spend, m.settleRetries} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("gateway: metrics: %w", err)
 		}
