@@ -119,20 +119,28 @@ func TestMiddlewareDelayCancelAndBound(t *testing.T) {
 			return ctx.Err()
 		}
 	})
+	// Runs before the server's Close (cleanups run last first), so that a
+	// failed assertion does not leave Close waiting on a held handler.
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(free)
 	for range 5 {
 		if code, _, err := send(context.Background(), srv.URL); err != nil || code != 200 {
 			t.Fatalf("burst: %d %v", code, err)
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	gone := make(chan error, 1)
-	go func() { _, _, err := send(ctx, srv.URL); gone <- err }()
-	<-sleeping
+	// A held request takes the 100ms slot, then one whose caller will hang
+	// up takes the 200ms slot: the newest, so that nothing was reserved
+	// behind it and all of it comes back (Reservation.Cancel).
 	held := make(chan int, 1)
 	go func() {
 		code, _, _ := send(context.Background(), srv.URL)
 		held <- code
 	}()
+	<-sleeping
+	ctx, cancel := context.WithCancel(context.Background())
+	gone := make(chan error, 1)
+	go func() { _, _, err := send(ctx, srv.URL); gone <- err }()
 	<-sleeping
 	// Both slots are taken: the next is decided at once, and denied.
 	if code, _, err := send(context.Background(), srv.URL); err != nil || code != 429 {
@@ -142,7 +150,7 @@ func TestMiddlewareDelayCancelAndBound(t *testing.T) {
 	if err := <-gone; err == nil {
 		t.Fatal("cancelled request answered")
 	}
-	// Its 100ms slot is refunded: the next waits 200ms, not 300ms.
+	// Its 200ms slot is refunded: the next waits 200ms, not 300ms.
 	deadline := time.Now().Add(5 * time.Second)
 	for inSleep.Load() != 1 {
 		if time.Now().After(deadline) {
@@ -154,7 +162,7 @@ func TestMiddlewareDelayCancelAndBound(t *testing.T) {
 	if err != nil || !rv.Decision.Allowed || rv.Decision.Delay != 200*time.Millisecond {
 		t.Fatalf("after the refund: %+v %v, want a delay of 200ms", rv.Decision, err)
 	}
-	close(release)
+	free()
 	if code := <-held; code != 200 {
 		t.Fatalf("held request: %d", code)
 	}
