@@ -54,6 +54,13 @@ func newGate(t *testing.T, upstream string, n int) *gate {
 	return g
 }
 
+// Count returns how many requests the gate has forwarded.
+func (g *gate) Count() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.count
+}
+
 // writeInput writes n JSONL prompts with ids p0..p(n-1) and returns the path.
 func writeInput(t *testing.T, dir, tag string, n int) string {
 	t.Helper()
