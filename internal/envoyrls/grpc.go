@@ -50,6 +50,14 @@ func (s *Service) Register(g *grpc.Server) {
 //     bandwidth-delay estimator and the PING frames it sends while data
 //     flows.
 func (s *Service) NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
+	return NewGRPCServerFor(s, opts...)
+}
+
+// NewGRPCServerFor is NewGRPCServer for any RateLimitService handler h:
+// the same options, codec, health and reflection services. Benchmarks use
+// it to measure the gRPC floor, a handler that decides nothing, on exactly
+// the server sluice runs.
+func NewGRPCServerFor(h rlsv3.RateLimitServiceServer, opts ...grpc.ServerOption) *grpc.Server {
 	defaults := []grpc.ServerOption{
 		grpc.NumStreamWorkers(uint32(max(minStreamWorkers, streamWorkersPerCPU*runtime.GOMAXPROCS(0)))),
 		grpc.StaticStreamWindowSize(streamWindow),
@@ -58,7 +66,7 @@ func (s *Service) NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	}
 	opts = append(defaults, opts...)
 	g := grpc.NewServer(opts...)
-	s.Register(g)
+	rlsv3.RegisterRateLimitServiceServer(g, h)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Envoy RLS on 100k cold keys against two floors measured in the same run:
+#
+#  - the gRPC floor: rlsfloor (internal/loadtest/cmd/rlsfloor), the server
+#    `sluice serve` builds (envoyrls.NewGRPCServerFor) with a handler that
+#    answers OK and asks no store;
+#  - the Redis floor: incrload (internal/loadtest/cmd/incrload), a bare
+#    pipelined INCRBY + PEXPIRE per decision on the same keys through the
+#    rueidis client redisstore builds, against the same redis-server.
+#
+# Each round runs, one after another on the same machine: the floor,
+# `sluice serve` on memory, `sluice serve` on Redis (deploy/envoy/ratelimit,
+# edge domain, 100/min fixed window), and the bare INCRBY + PEXPIRE load,
+# all at 64 in flight on 100000 keys. Service CPU per request is read from
+# /proc/PID/stat by `sluice loadtest --pid`; Redis CPU from redis-server's
+# /proc/PID/stat (utime+stime) and from INFO commandstats (usec, the time
+# inside commands only). The target's measure is /proc: per decision means
+# per request for sluice and per INCRBY+PEXPIRE pair for the floor. The
+# database is flushed before each Redis phase. Only 127.0.0.1 is targeted.
+#
+#   bash internal/loadtest/bench-envoy-cold.sh [duration] [rounds]   # 10s 2
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DUR=${1:-10s}
+ROUNDS=${2:-2}
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
+trap cleanup EXIT
+freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+HZ=$(getconf CLK_TCK)
+LOAD=(--domain edge --descriptor 'remote_address=10.0.{key}' -c 64 -d "$DUR" --keys 100000)
+
+go build -o "$WORK/sluice" ./cmd/sluice
+go build -o "$WORK/rlsfloor" ./internal/loadtest/cmd/rlsfloor
+go build -o "$WORK/incrload" ./internal/loadtest/cmd/incrload
+RPORT=$(freeport)
+redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no >"$WORK/redis.log" 2>&1 &
+RPID=$!
+PIDS+=($RPID)
+for _ in $(seq 100); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+RURL="redis://127.0.0.1:$RPORT/0"
+echo "# $(date -u +%FT%TZ) $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(redis-server --version | cut -d' ' -f1-3), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
+
+# redis_before / redis_after bracket a phase: flush, reset INFO, read CPU.
+redis_before() {
+  redis-cli -p "$RPORT" flushall sync >/dev/null
+  redis-cli -p "$RPORT" config resetstat >/dev/null
+  T0=$(ticks "$RPID")
+}
+# redis_after prints the phase's INFO commandstats lines and appends
+# "cpu_s usec calls" to $WORK/results: usec and calls count the commands
+# clients sent. A script's usec includes the commands it calls, which
+# commandstats also lists on their own lines (TIME, GET, SET); those are
+# left out of the sum while scripts ran.
+redis_after() {
+  local t1
+  t1=$(ticks "$RPID")
+  redis-cli -p "$RPORT" info commandstats | tr -d '\r' | grep -vE '^cmdstat_(config|flushall|info)[:|]' | grep '^cmdstat_' | sed 's/^/  /' || true
+  redis-cli -p "$RPORT" info commandstats | tr -d '\r' |
+    awk -F'[:=,]' -v cpu="$(awk -v a="$T0" -v b="$t1" -v hz="$HZ" 'BEGIN {printf "%.3f", (b-a)/hz}')" '
+      /^cmdstat_/ { n=substr($1, 9); if (n ~ /^(config|flushall|info)$/) next; calls[n]=$3; usec[n]=$5; if (n ~ /^(eval|evalsha|evalsha_ro|eval_ro|fcall)$/) scripts=1 }
+      END { for (n in calls) { if (scripts && n ~ /^(time|get|set|del)$/) continue; u+=usec[n]; c+=calls[n] }
+            printf " %s %d %d\n", cpu, u, c }' >>"$WORK/results"
+}
+
+# serve_sluice STORE_URL starts `sluice serve` and sets SPID and GPORT.
+serve_sluice() {
+  GPORT=$(freeport); local hport; hport=$(freeport)
+  cat >"$WORK/sluice.yaml" <<YAML
+listen: "127.0.0.1:$hport"
+store:
+  url: $1
+  timeout: 1s
+envoy:
+  grpc_addr: "127.0.0.1:$GPORT"
+  config_dir: $PWD/deploy/envoy/ratelimit
+YAML
+  "$WORK/sluice" serve --config "$WORK/sluice.yaml" >"$WORK/serve.log" 2>&1 &
+  SPID=$!
+  PIDS+=($SPID)
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$hport/healthz" >/dev/null && break; sleep 0.1; done
+}
+
+# loadtest NAME runs the gRPC load against GPORT, server SPID, and records
+# "round name requests server_cpu_s" in $WORK/results (Redis figures added
+# by the caller).
+loadtest() {
+  "$WORK/sluice" loadtest --grpc "127.0.0.1:$GPORT" "${LOAD[@]}" --pid "$SPID" | tee "$WORK/out"
+  local req cpu
+  req=$(awk '/^requests/ {print $2}' "$WORK/out")
+  cpu=$(awk '/^server cpu/ {print $3}' "$WORK/out")
+  printf '%s %s %s %s' "$round" "$1" "$req" "$cpu" >>"$WORK/results"
+}
+
+stop() { kill "$SPID"; wait "$SPID" 2>/dev/null || true; }
+
+: >"$WORK/results"
+for round in $(seq "$ROUNDS"); do
+  echo "## round $round: gRPC floor (rlsfloor, no store), load average $(cut -d' ' -f1 /proc/loadavg)"
+  GPORT=$(freeport)
+  "$WORK/rlsfloor" -addr "127.0.0.1:$GPORT" &
+  SPID=$!
+  PIDS+=($SPID)
+  for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$GPORT") 2>/dev/null && break; sleep 0.1; done
+  loadtest floor; echo " - - -" >>"$WORK/results"; stop
+
+  echo "## round $round: sluice serve, memory store, load average $(cut -d' ' -f1 /proc/loadavg)"
+  serve_sluice memory
+  loadtest memory; echo " - - -" >>"$WORK/results"; stop
+
+  echo "## round $round: sluice serve, Redis, load average $(cut -d' ' -f1 /proc/loadavg)"
+  serve_sluice "$RURL"
+  redis_before
+  loadtest redis
+  redis_after
+  stop
+
+  echo "## round $round: bare pipelined INCRBY + PEXPIRE (incrload), load average $(cut -d' ' -f1 /proc/loadavg)"
+  redis_before
+  "$WORK/incrload" -url "$RURL" -c 64 -d "$DUR" -keys 100000 | tee "$WORK/out"
+  printf '%s bare %s -' "$round" "$(awk '/^pairs/ {print $2}' "$WORK/out")" >>"$WORK/results"
+  redis_after
+done
+
+echo "## summary (ratios against the same round's floors; lower is better)"
+python3 - "$WORK/results" <<'PY'
+import re, sys
+def secs(s):
+    if s in ('-', ''): return None
+    m = re.fullmatch(r'([0-9.]+)(h|m|s|ms|µs|us|ns)', s)
+    if not m:  # Go's 1m2.5s form
+        t = 0.0
+        for v, u in re.findall(r'([0-9.]+)(h|ms|µs|us|ns|m|s)', s):
+            t += float(v) * {'h': 3600, 'm': 60, 's': 1, 'ms': 1e-3, 'µs': 1e-6, 'us': 1e-6, 'ns': 1e-9}[u]
+        return t
+    return float(m.group(1)) * {'h': 3600, 'm': 60, 's': 1, 'ms': 1e-3, 'µs': 1e-6, 'us': 1e-6, 'ns': 1e-9}[m.group(2)]
+rows = {}
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) < 7: continue
+    rnd, name, n, cpu, rcpu, usec, calls = f[:7]
+    rows.setdefault(rnd, {})[name] = dict(n=int(n), cpu=secs(cpu), rcpu=None if rcpu == '-' else float(rcpu),
+                                          usec=None if usec == '-' else float(usec), calls=None if calls == '-' else int(calls))
+for rnd, r in sorted(rows.items()):
+    fl = r['floor']['cpu'] / r['floor']['n'] * 1e6
+    print(f"round {rnd}: service CPU per request (µs): floor {fl:.1f}", end='')
+    for name in ('memory', 'redis'):
+        v = r[name]['cpu'] / r[name]['n'] * 1e6
+        print(f"; {name} {v:.1f} ({v/fl:.2f}× floor)", end='')
+    print()
+    s, b = r['redis'], r['bare']
+    sp, bp = s['rcpu'] / s['n'] * 1e6, b['rcpu'] / b['n'] * 1e6
+    su, bu = s['usec'] / s['n'], b['usec'] / b['n']
+    print(f"round {rnd}: Redis CPU per decision (µs), /proc: sluice {sp:.2f}, bare INCRBY+PEXPIRE {bp:.2f} -> {sp/bp:.2f}× (target ≤ 2×)")
+    print(f"round {rnd}: Redis CPU per decision (µs), commandstats: sluice {su:.2f} ({s['calls']/s['n']:.2f} calls per decision), bare {bu:.2f} ({b['calls']/b['n']:.2f} calls per pair) -> {su/bu:.2f}×")
+    print(f"round {rnd}: completed: floor {r['floor']['n']}, memory {r['memory']['n']}, redis {s['n']} requests; bare {b['n']} pairs")
+PY
