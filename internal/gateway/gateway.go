@@ -177,6 +177,7 @@ type Gateway struct {
 	closeOnce    sync.Once
 	queue        *queue // nil without a queue section (queue.go)
 	prices       *pricing.Table
+	now          func() time.Time // time.Now; tests replace it
 }
 
 // client is what a key resolves to.
@@ -190,6 +191,8 @@ type client struct {
 	// levels are the client's budgets and its team's and org's limits
 	// (levels.go); nil when it has none.
 	levels *levels
+	// status is the client's last GET /v1/status answer (status.go).
+	status statusMemo
 }
 
 type kind uint8
@@ -284,6 +287,7 @@ func New(opts Options) (*Gateway, error) {
 		log:          log,
 		onSettled:    opts.OnSettled,
 		prices:       cfg.priceTable(),
+		now:          time.Now,
 		closing:      make(chan struct{}),
 	}
 	for _, model := range cfg.allModels() {
@@ -478,6 +482,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.ep = ep
+	cl.status.touch()
 	if !g.prepare(w, r, c) {
 		return
 	}
@@ -825,6 +830,7 @@ func (g *Gateway) settle(c *call) {
 	}
 	g.log.Log(ctx, level, "gateway: request settled", "request_id", s.RequestID, "client", s.Client, "tier", s.Tier,
 		"model", s.Model, "status", s.Status, "reserved", s.Reserved, "actual", s.Actual, "usage_reported", s.UsageReported, "err", s.Err)
+	c.client.status.touch()
 	if g.onSettled != nil {
 		g.onSettled(s)
 	}

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/pricing"
@@ -46,8 +49,49 @@ type statusBudget struct {
 	ResetSeconds int64 `json:"reset_seconds"`
 }
 
+// statusReuse is how long a client's /v1/status answer is reused while
+// the client sends nothing: a key polling status costs the store at most
+// one peek per statusReuse on each instance, however fast it polls.
+const statusReuse = 100 * time.Millisecond
+
+// statusMemo holds a client's last /v1/status answer. Concurrent calls
+// share one peek (mu is held across it); an answer is reused for
+// statusReuse unless the client's own requests moved its state since
+// (gen, bumped by touch on each metered request and settlement).
+type statusMemo struct {
+	gen  atomic.Uint64
+	mu   sync.Mutex
+	at   time.Time
+	seen uint64 // gen when body was peeked
+	body []byte
+}
+
+// touch marks the client's state as changed by its own traffic.
+func (m *statusMemo) touch() { m.gen.Add(1) }
+
 // serveStatus answers GET /v1/status for the authenticated client c.
 func (g *Gateway) serveStatus(w http.ResponseWriter, r *http.Request, c *call) {
+	m := &c.client.status
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now, gen := g.now(), m.gen.Load()
+	if m.body == nil || gen != m.seen || now.Sub(m.at) >= statusReuse || now.Before(m.at) {
+		b, ok := g.peekStatus(w, r, c)
+		if !ok {
+			return
+		}
+		m.body, m.at, m.seen = b, now, gen
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(m.body)))
+	h.Set("Cache-Control", "no-store")
+	_, _ = w.Write(m.body)
+}
+
+// peekStatus peeks the client's limits and budgets and returns the JSON
+// answer; on a store error it answers 503 itself and returns false.
+func (g *Gateway) peekStatus(w http.ResponseWriter, r *http.Request, c *call) ([]byte, bool) {
 	cl := c.client
 	body := statusBody{Tier: cl.tier.name, Limits: []statusLimit{}, Budgets: []statusBudget{}}
 	var specs []*spec
@@ -75,7 +119,7 @@ func (g *Gateway) serveStatus(w http.ResponseWriter, r *http.Request, c *call) {
 			w.Header().Set("Retry-After", "1")
 			writeError(w, http.StatusServiceUnavailable, "server_error", "rate_limiter_unavailable", "",
 				"The gateway's rate limiter is unavailable; please retry shortly.")
-			return
+			return nil, false
 		}
 		for i, d := range ds {
 			s := specs[i]
@@ -93,9 +137,5 @@ func (g *Gateway) serveStatus(w http.ResponseWriter, r *http.Request, c *call) {
 		}
 	}
 	b, _ := json.Marshal(body)
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(b)+1))
-	h.Set("Cache-Control", "no-store")
-	_, _ = w.Write(append(b, '\n'))
+	return append(b, '\n'), true
 }
