@@ -345,9 +345,15 @@ func New(opts Options) (*Gateway, error) {
 		transport = opts.WrapTransport(transport)
 	}
 	g.proxy = &httputil.ReverseProxy{
-		Rewrite:        g.rewrite,
-		Transport:      timedTransport{next: transport},
-		FlushInterval:  -1,
+		Rewrite:   g.rewrite,
+		Transport: timedTransport{next: transport},
+		// SSE streams and bodies of unknown length are flushed after
+		// every write whatever this says (ReverseProxy.flushInterval).
+		// A body of known length is not flushed until ServeHTTP's Flush:
+		// a negative interval would also start a timer per response that
+		// fires at once and flushes the headers in a write of their own,
+		// racing the body.
+		FlushInterval:  0,
 		ModifyResponse: g.modifyResponse,
 		BufferPool:     bufferPool{},
 		ErrorHandler:   g.upstreamError,
@@ -408,6 +414,7 @@ type call struct {
 	wantUsage   bool // the client asked for the usage event itself
 	bud         callBudget
 	body        []byte
+	captured    []byte // the JSON response body, read whole (captureReader)
 	promptEst   int64
 	reserved    int64
 	defaultCap  int64 // completion tokens per choice reserved when the client set none (forwardCap)
@@ -688,10 +695,6 @@ func (g *Gateway) modifyResponse(res *http.Response) error {
 		return nil
 	}
 	tierName := c.client.tier.name
-	if !c.sent.IsZero() {
-		g.metrics.upstream.WithLabelValues(tierName, c.model).Observe(c.headersAt.Sub(c.sent).Seconds())
-		g.metrics.overhead.WithLabelValues(tierName, c.model).Observe(c.sent.Sub(c.start).Seconds())
-	}
 	if res.StatusCode == http.StatusTooManyRequests || res.StatusCode >= 500 {
 		// Passed through with the upstream's Retry-After; refunded at settle.
 		c.rejected = true
@@ -704,9 +707,20 @@ func (g *Gateway) modifyResponse(res *http.Response) error {
 	if strings.HasPrefix(strings.ToLower(res.Header.Get("Content-Type")), "text/event-stream") {
 		res.Body = newSSEReader(res.Body, c)
 	} else {
-		res.Body = &captureReader{src: res.Body, c: c, limit: defaultMaxResponseBytes}
+		res.Body = newCaptureReader(res.Body, c, res.ContentLength, defaultMaxResponseBytes)
 	}
 	return nil
+}
+
+// observeTimes records the upstream's time to headers and the gateway's
+// overhead before it, from settle: off the client's path.
+func (g *Gateway) observeTimes(c *call) {
+	if c.sent.IsZero() || c.headersAt.IsZero() {
+		return
+	}
+	tierName := c.client.tier.name
+	g.metrics.upstream.WithLabelValues(tierName, c.model).Observe(c.headersAt.Sub(c.sent).Seconds())
+	g.metrics.overhead.WithLabelValues(tierName, c.model).Observe(c.sent.Sub(c.start).Seconds())
 }
 
 // upstreamError answers when the upstream could not be reached or the
@@ -732,6 +746,8 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 
 // settle settles c's reservation; settleAsync makes sure it runs once.
 func (g *Gateway) settle(c *call) {
+	c.readCapturedUsage()
+	g.observeTimes(c)
 	if c.reserving != nil {
 		<-c.reserving
 	}

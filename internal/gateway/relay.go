@@ -54,37 +54,58 @@ func (c *call) setUsage(u *usageJSON) {
 	}
 }
 
-// captureReader relays a JSON body unchanged and keeps a bounded copy to
-// read its usage at the end.
+// captureReader relays a JSON body unchanged and keeps a bounded copy,
+// whose usage settle reads (call.readCapturedUsage) once the response has
+// gone to the client: decoding it is off the client's path.
 type captureReader struct {
 	src   io.ReadCloser
 	c     *call
 	limit int
-	buf   bytes.Buffer
+	buf   []byte
 	over  bool
+}
+
+// newCaptureReader captures src for c, up to limit bytes; length is the
+// body's Content-Length (-1 when unknown), which sizes the copy.
+func newCaptureReader(src io.ReadCloser, c *call, length int64, limit int) *captureReader {
+	r := &captureReader{src: src, c: c, limit: limit}
+	if length > 0 && length <= int64(limit) {
+		r.buf = make([]byte, 0, length)
+	}
+	return r
 }
 
 func (r *captureReader) Read(p []byte) (int, error) {
 	n, err := r.src.Read(p)
 	if !r.over {
-		if r.buf.Len()+n > r.limit {
+		if len(r.buf)+n > r.limit {
 			r.over = true
-			r.buf = bytes.Buffer{}
+			r.buf = nil
 		} else {
-			r.buf.Write(p[:n])
+			r.buf = append(r.buf, p[:n]...)
 		}
 	}
 	if errors.Is(err, io.EOF) && !r.over {
-		if u := findUsage(r.buf.Bytes()); u != nil {
-			r.c.setUsage(u)
-		}
-		r.buf = bytes.Buffer{}
+		r.c.captured = r.buf
+		r.buf = nil
 		r.over = true
 	}
 	return n, err
 }
 
 func (r *captureReader) Close() error { return r.src.Close() }
+
+// readCapturedUsage records the usage of the JSON body captured whole, if
+// any; settle calls it first.
+func (c *call) readCapturedUsage() {
+	if c.captured == nil {
+		return
+	}
+	if u := findUsage(c.captured); u != nil {
+		c.setUsage(u)
+	}
+	c.captured = nil
+}
 
 // findUsage reads the top-level "usage" object of a response body. It
 // decodes only from the last "usage" key on, which the APIs put at the end,
