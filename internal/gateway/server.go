@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sluice-io/sluice/internal/statuswriter"
 	"log/slog"
 	"net"
 	"net/http"
@@ -45,9 +46,9 @@ func (s *Server) Handler() http.Handler {
 	log := s.Gateway.log
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		sw := &statusWriter{ResponseWriter: w}
+		sw := statuswriter.New(w)
 		mux.ServeHTTP(sw, r)
-		status := sw.status
+		status := sw.Status()
 		if status == 0 {
 			status = http.StatusOK
 		}
@@ -74,35 +75,6 @@ func (s *Server) count(status int) {
 		s.ok.Add(1)
 	}
 }
-
-// statusWriter records the status of a response. It unwraps, so that
-// http.ResponseController reaches the connection's Flush.
-type statusWriter struct {
-	http.ResponseWriter
-	status int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 && code >= 200 {
-		w.status = code
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-// Flush implements http.Flusher for handlers that assert it.
-func (w *statusWriter) Flush() {
-	_ = http.NewResponseController(w.ResponseWriter).Flush()
-}
-
-// Unwrap returns the underlying writer, for http.ResponseController.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (s *Server) mux() http.Handler {
 	mux := http.NewServeMux()

@@ -22,6 +22,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,6 +40,7 @@ import (
 	"github.com/sluice-io/sluice/internal/console"
 	"github.com/sluice-io/sluice/internal/metrics"
 	"github.com/sluice-io/sluice/internal/overrides"
+	"github.com/sluice-io/sluice/internal/statuswriter"
 )
 
 // Options configure a Server. Store, Config and Metrics are required.
@@ -171,17 +173,6 @@ func (s *Server) SetConfig(cfg *config.Config) error {
 // that load balancers stop sending new requests.
 func (s *Server) SetDraining(v bool) { s.draining.Store(v) }
 
-// statusWriter records the status code for the request metrics.
-type statusWriter struct {
-	http.ResponseWriter
-	code int
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	w.code = code
-	w.ResponseWriter.WriteHeader(code)
-}
-
 // handle registers h with in-flight, status and latency accounting.
 func (s *Server) handle(pattern, name string, h http.HandlerFunc) {
 	latency := s.m.DecisionSeconds.WithLabelValues(name)
@@ -190,12 +181,12 @@ func (s *Server) handle(pattern, name string, h http.HandlerFunc) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		s.m.InFlight.Inc()
 		start := time.Now()
-		sw := &statusWriter{ResponseWriter: w, code: http.StatusOK}
+		sw := statuswriter.New(w)
 		defer func() {
 			if decides {
 				latency.Observe(time.Since(start).Seconds())
 			}
-			code := sw.code
+			code := cmp.Or(sw.Status(), http.StatusOK)
 			codes.get(code, func() prometheus.Counter {
 				return s.m.Requests.WithLabelValues(name, metrics.Code(code))
 			}).Inc()

@@ -1,9 +1,11 @@
 package tracing
 
 import (
+	"cmp"
 	"net/http"
 	"strconv"
 
+	"github.com/sluice-io/sluice/internal/statuswriter"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -24,17 +26,18 @@ func (t *Tracing) Handler(h http.Handler) http.Handler {
 		ctx, span := t.tracer.Start(ctx, "HTTP "+r.Method, trace.WithSpanKind(trace.SpanKindServer),
 			trace.WithAttributes(attribute.String("http.request.method", r.Method)))
 		defer span.End()
-		rw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		rw := statuswriter.New(w)
 		r = r.WithContext(ctx)
 		h.ServeHTTP(rw, r)
 		route := r.Pattern
 		if route == "" {
 			route = "unmatched"
 		}
+		status := cmp.Or(rw.Status(), http.StatusOK)
 		span.SetName(r.Method + " " + routePath(route))
-		span.SetAttributes(attribute.String("http.route", routePath(route)), attribute.Int("http.response.status_code", rw.status))
-		if rw.status >= 500 {
-			span.SetStatus(codes.Error, strconv.Itoa(rw.status))
+		span.SetAttributes(attribute.String("http.route", routePath(route)), attribute.Int("http.response.status_code", status))
+		if status >= 500 {
+			span.SetStatus(codes.Error, strconv.Itoa(status))
 		}
 	})
 }
@@ -51,37 +54,6 @@ func routePath(pattern string) string {
 	}
 	return pattern
 }
-
-// statusWriter remembers the status code. It passes Flush through (the
-// gateway streams) and unwraps for http.ResponseController.
-type statusWriter struct {
-	http.ResponseWriter
-	status      int
-	wroteHeader bool
-}
-
-func (w *statusWriter) WriteHeader(code int) {
-	if !w.wroteHeader {
-		w.status, w.wroteHeader = code, true
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *statusWriter) Write(b []byte) (int, error) {
-	w.wroteHeader = true
-	return w.ResponseWriter.Write(b)
-}
-
-// Flush implements http.Flusher.
-func (w *statusWriter) Flush() {
-	w.wroteHeader = true
-	if f, ok := w.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-// Unwrap lets http.ResponseController reach the underlying writer.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // Transport wraps rt (nil means http.DefaultTransport) so that each
 // upstream call gets a client span and carries its W3C traceparent. The
