@@ -11,17 +11,19 @@ import (
 	"github.com/sluice-io/sluice/internal/redistest"
 )
 
-// eventually polls cond until it holds or 10s pass.
+// eventually polls cond until it holds or 30s pass.
 func eventually(t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	// Generous: a loaded machine running -race can take seconds for what
+	// takes milliseconds alone; a passing run never waits this long.
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ok, got := cond()
 		if ok {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s; last: %s", what, got)
+			t.Fatalf("%s: not within 30s; last: %s", what, got)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
