@@ -12,9 +12,11 @@ import (
 	"net/http/httptest"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,14 +32,18 @@ import (
 // benchRig is a fake upstream, and a gateway in front of it with 64 client
 // keys, on the store named.
 type benchRig struct {
-	up   *fakeopenai.Server
-	gw   *httptest.Server
-	keys []string
+	up    *fakeopenai.Server
+	gw    *httptest.Server
+	keys  []string
+	redis *redistest.Server // nil on the memory store
+	lease *lease.Store      // nil without leases
 }
 
 func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
 	b.Helper()
 	var st sluice.Store
+	var srv *redistest.Server
+	var ls *lease.Store
 	switch storeName {
 	case "memory":
 		m, err := memstore.New(memstore.Options{})
@@ -47,8 +53,9 @@ func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
 		b.Cleanup(func() { _ = m.Close() })
 		st = m
 	case "redis", "redis-lease":
+		srv = redistest.Standalone(b)
 		r, err := redisstore.New(context.Background(), redisstore.Options{
-			URL: redistest.Standalone(b).URL(), DisableDenyCache: true, Timeout: time.Second,
+			URL: srv.URL(), DisableDenyCache: true, Timeout: time.Second,
 		})
 		if err != nil {
 			b.Fatal(err)
@@ -61,11 +68,11 @@ func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { _ = l.Close() })
-			st = l
+			st, ls = l, l
 		}
 	}
 	up := fakeopenai.New(b, fakeopenai.Options{CompletionTokens: 2, MaxRecorded: 1})
-	rig := &benchRig{up: up}
+	rig := &benchRig{up: up, redis: srv, lease: ls}
 	run := fmt.Sprintf("%x", time.Now().UnixNano())
 	cfg := &Config{
 		Upstream: UpstreamConfig{BaseURL: up.URL() + "/v1"},
@@ -156,7 +163,14 @@ func pct(d []time.Duration, p float64) time.Duration {
 // gateway requests. Each b.N is one request per mode. Reported per store
 // and connection count: direct and gateway p50/p99, and the added p50/p99
 // (gateway minus direct) in µs. With -benchtime=20000x the percentiles
-// are stable.
+// are stable. Since percentiles on a shared machine move with its load,
+// it also reports what the load does not change: added-cpu-µs/req, this
+// process's CPU time per request in the gateway rounds minus that in the
+// direct rounds (the gateway's own work, settlement included); on Redis,
+// redis-scripts/req and redis-cpu-µs/req in the gateway rounds (the
+// server's commands and CPU time); with leases, lease-hits/req (limits
+// decided from a lease), lease-direct/req (leasable limits the store
+// decided) and lease-fetches/req (chunks taken).
 func BenchmarkAddedLatency(b *testing.B) {
 	for _, storeName := range []string{"memory", "redis", "redis-lease"} {
 		for _, conns := range []int{1, 64} {
@@ -187,12 +201,27 @@ func BenchmarkAddedLatency(b *testing.B) {
 						measure(b, client, rig.up.URL(), rig.keys, conns, 2*conns, body, stream)
 						measure(b, client, rig.gw.URL, rig.keys, conns, 2*conns, body, stream)
 						var direct, gw []time.Duration
+						var cpuDirect, cpuGw time.Duration
+						var redisGw redisUse
+						var leaseStart lease.Stats
+						if rig.lease != nil {
+							leaseStart = rig.lease.Stats()
+						}
 						const rounds = 4
 						b.ResetTimer()
 						for range rounds {
 							n := max(b.N/rounds, conns)
+							c0 := processCPU(b)
 							direct = append(direct, measure(b, client, rig.up.URL(), rig.keys, conns, n, body, stream)...)
+							c1 := processCPU(b)
+							r1 := readRedisUse(b, rig.redis)
 							gw = append(gw, measure(b, client, rig.gw.URL, rig.keys, conns, n, body, stream)...)
+							r2 := readRedisUse(b, rig.redis)
+							c2 := processCPU(b)
+							cpuDirect += c1 - c0
+							cpuGw += c2 - c1
+							redisGw.calls += r2.calls - r1.calls
+							redisGw.cpu += r2.cpu - r1.cpu
 						}
 						b.StopTimer()
 						slices.Sort(direct)
@@ -204,11 +233,66 @@ func BenchmarkAddedLatency(b *testing.B) {
 						b.ReportMetric(us(pct(gw, 0.99)), "gw-p99-µs")
 						b.ReportMetric(us(pct(gw, 0.5)-pct(direct, 0.5)), "added-p50-µs")
 						b.ReportMetric(us(pct(gw, 0.99)-pct(direct, 0.99)), "added-p99-µs")
+						perReq := func(v float64) float64 { return v / float64(len(gw)) }
+						b.ReportMetric(perReq(us(cpuGw-cpuDirect)), "added-cpu-µs/req")
+						if rig.redis != nil {
+							b.ReportMetric(perReq(float64(redisGw.calls)), "redis-scripts/req")
+							b.ReportMetric(perReq(us(redisGw.cpu)), "redis-cpu-µs/req")
+						}
+						if rig.lease != nil {
+							st := rig.lease.Stats()
+							b.ReportMetric(perReq(float64(st.Hits-leaseStart.Hits)), "lease-hits/req")
+							b.ReportMetric(perReq(float64(st.Direct-leaseStart.Direct)), "lease-direct/req")
+							b.ReportMetric(perReq(float64(st.Fetches-leaseStart.Fetches)), "lease-fetches/req")
+						}
 					})
 				}
 			}
 		}
 	}
+}
+
+// processCPU is the CPU time this process has used, user and system.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// redisUse is what a Redis server has done: script calls (the stores'
+// round trips; commands run inside a script count apart in INFO, so they
+// are left out) and CPU time.
+type redisUse struct {
+	calls int64
+	cpu   time.Duration
+}
+
+// readRedisUse reads srv's script calls and CPU time; zero when srv is
+// nil.
+func readRedisUse(b *testing.B, srv *redistest.Server) redisUse {
+	if srv == nil {
+		return redisUse{}
+	}
+	ctx := context.Background()
+	var u redisUse
+	for _, cmd := range []string{"evalsha", "eval", "evalsha_ro", "eval_ro", "fcall"} {
+		n, err := srv.CommandCalls(ctx, cmd)
+		if err != nil {
+			b.Fatal(err)
+		}
+		u.calls += n
+	}
+	cpu, err := srv.Info(ctx, "cpu")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, k := range []string{"used_cpu_user", "used_cpu_sys"} {
+		sec, _ := strconv.ParseFloat(cpu[k], 64)
+		u.cpu += time.Duration(sec * 1e9)
+	}
+	return u
 }
 
 // cannedUpstream answers every request in memory, without a socket, so
