@@ -168,10 +168,11 @@ type core struct {
 	log         *slog.Logger
 	id          string
 
-	nodes *xsync.Map[string, *node]
-	gates *gates
-	local *local
-	views [numPolicies]*Guard
+	nodes   *xsync.Map[string, *node]
+	gates   *gates
+	local   *local
+	workers *workers
+	views   [numPolicies]*Guard
 
 	instances atomic.Int64
 	calls     atomic.Uint64
@@ -227,6 +228,7 @@ func New(store sluice.Store, opts Options) (*Guard, error) {
 		stop:        make(chan struct{}),
 		done:        make(chan struct{}),
 	}
+	c.workers = newWorkers(c.stop)
 	if c.clk == nil {
 		c.clk = clock.NewSystem()
 	}
@@ -436,23 +438,16 @@ func (g *Guard) call(ctx context.Context, op sluice.Op, reqs []sluice.Request, o
 	return g.inner.ApplyAll(ctx, op, reqs)
 }
 
-// bounded runs the call in a goroutine and returns at ctx's deadline
+// bounded runs the call on a worker goroutine and returns at ctx's deadline
 // whatever the call is doing: a client may be reconnecting, with a dial or
 // handshake that ignores ctx (rueidis redials when a call times out on a
 // stalled server, and the calls behind it wait for that dial).
 func (g *Guard) bounded(ctx context.Context, op sluice.Op, reqs []sluice.Request, one bool) ([]sluice.Decision, error) {
-	type result struct {
-		ds  []sluice.Decision
-		err error
-	}
-	done := make(chan result, 1)
-	own := append([]sluice.Request(nil), reqs...) // the caller may reuse reqs after we return
-	go func() {
-		ds, err := g.call(ctx, op, own, one)
-		done <- result{ds, err}
-	}()
+	j := &job{g: g, ctx: ctx, op: op, one: one, done: make(chan result, 1),
+		reqs: append([]sluice.Request(nil), reqs...)} // the caller may reuse reqs after we return
+	g.workers.run(j) // workers.go
 	select {
-	case r := <-done:
+	case r := <-j.done:
 		return r.ds, r.err
 	case <-ctx.Done():
 		return nil, ctx.Err()

@@ -1,0 +1,76 @@
+package guard
+
+import (
+	"context"
+	"runtime"
+	"sync/atomic"
+
+	"github.com/sluice-io/sluice"
+)
+
+// Store calls run on worker goroutines (see bounded) so that a caller can
+// return at its deadline whatever the call is doing. A new goroutine per
+// call grew its stack again on every call (the store path is deep): at 64
+// calls in flight on Redis that copying, the goroutine's start and its
+// scheduling were a tenth of the Envoy service's CPU. Workers instead wait
+// for the next call once one is done, keeping the stack they grew, as
+// gRPC's stream workers do. A call that finds no worker idle starts one;
+// when more than maxWorkers are running, a worker whose call is done ends,
+// so a stall that piled calls up does not keep their goroutines.
+
+// maxWorkers bounds the workers that stay up waiting for calls.
+func maxWorkers() int64 { return int64(max(64, 16*runtime.GOMAXPROCS(0))) }
+
+// workers hands calls to idle worker goroutines.
+type workers struct {
+	work    chan *job
+	running atomic.Int64
+	max     int64
+	stop    <-chan struct{}
+}
+
+func newWorkers(stop <-chan struct{}) *workers {
+	return &workers{work: make(chan *job), max: maxWorkers(), stop: stop}
+}
+
+// job is one store call and where its result goes.
+type job struct {
+	g    *Guard
+	ctx  context.Context
+	op   sluice.Op
+	reqs []sluice.Request
+	one  bool
+	done chan result
+}
+
+type result struct {
+	ds  []sluice.Decision
+	err error
+}
+
+// run hands j to an idle worker, or starts one.
+func (w *workers) run(j *job) {
+	select {
+	case w.work <- j:
+	default:
+		w.running.Add(1)
+		go w.loop(j)
+	}
+}
+
+func (w *workers) loop(j *job) {
+	for {
+		ds, err := j.g.call(j.ctx, j.op, j.reqs, j.one)
+		j.done <- result{ds, err} // buffered: the caller may be gone
+		if w.running.Load() > w.max {
+			w.running.Add(-1)
+			return
+		}
+		select {
+		case j = <-w.work:
+		case <-w.stop:
+			w.running.Add(-1)
+			return
+		}
+	}
+}
