@@ -193,6 +193,8 @@ type client struct {
 	levels *levels
 	// status is the client's last GET /v1/status answer (status.go).
 	status statusMemo
+	// resv holds reservations taken ahead for a leased tier (lease.go).
+	resv resvPool
 }
 
 type kind uint8

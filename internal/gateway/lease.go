@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"sync"
+	"time"
 
 	"github.com/sluice-io/sluice"
 )
@@ -50,6 +52,10 @@ func (g *Gateway) applyLeased(ctx context.Context, c *call) ([]sluice.Decision, 
 	if !sluice.Combine(out).Allowed {
 		return out, nil
 	}
+	if id, ok := g.takeReservation(c.client, req); ok {
+		c.reqs[res].Lease = id // held already: no store call for it
+		return out, nil
+	}
 	done := make(chan struct{})
 	c.reserving = done
 	g.pending.Add(1)
@@ -65,4 +71,129 @@ func (g *Gateway) applyLeased(ctx context.Context, c *call) ([]sluice.Decision, 
 		}
 	}()
 	return out, nil
+}
+
+// Reservations taken ahead (resvPool). A hot client of a leased tier
+// without a concurrency limit would otherwise cost the store two calls per
+// request, its reservation and its settlement; taken in batches, the
+// reservations cost one call per batch, and its settlement is then the
+// request's one store call.
+const (
+	// resvBatchMax bounds the reservations taken in one call.
+	resvBatchMax = 64
+	// resvMaxAge bounds how old (and resvAgeFraction of LeaseTTL, if that
+	// is less) a pooled reservation may be when a request takes it, so
+	// that it outlives the request about as long as one taken at its
+	// admission: its lease lapses LeaseTTL after it was taken.
+	resvMaxAge      = 5 * time.Second
+	resvAgeFraction = 100
+)
+
+// resvPool is a client's reservations taken ahead: leases of its
+// reservation key, under ids of their own, taken in one ApplyAll and
+// handed to requests in the order taken. A request that finds none fresh
+// takes its own in the background, as without the pool. Reservations no
+// request took lapse after LeaseTTL: they have no limit of their own, so
+// they hold nothing anyone else could use.
+type resvPool struct {
+	mu      sync.Mutex
+	ids     []pooledResv // oldest first
+	filling bool
+	fillAt  time.Time // when the last batch was started
+	asked   int       // requests that asked for one since fillAt
+	last    time.Time // the client's last request on this path
+}
+
+// pooledResv is one reservation taken ahead: its lease id, and when it
+// was asked for (before the call, so it is no older than that).
+type pooledResv struct {
+	id string
+	at time.Time
+}
+
+// resvAge is how old a pooled reservation may be when a request takes it.
+func (g *Gateway) resvAge() time.Duration {
+	return min(resvMaxAge, g.cfg.LeaseTTL/resvAgeFraction)
+}
+
+// takeReservation hands c's request a reservation taken ahead, if one is
+// fresh, and starts taking the next batch in the background when the
+// pool is down to half of what the client asks for in half a resvAge. A
+// client that sends a second request within resvAge starts its pool; a
+// colder one takes its reservations one by one.
+func (g *Gateway) takeReservation(cl *client, tmpl sluice.Request) (string, bool) {
+	p := &cl.resv
+	now := g.now()
+	maxAge := g.resvAge()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	hot := !p.last.IsZero() && now.Sub(p.last) < maxAge
+	p.last = now
+	p.asked++
+	for len(p.ids) > 0 && now.Sub(p.ids[0].at) >= maxAge {
+		p.ids = p.ids[1:] // aged out, left to lapse
+	}
+	var id string
+	ok := len(p.ids) > 0
+	if ok {
+		id, p.ids = p.ids[0].id, p.ids[1:]
+	}
+	if !hot || p.filling {
+		return id, ok
+	}
+	// The batch covers the client's rate since the last one for half a
+	// resvAge, so that it is used up well before it ages out.
+	batch := 2
+	if el := now.Sub(p.fillAt); !p.fillAt.IsZero() && el > 0 {
+		batch = int(min(float64(p.asked)*float64(maxAge/2)/float64(el)+1, resvBatchMax))
+		batch = max(batch, 2)
+	}
+	if len(p.ids) <= batch/2 && g.startFill() {
+		p.filling, p.fillAt, p.asked = true, now, 0
+		go g.fillReservations(cl, tmpl, batch)
+	}
+	return id, ok
+}
+
+// startFill counts a fill as a background reservation (Close waits for
+// it), unless the Gateway is closing.
+func (g *Gateway) startFill() bool {
+	select {
+	case <-g.closing:
+		return false
+	default:
+	}
+	g.pending.Add(1)
+	g.asyncResv.Add(1)
+	return true
+}
+
+// fillReservations takes n reservations of cl's key in one ApplyAll and
+// pools the ones granted (all: the reservation has no limit of its own).
+// A failed call pools nothing; requests take their own meanwhile.
+func (g *Gateway) fillReservations(cl *client, tmpl sluice.Request, n int) {
+	defer g.pending.Done()
+	defer g.asyncResv.Add(-1)
+	reqs := make([]sluice.Request, n)
+	for i := range reqs {
+		reqs[i] = tmpl
+		reqs[i].Lease, reqs[i].UseLease = sluice.NewLeaseID(), false
+	}
+	at := g.now() // before the call: the leases are no older than this says
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
+	defer cancel()
+	ds, err := g.store.ApplyAll(ctx, sluice.OpAllow, reqs)
+	p := &cl.resv
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.filling = false
+	if err != nil || len(ds) != len(reqs) {
+		g.log.Debug("gateway: reservations not taken ahead; requests take their own", "client", cl.id, "err", err)
+		return
+	}
+	for i, d := range ds {
+		if d.Allowed && !d.Degraded {
+			p.ids = append(p.ids, pooledResv{reqs[i].Lease, at})
+		}
+	}
 }

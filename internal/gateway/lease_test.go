@@ -5,7 +5,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -154,5 +156,144 @@ keys: [{name: a, hash: 2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db022587179
 lease: sometimes
 `)); err == nil {
 		t.Fatal("lease: sometimes accepted")
+	}
+}
+
+// TestReservationsTakenAhead: a hot client of a leased tier without a
+// concurrency limit gets its requests' reservations from batches taken
+// ahead, so that each request costs Redis one script call (its
+// settlement) instead of two; every settlement still refunds exactly once
+// under its reservation, and a reservation older than resvAge is never
+// handed out (it is left to lapse; the request takes its own).
+func TestReservationsTakenAhead(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.NewStandalone(t)
+	rs, err := redisstore.New(ctx, redisstore.Options{URL: srv.URL(), DisableDenyCache: true, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rs.Close() })
+	ls, err := lease.New(lease.Options{Store: rs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ls.Close() })
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, CompletionTokens: 5})
+	const key = "sk-ahead-client-0001"
+	cfg := &Config{
+		Upstream: UpstreamConfig{BaseURL: up.URL() + "/v1", APIKeyEnv: "TEST_UPSTREAM_KEY"},
+		Models:   []string{"gpt-test"},
+		Store:    StoreConfig{Timeout: 5 * time.Second},
+		Lease:    true,
+		Tiers:    map[string]TierConfig{"t": Tier(Limits{RPM: 1 << 30, TPM: 1 << 36, RPD: 1 << 36})},
+		Keys:     []KeyConfig{{Name: "a", Hash: sluice.HashKey(key), Tier: "t", Client: "ahead"}},
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	settled := make(chan Settlement, 1000)
+	gw, err := New(Options{
+		Config: cfg, Store: ls,
+		Getenv:    func(k string) string { return map[string]string{"TEST_UPSTREAM_KEY": upstreamKey}[k] },
+		OnSettled: func(s Settlement) { settled <- s },
+		Logger:    slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var skew atomic.Int64 // the gateway's clock runs this far ahead
+	gw.now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	hs := httptest.NewServer(gw)
+	t.Cleanup(hs.Close)
+	t.Cleanup(func() { _ = gw.Close() })
+	e := &env{t: t, srv: hs}
+	send := func(n int) {
+		t.Helper()
+		for range n {
+			res := e.post(ctx, "/v1/chat/completions", key, chatBody)
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			if res.StatusCode != 200 {
+				t.Fatalf("status %d", res.StatusCode)
+			}
+			select {
+			case s := <-settled:
+				if s.Err != nil || !s.UsageReported || s.Actual >= s.Reserved {
+					t.Fatalf("settlement %+v", s)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("no settlement within 10s")
+			}
+		}
+	}
+	resv := sluice.Request{Key: "{gw:ahead}:reservation", Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: 1 << 40, Period: cfg.LeaseTTL}, Cost: 1}
+	pooled := func() []pooledResv {
+		cl := gw.keys[sluice.HashKey(key)]
+		cl.resv.mu.Lock()
+		defer cl.resv.mu.Unlock()
+		return slices.Clone(cl.resv.ids)
+	}
+	// held is how many reservations Redis holds; it must be the pool's
+	// alone once every request is settled: none left behind, none
+	// released twice (a release of an id not held is refused).
+	held := func() int64 {
+		t.Helper()
+		d, err := rs.Apply(ctx, sluice.OpPeek, resv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resv.Limit.Rate - d.Remaining
+	}
+	waitFills := func() {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for gw.asyncResv.Load() != 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("reservations still being taken after 10s")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+
+	send(5) // the client turns hot; its pool starts
+	waitFills()
+	calls0, err := srv.CommandCalls(ctx, "evalsha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	send(n)
+	waitFills()
+	calls1, err := srv.CommandCalls(ctx, "evalsha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := ls.Stats()
+	// One settlement each, the batches, and the leases' chunk fetches;
+	// a reservation each would make it 2n.
+	if got := calls1 - calls0; got > n+n/4 {
+		t.Fatalf("%d script calls for %d requests (lease stats %+v), want at most %d", got, n, st, n+n/4)
+	}
+	t.Logf("%d script calls for %d requests, %d fetches", calls1-calls0, n, st.Fetches)
+	if p := pooled(); held() != int64(len(p)) || len(p) == 0 {
+		t.Fatalf("Redis holds %d reservations, the pool %d", held(), len(p))
+	}
+
+	// Aged out: the next request takes its own, the pooled ones stay
+	// unused (still held: each releases once here).
+	stale := pooled()
+	skew.Store(int64(gw.resvAge()))
+	send(1)
+	waitFills()
+	for _, r := range stale {
+		q := resv
+		q.Lease = r.id
+		ds, err := rs.ApplyAll(ctx, sluice.OpRefund, []sluice.Request{q})
+		if err != nil || !ds[0].Allowed {
+			t.Fatalf("a reservation older than %v was handed out: %+v %v", gw.resvAge(), ds, err)
+		}
+	}
+	if p := pooled(); held() != int64(len(p)) {
+		t.Fatalf("Redis holds %d reservations, the pool %d", held(), len(p))
 	}
 }
