@@ -53,7 +53,8 @@ func (g *Gateway) applyLeased(ctx context.Context, c *call) ([]sluice.Decision, 
 		return out, nil
 	}
 	if id, ok := g.takeReservation(c.client, req); ok {
-		c.reqs[res].Lease = id // held already: no store call for it
+		// Held already: no store call for it.
+		c.reqs[res].Key, c.reqs[res].Lease = pooledKey(req.Key, id), id
 		return out, nil
 	}
 	done := make(chan struct{})
@@ -89,8 +90,8 @@ const (
 	resvAgeFraction = 100
 )
 
-// resvPool is a client's reservations taken ahead: leases of its
-// reservation key, under ids of their own, taken in one ApplyAll and
+// resvPool is a client's reservations taken ahead: leases under ids of
+// their own, each on a key of its own (pooledKey), taken in one ApplyAll and
 // handed to requests in the order taken. A request that finds none fresh
 // takes its own in the background, as without the pool. Reservations no
 // request took lapse after LeaseTTL: they have no limit of their own, so
@@ -103,6 +104,12 @@ type resvPool struct {
 	asked   int       // requests that asked for one since fillAt
 	last    time.Time // the client's last request on this path
 }
+
+// pooledKey is the store key of the pooled reservation id of the
+// reservation key key: a key of its own, since the store reads and
+// rewrites a concurrency key's every lease on each call, and a pool holds
+// up to resvBatchMax of them.
+func pooledKey(key, id string) string { return key + ":" + id }
 
 // pooledResv is one reservation taken ahead: its lease id, and when it
 // was asked for (before the call, so it is no older than that).
@@ -176,8 +183,9 @@ func (g *Gateway) fillReservations(cl *client, tmpl sluice.Request, n int) {
 	defer g.asyncResv.Add(-1)
 	reqs := make([]sluice.Request, n)
 	for i := range reqs {
+		id := sluice.NewLeaseID()
 		reqs[i] = tmpl
-		reqs[i].Lease, reqs[i].UseLease = sluice.NewLeaseID(), false
+		reqs[i].Key, reqs[i].Lease, reqs[i].UseLease = pooledKey(tmpl.Key, id), id, false
 	}
 	at := g.now() // before the call: the leases are no older than this says
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)

@@ -167,65 +167,15 @@ lease: sometimes
 // handed out (it is left to lapse; the request takes its own).
 func TestReservationsTakenAhead(t *testing.T) {
 	ctx := context.Background()
-	srv := redistest.NewStandalone(t)
-	rs, err := redisstore.New(ctx, redisstore.Options{URL: srv.URL(), DisableDenyCache: true, Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rs.Close() })
-	ls, err := lease.New(lease.Options{Store: rs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = ls.Close() })
-	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, CompletionTokens: 5})
 	const key = "sk-ahead-client-0001"
-	cfg := &Config{
-		Upstream: UpstreamConfig{BaseURL: up.URL() + "/v1", APIKeyEnv: "TEST_UPSTREAM_KEY"},
-		Models:   []string{"gpt-test"},
-		Store:    StoreConfig{Timeout: 5 * time.Second},
-		Lease:    true,
-		Tiers:    map[string]TierConfig{"t": Tier(Limits{RPM: 1 << 30, TPM: 1 << 36, RPD: 1 << 36})},
-		Keys:     []KeyConfig{{Name: "a", Hash: sluice.HashKey(key), Tier: "t", Client: "ahead"}},
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	settled := make(chan Settlement, 1000)
-	gw, err := New(Options{
-		Config: cfg, Store: ls,
-		Getenv:    func(k string) string { return map[string]string{"TEST_UPSTREAM_KEY": upstreamKey}[k] },
-		OnSettled: func(s Settlement) { settled <- s },
-		Logger:    slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newLeasedRig(t, Config{
+		Tiers: map[string]TierConfig{"t": Tier(Limits{RPM: 1 << 30, TPM: 1 << 36, RPD: 1 << 36})},
+		Keys:  []KeyConfig{{Name: "a", Hash: sluice.HashKey(key), Tier: "t", Client: "ahead"}},
+	}, nil)
+	srv, rs, ls, gw, cfg := r.srv, r.rs, r.ls, r.gw, r.cfg
 	var skew atomic.Int64 // the gateway's clock runs this far ahead
 	gw.now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
-	hs := httptest.NewServer(gw)
-	t.Cleanup(hs.Close)
-	t.Cleanup(func() { _ = gw.Close() })
-	e := &env{t: t, srv: hs}
-	send := func(n int) {
-		t.Helper()
-		for range n {
-			res := e.post(ctx, "/v1/chat/completions", key, chatBody)
-			_, _ = io.Copy(io.Discard, res.Body)
-			res.Body.Close()
-			if res.StatusCode != 200 {
-				t.Fatalf("status %d", res.StatusCode)
-			}
-			select {
-			case s := <-settled:
-				if s.Err != nil || !s.UsageReported || s.Actual >= s.Reserved {
-					t.Fatalf("settlement %+v", s)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("no settlement within 10s")
-			}
-		}
-	}
+	send := func(n int) { t.Helper(); r.send(key, n) }
 	resv := sluice.Request{Key: "{gw:ahead}:reservation", Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: 1 << 40, Period: cfg.LeaseTTL}, Cost: 1}
 	pooled := func() []pooledResv {
 		cl := gw.keys[sluice.HashKey(key)]
@@ -238,22 +188,23 @@ func TestReservationsTakenAhead(t *testing.T) {
 	// released twice (a release of an id not held is refused).
 	held := func() int64 {
 		t.Helper()
-		d, err := rs.Apply(ctx, sluice.OpPeek, resv)
+		keys, err := srv.Do(ctx, "KEYS", resv.Key+"*")
 		if err != nil {
 			t.Fatal(err)
 		}
-		return resv.Limit.Rate - d.Remaining
-	}
-	waitFills := func() {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for gw.asyncResv.Load() != 0 {
-			if time.Now().After(deadline) {
-				t.Fatal("reservations still being taken after 10s")
+		var n int64
+		for _, k := range keys.([]any) {
+			q := resv
+			q.Key = k.(string)
+			d, err := rs.Apply(ctx, sluice.OpPeek, q)
+			if err != nil {
+				t.Fatal(err)
 			}
-			time.Sleep(time.Millisecond)
+			n += resv.Limit.Rate - d.Remaining
 		}
+		return n
 	}
+	waitFills := r.waitFills
 
 	send(5) // the client turns hot; its pool starts
 	waitFills()
@@ -287,7 +238,7 @@ func TestReservationsTakenAhead(t *testing.T) {
 	waitFills()
 	for _, r := range stale {
 		q := resv
-		q.Lease = r.id
+		q.Key, q.Lease = pooledKey(resv.Key, r.id), r.id
 		ds, err := rs.ApplyAll(ctx, sluice.OpRefund, []sluice.Request{q})
 		if err != nil || !ds[0].Allowed {
 			t.Fatalf("a reservation older than %v was handed out: %+v %v", gw.resvAge(), ds, err)
@@ -295,5 +246,198 @@ func TestReservationsTakenAhead(t *testing.T) {
 	}
 	if p := pooled(); held() != int64(len(p)) {
 		t.Fatalf("Redis holds %d reservations, the pool %d", held(), len(p))
+	}
+}
+
+// leasedRig is a gateway on its own Redis, wrapped in a lease.Store, with
+// a fake upstream, for the leased-tier tests.
+type leasedRig struct {
+	t       *testing.T
+	srv     *redistest.Server
+	rs      *redisstore.Store
+	ls      *lease.Store
+	gw      *Gateway
+	cfg     *Config
+	hs      *httptest.Server
+	settled chan Settlement
+}
+
+// newLeasedRig completes cfg (upstream, models, store, lease: true) and
+// starts the rig; the stores run on clk (no sweep), or the system clock
+// when it is nil.
+func newLeasedRig(t *testing.T, cfg Config, clk clock.Clock) *leasedRig {
+	t.Helper()
+	ctx := context.Background()
+	r := &leasedRig{t: t, srv: redistest.NewStandalone(t), settled: make(chan Settlement, 1000)}
+	var err error
+	if r.rs, err = redisstore.New(ctx, redisstore.Options{URL: r.srv.URL(), Clock: clk, DisableDenyCache: true, Timeout: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.rs.Close() })
+	lo := lease.Options{Store: r.rs}
+	if clk != nil {
+		lo.Clock, lo.SweepEvery = clk, -1
+	}
+	if r.ls, err = lease.New(lo); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.ls.Close() })
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, CompletionTokens: 5})
+	cfg.Upstream = UpstreamConfig{BaseURL: up.URL() + "/v1", APIKeyEnv: "TEST_UPSTREAM_KEY"}
+	cfg.Models = []string{"gpt-test"}
+	cfg.Store = StoreConfig{Timeout: 5 * time.Second}
+	cfg.Lease = true
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r.cfg = &cfg
+	if r.gw, err = New(Options{
+		Config: r.cfg, Store: r.ls,
+		Getenv:    func(k string) string { return map[string]string{"TEST_UPSTREAM_KEY": upstreamKey}[k] },
+		OnSettled: func(s Settlement) { r.settled <- s },
+		Logger:    slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r.hs = httptest.NewServer(r.gw)
+	t.Cleanup(r.hs.Close)
+	t.Cleanup(func() { _ = r.gw.Close() })
+	return r
+}
+
+// send sends n chat requests with key one after another, each answered
+// 200 and settled without error from the upstream's usage, below its
+// reservation.
+func (r *leasedRig) send(key string, n int) {
+	r.t.Helper()
+	e := &env{t: r.t, srv: r.hs}
+	for range n {
+		res := e.post(context.Background(), "/v1/chat/completions", key, chatBody)
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if res.StatusCode != 200 {
+			r.t.Fatalf("status %d", res.StatusCode)
+		}
+		select {
+		case s := <-r.settled:
+			if s.Err != nil || !s.UsageReported || s.Actual >= s.Reserved {
+				r.t.Fatalf("settlement %+v", s)
+			}
+		case <-time.After(10 * time.Second):
+			r.t.Fatal("no settlement within 10s")
+		}
+	}
+}
+
+// waitFills waits until no reservation is being taken in the background.
+func (r *leasedRig) waitFills() {
+	r.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.gw.asyncResv.Load() != 0 {
+		if time.Now().After(deadline) {
+			r.t.Fatal("reservations still being taken after 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestLeasedLevels: a leased tier's key takes its team's and org's rpm and
+// tpm from leases as well as its own limits, so a hot key of a team in an
+// org costs Redis one script call per request (its settlement), with no
+// round trip for the levels on the client's path; and the levels are still
+// charged exactly: two keys, one leased, one not, each of a team in an org
+// of its own, send the same requests at the same (fake) times, and once
+// the leases are given back their teams' and orgs' limits hold the same
+// state in Redis.
+func TestLeasedLevels(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	const leasedKey, plainKey = "sk-leased-level-0001", "sk-plain-level-0001"
+	off := false
+	big := Limits{RPM: 1 << 30, TPM: 1 << 36, RPD: 1 << 36}
+	plain := Tier(big)
+	plain.Lease = &off
+	lvl := Limits{RPM: 30_000, TPM: 100_000}
+	r := newLeasedRig(t, Config{
+		Tiers: map[string]TierConfig{"leased": Tier(big), "plain": plain},
+		Teams: map[string]LevelConfig{"tl": {Org: "ol", Limits: lvl}, "tp": {Org: "op", Limits: lvl}},
+		Orgs:  map[string]LevelConfig{"ol": {Limits: lvl}, "op": {Limits: lvl}},
+		Keys: []KeyConfig{
+			{Name: "l", Hash: sluice.HashKey(leasedKey), Tier: "leased", Client: "cl", Team: "tl"},
+			{Name: "p", Hash: sluice.HashKey(plainKey), Tier: "plain", Client: "cp", Team: "tp"},
+		},
+	}, clk)
+	// The store keys of the levels' limits (levels.go), leased and plain.
+	type level struct {
+		keys [2]string
+		lim  sluice.Limit
+	}
+	var levels []level
+	for _, suffix := range []string{"rpm", "tpm"} {
+		lim := sluice.Limit{Rate: lvl.RPM, Period: time.Minute}
+		if suffix == "tpm" {
+			lim.Rate = lvl.TPM
+		}
+		levels = append(levels,
+			level{[2]string{"{gw:o:ol}:o:" + suffix, "{gw:o:op}:o:" + suffix}, lim},
+			level{[2]string{"{gw:o:ol}:t:2:tl:" + suffix, "{gw:o:op}:t:2:tp:" + suffix}, lim})
+	}
+	// Half of every bucket used, so that none is ever full (a full bucket
+	// drops refill, at other times for charges made in chunks).
+	for _, l := range levels {
+		for _, k := range l.keys {
+			if _, err := r.rs.Apply(ctx, sluice.OpCharge, sluice.Request{Key: k, Algorithm: sluice.GCRA, Limit: l.lim, Cost: l.lim.Rate / 2}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	const n, skip = 200, 30
+	var calls int64
+	var from lease.Stats
+	for i := range n {
+		if i == skip { // the leases learn the rate over 25ms: past the first chunks
+			from = r.ls.Stats()
+		}
+		c0, err := r.srv.CommandCalls(ctx, "evalsha")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.send(leasedKey, 1)
+		r.waitFills()
+		c1, err := r.srv.CommandCalls(ctx, "evalsha")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i >= skip {
+			calls += c1 - c0
+		}
+		r.send(plainKey, 1)
+		r.waitFills()
+		clk.Advance(time.Millisecond)
+	}
+	st := r.ls.Stats()
+	t.Logf("%d script calls for %d leased requests; lease stats %+v", calls, n-skip, st)
+	// rpm, rpd, tpm, and the team's and the org's rpm and tpm.
+	if hits := st.Hits - from.Hits; hits < 7*(n-skip) {
+		t.Fatalf("%d decisions from leases for %d requests of 7 leased limits", hits, n-skip)
+	}
+	if max := int64(n-skip) * 5 / 4; calls > max {
+		t.Fatalf("%d script calls for %d leased requests, want at most %d", calls, n-skip, max)
+	}
+	if err := r.ls.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range levels {
+		var got [2]int64
+		for i, k := range l.keys {
+			d, err := r.rs.Apply(ctx, sluice.OpPeek, sluice.Request{Key: k, Algorithm: sluice.GCRA, Limit: l.lim})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[i] = d.Remaining
+		}
+		if got[0] != got[1] || got[1] == l.lim.Rate/2 {
+			t.Errorf("%s remaining: leased %d, plain %d; want equal, not %d", l.keys[0], got[0], got[1], l.lim.Rate/2)
+		}
 	}
 }

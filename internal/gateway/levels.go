@@ -136,7 +136,10 @@ func (g *Gateway) admitLevels(w http.ResponseWriter, r *http.Request, c *call) b
 		if !s.applies(c.rawModel) {
 			continue
 		}
-		req := sluice.Request{Key: lv.keys[i], Algorithm: s.alg, Limit: s.limit, Cost: 1}
+		// A leased tier's keys take their team's and org's limits from
+		// leases too (lease.go), budgets (calendar windows) and
+		// concurrency slots excepted: the lease store sends those on.
+		req := sluice.Request{Key: lv.keys[i], Algorithm: s.alg, Limit: s.limit, Cost: 1, UseLease: c.client.tier.lease}
 		switch s.kind {
 		case kindTokens:
 			req.Cost = g.tokenCost(c, s)
@@ -148,7 +151,7 @@ func (g *Gateway) admitLevels(w http.ResponseWriter, r *http.Request, c *call) b
 				return false
 			}
 		case kindConcurrency:
-			req.Lease = c.id
+			req.Lease, req.UseLease = c.id, false
 		case kindBudget:
 			if !c.bud.priced && !g.priceCall(w, c) {
 				return false
