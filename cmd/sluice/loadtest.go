@@ -78,6 +78,7 @@ the load over that many keys. Target only services you run, on this machine.`,
 	fl.StringVar(&g.Domain, "domain", "edge", "with --grpc: the rate-limit domain")
 	fl.StringArrayVar(&g.Descriptors, "descriptor", []string{"remote_address=10.0.{key}"}, "with --grpc: a descriptor key=value, {key} a key number (repeatable)")
 	fl.IntVar(&g.Connections, "grpc-connections", 4, "with --grpc: HTTP/2 connections the streams share")
+	fl.Float64Var(&g.Rate, "grpc-rate", 0, "with --grpc: requests per second in all, spaced evenly (default: as fast as the streams go)")
 	fl.IntVar(&g.PID, "pid", 0, "with --grpc: the server's process id, to report its CPU time per request from /proc")
 	return cmd
 }

@@ -8,15 +8,29 @@
 #    pipelined INCRBY + PEXPIRE per decision on the same keys through the
 #    rueidis client redisstore builds, against the same redis-server.
 #
-# Each round runs, one after another on the same machine: the floor,
-# `sluice serve` on memory, `sluice serve` on Redis (deploy/envoy/ratelimit,
-# edge domain, 100/min fixed window), and the bare INCRBY + PEXPIRE load,
-# all at 64 in flight on 100000 keys. Service CPU per request is read from
-# /proc/PID/stat by `sluice loadtest --pid`; Redis CPU from redis-server's
-# /proc/PID/stat (utime+stime) and from INFO commandstats (usec, the time
-# inside commands only). The target's measure is /proc: per decision means
-# per request for sluice and per INCRBY+PEXPIRE pair for the floor. The
-# database is flushed before each Redis phase. Only 127.0.0.1 is targeted.
+# Each round runs, one after another on the same machine, at 64 in flight
+# on 100000 keys:
+#   floor      rlsfloor, as fast as it goes
+#   memory     `sluice serve` on the memory store (deploy/envoy/ratelimit,
+#              edge domain, 100/min fixed window)
+#   redis      `sluice serve` on Redis
+#   floorrate  rlsfloor again, paced at the req/s sluice reached on Redis
+#              (--grpc-rate)
+#   bare       incrload, as fast as it goes
+#   barerate   incrload paced at sluice's req/s on Redis (-rate)
+#   lua        incrload -lua: the same pair inside one minimal script, the
+#              floor of any script-based decision
+#   script     incrload -sluice: sluice's own fixed-window script, EVALSHA
+#              as fast as the bare pairs go (its cost apart from batching)
+# A server's CPU per request falls as more requests share a read or a
+# write, so a floor at full speed is one that a slower server cannot reach:
+# the paced floors compare at one rate. Service CPU per request is read
+# from /proc/PID/stat by `sluice loadtest --pid`; Redis CPU from
+# redis-server's /proc/PID/stat (utime+stime) and from INFO commandstats
+# (usec: wall time inside commands, inflated when the CPU is contended).
+# The target's measure is /proc: per decision means per request for sluice
+# and per INCRBY+PEXPIRE pair for the floor. The database is flushed before
+# each Redis phase. Only 127.0.0.1 is targeted.
 #
 #   bash internal/loadtest/bench-envoy-cold.sh [duration] [rounds]   # 10s 2
 set -euo pipefail
@@ -30,6 +44,7 @@ trap cleanup EXIT
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
+LOAD_RATE=()
 LOAD=(--domain edge --descriptor 'remote_address=10.0.{key}' -c 64 -d "$DUR" --keys 100000)
 
 go build -o "$WORK/sluice" ./cmd/sluice
@@ -87,7 +102,7 @@ YAML
 # "round name requests server_cpu_s" in $WORK/results (Redis figures added
 # by the caller).
 loadtest() {
-  "$WORK/sluice" loadtest --grpc "127.0.0.1:$GPORT" "${LOAD[@]}" --pid "$SPID" | tee "$WORK/out"
+  "$WORK/sluice" loadtest --grpc "127.0.0.1:$GPORT" "${LOAD[@]}" "${LOAD_RATE[@]}" --pid "$SPID" | tee "$WORK/out"
   local req cpu
   req=$(awk '/^requests/ {print $2}' "$WORK/out")
   cpu=$(awk '/^server cpu/ {print $3}' "$WORK/out")
@@ -96,14 +111,19 @@ loadtest() {
 
 stop() { kill "$SPID"; wait "$SPID" 2>/dev/null || true; }
 
-: >"$WORK/results"
-for round in $(seq "$ROUNDS"); do
-  echo "## round $round: gRPC floor (rlsfloor, no store), load average $(cut -d' ' -f1 /proc/loadavg)"
+# serve_floor starts rlsfloor and sets SPID and GPORT.
+serve_floor() {
   GPORT=$(freeport)
   "$WORK/rlsfloor" -addr "127.0.0.1:$GPORT" &
   SPID=$!
   PIDS+=($SPID)
   for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$GPORT") 2>/dev/null && break; sleep 0.1; done
+}
+
+: >"$WORK/results"
+for round in $(seq "$ROUNDS"); do
+  echo "## round $round: gRPC floor (rlsfloor, no store), load average $(cut -d' ' -f1 /proc/loadavg)"
+  serve_floor
   loadtest floor; echo " - - -" >>"$WORK/results"; stop
 
   echo "## round $round: sluice serve, memory store, load average $(cut -d' ' -f1 /proc/loadavg)"
@@ -116,11 +136,36 @@ for round in $(seq "$ROUNDS"); do
   loadtest redis
   redis_after
   stop
+  RATE=$(awk '/^throughput/ {print $2}' "$WORK/out")
+
+  echo "## round $round: gRPC floor at sluice's rate on Redis in this round ($RATE/s, --grpc-rate), load average $(cut -d' ' -f1 /proc/loadavg)"
+  serve_floor
+  LOAD_RATE=(--grpc-rate "$RATE")
+  loadtest floorrate; echo " - - -" >>"$WORK/results"; stop
+  LOAD_RATE=()
 
   echo "## round $round: bare pipelined INCRBY + PEXPIRE (incrload), load average $(cut -d' ' -f1 /proc/loadavg)"
   redis_before
   "$WORK/incrload" -url "$RURL" -c 64 -d "$DUR" -keys 100000 | tee "$WORK/out"
   printf '%s bare %s -' "$round" "$(awk '/^pairs/ {print $2}' "$WORK/out")" >>"$WORK/results"
+  redis_after
+
+  echo "## round $round: bare INCRBY + PEXPIRE at sluice's rate on Redis in this round ($RATE/s, incrload -rate), load average $(cut -d' ' -f1 /proc/loadavg)"
+  redis_before
+  "$WORK/incrload" -url "$RURL" -c 64 -d "$DUR" -keys 100000 -rate "$RATE" | tee "$WORK/out"
+  printf '%s barerate %s -' "$round" "$(awk '/^pairs/ {print $2}' "$WORK/out")" >>"$WORK/results"
+  redis_after
+
+  echo "## round $round: the same pair in one minimal Lua script (incrload -lua), load average $(cut -d' ' -f1 /proc/loadavg)"
+  redis_before
+  "$WORK/incrload" -url "$RURL" -c 64 -d "$DUR" -keys 100000 -lua | tee "$WORK/out"
+  printf '%s lua %s -' "$round" "$(awk '/^pairs/ {print $2}' "$WORK/out")" >>"$WORK/results"
+  redis_after
+
+  echo "## round $round: sluice's fixed-window script alone, as fast as the bare pairs (incrload -sluice), load average $(cut -d' ' -f1 /proc/loadavg)"
+  redis_before
+  "$WORK/incrload" -url "$RURL" -c 64 -d "$DUR" -keys 100000 -sluice | tee "$WORK/out"
+  printf '%s script %s -' "$round" "$(awk '/^pairs/ {print $2}' "$WORK/out")" >>"$WORK/results"
   redis_after
 done
 
@@ -150,10 +195,26 @@ for rnd, r in sorted(rows.items()):
         v = r[name]['cpu'] / r[name]['n'] * 1e6
         print(f"; {name} {v:.1f} ({v/fl:.2f}× floor)", end='')
     print()
+    if 'floorrate' in r:
+        fr = r['floorrate']['cpu'] / r['floorrate']['n'] * 1e6
+        v = r['redis']['cpu'] / r['redis']['n'] * 1e6
+        print(f"round {rnd}: service CPU per request (µs): floor at sluice's Redis rate {fr:.1f} -> redis {v/fr:.2f}× it")
     s, b = r['redis'], r['bare']
     sp, bp = s['rcpu'] / s['n'] * 1e6, b['rcpu'] / b['n'] * 1e6
     su, bu = s['usec'] / s['n'], b['usec'] / b['n']
     print(f"round {rnd}: Redis CPU per decision (µs), /proc: sluice {sp:.2f}, bare INCRBY+PEXPIRE {bp:.2f} -> {sp/bp:.2f}× (target ≤ 2×)")
     print(f"round {rnd}: Redis CPU per decision (µs), commandstats: sluice {su:.2f} ({s['calls']/s['n']:.2f} calls per decision), bare {bu:.2f} ({b['calls']/b['n']:.2f} calls per pair) -> {su/bu:.2f}×")
+    if 'barerate' in r:
+        q = r['barerate']
+        qp = q['rcpu'] / q['n'] * 1e6
+        print(f"round {rnd}: Redis CPU per decision (µs), /proc: bare INCRBY+PEXPIRE at sluice's rate {qp:.2f} -> sluice {sp/qp:.2f}× it")
+    if 'lua' in r:
+        l = r['lua']
+        lp = l['rcpu'] / l['n'] * 1e6
+        print(f"round {rnd}: Redis CPU per decision (µs), /proc: the pair in a minimal Lua script {lp:.2f} -> {lp/bp:.2f}× bare (the floor of any script-based decision)")
+    if 'script' in r:
+        x = r['script']
+        xp = x['rcpu'] / x['n'] * 1e6
+        print(f"round {rnd}: Redis CPU per decision (µs), /proc: sluice's fixed-window script at the bare pairs' pace {xp:.2f} -> {xp/bp:.2f}× bare")
     print(f"round {rnd}: completed: floor {r['floor']['n']}, memory {r['memory']['n']}, redis {s['n']} requests; bare {b['n']} pairs")
 PY

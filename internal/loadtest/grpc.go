@@ -40,6 +40,12 @@ type GRPCOptions struct {
 	Requests int64
 	// Timeout bounds one request; default 5s.
 	Timeout time.Duration
+	// Rate, when above zero, spaces the requests evenly at that many per
+	// second in all (the i-th leaves at the start plus i/Rate, or when a
+	// stream is free), to compare servers at one request rate: how many
+	// requests share a read or a write is much of a server's CPU per
+	// request.
+	Rate float64
 	// PID, when set, is the server's process id: its CPU time is read from
 	// /proc/PID/stat before and after the run.
 	PID int
@@ -92,8 +98,8 @@ func RunGRPC(ctx context.Context, o GRPCOptions) (*GRPCResult, error) {
 	if o.Duration <= 0 && o.Requests <= 0 {
 		return nil, errors.New("loadtest: give a duration or a request count")
 	}
-	if o.Keys < 0 || o.Streams < 0 || o.Connections < 0 || o.Streams > 10000 || o.Connections > 64 {
-		return nil, errors.New("loadtest: keys, streams (at most 10000) or connections (at most 64) out of range")
+	if o.Keys < 0 || o.Streams < 0 || o.Connections < 0 || o.Streams > 10000 || o.Connections > 64 || !(o.Rate >= 0) {
+		return nil, errors.New("loadtest: keys, streams (at most 10000), connections (at most 64) or rate out of range")
 	}
 	o.Keys = max(o.Keys, 1)
 	if o.Streams == 0 {
@@ -137,7 +143,7 @@ func RunGRPC(ctx context.Context, o GRPCOptions) (*GRPCResult, error) {
 		runCtx, cancel = context.WithTimeout(ctx, o.Duration)
 		defer cancel()
 	}
-	var sent atomic.Int64
+	var sent, paced atomic.Int64
 	type worker struct {
 		hist       *Histogram
 		ok, over   int64
@@ -158,6 +164,18 @@ func RunGRPC(ctx context.Context, o GRPCOptions) (*GRPCResult, error) {
 			for runCtx.Err() == nil {
 				if o.Requests > 0 && sent.Add(1) > o.Requests {
 					return
+				}
+				if o.Rate > 0 {
+					at := start.Add(time.Duration(float64(paced.Add(1)) / o.Rate * float64(time.Second)))
+					if d := time.Until(at); d > 0 {
+						t := time.NewTimer(d)
+						select {
+						case <-t.C:
+						case <-runCtx.Done():
+							t.Stop()
+							return
+						}
+					}
 				}
 				next += 0x9E3779B97F4A7C15
 				k := strconv.Itoa(int(next>>33) % o.Keys)

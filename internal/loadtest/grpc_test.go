@@ -3,9 +3,11 @@ package loadtest
 import (
 	"context"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/sluice-io/sluice/internal/envoyrls"
 	"github.com/sluice-io/sluice/memstore"
@@ -46,6 +48,20 @@ func TestRunGRPC(t *testing.T) {
 	}
 	if _, err := RunGRPC(context.Background(), GRPCOptions{Addr: lis.Addr().String(), Domain: "d", Descriptors: []string{"novalue"}, Requests: 1}); err == nil {
 		t.Error("descriptor without '=' accepted")
+	}
+	// Paced: the 40th request leaves 40/Rate after the start, whatever the
+	// streams could do (pacing only delays, so the bound is one-sided).
+	res, err = RunGRPC(context.Background(), GRPCOptions{
+		Addr: lis.Addr().String(), Domain: "test-domain", Descriptors: []string{"key3=v{key}"},
+		Keys: 1, Streams: 8, Requests: 40, Rate: 1000,
+	})
+	if err != nil || res.Requests != 40 || res.Elapsed < 40*time.Millisecond {
+		t.Fatalf("paced at 1000/s: %+v %v, want 40 requests in at least 40ms", res, err)
+	}
+	for _, r := range []float64{-1, math.NaN()} {
+		if _, err := RunGRPC(context.Background(), GRPCOptions{Addr: lis.Addr().String(), Domain: "d", Descriptors: []string{"k=v"}, Requests: 1, Rate: r}); err == nil {
+			t.Errorf("rate %v accepted", r)
+		}
 	}
 }
 
