@@ -175,6 +175,7 @@ type core struct {
 	views   [numPolicies]*Guard
 
 	instances atomic.Int64
+	lastBeat  atomic.Int64 // the count the last heartbeat read, 0 before
 	calls     atomic.Uint64
 	errs      atomic.Uint64
 	busy      atomic.Uint64

@@ -369,3 +369,73 @@ func TestFindsInterfacesThroughUnwrap(t *testing.T) {
 		t.Fatal("found Membership on a store that has none")
 	}
 }
+
+// beats is a store whose heartbeats count what the test says: each
+// Heartbeat announces itself on entered, then answers the next count.
+type beats struct {
+	*memstore.Store
+	entered chan struct{}
+	next    chan int
+}
+
+func (b *beats) Heartbeat(ctx context.Context, _ string, _ time.Duration) (int, error) {
+	select {
+	case b.entered <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	select {
+	case n := <-b.next:
+		return n, nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+func (b *beats) Leave(context.Context, string) error { return nil }
+
+// TestInstancesDropWhenConfirmed: after Redis was away longer than the
+// heartbeat TTL every instance lapsed, and the first heartbeat back counts
+// one; Local's share must not grow on that reading while the circuit may
+// still be open. A lower count is taken when the next heartbeat confirms
+// it; a higher one at once.
+func TestInstancesDropWhenConfirmed(t *testing.T) {
+	m, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	b := &beats{Store: m, entered: make(chan struct{}), next: make(chan int)}
+	go func() { // New's own heartbeat
+		<-b.entered
+		b.next <- 3
+	}()
+	// The heartbeat's deadline is twice Timeout: far beyond the test.
+	g := newGuard(t, b, Options{Timeout: time.Minute, HeartbeatInterval: time.Millisecond})
+	if n := g.Instances(); n != 3 {
+		t.Fatalf("instances %d after the first heartbeat, want 3", n)
+	}
+	steps := []struct{ read, want int }{
+		{1, 3}, // back after an outage: the others have not renewed yet
+		{3, 3},
+		{2, 3}, // one left, or lapsed once
+		{2, 2}, // confirmed
+		{1, 2},
+		{4, 4}, // more at once
+		{1, 4},
+		{1, 1},
+	}
+	for i := range len(steps) + 1 {
+		// The heartbeats run one at a time: once the next one is in, the
+		// last one's count is taken.
+		<-b.entered
+		if i > 0 {
+			if c := steps[i-1]; g.Instances() != c.want {
+				t.Fatalf("step %d: instances %d after reading %d, want %d", i-1, g.Instances(), c.read, c.want)
+			}
+		}
+		if i < len(steps) {
+			b.next <- steps[i].read
+		}
+	}
+}

@@ -162,7 +162,13 @@ func (c *core) heartbeat(ctx context.Context) {
 		return // the last count stands while the store is away
 	}
 	if n > 0 {
-		c.instances.Store(int64(min(n, 1<<16)))
+		// A lower count takes effect when the next heartbeat confirms it.
+		// After the store was away longer than the heartbeat TTL every
+		// instance lapsed, and the first heartbeats back count only those
+		// that renewed so far (1, 2, ...): taken at once, that would hand
+		// each a larger Local share while its circuit is still open.
+		read := int64(min(n, 1<<16))
+		c.instances.Store(max(read, c.lastBeat.Swap(read)))
 	}
 }
 
