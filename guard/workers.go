@@ -62,6 +62,7 @@ func (w *workers) loop(j *job) {
 	for {
 		ds, err := j.g.call(j.ctx, j.op, j.reqs, j.one)
 		j.done <- result{ds, err} // buffered: the caller may be gone
+		j = nil                   // hold no caller's context or requests while idle
 		if w.running.Load() > w.max {
 			w.running.Add(-1)
 			return
