@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -41,6 +43,9 @@ type benchRig struct {
 
 func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
 	b.Helper()
+	if storeName == "bare-proxy" {
+		return newBareProxyRig(b, conns)
+	}
 	var st sluice.Store
 	var srv *redistest.Server
 	var ls *lease.Store
@@ -97,6 +102,30 @@ func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
 	}
 	rig.gw = httptest.NewServer(gw)
 	b.Cleanup(rig.gw.Close)
+	return rig
+}
+
+// newBareProxyRig is the floor of what any proxy adds: a fake upstream
+// behind an httputil.ReverseProxy that only rewrites the URL, with the
+// gateway's upstream transport, and no limits.
+func newBareProxyRig(b *testing.B, conns int) *benchRig {
+	up := fakeopenai.New(b, fakeopenai.Options{CompletionTokens: 2, MaxRecorded: 1})
+	target, err := url.Parse(up.URL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
+	proxy := &httputil.ReverseProxy{
+		Rewrite:    func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+		Transport:  t,
+		BufferPool: bufferPool{},
+	}
+	rig := &benchRig{up: up, gw: httptest.NewServer(proxy)}
+	b.Cleanup(rig.gw.Close)
+	for i := range conns {
+		rig.keys = append(rig.keys, fmt.Sprintf("sk-bare-%d", i))
+	}
 	return rig
 }
 
@@ -170,12 +199,17 @@ func pct(d []time.Duration, p float64) time.Duration {
 // redis-scripts/req and redis-cpu-µs/req in the gateway rounds (the
 // server's commands and CPU time); with leases, lease-hits/req (limits
 // decided from a lease), lease-direct/req (leasable limits the store
-// decided) and lease-fetches/req (chunks taken).
+// decided) and lease-fetches/req (chunks taken). bare-proxy is the floor
+// of any proxy: httputil.ReverseProxy with the gateway's transport and
+// nothing else (newBareProxyRig).
 func BenchmarkAddedLatency(b *testing.B) {
-	for _, storeName := range []string{"memory", "redis", "redis-lease"} {
+	for _, storeName := range []string{"bare-proxy", "memory", "redis", "redis-lease"} {
 		for _, conns := range []int{1, 64} {
 			for _, stream := range []bool{false, true} {
 				for _, exact := range []bool{false, true} {
+					if storeName == "bare-proxy" && (conns != 1 || stream || exact) {
+						continue
+					}
 					name := fmt.Sprintf("%s/conns=%d/json", storeName, conns)
 					body := benchBody
 					if exact {
