@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/internal/fakeopenai"
@@ -285,7 +287,9 @@ func newLeasedRig(t *testing.T, cfg Config, clk clock.Clock) *leasedRig {
 	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, CompletionTokens: 5})
 	cfg.Upstream = UpstreamConfig{BaseURL: up.URL() + "/v1", APIKeyEnv: "TEST_UPSTREAM_KEY"}
 	cfg.Models = []string{"gpt-test"}
-	cfg.Store = StoreConfig{Timeout: 5 * time.Second}
+	if cfg.Store.Timeout == 0 {
+		cfg.Store.Timeout = 5 * time.Second
+	}
 	cfg.Lease = true
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -440,4 +444,86 @@ func TestLeasedLevels(t *testing.T) {
 			t.Errorf("%s remaining: leased %d, plain %d; want equal, not %d", l.keys[0], got[0], got[1], l.lim.Rate/2)
 		}
 	}
+}
+
+// TestReservationsTakenAheadRedisPaused: Redis stopped (SIGSTOP) while a
+// hot leased client sends requests: they are admitted from leases and
+// reservations taken before the pause, with no Redis call on their path;
+// the pool's next batch and their settlements time out and retry; once
+// Redis is back every settlement applies (its reservation was held), and
+// Redis holds no reservation but the pool's.
+func TestReservationsTakenAheadRedisPaused(t *testing.T) {
+	ctx := context.Background()
+	const key = "sk-paused-client-0001"
+	r := newLeasedRig(t, Config{
+		Tiers: map[string]TierConfig{"t": Tier(Limits{RPM: 1 << 30, TPM: 1 << 36, RPD: 1 << 36})},
+		Keys:  []KeyConfig{{Name: "a", Hash: sluice.HashKey(key), Tier: "t", Client: "paused"}},
+		Store: StoreConfig{Timeout: 200 * time.Millisecond},
+	}, nil)
+	r.send(key, 100) // hot: leases and a pool of reservations
+	r.waitFills()
+	cl := r.gw.keys[sluice.HashKey(key)]
+	cl.resv.mu.Lock()
+	pooled := slices.Clone(cl.resv.ids) // handed out in this order
+	cl.resv.mu.Unlock()
+	const n = 5
+	if len(pooled) < n {
+		t.Fatalf("%d reservations pooled, want at least %d", len(pooled), n)
+	}
+	if err := r.srv.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.srv.Thaw() })
+	e := &env{t: t, srv: r.hs}
+	for range n {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		res := e.post(cctx, "/v1/chat/completions", key, chatBody)
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		cancel()
+		if res.StatusCode != 200 {
+			t.Fatalf("status %d while Redis is stopped", res.StatusCode)
+		}
+	}
+	// Every settlement's first attempt times out and is retried.
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(r.gw.metrics.settleRetries) < n {
+		if time.Now().After(deadline) {
+			t.Fatal("settlements not retried within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	select {
+	case s := <-r.settled:
+		t.Fatalf("settled while Redis is stopped: %+v", s)
+	default:
+	}
+	if err := r.srv.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		select {
+		case s := <-r.settled:
+			if s.Err != nil || !s.UsageReported {
+				t.Fatalf("settlement after the pause %+v", s)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("no settlement within 30s of Redis' return")
+		}
+	}
+	// Each request's reservation, taken before the pause, was released
+	// by its settlement (so it was held, and the refund applied).
+	resv := sluice.Limit{Rate: 1 << 40, Period: r.cfg.LeaseTTL}
+	for _, p := range pooled[:n] {
+		k := pooledKey("{gw:paused}:reservation", p.id)
+		d, err := r.rs.Apply(ctx, sluice.OpPeek, sluice.Request{Key: k, Algorithm: sluice.Concurrency, Limit: resv})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Remaining != resv.Rate {
+			t.Fatalf("reservation %s still held after its settlement", k)
+		}
+	}
+	// And the request after the pause gets one from a fresh batch.
+	r.send(key, 3)
 }
