@@ -524,6 +524,7 @@ func (g *Gateway) Close() error {
 	g.closeOnce.Do(func() { close(g.closing) })
 	g.queue.close()
 	g.pending.Wait()
+	g.releaseReservations() // lease.go
 	return nil
 }
 

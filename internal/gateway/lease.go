@@ -162,6 +162,43 @@ func (g *Gateway) takeReservation(cl *client, tmpl sluice.Request) (string, bool
 	return id, ok
 }
 
+// releaseReservations gives back the reservations pooled and not used,
+// one batch per client, so that a gateway that shuts down leaves none
+// behind for lease_ttl. A batch the store refuses (one of its leases
+// lapsed) or fails releases nothing; those lapse as they would have.
+// Close calls it once no request can take one; it takes at most the
+// store's timeout in all.
+func (g *Gateway) releaseReservations() {
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
+	defer cancel()
+	for _, cl := range g.keys {
+		cl.resv.mu.Lock()
+		ids := cl.resv.ids
+		cl.resv.ids = nil
+		cl.resv.mu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		var tmpl *sluice.Request
+		for i := range cl.tier.specs {
+			if s := &cl.tier.specs[i]; s.kind == kindReservation {
+				tmpl = &sluice.Request{Key: cl.specKeys[i], Algorithm: s.alg, Limit: s.limit, Cost: 1}
+			}
+		}
+		if tmpl == nil {
+			continue
+		}
+		reqs := make([]sluice.Request, len(ids))
+		for i, p := range ids {
+			reqs[i] = *tmpl
+			reqs[i].Key, reqs[i].Lease = pooledKey(tmpl.Key, p.id), p.id
+		}
+		if _, err := g.store.ApplyAll(ctx, sluice.OpRefund, reqs); err != nil {
+			g.log.Debug("gateway: pooled reservations not given back; they lapse", "client", cl.id, "err", err)
+		}
+	}
+}
+
 // startFill counts a fill as a background reservation (Close waits for
 // it), unless the Gateway is closing.
 func (g *Gateway) startFill() bool {

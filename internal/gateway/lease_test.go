@@ -246,8 +246,17 @@ func TestReservationsTakenAhead(t *testing.T) {
 			t.Fatalf("a reservation older than %v was handed out: %+v %v", gw.resvAge(), ds, err)
 		}
 	}
-	if p := pooled(); held() != int64(len(p)) {
+	send(3) // hot again: a new pool
+	waitFills()
+	if p := pooled(); held() != int64(len(p)) || len(p) == 0 {
 		t.Fatalf("Redis holds %d reservations, the pool %d", held(), len(p))
+	}
+	// Close gives the pool back.
+	if err := gw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := held(); n != 0 {
+		t.Fatalf("Redis holds %d reservations after Close", n)
 	}
 }
 
