@@ -287,7 +287,10 @@ func (s *Server) Restart(t testing.TB) {
 	t.Helper()
 	s.Kill()
 	var err error
-	for range 50 { // the port can linger briefly after SIGKILL
+	// The port can be held briefly after SIGKILL, by the clients' redials
+	// too (an outgoing connection may get it as its local port): a loaded
+	// machine took over 1s to free it.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
 		if err = s.start(); err == nil {
 			return
 		}
