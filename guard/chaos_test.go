@@ -56,7 +56,7 @@ type fleet struct {
 
 	worstHealthy atomic.Int64 // slowest call before any fault, ns
 	worst        atomic.Int64 // slowest call since the fault, ns
-	lag          atomic.Int64 // latest wake-up of a timer in the round, ns
+	lag          atomic.Int64 // latest wake-up of a timer in the round, ns (callers' pauses, watchLag)
 	faulted      atomic.Bool
 	coldDegraded atomic.Int64 // cold decisions that were degraded, since reset
 	coldCalls    atomic.Int64
@@ -133,7 +133,7 @@ func (f *fleet) run(ctx context.Context, round string) {
 					if d.Degraded {
 						tl.degraded.Add(1)
 					}
-					sleep(ctx, pace)
+					f.pause(ctx, pace)
 				}
 			})
 		}
@@ -150,11 +150,22 @@ func (f *fleet) run(ctx context.Context, round string) {
 				if err != nil || d.Degraded {
 					f.coldDegraded.Add(1)
 				}
-				sleep(ctx, pace/4)
+				f.pause(ctx, pace/4)
 			}
 		})
 	}
 	wg.Wait()
+}
+
+// pause is a caller's sleep between calls; how late it wakes is kept in
+// f.lag: the callers' own scheduling delay, which a call woken at its
+// deadline suffers too.
+func (f *fleet) pause(ctx context.Context, d time.Duration) {
+	start := time.Now()
+	sleep(ctx, d)
+	if ctx.Err() == nil {
+		storeMax(&f.lag, time.Since(start)-d)
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) {
@@ -184,9 +195,10 @@ func storeMax(w *atomic.Int64, d time.Duration) {
 }
 
 // watchLag measures, until stop is closed, how late the machine runs a
-// goroutine whose 5ms timer fired, keeping the latest in f.lag: what a
-// call that returned at its deadline waits on top of it, here and now (a
-// CPU-starved phase, other builds on a CI machine).
+// goroutine whose 5ms timer fired, keeping the latest in f.lag (also
+// while no caller runs): what a call that returned at its deadline waits
+// on top of it, here and now (a CPU-starved phase, other builds on a CI
+// machine).
 func (f *fleet) watchLag(stop <-chan struct{}) {
 	const tick = 5 * time.Millisecond
 	t := time.NewTimer(tick)
