@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/fakeopenai"
@@ -68,14 +69,22 @@ func TestGatewayCommand(t *testing.T) {
 	if up.Count() != 1 || up.Requests()[0].Authorization != "Bearer sk-up" {
 		t.Fatalf("upstream %+v", up.Requests())
 	}
-	mres, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metrics, _ := io.ReadAll(mres.Body)
-	mres.Body.Close()
-	if !strings.Contains(string(metrics), `sluice_gateway_overhead_seconds_count{model="gpt-4o-mini",tier="free"} 1`) {
-		t.Fatalf("metrics:\n%s", metrics)
+	// The overhead is observed at settlement, which runs after the
+	// response: wait for it.
+	var metrics []byte
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		mres, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		metrics, _ = io.ReadAll(mres.Body)
+		mres.Body.Close()
+		if strings.Contains(string(metrics), `sluice_gateway_overhead_seconds_count{model="gpt-4o-mini",tier="free"} 1`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no overhead observed within 10s; metrics:\n%s", metrics)
+		}
 	}
 	if strings.Contains(string(metrics), "sk-demo") {
 		t.Fatal("a key in the metrics")
