@@ -1,6 +1,7 @@
 package aitoken
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -130,13 +131,21 @@ const (
 // beyond MaxExactBytes is estimated with the heuristic. The heuristic
 // Counter returns r.PromptTokens().
 func (c *Counter) PromptTokens(r *Request) int64 {
+	return c.PromptTokensCached(r, nil)
+}
+
+// PromptTokensCached is PromptTokens, with the counts of large messages
+// remembered in cache (nil: none), so that a conversation resent turn
+// after turn is tokenized once per message. The count is the same with
+// or without the cache.
+func (c *Counter) PromptTokensCached(r *Request, cache *Cache) int64 {
 	if c.v == nil {
 		return r.PromptTokens()
 	}
 	w := &walker{c: c, budget: MaxExactBytes}
 	var n int64
 	for _, m := range r.Messages {
-		n += MessageOverhead + w.message(m)
+		n += MessageOverhead + w.cachedMessage(m, cache)
 	}
 	if len(r.Messages) > 0 {
 		n += ReplyOverhead
@@ -150,6 +159,7 @@ func (c *Counter) PromptTokens(r *Request) int64 {
 type walker struct {
 	c      *Counter
 	budget int
+	short  bool // a text did not fit the budget and was estimated
 }
 
 func (w *walker) text(s string) int64 {
@@ -157,8 +167,31 @@ func (w *walker) text(s string) int64 {
 		w.budget -= len(s)
 		return w.c.v.count(s)
 	}
-	w.budget = 0
+	w.budget, w.short = 0, true
 	return Count(s)
+}
+
+// cachedMessage is message(raw), from cache when it counted raw before
+// with the budget to count it all exactly, and the budget left now covers
+// as much: the walk would then tokenize the same texts exactly again (the
+// order of a message's members does not matter while every text fits).
+func (w *walker) cachedMessage(raw json.RawMessage, cache *Cache) int64 {
+	if cache == nil || len(raw) < minCachedBytes {
+		return w.message(raw)
+	}
+	k := cacheKey{enc: w.c.enc, sum: sha256.Sum256(raw)}
+	if v, ok := cache.get(k); ok && v.consumed <= w.budget {
+		w.budget -= v.consumed
+		cache.hits.Add(1)
+		return v.tokens
+	}
+	before := w.budget
+	w.short = false
+	n := w.message(raw)
+	if !w.short {
+		cache.put(k, cacheVal{tokens: n, consumed: before - w.budget})
+	}
+	return n
 }
 
 // message counts one chat message or responses input item: every value,

@@ -177,6 +177,7 @@ type Gateway struct {
 	closeOnce    sync.Once
 	queue        *queue // nil without a queue section (queue.go)
 	prices       *pricing.Table
+	tokenCache   *aitoken.Cache   // exact counts of large messages, resent turn after turn
 	now          func() time.Time // time.Now; tests replace it
 }
 
@@ -289,6 +290,7 @@ func New(opts Options) (*Gateway, error) {
 		log:          log,
 		onSettled:    opts.OnSettled,
 		prices:       cfg.priceTable(),
+		tokenCache:   aitoken.NewCache(0),
 		now:          time.Now,
 		closing:      make(chan struct{}),
 	}

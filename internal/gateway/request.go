@@ -96,6 +96,12 @@ type parsedBody struct {
 
 // parseBody reads a request body for endpoint ep.
 func parseBody(body []byte, ep endpoint) (*parsedBody, *requestError) {
+	return parseBodyCached(body, ep, nil)
+}
+
+// parseBodyCached is parseBody, counting the prompt with cache (nil:
+// none), which remembers the exact counts of large messages.
+func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBody, *requestError) {
 	if !utf8.Valid(body) {
 		return nil, badRequest("invalid_json", "", "The request body is not valid UTF-8 JSON.")
 	}
@@ -119,7 +125,7 @@ func parseBody(body []byte, ep endpoint) (*parsedBody, *requestError) {
 	}
 	req := aitoken.Request{Messages: w.Messages, Prompt: w.Prompt, Input: w.Input, Instructions: w.Instructions, Tools: w.Tools, Functions: w.Functions}
 	// Exact for OpenAI models, the heuristic for others (package aitoken).
-	p := &parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: aitoken.ForModel(w.Model).PromptTokens(&req), choices: 1}
+	p := &parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: aitoken.ForModel(w.Model).PromptTokensCached(&req, cache), choices: 1}
 	if ep == epEmbeddings {
 		return p, nil // no completion: the prompt is the whole cost
 	}
@@ -243,7 +249,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 	if c.ep.anthropic() {
 		return g.prepareAnthropic(w, c, body)
 	}
-	p, perr := parseBody(body, c.ep)
+	p, perr := parseBodyCached(body, c.ep, g.tokenCache)
 	if perr != nil {
 		w.Header().Set("x-should-retry", "false")
 		writeError(w, http.StatusBadRequest, "invalid_request_error", perr.code, perr.param, perr.msg)
