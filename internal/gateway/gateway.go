@@ -849,8 +849,10 @@ func (g *Gateway) settle(c *call) {
 	if s.Err != nil {
 		level = slog.LevelError
 	}
-	g.log.Log(ctx, level, "gateway: request settled", "request_id", s.RequestID, "client", s.Client, "tier", s.Tier,
-		"model", s.Model, "status", s.Status, "reserved", s.Reserved, "actual", s.Actual, "usage_reported", s.UsageReported, "err", s.Err)
+	if g.log.Enabled(ctx, level) { // else the arguments' boxing is a score of allocations per request for nothing
+		g.log.Log(ctx, level, "gateway: request settled", "request_id", s.RequestID, "client", s.Client, "tier", s.Tier,
+			"model", s.Model, "status", s.Status, "reserved", s.Reserved, "actual", s.Actual, "usage_reported", s.UsageReported, "err", s.Err)
+	}
 	c.client.status.touch()
 	if g.onSettled != nil {
 		g.onSettled(s)
