@@ -177,14 +177,10 @@ func TestConsoleBrowser(t *testing.T) {
 		chromedp.WaitReady(chromedp.CSS("body.admin")),
 	)
 	run("look up from the top list", 10*time.Second,
-		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			nodes, err := chromedp.Nodes(chromedp.Search(fmt.Sprintf(`//table[@id="top"]//td[@class="clickable" and text()=%q]`, user)))(ctx, tg)
-			if err != nil {
-				return err
-			}
-			_, err = chromedp.MouseClickNode(nodes[0])(ctx, tg)
-			return err
-		}),
+		// Found and clicked in one script: the list re-renders as it
+		// refreshes, so a node looked up first may be gone by the click.
+		poll(fmt.Sprintf(`(() => { const td = [...document.querySelectorAll("#top tbody td.clickable")].find(td => td.textContent === %q);
+		   if (!td) return false; td.click(); return true; })()`, user)),
 		chromedp.WaitVisible(chromedp.CSS("#peek tbody tr")),
 		chromedp.SetValue(chromedp.CSS("#ov-policy"), "b"),
 		chromedp.SendKeys(chromedp.CSS("#ov-limit"), "1000/s"),
