@@ -92,12 +92,19 @@ func (w *anthropicWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter
 // Flush implements http.Flusher.
 func (w *anthropicWriter) Flush() { _ = http.NewResponseController(w.ResponseWriter).Flush() }
 
-// anthropicIngress wraps w in an anthropicWriter for a path of the
-// Messages API (any spelling, canonicalPath, so that a refused one is
-// answered in its shape), and answers the paths the gateway refuses
-// itself; done reports that it did.
-func anthropicIngress(w http.ResponseWriter, r *http.Request) (_ http.ResponseWriter, done bool) {
+// ingress answers the paths the gateway refuses itself (done reports that
+// it did): batch endpoints, whose requests could not be metered, in any
+// spelling (canonicalPath). For a path of the Messages API it wraps w in
+// an anthropicWriter, so that errors are answered in Anthropic's shape.
+func ingress(w http.ResponseWriter, r *http.Request) (_ http.ResponseWriter, done bool) {
 	canon := canonicalPath(r.URL.Path)
+	if (canon == "/v1/batches" || strings.HasPrefix(canon, "/v1/batches/")) && r.Method != http.MethodGet {
+		// OpenAI's Batch API: its requests would run upstream on the
+		// gateway's key, past every limit and budget.
+		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "",
+			"Batches are not available through the sluice gateway: their requests could not be rate limited.")
+		return w, true
+	}
 	if !strings.HasPrefix(canon, "/v1/messages") {
 		return w, false
 	}

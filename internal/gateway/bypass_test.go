@@ -433,3 +433,29 @@ func TestErrorsAreOpenAIShaped(t *testing.T) {
 		t.Errorf("upstream saw %d requests", n)
 	}
 }
+
+// OpenAI's Batch API would run a batch's requests upstream on the
+// gateway's key, past every limit and budget: creating or cancelling a
+// batch is refused in every spelling, and nothing reaches the upstream.
+// Reading batches (GET) still passes through.
+func TestBatchesRefused(t *testing.T) {
+	e := newEnv(t, Limits{RPM: 100, TPM: 100000}, fakeopenai.Options{})
+	body := `{"input_file_id":"file-1","endpoint":"/v1/chat/completions","completion_window":"24h"}`
+	for _, p := range []string{"/v1/batches", "/v1/Batches", "/v1//batches", "/v1/./batches", "/v1/batches/", "/v1/batches;x",
+		"/v1/%62atches", "/v1/chat/../batches", "/v1/batches/batch_1/cancel"} {
+		res := e.do("POST", p, "Bearer "+clientKey, body, nil)
+		var b struct {
+			Error struct{ Code string } `json:"error"`
+		}
+		_ = json.NewDecoder(res.Body).Decode(&b)
+		if res.StatusCode != http.StatusNotFound || b.Error.Code != "unknown_url" {
+			t.Errorf("POST %s: %d %q, want 404 unknown_url", p, res.StatusCode, b.Error.Code)
+		}
+	}
+	if n := e.up.Count(); n != 0 {
+		t.Fatalf("%d batch requests reached the upstream", n)
+	}
+	if res := e.do("GET", "/v1/batches", "Bearer "+clientKey, "", nil); res.StatusCode == http.StatusNotFound && e.up.Count() == 0 {
+		t.Fatalf("GET /v1/batches did not pass through")
+	}
+}

@@ -452,7 +452,7 @@ func callFrom(ctx context.Context) *call {
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	var done bool
-	if w, done = anthropicIngress(w, r); done {
+	if w, done = ingress(w, r); done {
 		return
 	}
 	if !strings.HasPrefix(r.URL.Path, "/v1/") {
