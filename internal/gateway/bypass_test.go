@@ -459,3 +459,46 @@ func TestBatchesRefused(t *testing.T) {
 		t.Fatalf("GET /v1/batches did not pass through")
 	}
 }
+
+// A path the gateway does not meter passes reads only: a POST to
+// /v1/images/generations or a DELETE of a fine-tuned model would run on
+// the gateway's upstream key past every limit. The passthrough setting
+// opens a prefix to every method, on segment boundaries only.
+func TestUnmeteredWritesRefused(t *testing.T) {
+	e := newEnv(t, Limits{RPM: 1, TPM: 100000}, fakeopenai.Options{})
+	refused := []struct{ method, path string }{
+		{"POST", "/v1/images/generations"}, {"POST", "/v1/audio/speech"}, {"POST", "/v1/fine_tuning/jobs"},
+		{"DELETE", "/v1/models/ft:gpt-test:acme"}, {"PUT", "/v1/files/file-1"}, {"PATCH", "/v1/x"},
+		{"POST", "/v1/Images/Generations"}, {"POST", "/v1/files"}, {"POST", "/v1/filesx"},
+	}
+	for _, c := range refused {
+		res := e.do(c.method, c.path, "Bearer "+clientKey, `{"prompt":"a cat"}`, nil)
+		if res.StatusCode != http.StatusNotFound {
+			t.Errorf("%s %s: %d, want 404", c.method, c.path, res.StatusCode)
+		}
+	}
+	if n := e.up.Count(); n != 0 {
+		t.Fatalf("%d unmetered writes reached the upstream", n)
+	}
+	if res := e.do("GET", "/v1/models", "Bearer "+clientKey, "", nil); res.StatusCode != 200 || e.up.Count() != 1 {
+		t.Fatalf("GET /v1/models: %d, upstream saw %d", res.StatusCode, e.up.Count())
+	}
+	e.cfg.Passthrough = []string{"/v1/files"}
+	for _, p := range []string{"/v1/files", "/v1/files/file-1/content", "/v1//files"} {
+		e.do("POST", p, "Bearer "+clientKey, `{}`, nil)
+	}
+	if res := e.do("POST", "/v1/filesx", "Bearer "+clientKey, `{}`, nil); res.StatusCode != http.StatusNotFound {
+		t.Fatalf("POST /v1/filesx with /v1/files passed through: %d", res.StatusCode)
+	}
+	if n := e.up.Count(); n != 4 {
+		t.Fatalf("upstream saw %d requests, want 4 (GET models and 3 under /v1/files)", n)
+	}
+	// Bad settings are refused with their field named.
+	for _, bad := range []string{"v1/files", "/v1/Files", "/v1/files/", "/v1/chat", "/v1/messages", "/v1/batches", "/v1/../x"} {
+		cfg := *e.cfg
+		cfg.Passthrough = []string{bad}
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "passthrough[0]") {
+			t.Errorf("passthrough %q: %v, want an error at passthrough[0]", bad, err)
+		}
+	}
+}

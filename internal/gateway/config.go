@@ -64,6 +64,12 @@ type Config struct {
 	// a tier says otherwise: a hot client's admission then needs Redis only
 	// for its reservation. Ignored on the memory store.
 	Lease bool `yaml:"lease"`
+	// Passthrough lists path prefixes under /v1/ (such as /v1/files) where
+	// requests of any method pass through unmetered. Elsewhere, a path the
+	// gateway does not meter passes only GET and HEAD: a POST to
+	// /v1/images/generations or a DELETE of a fine-tuned model would
+	// otherwise run on the gateway's upstream key past every limit.
+	Passthrough []string `yaml:"passthrough"`
 	// Models names the models reported as metric labels; others are
 	// reported as "other". Models with per-model limits are added.
 	Models []string `yaml:"models"`
@@ -307,6 +313,15 @@ func (c *Config) Validate() error {
 func (c *Config) Check(doc *yamlconf.Doc) {
 	c.checkTokenWeights(doc)
 	c.ApplyDefaults()
+	for i, p := range c.Passthrough {
+		field := fmt.Sprintf("passthrough[%d]", i)
+		switch {
+		case !strings.HasPrefix(p, "/v1/") || canonicalPath(p) != p:
+			doc.Addf(field, "%q must be a clean path under /v1/ in lower case, such as /v1/files", redactSecret(p))
+		case metersUnder(p) || p == "/v1/batches" || strings.HasPrefix(p, "/v1/batches/"):
+			doc.Addf(field, "%q is or holds a metered or refused path (batches), which is never passed through unmetered", p)
+		}
+	}
 	u, err := url.Parse(c.Upstream.BaseURL)
 	switch {
 	case c.Upstream.BaseURL == "":

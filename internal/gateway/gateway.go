@@ -488,7 +488,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method != http.MethodPost || ep == epNone {
-		// Other /v1/* paths (models, files, ...) pass through unmetered.
+		// Other /v1/* paths pass through unmetered: reads, and any method
+		// under a configured passthrough prefix.
+		if r.Method != http.MethodGet && r.Method != http.MethodHead && !g.passesThrough(r.URL.Path) {
+			writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "",
+				"Unknown request URL: "+r.Method+" "+r.URL.Path+". The sluice gateway meters "+meteredList+"; it passes other paths through for GET only, unless its passthrough setting lists them.")
+			return
+		}
 		g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
 		return
 	}
@@ -555,6 +561,34 @@ func meteredAlias(p string) string {
 		return canon
 	}
 	return ""
+}
+
+// meteredList names the metered paths for error messages.
+const meteredList = "POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/messages and /v1/messages/count_tokens"
+
+// passesThrough reports whether p, canonically, is under one of the
+// configured passthrough prefixes.
+func (g *Gateway) passesThrough(p string) bool {
+	if len(g.cfg.Passthrough) == 0 {
+		return false
+	}
+	canon := canonicalPath(p)
+	for _, pre := range g.cfg.Passthrough {
+		if canon == pre || strings.HasPrefix(canon, pre+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// metersUnder reports whether prefix is a metered path or holds one.
+func metersUnder(prefix string) bool {
+	for m := range endpoints {
+		if m == prefix || strings.HasPrefix(m, prefix+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // canonicalPath is the path a lenient upstream or proxy may route p to:
