@@ -477,6 +477,11 @@ func TestUnmeteredWritesRefused(t *testing.T) {
 			t.Errorf("%s %s: %d, want 404", c.method, c.path, res.StatusCode)
 		}
 	}
+	// The Realtime API's WebSocket upgrade is a GET, but no read.
+	ws := http.Header{"Connection": {"Upgrade"}, "Upgrade": {"websocket"}, "Sec-Websocket-Version": {"13"}, "Sec-Websocket-Key": {"dGhlIHNhbXBsZSBub25jZQ=="}}
+	if res := e.do("GET", "/v1/realtime?model=gpt-test", "Bearer "+clientKey, "", ws); res.StatusCode != http.StatusNotFound {
+		t.Errorf("GET /v1/realtime upgrade: %d, want 404", res.StatusCode)
+	}
 	if n := e.up.Count(); n != 0 {
 		t.Fatalf("%d unmetered writes reached the upstream", n)
 	}

@@ -489,8 +489,11 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.Method != http.MethodPost || ep == epNone {
 		// Other /v1/* paths pass through unmetered: reads, and any method
-		// under a configured passthrough prefix.
-		if r.Method != http.MethodGet && r.Method != http.MethodHead && !g.passesThrough(r.URL.Path) {
+		// under a configured passthrough prefix. An upgrade (the Realtime
+		// API's WebSocket is a GET) is no read: its session would generate
+		// unmetered.
+		read := (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Header.Get("Upgrade") == ""
+		if !read && !g.passesThrough(r.URL.Path) {
 			writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "",
 				"Unknown request URL: "+r.Method+" "+r.URL.Path+". The sluice gateway meters "+meteredList+"; it passes other paths through for GET only, unless its passthrough setting lists them.")
 			return
