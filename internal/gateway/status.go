@@ -64,6 +64,8 @@ type statusMemo struct {
 	at   time.Time
 	seen uint64 // gen when body was peeked
 	body []byte
+	// failed: the last peek failed, at at.
+	failed bool
 }
 
 // touch marks the client's state as changed by its own traffic.
@@ -75,12 +77,19 @@ func (g *Gateway) serveStatus(w http.ResponseWriter, r *http.Request, c *call) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now, gen := g.now(), m.gen.Load()
+	if m.failed && now.Sub(m.at) < statusReuse && !now.Before(m.at) {
+		// The store just failed this client's peek: the calls that queued
+		// behind it are answered at once, not one store timeout each.
+		statusUnavailable(w)
+		return
+	}
 	if m.body == nil || gen != m.seen || now.Sub(m.at) >= statusReuse || now.Before(m.at) {
 		b, ok := g.peekStatus(w, r, c)
 		if !ok {
+			m.body, m.at, m.failed = nil, g.now(), true
 			return
 		}
-		m.body, m.at, m.seen = b, now, gen
+		m.body, m.at, m.seen, m.failed = b, now, gen, false
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
@@ -116,9 +125,7 @@ func (g *Gateway) peekStatus(w http.ResponseWriter, r *http.Request, c *call) ([
 		cancel()
 		if err != nil {
 			g.log.Error("gateway: store unavailable", "request_id", c.id, "client", cl.id, "err", err)
-			w.Header().Set("Retry-After", "1")
-			writeError(w, http.StatusServiceUnavailable, "server_error", "rate_limiter_unavailable", "",
-				"The gateway's rate limiter is unavailable; please retry shortly.")
+			statusUnavailable(w)
 			return nil, false
 		}
 		for i, d := range ds {
@@ -138,4 +145,11 @@ func (g *Gateway) peekStatus(w http.ResponseWriter, r *http.Request, c *call) ([
 	}
 	b, _ := json.Marshal(body)
 	return append(b, '\n'), true
+}
+
+// statusUnavailable answers a status call the store could not serve.
+func statusUnavailable(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusServiceUnavailable, "server_error", "rate_limiter_unavailable", "",
+		"The gateway's rate limiter is unavailable; please retry shortly.")
 }

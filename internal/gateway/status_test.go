@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"sync"
@@ -22,6 +23,7 @@ type peekGate struct {
 	sluice.Store
 	peeks   atomic.Int64
 	hold    atomic.Bool
+	fail    atomic.Bool // peeks fail, as in a Redis pause
 	entered chan struct{}
 	release chan struct{}
 }
@@ -32,6 +34,9 @@ func (s *peekGate) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Req
 		if s.hold.Load() {
 			s.entered <- struct{}{}
 			<-s.release
+		}
+		if s.fail.Load() {
+			return nil, errors.New("store paused")
 		}
 	}
 	return s.Store.ApplyAll(ctx, op, reqs)
@@ -146,4 +151,51 @@ func statusTokens(t *testing.T, res *http.Response) int64 {
 	}
 	t.Fatalf("no tpm limit: %+v", b)
 	return 0
+}
+
+// While the store fails (a Redis pause), status calls queued behind a
+// failing peek are answered 503 at once instead of one store timeout
+// each, and the next call after statusReuse tries the store again.
+func TestStatusStoreDown(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	mem, err := memstore.New(memstore.Options{Clock: clk, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = mem.Close() })
+	st := &peekGate{Store: mem, entered: make(chan struct{}, 100), release: make(chan struct{})}
+	e := newEnvStore(t, Limits{RPM: 100, TPM: 100000}, fakeopenai.Options{}, st, clk)
+	var mu sync.Mutex
+	now := time.Unix(1_700_000_000, 0)
+	e.gw.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	get := func() *http.Response { return e.do("GET", "/v1/status", "Bearer "+clientKey, "", nil) }
+
+	st.fail.Store(true)
+	st.hold.Store(true)
+	var wg sync.WaitGroup
+	codes := make(chan int, 20)
+	for range 20 {
+		wg.Go(func() { res := get(); codes <- res.StatusCode; res.Body.Close() })
+	}
+	<-st.entered
+	st.hold.Store(false)
+	close(st.release)
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		if c != http.StatusServiceUnavailable {
+			t.Fatalf("status %d while the store fails, want 503", c)
+		}
+	}
+	if n := st.peeks.Load(); n != 1 {
+		t.Fatalf("20 calls behind a failing peek made %d peeks, want 1", n)
+	}
+	// The store is back: after statusReuse the next call peeks and answers.
+	st.fail.Store(false)
+	mu.Lock()
+	now = now.Add(statusReuse)
+	mu.Unlock()
+	if r := statusRemaining(t, get()); r != 100 || st.peeks.Load() != 2 {
+		t.Fatalf("after the store returned: remaining %d, %d peeks", r, st.peeks.Load())
+	}
 }
