@@ -20,9 +20,11 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/guard"
 	"github.com/sluice-io/sluice/internal/fakeanthropic"
 	"github.com/sluice-io/sluice/internal/fakeopenai"
 	"github.com/sluice-io/sluice/internal/pricing"
@@ -914,3 +916,86 @@ keys: [{name: one, hash: %[2]s, tier: t}]
 type urlOf string
 
 func (u urlOf) URL() string { return string(u) }
+
+// TestExcessChargedAfterCircuitCloses: a request whose usage exceeds its
+// reservation settles; its refund (the reservation's lease) applies, and
+// then Redis stalls (SIGSTOP) and the guard's circuit opens before the
+// excess charge is sent. The charge was never sent, so settlement retries
+// it, and it lands once Redis is back. Before, the excess was dropped: the
+// key used it for free.
+func TestExcessChargedAfterCircuitCloses(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	fake := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, PromptTokens: 100_000, CompletionTokens: 5})
+	rs, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), DisableDenyCache: true, Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rs.Close() })
+	g, err := guard.New(rs, guard.Options{Policy: guard.FailClosed, Timeout: 300 * time.Millisecond, ProbeInterval: 20 * time.Millisecond, MaxProbeFailures: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	t.Cleanup(func() { _ = srv.Thaw() })
+	st := &stallBeforeCharge{Store: g, stall: func() {
+		if err := srv.Freeze(); err != nil {
+			t.Error(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); g.Stats().Open == 0; {
+			if time.Now().After(deadline) {
+				t.Error("the circuit did not open within 10s of stalling Redis")
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}}
+	e := newBudgetEnv(t, `
+upstream: {base_url: %[1]s, api_key_env: UP}
+store: {timeout: 300ms}
+prices: {gpt-test: {input: 2.50, output: 10}}
+tiers: {t: {budgets: [{usd: 5, per: day}]}}
+keys: [{name: one, hash: %[2]s, tier: t}]
+`, fake, st)
+	body := `{"model":"gpt-test","prompt":"x","max_tokens":5}`
+	price, _ := e.gws[0].prices.Lookup("gpt-test")
+	reserved := price.Cost(pricing.Usage{pricing.Input: promptEstimate(t, body), pricing.Output: 5})
+	cost := price.Cost(pricing.Usage{pricing.Input: 100_000, pricing.Output: 5})
+
+	res := e.do(0, "POST", "/v1/completions", clientKey, body)
+	_, _ = io.Copy(io.Discard, res.Body)
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	// The first charge met the open circuit when a retry is counted.
+	for deadline := time.Now().Add(10 * time.Second); testutil.ToFloat64(e.gws[0].metrics.settleRetries) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("no charge retried within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := srv.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	if s := e.settle(); s.Err != nil || s.Cost != cost {
+		t.Fatalf("settlement %+v, want cost %s and no error", s, cost)
+	}
+	if got := e.spent(clientKey, "key", "day"); got != cost {
+		t.Fatalf("spent %s after the stall: want the cost %s (reserved %s, then the excess)", got, cost, reserved)
+	}
+}
+
+// stallBeforeCharge runs stall once, before the first OpCharge batch
+// reaches Store: the fault lands between a settlement's refund and its
+// charge.
+type stallBeforeCharge struct {
+	sluice.Store
+	once  sync.Once
+	stall func()
+}
+
+func (s *stallBeforeCharge) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if op == sluice.OpCharge {
+		s.once.Do(s.stall)
+	}
+	return s.Store.ApplyAll(ctx, op, reqs)
+}

@@ -59,6 +59,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/guard"
 	"github.com/sluice-io/sluice/internal/aitoken"
 	"github.com/sluice-io/sluice/internal/pricing"
 	"github.com/sluice-io/sluice/internal/tracing"
@@ -867,13 +868,13 @@ func (g *Gateway) settle(c *call) {
 		// attempt, which the store ran after all (a stalled Redis runs
 		// what it had received when it resumes): the refund is done.
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
-	defer cancel()
 	if len(charges) > 0 && held {
-		if _, err := g.store.ApplyAll(ctx, sluice.OpCharge, charges); err != nil {
+		if err := g.chargeUnsent(charges); err != nil {
 			s.Err = errors.Join(s.Err, fmt.Errorf("gateway: settle %s: charge: %w", c.id, err))
 		}
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
+	defer cancel()
 	if err := g.queue.settle(ctx, g.store, c, s.Actual, refundRequests, held); err != nil { // and wakes the queue
 		s.Err = errors.Join(s.Err, err)
 	}
@@ -935,6 +936,37 @@ func (g *Gateway) refundHeld(refunds []sluice.Request) (ds []sluice.Decision, re
 		case <-t.C:
 		}
 		retried = true
+		g.metrics.settleRetries.Inc()
+		wait = min(2*wait, settleRetryMax)
+	}
+}
+
+// chargeUnsent applies a settlement's excess charges (usage above the
+// reservation), retrying as refundHeld does, but only while the store
+// certainly did not receive the batch: the failure detector's circuit was
+// open or the key's calls were all in flight (guard.ErrCircuitOpen,
+// guard.ErrBusy). A charge is not idempotent, so a call that may have
+// reached the store (a deadline: a stalled Redis runs it when it resumes)
+// is not sent again. Without the retry, excess tokens or dollars used
+// while the circuit was open were never charged: the key got them free.
+func (g *Gateway) chargeUnsent(charges []sluice.Request) error {
+	giveUp := time.Now().Add(g.cfg.LeaseTTL)
+	wait := settleRetryMin
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
+		_, err := g.store.ApplyAll(ctx, sluice.OpCharge, charges)
+		cancel()
+		unsent := errors.Is(err, guard.ErrCircuitOpen) || errors.Is(err, guard.ErrBusy)
+		if !unsent || time.Now().Add(wait).After(giveUp) {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-g.closing:
+			t.Stop()
+			return err
+		case <-t.C:
+		}
 		g.metrics.settleRetries.Inc()
 		wait = min(2*wait, settleRetryMax)
 	}

@@ -18,8 +18,8 @@ type metrics struct {
 	upstream   *prometheus.HistogramVec
 	overhead   *prometheus.HistogramVec
 	spend      *prometheus.CounterVec
-	// settleRetries counts refund batches tried again because the store
-	// was unavailable (Gateway.refundHeld).
+	// settleRetries counts refund and charge batches tried again because
+	// the store was unavailable (Gateway.refundHeld, Gateway.chargeUnsent).
 	settleRetries prometheus.Counter
 	handler       http.Handler
 }
@@ -47,7 +47,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sluice_gateway_spend_microdollars_total", Help: "Dollars charged to budgets after settlement, in micro-dollars, by org, team (\"-\" for none) and model.",
 		}, []string{"org", "team", "model"}),
 		settleRetries: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_gateway_settle_retries_total", Help: "Settlement refunds tried again because the store was unavailable.",
+			Name: "sluice_gateway_settle_retries_total", Help: "Settlement refunds and excess charges tried again because the store was unavailable.",
 		}),
 		handler: http.NotFoundHandler(),
 	}
