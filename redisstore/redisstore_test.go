@@ -44,3 +44,20 @@ func TestConformanceCluster(t *testing.T) {
 		return newStore(t, Options{URL: url, Clock: clk, Timeout: 5 * time.Second})
 	})
 }
+
+// The conformance suite with fixed windows in per-window keys: with the
+// test clock the plain path decides every one-key OpAllow (see
+// TestPlainPathTaken), the scripts the rest.
+func TestConformancePlainStandalone(t *testing.T) {
+	url := redistest.Standalone(t).URL()
+	storetest.Run(t, func(t *testing.T, clk *clock.Fake) sluice.Store {
+		return newStore(t, Options{URL: url, Clock: clk, Timeout: 5 * time.Second, PlainWindows: true})
+	})
+}
+
+func TestConformancePlainCluster(t *testing.T) {
+	url := redistest.SharedCluster(t).URL()
+	storetest.Run(t, func(t *testing.T, clk *clock.Fake) sluice.Store {
+		return newStore(t, Options{URL: url, Clock: clk, Timeout: 5 * time.Second, PlainWindows: true})
+	})
+}
