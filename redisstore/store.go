@@ -118,8 +118,8 @@ type Options struct {
 }
 
 // Store is the Redis sluice.Store: every operation is one Lua script run in
-// one round trip, atomically, with the time read from Redis. It is safe for
-// concurrent use.
+// one round trip, atomically, with the time read from Redis (but see
+// Options.PlainWindows). It is safe for concurrent use.
 type Store struct {
 	*core
 }
