@@ -3,6 +3,8 @@ package redisstore
 import (
 	"context"
 	"math/rand/v2"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,5 +64,23 @@ func TestPlainOddKeysCluster(t *testing.T) {
 		if d, err := s.Apply(ctx, sluice.OpAllow, req); err != nil || d.Remaining != 1 {
 			t.Fatalf("%q after reset: %+v %v", k, d, err)
 		}
+	}
+}
+
+// Close ends the clock sampler, also while Redis does not answer.
+func TestPlainSamplerStops(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	s, err := New(context.Background(), Options{URL: srv.URL(), PlainWindows: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Thaw() }()
+	_ = s.Close()
+	buf := make([]byte, 1<<20)
+	if st := string(buf[:runtime.Stack(buf, true)]); strings.Contains(st, "startClocks") {
+		t.Fatalf("the sampler outlived Close:\n%s", st)
 	}
 }

@@ -100,7 +100,7 @@ type clocks struct {
 	local func() int64 // the local monotonic clock, ns
 	nodes atomic.Pointer[map[string]*nodeClock]
 	mu    sync.Mutex // adding nodes
-	stop  chan struct{}
+	stop  context.CancelFunc
 	done  sync.WaitGroup
 }
 
@@ -144,18 +144,19 @@ func (cs *clocks) nodeOrNew(name string) *nodeClock {
 
 // startClocks starts the sampler; stopClocks (by Close) ends it.
 func (s *Store) startClocks() {
-	s.clocks.stop = make(chan struct{})
+	stopped, stop := context.WithCancel(context.Background())
+	s.clocks.stop = stop
 	s.clocks.done.Add(1)
 	go func() {
 		defer s.clocks.done.Done()
 		t := time.NewTicker(clockEvery)
 		defer t.Stop()
 		for {
-			ctx, cancel := context.WithTimeout(context.Background(), clockEvery)
+			ctx, cancel := context.WithTimeout(stopped, clockEvery)
 			s.sampleClocks(ctx)
 			cancel()
 			select {
-			case <-s.clocks.stop:
+			case <-stopped.Done():
 				return
 			case <-t.C:
 			}
@@ -163,9 +164,11 @@ func (s *Store) startClocks() {
 	}()
 }
 
+// stopClocks ends the sampler, cancelling a round under way, and waits
+// for it.
 func (s *Store) stopClocks() {
 	if s.clocks.stop != nil {
-		close(s.clocks.stop)
+		s.clocks.stop()
 		s.clocks.done.Wait()
 	}
 }
