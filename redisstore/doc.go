@@ -10,6 +10,11 @@
 // 128-bit arithmetic. ApplyAll checks and charges several keys all or
 // nothing in the same single call; on Cluster they must share a hash tag.
 //
+// With Options.PlainWindows, fixed windows are counted in one key per
+// window, and a one-key OpAllow well inside its window is a pipelined
+// INCRBY + PEXPIRE instead of a script, on a per-node estimate of Redis
+// TIME (plain.go, redisclock.go); the scripts decide the rest.
+//
 // Lua numbers are doubles. Unix times in nanoseconds do not fit their 53
 // bits, so a script works on offsets from now, exact up to 2^53 ns (104
 // days): limits whose burst refills within that (all but the most extreme)

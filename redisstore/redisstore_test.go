@@ -44,3 +44,30 @@ func TestConformanceCluster(t *testing.T) {
 		return newStore(t, Options{URL: url, Clock: clk, Timeout: 5 * time.Second})
 	})
 }
+
+// The conformance suite with fixed windows in per-window keys: with the
+// test clock the plain path decides the one-key OpAllows of whole
+// milliseconds, the scripts the rest.
+func TestConformancePlainStandalone(t *testing.T) {
+	conformancePlain(t, redistest.Standalone(t).URL())
+}
+
+func TestConformancePlainCluster(t *testing.T) {
+	conformancePlain(t, redistest.SharedCluster(t).URL())
+}
+
+func conformancePlain(t *testing.T, url string) {
+	var stores []*Store
+	storetest.Run(t, func(t *testing.T, clk *clock.Fake) sluice.Store {
+		s := newStore(t, Options{URL: url, Clock: clk, Timeout: 5 * time.Second, PlainWindows: true})
+		stores = append(stores, s)
+		return s
+	})
+	var plain uint64
+	for _, s := range stores {
+		plain += s.Stats().Plain
+	}
+	if plain < 100 { // the simulated day alone makes thousands
+		t.Fatalf("%d plain calls: the plain path was not taken", plain)
+	}
+}

@@ -48,6 +48,17 @@ type scripts struct {
 	singleSrc   [sluice.Concurrency + 1]string
 	batchSrc    string
 	calendarSrc string
+
+	// The scripts of Options.PlainWindows: the fast one-key script, the
+	// one-algorithm and the batch scripts with fixed windows in
+	// per-window keys too (ALGOS[7]), and the reset script.
+	plainFast, plainSingle, plainBatch, resetPlain        *rueidis.Lua
+	plainFastSrc, plainSingleSrc, plainBatchSrc, resetSrc string
+}
+
+// plainSrcs are the sources of the PlainWindows scripts.
+func (s *scripts) plainSrcs() []string {
+	return []string{s.plainFastSrc, s.plainSingleSrc, s.plainBatchSrc, s.resetSrc}
 }
 
 func loadScripts() (*scripts, error) {
@@ -86,6 +97,9 @@ func loadScripts() (*scripts, error) {
 	all += "\n" + cal
 	s.batchSrc = all + "\n" + main
 	s.batch = rueidis.NewLuaScript(s.batchSrc)
+	if err := s.loadPlain(read, lib, main, all); err != nil {
+		return nil, err
+	}
 	for a, name := range fastFiles {
 		if s.fastSrc[a], err = read(name); err != nil {
 			return nil, err
@@ -254,4 +268,27 @@ func timeArgs(now int64) (string, string) {
 		return "", ""
 	}
 	return strconv.FormatInt(now/int64(time.Second), 10), strconv.FormatInt(now%int64(time.Second), 10)
+}
+
+// loadPlain makes the scripts of Options.PlainWindows; all is lib.lua
+// with every algorithm.
+func (s *scripts) loadPlain(read func(string) (string, error), lib, main, all string) error {
+	var fw, plain, reset string
+	for _, f := range []struct {
+		name string
+		src  *string
+	}{{algoFiles[sluice.FixedWindow], &fw}, {"fixedwindow_plainbatch.lua", &plain}, {"resetplain.lua", &reset}, {"fixedwindow_plain.lua", &s.plainFastSrc}} {
+		var err error
+		if *f.src, err = read(f.name); err != nil {
+			return err
+		}
+	}
+	s.plainSingleSrc = lib + "\n" + fw + "\n" + plain + "\n" + main
+	s.plainBatchSrc = all + "\n" + plain + "\n" + main
+	s.resetSrc = lib + "\n" + reset
+	s.plainFast = rueidis.NewLuaScript(s.plainFastSrc)
+	s.plainSingle = rueidis.NewLuaScript(s.plainSingleSrc)
+	s.plainBatch = rueidis.NewLuaScript(s.plainBatchSrc)
+	s.resetPlain = rueidis.NewLuaScript(s.resetSrc)
+	return nil
 }

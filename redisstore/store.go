@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -95,11 +96,30 @@ type Options struct {
 	// When set, its time is sent with every call instead (storetest drives
 	// the store this way), and the over-limit cache reads it.
 	Clock clock.Clock
+
+	// PlainWindows keeps fixed-window counts (not calendar ones) in one
+	// key per window holding a plain integer, so that a one-key OpAllow
+	// well inside its window is decided by a pipelined INCRBY + PEXPIRE
+	// instead of a script: about half the Redis CPU per decision. The
+	// window is chosen by an estimate of each node's TIME, sampled every
+	// second, and the scripts decide near window boundaries, without a
+	// fresh estimate, and for every other op, in the same layout; see
+	// docs/redis.md. Rolling upgrade: the counts move to new keys, so
+	// instances with and without it count apart for up to one window
+	// (up to 2× the limit). Turn it on for the whole fleet at once, or
+	// accept that for one window.
+	PlainWindows bool
+
+	// localMono replaces the local monotonic clock of the plain path's
+	// estimates, and plainSlack how long a window's key outlives its
+	// window (plainSlack when zero), for tests.
+	localMono  func() int64
+	plainSlack time.Duration
 }
 
 // Store is the Redis sluice.Store: every operation is one Lua script run in
-// one round trip, atomically, with the time read from Redis. It is safe for
-// concurrent use.
+// one round trip, atomically, with the time read from Redis (but see
+// Options.PlainWindows). It is safe for concurrent use.
 type Store struct {
 	*core
 }
@@ -124,6 +144,15 @@ type core struct {
 
 	// params caches the last fast-script parameters of each algorithm.
 	params [sluice.Concurrency + 1]atomic.Pointer[fastParams]
+
+	// Options.PlainWindows (plain.go, plainkey.go, redisclock.go)
+	plainOn               bool
+	plainArgs             atomic.Pointer[plainParams]
+	plainCalls, plainLate atomic.Uint64
+	clocks                clocks
+	tagTable              slotTagTable
+	plainSlackMS          int64  // a window key's TTL past its window
+	plainSlackArg         string // the same in decimal, for the scripts
 }
 
 // New returns a Store for the Redis that opts name. URL schemes:
@@ -149,6 +178,13 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		localClk: opts.LocalClock,
 		log:      opts.Logger,
 		beatKey:  opts.InstancesKey,
+		plainOn:  opts.PlainWindows,
+	}
+	c.plainSlackMS = cmp(opts.plainSlack, plainSlack).Milliseconds()
+	c.plainSlackArg = strconv.FormatInt(c.plainSlackMS, 10)
+	c.clocks.local = opts.localMono
+	if c.clocks.local == nil {
+		c.clocks.local = monotonic()
 	}
 	if c.beatKey == "" {
 		c.beatKey = DefaultInstancesKey
@@ -175,7 +211,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		c.conn.set(opts.Client)
 		c.cluster = len(opts.Client.Nodes()) > 1
 		c.preload(ctx, opts.Client)
-		return &Store{core: c}, nil
+		return c.started(), nil
 	}
 	copt, mode, err := clientOption(opts.URL, opts.Username, opts.Password)
 	if err != nil {
@@ -196,7 +232,17 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		}
 		c.log.Warn("redisstore: redis unreachable; connecting in the background", "mode", mode, "addrs", c.name, "err", err)
 	}
-	return &Store{core: c}, nil
+	return c.started(), nil
+}
+
+// started returns the Store of c, with its clock sampler running when
+// the plain path needs one.
+func (c *core) started() *Store {
+	s := &Store{core: c}
+	if c.plainOn && c.testClk == nil {
+		s.startClocks()
+	}
+	return s
 }
 
 // preload loads every script on every node, so that no first call of a
@@ -206,7 +252,11 @@ func (c *core) preload(ctx context.Context, client rueidis.Client) {
 	ctx, cancel := context.WithTimeout(ctx, max(c.timeout*4, time.Second))
 	defer cancel()
 	var srcs []string
-	for _, src := range append(append(c.scripts.singleSrc[:], c.scripts.fastSrc[:]...), c.scripts.batchSrc, c.scripts.calendarSrc) {
+	all := append(append(c.scripts.singleSrc[:], c.scripts.fastSrc[:]...), c.scripts.batchSrc, c.scripts.calendarSrc)
+	if c.plainOn {
+		all = append(all, c.scripts.plainSrcs()...)
+	}
+	for _, src := range all {
 		if src != "" && !slices.Contains(srcs, src) {
 			srcs = append(srcs, src)
 		}
@@ -238,6 +288,7 @@ func (s *Store) Client() rueidis.Client { return s.client() }
 
 // Close releases the connection, unless it came from Options.Client.
 func (s *Store) Close() error {
+	s.stopClocks()
 	s.conn.close()
 	return nil
 }
@@ -250,11 +301,17 @@ type Stats struct {
 	Errors uint64
 	// CacheHits is the number of decisions the over-limit cache made.
 	CacheHits uint64
+	// Plain is the number of INCRBY calls of Options.PlainWindows' plain
+	// path (decisions without a script), and PlainLate those whose answer
+	// came too late to be known to lie in their window, which a script
+	// then decided.
+	Plain, PlainLate uint64
 }
 
 // Stats returns the store's counters.
 func (s *Store) Stats() Stats {
-	return Stats{Calls: s.calls.Load(), Errors: s.errs.Load(), CacheHits: s.cacheHits.Load()}
+	return Stats{Calls: s.calls.Load(), Errors: s.errs.Load(), CacheHits: s.cacheHits.Load(),
+		Plain: s.plainCalls.Load(), PlainLate: s.plainLate.Load()}
 }
 
 // Apply implements sluice.Store.
@@ -280,9 +337,14 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 	// so the entry never outlives the real denial.
 	asked := s.localClk.Now()
 	var d sluice.Decision
-	if fast := s.scripts.fast[req.Algorithm]; fast != nil && op != sluice.OpReset && req.Limit.Calendar.IsZero() && req.ReservedAhead == 0 {
+	if s.plainLayout(&req) {
 		var err error
-		if d, err = s.runFast(ctx, op, &req, fast); err != nil {
+		if d, err = s.applyPlain(ctx, op, &req); err != nil {
+			return sluice.Decision{}, err
+		}
+	} else if fast := s.scripts.fast[req.Algorithm]; fast != nil && op != sluice.OpReset && req.Limit.Calendar.IsZero() && req.ReservedAhead == 0 {
+		var err error
+		if d, err = s.runFast(ctx, op, &req, nil, req.Key, fast); err != nil {
 			return sluice.Decision{}, err
 		}
 	} else {
@@ -351,16 +413,26 @@ func (s *Store) checkBatch(op sluice.Op, reqs []sluice.Request) error {
 // applyAll runs a checked, non-empty batch on Redis.
 func (s *Store) applyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
 	a := reqs[0].Algorithm
-	if fast := s.scripts.fast[a]; fast != nil && len(reqs) == 1 && op != sluice.OpReset && reqs[0].Limit.Calendar.IsZero() && reqs[0].ReservedAhead == 0 {
-		d, err := s.runFast(ctx, op, &reqs[0], fast)
+	if len(reqs) == 1 && s.plainLayout(&reqs[0]) {
+		d, err := s.applyPlain(ctx, op, &reqs[0])
 		if err != nil {
 			return nil, err
 		}
 		return []sluice.Decision{d}, nil
 	}
-	one := s.scripts.of(&reqs[0])
+	if fast := s.scripts.fast[a]; fast != nil && len(reqs) == 1 && op != sluice.OpReset && reqs[0].Limit.Calendar.IsZero() && reqs[0].ReservedAhead == 0 {
+		d, err := s.runFast(ctx, op, &reqs[0], nil, reqs[0].Key, fast)
+		if err != nil {
+			return nil, err
+		}
+		return []sluice.Decision{d}, nil
+	}
+	one := s.scriptOf(&reqs[0])
 	for i := range reqs[1:] {
-		if s.scripts.of(&reqs[i+1]) != one {
+		if s.scriptOf(&reqs[i+1]) != one {
+			if s.plainOn {
+				return s.run(ctx, op, reqs, s.scripts.plainBatch)
+			}
 			return s.run(ctx, op, reqs, s.scripts.batch)
 		}
 	}
@@ -368,17 +440,20 @@ func (s *Store) applyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 	return s.run(ctx, op, reqs, one)
 }
 
-// runFast runs a lean one-key script for req. It is the hot path, so it
-// allocates little: the ARGV come from the per-limit cache, and the
-// request is put in a slice only when the failure policy answers.
-func (s *Store) runFast(ctx context.Context, op sluice.Op, req *sluice.Request, script *rueidis.Lua) (sluice.Decision, error) {
-	p := s.params[req.Algorithm].Load()
-	if !p.matches(req) {
-		var err error
-		if p, err = newFastParams(req); err != nil {
-			return sluice.Decision{}, err
+// runFast runs a lean one-key script for req on key. It is the hot path,
+// so it allocates little: the ARGV come from the per-limit cache (p, or
+// the store's own when nil), and the request is put in a slice only when
+// the failure policy answers.
+func (s *Store) runFast(ctx context.Context, op sluice.Op, req *sluice.Request, p *fastParams, key string, script *rueidis.Lua) (sluice.Decision, error) {
+	if p == nil {
+		p = s.params[req.Algorithm].Load()
+		if !p.matches(req) {
+			var err error
+			if p, err = newFastParams(req); err != nil {
+				return sluice.Decision{}, err
+			}
+			s.params[req.Algorithm].Store(p)
 		}
-		s.params[req.Algorithm].Store(p)
 	}
 	args := p.argv[op]
 	if s.testClk != nil {
@@ -391,7 +466,7 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, req *sluice.Request, 
 	cctx, cancel := s.bound(ctx)
 	defer cancel()
 	s.calls.Add(1)
-	vals, err := script.Exec(cctx, client, []string{req.Key}, args).AsIntSlice()
+	vals, err := script.Exec(cctx, client, []string{key}, args).AsIntSlice()
 	want := 2
 	if req.Algorithm == sluice.FixedWindow {
 		want = 3
@@ -440,7 +515,7 @@ func (s *Store) failed(ctx context.Context, err error) error {
 func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, script *rueidis.Lua) ([]sluice.Decision, error) {
 	keys := make([]string, len(reqs))
 	for i := range reqs {
-		keys[i] = reqs[i].Key
+		keys[i] = s.scriptKey(&reqs[i])
 	}
 	var args []string
 	now, hint := int64(-1), s.localClk.Now()
@@ -456,6 +531,10 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 			var err error
 			if args, err = appendArgs(args, &reqs[i], hint); err != nil {
 				return err
+			}
+			if s.plainLayout(&reqs[i]) {
+				args[len(args)-argsPerKey] = plainID
+				args[len(args)-1] = s.plainSlackArg // in the lease slot
 			}
 		}
 		return nil
@@ -475,7 +554,7 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 	var vals []int64
 	var err error
 	if op == sluice.OpReset {
-		err = del(cctx, client, keys)
+		err = s.reset(cctx, client, reqs, keys, now)
 	} else {
 		vals, err = script.Exec(cctx, client, keys, args).AsIntSlice()
 		if t, skewed := calendarMiss(vals, err); skewed {

@@ -59,7 +59,7 @@ func TestHelmChart(t *testing.T) {
 	}{
 		{name: "defaults", values: "{}"},
 		{name: "everything", monitors: 1, secrets: 1, values: `
-store: {redisURL: "rediss://:pw@redis.example:6380/0", failurePolicy: local, localCache: true}
+store: {redisURL: "rediss://:pw@redis.example:6380/0", failurePolicy: local, localCache: true, plainWindows: true}
 replicaCount: 4
 envoy:
   enabled: true
@@ -89,6 +89,9 @@ keys:
 			}
 			if cm := o.configMaps["rl-sluice"]; strings.Contains(cm.Data["sluice.yaml"], "pw@") {
 				t.Error("the Redis password is in the ConfigMap")
+			}
+			if cm := o.configMaps["rl-sluice"]; !strings.Contains(cm.Data["sluice.yaml"], "plain_windows: true") {
+				t.Errorf("store.plainWindows did not reach sluice.yaml:\n%s", cm.Data["sluice.yaml"])
 			}
 		}},
 		{name: "existing secret", values: `store: {existingSecret: my-redis, existingSecretKey: uri}

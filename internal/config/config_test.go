@@ -327,3 +327,32 @@ func TestTooManyRoutes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPlainWindows: store.plain_windows is off unless set, takes a bool
+// only, and warns on the memory store, where it does nothing.
+func TestPlainWindows(t *testing.T) {
+	for _, c := range []struct {
+		store string
+		want  bool
+		warn  bool
+	}{
+		{"store: {url: \"redis://127.0.0.1:6379\"}\n", false, false},
+		{"store: {url: \"redis://127.0.0.1:6379\", plain_windows: true}\n", true, false},
+		{"store: {url: memory, plain_windows: true}\n", true, true},
+	} {
+		cfg, err := Parse("c.yaml", []byte("policies:\n  p: {limit: 5/s}\n"+c.store))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Store.PlainWindows != c.want {
+			t.Errorf("%q: plain_windows %v, want %v", c.store, cfg.Store.PlainWindows, c.want)
+		}
+		warned := strings.Contains(strings.Join(cfg.Warnings(), "\n"), "store.plain_windows")
+		if warned != c.warn {
+			t.Errorf("%q: warning %v, want %v", c.store, warned, c.warn)
+		}
+	}
+	if _, err := Parse("c.yaml", []byte("policies:\n  p: {limit: 5/s}\nstore: {plain_windows: often}\n")); err == nil {
+		t.Error("plain_windows: often was accepted")
+	}
+}

@@ -89,6 +89,12 @@ type StoreSection struct {
 	Lease bool `yaml:"lease"`
 	// MaxKeys bounds the keys held in memory; 0 means the store's default.
 	MaxKeys int `yaml:"max_keys"`
+	// PlainWindows keeps Redis fixed-window counts in per-window keys and
+	// decides most of them by plain INCRBY + PEXPIRE instead of a script
+	// (redisstore.Options.PlainWindows): about half the Redis CPU. Off by
+	// default; a fleet turns it on all at once (instances with and without
+	// it count apart for up to one window). Restart-only.
+	PlainWindows bool `yaml:"plain_windows"`
 }
 
 // PolicySection is one entry of `policies:`.

@@ -14,6 +14,8 @@
 #   memory     `sluice serve` on the memory store (deploy/envoy/ratelimit,
 #              edge domain, 100/min fixed window)
 #   redis      `sluice serve` on Redis
+#   plain      `sluice serve` on Redis with store.plain_windows: true
+#              (fixed windows by plain INCRBY + PEXPIRE mid-window)
 #   floorrate  rlsfloor again, paced at the req/s sluice reached on Redis
 #              (--grpc-rate)
 #   bare       incrload, as fast as it goes
@@ -80,7 +82,8 @@ redis_after() {
             printf " %s %d %d\n", cpu, u, c }' >>"$WORK/results"
 }
 
-# serve_sluice STORE_URL starts `sluice serve` and sets SPID and GPORT.
+# serve_sluice STORE_URL [PLAIN] starts `sluice serve` and sets SPID and
+# GPORT; PLAIN (true or false, the default) is store.plain_windows.
 serve_sluice() {
   GPORT=$(freeport); local hport; hport=$(freeport)
   cat >"$WORK/sluice.yaml" <<YAML
@@ -88,6 +91,7 @@ listen: "127.0.0.1:$hport"
 store:
   url: $1
   timeout: 1s
+  plain_windows: ${2:-false}
 envoy:
   grpc_addr: "127.0.0.1:$GPORT"
   config_dir: $PWD/deploy/envoy/ratelimit
@@ -137,6 +141,13 @@ for round in $(seq "$ROUNDS"); do
   redis_after
   stop
   RATE=$(awk '/^throughput/ {print $2}' "$WORK/out")
+
+  echo "## round $round: sluice serve, Redis, store.plain_windows, load average $(cut -d' ' -f1 /proc/loadavg)"
+  serve_sluice "$RURL" true
+  redis_before
+  loadtest plain
+  redis_after
+  stop
 
   echo "## round $round: gRPC floor at sluice's rate on Redis in this round ($RATE/s, --grpc-rate), load average $(cut -d' ' -f1 /proc/loadavg)"
   serve_floor
@@ -191,7 +202,8 @@ for line in open(sys.argv[1]):
 for rnd, r in sorted(rows.items()):
     fl = r['floor']['cpu'] / r['floor']['n'] * 1e6
     print(f"round {rnd}: service CPU per request (µs): floor {fl:.1f}", end='')
-    for name in ('memory', 'redis'):
+    for name in ('memory', 'redis', 'plain'):
+        if name not in r: continue
         v = r[name]['cpu'] / r[name]['n'] * 1e6
         print(f"; {name} {v:.1f} ({v/fl:.2f}× floor)", end='')
     print()
@@ -204,10 +216,15 @@ for rnd, r in sorted(rows.items()):
     su, bu = s['usec'] / s['n'], b['usec'] / b['n']
     print(f"round {rnd}: Redis CPU per decision (µs), /proc: sluice {sp:.2f}, bare INCRBY+PEXPIRE {bp:.2f} -> {sp/bp:.2f}× (target ≤ 2×)")
     print(f"round {rnd}: Redis CPU per decision (µs), commandstats: sluice {su:.2f} ({s['calls']/s['n']:.2f} calls per decision), bare {bu:.2f} ({b['calls']/b['n']:.2f} calls per pair) -> {su/bu:.2f}×")
+    if 'plain' in r:
+        pl = r['plain']
+        pp, pu = pl['rcpu'] / pl['n'] * 1e6, pl['usec'] / pl['n']
+        print(f"round {rnd}: Redis CPU per decision (µs), /proc: sluice plain_windows {pp:.2f}, bare {bp:.2f} -> {pp/bp:.2f}× (target ≤ 2×; scripts {sp/bp:.2f}×)")
+        print(f"round {rnd}: Redis CPU per decision (µs), commandstats: sluice plain_windows {pu:.2f} ({pl['calls']/pl['n']:.2f} calls per decision) -> {pu/bu:.2f}× bare")
     if 'barerate' in r:
         q = r['barerate']
         qp = q['rcpu'] / q['n'] * 1e6
-        print(f"round {rnd}: Redis CPU per decision (µs), /proc: bare INCRBY+PEXPIRE at sluice's rate {qp:.2f} -> sluice {sp/qp:.2f}× it")
+        print(f"round {rnd}: Redis CPU per decision (µs), /proc: bare INCRBY+PEXPIRE at sluice's rate {qp:.2f} -> sluice {sp/qp:.2f}× it" + (f", plain_windows {pp/qp:.2f}× it" if 'plain' in r else ''))
     if 'lua' in r:
         l = r['lua']
         lp = l['rcpu'] / l['n'] * 1e6
@@ -216,5 +233,5 @@ for rnd, r in sorted(rows.items()):
         x = r['script']
         xp = x['rcpu'] / x['n'] * 1e6
         print(f"round {rnd}: Redis CPU per decision (µs), /proc: sluice's fixed-window script at the bare pairs' pace {xp:.2f} -> {xp/bp:.2f}× bare")
-    print(f"round {rnd}: completed: floor {r['floor']['n']}, memory {r['memory']['n']}, redis {s['n']} requests; bare {b['n']} pairs")
+    print(f"round {rnd}: completed: floor {r['floor']['n']}, memory {r['memory']['n']}, redis {s['n']}" + (f", plain {r['plain']['n']}" if 'plain' in r else '') + f" requests; bare {b['n']} pairs")
 PY

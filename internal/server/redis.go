@@ -23,6 +23,7 @@ func openRedis(ctx context.Context, sc config.StoreSection, log *slog.Logger) (s
 		URL:              sc.URL,
 		Timeout:          sc.Timeout,
 		DisableDenyCache: !sc.LocalCache,
+		PlainWindows:     sc.PlainWindows,
 		Logger:           log,
 	})
 	if err != nil {

@@ -1,0 +1,58 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/redistest"
+)
+
+// TestRedisPlainWindowsInServe: store.plain_windows reaches the Redis
+// store: fixed-window checks are counted in per-window keys, mid-window
+// by plain INCRBY (once the store has sampled Redis's clock), and decide
+// as before.
+func TestRedisPlainWindowsInServe(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	cfg := strings.Replace(testConfig, "anon: {limit: 2/min}", "anon: {limit: 2/min}\n  fw: {algorithm: fixed_window, limit: 1000/h}", 1) +
+		fmt.Sprintf("store: {url: %q, timeout: 5s, plain_windows: true}\n", srv.URL())
+	s := startService(t, svcOptions{redis: true, config: cfg})
+	ctx := context.Background()
+	prefix := redistest.Prefix(t)
+	// The store samples Redis's clock in the background: until it has,
+	// and within a few ms of the hour, the scripts decide.
+	for i := range 500 {
+		body := fmt.Sprintf(`{"policy":"fw","key":"%s%d"}`, prefix, i)
+		for j := range 2 {
+			if a := s.check(t, body); a.status != 200 || a.num("remaining") != int64(999-j) {
+				t.Fatalf("key %d, check %d: %d %s", i, j, a.status, a.raw)
+			}
+		}
+		if n, err := srv.CommandCalls(ctx, "incrby"); err != nil {
+			t.Fatal(err)
+		} else if n > 0 {
+			keys, err := srv.Do(ctx, "KEYS", "fw*")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k, _ := keys.([]any); len(k) == 0 {
+				t.Fatalf("no per-window keys: %v", keys)
+			}
+			return
+		}
+	}
+	t.Fatal("500 keys and no INCRBY: plain_windows did not reach the store")
+}
+
+// TestPlainWindowsRestartOnly: turning store.plain_windows on or off
+// takes a restart, as the store's other connection settings do.
+func TestPlainWindowsRestartOnly(t *testing.T) {
+	running := &config.Config{Store: config.StoreSection{URL: "redis://127.0.0.1:6379"}}
+	next := &config.Config{Store: running.Store}
+	next.Store.PlainWindows = true
+	if got := restartOnly(running, next); len(got) != 1 || got[0] != "store" {
+		t.Fatalf("restartOnly: %v, want [store]", got)
+	}
+}
