@@ -448,13 +448,15 @@ func (g *Guard) call(ctx context.Context, op sluice.Op, reqs []sluice.Request, o
 // context (rueidis redials when a call times out on a stalled server, and
 // the calls behind it wait for that dial).
 func (g *Guard) bounded(ctx, cctx context.Context, op sluice.Op, reqs []sluice.Request, one bool) ([]sluice.Decision, error) {
-	j := &job{g: g, ctx: cctx, op: op, one: one, done: make(chan result, 1),
-		reqs: append([]sluice.Request(nil), reqs...)} // the caller may reuse reqs after we return
-	g.workers.run(j) // workers.go
+	j := g.workers.job() // workers.go
+	j.g, j.ctx, j.op, j.one = g, cctx, op, one
+	j.reqs = append(j.reqs[:0], reqs...) // the caller may reuse reqs after we return
+	g.workers.run(j)
 	select {
 	case r := <-j.done:
+		g.workers.done(j) // the worker is done with j: it may serve another call
 		return r.ds, r.err
-	case <-cctx.Done():
+	case <-cctx.Done(): // j stays with its worker, which may still use it
 		return nil, cctx.Err()
 	case <-ctx.Done():
 		return nil, ctx.Err()
