@@ -100,5 +100,17 @@ func (c *callCtx) Err() error {
 	}
 }
 
+// AfterFunc runs f in its own goroutine once c is done; stop keeps it from
+// running. The context package uses it for a context derived from c (a
+// store whose own timeout is shorter than the guard's derives one per
+// call), instead of starting a goroutine to wait for c.
+func (c *callCtx) AfterFunc(f func()) (stop func() bool) {
+	t := time.AfterFunc(time.Until(c.d.at), func() {
+		<-c.d.done // closed by its own timer, due at the same time
+		f()
+	})
+	return t.Stop
+}
+
 // String names the context, as the context package's do.
 func (c *callCtx) String() string { return "guard.callCtx" }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"hash/maphash"
+	"runtime"
 	"testing"
 	"time"
 
@@ -59,6 +60,38 @@ func TestSharedDeadlines(t *testing.T) {
 	}
 	if err := last.Err(); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Err after the deadline: %v", err)
+	}
+}
+
+// A context derived from a call's (as a store with a shorter timeout of its
+// own derives one) ends with it, and needs no goroutine to wait for it.
+func TestDerivedCallContext(t *testing.T) {
+	ds := newDeadlines(50 * time.Millisecond)
+	c := ds.bound(context.Background())
+	before := runtime.NumGoroutine()
+	var cancels []context.CancelFunc
+	for range 1000 {
+		_, cancel := context.WithTimeout(c, time.Hour)
+		cancels = append(cancels, cancel)
+	}
+	if n := runtime.NumGoroutine() - before; n >= 500 {
+		t.Errorf("%d goroutines for 1000 derived contexts", n)
+	}
+	for _, cancel := range cancels {
+		cancel()
+	}
+	derived, cancel := context.WithTimeout(c, time.Hour)
+	defer cancel()
+	select {
+	case <-derived.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("a derived context not done 30s after the call's deadline")
+	}
+	if err := derived.Err(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("derived context: %v, want DeadlineExceeded", err)
+	}
+	if err := context.Cause(derived); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("derived context's cause: %v, want DeadlineExceeded", err)
 	}
 }
 
