@@ -10,7 +10,7 @@ import (
 // Every store call gets Options.Timeout as its deadline. A
 // context.WithTimeout per call cost a context, a timer, a child map in the
 // parent (gRPC's per-call context) and a done channel, and a timer to add
-// and to remove: at 64 calls in flight on Redis, one allocation in eight
+// and to remove: at 64 calls in flight on Redis, one allocation in ten
 // of the Envoy service and a few percent of its CPU. Calls that start
 // within the same tick (Timeout/64) share one deadline instead, whose done
 // channel one timer closes. The deadline is rounded down to its tick, so a
