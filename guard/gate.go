@@ -36,9 +36,10 @@ func newGates(maxInFlight int) *gates {
 	return g
 }
 
-// acquire takes one of key's slots, waiting until ctx is done. It returns
-// the release function, or false when ctx ended first.
-func (g *gates) acquire(ctx context.Context, key string) (*gate, bool) {
+// acquire takes one of key's slots, waiting until ctx or cctx (the call's
+// deadline) is done. It returns the gate to release, or false when ctx or
+// cctx ended first.
+func (g *gates) acquire(ctx, cctx context.Context, key string) (*gate, bool) {
 	sh := &g.shards[maphash.String(keySeed, key)%uint64(len(g.shards))]
 	sh.mu.Lock()
 	gt := sh.m[key]
@@ -56,10 +57,11 @@ func (g *gates) acquire(ctx context.Context, key string) (*gate, bool) {
 	select {
 	case gt.sem <- struct{}{}:
 		return gt, true
+	case <-cctx.Done():
 	case <-ctx.Done():
-		g.drop(sh, key, gt)
-		return nil, false
 	}
+	g.drop(sh, key, gt)
+	return nil, false
 }
 
 // release gives back a slot that acquire returned.

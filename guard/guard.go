@@ -90,7 +90,8 @@ type Options struct {
 	Policy Policy
 	// Timeout is the deadline of every call to the store, waiting for a
 	// slot of its key included. DefaultTimeout (50ms) when zero; negative
-	// means none (a memory store).
+	// means none (a memory store). Calls starting within a 64th of it
+	// share one deadline, rounded down: a call gets at least 63/64 of it.
 	Timeout time.Duration
 	// Instances, when positive, is the number of instances sharing the
 	// limits, for Local's share. Zero means: learn it from the store's
@@ -172,6 +173,7 @@ type core struct {
 	gates   *gates
 	local   *local
 	workers *workers
+	dls     *deadlines // nil without a timeout
 	views   [numPolicies]*Guard
 
 	instances atomic.Int64
@@ -230,6 +232,9 @@ func New(store sluice.Store, opts Options) (*Guard, error) {
 		done:        make(chan struct{}),
 	}
 	c.workers = newWorkers(c.stop)
+	if c.timeout > 0 {
+		c.dls = newDeadlines(c.timeout)
+	}
 	if c.clk == nil {
 		c.clk = clock.NewSystem()
 	}
@@ -373,11 +378,9 @@ func (g *Guard) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, 
 	}
 	cctx := ctx
 	if g.timeout > 0 {
-		var cancel context.CancelFunc
-		cctx, cancel = context.WithTimeout(ctx, g.timeout)
-		defer cancel()
+		cctx = g.dls.bound(ctx) // deadline.go
 	}
-	gt, ok := g.gates.acquire(cctx, key)
+	gt, ok := g.gates.acquire(ctx, cctx, key)
 	if !ok {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("guard: %w", err)
@@ -390,7 +393,7 @@ func (g *Guard) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, 
 	var ds []sluice.Decision
 	var err error
 	if g.timeout > 0 {
-		ds, err = g.bounded(cctx, op, reqs, one)
+		ds, err = g.bounded(ctx, cctx, op, reqs, one)
 	} else {
 		ds, err = g.call(cctx, op, reqs, one)
 	}
@@ -439,17 +442,22 @@ func (g *Guard) call(ctx context.Context, op sluice.Op, reqs []sluice.Request, o
 	return g.inner.ApplyAll(ctx, op, reqs)
 }
 
-// bounded runs the call on a worker goroutine and returns at ctx's deadline
-// whatever the call is doing: a client may be reconnecting, with a dial or
-// handshake that ignores ctx (rueidis redials when a call times out on a
-// stalled server, and the calls behind it wait for that dial).
-func (g *Guard) bounded(ctx context.Context, op sluice.Op, reqs []sluice.Request, one bool) ([]sluice.Decision, error) {
-	j := &job{g: g, ctx: ctx, op: op, one: one, done: make(chan result, 1),
-		reqs: append([]sluice.Request(nil), reqs...)} // the caller may reuse reqs after we return
-	g.workers.run(j) // workers.go
+// bounded runs the call on a worker goroutine with context cctx and
+// returns when cctx or the caller's ctx ends, whatever the call is doing:
+// a client may be reconnecting, with a dial or handshake that ignores its
+// context (rueidis redials when a call times out on a stalled server, and
+// the calls behind it wait for that dial).
+func (g *Guard) bounded(ctx, cctx context.Context, op sluice.Op, reqs []sluice.Request, one bool) ([]sluice.Decision, error) {
+	j := g.workers.job() // workers.go
+	j.g, j.ctx, j.op, j.one = g, cctx, op, one
+	j.reqs = append(j.reqs[:0], reqs...) // the caller may reuse reqs after we return
+	g.workers.run(j)
 	select {
 	case r := <-j.done:
+		g.workers.done(j) // the worker is done with j: it may serve another call
 		return r.ds, r.err
+	case <-cctx.Done(): // j stays with its worker, which may still use it
+		return nil, cctx.Err()
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}

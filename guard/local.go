@@ -81,6 +81,22 @@ func (l *local) remember(req *sluice.Request, d *sluice.Decision, now int64) {
 	}
 }
 
+// takeSeed returns key's seed if it was not taken since the store's
+// answer, and marks it taken.
+func (l *local) takeSeed(key string) (seed, bool) {
+	var fresh seed
+	var ok bool
+	l.seeds.Compute(key, func(old seed, loaded bool) (seed, xsync.ComputeOp) {
+		if !loaded || old.applied {
+			return old, xsync.CancelOp
+		}
+		fresh, ok = old, true
+		old.applied = true
+		return old, xsync.UpdateOp
+	})
+	return fresh, ok
+}
+
 // forget drops what is known of key, after a reset.
 func (l *local) forget(key string) {
 	if _, ok := l.seeds.LoadAndDelete(key); ok {
@@ -116,17 +132,7 @@ func (l *local) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, 
 		if r.Algorithm != sluice.Concurrency {
 			// Seed from the store's newest answer, once: local state older
 			// than it has refilled what the store handed out meanwhile.
-			var fresh seed
-			var ok bool
-			l.seeds.Compute(r.Key, func(old seed, loaded bool) (seed, xsync.ComputeOp) {
-				if !loaded || old.applied {
-					return old, xsync.CancelOp
-				}
-				fresh, ok = old, true
-				old.applied = true
-				return old, xsync.UpdateOp
-			})
-			if ok {
+			if fresh, ok := l.takeSeed(r.Key); ok {
 				l.seed(ctx, &reqs[i], &r, &fresh, n, now)
 			}
 		}
