@@ -12,12 +12,17 @@ import (
 )
 
 // The plain path of Options.PlainWindows: a one-key fixed-window OpAllow
-// well inside its window is decided by a pipelined INCRBY + PEXPIRE of the
-// window's key, with no script. The window is chosen by the node's clock
-// estimate (redisclock.go); every admitting INCRBY is known to have run
-// inside the window it counts in, by Redis's clock, or its answer is not
-// used. Near a boundary, without a clock estimate, and for every other
-// op, the scripts decide, in the same layout.
+// of cost 1 well inside its window is decided by one plain command on the
+// window's key, with no script: SET key 1 NX PX ttl when this store has
+// not seen the key in this window (admitted at count 1), else, or when
+// the SET finds the key, INCRBY key 1. The window is chosen by the node's
+// clock estimate (redisclock.go); every admitting command is known to have
+// run inside the window it counts in, by Redis's clock, or its answer is
+// not used. No increment is ever taken back: a denied INCRBY stays
+// counted (with cost 1 the count is then past the limit, where every
+// later request is denied anyway), and so does a late one. Near a
+// boundary, without a clock estimate, for costs above 1 and for every
+// other op, the scripts decide, in the same layout.
 
 const (
 	// plainMargin is kept from each window's boundaries, beyond twice
@@ -28,11 +33,10 @@ const (
 	plainSlack = time.Second
 )
 
-// plainParams are the cached parameters of the plain path and of the
-// plain fast script for one limit and cost.
+// plainParams are the cached parameters of the plain fast script for one
+// limit and cost.
 type plainParams struct {
 	*fastParams
-	cost string // the INCRBY/DECRBY amount
 }
 
 func newPlainParams(req *sluice.Request, slack string) (*plainParams, error) {
@@ -44,12 +48,14 @@ func newPlainParams(req *sluice.Request, slack string) (*plainParams, error) {
 	for _, op := range []sluice.Op{sluice.OpAllow, sluice.OpPeek, sluice.OpRefund, sluice.OpCharge} {
 		p.argv[op] = fastArgs(op, p, -1)
 	}
-	return &plainParams{fastParams: p, cost: strconv.FormatInt(req.Cost, 10)}, nil
+	return &plainParams{fastParams: p}, nil
 }
 
-// plainEligible reports whether an op on req may take the plain path.
+// plainEligible reports whether an op on req may take the plain path: an
+// OpAllow of cost 1 (a larger cost goes to the script, which checks
+// before it charges).
 func plainEligible(op sluice.Op, req *sluice.Request) bool {
-	return op == sluice.OpAllow && req.Cost >= 1 && req.MaxWait == 0 && req.ReservedAhead == 0 &&
+	return op == sluice.OpAllow && req.Cost == 1 && req.MaxWait == 0 && req.ReservedAhead == 0 &&
 		req.Limit.Period%time.Millisecond == 0
 }
 
@@ -74,18 +80,31 @@ func (s *Store) applyPlain(ctx context.Context, op sluice.Op, req *sluice.Reques
 	}
 	base := s.plainBase(req.Key)
 	if plainEligible(op, req) {
-		d, ok, err := s.plainAllow(ctx, req, p, base)
+		d, ok, err := s.plainAllow(ctx, req, base)
 		if ok || err != nil {
 			return d, err
 		}
 	}
-	return s.runFast(ctx, op, req, p.fastParams, base, s.scripts.plainFast)
+	d, err := s.runFast(ctx, op, req, p.fastParams, base, s.scripts.plainFast)
+	return plainClamp(op, d), err
 }
 
-// plainAllow tries the plain path. ok is false when the script must
-// decide instead: no clock estimate, too near a boundary, or an answer
-// that came back too late to be known to lie in its window.
-func (s *Store) plainAllow(ctx context.Context, req *sluice.Request, p *plainParams, base string) (d sluice.Decision, ok bool, err error) {
+// plainClamp clamps the Remaining of a refund at 0. In the per-window
+// layout a window's count may stand above the limit after denials (they
+// stay counted), where a refund that leaves it there would report a
+// negative Remaining; only OpCharge and reservations report one.
+func plainClamp(op sluice.Op, d sluice.Decision) sluice.Decision {
+	if op == sluice.OpRefund {
+		d.Remaining = max(d.Remaining, 0)
+	}
+	return d
+}
+
+// plainAllow tries the plain path for an OpAllow of cost 1. ok is false
+// when the script must decide instead: no clock estimate, too near a
+// boundary, or an answer that came back too late to be known to lie in
+// its window.
+func (s *Store) plainAllow(ctx context.Context, req *sluice.Request, base string) (d sluice.Decision, ok bool, err error) {
 	client := s.client()
 	if client == nil {
 		return d, false, s.notConnected()
@@ -118,46 +137,63 @@ func (s *Store) plainAllow(ctx context.Context, req *sluice.Request, p *plainPar
 	cctx, cancel := s.bound(ctx)
 	defer cancel()
 	s.plainCalls.Add(1)
-	rs := client.DoMulti(cctx,
-		client.B().Incrby().Key(key).Increment(req.Cost).Build(),
-		client.B().Pexpire().Key(key).Milliseconds(ttl).Build())
-	n, err := rs[0].AsInt64()
-	if err == nil {
-		err = rs[1].Error()
+	var n int64
+	if !s.seen.has(base, start) {
+		// Not seen in this window: create the key at 1, with its TTL.
+		err := client.Do(cctx, client.B().Set().Key(key).Value("1").Nx().PxMilliseconds(ttl).Build()).Error()
+		switch {
+		case err == nil:
+			n = 1
+		case rueidis.IsRedisNil(err): // the key exists: INCRBY below
+			// A later send: the end side of the check again.
+			if t, eps, ok = now(); !ok || t+eps+eps+margin >= end {
+				s.seen.add(base, start)
+				return d, false, nil
+			}
+		default:
+			return d, false, s.failed(ctx, fmt.Errorf("plain window: %w", err))
+		}
+		s.seen.add(base, start)
 	}
-	if err != nil {
-		return d, false, s.failed(ctx, fmt.Errorf("plain window: %w", err))
+	if n == 0 {
+		if n, err = client.Do(cctx, client.B().Incrby().Key(key).Increment(1).Build()).AsInt64(); err != nil {
+			return d, false, s.failed(ctx, fmt.Errorf("plain window: %w", err))
+		}
+		if n == 1 {
+			// The key had vanished (a reset, a refund to 0, eviction,
+			// FLUSH) and INCRBY made it without a TTL: give it one.
+			s.seen.add(base, start)
+			if err := s.plainExpire(cctx, client, key, ttl); err != nil {
+				return d, false, s.failed(ctx, fmt.Errorf("plain window: %w", err))
+			}
+		}
+	}
+	if s.plainHook != nil {
+		s.plainHook(key, n)
 	}
 	t2, eps2, ok := now()
 	if !ok || t2+eps2 >= end {
-		// The INCRBY may have run after the window ended (Redis paused,
-		// a long queue): undo it, and let the script decide on TIME.
+		// The command may have run after the window ended (Redis paused,
+		// a long queue): its count stays in that window (stricter), and
+		// the script decides the request on TIME.
 		s.plainLate.Add(1)
-		s.giveBack(cctx, client, key, req.Cost, ttl)
 		return d, false, nil
 	}
 	e := min(max(t+(t2-t)/2-start, 0), per-1)
 	if n > req.Limit.Rate {
-		// Over the limit: give the cost back, so that denied traffic does
-		// not hide capacity from the requests that fit.
-		s.giveBack(cctx, client, key, req.Cost, ttl)
-		return decideOp(sluice.OpAllow, req, reply{ok: false, x: n - req.Cost, y: e}), true, nil
+		// Over the limit: the count stays (cost 1: every later request of
+		// the window is denied anyway). Reported as the script reports
+		// the state before it: the count n-1, Remaining 0.
+		return decideOp(sluice.OpAllow, req, reply{ok: false, x: n - 1, y: e}), true, nil
 	}
 	return decideOp(sluice.OpAllow, req, reply{ok: true, x: n, y: e}), true, nil
 }
 
-// giveBack takes an INCRBY of the plain path back. When it fails the
-// window only counts more than it admitted, so it is not an error.
-func (s *Store) giveBack(ctx context.Context, client rueidis.Client, key string, cost, ttl int64) {
-	for _, r := range client.DoMulti(ctx,
-		client.B().Decrby().Key(key).Decrement(cost).Build(),
-		client.B().Pexpire().Key(key).Milliseconds(ttl).Build()) {
-		if err := r.Error(); err != nil {
-			s.errs.Add(1)
-			s.log.Debug("redisstore: could not give a plain window's charge back", "err", err)
-			return
-		}
-	}
+// plainExpire gives a window key that INCRBY created the TTL of the
+// plain path, ttl, computed at sending: Redis runs the PEXPIRE later, so
+// the key outlives its window still.
+func (s *Store) plainExpire(ctx context.Context, client rueidis.Client, key string, ttl int64) error {
+	return client.Do(ctx, client.B().Pexpire().Key(key).Milliseconds(ttl).Build()).Error()
 }
 
 // mod is a modulo b, in [0, b).
@@ -206,7 +242,15 @@ func (s *Store) reset(ctx context.Context, client rueidis.Client, reqs []sluice.
 		names = append(names, keys[i])
 		args = append(args, strconv.FormatInt(int64(reqs[i].Limit.Period), 10), strconv.FormatInt(ps, 10))
 	}
-	if err := s.scripts.resetPlain.Exec(ctx, client, names, args).Error(); err != nil {
+	err := s.scripts.resetPlain.Exec(ctx, client, names, args).Error()
+	// The plain path would find a forgotten key anyway (INCRBY → 1): this
+	// spares it the extra PEXPIRE.
+	for i := range reqs {
+		if s.plainLayout(&reqs[i]) {
+			s.seen.forget(keys[i])
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("reset: %w", err)
 	}
 	return nil

@@ -99,12 +99,15 @@ type Options struct {
 
 	// PlainWindows keeps fixed-window counts (not calendar ones) in one
 	// key per window holding a plain integer, so that a one-key OpAllow
-	// well inside its window is decided by a pipelined INCRBY + PEXPIRE
-	// instead of a script: about half the Redis CPU per decision. The
-	// window is chosen by an estimate of each node's TIME, sampled every
-	// second, and the scripts decide near window boundaries, without a
-	// fresh estimate, and for every other op, in the same layout; see
-	// docs/redis.md. Rolling upgrade: the counts move to new keys, so
+	// of cost 1 well inside its window is decided by one plain command
+	// (SET NX PX for a key this store has not seen in the window, else
+	// INCRBY) instead of a script. The window is chosen by an estimate of
+	// each node's TIME, sampled every second, and the scripts decide near
+	// window boundaries, without a fresh estimate, for larger costs and
+	// for every other op, in the same layout; see docs/redis.md. One
+	// semantic difference: a request the plain path denies stays counted
+	// in its window (the count stands above the limit), so a later refund
+	// in that window frees less than without it: stricter, never looser. Rolling upgrade: the counts move to new keys, so
 	// instances with and without it count apart for up to one window
 	// (up to 2× the limit). Turn it on for the whole fleet at once, or
 	// accept that for one window.
@@ -153,6 +156,10 @@ type core struct {
 	tagTable              slotTagTable
 	plainSlackMS          int64  // a window key's TTL past its window
 	plainSlackArg         string // the same in decimal, for the scripts
+	seen                  *plainSeen
+	// plainHook, for tests, runs when the plain path's command has
+	// answered, with the key and its count.
+	plainHook func(key string, n int64)
 }
 
 // New returns a Store for the Redis that opts name. URL schemes:
@@ -180,6 +187,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		beatKey:  opts.InstancesKey,
 		plainOn:  opts.PlainWindows,
 	}
+	c.seen = newPlainSeen()
 	c.plainSlackMS = cmp(opts.plainSlack, plainSlack).Milliseconds()
 	c.plainSlackArg = strconv.FormatInt(c.plainSlackMS, 10)
 	c.clocks.local = opts.localMono
@@ -301,10 +309,10 @@ type Stats struct {
 	Errors uint64
 	// CacheHits is the number of decisions the over-limit cache made.
 	CacheHits uint64
-	// Plain is the number of INCRBY calls of Options.PlainWindows' plain
-	// path (decisions without a script), and PlainLate those whose answer
-	// came too late to be known to lie in their window, which a script
-	// then decided.
+	// Plain is the number of requests that Options.PlainWindows' plain
+	// path sent to Redis (SET NX or INCRBY, no script), and PlainLate
+	// those whose answer came too late to be known to lie in their
+	// window, which a script then decided.
 	Plain, PlainLate uint64
 }
 
@@ -584,6 +592,9 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 		}
 		v := vals[4*i:]
 		ds[i] = decideOp(dop, &reqs[i], reply{ok: v[0] == 1, x: v[1], y: v[2], z: v[3]})
+		if s.plainLayout(&reqs[i]) {
+			ds[i] = plainClamp(dop, ds[i])
+		}
 	}
 	return ds, nil
 }

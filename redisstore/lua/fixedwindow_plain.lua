@@ -2,8 +2,10 @@
 -- same algorithm as fixedwindow_fast.lua, but KEYS[1] is a base name (see
 -- plain.go) and the count of the window starting at START (Unix ns,
 -- decimal) is the plain integer in KEYS[1]..':'..START, which the store
--- also changes directly with INCRBY and DECRBY mid-window. The key's TTL
--- runs past the window's end by ARGV[9] ms: it only collects garbage.
+-- also changes directly with SET NX and INCRBY mid-window. A denied INCRBY
+-- stays counted, so the count may stand above the rate: allow and peek
+-- then deny, refund subtracts (clamped at 0). The key's TTL runs past the
+-- window's end by ARGV[9] ms: it only collects garbage.
 -- ARGV is op, now seconds, now nanoseconds ('' '' for Redis TIME), period
 -- (ns), period in whole seconds (0 if not whole), rate, effective cost,
 -- cost, slack (ms). Reply: allowed, count, elapsed.

@@ -1,0 +1,90 @@
+package redisstore
+
+import (
+	"strconv"
+	"sync"
+	"testing"
+)
+
+// The memory of seen window keys stays within its bound, keeps what it
+// was told last, forgets on demand, and costs no allocation to ask or to
+// update a key it holds.
+func TestPlainSeen(t *testing.T) {
+	p := newPlainSeen()
+	if p.has("a", 1) {
+		t.Fatal("an empty memory has a key")
+	}
+	p.add("a", 1)
+	if !p.has("a", 1) || p.has("a", 2) {
+		t.Fatal("has after add")
+	}
+	p.add("a", 2) // the next window
+	if p.has("a", 1) || !p.has("a", 2) {
+		t.Fatal("has after the next window's add")
+	}
+	p.forget("a")
+	if p.has("a", 2) {
+		t.Fatal("has after forget")
+	}
+	const n = 200_000
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 4 {
+				b := "fw{k" + strconv.Itoa(i) + "}"
+				p.add(b, 7)
+				p.has(b, 7)
+			}
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for i := range p.shards {
+		if l := len(p.shards[i].m); l > plainSeenPerShard {
+			t.Fatalf("shard %d holds %d, bound %d", i, l, plainSeenPerShard)
+		} else {
+			total += l
+		}
+	}
+	if total > plainSeenShards*plainSeenPerShard || total < plainSeenShards*plainSeenPerShard/2 {
+		t.Fatalf("%d keys remembered of %d, bound %d", total, n, plainSeenShards*plainSeenPerShard)
+	}
+	if !p.has("fw{k199999}", 7) {
+		t.Fatal("the last key added is gone")
+	}
+	b := "fw{k199999}"
+	if a := testing.AllocsPerRun(1000, func() {
+		if p.has(b, 7) {
+			p.add(b, 8)
+			p.add(b, 7)
+		}
+	}); a != 0 {
+		t.Fatalf("%.1f allocations to ask and update", a)
+	}
+	if a := testing.AllocsPerRun(1000, func() { p.add(strconv.Itoa(1), 1); p.forget("1") }); a > 1 {
+		t.Fatalf("%.1f allocations to add a new key and forget it", a)
+	}
+}
+
+// BenchmarkPlainSeen: the memory's cost per plain decision (ask, then
+// record), on a full memory of cold keys.
+func BenchmarkPlainSeen(b *testing.B) {
+	p := newPlainSeen()
+	keys := make([]string, 100_000)
+	for i := range keys {
+		keys[i] = "fw{rls:{edge}:remote_address=10.0." + strconv.Itoa(i) + "}"
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			k := keys[i%len(keys)]
+			if !p.has(k, 1) {
+				p.add(k, 1)
+			}
+			i += 7
+		}
+	})
+}
