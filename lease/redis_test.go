@@ -1,14 +1,17 @@
 package lease_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/algo"
 	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/internal/redistest"
 	"github.com/sluice-io/sluice/lease"
@@ -70,7 +73,15 @@ type fleetResult struct {
 	admitted, degraded, local, calls int64
 	start, end                       time.Time // Redis TIME around the whole run
 	drained, stopped                 time.Time // first denial, end of load
-	afterDrain, offeredAfter         int64     // admitted and asked from the first denial on
+	offeredAfter                     int64     // asked from the first denial on
+	trace                            []call    // every call, by arrival
+}
+
+// call is one request of a fleet run: when it arrived, in Unix ns on
+// Redis's clock, and whether the leased fleet admitted it.
+type call struct {
+	at      int64
+	allowed bool
 }
 
 // runFleet offers 3× the limit's rate to one key through three leased
@@ -110,16 +121,20 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 	var drainOnce sync.Once
 	drained := make(chan struct{})
 	var drainedAt time.Time
-	var afterBase, callsBase int64
+	var callsBase int64
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
 	begin := make(chan struct{})
 	rate := 3 * float64(req.Limit.Rate) / req.Limit.Period.Seconds() // offered, in total
 	beat := time.Duration(float64(150*time.Second) / rate)
+	logs := make([][]call, 150) // one per goroutine, merged after the run
+	g := 0
 	for i, n := range tr.counts {
 		s := stores[i]
 		for range n {
+			mine := &logs[g]
+			g++
 			wg.Go(func() {
 				tick := time.NewTicker(beat)
 				defer tick.Stop()
@@ -130,7 +145,9 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 						return
 					case <-tick.C:
 					}
+					at := time.Now().UnixNano()
 					d, err := s.Apply(context.Background(), sluice.OpAllow, req)
+					*mine = append(*mine, call{at, err == nil && d.Allowed && !d.Degraded})
 					calls.Add(1)
 					switch {
 					case err != nil:
@@ -150,7 +167,7 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 						}
 					default:
 						drainOnce.Do(func() {
-							drainedAt, afterBase, callsBase = redisNow(), admitted.Load(), calls.Load()
+							drainedAt, callsBase = redisNow(), calls.Load()
 							close(drained)
 						})
 					}
@@ -158,7 +175,12 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 			})
 		}
 	}
+	// Arrivals are stamped with time.Now, and moved onto Redis's clock
+	// by an offset measured once, to within half a TIME round trip
+	// (Redis runs on this host, on the same clock: the offset is ~0).
+	t0 := time.Now().UnixNano()
 	res.start = redisNow()
+	offset := res.start.UnixNano() - (t0+time.Now().UnixNano())/2
 	close(begin)
 	if pause != nil {
 		time.AfterFunc(run/3, pause)
@@ -170,9 +192,15 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 	wg.Wait()
 	res.end = redisNow()
 	res.admitted, res.degraded, res.local, res.calls = admitted.Load(), degraded.Load(), local.Load(), calls.Load()
+	for _, l := range logs {
+		for _, c := range l {
+			res.trace = append(res.trace, call{c.at + offset, c.allowed})
+		}
+	}
+	slices.SortFunc(res.trace, func(a, b call) int { return cmp.Compare(a.at, b.at) })
 	select {
 	case <-drained:
-		res.drained, res.afterDrain, res.offeredAfter = drainedAt, res.admitted-afterBase, res.calls-callsBase
+		res.drained, res.offeredAfter = drainedAt, res.calls-callsBase
 	default: // the load never reached the limit
 	}
 	var st lease.Stats
@@ -229,6 +257,55 @@ func bounds(l sluice.Limit, a sluice.Algorithm, start, end, from, to time.Time) 
 	return float64(l.Rate * (windows(start, end) + 1)), float64(l.Rate * whole)
 }
 
+// afterDrain returns how many of the calls that arrived once the limit was
+// reached (from the first denial to the end of the load) the fleet
+// admitted, and the base its floor is a fraction of: the lesser of what a
+// fully used limit admits over that span (bounds) and what a plain store
+// admits of those very calls, each decided at its arrival with no latency
+// (the trace replayed from the run's start through algo.Apply, the
+// reference the stores agree with).
+//
+// The floor measures what leasing loses, and a limit's capacity can only
+// be used if it is asked for while it is free. Under load it is not
+// always asked for: the 150 tickers fire in clumps (a late tick fires as
+// soon as its goroutine runs, so after a stall they fire together), and
+// the whole process stalls at times (seen: typically 5 ms between the
+// last call of a window and its end; gaps of up to 170 ms with no call at
+// all). What a window has not used by its end is lost to any store, and
+// the sliding window counter frees its capacity all along the window, so
+// it loses what freed after a window's last clump: the plain replay
+// admitted 460-497 of 500 in whole windows offered 1000-1500 calls. Against
+// the limit alone the skewed sliding counter's 97% floor failed 2 runs in
+// 16 (96.2% and 96.3%) while the leases admitted 98-101% of the replay.
+// The buckets carry 0.2 s of refill over a gap and lose only to longer
+// stalls. Under this base remains the leases' own loss only, so the floors
+// stay those of TestAccuracyTable.
+func afterDrain(t *testing.T, req sluice.Request, r fleetResult) (admitted int64, base float64) {
+	t.Helper()
+	_, base = bounds(req.Limit, req.Algorithm, r.start, r.end, r.drained, r.stopped)
+	from, to := r.drained.UnixNano(), r.stopped.UnixNano()
+	var st algo.State
+	var plain int64
+	for _, c := range r.trace {
+		d, next, err := algo.Apply(sluice.OpAllow, st, req, c.at)
+		if err != nil {
+			t.Fatalf("replay: %v", err)
+		}
+		st = next
+		if c.at < from || c.at > to {
+			continue
+		}
+		if c.allowed {
+			admitted++
+		}
+		if d.Allowed {
+			plain++
+		}
+	}
+	t.Logf("after the limit was reached: admitted %d; a fully used limit %.0f, a plain store %d of the same calls", admitted, base, plain)
+	return admitted, min(base, float64(plain))
+}
+
 // Three leased stores × 50 goroutines on one hot key, offered 3× its rate:
 // uniform and skewed traffic, every leased algorithm. Admissions never
 // exceed ideal + 1, and at least the floor of the ideal is reached once
@@ -255,12 +332,9 @@ func TestFleetNeverOverAdmits(t *testing.T) {
 		t.Run(c.a.String()+"/"+c.tr.name, func(t *testing.T) {
 			req := sluice.Request{Key: redistest.Prefix(t) + "hot", Algorithm: c.a, Limit: c.lim, Cost: 1}
 			r := runFleet(t, srv, req, c.tr, run, nil)
-			ideal, base := bounds(c.lim, c.a, r.start, r.end, r.drained, r.stopped)
-			// A loaded machine may offer less than the limit: what was
-			// not asked for cannot be admitted.
-			base = min(base, float64(r.offeredAfter))
+			ideal, _ := bounds(c.lim, c.a, r.start, r.end, r.drained, r.stopped)
 			got := float64(r.admitted)
-			t.Logf("admitted %.0f, ideal %.0f; after the limit was reached %d of %.0f (%.1f%%)", got, ideal, r.afterDrain, base, 100*float64(r.afterDrain)/base)
+			t.Logf("admitted %.0f, ideal %.0f", got, ideal)
 			if got > ideal+1 {
 				t.Fatalf("admitted %.0f > ideal %.0f + 1", got, ideal)
 			}
@@ -270,8 +344,12 @@ func TestFleetNeverOverAdmits(t *testing.T) {
 			if !floorMeasurable(t, r, c.lim) {
 				return
 			}
-			if float64(r.afterDrain) < c.floor*base {
-				t.Fatalf("after the limit was reached admitted %d, want ≥ %.0f%% of %.0f", r.afterDrain, 100*c.floor, base)
+			// What the load did not ask for cannot be admitted: the base
+			// is what a plain store admits of the same calls, if less than
+			// the limit's (see afterDrain).
+			after, base := afterDrain(t, req, r)
+			if float64(after) < c.floor*base {
+				t.Fatalf("after the limit was reached admitted %d, want ≥ %.0f%% of %.0f", after, 100*c.floor, base)
 			}
 			if r.local < r.admitted/2 {
 				t.Fatalf("only %d of %d admissions from leases", r.local, r.admitted)
@@ -319,9 +397,8 @@ func TestFleetRedisPaused(t *testing.T) {
 			if err := <-faulted; err != nil {
 				t.Fatalf("%s: %v", c.name, err)
 			}
-			ideal, base := bounds(c.lim, c.a, r.start, r.end, r.drained, r.stopped)
-			base = min(base, float64(r.offeredAfter))
-			t.Logf("admitted %d, ideal %.0f, degraded %d; after the limit was reached %d of %.0f", r.admitted, ideal, r.degraded, r.afterDrain, base)
+			ideal, _ := bounds(c.lim, c.a, r.start, r.end, r.drained, r.stopped)
+			t.Logf("admitted %d, ideal %.0f, degraded %d", r.admitted, ideal, r.degraded)
 			if float64(r.admitted) > ideal+1 {
 				t.Fatalf("admitted %d > ideal %.0f + 1", r.admitted, ideal)
 			}
@@ -329,9 +406,14 @@ func TestFleetRedisPaused(t *testing.T) {
 				t.Fatal("no degraded decision: the fault did not bite")
 			}
 			// The fault costs at most its 300ms of the limit (plus the
-			// chunks whose fetches timed out and ran late).
-			if floor := base * 0.6; floorMeasurable(t, r, c.lim) && float64(r.afterDrain) < floor {
-				t.Fatalf("admitted %d after the limit was reached, want ≥ %.0f", r.afterDrain, floor)
+			// chunks whose fetches timed out and ran late). The plain
+			// replay knows nothing of the fault: it is a base only where
+			// the load was not asked for (see afterDrain).
+			if !floorMeasurable(t, r, c.lim) {
+				return
+			}
+			if after, base := afterDrain(t, req, r); float64(after) < 0.6*base {
+				t.Fatalf("admitted %d after the limit was reached, want ≥ %.0f", after, 0.6*base)
 			}
 		})
 	}
