@@ -86,8 +86,9 @@ type call struct {
 
 // runFleet offers 3× the limit's rate to one key through three leased
 // stores, each on its own Redis connection, for run; pause, if set, is
-// called once a third into the run.
-func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffic, run time.Duration, pause func()) fleetResult {
+// called once a third into the run, with a channel closed once a caller
+// has had an error or a degraded decision.
+func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffic, run time.Duration, pause func(felt <-chan struct{})) fleetResult {
 	t.Helper()
 	// Calls get 5 s unless the run pauses Redis: a loaded machine
 	// must not turn a slow call into a degraded one.
@@ -118,7 +119,8 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 	}
 	var res fleetResult
 	var admitted, degraded, local, calls atomic.Int64
-	var drainOnce sync.Once
+	var drainOnce, feltOnce sync.Once
+	felt := make(chan struct{})
 	drained := make(chan struct{})
 	var drainedAt time.Time
 	var callsBase int64
@@ -155,8 +157,10 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 						// reaches the caller (no failure policy here: that
 						// is package guard's, around this store).
 						degraded.Add(1)
+						feltOnce.Do(func() { close(felt) })
 					case d.Degraded:
 						degraded.Add(1)
+						feltOnce.Do(func() { close(felt) })
 						if d.Allowed {
 							t.Errorf("degraded admission: %+v", d)
 						}
@@ -183,7 +187,7 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 	offset := res.start.UnixNano() - (t0+time.Now().UnixNano())/2
 	close(begin)
 	if pause != nil {
-		time.AfterFunc(run/3, pause)
+		time.AfterFunc(run/3, func() { pause(felt) })
 	}
 	stop := time.NewTimer(run)
 	<-stop.C
@@ -364,26 +368,60 @@ func TestFleetNeverOverAdmits(t *testing.T) {
 // them would apply its failure policy); the queued fetches run after the
 // pause, charging capacity nobody uses. Nothing is ever admitted beyond
 // ideal + 1, uniform or skewed.
+//
+// A loaded machine may not run any caller for 300ms (gaps of 170ms with no
+// call were seen at load 4, and at load 10-15 a pause went by unnoticed:
+// "no degraded decision"), so the fault lasts until a caller has felt it:
+// the pause is repeated, the freeze prolonged, up to a bound after which
+// the test fails as before.
 func TestFleetRedisPaused(t *testing.T) {
 	srv := redistest.NewStandalone(t)
-	clientPause := func(done chan<- error) {
-		_, err := srv.Do(context.Background(), "CLIENT", "PAUSE", "300", "ALL")
-		done <- err
+	clientPause := func(felt <-chan struct{}, done chan<- error) {
+		ctx := context.Background()
+		for range 10 {
+			if _, err := srv.Do(ctx, "CLIENT", "PAUSE", "300", "ALL"); err != nil {
+				done <- err
+				return
+			}
+			// The pause blocks this PING too, until it ends (and
+			// CLIENT UNPAUSE with it, on Redis 7.0).
+			if _, err := srv.Do(ctx, "PING"); err != nil {
+				done <- err
+				return
+			}
+			select {
+			case <-felt:
+				done <- nil
+				return
+			default:
+			}
+		}
+		done <- nil // unfelt: the test fails on its degraded count
 	}
-	sigstop := func(done chan<- error) {
+	sigstop := func(felt <-chan struct{}, done chan<- error) {
 		if err := srv.Freeze(); err != nil {
 			done <- err
 			return
 		}
-		// The fault's length, not a synchronisation: Thaw ends it.
-		time.AfterFunc(300*time.Millisecond, func() { done <- srv.Thaw() })
+		// The fault's length, not a synchronisation: Thaw ends it,
+		// 300ms on and once a caller has felt it, or 2s on (unfelt: the
+		// test then fails on its degraded count).
+		time.AfterFunc(300*time.Millisecond, func() {
+			bound := time.NewTimer(1700 * time.Millisecond)
+			defer bound.Stop()
+			select {
+			case <-felt:
+			case <-bound.C:
+			}
+			done <- srv.Thaw()
+		})
 	}
 	for _, c := range []struct {
 		name  string
 		a     sluice.Algorithm
 		lim   sluice.Limit
 		tr    traffic
-		fault func(chan<- error)
+		fault func(<-chan struct{}, chan<- error)
 	}{
 		{"pause", sluice.GCRA, sluice.Limit{Rate: 5000, Period: time.Second, Burst: 1000}, uniform, clientPause},
 		{"pause", sluice.FixedWindow, sluice.Limit{Rate: 500, Period: 100 * time.Millisecond}, uniform, clientPause},
@@ -393,7 +431,7 @@ func TestFleetRedisPaused(t *testing.T) {
 		t.Run(c.a.String()+"/"+c.name+"/"+c.tr.name, func(t *testing.T) {
 			req := sluice.Request{Key: redistest.Prefix(t) + "hot", Algorithm: c.a, Limit: c.lim, Cost: 1}
 			faulted := make(chan error, 1)
-			r := runFleet(t, srv, req, c.tr, 1500*time.Millisecond, func() { c.fault(faulted) })
+			r := runFleet(t, srv, req, c.tr, 1500*time.Millisecond, func(felt <-chan struct{}) { c.fault(felt, faulted) })
 			if err := <-faulted; err != nil {
 				t.Fatalf("%s: %v", c.name, err)
 			}
@@ -403,7 +441,11 @@ func TestFleetRedisPaused(t *testing.T) {
 				t.Fatalf("admitted %d > ideal %.0f + 1", r.admitted, ideal)
 			}
 			if r.degraded == 0 {
-				t.Fatal("no degraded decision: the fault did not bite")
+				var gap int64 // the longest time no call arrived
+				for i := 1; i < len(r.trace); i++ {
+					gap = max(gap, r.trace[i].at-r.trace[i-1].at)
+				}
+				t.Fatalf("no degraded decision: the fault did not bite (longest time without a call: %v)", time.Duration(gap))
 			}
 			// The fault costs at most its 300ms of the limit (plus the
 			// chunks whose fetches timed out and ran late). The plain
