@@ -71,10 +71,12 @@ var (
 // time.
 type fleetResult struct {
 	admitted, degraded, local, calls int64
-	start, end                       time.Time // Redis TIME around the whole run
-	drained, stopped                 time.Time // first denial, end of load
-	offeredAfter                     int64     // asked from the first denial on
-	trace                            []call    // every call, by arrival
+	start, end                       time.Time     // Redis TIME around the whole run
+	drained, stopped                 time.Time     // first denial, end of load
+	offeredAfter                     int64         // asked from the first denial on
+	roundTrip                        time.Duration // the mean of the leases' calls to Redis
+	late                             int64         // window chunk units granted after their window ended
+	trace                            []call        // every call, by arrival
 }
 
 // call is one request of a fleet run: when it arrived, in Unix ns on
@@ -97,9 +99,10 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 		timeout = 100 * time.Millisecond
 	}
 	stores := make([]*lease.Store, 3)
+	var rt roundTrips
 	for i := range stores {
 		rs := newRedis(t, redisstore.Options{URL: srv.URL(), Timeout: timeout})
-		stores[i] = newLease(t, lease.Options{All: true, Store: rs, MaxFraction: 0.05, Instances: 3})
+		stores[i] = newLease(t, lease.Options{All: true, Store: &timed{rs, &rt}, MaxFraction: 0.05, Instances: 3})
 	}
 	redisNow := func() time.Time {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -207,6 +210,10 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 		res.drained, res.offeredAfter = drainedAt, res.calls-callsBase
 	default: // the load never reached the limit
 	}
+	if n := rt.n.Load(); n > 0 {
+		res.roundTrip = time.Duration(rt.ns.Load() / n)
+	}
+	res.late = rt.late.Load()
 	var st lease.Stats
 	for _, s := range stores {
 		x := s.Stats()
@@ -215,8 +222,50 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 		st.Returns += x.Returns
 		st.Stranded += x.Stranded
 	}
-	t.Logf("%s: %d calls, %d admitted (%d from leases), %d degraded; %d fetches, %d returns, %d stranded", tr.name, res.calls, res.admitted, res.local, res.degraded, st.Fetches, st.Returns, st.Stranded)
+	// What came back late lapsed: no more than the leases say lapsed.
+	res.late = min(res.late, int64(st.Stranded))
+	t.Logf("%s: %d calls, %d admitted (%d from leases), %d degraded; %d fetches, %d returns, %d stranded; %d calls to Redis, %v each on average, %d units granted after their window", tr.name, res.calls, res.admitted, res.local, res.degraded, st.Fetches, st.Returns, st.Stranded, rt.n.Load(), res.roundTrip, res.late)
 	return res
+}
+
+// roundTrips sums the calls leases make to Redis and their durations, and
+// the window chunks that came back too late to be used.
+type roundTrips struct{ n, ns, late atomic.Int64 }
+
+// timed is a store that times the calls a lease.Store makes to it, from
+// the caller's side: Redis's time, the network's, and the time the
+// scheduler keeps the caller from reading the reply.
+type timed struct {
+	sluice.Store
+	rt *roundTrips
+}
+
+func (s *timed) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
+	t0 := time.Now()
+	d, err := s.Store.Apply(ctx, op, req)
+	t1 := time.Now()
+	s.rt.n.Add(1)
+	s.rt.ns.Add(int64(t1.Sub(t0)))
+	// A window chunk granted to a fetch (the lease's own calls carry its
+	// CallTimeout; runFleet's callers pass context.Background) whose
+	// reply came after the end of the window it was charged in, as the
+	// lease estimates it (from when the fetch was sent, as here: it sends
+	// a little earlier and receives a little later, so it finds at least
+	// these late), lapses unused: capacity lost to the round trip.
+	_, fetch := ctx.Deadline()
+	if fetch && err == nil && op == sluice.OpAllow && d.Allowed && !d.Degraded {
+		end := t0.Add(d.ResetAfter)
+		switch req.Algorithm {
+		case sluice.SlidingWindowCounter:
+			end = end.Add(-req.Limit.Period)
+			fallthrough
+		case sluice.FixedWindow:
+			if !t1.Before(end) {
+				s.rt.late.Add(req.Cost)
+			}
+		}
+	}
+	return d, err
 }
 
 // floorMeasurable reports whether the run offered, once the limit was
@@ -282,8 +331,9 @@ func bounds(l sluice.Limit, a sluice.Algorithm, start, end, from, to time.Time) 
 // the limit alone the skewed sliding counter's 97% floor failed 2 runs in
 // 16 (96.2% and 96.3%) while the leases admitted 98-101% of the replay.
 // The buckets carry 0.2 s of refill over a gap and lose only to longer
-// stalls. Under this base remains the leases' own loss only, so the floors
-// stay those of TestAccuracyTable.
+// stalls. Under this base remains the leases' own loss only, and the
+// floors are TestAccuracyTable's (less, for the windows, what a round trip
+// to Redis costs at a window's end: see TestFleetNeverOverAdmits).
 func afterDrain(t *testing.T, req sluice.Request, r fleetResult) (admitted int64, base float64) {
 	t.Helper()
 	_, base = bounds(req.Limit, req.Algorithm, r.start, r.end, r.drained, r.stopped)
@@ -352,8 +402,20 @@ func TestFleetNeverOverAdmits(t *testing.T) {
 			// is what a plain store admits of the same calls, if less than
 			// the limit's (see afterDrain).
 			after, base := afterDrain(t, req, r)
-			if float64(after) < c.floor*base {
-				t.Fatalf("after the limit was reached admitted %d, want ≥ %.0f%% of %.0f", after, 100*c.floor, base)
+			// A window chunk is charged in the window Redis is in when
+			// it runs the fetch, and lapses if its reply comes after that
+			// window's end. TestAccuracyTable's fetches take no time; here
+			// they take what the machine gives them (2-6 ms on average
+			// under -race at load 4, where the skewed sliding counter,
+			// which leases up to its windows' ends, stranded 2.5-3.7% of
+			// what it admitted). The chunks that came back after their
+			// window, counted as they came (timed), are capacity lost to
+			// the round trip, not to the leases' sizing: the floor does
+			// not count them. Chunks that came in time and went unused
+			// still count against it.
+			want := c.floor * (base - float64(r.late))
+			if float64(after) < want {
+				t.Fatalf("after the limit was reached admitted %d, want ≥ %.0f%% of %.0f (%d units came back after their window ended)", after, 100*c.floor, base-float64(r.late), r.late)
 			}
 			if r.local < r.admitted/2 {
 				t.Fatalf("only %d of %d admissions from leases", r.local, r.admitted)
