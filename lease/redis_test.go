@@ -1,14 +1,17 @@
 package lease_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/algo"
 	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/internal/redistest"
 	"github.com/sluice-io/sluice/lease"
@@ -68,15 +71,26 @@ var (
 // time.
 type fleetResult struct {
 	admitted, degraded, local, calls int64
-	start, end                       time.Time // Redis TIME around the whole run
-	drained, stopped                 time.Time // first denial, end of load
-	afterDrain, offeredAfter         int64     // admitted and asked from the first denial on
+	start, end                       time.Time     // Redis TIME around the whole run
+	drained, stopped                 time.Time     // first denial, end of load
+	offeredAfter                     int64         // asked from the first denial on
+	roundTrip                        time.Duration // the mean of the leases' calls to Redis
+	late                             int64         // window chunk units granted after their window ended
+	trace                            []call        // every call, by arrival
+}
+
+// call is one request of a fleet run: when it arrived, in Unix ns on
+// Redis's clock, and whether the leased fleet admitted it.
+type call struct {
+	at      int64
+	allowed bool
 }
 
 // runFleet offers 3× the limit's rate to one key through three leased
 // stores, each on its own Redis connection, for run; pause, if set, is
-// called once a third into the run.
-func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffic, run time.Duration, pause func()) fleetResult {
+// called once a third into the run, with a channel closed once a caller
+// has had an error or a degraded decision.
+func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffic, run time.Duration, pause func(felt <-chan struct{})) fleetResult {
 	t.Helper()
 	// Calls get 5 s unless the run pauses Redis: a loaded machine
 	// must not turn a slow call into a degraded one.
@@ -85,9 +99,10 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 		timeout = 100 * time.Millisecond
 	}
 	stores := make([]*lease.Store, 3)
+	var rt roundTrips
 	for i := range stores {
 		rs := newRedis(t, redisstore.Options{URL: srv.URL(), Timeout: timeout})
-		stores[i] = newLease(t, lease.Options{All: true, Store: rs, MaxFraction: 0.05, Instances: 3})
+		stores[i] = newLease(t, lease.Options{All: true, Store: &timed{rs, &rt}, MaxFraction: 0.05, Instances: 3})
 	}
 	redisNow := func() time.Time {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -107,19 +122,24 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 	}
 	var res fleetResult
 	var admitted, degraded, local, calls atomic.Int64
-	var drainOnce sync.Once
+	var drainOnce, feltOnce sync.Once
+	felt := make(chan struct{})
 	drained := make(chan struct{})
 	var drainedAt time.Time
-	var afterBase, callsBase int64
+	var callsBase int64
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
 	begin := make(chan struct{})
 	rate := 3 * float64(req.Limit.Rate) / req.Limit.Period.Seconds() // offered, in total
 	beat := time.Duration(float64(150*time.Second) / rate)
+	logs := make([][]call, 150) // one per goroutine, merged after the run
+	g := 0
 	for i, n := range tr.counts {
 		s := stores[i]
 		for range n {
+			mine := &logs[g]
+			g++
 			wg.Go(func() {
 				tick := time.NewTicker(beat)
 				defer tick.Stop()
@@ -130,7 +150,9 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 						return
 					case <-tick.C:
 					}
+					at := time.Now().UnixNano()
 					d, err := s.Apply(context.Background(), sluice.OpAllow, req)
+					*mine = append(*mine, call{at, err == nil && d.Allowed && !d.Degraded})
 					calls.Add(1)
 					switch {
 					case err != nil:
@@ -138,8 +160,10 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 						// reaches the caller (no failure policy here: that
 						// is package guard's, around this store).
 						degraded.Add(1)
+						feltOnce.Do(func() { close(felt) })
 					case d.Degraded:
 						degraded.Add(1)
+						feltOnce.Do(func() { close(felt) })
 						if d.Allowed {
 							t.Errorf("degraded admission: %+v", d)
 						}
@@ -150,7 +174,7 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 						}
 					default:
 						drainOnce.Do(func() {
-							drainedAt, afterBase, callsBase = redisNow(), admitted.Load(), calls.Load()
+							drainedAt, callsBase = redisNow(), calls.Load()
 							close(drained)
 						})
 					}
@@ -158,10 +182,15 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 			})
 		}
 	}
+	// Arrivals are stamped with time.Now, and moved onto Redis's clock
+	// by an offset measured once, to within half a TIME round trip
+	// (Redis runs on this host, on the same clock: the offset is ~0).
+	t0 := time.Now().UnixNano()
 	res.start = redisNow()
+	offset := res.start.UnixNano() - (t0+time.Now().UnixNano())/2
 	close(begin)
 	if pause != nil {
-		time.AfterFunc(run/3, pause)
+		time.AfterFunc(run/3, func() { pause(felt) })
 	}
 	stop := time.NewTimer(run)
 	<-stop.C
@@ -170,11 +199,21 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 	wg.Wait()
 	res.end = redisNow()
 	res.admitted, res.degraded, res.local, res.calls = admitted.Load(), degraded.Load(), local.Load(), calls.Load()
+	for _, l := range logs {
+		for _, c := range l {
+			res.trace = append(res.trace, call{c.at + offset, c.allowed})
+		}
+	}
+	slices.SortFunc(res.trace, func(a, b call) int { return cmp.Compare(a.at, b.at) })
 	select {
 	case <-drained:
-		res.drained, res.afterDrain, res.offeredAfter = drainedAt, res.admitted-afterBase, res.calls-callsBase
+		res.drained, res.offeredAfter = drainedAt, res.calls-callsBase
 	default: // the load never reached the limit
 	}
+	if n := rt.n.Load(); n > 0 {
+		res.roundTrip = time.Duration(rt.ns.Load() / n)
+	}
+	res.late = rt.late.Load()
 	var st lease.Stats
 	for _, s := range stores {
 		x := s.Stats()
@@ -183,8 +222,50 @@ func runFleet(t *testing.T, srv *redistest.Server, req sluice.Request, tr traffi
 		st.Returns += x.Returns
 		st.Stranded += x.Stranded
 	}
-	t.Logf("%s: %d calls, %d admitted (%d from leases), %d degraded; %d fetches, %d returns, %d stranded", tr.name, res.calls, res.admitted, res.local, res.degraded, st.Fetches, st.Returns, st.Stranded)
+	// What came back late lapsed: no more than the leases say lapsed.
+	res.late = min(res.late, int64(st.Stranded))
+	t.Logf("%s: %d calls, %d admitted (%d from leases), %d degraded; %d fetches, %d returns, %d stranded; %d calls to Redis, %v each on average, %d units granted after their window", tr.name, res.calls, res.admitted, res.local, res.degraded, st.Fetches, st.Returns, st.Stranded, rt.n.Load(), res.roundTrip, res.late)
 	return res
+}
+
+// roundTrips sums the calls leases make to Redis and their durations, and
+// the window chunks that came back too late to be used.
+type roundTrips struct{ n, ns, late atomic.Int64 }
+
+// timed is a store that times the calls a lease.Store makes to it, from
+// the caller's side: Redis's time, the network's, and the time the
+// scheduler keeps the caller from reading the reply.
+type timed struct {
+	sluice.Store
+	rt *roundTrips
+}
+
+func (s *timed) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
+	t0 := time.Now()
+	d, err := s.Store.Apply(ctx, op, req)
+	t1 := time.Now()
+	s.rt.n.Add(1)
+	s.rt.ns.Add(int64(t1.Sub(t0)))
+	// A window chunk granted to a fetch (the lease's own calls carry its
+	// CallTimeout; runFleet's callers pass context.Background) whose
+	// reply came after the end of the window it was charged in, as the
+	// lease estimates it (from when the fetch was sent, as here: it sends
+	// a little earlier and receives a little later, so it finds at least
+	// these late), lapses unused: capacity lost to the round trip.
+	_, fetch := ctx.Deadline()
+	if fetch && err == nil && op == sluice.OpAllow && d.Allowed && !d.Degraded {
+		end := t0.Add(d.ResetAfter)
+		switch req.Algorithm {
+		case sluice.SlidingWindowCounter:
+			end = end.Add(-req.Limit.Period)
+			fallthrough
+		case sluice.FixedWindow:
+			if !t1.Before(end) {
+				s.rt.late.Add(req.Cost)
+			}
+		}
+	}
+	return d, err
 }
 
 // floorMeasurable reports whether the run offered, once the limit was
@@ -229,6 +310,56 @@ func bounds(l sluice.Limit, a sluice.Algorithm, start, end, from, to time.Time) 
 	return float64(l.Rate * (windows(start, end) + 1)), float64(l.Rate * whole)
 }
 
+// afterDrain returns how many of the calls that arrived once the limit was
+// reached (from the first denial to the end of the load) the fleet
+// admitted, and the base its floor is a fraction of: the lesser of what a
+// fully used limit admits over that span (bounds) and what a plain store
+// admits of those very calls, each decided at its arrival with no latency
+// (the trace replayed from the run's start through algo.Apply, the
+// reference the stores agree with).
+//
+// The floor measures what leasing loses, and a limit's capacity can only
+// be used if it is asked for while it is free. Under load it is not
+// always asked for: the 150 tickers fire in clumps (a late tick fires as
+// soon as its goroutine runs, so after a stall they fire together), and
+// the whole process stalls at times (seen: typically 5 ms between the
+// last call of a window and its end; gaps of up to 170 ms with no call at
+// all). What a window has not used by its end is lost to any store, and
+// the sliding window counter frees its capacity all along the window, so
+// it loses what freed after a window's last clump: the plain replay
+// admitted 460-497 of 500 in whole windows offered 1000-1500 calls. Against
+// the limit alone the skewed sliding counter's 97% floor failed 2 runs in
+// 16 (96.2% and 96.3%) while the leases admitted 98-101% of the replay.
+// The buckets carry 0.2 s of refill over a gap and lose only to longer
+// stalls. Under this base remains the leases' own loss only, and the
+// floors are TestAccuracyTable's (less, for the windows, what a round trip
+// to Redis costs at a window's end: see TestFleetNeverOverAdmits).
+func afterDrain(t *testing.T, req sluice.Request, r fleetResult) (admitted int64, base float64) {
+	t.Helper()
+	_, base = bounds(req.Limit, req.Algorithm, r.start, r.end, r.drained, r.stopped)
+	from, to := r.drained.UnixNano(), r.stopped.UnixNano()
+	var st algo.State
+	var plain int64
+	for _, c := range r.trace {
+		d, next, err := algo.Apply(sluice.OpAllow, st, req, c.at)
+		if err != nil {
+			t.Fatalf("replay: %v", err)
+		}
+		st = next
+		if c.at < from || c.at > to {
+			continue
+		}
+		if c.allowed {
+			admitted++
+		}
+		if d.Allowed {
+			plain++
+		}
+	}
+	t.Logf("after the limit was reached: admitted %d; a fully used limit %.0f, a plain store %d of the same calls", admitted, base, plain)
+	return admitted, min(base, float64(plain))
+}
+
 // Three leased stores × 50 goroutines on one hot key, offered 3× its rate:
 // uniform and skewed traffic, every leased algorithm. Admissions never
 // exceed ideal + 1, and at least the floor of the ideal is reached once
@@ -255,12 +386,9 @@ func TestFleetNeverOverAdmits(t *testing.T) {
 		t.Run(c.a.String()+"/"+c.tr.name, func(t *testing.T) {
 			req := sluice.Request{Key: redistest.Prefix(t) + "hot", Algorithm: c.a, Limit: c.lim, Cost: 1}
 			r := runFleet(t, srv, req, c.tr, run, nil)
-			ideal, base := bounds(c.lim, c.a, r.start, r.end, r.drained, r.stopped)
-			// A loaded machine may offer less than the limit: what was
-			// not asked for cannot be admitted.
-			base = min(base, float64(r.offeredAfter))
+			ideal, _ := bounds(c.lim, c.a, r.start, r.end, r.drained, r.stopped)
 			got := float64(r.admitted)
-			t.Logf("admitted %.0f, ideal %.0f; after the limit was reached %d of %.0f (%.1f%%)", got, ideal, r.afterDrain, base, 100*float64(r.afterDrain)/base)
+			t.Logf("admitted %.0f, ideal %.0f", got, ideal)
 			if got > ideal+1 {
 				t.Fatalf("admitted %.0f > ideal %.0f + 1", got, ideal)
 			}
@@ -270,8 +398,24 @@ func TestFleetNeverOverAdmits(t *testing.T) {
 			if !floorMeasurable(t, r, c.lim) {
 				return
 			}
-			if float64(r.afterDrain) < c.floor*base {
-				t.Fatalf("after the limit was reached admitted %d, want ≥ %.0f%% of %.0f", r.afterDrain, 100*c.floor, base)
+			// What the load did not ask for cannot be admitted: the base
+			// is what a plain store admits of the same calls, if less than
+			// the limit's (see afterDrain).
+			after, base := afterDrain(t, req, r)
+			// A window chunk is charged in the window Redis is in when
+			// it runs the fetch, and lapses if its reply comes after that
+			// window's end. TestAccuracyTable's fetches take no time; here
+			// they take what the machine gives them (2-6 ms on average
+			// under -race at load 4, where the skewed sliding counter,
+			// which leases up to its windows' ends, stranded 2.5-3.7% of
+			// what it admitted). The chunks that came back after their
+			// window, counted as they came (timed), are capacity lost to
+			// the round trip, not to the leases' sizing: the floor does
+			// not count them. Chunks that came in time and went unused
+			// still count against it.
+			want := c.floor * (base - float64(r.late))
+			if float64(after) < want {
+				t.Fatalf("after the limit was reached admitted %d, want ≥ %.0f%% of %.0f (%d units came back after their window ended)", after, 100*c.floor, base-float64(r.late), r.late)
 			}
 			if r.local < r.admitted/2 {
 				t.Fatalf("only %d of %d admissions from leases", r.local, r.admitted)
@@ -286,26 +430,60 @@ func TestFleetNeverOverAdmits(t *testing.T) {
 // them would apply its failure policy); the queued fetches run after the
 // pause, charging capacity nobody uses. Nothing is ever admitted beyond
 // ideal + 1, uniform or skewed.
+//
+// A loaded machine may not run any caller for 300ms (gaps of 170ms with no
+// call were seen at load 4, and at load 10-15 a pause went by unnoticed:
+// "no degraded decision"), so the fault lasts until a caller has felt it:
+// the pause is repeated, the freeze prolonged, up to a bound after which
+// the test fails as before.
 func TestFleetRedisPaused(t *testing.T) {
 	srv := redistest.NewStandalone(t)
-	clientPause := func(done chan<- error) {
-		_, err := srv.Do(context.Background(), "CLIENT", "PAUSE", "300", "ALL")
-		done <- err
+	clientPause := func(felt <-chan struct{}, done chan<- error) {
+		ctx := context.Background()
+		for range 10 {
+			if _, err := srv.Do(ctx, "CLIENT", "PAUSE", "300", "ALL"); err != nil {
+				done <- err
+				return
+			}
+			// The pause blocks this PING too, until it ends (and
+			// CLIENT UNPAUSE with it, on Redis 7.0).
+			if _, err := srv.Do(ctx, "PING"); err != nil {
+				done <- err
+				return
+			}
+			select {
+			case <-felt:
+				done <- nil
+				return
+			default:
+			}
+		}
+		done <- nil // unfelt: the test fails on its degraded count
 	}
-	sigstop := func(done chan<- error) {
+	sigstop := func(felt <-chan struct{}, done chan<- error) {
 		if err := srv.Freeze(); err != nil {
 			done <- err
 			return
 		}
-		// The fault's length, not a synchronisation: Thaw ends it.
-		time.AfterFunc(300*time.Millisecond, func() { done <- srv.Thaw() })
+		// The fault's length, not a synchronisation: Thaw ends it,
+		// 300ms on and once a caller has felt it, or 2s on (unfelt: the
+		// test then fails on its degraded count).
+		time.AfterFunc(300*time.Millisecond, func() {
+			bound := time.NewTimer(1700 * time.Millisecond)
+			defer bound.Stop()
+			select {
+			case <-felt:
+			case <-bound.C:
+			}
+			done <- srv.Thaw()
+		})
 	}
 	for _, c := range []struct {
 		name  string
 		a     sluice.Algorithm
 		lim   sluice.Limit
 		tr    traffic
-		fault func(chan<- error)
+		fault func(<-chan struct{}, chan<- error)
 	}{
 		{"pause", sluice.GCRA, sluice.Limit{Rate: 5000, Period: time.Second, Burst: 1000}, uniform, clientPause},
 		{"pause", sluice.FixedWindow, sluice.Limit{Rate: 500, Period: 100 * time.Millisecond}, uniform, clientPause},
@@ -315,23 +493,31 @@ func TestFleetRedisPaused(t *testing.T) {
 		t.Run(c.a.String()+"/"+c.name+"/"+c.tr.name, func(t *testing.T) {
 			req := sluice.Request{Key: redistest.Prefix(t) + "hot", Algorithm: c.a, Limit: c.lim, Cost: 1}
 			faulted := make(chan error, 1)
-			r := runFleet(t, srv, req, c.tr, 1500*time.Millisecond, func() { c.fault(faulted) })
+			r := runFleet(t, srv, req, c.tr, 1500*time.Millisecond, func(felt <-chan struct{}) { c.fault(felt, faulted) })
 			if err := <-faulted; err != nil {
 				t.Fatalf("%s: %v", c.name, err)
 			}
-			ideal, base := bounds(c.lim, c.a, r.start, r.end, r.drained, r.stopped)
-			base = min(base, float64(r.offeredAfter))
-			t.Logf("admitted %d, ideal %.0f, degraded %d; after the limit was reached %d of %.0f", r.admitted, ideal, r.degraded, r.afterDrain, base)
+			ideal, _ := bounds(c.lim, c.a, r.start, r.end, r.drained, r.stopped)
+			t.Logf("admitted %d, ideal %.0f, degraded %d", r.admitted, ideal, r.degraded)
 			if float64(r.admitted) > ideal+1 {
 				t.Fatalf("admitted %d > ideal %.0f + 1", r.admitted, ideal)
 			}
 			if r.degraded == 0 {
-				t.Fatal("no degraded decision: the fault did not bite")
+				var gap int64 // the longest time no call arrived
+				for i := 1; i < len(r.trace); i++ {
+					gap = max(gap, r.trace[i].at-r.trace[i-1].at)
+				}
+				t.Fatalf("no degraded decision: the fault did not bite (longest time without a call: %v)", time.Duration(gap))
 			}
 			// The fault costs at most its 300ms of the limit (plus the
-			// chunks whose fetches timed out and ran late).
-			if floor := base * 0.6; floorMeasurable(t, r, c.lim) && float64(r.afterDrain) < floor {
-				t.Fatalf("admitted %d after the limit was reached, want ≥ %.0f", r.afterDrain, floor)
+			// chunks whose fetches timed out and ran late). The plain
+			// replay knows nothing of the fault: it is a base only where
+			// the load was not asked for (see afterDrain).
+			if !floorMeasurable(t, r, c.lim) {
+				return
+			}
+			if after, base := afterDrain(t, req, r); float64(after) < 0.6*base {
+				t.Fatalf("admitted %d after the limit was reached, want ≥ %.0f", after, 0.6*base)
 			}
 		})
 	}
