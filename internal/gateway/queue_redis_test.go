@@ -99,7 +99,11 @@ func TestQueueTwoGatewaysRedis(t *testing.T) {
 		total += n
 	}
 	elapsed := last.Sub(start)
-	limit := burst + int(rate*elapsed.Seconds())
+	// ideal + 1, the bound every fleet test holds: the capacity's rate
+	// and burst are cut into per-class GCRA buckets, each with its own
+	// whole emission times, so the total can run one unit ahead of the
+	// truncated ideal (seen: 55 against 54.9 truncated to 54).
+	limit := burst + int(rate*elapsed.Seconds()) + 1
 	names := make([]string, 0, len(all))
 	for k := range all {
 		names = append(names, k)
