@@ -90,8 +90,9 @@ type StoreSection struct {
 	// MaxKeys bounds the keys held in memory; 0 means the store's default.
 	MaxKeys int `yaml:"max_keys"`
 	// PlainWindows keeps Redis fixed-window counts in per-window keys and
-	// decides most of them by plain INCRBY + PEXPIRE instead of a script
-	// (redisstore.Options.PlainWindows): about half the Redis CPU. Off by
+	// decides most cost-1 checks by one plain command (SET NX PX for a new
+	// window key, else INCRBY) instead of a script
+	// (redisstore.Options.PlainWindows): under half the Redis CPU. Off by
 	// default; a fleet turns it on all at once (instances with and without
 	// it count apart for up to one window). Restart-only.
 	PlainWindows bool `yaml:"plain_windows"`

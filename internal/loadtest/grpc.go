@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -160,7 +161,10 @@ func RunGRPC(ctx context.Context, o GRPCOptions) (*GRPCResult, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			next := uint64(w+1) * 0x9E3779B97F4A7C15
+			// Each worker draws its keys at random, so that the
+			// workers spread over all of them (walking one sequence a
+			// step apart, they touched some 2k of 100k).
+			rng := rand.New(rand.NewPCG(uint64(w), 0x9E3779B97F4A7C15))
 			for runCtx.Err() == nil {
 				if o.Requests > 0 && sent.Add(1) > o.Requests {
 					return
@@ -177,8 +181,7 @@ func RunGRPC(ctx context.Context, o GRPCOptions) (*GRPCResult, error) {
 						}
 					}
 				}
-				next += 0x9E3779B97F4A7C15
-				k := strconv.Itoa(int(next>>33) % o.Keys)
+				k := strconv.Itoa(rng.IntN(o.Keys))
 				req := &rlsv3.RateLimitRequest{Domain: o.Domain, Descriptors: make([]*ratelimitv3.RateLimitDescriptor, len(tmpl))}
 				for i, e := range tmpl {
 					v := e.prefix
