@@ -112,11 +112,12 @@ func (s *Store) plainAllow(ctx context.Context, req *sluice.Request, base string
 	// now returns Redis's time and the error bound of the estimate.
 	var now func() (int64, int64, bool)
 	margin := int64(plainMargin)
+	node := s.NodeOf(req.Key)
 	if s.testClk != nil {
 		now = func() (int64, int64, bool) { return s.testClk.Now(), 0, true }
 		margin = 0 // the scripts are sent the same time
 	} else {
-		nc := s.clocks.node(s.NodeOf(req.Key))
+		nc := s.clocks.node(node)
 		if nc == nil {
 			return d, false, nil
 		}
@@ -137,10 +138,14 @@ func (s *Store) plainAllow(ctx context.Context, req *sluice.Request, base string
 	cctx, cancel := s.bound(ctx)
 	defer cancel()
 	s.plainCalls.Add(1)
+	var group *committer
+	if !s.noGroupCommit {
+		group = s.commit.of(node, s)
+	}
 	var n int64
 	if !s.seen.has(base, start) {
 		// Not seen in this window: create the key at 1, with its TTL.
-		err := client.Do(cctx, client.B().Set().Key(key).Value("1").Nx().PxMilliseconds(ttl).Build()).Error()
+		err := plainDo(cctx, client, group, client.B().Set().Key(key).Value("1").Nx().PxMilliseconds(ttl).Build()).Error()
 		switch {
 		case err == nil:
 			n = 1
@@ -156,7 +161,7 @@ func (s *Store) plainAllow(ctx context.Context, req *sluice.Request, base string
 		s.seen.add(base, start)
 	}
 	if n == 0 {
-		if n, err = client.Do(cctx, client.B().Incrby().Key(key).Increment(1).Build()).AsInt64(); err != nil {
+		if n, err = plainDo(cctx, client, group, client.B().Incrby().Key(key).Increment(1).Build()).AsInt64(); err != nil {
 			return d, false, s.failed(ctx, fmt.Errorf("plain window: %w", err))
 		}
 		if n == 1 {

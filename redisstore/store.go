@@ -118,6 +118,9 @@ type Options struct {
 	// window (plainSlack when zero), for tests.
 	localMono  func() int64
 	plainSlack time.Duration
+	// noGroupCommit sends each plain command alone (commit.go), for
+	// benchmarks.
+	noGroupCommit bool
 }
 
 // Store is the Redis sluice.Store: every operation is one Lua script run in
@@ -157,6 +160,12 @@ type core struct {
 	plainSlackMS          int64  // a window key's TTL past its window
 	plainSlackArg         string // the same in decimal, for the scripts
 	seen                  *plainSeen
+	noGroupCommit         bool
+	commit                committers // the plain path's group commit (commit.go)
+	// commitHook, for tests, sees each command sent alone ("direct", 1),
+	// queued ("queued", the queue's length after it) and each group sent
+	// ("group", its size).
+	commitHook func(what string, n int)
 	// plainHook, for tests, runs when the plain path's command has
 	// answered, with the key and its count.
 	plainHook func(key string, n int64)
@@ -180,12 +189,13 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		return nil, errors.New("redisstore: negative option")
 	}
 	c := &core{
-		timeout:  cmp(opts.Timeout, DefaultTimeout),
-		testClk:  opts.Clock,
-		localClk: opts.LocalClock,
-		log:      opts.Logger,
-		beatKey:  opts.InstancesKey,
-		plainOn:  opts.PlainWindows,
+		timeout:       cmp(opts.Timeout, DefaultTimeout),
+		testClk:       opts.Clock,
+		localClk:      opts.LocalClock,
+		log:           opts.Logger,
+		beatKey:       opts.InstancesKey,
+		plainOn:       opts.PlainWindows,
+		noGroupCommit: opts.noGroupCommit,
 	}
 	c.seen = newPlainSeen()
 	c.plainSlackMS = cmp(opts.plainSlack, plainSlack).Milliseconds()
@@ -297,7 +307,8 @@ func (s *Store) Client() rueidis.Client { return s.client() }
 // Close releases the connection, unless it came from Options.Client.
 func (s *Store) Close() error {
 	s.stopClocks()
-	s.conn.close()
+	s.conn.close() // first: a group on its way fails now
+	s.commit.close()
 	return nil
 }
 

@@ -1,0 +1,258 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/internal/redistest"
+)
+
+// Tests of the plain path's group commit (commit.go), on real servers
+// that they stop with SIGSTOP so that commands pile up behind one on its
+// way: standalone and on the 3-master Cluster, where each node has its
+// own group.
+
+// commitProbe records a store's group commit: its events, in order, on
+// a channel, and the sizes of the groups it sent.
+type commitProbe struct {
+	events chan string // "direct", "queued N", "group N"
+	mu     sync.Mutex
+	groups []int
+}
+
+func probeCommits(s *Store) *commitProbe {
+	p := &commitProbe{events: make(chan string, 4096)}
+	s.commitHook = func(what string, n int) {
+		if what == "group" {
+			p.mu.Lock()
+			p.groups = append(p.groups, n)
+			p.mu.Unlock()
+		}
+		if what != "direct" {
+			what = fmt.Sprintf("%s %d", what, n)
+		}
+		p.events <- what
+	}
+	return p
+}
+
+// wait returns once event has happened.
+func (p *commitProbe) wait(t *testing.T, event string) {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		select {
+		case e := <-p.events:
+			if e == event {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("no %q", event)
+		}
+	}
+}
+
+func (p *commitProbe) sent() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]int(nil), p.groups...)
+}
+
+// stopped stops srv until the test ends or thaw is called.
+func stopped(t *testing.T, srv *redistest.Server) (thaw func()) {
+	t.Helper()
+	if err := srv.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	thaw = func() {
+		once.Do(func() {
+			if err := srv.Thaw(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	t.Cleanup(thaw)
+	return thaw
+}
+
+// While one command is on its way to a stopped node, the commands that
+// arrive wait, and go to Redis together, in one group, once it answers:
+// every decision is right and the window holds every admission.
+func TestGroupCommit(t *testing.T) {
+	for _, dep := range plainDeploys(t, true) {
+		t.Run(dep.name, func(t *testing.T) {
+			clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC))
+			s := newStore(t, Options{URL: dep.url, Clock: clk, PlainWindows: true, DisableDenyCache: true, Timeout: 30 * time.Second})
+			ctx := context.Background()
+			key := redistest.Prefix(t) + "{hot}"
+			srv := dep.server(s, key)
+			const rate, n = 10, 40
+			req := sluice.Request{Key: key, Algorithm: sluice.FixedWindow, Limit: sluice.PerMinute(rate), Cost: 1}
+			if d, err := s.Apply(ctx, sluice.OpAllow, req); err != nil || !d.Allowed || d.Remaining != rate-1 {
+				t.Fatalf("first call: %+v %v", d, err)
+			}
+			p := probeCommits(s)
+			thaw := stopped(t, srv)
+			type answer struct {
+				d   sluice.Decision
+				err error
+			}
+			answers := make(chan answer, n+1)
+			for range n + 1 {
+				go func() {
+					d, err := s.Apply(ctx, sluice.OpAllow, req)
+					answers <- answer{d, err}
+				}()
+			}
+			// One is on its way to the stopped node, the rest wait.
+			p.wait(t, fmt.Sprintf("queued %d", n))
+			thaw()
+			allowed := 0
+			seen := map[int64]bool{}
+			for range n + 1 {
+				a := <-answers
+				if a.err != nil {
+					t.Fatal(a.err)
+				}
+				if a.d.Allowed {
+					allowed++
+					if seen[a.d.Remaining] {
+						t.Fatalf("two admissions with Remaining %d", a.d.Remaining)
+					}
+					seen[a.d.Remaining] = true
+				} else if a.d.Remaining != 0 || a.d.RetryAfter != 30*time.Second {
+					t.Fatalf("denial %+v", a.d)
+				}
+			}
+			if allowed != rate-1 {
+				t.Fatalf("%d admitted after the first, want %d", allowed, rate-1)
+			}
+			start := clk.Now() - 30*int64(time.Second)
+			if c := windowCount(t, s, srv, key, start); c != n+2 {
+				t.Fatalf("window holds %d, want %d (every command counted)", c, n+2)
+			}
+			if g := p.sent(); len(g) != 1 || g[0] != n {
+				t.Fatalf("groups sent %v, want one of %d", g, n)
+			}
+		})
+	}
+}
+
+// A lone caller's command goes at once, never in a group.
+func TestGroupCommitLoneCaller(t *testing.T) {
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC))
+	s := newStore(t, Options{URL: redistest.Standalone(t).URL(), Clock: clk, PlainWindows: true, DisableDenyCache: true})
+	p := probeCommits(s)
+	req := sluice.Request{Key: redistest.Prefix(t) + "k", Algorithm: sluice.FixedWindow, Limit: sluice.PerMinute(100), Cost: 1}
+	for i := range 20 {
+		if d, err := s.Apply(context.Background(), sluice.OpAllow, req); err != nil || !d.Allowed || d.Remaining != int64(99-i) {
+			t.Fatalf("call %d: %+v %v", i, d, err)
+		}
+	}
+	if g := p.sent(); len(g) != 0 {
+		t.Fatalf("a lone caller's commands went in groups %v", g)
+	}
+	if st := s.Stats(); st.Plain != 20 || st.Calls != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A caller whose context ends while its command waits for a group gets
+// its error at once, with Redis still stopped; its command still goes
+// (and counts: stricter), and the others are answered.
+func TestGroupCommitCallerLeaves(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC))
+	s := newStore(t, Options{URL: srv.URL(), Clock: clk, PlainWindows: true, DisableDenyCache: true, Timeout: 30 * time.Second})
+	key := redistest.Prefix(t) + "k"
+	req := sluice.Request{Key: key, Algorithm: sluice.FixedWindow, Limit: sluice.PerMinute(100), Cost: 1}
+	ctx := context.Background()
+	if _, err := s.Apply(ctx, sluice.OpAllow, req); err != nil {
+		t.Fatal(err)
+	}
+	p := probeCommits(s)
+	thaw := stopped(t, srv)
+	first := make(chan error, 1)
+	go func() {
+		_, err := s.Apply(ctx, sluice.OpAllow, req)
+		first <- err
+	}()
+	p.wait(t, "direct")
+	leave, cancel := context.WithCancel(ctx)
+	left := make(chan error, 1)
+	go func() {
+		_, err := s.Apply(leave, sluice.OpAllow, req)
+		left <- err
+	}()
+	p.wait(t, "queued 1")
+	cancel()
+	if err := <-left; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the caller that left got %v", err)
+	}
+	thaw()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	// A later call goes after the group that holds the left command.
+	d, err := s.Apply(ctx, sluice.OpAllow, req)
+	if err != nil || d.Remaining != 96 {
+		t.Fatalf("the fourth call: %+v %v, want Remaining 96 (the left command counted)", d, err)
+	}
+	// The left command went in a group; the fourth call went alone, in
+	// that group, or in the next, as it came before or after it was sent.
+	sum := 0
+	for _, n := range p.sent() {
+		sum += n
+	}
+	if sum != 1 && sum != 2 {
+		t.Fatalf("groups %v, want the left command's and maybe the fourth's", p.sent())
+	}
+}
+
+// Closing the store answers the commands still waiting with ErrUnavailable
+// and does not wait for a stopped node.
+func TestGroupCommitClose(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC))
+	ctx := context.Background()
+	s, err := New(ctx, Options{URL: srv.URL(), Clock: clk, PlainWindows: true, DisableDenyCache: true, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := sluice.Request{Key: redistest.Prefix(t) + "k", Algorithm: sluice.FixedWindow, Limit: sluice.PerMinute(100), Cost: 1}
+	if _, err := s.Apply(ctx, sluice.OpAllow, req); err != nil {
+		t.Fatal(err)
+	}
+	p := probeCommits(s)
+	stopped(t, srv)
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			_, err := s.Apply(ctx, sluice.OpAllow, req)
+			errs <- err
+		}()
+	}
+	p.wait(t, "queued 3")
+	closed := make(chan struct{})
+	go func() {
+		_ = s.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close waited for the stopped node")
+	}
+	for range 4 {
+		if err := <-errs; !errors.Is(err, sluice.ErrUnavailable) {
+			t.Fatalf("a call on a closed store got %v", err)
+		}
+	}
+}
