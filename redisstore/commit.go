@@ -235,6 +235,32 @@ func (c *committer) sendGroup(group []*pending) {
 	}
 }
 
+// groupOf returns the committer of key's node, or nil when commands go
+// alone: when the store was built without group commit, or on a Cluster
+// whose slots it does not know yet (a group must not wait on two nodes).
+func (s *Store) groupOf(key string) *committer {
+	if s.noGroupCommit || (s.cluster && s.slots.Load() == nil) {
+		return nil
+	}
+	return s.commit.of(s.NodeOf(key), s)
+}
+
+// exec runs script on keys (which share a node) with EVALSHA through
+// their node's group; a node that has lost the script (NOSCRIPT, after a
+// restart or SCRIPT FLUSH) is sent it by rueidis, alone.
+func (s *Store) exec(ctx context.Context, client rueidis.Client, script *rueidis.Lua, keys, args []string) rueidis.RedisResult {
+	group := s.groupOf(keys[0])
+	sha := s.scripts.sha[script]
+	if group == nil || sha == "" {
+		return script.Exec(ctx, client, keys, args)
+	}
+	res := group.do(ctx, client, client.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	if err, ok := rueidis.IsRedisErr(res.Error()); ok && err.IsNoScript() {
+		return script.Exec(ctx, client, keys, args)
+	}
+	return res
+}
+
 // plainDo sends cmd through c, or directly when c is nil.
 func plainDo(ctx context.Context, client rueidis.Client, c *committer, cmd rueidis.Completed) rueidis.RedisResult {
 	if c == nil {

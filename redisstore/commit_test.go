@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,6 +254,79 @@ func TestGroupCommitClose(t *testing.T) {
 	for range 4 {
 		if err := <-errs; !errors.Is(err, sluice.ErrUnavailable) {
 			t.Fatalf("a call on a closed store got %v", err)
+		}
+	}
+}
+
+// Script calls go in groups too (EVALSHA), and a group that finds its
+// node without the scripts (SCRIPT FLUSH, as after a restart) gets every
+// call of it decided by EVAL.
+func TestGroupCommitScripts(t *testing.T) {
+	for _, dep := range plainDeploys(t, true) {
+		for _, flush := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/flush_%v", dep.name, flush), func(t *testing.T) {
+				clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC))
+				s := newStore(t, Options{URL: dep.url, Clock: clk, DisableDenyCache: true, Timeout: 30 * time.Second})
+				ctx := context.Background()
+				key := redistest.Prefix(t) + "{hot}"
+				srv := dep.server(s, key)
+				const rate, n = 10, 30
+				first := sluice.Request{Key: key + "gcra", Algorithm: sluice.GCRA, Limit: sluice.PerMinute(rate), Cost: 1}
+				reqs := []sluice.Request{
+					{Key: key + "fw", Algorithm: sluice.FixedWindow, Limit: sluice.PerMinute(rate), Cost: 1},
+					{Key: key + "log", Algorithm: sluice.SlidingWindowLog, Limit: sluice.PerMinute(rate), Cost: 1},
+				}
+				if flush {
+					if _, err := srv.Do(ctx, "SCRIPT", "FLUSH"); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if _, err := srv.Do(ctx, "CONFIG", "RESETSTAT"); err != nil {
+					t.Fatal(err)
+				}
+				p := probeCommits(s)
+				thaw := stopped(t, srv)
+				answers := make(chan error, 2*n+1)
+				go func() {
+					_, err := s.Apply(ctx, sluice.OpAllow, first)
+					answers <- err
+				}()
+				p.wait(t, "direct")
+				allowed := make([]atomic.Int64, len(reqs))
+				for i := range 2 * n {
+					go func() {
+						d, err := s.Apply(ctx, sluice.OpAllow, reqs[i%len(reqs)])
+						if d.Allowed {
+							allowed[i%len(reqs)].Add(1)
+						}
+						answers <- err
+					}()
+				}
+				p.wait(t, fmt.Sprintf("queued %d", 2*n))
+				thaw()
+				for range 2*n + 1 {
+					if err := <-answers; err != nil {
+						t.Fatal(err)
+					}
+				}
+				for i := range reqs {
+					if a := allowed[i].Load(); a != rate {
+						t.Fatalf("%s: %d admitted, want %d", reqs[i].Algorithm, a, rate)
+					}
+				}
+				if g := p.sent(); len(g) != 1 || g[0] != 2*n {
+					t.Fatalf("groups %v, want one of %d", g, 2*n)
+				}
+				evals, err := srv.CommandCalls(ctx, "eval")
+				if err != nil {
+					t.Fatal(err)
+				}
+				// Without the scripts: the first call's and at least one
+				// of each of the group's two scripts.
+				if flush != (evals >= 3) {
+					t.Fatalf("%d EVAL calls after SCRIPT FLUSH %v", evals, flush)
+				}
+			})
 		}
 	}
 }

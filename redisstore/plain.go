@@ -138,10 +138,7 @@ func (s *Store) plainAllow(ctx context.Context, req *sluice.Request, base string
 	cctx, cancel := s.bound(ctx)
 	defer cancel()
 	s.plainCalls.Add(1)
-	var group *committer
-	if !s.noGroupCommit {
-		group = s.commit.of(node, s)
-	}
+	group := s.groupOf(req.Key)
 	var n int64
 	if !s.seen.has(base, start) {
 		// Not seen in this window: create the key at 1, with its TTL.

@@ -1,7 +1,9 @@
 package redisstore
 
 import (
+	"crypto/sha1"
 	"embed"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"time"
@@ -54,6 +56,9 @@ type scripts struct {
 	// per-window keys too (ALGOS[7]), and the reset script.
 	plainFast, plainSingle, plainBatch, resetPlain        *rueidis.Lua
 	plainFastSrc, plainSingleSrc, plainBatchSrc, resetSrc string
+
+	// sha is each script's SHA-1, for EVALSHA in groups (commit.go).
+	sha map[*rueidis.Lua]string
 }
 
 // plainSrcs are the sources of the PlainWindows scripts.
@@ -112,6 +117,22 @@ func loadScripts() (*scripts, error) {
 			s.fast[a] = rueidis.NewLuaScript(s.fastSrc[a])
 		}
 	}
+	s.sha = map[*rueidis.Lua]string{}
+	add := func(l *rueidis.Lua, src string) {
+		if l != nil {
+			sum := sha1.Sum([]byte(src))
+			s.sha[l] = hex.EncodeToString(sum[:])
+		}
+	}
+	for a := range s.single {
+		add(s.single[a], s.singleSrc[a])
+		add(s.fast[a], s.fastSrc[a])
+	}
+	add(s.calendar, s.calendarSrc)
+	add(s.batch, s.batchSrc)
+	add(s.plainFast, s.plainFastSrc)
+	add(s.plainSingle, s.plainSingleSrc)
+	add(s.plainBatch, s.plainBatchSrc)
 	return s, nil
 }
 

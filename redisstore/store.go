@@ -485,7 +485,7 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, req *sluice.Request, 
 	cctx, cancel := s.bound(ctx)
 	defer cancel()
 	s.calls.Add(1)
-	vals, err := script.Exec(cctx, client, []string{key}, args).AsIntSlice()
+	vals, err := s.exec(cctx, client, script, []string{key}, args).AsIntSlice()
 	want := 2
 	if req.Algorithm == sluice.FixedWindow {
 		want = 3
@@ -575,13 +575,13 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 	if op == sluice.OpReset {
 		err = s.reset(cctx, client, reqs, keys, now)
 	} else {
-		vals, err = script.Exec(cctx, client, keys, args).AsIntSlice()
+		vals, err = s.exec(cctx, client, script, keys, args).AsIntSlice()
 		if t, skewed := calendarMiss(vals, err); skewed {
 			// A calendar window was computed around a clock too far from
 			// Redis's: compute it around Redis's and ask once more.
 			if err = build(t); err == nil {
 				s.calls.Add(1)
-				vals, err = script.Exec(cctx, client, keys, args).AsIntSlice()
+				vals, err = s.exec(cctx, client, script, keys, args).AsIntSlice()
 				if t, skewed := calendarMiss(vals, err); skewed {
 					err = fmt.Errorf("redisstore: calendar window: redis time %s lies outside the windows computed for it", time.Unix(0, t).UTC())
 				}
