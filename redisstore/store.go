@@ -197,7 +197,9 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		plainOn:       opts.PlainWindows,
 		noGroupCommit: opts.noGroupCommit,
 	}
-	c.seen = newPlainSeen()
+	if c.plainOn {
+		c.seen = newPlainSeen()
+	}
 	c.plainSlackMS = cmp(opts.plainSlack, plainSlack).Milliseconds()
 	c.plainSlackArg = strconv.FormatInt(c.plainSlackMS, 10)
 	c.clocks.local = opts.localMono

@@ -82,7 +82,10 @@ redis_after() {
     awk -F'[:=,]' -v cpu="$(awk -v a="$T0" -v b="$t1" -v hz="$HZ" 'BEGIN {printf "%.3f", (b-a)/hz}')" '
       /^cmdstat_/ { n=substr($1, 9); if (n ~ /^(config|flushall|info)$/) next; calls[n]=$3; usec[n]=$5; if (n ~ /^(eval|evalsha|evalsha_ro|eval_ro|fcall)$/) scripts+=$3 }
       END { for (n in calls) { if (scripts > 100 && n ~ /^(time|get|set|del)$/) continue; u+=usec[n]; c+=calls[n] }
-            printf " %s %d %d\n", cpu, u, c }' >>"$WORK/results"
+            printf " %s %d %d", cpu, u, c }' >>"$WORK/results"
+  # Reads: how many reads Redis's event loop made (1/reads per command is
+  # the depth of the pipelines it was sent).
+  redis-cli -p "$RPORT" info stats | tr -d '\r' | awk -F: '/^total_reads_processed:/ {printf " %s\n", $2}' >>"$WORK/results"
 }
 
 # serve_sluice STORE_URL [PLAIN] starts `sluice serve` and sets SPID and
@@ -200,8 +203,9 @@ for line in open(sys.argv[1]):
     f = line.split()
     if len(f) < 7: continue
     rnd, name, n, cpu, rcpu, usec, calls = f[:7]
+    reads = int(f[7]) if len(f) > 7 else None
     rows.setdefault(rnd, {})[name] = dict(n=int(n), cpu=secs(cpu), rcpu=None if rcpu == '-' else float(rcpu),
-                                          usec=None if usec == '-' else float(usec), calls=None if calls == '-' else int(calls))
+                                          usec=None if usec == '-' else float(usec), calls=None if calls == '-' else int(calls), reads=reads)
 for rnd, r in sorted(rows.items()):
     fl = r['floor']['cpu'] / r['floor']['n'] * 1e6
     print(f"round {rnd}: service CPU per request (µs): floor {fl:.1f}", end='')
@@ -218,6 +222,8 @@ for rnd, r in sorted(rows.items()):
     sp, bp = s['rcpu'] / s['n'] * 1e6, b['rcpu'] / b['n'] * 1e6
     su, bu = s['usec'] / s['n'], b['usec'] / b['n']
     print(f"round {rnd}: Redis CPU per decision (µs), /proc: sluice {sp:.2f}, bare INCRBY+PEXPIRE {bp:.2f} -> {sp/bp:.2f}× (target ≤ 2×)")
+    rd = lambda x: f"{x['reads']/x['n']:.3f}" if x.get('reads') is not None else '?'
+    print(f"round {rnd}: Redis reads per decision: sluice {rd(s)}" + (f", plain_windows {rd(r['plain'])}" if 'plain' in r else '') + f", bare pair {rd(b)}")
     print(f"round {rnd}: Redis CPU per decision (µs), commandstats: sluice {su:.2f} ({s['calls']/s['n']:.2f} calls per decision), bare {bu:.2f} ({b['calls']/b['n']:.2f} calls per pair) -> {su/bu:.2f}×")
     if 'plain' in r:
         pl = r['plain']
