@@ -28,7 +28,8 @@ import (
 // descriptor each, deploy/envoy/ratelimit's edge domain, 100/min), 64 in
 // flight, on the store stack `sluice serve` builds (guard, lease.Store,
 // the store), beside an empty handler that answers OK and asks no store
-// (rlsfloor's), all in the same run.
+// (rlsfloor's), all in the same run; "plain" is Redis with
+// store.plain_windows.
 //
 //   - handler/...: ShouldRateLimit called directly: the service's own
 //     work per request, no gRPC.
@@ -41,7 +42,7 @@ import (
 // their ratio.
 func BenchmarkEnvoyShouldRateLimit(b *testing.B) {
 	reqs := coldEnvoyRequests(100_000)
-	backends := []string{"empty", "memory", "redis"}
+	backends := []string{"empty", "memory", "redis", "plain"}
 	handlers := map[string]rlsv3.RateLimitServiceServer{}
 	for _, backend := range backends {
 		handlers[backend] = envoyBenchHandler(b, backend)
@@ -139,12 +140,15 @@ func envoyBenchHandler(b *testing.B, backend string) rlsv3.RateLimitServiceServe
 	if backend == "empty" {
 		return emptyRLS{}
 	}
-	url := "memory"
-	if backend == "redis" {
+	url, plain := "memory", "false"
+	switch backend {
+	case "redis":
 		url = redistest.Standalone(b).URL()
+	case "plain": // Redis with store.plain_windows
+		url, plain = redistest.Standalone(b).URL(), "true"
 	}
 	// As the script's sluice.yaml: the store with a 1s timeout.
-	cfg, err := config.Parse("bench.yaml", []byte("store:\n  url: "+url+"\n  timeout: 1s\n"))
+	cfg, err := config.Parse("bench.yaml", []byte("store:\n  url: "+url+"\n  timeout: 1s\n  plain_windows: "+plain+"\n"))
 	if err != nil {
 		b.Fatal(err)
 	}
