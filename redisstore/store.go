@@ -164,7 +164,7 @@ type core struct {
 	commit                committers // the plain path's group commit (commit.go)
 	// commitHook, for tests, sees each command sent alone ("direct", 1),
 	// queued ("queued", the queue's length after it) and each group sent
-	// ("group", its size).
+	// ("group", its size) and answered ("answered", its size).
 	commitHook func(what string, n int)
 	// plainHook, for tests, runs when the plain path's command has
 	// answered, with the key and its count.
