@@ -40,10 +40,10 @@ const (
 
 // committers are a store's committers, one per node.
 type committers struct {
-	m    atomic.Pointer[map[string]*committer] // copied on write, under mu
-	mu   sync.Mutex
-	stop chan struct{}
-	pool sync.Pool // of *pending
+	m      atomic.Pointer[map[string]*committer] // copied on write, under mu
+	mu     sync.Mutex
+	closed bool
+	pool   sync.Pool // of *pending
 }
 
 // of returns node's committer, nil when there are too many.
@@ -62,15 +62,7 @@ func (cs *committers) of(node string, sender *Store) *committer {
 	if c := old[node]; c != nil {
 		return c
 	}
-	if cs.stop == nil {
-		cs.stop = make(chan struct{})
-	}
-	select {
-	case <-cs.stop:
-		return nil // closed
-	default:
-	}
-	if len(old) >= maxCommitters {
+	if cs.closed || len(old) >= maxCommitters {
 		return nil
 	}
 	m := make(map[string]*committer, len(old)+1)
@@ -84,19 +76,12 @@ func (cs *committers) of(node string, sender *Store) *committer {
 }
 
 // close stops the committers: the commands still waiting are answered
-// with errClosed, and close returns when every group on its way is back.
-// The store's connection is closed first, so none waits for a stopped
-// node.
+// with errClosed, and later ones go alone (and fail on the closed
+// connection). The store closes its connection first, so that the groups
+// on their way fail at once instead of waiting for a stopped node.
 func (cs *committers) close() {
 	cs.mu.Lock()
-	if cs.stop == nil {
-		cs.stop = make(chan struct{})
-	}
-	select {
-	case <-cs.stop:
-	default:
-		close(cs.stop)
-	}
+	cs.closed = true
 	var all []*committer
 	if m := cs.m.Load(); m != nil {
 		for _, c := range *m {
@@ -104,7 +89,6 @@ func (cs *committers) close() {
 		}
 	}
 	cs.mu.Unlock()
-	// Groups on their way fail at once on the closed connection.
 	for _, c := range all {
 		c.mu.Lock()
 		q := c.queue
@@ -130,11 +114,15 @@ type committer struct {
 }
 
 // pending is a command waiting for its group. done receives once, when
-// res is set; a pending whose caller took its answer is used again.
+// res is set; a pending whose caller took its answer is used again. left
+// is set when its caller gave up waiting: a command not yet taken into a
+// group is then dropped, not sent (after a pause, the queue would
+// otherwise charge Redis for callers long gone).
 type pending struct {
 	cmd  rueidis.Completed
 	res  rueidis.RedisResult
 	done chan struct{}
+	left atomic.Bool
 }
 
 // errClosed answers the commands that a closing store did not send.
@@ -172,11 +160,12 @@ func (c *committer) do(ctx context.Context, client rueidis.Client, cmd rueidis.C
 	select {
 	case <-p.done:
 		res := p.res
-		*p = pending{done: p.done}
+		p.cmd, p.res = rueidis.Completed{}, rueidis.RedisResult{}
 		c.cs.pool.Put(p)
 		return res
 	case <-ctx.Done():
-		return rueidis.NewErrorResult(ctx.Err()) // p is dropped, not reused
+		p.left.Store(true) // p is dropped, not reused
+		return rueidis.NewErrorResult(ctx.Err())
 	}
 }
 
@@ -197,21 +186,26 @@ func (c *committer) run(g []*pending) {
 	}
 }
 
-// take removes the next group from the queue; when it is empty, the
-// lane is free again and take returns nil.
+// take removes the next group from the queue, leaving out the commands
+// whose callers left; when none is left, the lane is free again and take
+// returns nil.
 func (c *committer) take() []*pending {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := min(len(c.queue), maxGroup)
-	if n == 0 {
+	g := make([]*pending, 0, min(len(c.queue), maxGroup))
+	i := 0
+	for ; i < len(c.queue) && len(g) < maxGroup; i++ {
+		if p := c.queue[i]; !p.left.Load() {
+			g = append(g, p)
+		}
+	}
+	rest := copy(c.queue, c.queue[i:])
+	clear(c.queue[rest:])
+	c.queue = c.queue[:rest]
+	if len(g) == 0 { // the whole queue was read: it is empty now
 		c.busy--
 		return nil
 	}
-	g := make([]*pending, n)
-	copy(g, c.queue)
-	rest := copy(c.queue, c.queue[n:])
-	clear(c.queue[rest:])
-	c.queue = c.queue[:rest]
 	return g
 }
 
@@ -244,21 +238,22 @@ func (c *committer) sendGroup(group []*pending) {
 	}
 }
 
-// groupOf returns the committer of key's node, or nil when commands go
-// alone: when the store was built without group commit, or on a Cluster
-// whose slots it does not know yet (a group must not wait on two nodes).
-func (s *Store) groupOf(key string) *committer {
+// groupOf returns the committer of node (NodeOf a key), or nil when
+// commands go alone: when the store was built without group commit, or on
+// a Cluster whose slots it does not know yet (a group must not wait on two
+// nodes).
+func (s *Store) groupOf(node string) *committer {
 	if s.noGroupCommit || (s.cluster && s.slots.Load() == nil) {
 		return nil
 	}
-	return s.commit.of(s.NodeOf(key), s)
+	return s.commit.of(node, s)
 }
 
 // exec runs script on keys (which share a node) with EVALSHA through
 // their node's group; a node that has lost the script (NOSCRIPT, after a
 // restart or SCRIPT FLUSH) is sent it by rueidis, alone.
 func (s *Store) exec(ctx context.Context, client rueidis.Client, script *rueidis.Lua, keys, args []string) rueidis.RedisResult {
-	group := s.groupOf(keys[0])
+	group := s.groupOf(s.NodeOf(keys[0]))
 	sha := s.scripts.sha[script]
 	if group == nil || sha == "" {
 		return script.Exec(ctx, client, keys, args)

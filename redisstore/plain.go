@@ -138,7 +138,7 @@ func (s *Store) plainAllow(ctx context.Context, req *sluice.Request, base string
 	cctx, cancel := s.bound(ctx)
 	defer cancel()
 	s.plainCalls.Add(1)
-	group := s.groupOf(req.Key)
+	group := s.groupOf(node)
 	var n int64
 	if !s.seen.has(base, start) {
 		// Not seen in this window: create the key at 1, with its TTL.

@@ -118,8 +118,8 @@ type Options struct {
 	// window (plainSlack when zero), for tests.
 	localMono  func() int64
 	plainSlack time.Duration
-	// noGroupCommit sends each plain command alone (commit.go), for
-	// benchmarks.
+	// noGroupCommit sends every command alone, without the group commit
+	// (commit.go), for benchmarks.
 	noGroupCommit bool
 }
 
@@ -161,7 +161,7 @@ type core struct {
 	plainSlackArg         string // the same in decimal, for the scripts
 	seen                  *plainSeen
 	noGroupCommit         bool
-	commit                committers // the plain path's group commit (commit.go)
+	commit                committers // every decision's group commit (commit.go)
 	// commitHook, for tests, sees each command sent alone ("direct", 1),
 	// queued ("queued", the queue's length after it) and each group sent
 	// ("group", its size) and answered ("answered", its size).
