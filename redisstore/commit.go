@@ -44,6 +44,8 @@ type committers struct {
 	mu     sync.Mutex
 	closed bool
 	pool   sync.Pool // of *pending
+	// groups and grouped count the groups sent and their commands.
+	groups, grouped atomic.Uint64
 }
 
 // of returns node's committer, nil when there are too many.
@@ -216,6 +218,8 @@ func (c *committer) sendGroup(group []*pending) {
 	for i, p := range group {
 		cmds[i] = p.cmd
 	}
+	c.cs.groups.Add(1)
+	c.cs.grouped.Add(uint64(len(group)))
 	if h := c.s.commitHook; h != nil {
 		h("group", len(group))
 	}

@@ -142,6 +142,9 @@ func TestGroupCommit(t *testing.T) {
 			if g := p.sent(); len(g) != 1 || g[0] != n {
 				t.Fatalf("groups sent %v, want one of %d", g, n)
 			}
+			if st := s.Stats(); st.Groups != 1 || st.Grouped != n {
+				t.Fatalf("stats %+v, want 1 group of %d", st, n)
+			}
 		})
 	}
 }

@@ -327,12 +327,17 @@ type Stats struct {
 	// those whose answer came too late to be known to lie in their
 	// window, which a script then decided.
 	Plain, PlainLate uint64
+	// Groups is the number of groups the group commit sent (commit.go),
+	// and Grouped the commands they held: Grouped ÷ Groups is the depth
+	// of the pipeline under load. Commands sent alone are not counted.
+	Groups, Grouped uint64
 }
 
 // Stats returns the store's counters.
 func (s *Store) Stats() Stats {
 	return Stats{Calls: s.calls.Load(), Errors: s.errs.Load(), CacheHits: s.cacheHits.Load(),
-		Plain: s.plainCalls.Load(), PlainLate: s.plainLate.Load()}
+		Plain: s.plainCalls.Load(), PlainLate: s.plainLate.Load(),
+		Groups: s.commit.groups.Load(), Grouped: s.commit.grouped.Load()}
 }
 
 // Apply implements sluice.Store.

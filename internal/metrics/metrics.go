@@ -115,6 +115,11 @@ type StoreStats struct {
 	// LeaseHits, LeaseFetches and LeaseReturns count decisions made from
 	// leased capacity, chunk requests and refunds of unused capacity.
 	LeaseHits, LeaseFetches, LeaseReturns uint64
+	// Plain and PlainLate count the Redis store's plain-path decisions
+	// (store.plain_windows) and those decided again by a script because
+	// their answer came late; Groups and Grouped the group commit's groups
+	// and the commands they held (redisstore.Stats).
+	Plain, PlainLate, Groups, Grouped uint64
 	// DegradedBy counts the decisions each failure policy made, by the
 	// policy's configuration name.
 	DegradedBy map[string]uint64
@@ -148,6 +153,10 @@ var (
 	leaseHitsDesc      = prometheus.NewDesc("sluice_lease_hits_total", "Decisions made locally from leased capacity, without the store.", nil, nil)
 	leaseFetchesDesc   = prometheus.NewDesc("sluice_lease_fetches_total", "Chunks of capacity requested from the store.", nil, nil)
 	leaseReturnsDesc   = prometheus.NewDesc("sluice_lease_returns_total", "Refunds of unused leased capacity to the store.", nil, nil)
+	plainDesc          = prometheus.NewDesc("sluice_redis_plain_total", "Fixed-window checks decided by one plain command instead of a script (store.plain_windows).", nil, nil)
+	plainLateDesc      = prometheus.NewDesc("sluice_redis_plain_late_total", "Plain-path answers that came back too late to be known to lie in their window, decided again by a script.", nil, nil)
+	groupsDesc         = prometheus.NewDesc("sluice_redis_groups_total", "Groups of commands the Redis store sent in one write while its lanes to a node were busy (group commit).", nil, nil)
+	groupedDesc        = prometheus.NewDesc("sluice_redis_grouped_commands_total", "Commands sent in groups; divided by sluice_redis_groups_total, the depth of the pipeline under load.", nil, nil)
 	degradedByDesc     = prometheus.NewDesc("sluice_store_degraded_by_policy_total", "Decisions made by each failure policy because the store failed, missed its deadline or its circuit was open.", []string{"policy"}, nil)
 	nodeCallsDesc      = prometheus.NewDesc("sluice_store_node_calls_total", "Calls sent to each store node.", []string{"node"}, nil)
 	nodeErrorsDesc     = prometheus.NewDesc("sluice_store_node_errors_total", "Calls to each store node that failed or missed the deadline.", []string{"node"}, nil)
@@ -159,7 +168,7 @@ var (
 type storeCollector struct{ m *Metrics }
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeCircuitDesc, storeInstancesDesc, leaseHitsDesc, leaseFetchesDesc, leaseReturnsDesc, degradedByDesc, nodeCallsDesc, nodeErrorsDesc, nodeOpensDesc, nodeOpenDesc} {
+	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeCircuitDesc, storeInstancesDesc, leaseHitsDesc, leaseFetchesDesc, leaseReturnsDesc, plainDesc, plainLateDesc, groupsDesc, groupedDesc, degradedByDesc, nodeCallsDesc, nodeErrorsDesc, nodeOpensDesc, nodeOpenDesc} {
 		ch <- d
 	}
 }
@@ -179,6 +188,10 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(leaseHitsDesc, prometheus.CounterValue, float64(st.LeaseHits))
 	ch <- prometheus.MustNewConstMetric(leaseFetchesDesc, prometheus.CounterValue, float64(st.LeaseFetches))
 	ch <- prometheus.MustNewConstMetric(leaseReturnsDesc, prometheus.CounterValue, float64(st.LeaseReturns))
+	ch <- prometheus.MustNewConstMetric(plainDesc, prometheus.CounterValue, float64(st.Plain))
+	ch <- prometheus.MustNewConstMetric(plainLateDesc, prometheus.CounterValue, float64(st.PlainLate))
+	ch <- prometheus.MustNewConstMetric(groupsDesc, prometheus.CounterValue, float64(st.Groups))
+	ch <- prometheus.MustNewConstMetric(groupedDesc, prometheus.CounterValue, float64(st.Grouped))
 	for policy, n := range st.DegradedBy {
 		ch <- prometheus.MustNewConstMetric(degradedByDesc, prometheus.CounterValue, float64(n), policy)
 	}

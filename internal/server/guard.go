@@ -87,7 +87,8 @@ func (s *storeGuard) applyAll(ctx context.Context, op sluice.Op, reqs []sluice.R
 // probe: correct without traffic.
 func (s *storeGuard) ready(ctx context.Context) error { return s.g.Ready(ctx) }
 
-// stats exports the guard's counters (and the Redis store's cache hits).
+// stats exports the guard's counters, the lease store's and the Redis
+// store's.
 func (s *storeGuard) stats() metrics.StoreStats {
 	st := s.g.Stats()
 	out := metrics.StoreStats{Calls: st.Calls, Errors: st.Errors, Degraded: st.DegradedTotal(), CircuitOpens: st.Openings, Instances: st.Instances}
@@ -111,7 +112,9 @@ func (s *storeGuard) stats() metrics.StoreStats {
 		inner = ls.Unwrap()
 	}
 	if rs, ok := inner.(*redisstore.Store); ok {
-		out.CacheHits = rs.Stats().CacheHits
+		st := rs.Stats()
+		out.CacheHits = st.CacheHits
+		out.Plain, out.PlainLate, out.Groups, out.Grouped = st.Plain, st.PlainLate, st.Groups, st.Grouped
 	}
 	return out
 }

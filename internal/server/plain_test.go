@@ -40,6 +40,11 @@ func TestRedisPlainWindowsInServe(t *testing.T) {
 			if k, _ := keys.([]any); len(k) == 0 {
 				t.Fatalf("no per-window keys: %v", keys)
 			}
+			m := s.do(t, "GET", "/metrics", "").raw
+			if n := metricValue(t, m, "sluice_redis_plain_total"); n == 0 {
+				t.Fatal("sluice_redis_plain_total is 0 after a plain INCRBY")
+			}
+			metricValue(t, m, "sluice_redis_groups_total") // exported
 			return
 		}
 	}
