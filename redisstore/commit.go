@@ -131,8 +131,9 @@ type pending struct {
 var errClosed = fmt.Errorf("redisstore: %w: the store is closed", ErrUnavailable)
 
 // do sends cmd to the node, at once when a lane is free, else with the
-// next group. It returns when the answer is in or ctx is done; a command
-// whose caller left still runs (the plain path counts it: stricter).
+// next group. It returns when the answer is in or ctx is done. The command
+// of a caller that left is dropped if no group holds it yet; one already
+// sent still runs (the plain path counts it: stricter).
 func (c *committer) do(ctx context.Context, client rueidis.Client, cmd rueidis.Completed) rueidis.RedisResult {
 	c.mu.Lock()
 	if c.busy < commitLanes || c.closed {
