@@ -38,7 +38,9 @@ func newPlainSeen() *plainSeen {
 // window's, and it is never 0, which marks an empty slot.
 func (p *plainSeen) bucket(base string, start int64) (*[2]atomic.Uint64, uint64) {
 	h := maphash.String(p.seed, base)
-	tag := h&baseMask | (uint64(start)*0x9e3779b97f4a7c15)>>40 | 1
+	// The bucket is h's top 17 bits; the tag's base part is h's low 40
+	// bits, so that two bases of one bucket share a tag once in 2^40.
+	tag := (h<<24)&baseMask | (uint64(start)*0x9e3779b97f4a7c15)>>40 | 1
 	i := (h >> (64 - 17)) * 2 // 2^17 buckets
 	return (*[2]atomic.Uint64)(p.slots[i : i+2]), tag
 }
