@@ -915,30 +915,12 @@ const (
 // are refused whole (their lease member comes back not Allowed). retried
 // reports that an earlier attempt failed, so such a refusal may be its
 // doing.
-func (g *Gateway) refundHeld(refunds []sluice.Request) (ds []sluice.Decision, retried bool, err error) {
-	giveUp := time.Now().Add(g.cfg.LeaseTTL)
-	wait := settleRetryMin
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
-		ds, err = g.store.ApplyAll(ctx, sluice.OpRefund, refunds)
-		cancel()
+func (g *Gateway) refundHeld(refunds []sluice.Request) ([]sluice.Decision, bool, error) {
+	return g.settleRetrying(sluice.OpRefund, refunds, func(err error) bool {
 		// The attempt's own deadline passing is the store not answering
 		// in time too (stores report a caller's deadline as it is).
-		unanswered := errors.Is(err, sluice.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
-		if err == nil || !unanswered || time.Now().Add(wait).After(giveUp) {
-			return ds, retried, err
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-g.closing:
-			t.Stop()
-			return ds, retried, err
-		case <-t.C:
-		}
-		retried = true
-		g.metrics.settleRetries.Inc()
-		wait = min(2*wait, settleRetryMax)
-	}
+		return errors.Is(err, sluice.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
+	})
 }
 
 // chargeUnsent applies a settlement's excess charges (usage above the
@@ -950,23 +932,34 @@ func (g *Gateway) refundHeld(refunds []sluice.Request) (ds []sluice.Decision, re
 // is not sent again. Without the retry, excess tokens or dollars used
 // while the circuit was open were never charged: the key got them free.
 func (g *Gateway) chargeUnsent(charges []sluice.Request) error {
+	_, _, err := g.settleRetrying(sluice.OpCharge, charges, func(err error) bool {
+		return errors.Is(err, guard.ErrCircuitOpen) || errors.Is(err, guard.ErrBusy)
+	})
+	return err
+}
+
+// settleRetrying applies op to reqs, each attempt bounded by Store.Timeout,
+// and tries again with backoff (settleRetryMin doubling to settleRetryMax)
+// while retry says the failure allows it, until LeaseTTL has passed or the
+// gateway closes. retried reports that an earlier attempt failed.
+func (g *Gateway) settleRetrying(op sluice.Op, reqs []sluice.Request, retry func(error) bool) (ds []sluice.Decision, retried bool, err error) {
 	giveUp := time.Now().Add(g.cfg.LeaseTTL)
 	wait := settleRetryMin
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
-		_, err := g.store.ApplyAll(ctx, sluice.OpCharge, charges)
+		ds, err = g.store.ApplyAll(ctx, op, reqs)
 		cancel()
-		unsent := errors.Is(err, guard.ErrCircuitOpen) || errors.Is(err, guard.ErrBusy)
-		if !unsent || time.Now().Add(wait).After(giveUp) {
-			return err
+		if err == nil || !retry(err) || time.Now().Add(wait).After(giveUp) {
+			return ds, retried, err
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-g.closing:
 			t.Stop()
-			return err
+			return ds, retried, err
 		case <-t.C:
 		}
+		retried = true
 		g.metrics.settleRetries.Inc()
 		wait = min(2*wait, settleRetryMax)
 	}
