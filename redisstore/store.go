@@ -362,23 +362,9 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 	// The denial is cached from the time of asking: Redis decided later,
 	// so the entry never outlives the real denial.
 	asked := s.localClk.Now()
-	var d sluice.Decision
-	if s.plainLayout(&req) {
-		var err error
-		if d, err = s.applyPlain(ctx, op, &req); err != nil {
-			return sluice.Decision{}, err
-		}
-	} else if fast := s.scripts.fast[req.Algorithm]; fast != nil && op != sluice.OpReset && req.Limit.Calendar.IsZero() && req.ReservedAhead == 0 {
-		var err error
-		if d, err = s.runFast(ctx, op, &req, nil, req.Key, fast); err != nil {
-			return sluice.Decision{}, err
-		}
-	} else {
-		ds, err := s.run(ctx, op, []sluice.Request{req}, s.scripts.of(&req))
-		if err != nil {
-			return sluice.Decision{}, err
-		}
-		d = ds[0]
+	d, err := s.applyOne(ctx, op, &req)
+	if err != nil {
+		return sluice.Decision{}, err
 	}
 	if cacheable && !d.Allowed && !d.Degraded && d.RetryAfter > 0 && req.Cost <= 1 && (op == sluice.OpAllow || op == sluice.OpPeek) {
 		s.cache.put(&req, d, asked)
@@ -438,16 +424,8 @@ func (s *Store) checkBatch(op sluice.Op, reqs []sluice.Request) error {
 
 // applyAll runs a checked, non-empty batch on Redis.
 func (s *Store) applyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
-	a := reqs[0].Algorithm
-	if len(reqs) == 1 && s.plainLayout(&reqs[0]) {
-		d, err := s.applyPlain(ctx, op, &reqs[0])
-		if err != nil {
-			return nil, err
-		}
-		return []sluice.Decision{d}, nil
-	}
-	if fast := s.scripts.fast[a]; fast != nil && len(reqs) == 1 && op != sluice.OpReset && reqs[0].Limit.Calendar.IsZero() && reqs[0].ReservedAhead == 0 {
-		d, err := s.runFast(ctx, op, &reqs[0], nil, reqs[0].Key, fast)
+	if len(reqs) == 1 {
+		d, err := s.applyOne(ctx, op, &reqs[0])
 		if err != nil {
 			return nil, err
 		}
@@ -464,6 +442,23 @@ func (s *Store) applyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 	}
 	// One algorithm: its own script defines only the functions it needs.
 	return s.run(ctx, op, reqs, one)
+}
+
+// applyOne applies op to one request: in the per-window layout by the
+// plain path or its script, else by a lean one-key script where one
+// serves it, else by its algorithm's script.
+func (s *Store) applyOne(ctx context.Context, op sluice.Op, req *sluice.Request) (sluice.Decision, error) {
+	if s.plainLayout(req) {
+		return s.applyPlain(ctx, op, req)
+	}
+	if fast := s.scripts.fast[req.Algorithm]; fast != nil && op != sluice.OpReset && req.Limit.Calendar.IsZero() && req.ReservedAhead == 0 {
+		return s.runFast(ctx, op, req, nil, req.Key, fast)
+	}
+	ds, err := s.run(ctx, op, []sluice.Request{*req}, s.scripts.of(req))
+	if err != nil {
+		return sluice.Decision{}, err
+	}
+	return ds[0], nil
 }
 
 // runFast runs a lean one-key script for req on key. It is the hot path,
