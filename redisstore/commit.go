@@ -40,58 +40,33 @@ const (
 
 // committers are a store's committers, one per node.
 type committers struct {
-	m      atomic.Pointer[map[string]*committer] // copied on write, under mu
-	mu     sync.Mutex
-	closed bool
+	nodes  nodeMap[committer]
+	closed atomic.Bool
 	pool   sync.Pool // of *pending
 	// groups and grouped count the groups sent and their commands.
 	groups, grouped atomic.Uint64
 }
 
-// of returns node's committer, nil when there are too many.
+// of returns node's committer, nil when there are too many or the store
+// is closed.
 func (cs *committers) of(node string, sender *Store) *committer {
-	if m := cs.m.Load(); m != nil {
-		if c := (*m)[node]; c != nil {
-			return c
+	return cs.nodes.getOrAdd(node, func(count int) *committer {
+		if cs.closed.Load() || count >= maxCommitters {
+			return nil
 		}
-	}
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	var old map[string]*committer
-	if m := cs.m.Load(); m != nil {
-		old = *m
-	}
-	if c := old[node]; c != nil {
-		return c
-	}
-	if cs.closed || len(old) >= maxCommitters {
-		return nil
-	}
-	m := make(map[string]*committer, len(old)+1)
-	for k, v := range old {
-		m[k] = v
-	}
-	c := &committer{s: sender, cs: cs}
-	m[node] = c
-	cs.m.Store(&m)
-	return c
+		return &committer{s: sender, cs: cs}
+	})
 }
 
 // close stops the committers: the commands still waiting are answered
 // with errClosed, and later ones go alone (and fail on the closed
 // connection). The store closes its connection first, so that the groups
-// on their way fail at once instead of waiting for a stopped node.
+// on their way fail at once instead of waiting for a stopped node. A
+// committer being added now either sees closed or is closed here: each
+// runs under the lock that adds it.
 func (cs *committers) close() {
-	cs.mu.Lock()
-	cs.closed = true
-	var all []*committer
-	if m := cs.m.Load(); m != nil {
-		for _, c := range *m {
-			all = append(all, c)
-		}
-	}
-	cs.mu.Unlock()
-	for _, c := range all {
+	cs.closed.Store(true)
+	cs.nodes.each(func(c *committer) {
 		c.mu.Lock()
 		q := c.queue
 		c.queue = nil
@@ -101,7 +76,7 @@ func (cs *committers) close() {
 			p.res = rueidis.NewErrorResult(errClosed)
 			p.done <- struct{}{}
 		}
-	}
+	})
 }
 
 // committer sends one node's commands: at most commitLanes sends (a

@@ -98,8 +98,7 @@ func (n *nodeClock) at(now int64) (t, eps int64, ok bool) {
 // clocks are the store's node clocks and its sampler.
 type clocks struct {
 	local func() int64 // the local monotonic clock, ns
-	nodes atomic.Pointer[map[string]*nodeClock]
-	mu    sync.Mutex // adding nodes
+	nodes nodeMap[nodeClock]
 	stop  context.CancelFunc
 	done  sync.WaitGroup
 }
@@ -113,34 +112,7 @@ func monotonic() func() int64 {
 }
 
 // node returns the clock of node, nil when it has none yet.
-func (cs *clocks) node(name string) *nodeClock {
-	if m := cs.nodes.Load(); m != nil {
-		return (*m)[name]
-	}
-	return nil
-}
-
-func (cs *clocks) nodeOrNew(name string) *nodeClock {
-	if n := cs.node(name); n != nil {
-		return n
-	}
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	old := cs.nodes.Load()
-	m := make(map[string]*nodeClock)
-	if old != nil {
-		if n := (*old)[name]; n != nil {
-			return n
-		}
-		for k, v := range *old {
-			m[k] = v
-		}
-	}
-	n := &nodeClock{}
-	m[name] = n
-	cs.nodes.Store(&m)
-	return n
-}
+func (cs *clocks) node(name string) *nodeClock { return cs.nodes.get(name) }
 
 // startClocks starts the sampler; stopClocks (by Close) ends it.
 func (s *Store) startClocks() {
@@ -213,5 +185,5 @@ func (s *Store) sampleClock(ctx context.Context, name string, client rueidis.Cli
 	}
 	mid := t0 + (t1-t0)/2
 	smp := clockSample{mid: mid, offset: sec*1e9 + usec*1e3 - mid, half: (t1-t0+1)/2 + 1000}
-	s.clocks.nodeOrNew(name).add(smp, t1)
+	s.clocks.nodes.getOrAdd(name, func(int) *nodeClock { return &nodeClock{} }).add(smp, t1)
 }
