@@ -231,43 +231,73 @@ func TestGroupCommitCallerLeaves(t *testing.T) {
 }
 
 // Closing the store answers the commands still waiting with ErrUnavailable
-// and does not wait for a stopped node.
+// and does not wait for a stopped node: with a connection of its own,
+// which it closes, and with a client it shares (Options.Client), which
+// stays open, and where the commands on their way keep waiting for the
+// node while the queued ones are answered at once.
 func TestGroupCommitClose(t *testing.T) {
-	srv := redistest.NewStandalone(t)
-	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC))
-	ctx := context.Background()
-	s, err := New(ctx, Options{URL: srv.URL(), Clock: clk, PlainWindows: true, DisableDenyCache: true, Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := sluice.Request{Key: redistest.Prefix(t) + "k", Algorithm: sluice.FixedWindow, Limit: sluice.PerMinute(100), Cost: 1}
-	if _, err := s.Apply(ctx, sluice.OpAllow, req); err != nil {
-		t.Fatal(err)
-	}
-	p := probeCommits(s)
-	stopped(t, srv)
-	errs := make(chan error, commitLanes+3)
-	for range commitLanes + 3 {
-		go func() {
-			_, err := s.Apply(ctx, sluice.OpAllow, req)
-			errs <- err
-		}()
-	}
-	p.wait(t, "queued 3")
-	closed := make(chan struct{})
-	go func() {
-		_ = s.Close()
-		close(closed)
-	}()
-	select {
-	case <-closed:
-	case <-time.After(20 * time.Second):
-		t.Fatal("Close waited for the stopped node")
-	}
-	for range commitLanes + 3 {
-		if err := <-errs; !errors.Is(err, sluice.ErrUnavailable) {
-			t.Fatalf("a call on a closed store got %v", err)
-		}
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shared_client_%v", shared), func(t *testing.T) {
+			srv := redistest.NewStandalone(t)
+			clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC))
+			ctx := context.Background()
+			opts := Options{URL: srv.URL(), Clock: clk, PlainWindows: true, DisableDenyCache: true, Timeout: time.Minute}
+			if shared {
+				opts.Client = newStore(t, Options{URL: srv.URL()}).Client()
+			}
+			s, err := New(ctx, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := sluice.Request{Key: redistest.Prefix(t) + "k", Algorithm: sluice.FixedWindow, Limit: sluice.PerMinute(100), Cost: 1}
+			if _, err := s.Apply(ctx, sluice.OpAllow, req); err != nil {
+				t.Fatal(err)
+			}
+			p := probeCommits(s)
+			thaw := stopped(t, srv)
+			sent := make(chan error, commitLanes)
+			for range commitLanes {
+				go func() {
+					_, err := s.Apply(ctx, sluice.OpAllow, req)
+					sent <- err
+				}()
+				p.wait(t, "direct")
+			}
+			queued := make(chan error, 3)
+			for range 3 {
+				go func() {
+					_, err := s.Apply(ctx, sluice.OpAllow, req)
+					queued <- err
+				}()
+			}
+			p.wait(t, "queued 3")
+			closed := make(chan struct{})
+			go func() {
+				_ = s.Close()
+				close(closed)
+			}()
+			select {
+			case <-closed:
+			case <-time.After(20 * time.Second):
+				t.Fatal("Close waited for the stopped node")
+			}
+			for range 3 {
+				select {
+				case err := <-queued:
+					if !errors.Is(err, sluice.ErrUnavailable) {
+						t.Fatalf("a queued call on a closed store got %v", err)
+					}
+				case <-time.After(20 * time.Second):
+					t.Fatal("a queued call still waits after Close")
+				}
+			}
+			thaw()
+			for range commitLanes {
+				if err := <-sent; shared != (err == nil) {
+					t.Fatalf("a call on its way at Close (shared client %v): %v", shared, err)
+				}
+			}
+		})
 	}
 }
 

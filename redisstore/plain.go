@@ -70,6 +70,14 @@ func (s *Store) applyPlain(ctx context.Context, op sluice.Op, req *sluice.Reques
 		}
 		return ds[0], nil
 	}
+	base := s.plainBase(req.Key)
+	if plainEligible(op, req) {
+		d, ok, err := s.plainAllow(ctx, req, base)
+		if ok || err != nil {
+			return d, err
+		}
+	}
+	// The script decides: its ARGV, cached per limit and cost.
 	p := s.plainArgs.Load()
 	if p == nil || !p.matches(req) {
 		var err error
@@ -77,13 +85,6 @@ func (s *Store) applyPlain(ctx context.Context, op sluice.Op, req *sluice.Reques
 			return sluice.Decision{}, err
 		}
 		s.plainArgs.Store(p)
-	}
-	base := s.plainBase(req.Key)
-	if plainEligible(op, req) {
-		d, ok, err := s.plainAllow(ctx, req, base)
-		if ok || err != nil {
-			return d, err
-		}
 	}
 	d, err := s.runFast(ctx, op, req, p.fastParams, base, s.scripts.plainFast)
 	return plainClamp(op, d), err
