@@ -6,8 +6,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/puzpuzpuz/xsync/v4"
-
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/memstore"
 )
@@ -30,18 +28,15 @@ type local struct {
 	store *memstore.Store
 	max   int64
 
-	seeds    *xsync.Map[string, seed]
-	seedSize atomic.Int64
-	trim     sync.Mutex
+	seeds *seedTable // seeds.go
 
 	mu    sync.Mutex
 	debts map[string]*debt
 	lost  atomic.Uint64 // debts dropped because the map was full
 }
 
+// seed is the store's last answer for a key, for Local to start from.
 type seed struct {
-	algo      sluice.Algorithm
-	limit     sluice.Limit
 	remaining int64
 	at        int64 // clock time of the decision
 	resetAt   int64 // clock time at which the key was full again
@@ -58,7 +53,7 @@ func newLocal(o *Options) (*local, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &local{store: st, max: int64(o.LocalMaxKeys), seeds: xsync.NewMap[string, seed](), debts: map[string]*debt{}}, nil
+	return &local{store: st, max: int64(o.LocalMaxKeys), seeds: newSeedTable(o.LocalMaxKeys), debts: map[string]*debt{}}, nil
 }
 
 // remember keeps what the store answered for the key, to seed its local
@@ -67,41 +62,19 @@ func (l *local) remember(req *sluice.Request, d *sluice.Decision, now int64) {
 	if req.Algorithm == sluice.Concurrency {
 		return
 	}
-	s := seed{algo: req.Algorithm, limit: req.Limit, remaining: d.Remaining, at: now, resetAt: now + int64(d.ResetAfter)}
-	if _, loaded := l.seeds.LoadAndStore(req.Key, s); !loaded && l.seedSize.Add(1) > l.max && l.trim.TryLock() {
-		defer l.trim.Unlock()
-		over := l.seedSize.Load() - l.max*3/4 // drop a quarter at once
-		l.seedSize.Add(-int64(l.seeds.DeleteMatching(func(k string, _ seed) (bool, bool) {
-			if k == req.Key {
-				return false, false
-			}
-			over--
-			return true, over <= 0
-		})))
-	}
+	l.seeds.put(req.Key, limitPrint(req.Algorithm, req.Limit),
+		seed{remaining: d.Remaining, at: now, resetAt: now + int64(d.ResetAfter)})
 }
 
 // takeSeed returns key's seed if it was not taken since the store's
 // answer, and marks it taken.
-func (l *local) takeSeed(key string) (seed, bool) {
-	var fresh seed
-	var ok bool
-	l.seeds.Compute(key, func(old seed, loaded bool) (seed, xsync.ComputeOp) {
-		if !loaded || old.applied {
-			return old, xsync.CancelOp
-		}
-		fresh, ok = old, true
-		old.applied = true
-		return old, xsync.UpdateOp
-	})
-	return fresh, ok
+func (l *local) takeSeed(key string) (seedSlot, bool) {
+	return l.seeds.take(key)
 }
 
 // forget drops what is known of key, after a reset.
 func (l *local) forget(key string) {
-	if _, ok := l.seeds.LoadAndDelete(key); ok {
-		l.seedSize.Add(-1)
-	}
+	l.seeds.drop(key)
 	l.mu.Lock()
 	delete(l.debts, key)
 	l.mu.Unlock()
@@ -153,8 +126,8 @@ func (l *local) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, 
 
 // seed starts key's local state from the store's last Remaining, this
 // instance's share of it, less what this instance still owes the store.
-func (l *local) seed(ctx context.Context, orig, scaled *sluice.Request, s *seed, n int, now int64) {
-	if s.algo != orig.Algorithm || s.limit != orig.Limit || now >= s.resetAt {
+func (l *local) seed(ctx context.Context, orig, scaled *sluice.Request, s *seedSlot, n int, now int64) {
+	if s.print != limitPrint(orig.Algorithm, orig.Limit) || now >= s.resetAt {
 		return // another limit, or full again by now
 	}
 	_, _ = l.store.Apply(ctx, sluice.OpReset, *scaled)

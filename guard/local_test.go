@@ -39,8 +39,9 @@ func BenchmarkRemember(b *testing.B) {
 }
 
 // A key's seed is the store's newest answer, taken once by Local; a newer
-// answer for the same key seeds it again; a reset forgets it. Concurrent
-// answers, takes and resets keep the count of kept keys exact.
+// answer for the same key seeds it again; a reset forgets it; an answer
+// for another limit does not seed it. Concurrent answers, takes and
+// resets leave every slot either empty or one key's whole seed.
 func TestSeedTakenOncePerAnswer(t *testing.T) {
 	l, err := newLocal(&Options{Clock: clock.NewSystem(), LocalMaxKeys: 1000})
 	if err != nil {
@@ -51,7 +52,7 @@ func TestSeedTakenOncePerAnswer(t *testing.T) {
 	for i, remaining := range []int64{70, 40} {
 		l.remember(&r, &sluice.Decision{Allowed: true, Limit: r.Limit, Remaining: remaining, ResetAfter: time.Minute}, 1)
 		s, ok := l.takeSeed("k")
-		if !ok || s.remaining != remaining || s.applied {
+		if !ok || s.remaining != remaining || s.applied || s.print != limitPrint(r.Algorithm, r.Limit) {
 			t.Fatalf("answer %d: seed %+v %v, want remaining %d", i, s, ok, remaining)
 		}
 		if _, ok := l.takeSeed("k"); ok {
@@ -80,7 +81,53 @@ func TestSeedTakenOncePerAnswer(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if got, want := l.seedSize.Load(), int64(l.seeds.Size()); got != want || got > 1000 {
-		t.Errorf("%d seeds counted, %d kept (bound 1000)", got, want)
+	kept := 0
+	for g := range 8 {
+		for i := range 2000 {
+			r := req("c"+strconv.Itoa((g*7+i)%1500), 100)
+			sl, _ := l.seeds.slot(keyHash(r.Key), false)
+			if sl == nil || sl.tag != keyHash(r.Key) {
+				continue
+			}
+			kept++
+			if sl.print != limitPrint(r.Algorithm, r.Limit) || sl.remaining < 0 || sl.remaining >= 100 || sl.at != 1 {
+				t.Fatalf("key %s: torn seed %+v", r.Key, *sl)
+			}
+		}
+	}
+	if kept == 0 {
+		t.Error("no key kept its seed")
+	}
+}
+
+// A seed answers only for the algorithm and limit it was taken under:
+// their fingerprint tells every field apart, the calendar's zone too.
+func TestLimitPrint(t *testing.T) {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Skip(err)
+	}
+	base := sluice.Limit{Rate: 100, Period: time.Minute}
+	day := sluice.Limit{Rate: 100, Period: 24 * time.Hour, Calendar: sluice.Calendar{Unit: sluice.Day}}
+	want := limitPrint(sluice.FixedWindow, base)
+	if got := limitPrint(sluice.FixedWindow, sluice.Limit{Rate: 100, Period: time.Minute}); got != want {
+		t.Fatalf("equal limits print %x and %x", got, want)
+	}
+	others := map[string]uint64{
+		"algorithm": limitPrint(sluice.GCRA, base),
+		"rate":      limitPrint(sluice.FixedWindow, sluice.Limit{Rate: 101, Period: time.Minute}),
+		"period":    limitPrint(sluice.FixedWindow, sluice.Limit{Rate: 100, Period: time.Hour}),
+		"burst":     limitPrint(sluice.FixedWindow, sluice.Limit{Rate: 100, Period: time.Minute, Burst: 5}),
+		"calendar":  limitPrint(sluice.FixedWindow, day),
+	}
+	day.Calendar.Location = berlin
+	others["zone"] = limitPrint(sluice.FixedWindow, day)
+	for what, p := range others {
+		if p == want {
+			t.Errorf("another %s prints as the limit", what)
+		}
+	}
+	if others["zone"] == others["calendar"] {
+		t.Error("a calendar in another zone prints as UTC's")
 	}
 }
