@@ -99,8 +99,9 @@ type Options struct {
 	// is away; 1 for a store that cannot count.
 	Instances int
 	// LocalMaxKeys bounds each of Local's maps: the memory store, the last
-	// decisions remembered per key, and the charges owed to the store.
-	// DefaultLocalMaxKeys when zero.
+	// decisions remembered per key (a table of LocalMaxKeys rounded up to a
+	// power of two slots, where a key may take another's place), and the
+	// charges owed to the store. DefaultLocalMaxKeys when zero.
 	LocalMaxKeys int
 	// MaxInFlightPerKey bounds the calls one key may have in flight to the
 	// store; more wait for a slot until the deadline, then the policy
