@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/envoyrls"
+	"github.com/sluice-io/sluice/internal/loadtest"
 	"github.com/sluice-io/sluice/internal/metrics"
 	"github.com/sluice-io/sluice/internal/redistest"
 )
@@ -28,7 +29,7 @@ import (
 // descriptor each, deploy/envoy/ratelimit's edge domain, 100/min), 64 in
 // flight, on the store stack `sluice serve` builds (guard, lease.Store,
 // the store), beside an empty handler that answers OK and asks no store
-// (rlsfloor's), all in the same run; "plain" is Redis with
+// (loadtest.EmptyRLS, rlsfloor's), all in the same run; "plain" is Redis with
 // store.plain_windows.
 //
 //   - handler/...: ShouldRateLimit called directly: the service's own
@@ -138,7 +139,7 @@ func processCPU() time.Duration {
 // backend ("memory" or "redis"), or the empty handler ("empty").
 func envoyBenchHandler(b *testing.B, backend string) rlsv3.RateLimitServiceServer {
 	if backend == "empty" {
-		return emptyRLS{}
+		return loadtest.EmptyRLS{}
 	}
 	url, plain := "memory", "false"
 	switch backend {
@@ -191,22 +192,4 @@ func envoyBenchGRPC(b *testing.B, h rlsv3.RateLimitServiceServer) rlsv3.RateLimi
 	}
 	b.Cleanup(func() { _ = conn.Close() })
 	return rlsv3.NewRateLimitServiceClient(conn)
-}
-
-// emptyRLS answers every check OK without deciding anything, as
-// internal/loadtest/cmd/rlsfloor does.
-type emptyRLS struct {
-	rlsv3.UnimplementedRateLimitServiceServer
-}
-
-func (emptyRLS) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	n := len(req.GetDescriptors())
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
-	sts := make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
-	for i := range sts {
-		sts[i].Code = rlsv3.RateLimitResponse_OK
-		resp.Statuses[i] = &sts[i]
-	}
-	return resp, nil
 }

@@ -1,11 +1,11 @@
 // Command rlsfloor serves Envoy's RateLimitService with a handler that
-// decides nothing: every call is answered OVERALL OK with one OK status per
-// descriptor, and no store is asked. It runs on the very gRPC server that
-// `sluice serve` builds (envoyrls.NewGRPCServerFor: same options, codec,
-// health and reflection) on a plain TCP listener, as sluice's does, so its
-// CPU per request is the gRPC floor that internal/loadtest/bench-envoy-cold.sh
-// measures sluice against. It is a benchmark tool: nothing imports it, and
-// only that script builds it.
+// decides nothing (loadtest.EmptyRLS): every call is answered OVERALL OK
+// with one OK status per descriptor, and no store is asked. It runs on the
+// very gRPC server that `sluice serve` builds (envoyrls.NewGRPCServerFor:
+// same options, codec, health and reflection) on a plain TCP listener, as
+// sluice's does, so its CPU per request is the gRPC floor that
+// internal/loadtest/bench-envoy-cold.sh measures sluice against. It is a
+// benchmark tool: nothing imports it, and only the scripts build it.
 //
 //	rlsfloor -addr 127.0.0.1:18081
 package main
@@ -19,28 +19,9 @@ import (
 	"os/signal"
 	"syscall"
 
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-
 	"github.com/sluice-io/sluice/internal/envoyrls"
+	"github.com/sluice-io/sluice/internal/loadtest"
 )
-
-// empty answers every check OK without deciding anything.
-type empty struct {
-	rlsv3.UnimplementedRateLimitServiceServer
-}
-
-// ShouldRateLimit answers OK, with one OK status per descriptor.
-func (empty) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	n := len(req.GetDescriptors())
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
-	sts := make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
-	for i := range sts {
-		sts[i].Code = rlsv3.RateLimitResponse_OK
-		resp.Statuses[i] = &sts[i]
-	}
-	return resp, nil
-}
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8081", "gRPC listen address")
@@ -50,7 +31,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "rlsfloor:", err)
 		os.Exit(1)
 	}
-	g := envoyrls.NewGRPCServerFor(empty{})
+	g := envoyrls.NewGRPCServerFor(loadtest.EmptyRLS{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	go func() { <-ctx.Done(); g.Stop() }()
