@@ -10,10 +10,12 @@ import (
 )
 
 // seedTable keeps, per key, the store's last answer for Local to seed
-// from: a fixed table of slots indexed by the key's hash, its pages
-// allocated on first use. A key whose slot another key took is simply not
-// remembered, as a key past a map's bound would not be: Local then starts
-// it from its full share, as it does a key the store never answered.
+// from: a fixed table of slots, its pages allocated on first use. A key
+// may sit in either slot of the pair its hash picks (2-way set
+// associative); a new key takes an empty one, else the one answered
+// longer ago. A key pushed out is simply not remembered, as a key past a
+// map's bound would not be: Local then starts it from its full share, as
+// it does a key the store never answered.
 //
 // It is on the path of every answer of the store, on every key: a map of
 // strings cost an allocation per new key, a trim per quarter of the
@@ -28,7 +30,8 @@ type seedTable struct {
 
 const (
 	seedPageSlots = 1 << 10
-	// seedLocks stripes the slots' locks: slot i is under locks[i%seedLocks].
+	// seedLocks stripes the locks: the pair of slots i is under
+	// locks[(i/2)%seedLocks].
 	seedLocks = 256
 )
 
@@ -51,10 +54,10 @@ func newSeedTable(n int) *seedTable {
 	}
 }
 
-// slot returns the slot of hash h and the lock that guards it; with
-// alloc false it returns nil when h's page was never written.
-func (t *seedTable) slot(h uint64, alloc bool) (*seedSlot, *sync.Mutex) {
-	i := h >> t.shift
+// pair returns the two slots hash h may sit in and the lock that guards
+// them; with alloc false it returns nil when their page was never written.
+func (t *seedTable) pair(h uint64, alloc bool) (*[2]seedSlot, *sync.Mutex) {
+	i := h >> t.shift &^ 1
 	p := &t.pages[i/seedPageSlots]
 	page := p.Load()
 	if page == nil {
@@ -64,7 +67,17 @@ func (t *seedTable) slot(h uint64, alloc bool) (*seedSlot, *sync.Mutex) {
 		p.CompareAndSwap(nil, new(seedPage))
 		page = p.Load()
 	}
-	return &page[i%seedPageSlots], &t.locks[i%seedLocks]
+	return (*[2]seedSlot)(page[i%seedPageSlots:]), &t.locks[i/2%seedLocks]
+}
+
+// seedIn returns the slot of the pair holding tag h, or nil.
+func seedIn(pr *[2]seedSlot, h uint64) *seedSlot {
+	for i := range pr {
+		if pr[i].tag == h {
+			return &pr[i]
+		}
+	}
+	return nil
 }
 
 // keyHash is key's tag in the table, never 0.
@@ -81,11 +94,22 @@ func limitPrint(a sluice.Algorithm, l sluice.Limit) uint64 {
 	}{a, l})
 }
 
-// put keeps s as key's seed, over whatever its slot held.
+// put keeps s as key's seed: in its slot, else in an empty one of the
+// pair, else over the one answered longer ago.
 func (t *seedTable) put(key string, print uint64, s seed) {
 	h := keyHash(key)
-	sl, mu := t.slot(h, true)
+	pr, mu := t.pair(h, true)
 	mu.Lock()
+	sl := seedIn(pr, h)
+	switch {
+	case sl != nil:
+	case pr[0].tag == 0:
+		sl = &pr[0]
+	case pr[1].tag == 0 || pr[1].at < pr[0].at:
+		sl = &pr[1]
+	default:
+		sl = &pr[0]
+	}
 	*sl = seedSlot{tag: h, print: print, seed: s}
 	mu.Unlock()
 }
@@ -94,13 +118,14 @@ func (t *seedTable) put(key string, print uint64, s seed) {
 // it taken.
 func (t *seedTable) take(key string) (seedSlot, bool) {
 	h := keyHash(key)
-	sl, mu := t.slot(h, false)
-	if sl == nil {
+	pr, mu := t.pair(h, false)
+	if pr == nil {
 		return seedSlot{}, false
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if sl.tag != h || sl.applied {
+	sl := seedIn(pr, h)
+	if sl == nil || sl.applied {
 		return seedSlot{}, false
 	}
 	s := *sl
@@ -111,12 +136,12 @@ func (t *seedTable) take(key string) (seedSlot, bool) {
 // drop forgets key's seed.
 func (t *seedTable) drop(key string) {
 	h := keyHash(key)
-	sl, mu := t.slot(h, false)
-	if sl == nil {
+	pr, mu := t.pair(h, false)
+	if pr == nil {
 		return
 	}
 	mu.Lock()
-	if sl.tag == h {
+	if sl := seedIn(pr, h); sl != nil {
 		*sl = seedSlot{}
 	}
 	mu.Unlock()
