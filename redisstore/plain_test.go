@@ -221,6 +221,25 @@ type plainStep struct {
 	count     int64 // the window's count after it
 }
 
+// plainWindow is one key of a plain-windows store on dep, its fake clock
+// 30 s into a 1-minute window: the set-up of the step tests.
+type plainWindow struct {
+	clk   *clock.Fake
+	s     *Store
+	srv   *redistest.Server // the server that holds the key
+	req   sluice.Request    // an OpAllow of cost 1 at rate per minute
+	start int64             // the window's start
+}
+
+func newPlainWindow(t *testing.T, dep plainDeploy, rate int64) plainWindow {
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC))
+	s := newStore(t, Options{URL: dep.url, Clock: clk, PlainWindows: true, DisableDenyCache: true})
+	key := redistest.Prefix(t) + "k"
+	return plainWindow{clk: clk, s: s, srv: dep.server(s, key),
+		req:   sluice.Request{Key: key, Algorithm: sluice.FixedWindow, Limit: sluice.PerMinute(rate), Cost: 1},
+		start: clk.Now() - 30*int64(time.Second)}
+}
+
 // runPlainSteps runs steps on req's key with the fake clock at 30s into a
 // 1-minute window, checking each decision and the window's count.
 func runPlainSteps(t *testing.T, s *Store, srv *redistest.Server, req sluice.Request, start int64, steps []plainStep) {
@@ -254,12 +273,8 @@ func runPlainSteps(t *testing.T, s *Store, srv *redistest.Server, req sluice.Req
 func TestPlainDenialCounted(t *testing.T) {
 	for _, dep := range plainDeploys(t, false) {
 		t.Run(dep.name, func(t *testing.T) {
-			clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC))
-			s := newStore(t, Options{URL: dep.url, Clock: clk, PlainWindows: true, DisableDenyCache: true})
-			key := redistest.Prefix(t) + "k"
-			srv := dep.server(s, key)
-			req := sluice.Request{Key: key, Algorithm: sluice.FixedWindow, Limit: sluice.PerMinute(3)}
-			start := clk.Now() - 30*int64(time.Second)
+			w := newPlainWindow(t, dep, 3)
+			s, srv, req, start := w.s, w.srv, w.req, w.start
 			delta := cmdDelta(t, srv, plainCmds...)
 			runPlainSteps(t, s, srv, req, start, []plainStep{
 				{sluice.OpAllow, 1, true, 2, 1},
@@ -282,7 +297,7 @@ func TestPlainDenialCounted(t *testing.T) {
 			if st := s.Stats(); st.Plain != 7 || st.Calls != 5 {
 				t.Fatalf("stats %+v, want 7 plain calls and 5 scripts", st)
 			}
-			if ms := pttl(t, srv, s.plainBase(key)+":"+strconv.FormatInt(start, 10)); ms <= 0 {
+			if ms := pttl(t, srv, s.plainBase(req.Key)+":"+strconv.FormatInt(start, 10)); ms <= 0 {
 				t.Fatalf("window key's PTTL %d after INCRBY recreated it", ms)
 			}
 		})
@@ -297,14 +312,10 @@ func TestPlainRefundBetween(t *testing.T) {
 	for _, dep := range plainDeploys(t, false) {
 		for _, late := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/late_%v", dep.name, late), func(t *testing.T) {
-				clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC))
-				s := newStore(t, Options{URL: dep.url, Clock: clk, PlainWindows: true, DisableDenyCache: true})
-				ctx := context.Background()
-				key := redistest.Prefix(t) + "k"
-				srv := dep.server(s, key)
 				const rate = 2
-				req := sluice.Request{Key: key, Algorithm: sluice.FixedWindow, Limit: sluice.PerMinute(rate), Cost: 1}
-				start := clk.Now() - 30*int64(time.Second)
+				w := newPlainWindow(t, dep, rate)
+				clk, s, srv, req, start := w.clk, w.s, w.srv, w.req, w.start
+				key, ctx := req.Key, context.Background()
 				check := func(what string) {
 					t.Helper()
 					for _, w := range []int64{start, start + int64(time.Minute)} {
@@ -380,12 +391,8 @@ func TestPlainRefundBetween(t *testing.T) {
 func TestPlainCostAboveOneScript(t *testing.T) {
 	for _, dep := range plainDeploys(t, false) {
 		t.Run(dep.name, func(t *testing.T) {
-			clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC))
-			s := newStore(t, Options{URL: dep.url, Clock: clk, PlainWindows: true, DisableDenyCache: true})
-			key := redistest.Prefix(t) + "k"
-			srv := dep.server(s, key)
-			req := sluice.Request{Key: key, Algorithm: sluice.FixedWindow, Limit: sluice.PerMinute(3)}
-			start := clk.Now() - 30*int64(time.Second)
+			w := newPlainWindow(t, dep, 3)
+			s, srv, req, start := w.s, w.srv, w.req, w.start
 			delta := cmdDelta(t, srv, plainCmds...)
 			runPlainSteps(t, s, srv, req, start, []plainStep{
 				{sluice.OpAllow, 2, true, 1, 2},
