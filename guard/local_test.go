@@ -161,4 +161,9 @@ func TestSeedTableKeepsKeys(t *testing.T) {
 	if n := len(tbl.pages) * seedPageSlots; n != 16384 {
 		t.Errorf("%d slots, want 16384", n)
 	}
+	for n, want := range map[int]int{0: 1024, 1000: 1024, 1025: 2048, 100_000: 1 << 17, 1 << 40: maxSeedSlots} {
+		if got := len(newSeedTable(n).pages) * seedPageSlots; got != want {
+			t.Errorf("newSeedTable(%d): %d slots, want %d", n, got, want)
+		}
+	}
 }

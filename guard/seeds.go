@@ -44,10 +44,15 @@ type seedSlot struct {
 	seed
 }
 
+// maxSeedSlots bounds the table whatever LocalMaxKeys says (an operator's
+// 10^12 would otherwise be 8 GB of page pointers at start): 4 Mi slots,
+// 192 MiB when every page is written.
+const maxSeedSlots = 1 << 22
+
 // newSeedTable holds up to n keys: n rounded up to a power of two slots,
-// at least one page.
+// at least one page and at most maxSeedSlots.
 func newSeedTable(n int) *seedTable {
-	slots := max(seedPageSlots, 1<<bits.Len(uint(max(n, 1)-1)))
+	slots := max(seedPageSlots, 1<<bits.Len(uint(min(max(n, 1), maxSeedSlots)-1)))
 	return &seedTable{
 		pages: make([]atomic.Pointer[seedPage], slots/seedPageSlots),
 		shift: uint(64 - bits.Len(uint(slots-1))),
