@@ -8,7 +8,11 @@
 // Around every call it keeps:
 //
 //   - A deadline (Options.Timeout). A call that misses it, or fails, is
-//     answered by the failure Policy: that one call, nothing else.
+//     answered by the failure Policy: that one call, nothing else. While
+//     its node works, a call that missed the deadline (in the store, or
+//     waiting for its key's slot) is denied under every policy: it says
+//     its key is flooded, and admitting it would let a client past its
+//     limit by sending many requests at once.
 //   - A failure detector per node (Sharded stores, such as Redis Cluster,
 //     name the node of each key; others are one node). A node's circuit
 //     opens only when the node fails across many keys within a window, or

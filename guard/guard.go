@@ -495,16 +495,26 @@ func (g *Guard) degrade(ctx context.Context, op sluice.Op, reqs []sluice.Request
 	if op == sluice.OpRefund || op == sluice.OpCharge || op == sluice.OpReset {
 		return nil, fmt.Errorf("guard: %s on node %q not applied: %w", op, n.name, cause)
 	}
+	// A call that failed alone while its node works (circuit closed, last
+	// probe answered) is denied under Local: spending locally would spend
+	// what the store is handing out to the other calls at the same moment.
+	// Under every policy, so is one that failed because its key is hot
+	// (it waited past the deadline for its key's slot, or for the store):
+	// that says the key is flooded, not that the store is away, and
+	// admitting it (fail_open), or an error that a proxy may admit (error,
+	// with Envoy's failure_mode_deny: false), let a client past its limit
+	// by sending many requests at once.
+	works := n.state.Load() == closed && n.probed.Load() && n.probeErr.Load() == nil
+	hot := errors.Is(cause, ErrBusy) || errors.Is(cause, ErrDeadline)
+	if works && op == sluice.OpAllow && hot && g.policy != Local {
+		g.degraded[g.policy].Add(uint64(len(reqs)))
+		return g.denied(reqs), nil
+	}
 	if g.policy == ReturnError {
 		g.degraded[ReturnError].Add(uint64(len(reqs)))
 		return nil, fmt.Errorf("guard: node %q: %w", n.name, cause)
 	}
 	g.degraded[g.policy].Add(uint64(len(reqs)))
-	// Under Local, a call that failed alone (late, or its key busy) while
-	// its node works (circuit closed, last probe answered) is denied:
-	// spending locally would spend what the store is handing out to the
-	// other calls at the same moment.
-	works := n.state.Load() == closed && n.probed.Load() && n.probeErr.Load() == nil
 	if g.policy == Local && !(works && op == sluice.OpAllow) {
 		ds, err := g.local.apply(context.WithoutCancel(ctx), op, reqs, g.Instances(), g.clk.Now(), n.name)
 		if err == nil {
@@ -516,11 +526,7 @@ func (g *Guard) degrade(ctx context.Context, op sluice.Op, reqs []sluice.Request
 		// a cost beyond the local share of the burst: deny, as fail_closed
 	}
 	if g.policy == Local {
-		ds := make([]sluice.Decision, len(reqs))
-		for i := range reqs {
-			ds[i] = sluice.Decision{Limit: reqs[i].Limit, RetryAfter: g.probeEvery, ResetAfter: g.probeEvery, Degraded: true, Fallback: "local"}
-		}
-		return ds, nil
+		return g.denied(reqs), nil
 	}
 	admit := g.policy == FailOpen
 	ds := make([]sluice.Decision, len(reqs))
@@ -534,6 +540,16 @@ func (g *Guard) degrade(ctx context.Context, op sluice.Op, reqs []sluice.Request
 		ds[i] = d
 	}
 	return ds, nil
+}
+
+// denied answers reqs with the policy's denial: retry after the probe
+// interval.
+func (g *Guard) denied(reqs []sluice.Request) []sluice.Decision {
+	ds := make([]sluice.Decision, len(reqs))
+	for i := range reqs {
+		ds[i] = sluice.Decision{Limit: reqs[i].Limit, RetryAfter: g.probeEvery, ResetAfter: g.probeEvery, Degraded: true, Fallback: g.policy.String()}
+	}
+	return ds
 }
 
 // node returns the detector of the node that owns key.
