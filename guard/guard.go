@@ -138,6 +138,10 @@ type Options struct {
 	// CloseStore makes Close close the wrapped store too, when it is an
 	// io.Closer.
 	CloseStore bool
+
+	// starved replaces the reading of the process's CPU starvation
+	// (cpu.go) in this package's tests.
+	starved func() bool
 }
 
 // Guard wraps a sluice.Store with a per-call deadline, a failure detector
@@ -175,6 +179,9 @@ type core struct {
 	local   *local
 	workers *workers
 	dls     *deadlines // nil without a timeout
+	// starved reports whether this process was starved of CPU lately
+	// (cpu.go); tests replace it.
+	starved func() bool
 	views   [numPolicies]*Guard
 
 	instances atomic.Int64
@@ -235,6 +242,10 @@ func New(store sluice.Store, opts Options) (*Guard, error) {
 	c.workers = newWorkers(c.stop)
 	if c.timeout > 0 {
 		c.dls = newDeadlines(c.timeout)
+	}
+	c.starved = opts.starved
+	if c.starved == nil {
+		c.starved = newStarvation(max(c.timeout, 0) / 4).check
 	}
 	if c.clk == nil {
 		c.clk = clock.NewSystem()
@@ -481,10 +492,19 @@ func (c *core) failed(n *node, key string, err error) {
 	if ok, suppressed := n.shouldLog(now, c.logEvery); ok {
 		c.log.Warn("guard: store call failed", "node", n.name, "err", err, "not_logged_since_last", suppressed)
 	}
+	if lateOnly(err) && c.starved() {
+		return // this process was slow, maybe not the store: not counted
+	}
 	if n.record(c, now, key, true) && n.trip() {
 		c.opens.Add(1)
 		c.log.Warn("guard: store node failing across keys; circuit open, the failure policy answers", "node", n.name, "err", err)
 	}
+}
+
+// lateOnly reports an error that says only that a call missed its
+// deadline, not that the store refused it.
+func lateOnly(err error) bool {
+	return errors.Is(err, ErrDeadline) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // degrade answers reqs by the policy after cause.
@@ -504,9 +524,13 @@ func (g *Guard) degrade(ctx context.Context, op sluice.Op, reqs []sluice.Request
 	// admitting it (fail_open), or an error that a proxy may admit (error,
 	// with Envoy's failure_mode_deny: false), let a client past its limit
 	// by sending many requests at once.
+	// For a hot key's call, only an open circuit says that the node is
+	// away: a node not probed yet, or whose last probe failed, still
+	// counts as working (a flood starves the process, whose probe then
+	// misses its deadline too).
 	works := n.state.Load() == closed && n.probed.Load() && n.probeErr.Load() == nil
-	hot := errors.Is(cause, ErrBusy) || errors.Is(cause, ErrDeadline)
-	if works && op == sluice.OpAllow && hot && g.policy != Local {
+	hot := errors.Is(cause, ErrBusy) || lateOnly(cause)
+	if n.state.Load() == closed && op == sluice.OpAllow && hot && g.policy != Local {
 		g.degraded[g.policy].Add(uint64(len(reqs)))
 		return g.denied(reqs), nil
 	}

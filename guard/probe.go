@@ -113,6 +113,14 @@ func (c *core) probe(ctx context.Context, n *node) {
 		return
 	}
 	n.probed.Store(true)
+	if err != nil && lateOnly(err) && c.starved() {
+		// The process was starved of CPU: the ping's answer may have
+		// come in time and been read late. Neither failure nor success.
+		if ok, suppressed := n.shouldLog(c.clk.Now(), c.logEvery); ok {
+			c.log.Warn("guard: store probe late while this process is starved of CPU; not counted", "node", n.name, "err", err, "not_logged_since_last", suppressed)
+		}
+		return
+	}
 	if err != nil {
 		msg := err.Error()
 		n.probeErr.Store(&msg)
