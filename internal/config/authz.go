@@ -6,6 +6,7 @@ import (
 	"path"
 	"regexp"
 	"strings"
+	"unicode/utf8"
 )
 
 // Bounds of the authz section.
@@ -92,8 +93,8 @@ func (r *Route) MatchMethod(method string) bool {
 // NormalizePath returns the forms of an original request's URI (a path, or
 // a whole request target such as "http://h/a/b?q") that routes are matched
 // against: the path without query, fragment, scheme and authority;
-// with '\' read as '/' and ";params" removed from each segment, lower-case,
-// cleaned of "//", "." and ".." (path.Clean), once without percent-decoding
+// with '\' read as '/' and ";params" removed from each segment, lower-case
+// (foldCase), cleaned of "//", "." and ".." (path.Clean), once without percent-decoding
 // and once fully decoded. Matching every form errs towards applying a route:
 // a caller cannot step around it by spelling its path the way only the
 // upstream reads as the same.
@@ -138,7 +139,21 @@ func cleanPath(p string) string {
 		}
 		p = strings.Join(segs, "/")
 	}
-	return path.Clean("/" + strings.ToLower(p))
+	return path.Clean("/" + foldCase(p))
+}
+
+// foldCase lower-cases s. Outside ASCII it upper-cases first, so that
+// letters whose upper case is an ASCII letter meet it: "ı" (dotless i) and
+// "ſ" (long s) are "I" and "S" to a backend that compares paths
+// case-insensitively by upper case (.NET's OrdinalIgnoreCase, Java's
+// equalsIgnoreCase), so "/logın" must meet a "/login" route.
+func foldCase(s string) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return strings.ToLower(strings.ToUpper(s))
+		}
+	}
+	return strings.ToLower(s)
 }
 
 // percentDecode decodes the valid %XX escapes of s and keeps the rest.

@@ -282,6 +282,11 @@ func TestNormalizePath(t *testing.T) {
 		{"/%252e%252e/login", []string{"/%252e%252e/login", "/login"}},
 		{"/a%2Fb", []string{"/a%2fb", "/a/b"}},
 		{"/%zz", []string{"/%zz"}},
+		// Letters whose upper case is ASCII: a backend comparing by upper
+		// case reads them as the ASCII letter.
+		{"/logın", []string{"/login"}},
+		{"/ſtatus/ÉTÉ", []string{"/status/été"}},
+		{"/log%C4%B1n", []string{"/log%c4%b1n", "/login"}},
 	} {
 		if got := NormalizePath(c.in); !slices.Equal(got, c.want) {
 			t.Errorf("NormalizePath(%q) = %q, want %q", c.in, got, c.want)
