@@ -108,7 +108,7 @@ func authzTargets(cfg *config.Config, r *http.Request) ([]target, int, error) {
 	var identity string
 	var tier *config.Tier
 	var apiKey *config.Key
-	key, err := apiKeyFrom(r.Header, a.APIKeyHeaders)
+	key, other, err := apiKeyFrom(r.Header, a.APIKeyHeaders)
 	if err != nil {
 		return nil, http.StatusBadRequest, err
 	}
@@ -121,6 +121,12 @@ func authzTargets(cfg *config.Config, r *http.Request) ([]target, int, error) {
 			tier = apiKey.Tier
 		case a.RejectUnknownKeys || a.DefaultTier == nil:
 			return nil, http.StatusUnauthorized, errors.New("unknown api key")
+		case other != "":
+			// An unknown key is its own identity (unknown_keys:
+			// default_tier), trusted because the upstream checks keys;
+			// but the upstream may check the other header, and a client
+			// could then send a fresh key here with each request.
+			return nil, http.StatusBadRequest, fmt.Errorf("an unknown API key beside a different one in %s: send one key", other)
 		default:
 			tier = a.DefaultTier
 		}
@@ -282,34 +288,48 @@ func singleValue(h http.Header, name string) (string, error) {
 }
 
 // apiKeyFrom returns the API key of the first of the headers that carries
-// one. "Authorization" carries one only with the Bearer scheme (in any
-// case, RFC 9110); in the other headers a Bearer scheme is removed too.
+// one, and the name of a later header that carries a different key ("" if
+// none does). "Authorization" carries one only with the Bearer scheme (in
+// any case, RFC 9110); in the other headers a Bearer scheme is removed too.
 // Several lines of one header with different keys are an error: the proxy
 // and sluice might each read another.
-func apiKeyFrom(h http.Header, names []string) (string, error) {
+func apiKeyFrom(h http.Header, names []string) (key, other string, err error) {
 	for _, name := range names {
-		key := ""
-		for _, v := range h.Values(name) {
-			k, isBearer := bearerToken(v)
-			if !isBearer {
-				if strings.EqualFold(name, "Authorization") {
-					continue // Basic and other schemes carry no API key
-				}
-				k = strings.TrimSpace(v)
-			}
-			if k == "" {
-				continue
-			}
-			if key != "" && k != key {
-				return "", fmt.Errorf("several different API keys in %s headers", name)
-			}
-			key = k
+		k, err := headerKey(h, name)
+		if err != nil {
+			return "", "", err
 		}
-		if key != "" {
-			return key, nil
+		switch {
+		case k == "":
+		case key == "":
+			key = k
+		case k != key && other == "":
+			other = name
 		}
 	}
-	return "", nil
+	return key, other, nil
+}
+
+// headerKey returns the API key that header name carries, or "".
+func headerKey(h http.Header, name string) (string, error) {
+	key := ""
+	for _, v := range h.Values(name) {
+		k, isBearer := bearerToken(v)
+		if !isBearer {
+			if strings.EqualFold(name, "Authorization") {
+				continue // Basic and other schemes carry no API key
+			}
+			k = strings.TrimSpace(v)
+		}
+		if k == "" {
+			continue
+		}
+		if key != "" && k != key {
+			return "", fmt.Errorf("several different API keys in %s headers", name)
+		}
+		key = k
+	}
+	return key, nil
 }
 
 // bearerToken returns the credentials of a header value in the Bearer
