@@ -1,0 +1,56 @@
+package envoyrls
+
+import (
+	"context"
+	"log/slog"
+	"runtime"
+	"testing"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestOverBoundsUnknownDomain: a request beyond the structural bounds is
+// answered OVER_LIMIT for a domain that does not exist too, without the
+// per-descriptor working state: a 4 MiB message of empty descriptors (two
+// million of them) made a gigabyte of it before.
+func TestOverBoundsUnknownDomain(t *testing.T) {
+	e := newEnv(t, memStore, "testdata/config", nil)
+	for _, domain := range []string{"no-such-domain", "test-domain"} {
+		resp, err := e.callRaw(&rlsv3.RateLimitRequest{Domain: domain, Descriptors: make([]*ratelimitv3.RateLimitDescriptor, maxDescriptors+1)})
+		if err != nil || resp.GetOverallCode() != over || len(resp.GetStatuses()) != maxDescriptors+1 || resp.GetStatuses()[maxDescriptors].GetCode() != over {
+			t.Fatalf("%s: %d descriptors: %v, %d statuses, %v", domain, maxDescriptors+1, resp.GetOverallCode(), len(resp.GetStatuses()), err)
+		}
+		if resp, err := e.callRaw(&rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("key2", "x"), manyEntries(maxEntries + 1)}}); err != nil || resp.GetOverallCode() != over {
+			t.Fatalf("%s: %d entries: %v, %v", domain, maxEntries+1, resp.GetOverallCode(), err)
+		}
+	}
+	if n := testutil.ToFloat64(e.svc.metrics.requestErrors.WithLabelValues(unknownDomain, "over_bounds")); n != 2 {
+		t.Errorf("over_bounds errors of unknown domains %v, want 2", n)
+	}
+	// Within the bounds, an unknown domain is OK as ever.
+	if resp, err := e.callRaw(&rlsv3.RateLimitRequest{Domain: "no-such-domain", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("key3", "victim")}}); err != nil || resp.GetOverallCode() != ok {
+		t.Fatalf("unknown domain: %v, %v", resp.GetOverallCode(), err)
+	}
+
+	// What the service allocates for 100,000 descriptors, the decoding
+	// aside: their statuses' pointers, not 256 bytes of state each.
+	svc, err := New(Options{Store: newFuzzStore(t), ConfigDir: "testdata/config", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 100_000
+	req := &rlsv3.RateLimitRequest{Domain: "no-such-domain", Descriptors: make([]*ratelimitv3.RateLimitDescriptor, n)}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	resp, err := svc.ShouldRateLimit(context.Background(), req)
+	runtime.ReadMemStats(&after)
+	if err != nil || resp.GetOverallCode() != over || len(resp.GetStatuses()) != n {
+		t.Fatalf("%d descriptors: %v, %d statuses, %v", n, resp.GetOverallCode(), len(resp.GetStatuses()), err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 4<<20 {
+		t.Errorf("%d descriptors of an unknown domain took %d MB to answer, want at most 4", n, got>>20)
+	}
+}
