@@ -3,7 +3,10 @@ package envoyrls
 import (
 	"context"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
+	"strings"
 	"testing"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -52,5 +55,46 @@ func TestOverBoundsUnknownDomain(t *testing.T) {
 	}
 	if got := after.TotalAlloc - before.TotalAlloc; got > 4<<20 {
 		t.Errorf("%d descriptors of an unknown domain took %d MB to answer, want at most 4", n, got>>20)
+	}
+}
+
+// TestJSONCrossOriginRefused: a page on another site cannot spend a
+// descriptor's limit through /json with a simple (unpreflighted) POST;
+// Envoy, curl and other clients that are not browsers can.
+func TestJSONCrossOriginRefused(t *testing.T) {
+	e := newEnv(t, memStore, "testdata/config", nil)
+	srv := httptest.NewServer(e.svc.JSONHandler())
+	t.Cleanup(srv.Close)
+	post := func(hdr ...string) int {
+		t.Helper()
+		req, err := http.NewRequest("POST", srv.URL+"/json", strings.NewReader(`{"domain":"test-domain","descriptors":[{"entries":[{"key":"key3","value":"victim"}]}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, hdr := range [][]string{
+		{"Content-Type", "text/plain", "Sec-Fetch-Site", "cross-site"},
+		{"Content-Type", "text/plain", "Origin", "https://evil.example"},
+	} {
+		if st := post(hdr...); st != http.StatusForbidden {
+			t.Errorf("%q: %d, want 403", hdr, st)
+		}
+	}
+	// key3 allows one an hour: the first request that is not a
+	// browser's cross-site one takes it.
+	if st := post("Content-Type", "application/json"); st != http.StatusOK {
+		t.Fatalf("first request that is not cross-site: %d, want 200 (the cross-site ones were charged?)", st)
+	}
+	if st := post(); st != http.StatusTooManyRequests {
+		t.Fatalf("second: %d, want 429", st)
 	}
 }

@@ -15,12 +15,20 @@ const maxJSONBody = 1 << 20
 // JSONHandler serves envoyproxy/ratelimit's /json endpoint: POST a
 // RateLimitRequest in protobuf's JSON form, get the RateLimitResponse back,
 // with status 200 when the overall code is OK, 429 when it is OVER_LIMIT,
-// 400 for a malformed request and 500 when the store fails.
+// 400 for a malformed request and 500 when the store fails. A browser's
+// cross-origin request gets 403 (net/http's CrossOriginProtection): a page
+// on another site could otherwise spend any descriptor's limit with a
+// text/plain POST, which no CORS preflight stops.
 func (s *Service) JSONHandler() http.Handler {
+	cop := http.NewCrossOriginProtection()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", http.MethodPost)
 			http.Error(w, "envoyrls: /json takes POST", http.StatusMethodNotAllowed)
+			return
+		}
+		if err := cop.Check(r); err != nil {
+			http.Error(w, "envoyrls: cross-origin browser request refused: "+err.Error(), http.StatusForbidden)
 			return
 		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
