@@ -352,13 +352,13 @@ func bearerToken(v string) (string, bool) {
 func peerAddr(r *http.Request) (netip.Addr, error) {
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err == nil {
-		return ap.Addr().Unmap(), nil
+		return ap.Addr().Unmap().WithZone(""), nil // a zoned address is in no prefix
 	}
 	a, err := netip.ParseAddr(r.RemoteAddr)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("server: remote address %q: %w", r.RemoteAddr, err)
 	}
-	return a.Unmap(), nil
+	return a.Unmap().WithZone(""), nil
 }
 
 func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {

@@ -99,3 +99,34 @@ func TestCrossOriginRefused(t *testing.T) {
 		t.Errorf("POST authz with a browser's cross-site headers: %d %s", a.status, a.raw)
 	}
 }
+
+// TestForwardedForForms: a trusted proxy that writes X-Forwarded-For hops
+// with ports or brackets (Azure Application Gateway appends "IP:port")
+// gets each client keyed by its address, ports aside, not every client
+// keyed as the proxy, one limit for all.
+func TestForwardedForForms(t *testing.T) {
+	s := "_xff"
+	cfg := strings.NewReplacer("{S}", s, "{FREE}", sluice.HashKey(bypassFree), "{ENT}", sluice.HashKey(bypassEnt)).Replace(bypassConfig)
+	svc := startService(t, svcOptions{config: cfg})
+	for _, c := range []struct{ xff, identity string }{
+		{"198.51.100.1:1111", "ip:198.51.100.1"},
+		{"198.51.100.1:2222", "ip:198.51.100.1"},
+		{"203.0.113.9, 198.51.100.2:3333", "ip:198.51.100.2"},
+		{"[2001:db8:1:2::1]:443", "ip:2001:db8:1:2::/64"},
+		{"[2001:db8:1:3::1]", "ip:2001:db8:1:3::/64"},
+		{"[::ffff:198.51.100.3]:80", "ip:198.51.100.3"},
+		{"198.51.100.4:99999", "ip:127.0.0.1"}, // malformed: the last good address
+	} {
+		a := svc.do(t, "GET", "/v1/authz", "", "X-Forwarded-For", c.xff)
+		if got := a.header.Get("X-Sluice-Identity"); a.status != 200 || got != c.identity {
+			t.Errorf("X-Forwarded-For %q: %d, identity %q, want %q", c.xff, a.status, got, c.identity)
+		}
+	}
+	// One client on two ports is one client: anon allows 3.
+	for i := range 4 {
+		a := svc.do(t, "GET", "/v1/authz", "", "X-Forwarded-For", fmt.Sprintf("198.51.100.5:%d", 1000+i))
+		if want := map[bool]int{true: 200, false: 429}[i < 3]; a.status != want {
+			t.Fatalf("request %d of one client on port %d: %d, want %d", i, 1000+i, a.status, want)
+		}
+	}
+}
