@@ -208,7 +208,9 @@ func selectableNames(a *config.Authz) string {
 // matches. The original URI, method and host are whatever the proxies
 // forward: X-Forwarded-Uri and X-Original-URI (Traefik, Caddy, NGINX), the
 // path below /v1/authz/ (Envoy), X-Forwarded-Method and X-Original-Method,
-// or the method itself below /v1/authz/, X-Forwarded-Host and the Host.
+// or the method itself below /v1/authz/, X-Forwarded-Host and the Host;
+// and the methods the upstream may serve the request as instead
+// (methodOverrideHeaders, ?_method= in the original URI).
 // A route applies when any of these values matches it, so a client that
 // adds a header of its own can only add routes, never escape one the proxy
 // reports.
@@ -230,9 +232,18 @@ func routePolicies(routes []config.Route, r *http.Request) ([]*config.Policy, er
 	var methods []string
 	if isBelow {
 		methods = append(methods, r.Method)
+		methods = appendMethodParams(methods, r.URL.RawQuery)
 	}
 	methods = appendValues(methods, r.Header, "X-Forwarded-Method")
 	methods = appendValues(methods, r.Header, "X-Original-Method")
+	for _, name := range methodOverrideHeaders {
+		methods = appendValues(methods, r.Header, name)
+	}
+	for _, u := range uris {
+		if _, q, ok := strings.Cut(u, "?"); ok {
+			methods = appendMethodParams(methods, q)
+		}
+	}
 	hosts := []string{config.NormalizeHost(r.Host)}
 	for _, h := range appendValues(nil, r.Header, "X-Forwarded-Host") {
 		hosts = append(hosts, config.NormalizeHost(h))
@@ -257,6 +268,30 @@ func routePolicies(routes []config.Route, r *http.Request) ([]*config.Policy, er
 		out = addPolicies(out, rt.Policies)
 	}
 	return out, nil
+}
+
+// methodOverrideHeaders carry the method a POST stands for, as Rails
+// (Rack::MethodOverride), Symfony and Laravel, ASP.NET Core's
+// UseHttpMethodOverride and Express's method-override read them: the
+// upstream serves a POST with "X-HTTP-Method-Override: DELETE" as a
+// DELETE, so a route for DELETE must apply to it.
+var methodOverrideHeaders = []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
+
+// appendMethodParams appends the values of the _method parameters of the
+// query q (Laravel, and Rails and Symfony for forms, read the method of a
+// POST from it), unescaped, empty ones left out.
+func appendMethodParams(dst []string, q string) []string {
+	q, _, _ = strings.Cut(q, "#")
+	for part := range strings.SplitSeq(q, "&") {
+		k, v, _ := strings.Cut(part, "=")
+		if k, err := url.QueryUnescape(k); err != nil || k != "_method" {
+			continue
+		}
+		if v, err := url.QueryUnescape(v); err == nil && strings.TrimSpace(v) != "" {
+			dst = append(dst, strings.TrimSpace(v))
+		}
+	}
+	return dst
 }
 
 // appendValues appends the comma-separated parts of every line of header

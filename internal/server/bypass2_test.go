@@ -38,6 +38,34 @@ var bypass2Tricks = []bypassTrick{
 			"/logın", "/LOGıN/x", "/log%C4%B1n", "/log%c4%b1n?x", "/x/../logın",
 		}, i))
 	}},
+	// Rails, Symfony and Laravel, ASP.NET Core and Express serve a POST
+	// that says X-HTTP-Method-Override: DELETE (or ?_method=DELETE) as
+	// a DELETE.
+	{name: "authz/route not dodged by a method override", config: deleteRoute, limit: 2, want: 2, n: 8, req: func(s string, i int) bypassReq {
+		post := func(target string) bypassReq {
+			r := authzReq(target, "X-API-Key", bypassEnt)
+			r.method = "POST"
+			return r
+		}
+		fwd := func(hdr ...string) bypassReq {
+			return authzReq("/v1/authz", append([]string{"X-API-Key", bypassEnt, "X-Forwarded-Method", "POST"}, hdr...)...)
+		}
+		return rotate([]bypassReq{
+			fwd("X-Forwarded-Uri", "/items/1", "X-HTTP-Method-Override", "DELETE"),
+			fwd("X-Forwarded-Uri", "/items/1", "X-HTTP-Method", "delete"),
+			fwd("X-Forwarded-Uri", "/items/1", "X-Method-Override", "DELETE"),
+			fwd("X-Original-URI", "/items/1?_method=DELETE#top"),
+			fwd("X-Forwarded-Uri", "/items/1?a=b&_method=%44ELETE"),
+			fwd("X-Forwarded-Uri", "/items/1?_%6Dethod=DELETE"),
+			post("/v1/authz/items/1?_method=DELETE"),
+			post("/v1/authz/items/1?x=1&_method=delete"),
+		}, i)
+	}},
+}
+
+// deleteRoute adds a route for DELETE below /items to a bypass config.
+func deleteRoute(cfg string) string {
+	return strings.Replace(cfg, "  routes:\n", "  routes:\n    - {path_prefix: /items, methods: [DELETE], policies: [login{S}]}\n", 1)
 }
 
 // TestBypass2 runs bypass2Tricks on the memory store and a real Redis.

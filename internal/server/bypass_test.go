@@ -71,7 +71,8 @@ type bypassTrick struct {
 	// untrusted makes the test client's address (127.0.0.1) an untrusted
 	// peer.
 	untrusted bool
-	// config, if set, edits the row's config.
+	// config, if set, edits the row's config (before {S} and the key
+	// hashes are filled in).
 	config func(cfg string) string
 	// prime requests are sent first and not counted.
 	prime []bypassReq
@@ -261,12 +262,13 @@ func runBypass(t *testing.T, tricks []bypassTrick) {
 			for row, tr := range tricks {
 				t.Run(tr.name, func(t *testing.T) {
 					s := fmt.Sprintf("_%s_%d", run, row)
-					cfg := strings.NewReplacer("{S}", s, "{FREE}", sluice.HashKey(bypassFree), "{ENT}", sluice.HashKey(bypassEnt)).Replace(bypassConfig)
-					if tr.untrusted {
-						cfg = strings.Replace(cfg, `trusted_proxies: [127.0.0.1/32, "::1"]`, `trusted_proxies: [10.0.0.0/8]`, 1)
-					}
+					cfg := bypassConfig
 					if tr.config != nil {
 						cfg = tr.config(cfg)
+					}
+					cfg = strings.NewReplacer("{S}", s, "{FREE}", sluice.HashKey(bypassFree), "{ENT}", sluice.HashKey(bypassEnt)).Replace(cfg)
+					if tr.untrusted {
+						cfg = strings.Replace(cfg, `trusted_proxies: [127.0.0.1/32, "::1"]`, `trusted_proxies: [10.0.0.0/8]`, 1)
 					}
 					o := svcOptions{config: cfg}
 					if url != "" {
