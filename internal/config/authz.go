@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -103,14 +104,38 @@ func NormalizePath(uri string) []string {
 		uri = uri[:i]
 	}
 	if i := strings.Index(uri, "://"); i >= 0 && !strings.Contains(uri[:i], "/") {
-		rest := uri[i+3:]
-		if j := strings.IndexByte(rest, '/'); j >= 0 {
-			uri = rest[j:]
-		} else {
-			uri = "/"
+		uri = afterAuthority(uri[i+3:])
+	}
+	forms := pathForms(nil, uri)
+	if len(uri) >= 2 && (uri[0] == '/' || uri[0] == '\\') && (uri[1] == '/' || uri[1] == '\\') {
+		// "//host/login" (or "/\host/login"): a backend that resolves the
+		// request target against a base URL, as WHATWG URL does (Node's
+		// docs: new URL(req.url, base)), reads "host" as an authority
+		// and serves /login.
+		forms = pathForms(forms, afterAuthority(uri[2:]))
+	}
+	return forms
+}
+
+// afterAuthority returns the path after the authority that starts rest,
+// "/" when there is none.
+func afterAuthority(rest string) string {
+	if j := strings.IndexAny(rest, `/\`); j >= 0 {
+		return rest[j:]
+	}
+	return "/"
+}
+
+// pathForms appends to forms the forms of the path uri that it lacks:
+// cleaned as it is, and cleaned after percent-decoding (up to three
+// times).
+func pathForms(forms []string, uri string) []string {
+	add := func(p string) {
+		if !slices.Contains(forms, p) {
+			forms = append(forms, p)
 		}
 	}
-	raw := cleanPath(uri)
+	add(cleanPath(uri))
 	dec := uri
 	for range 3 {
 		next := percentDecode(dec)
@@ -119,13 +144,10 @@ func NormalizePath(uri string) []string {
 		}
 		dec = next
 	}
-	if dec == uri {
-		return []string{raw}
+	if dec != uri {
+		add(cleanPath(dec))
 	}
-	if d := cleanPath(dec); d != raw {
-		return []string{raw, d}
-	}
-	return []string{raw}
+	return forms
 }
 
 func cleanPath(p string) string {
@@ -294,8 +316,8 @@ func (v *validator) compileRoute(at string, rs RouteSection, cfg *Config, policy
 			bad(field, "%q must be a path starting with '/', without query or fragment", p)
 			continue
 		}
-		forms := NormalizePath(p)
-		norm := forms[len(forms)-1]
+		forms := pathForms(nil, p)
+		norm := forms[len(forms)-1] // decoded
 		if field == ".path" {
 			r.Path = norm
 		} else {

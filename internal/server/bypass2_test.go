@@ -38,6 +38,14 @@ var bypass2Tricks = []bypassTrick{
 			"/logın", "/LOGıN/x", "/log%C4%B1n", "/log%c4%b1n?x", "/x/../logın",
 		}, i))
 	}},
+	// A backend that resolves the request target against a base URL
+	// (WHATWG URL, as Node's docs show: new URL(req.url, base)) serves
+	// //evil.example/login as /login.
+	{name: "authz/route not dodged by an authority in the path", limit: 2, want: 2, n: 6, req: func(s string, i int) bypassReq {
+		return authzReq("/v1/authz", "X-API-Key", bypassEnt, "X-Original-URI", rotate([]string{
+			"//evil.example/login", `/\evil.example/login`, `\\evil.example\login`, "//evil.example/%6Cogin?x", "http://a//evil.example/login",
+		}, i))
+	}},
 	// Rails, Symfony and Laravel, ASP.NET Core and Express serve a POST
 	// that says X-HTTP-Method-Override: DELETE (or ?_method=DELETE) as
 	// a DELETE.
