@@ -38,6 +38,24 @@ var bypass2Tricks = []bypassTrick{
 			"/logın", "/LOGıN/x", "/log%C4%B1n", "/log%c4%b1n?x", "/x/../logın",
 		}, i))
 	}},
+	// Headers sluice does not read cannot name the client (the peer,
+	// 127.0.0.1, is trusted and sends no X-Forwarded-For).
+	{name: "authz/X-Real-IP and Forwarded ignored", limit: 3, want: 3, n: 6, req: func(s string, i int) bypassReq {
+		return authzReq("/v1/authz", "X-Real-IP", fmt.Sprintf("198.51.100.%d", i), "Forwarded", fmt.Sprintf("for=198.51.100.%d", i),
+			"True-Client-IP", fmt.Sprintf("198.51.100.%d", i), "CF-Connecting-IP", fmt.Sprintf("198.51.100.%d", i))
+	}},
+	// Spellings of one address, as a trusted proxy may write it, are one
+	// client.
+	{name: "authz/X-Forwarded-For spellings of one address", limit: 3, want: 3, n: 8, req: func(s string, i int) bypassReq {
+		return authzReq("/v1/authz", "X-Forwarded-For", rotate([]string{
+			"198.51.100.9", "::ffff:198.51.100.9", "[::ffff:198.51.100.9]:80", " 198.51.100.9 ", "198.51.100.9:1234", "::FFFF:C633:6409",
+		}, i))
+	}},
+	{name: "authz/X-Forwarded-For spellings of one IPv6 /64", limit: 3, want: 3, n: 8, req: func(s string, i int) bypassReq {
+		return authzReq("/v1/authz", "X-Forwarded-For", rotate([]string{
+			"2001:DB8:9:9::1", "2001:db8:9:9:0:0:0:2", "[2001:db8:9:9::3]:443", "2001:0db8:0009:0009::4", "fe80::1%eth0, 2001:db8:9:9::5",
+		}, i))
+	}},
 	// A backend that resolves the request target against a base URL
 	// (WHATWG URL, as Node's docs show: new URL(req.url, base)) serves
 	// //evil.example/login as /login.
