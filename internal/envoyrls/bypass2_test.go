@@ -2,6 +2,7 @@ package envoyrls
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -11,7 +12,11 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestOverBoundsUnknownDomain: a request beyond the structural bounds is
@@ -96,5 +101,78 @@ func TestJSONCrossOriginRefused(t *testing.T) {
 	}
 	if st := post(); st != http.StatusTooManyRequests {
 		t.Fatalf("second: %d, want 429", st)
+	}
+}
+
+// TestBoundedDecoding: a message of more descriptors, or of more entries
+// in one, than the service takes is decoded within the bounds: gRPC's
+// 4 MiB let a request hold two million of either, a quarter of a
+// gigabyte decoded, before it could be answered OVER_LIMIT. It is still
+// OVER_LIMIT, with one status per descriptor; a message within the bounds
+// decodes as the standard decoder has it.
+func TestBoundedDecoding(t *testing.T) {
+	const n = 1 << 20
+	var descs, entries []byte
+	descs = protowire.AppendTag(descs, 1, protowire.BytesType)
+	descs = protowire.AppendString(descs, "test-domain")
+	entries = append([]byte(nil), descs...)
+	for range n {
+		descs = protowire.AppendTag(descs, 2, protowire.BytesType)
+		descs = protowire.AppendBytes(descs, nil)
+	}
+	var one []byte
+	for range n {
+		one = protowire.AppendTag(one, 1, protowire.BytesType)
+		one = protowire.AppendBytes(one, nil)
+	}
+	entries = protowire.AppendTag(entries, 2, protowire.BytesType)
+	entries = protowire.AppendBytes(entries, one)
+	svc, err := New(Options{Store: newFuzzStore(t), ConfigDir: "testdata/config", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name   string
+		wire   []byte
+		descs  int
+		maxMem uint64
+	}{
+		{"a million descriptors", descs, n, 24 << 20}, // their pointers (8 MB) and the message's copy
+		{"a million entries in one", entries, 1, 8 << 20},
+	} {
+		req := &rlsv3.RateLimitRequest{}
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		err := newCodec().Unmarshal(mem.BufferSlice{mem.SliceBuffer(c.wire)}, req)
+		runtime.ReadMemStats(&after)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := after.TotalAlloc - before.TotalAlloc; got > c.maxMem {
+			t.Errorf("%s: decoding took %d MB, want at most %d", c.name, got>>20, c.maxMem>>20)
+		}
+		if req.GetDomain() != "test-domain" || len(req.GetDescriptors()) != c.descs {
+			t.Fatalf("%s: domain %q, %d descriptors, want %d", c.name, req.GetDomain(), len(req.GetDescriptors()), c.descs)
+		}
+		resp, err := svc.ShouldRateLimit(context.Background(), req)
+		if err != nil || resp.GetOverallCode() != over || len(resp.GetStatuses()) != c.descs {
+			t.Fatalf("%s: %v, %d statuses, %v", c.name, resp.GetOverallCode(), len(resp.GetStatuses()), err)
+		}
+	}
+	// Within the bounds, and past smallMessage: as the standard decoder.
+	in := &rlsv3.RateLimitRequest{Domain: "test-domain", HitsAddend: 3}
+	for i := range maxDescriptors {
+		in.Descriptors = append(in.Descriptors, withHits(desc("key2", fmt.Sprint(i), "k", "v"), uint64(i)))
+	}
+	in.Descriptors[1] = manyEntries(maxEntries)
+	in.Descriptors[2] = withOverride(desc("key3", "x"), 7, typev3.RateLimitUnit_MINUTE, 2)
+	wire, err := proto.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := &rlsv3.RateLimitRequest{}
+	if err := newCodec().Unmarshal(mem.BufferSlice{mem.SliceBuffer(wire)}, got); err != nil || !proto.Equal(got, in) {
+		t.Fatalf("a request within the bounds decoded as %v, %v", got, err)
 	}
 }
