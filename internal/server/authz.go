@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/httplimit"
@@ -354,7 +355,7 @@ func headerKey(h http.Header, name string) (string, error) {
 			if strings.EqualFold(name, "Authorization") {
 				continue // Basic and other schemes carry no API key
 			}
-			k = strings.TrimSpace(v)
+			k = trimKey(v)
 		}
 		if k == "" {
 			continue
@@ -380,7 +381,17 @@ func bearerToken(v string) (string, bool) {
 	if rest != "" && rest[0] != ' ' && rest[0] != '\t' {
 		return "", false // another scheme, such as "Bearerx"
 	}
-	return strings.Trim(rest, " \t"), true
+	return trimKey(rest), true
+}
+
+// trimKey removes the white space around an API key: Unicode's (as Go's
+// strings.TrimSpace, .NET's Trim and Python's strip have it) and U+FEFF
+// (which JavaScript's trim removes too). An upstream that checks keys
+// after trimming so accepts "K\u00a0" as K; unless sluice trims as much,
+// under unknown_keys: default_tier each such spelling would be a fresh
+// key with a fresh limit. Keys hold no white space of their own.
+func trimKey(s string) string {
+	return strings.TrimFunc(s, func(r rune) bool { return unicode.IsSpace(r) || r == '\uFEFF' })
 }
 
 // peerAddr returns the address of the connection's peer.

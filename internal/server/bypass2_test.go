@@ -25,6 +25,15 @@ var bypass2Tricks = []bypassTrick{
 	{name: "authz/fresh unknown key beside the checked one", config: unknownKeysDefaultTier, limit: 3, want: 0, n: 6, req: func(s string, i int) bypassReq {
 		return authzReq("/v1/authz", "X-API-Key", fmt.Sprintf("sk-invented-%d", i), "Authorization", "Bearer "+bypassFree)
 	}},
+	// An upstream that trims keys (JavaScript's trim, .NET's Trim) takes
+	// "K\u00a0" for K; each spelling was a fresh unknown key.
+	{name: "authz/white space around a key is the key", config: unknownKeysDefaultTier, limit: 3, want: 3, n: 8, req: func(s string, i int) bypassReq {
+		return authzReq("/v1/authz", rotate([][]string{
+			{"Authorization", "Bearer " + bypassFree + "\u00a0"}, {"Authorization", "Bearer \ufeff" + bypassFree},
+			{"Authorization", "Bearer " + bypassFree + "\u3000\u2003"}, {"X-API-Key", bypassFree + "\ufeff"},
+			{"X-API-Key", "\u00a0" + bypassFree}, {"X-API-Key", "Bearer " + bypassFree + "\u0085"},
+		}, i)...)
+	}},
 	// A known key beside another credential (a JWT for the upstream) is
 	// charged as that key.
 	{name: "authz/known key beside a bearer token", config: unknownKeysDefaultTier, limit: 3, want: 3, n: 6, req: func(s string, i int) bypassReq {
