@@ -238,6 +238,16 @@ func (v *validator) compileAuthz(a *AuthzSection, cfg *Config, tierNames []strin
 			}
 			pfx = netip.PrefixFrom(addr, addr.BitLen())
 		}
+		if a := pfx.Addr(); a.Is4In6() {
+			// Peers and forwarded addresses are compared unmapped, and an
+			// IPv4 address is in no IPv6 prefix: "::ffff:10.0.0.0/104"
+			// would trust no proxy, and key every client as its proxy.
+			if pfx.Bits() < 96 {
+				v.addf(fmt.Sprintf("authz.trusted_proxies[%d]", i), "%q reaches past the IPv4-mapped addresses; give IPv4 and IPv6 prefixes apart", p)
+				continue
+			}
+			pfx = netip.PrefixFrom(a.Unmap(), pfx.Bits()-96)
+		}
 		out.TrustedProxies = append(out.TrustedProxies, pfx.Masked())
 	}
 	if a.UserHeader != "" && len(a.TrustedProxies) == 0 {

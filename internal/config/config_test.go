@@ -367,3 +367,33 @@ func TestPlainWindows(t *testing.T) {
 		t.Error("plain_windows: often was accepted")
 	}
 }
+
+// TestTrustedProxiesMapped: an IPv4-mapped IPv6 prefix in
+// authz.trusted_proxies trusts the IPv4 addresses it maps (peers and
+// forwarded addresses are compared unmapped); before, it trusted none, and
+// every client behind such a proxy was keyed as the proxy.
+func TestTrustedProxiesMapped(t *testing.T) {
+	cfg, err := Parse("proxies.yaml", []byte(`
+policies: {free: {limit: 10/min}}
+authz:
+  trusted_proxies: ["::ffff:10.0.0.0/104", "::ffff:192.0.2.1", "::FFFF:198.51.100.7/128", "2001:db8::/32", 10.1.2.3]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range cfg.Authz.TrustedProxies {
+		got = append(got, p.String())
+	}
+	if want := []string{"10.0.0.0/8", "192.0.2.1/32", "198.51.100.7/32", "2001:db8::/32", "10.1.2.3/32"}; !slices.Equal(got, want) {
+		t.Errorf("trusted proxies %q, want %q", got, want)
+	}
+	_, err = Parse("proxies.yaml", []byte(`
+policies: {free: {limit: 10/min}}
+authz:
+  trusted_proxies: ["::ffff:0:0/80"]
+`))
+	if err == nil || !strings.Contains(err.Error(), `proxies.yaml:4: authz.trusted_proxies[0]: "::ffff:0:0/80" reaches past the IPv4-mapped addresses`) {
+		t.Errorf("a prefix wider than the mapped addresses: %v", err)
+	}
+}

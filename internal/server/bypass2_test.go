@@ -193,3 +193,22 @@ func TestForwardedForForms(t *testing.T) {
 		}
 	}
 }
+
+// TestTrustedProxyMapped: a proxy listed by its IPv4-mapped IPv6 address
+// is trusted: its clients are keyed by their own addresses and it may
+// name users, instead of every client being keyed as the proxy.
+func TestTrustedProxyMapped(t *testing.T) {
+	s := "_mapped"
+	cfg := strings.NewReplacer("{S}", s, "{FREE}", sluice.HashKey(bypassFree), "{ENT}", sluice.HashKey(bypassEnt)).Replace(bypassConfig)
+	cfg = strings.Replace(cfg, `trusted_proxies: [127.0.0.1/32, "::1"]`, `trusted_proxies: ["::ffff:127.0.0.0/104"]`, 1)
+	svc := startService(t, svcOptions{config: cfg})
+	for _, c := range []struct{ hdr, value, identity string }{
+		{"X-Forwarded-For", "198.51.100.1", "ip:198.51.100.1"},
+		{"X-User-ID", "42", "user:42"},
+	} {
+		a := svc.do(t, "GET", "/v1/authz", "", c.hdr, c.value)
+		if got := a.header.Get("X-Sluice-Identity"); a.status != 200 || got != c.identity {
+			t.Errorf("%s: %s: %d, identity %q, want %q", c.hdr, c.value, a.status, got, c.identity)
+		}
+	}
+}
