@@ -180,3 +180,49 @@ func TestBoundedDecoding(t *testing.T) {
 		t.Fatalf("a request within the bounds decoded as %v, %v", got, err)
 	}
 }
+
+// TestJSONBounded: /json refuses a body of more objects than a request
+// within the bounds can hold before protojson decodes it (a megabyte of
+// "{}," decoded to some 50 MB); a request at the bounds is decoded and
+// answered, and braces inside strings are not objects.
+func TestJSONBounded(t *testing.T) {
+	e := newEnv(t, memStore, "testdata/config", nil)
+	h := e.svc.JSONHandler()
+	post := func(body string) (int, string) {
+		r := httptest.NewRequest("POST", "/json", strings.NewReader(body))
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code, w.Body.String()
+	}
+	var before, after runtime.MemStats
+	for _, body := range []string{
+		`{"domain":"test-domain","descriptors":[` + strings.TrimSuffix(strings.Repeat("{},", 340_000), ",") + `]}`,
+		`{"domain":"test-domain","descriptors":[{"entries":[` + strings.TrimSuffix(strings.Repeat("{},", 340_000), ",") + `]}]}`,
+	} {
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		code, msg := post(body)
+		runtime.ReadMemStats(&after)
+		if code != http.StatusBadRequest || !strings.Contains(msg, "JSON objects") {
+			t.Fatalf("%d KB of objects: %d %.200s", len(body)>>10, code, msg)
+		}
+		got := after.TotalAlloc - before.TotalAlloc
+		t.Logf("refusing %d KB of objects took %d KB", len(body)>>10, got>>10)
+		if got > 16<<20 { // the body read, twice over; decoding it took 50 MB
+			t.Errorf("refusing %d KB of objects took %d MB, want at most 16", len(body)>>10, got>>20)
+		}
+	}
+	// At the bounds: 256 descriptors of 64 entries, each with an override.
+	entry := `{"key":"k","value":"{v}"}`
+	d := `{"entries":[` + strings.TrimSuffix(strings.Repeat(entry+",", maxEntries), ",") + `],"limit":{"requestsPerUnit":5,"unit":"MINUTE"}}`
+	body := `{"domain":"test-domain","descriptors":[` + strings.TrimSuffix(strings.Repeat(d+",", maxDescriptors), ",") + `]}`
+	if n := jsonObjects([]byte(body)); n != maxJSONObjects {
+		t.Fatalf("a request at the bounds has %d objects, want %d", n, maxJSONObjects)
+	}
+	if code, msg := post(body); code != http.StatusOK && code != http.StatusTooManyRequests {
+		t.Fatalf("a request at the bounds: %d %.200s", code, msg)
+	}
+	if n := jsonObjects([]byte(`{"a":"{\"{","b":{"c":"}{"}}`)); n != 2 {
+		t.Errorf("objects of a text with braces in strings: %d, want 2", n)
+	}
+}
