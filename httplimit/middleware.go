@@ -210,9 +210,10 @@ const maxForwardedHops = 64
 // ClientIP returns the address of the client that sent r. It starts from
 // the connection's peer and, while that peer is a trusted proxy, steps one
 // hop back through X-Forwarded-For (right to left, across all its lines),
-// so a client cannot spoof its address by sending the header itself. It
-// stops at a malformed hop, and after maxForwardedHops trusted ones, at the
-// last address it could read.
+// so a client cannot spoof its address by sending the header itself. A hop
+// may carry a port or brackets (parseHop). It stops at a malformed hop,
+// and after maxForwardedHops trusted ones, at the last address it could
+// read.
 func ClientIP(r *http.Request, trusted []netip.Prefix) (netip.Addr, error) {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
@@ -222,7 +223,7 @@ func ClientIP(r *http.Request, trusted []netip.Prefix) (netip.Addr, error) {
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("%w: remote address %q", ErrNoKey, r.RemoteAddr)
 	}
-	ip = ip.Unmap()
+	ip = ip.Unmap().WithZone("") // a zoned address is in no prefix
 	lines := r.Header.Values("X-Forwarded-For")
 	for hops := 0; isTrusted(ip, trusted) && hops < maxForwardedHops; hops++ {
 		var hop string
@@ -239,13 +240,36 @@ func ClientIP(r *http.Request, trusted []netip.Prefix) (netip.Addr, error) {
 				lines = append(lines[:len(lines)-1:len(lines)-1], last[:i])
 			}
 		}
-		next, err := netip.ParseAddr(hop)
-		if err != nil {
+		next, ok := parseHop(hop)
+		if !ok {
 			return ip, nil // a malformed hop: stop at the last good one
 		}
-		ip = next.Unmap()
+		ip = next
 	}
 	return ip, nil
+}
+
+// parseHop reads an address of X-Forwarded-For as proxies write it: bare,
+// or with a port ("203.0.113.7:4711", "[2001:db8::1]:443", as Azure
+// Application Gateway appends them), or bracketed ("[2001:db8::1]").
+// Read as malformed, each of those would key every client behind such a
+// proxy as the proxy itself, one limit for all. A zone is dropped, and an
+// IPv4-mapped IPv6 address is the IPv4 one.
+func parseHop(hop string) (netip.Addr, bool) {
+	a, err := netip.ParseAddr(hop)
+	if err != nil {
+		ap, perr := netip.ParseAddrPort(hop)
+		switch {
+		case perr == nil:
+			a, err = ap.Addr(), nil
+		case len(hop) > 2 && hop[0] == '[' && hop[len(hop)-1] == ']':
+			a, err = netip.ParseAddr(hop[1 : len(hop)-1])
+		}
+		if err != nil || (a.Is4() && hop[0] == '[') {
+			return netip.Addr{}, false
+		}
+	}
+	return a.Unmap().WithZone(""), true
 }
 
 func isTrusted(ip netip.Addr, trusted []netip.Prefix) bool {

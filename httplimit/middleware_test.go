@@ -174,7 +174,7 @@ func TestKeyFuncsBypass(t *testing.T) {
 }
 
 func TestClientIP(t *testing.T) {
-	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("127.0.0.1/32")}
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("fe80::/10")}
 	cases := []struct {
 		remote, xff, want string
 	}{
@@ -185,6 +185,17 @@ func TestClientIP(t *testing.T) {
 		{"10.0.0.2:80", "10.0.0.5, 10.0.0.3", "10.0.0.5"},
 		{"10.0.0.2:80", "garbage, 198.51.100.7", "198.51.100.7"},
 		{"[::ffff:203.0.113.9]:1", "", "203.0.113.9"},
+		// Hops with ports and brackets, as some proxies write them.
+		{"10.0.0.2:80", "198.51.100.7:4711", "198.51.100.7"},
+		{"10.0.0.2:80", "6.6.6.6, 198.51.100.7:4711, 10.0.0.3:80", "198.51.100.7"},
+		{"10.0.0.2:80", "[2001:db8::7]:443", "2001:db8::7"},
+		{"10.0.0.2:80", "[2001:db8::7]", "2001:db8::7"},
+		{"10.0.0.2:80", "[::ffff:198.51.100.7]:1", "198.51.100.7"},
+		{"10.0.0.2:80", "fe80::7%eth0", "fe80::7"},
+		{"10.0.0.2:80", "198.51.100.7, [198.51.100.8]", "10.0.0.2"},     // not a form anyone writes
+		{"10.0.0.2:80", "198.51.100.7, 198.51.100.8:99999", "10.0.0.2"}, // port out of range
+		{"10.0.0.2:80", "198.51.100.7, [2001:db8::7", "10.0.0.2"},       // unclosed
+		{"[fe80::1%eth0]:80", "198.51.100.7", "198.51.100.7"},           // a zoned peer in a trusted prefix
 	}
 	for _, c := range cases {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)

@@ -5,7 +5,9 @@ import (
 	"net/netip"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
+	"unicode/utf8"
 )
 
 // Bounds of the authz section.
@@ -92,8 +94,8 @@ func (r *Route) MatchMethod(method string) bool {
 // NormalizePath returns the forms of an original request's URI (a path, or
 // a whole request target such as "http://h/a/b?q") that routes are matched
 // against: the path without query, fragment, scheme and authority;
-// with '\' read as '/' and ";params" removed from each segment, lower-case,
-// cleaned of "//", "." and ".." (path.Clean), once without percent-decoding
+// with '\' read as '/' and ";params" removed from each segment, lower-case
+// (foldCase), cleaned of "//", "." and ".." (path.Clean), once without percent-decoding
 // and once fully decoded. Matching every form errs towards applying a route:
 // a caller cannot step around it by spelling its path the way only the
 // upstream reads as the same.
@@ -102,14 +104,38 @@ func NormalizePath(uri string) []string {
 		uri = uri[:i]
 	}
 	if i := strings.Index(uri, "://"); i >= 0 && !strings.Contains(uri[:i], "/") {
-		rest := uri[i+3:]
-		if j := strings.IndexByte(rest, '/'); j >= 0 {
-			uri = rest[j:]
-		} else {
-			uri = "/"
+		uri = afterAuthority(uri[i+3:])
+	}
+	forms := pathForms(nil, uri)
+	if len(uri) >= 2 && (uri[0] == '/' || uri[0] == '\\') && (uri[1] == '/' || uri[1] == '\\') {
+		// "//host/login" (or "/\host/login"): a backend that resolves the
+		// request target against a base URL, as WHATWG URL does (Node's
+		// docs: new URL(req.url, base)), reads "host" as an authority
+		// and serves /login.
+		forms = pathForms(forms, afterAuthority(uri[2:]))
+	}
+	return forms
+}
+
+// afterAuthority returns the path after the authority that starts rest,
+// "/" when there is none.
+func afterAuthority(rest string) string {
+	if j := strings.IndexAny(rest, `/\`); j >= 0 {
+		return rest[j:]
+	}
+	return "/"
+}
+
+// pathForms appends to forms the forms of the path uri that it lacks:
+// cleaned as it is, and cleaned after percent-decoding (up to three
+// times).
+func pathForms(forms []string, uri string) []string {
+	add := func(p string) {
+		if !slices.Contains(forms, p) {
+			forms = append(forms, p)
 		}
 	}
-	raw := cleanPath(uri)
+	add(cleanPath(uri))
 	dec := uri
 	for range 3 {
 		next := percentDecode(dec)
@@ -118,13 +144,10 @@ func NormalizePath(uri string) []string {
 		}
 		dec = next
 	}
-	if dec == uri {
-		return []string{raw}
+	if dec != uri {
+		add(cleanPath(dec))
 	}
-	if d := cleanPath(dec); d != raw {
-		return []string{raw, d}
-	}
-	return []string{raw}
+	return forms
 }
 
 func cleanPath(p string) string {
@@ -138,7 +161,21 @@ func cleanPath(p string) string {
 		}
 		p = strings.Join(segs, "/")
 	}
-	return path.Clean("/" + strings.ToLower(p))
+	return path.Clean("/" + foldCase(p))
+}
+
+// foldCase lower-cases s. Outside ASCII it upper-cases first, so that
+// letters whose upper case is an ASCII letter meet it: "ı" (dotless i) and
+// "ſ" (long s) are "I" and "S" to a backend that compares paths
+// case-insensitively by upper case (.NET's OrdinalIgnoreCase, Java's
+// equalsIgnoreCase), so "/logın" must meet a "/login" route.
+func foldCase(s string) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return strings.ToLower(strings.ToUpper(s))
+		}
+	}
+	return strings.ToLower(s)
 }
 
 // percentDecode decodes the valid %XX escapes of s and keeps the rest.
@@ -200,6 +237,16 @@ func (v *validator) compileAuthz(a *AuthzSection, cfg *Config, tierNames []strin
 				continue
 			}
 			pfx = netip.PrefixFrom(addr, addr.BitLen())
+		}
+		if a := pfx.Addr(); a.Is4In6() {
+			// Peers and forwarded addresses are compared unmapped, and an
+			// IPv4 address is in no IPv6 prefix: "::ffff:10.0.0.0/104"
+			// would trust no proxy, and key every client as its proxy.
+			if pfx.Bits() < 96 {
+				v.addf(fmt.Sprintf("authz.trusted_proxies[%d]", i), "%q reaches past the IPv4-mapped addresses; give IPv4 and IPv6 prefixes apart", p)
+				continue
+			}
+			pfx = netip.PrefixFrom(a.Unmap(), pfx.Bits()-96)
 		}
 		out.TrustedProxies = append(out.TrustedProxies, pfx.Masked())
 	}
@@ -279,8 +326,8 @@ func (v *validator) compileRoute(at string, rs RouteSection, cfg *Config, policy
 			bad(field, "%q must be a path starting with '/', without query or fragment", p)
 			continue
 		}
-		forms := NormalizePath(p)
-		norm := forms[len(forms)-1]
+		forms := pathForms(nil, p)
+		norm := forms[len(forms)-1] // decoded
 		if field == ".path" {
 			r.Path = norm
 		} else {

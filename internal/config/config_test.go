@@ -273,7 +273,13 @@ func TestNormalizePath(t *testing.T) {
 		{"/login", []string{"/login"}},
 		{"", []string{"/"}},
 		{"/Login/", []string{"/login"}},
-		{"//a/./b/../login?x=1#f", []string{"/a/login"}},
+		{"//a/./b/../login?x=1#f", []string{"/a/login", "/login"}},
+		// A URL parser against a base reads "//host/..." as an authority.
+		{"//evil.example/Login", []string{"/evil.example/login", "/login"}},
+		{`/\evil.example\login`, []string{"/evil.example/login", "/login"}},
+		{"//evil.example", []string{"/evil.example", "/"}},
+		{"//%65vil/%6Cogin", []string{"/%65vil/%6cogin", "/evil/login", "/%6cogin", "/login"}},
+		{"http://evil.example\\login", []string{"/login"}},
 		{`\a\login`, []string{"/a/login"}},
 		{"/login;jsessionid=1/x;y", []string{"/login/x"}},
 		{"https://host.example:8443/Login?q", []string{"/login"}},
@@ -282,6 +288,11 @@ func TestNormalizePath(t *testing.T) {
 		{"/%252e%252e/login", []string{"/%252e%252e/login", "/login"}},
 		{"/a%2Fb", []string{"/a%2fb", "/a/b"}},
 		{"/%zz", []string{"/%zz"}},
+		// Letters whose upper case is ASCII: a backend comparing by upper
+		// case reads them as the ASCII letter.
+		{"/logın", []string{"/login"}},
+		{"/ſtatus/ÉTÉ", []string{"/status/été"}},
+		{"/log%C4%B1n", []string{"/log%c4%b1n", "/login"}},
 	} {
 		if got := NormalizePath(c.in); !slices.Equal(got, c.want) {
 			t.Errorf("NormalizePath(%q) = %q, want %q", c.in, got, c.want)
@@ -354,5 +365,35 @@ func TestPlainWindows(t *testing.T) {
 	}
 	if _, err := Parse("c.yaml", []byte("policies:\n  p: {limit: 5/s}\nstore: {plain_windows: often}\n")); err == nil {
 		t.Error("plain_windows: often was accepted")
+	}
+}
+
+// TestTrustedProxiesMapped: an IPv4-mapped IPv6 prefix in
+// authz.trusted_proxies trusts the IPv4 addresses it maps (peers and
+// forwarded addresses are compared unmapped); before, it trusted none, and
+// every client behind such a proxy was keyed as the proxy.
+func TestTrustedProxiesMapped(t *testing.T) {
+	cfg, err := Parse("proxies.yaml", []byte(`
+policies: {free: {limit: 10/min}}
+authz:
+  trusted_proxies: ["::ffff:10.0.0.0/104", "::ffff:192.0.2.1", "::FFFF:198.51.100.7/128", "2001:db8::/32", 10.1.2.3]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range cfg.Authz.TrustedProxies {
+		got = append(got, p.String())
+	}
+	if want := []string{"10.0.0.0/8", "192.0.2.1/32", "198.51.100.7/32", "2001:db8::/32", "10.1.2.3/32"}; !slices.Equal(got, want) {
+		t.Errorf("trusted proxies %q, want %q", got, want)
+	}
+	_, err = Parse("proxies.yaml", []byte(`
+policies: {free: {limit: 10/min}}
+authz:
+  trusted_proxies: ["::ffff:0:0/80"]
+`))
+	if err == nil || !strings.Contains(err.Error(), `proxies.yaml:4: authz.trusted_proxies[0]: "::ffff:0:0/80" reaches past the IPv4-mapped addresses`) {
+		t.Errorf("a prefix wider than the mapped addresses: %v", err)
 	}
 }

@@ -36,17 +36,82 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v
 func (c codec) Name() string { return proto.Name }
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
-	err := c.base.Unmarshal(data, v)
 	req, ok := v.(*rlsv3.RateLimitRequest)
-	if err == nil || !ok {
-		return err
+	if !ok {
+		return c.base.Unmarshal(data, v)
+	}
+	// As the proto codec does: one contiguous copy from the pool, which
+	// neither decoder retains.
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	b := buf.ReadOnlyData()
+	if len(b) > smallMessage {
+		if n, beyond := bounds(b); beyond {
+			// More descriptors or entries than the service takes: decoded
+			// by hand, within the bounds.
+			protov2.Reset(req)
+			req.Descriptors = make([]*ratelimitv3.RateLimitDescriptor, 0, n)
+			return unmarshalRequest(b, req)
+		}
+	}
+	err := protov2.Unmarshal(b, req)
+	if err == nil {
+		return nil
 	}
 	protov2.Reset(req)
-	if lerr := unmarshalRequest(data.Materialize(), req); lerr != nil {
+	if lerr := unmarshalRequest(b, req); lerr != nil {
 		return errors.Join(err, lerr)
 	}
 	return nil
 }
+
+// Bounded decoding
+//
+// A descriptor or an entry takes two bytes on the wire and some hundred
+// bytes decoded, so gRPC's 4 MiB bound on a message let one request hold
+// two million descriptors (or entries), a quarter of a gigabyte decoded,
+// before the service could answer it OVER_LIMIT (maxDescriptors,
+// maxEntries). A message that holds more than those is decoded by hand:
+// the descriptors past maxDescriptors+1 are one shared empty descriptor
+// (the count, and so the number of statuses, stays the request's), and a
+// descriptor keeps maxEntries+1 entries; the service answers it
+// OVER_LIMIT all the same.
+
+// smallMessage is the size under which a message cannot hold more than
+// maxDescriptors descriptors, nor a descriptor more than maxEntries
+// entries (each takes two bytes at least).
+const smallMessage = 2 * (maxEntries + 1)
+
+// bounds counts the descriptors of the RateLimitRequest in b and reports
+// whether it holds more than maxDescriptors of them, or a descriptor more
+// than maxEntries entries. Malformed wire format is left to the decoders
+// to report.
+func bounds(b []byte) (descs int, beyond bool) {
+	_ = fields(b, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+		if num != 2 || typ != protowire.BytesType {
+			return nil
+		}
+		if descs++; descs > maxDescriptors || beyond {
+			beyond = true
+			return nil
+		}
+		entries := 0
+		_ = fields(v, func(num protowire.Number, typ protowire.Type, _ []byte, _ uint64) error {
+			if num == 1 && typ == protowire.BytesType {
+				if entries++; entries > maxEntries {
+					beyond = true
+					return errBeyond
+				}
+			}
+			return nil
+		})
+		return nil
+	})
+	return descs, beyond
+}
+
+// errBeyond stops the count of a descriptor's entries.
+var errBeyond = errors.New("envoyrls: beyond the bounds")
 
 // errWire means a message is not valid protobuf wire format.
 var errWire = errors.New("envoyrls: malformed protobuf")
@@ -81,12 +146,19 @@ func fields(b []byte, f func(num protowire.Number, typ protowire.Type, v []byte,
 }
 
 // unmarshalRequest decodes a RateLimitRequest without checking that its
-// strings are UTF-8. Unknown fields are skipped.
+// strings are UTF-8, and within the bounds (see Bounded decoding).
+// Unknown fields are skipped.
 func unmarshalRequest(b []byte, req *rlsv3.RateLimitRequest) error {
+	var past *ratelimitv3.RateLimitDescriptor // the descriptors past the bound
 	return fields(b, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
 			req.Domain = string(v)
+		case num == 2 && typ == protowire.BytesType && len(req.Descriptors) > maxDescriptors:
+			if past == nil {
+				past = &ratelimitv3.RateLimitDescriptor{}
+			}
+			req.Descriptors = append(req.Descriptors, past)
 		case num == 2 && typ == protowire.BytesType:
 			d := &ratelimitv3.RateLimitDescriptor{}
 			if err := unmarshalDescriptor(v, d); err != nil {
@@ -104,6 +176,8 @@ func unmarshalDescriptor(b []byte, d *ratelimitv3.RateLimitDescriptor) error {
 	merge := protov2.UnmarshalOptions{Merge: true}
 	return fields(b, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
 		switch {
+		case num == 1 && typ == protowire.BytesType && len(d.Entries) > maxEntries:
+			// Past the bound: the descriptor is over it already.
 		case num == 1 && typ == protowire.BytesType:
 			e := &ratelimitv3.RateLimitDescriptor_Entry{}
 			err := fields(v, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {

@@ -216,22 +216,24 @@ func (s *Service) check(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 	}
 	cfg := s.cfg.Load()
 	dom := cfg.domains[req.GetDomain()]
-	dstats := s.metrics.unknown
+	dstats, domain := s.metrics.unknown, unknownDomain
 	if dom != nil {
-		dstats = dom.stats
-		if why := overBounds(descs); why != "" {
-			// Fail closed: whatever else the request carries, one of its
-			// descriptors may be over its limit.
-			dstats.tooLarge.Inc()
-			dstats.over.Inc()
-			s.log.Warn("envoyrls: request beyond the structural bounds answered OVER_LIMIT; check the route's rate_limits actions",
-				"domain", dom.name, "problem", why)
-			resp := overLimitAll(len(descs))
-			if tracing.Recording(ctx) {
-				traceCheck(ctx, dom, len(descs), nil, resp)
-			}
-			return resp, nil
+		dstats, domain = dom.stats, dom.name
+	}
+	if why := overBounds(descs); why != "" {
+		// Fail closed: whatever else the request carries, one of its
+		// descriptors may be over its limit. Checked for unknown domains
+		// too, before anything is allocated per descriptor: a 4 MiB
+		// message holds two million empty descriptors.
+		dstats.tooLarge.Inc()
+		dstats.over.Inc()
+		s.log.Warn("envoyrls: request beyond the structural bounds answered OVER_LIMIT; check the route's rate_limits actions",
+			"domain", domain, "problem", why)
+		resp := overLimitAll(len(descs))
+		if tracing.Recording(ctx) {
+			traceCheck(ctx, dom, len(descs), nil, resp)
 		}
+		return resp, nil
 	}
 	// Envoy sends one to a few descriptors: their items live on the stack.
 	var itemBuf [smallRequest]item
@@ -272,14 +274,14 @@ func overBounds(descs []*ratelimitv3.RateLimitDescriptor) string {
 	return ""
 }
 
-// overLimitAll answers OVER_LIMIT for every one of n descriptors.
+// overLimitAll answers OVER_LIMIT for every one of n descriptors. The
+// statuses are one and the same, read-only: n pointers, not n statuses.
 func overLimitAll(n int) *rlsv3.RateLimitResponse {
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT,
 		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)}
-	sts := make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
-	for i := range sts {
-		sts[i].Code = rlsv3.RateLimitResponse_OVER_LIMIT
-		resp.Statuses[i] = &sts[i]
+	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OVER_LIMIT}
+	for i := range resp.Statuses {
+		resp.Statuses[i] = st
 	}
 	return resp
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/httplimit"
@@ -108,7 +109,7 @@ func authzTargets(cfg *config.Config, r *http.Request) ([]target, int, error) {
 	var identity string
 	var tier *config.Tier
 	var apiKey *config.Key
-	key, err := apiKeyFrom(r.Header, a.APIKeyHeaders)
+	key, other, err := apiKeyFrom(r.Header, a.APIKeyHeaders)
 	if err != nil {
 		return nil, http.StatusBadRequest, err
 	}
@@ -121,6 +122,12 @@ func authzTargets(cfg *config.Config, r *http.Request) ([]target, int, error) {
 			tier = apiKey.Tier
 		case a.RejectUnknownKeys || a.DefaultTier == nil:
 			return nil, http.StatusUnauthorized, errors.New("unknown api key")
+		case other != "":
+			// An unknown key is its own identity (unknown_keys:
+			// default_tier), trusted because the upstream checks keys;
+			// but the upstream may check the other header, and a client
+			// could then send a fresh key here with each request.
+			return nil, http.StatusBadRequest, fmt.Errorf("an unknown API key beside a different one in %s: send one key", other)
 		default:
 			tier = a.DefaultTier
 		}
@@ -202,7 +209,9 @@ func selectableNames(a *config.Authz) string {
 // matches. The original URI, method and host are whatever the proxies
 // forward: X-Forwarded-Uri and X-Original-URI (Traefik, Caddy, NGINX), the
 // path below /v1/authz/ (Envoy), X-Forwarded-Method and X-Original-Method,
-// or the method itself below /v1/authz/, X-Forwarded-Host and the Host.
+// or the method itself below /v1/authz/, X-Forwarded-Host and the Host;
+// and the methods the upstream may serve the request as instead
+// (methodOverrideHeaders, ?_method= in the original URI).
 // A route applies when any of these values matches it, so a client that
 // adds a header of its own can only add routes, never escape one the proxy
 // reports.
@@ -224,9 +233,18 @@ func routePolicies(routes []config.Route, r *http.Request) ([]*config.Policy, er
 	var methods []string
 	if isBelow {
 		methods = append(methods, r.Method)
+		methods = appendMethodParams(methods, r.URL.RawQuery)
 	}
 	methods = appendValues(methods, r.Header, "X-Forwarded-Method")
 	methods = appendValues(methods, r.Header, "X-Original-Method")
+	for _, name := range methodOverrideHeaders {
+		methods = appendValues(methods, r.Header, name)
+	}
+	for _, u := range uris {
+		if _, q, ok := strings.Cut(u, "?"); ok {
+			methods = appendMethodParams(methods, q)
+		}
+	}
 	hosts := []string{config.NormalizeHost(r.Host)}
 	for _, h := range appendValues(nil, r.Header, "X-Forwarded-Host") {
 		hosts = append(hosts, config.NormalizeHost(h))
@@ -251,6 +269,30 @@ func routePolicies(routes []config.Route, r *http.Request) ([]*config.Policy, er
 		out = addPolicies(out, rt.Policies)
 	}
 	return out, nil
+}
+
+// methodOverrideHeaders carry the method a POST stands for, as Rails
+// (Rack::MethodOverride), Symfony and Laravel, ASP.NET Core's
+// UseHttpMethodOverride and Express's method-override read them: the
+// upstream serves a POST with "X-HTTP-Method-Override: DELETE" as a
+// DELETE, so a route for DELETE must apply to it.
+var methodOverrideHeaders = []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
+
+// appendMethodParams appends the values of the _method parameters of the
+// query q (Laravel, and Rails and Symfony for forms, read the method of a
+// POST from it), unescaped, empty ones left out.
+func appendMethodParams(dst []string, q string) []string {
+	q, _, _ = strings.Cut(q, "#")
+	for part := range strings.SplitSeq(q, "&") {
+		k, v, _ := strings.Cut(part, "=")
+		if k, err := url.QueryUnescape(k); err != nil || k != "_method" {
+			continue
+		}
+		if v, err := url.QueryUnescape(v); err == nil && strings.TrimSpace(v) != "" {
+			dst = append(dst, strings.TrimSpace(v))
+		}
+	}
+	return dst
 }
 
 // appendValues appends the comma-separated parts of every line of header
@@ -282,34 +324,48 @@ func singleValue(h http.Header, name string) (string, error) {
 }
 
 // apiKeyFrom returns the API key of the first of the headers that carries
-// one. "Authorization" carries one only with the Bearer scheme (in any
-// case, RFC 9110); in the other headers a Bearer scheme is removed too.
+// one, and the name of a later header that carries a different key ("" if
+// none does). "Authorization" carries one only with the Bearer scheme (in
+// any case, RFC 9110); in the other headers a Bearer scheme is removed too.
 // Several lines of one header with different keys are an error: the proxy
 // and sluice might each read another.
-func apiKeyFrom(h http.Header, names []string) (string, error) {
+func apiKeyFrom(h http.Header, names []string) (key, other string, err error) {
 	for _, name := range names {
-		key := ""
-		for _, v := range h.Values(name) {
-			k, isBearer := bearerToken(v)
-			if !isBearer {
-				if strings.EqualFold(name, "Authorization") {
-					continue // Basic and other schemes carry no API key
-				}
-				k = strings.TrimSpace(v)
-			}
-			if k == "" {
-				continue
-			}
-			if key != "" && k != key {
-				return "", fmt.Errorf("several different API keys in %s headers", name)
-			}
-			key = k
+		k, err := headerKey(h, name)
+		if err != nil {
+			return "", "", err
 		}
-		if key != "" {
-			return key, nil
+		switch {
+		case k == "":
+		case key == "":
+			key = k
+		case k != key && other == "":
+			other = name
 		}
 	}
-	return "", nil
+	return key, other, nil
+}
+
+// headerKey returns the API key that header name carries, or "".
+func headerKey(h http.Header, name string) (string, error) {
+	key := ""
+	for _, v := range h.Values(name) {
+		k, isBearer := bearerToken(v)
+		if !isBearer {
+			if strings.EqualFold(name, "Authorization") {
+				continue // Basic and other schemes carry no API key
+			}
+			k = trimKey(v)
+		}
+		if k == "" {
+			continue
+		}
+		if key != "" && k != key {
+			return "", fmt.Errorf("several different API keys in %s headers", name)
+		}
+		key = k
+	}
+	return key, nil
 }
 
 // bearerToken returns the credentials of a header value in the Bearer
@@ -325,20 +381,30 @@ func bearerToken(v string) (string, bool) {
 	if rest != "" && rest[0] != ' ' && rest[0] != '\t' {
 		return "", false // another scheme, such as "Bearerx"
 	}
-	return strings.Trim(rest, " \t"), true
+	return trimKey(rest), true
+}
+
+// trimKey removes the white space around an API key: Unicode's (as Go's
+// strings.TrimSpace, .NET's Trim and Python's strip have it) and U+FEFF
+// (which JavaScript's trim removes too). An upstream that checks keys
+// after trimming so accepts "K\u00a0" as K; unless sluice trims as much,
+// under unknown_keys: default_tier each such spelling would be a fresh
+// key with a fresh limit. Keys hold no white space of their own.
+func trimKey(s string) string {
+	return strings.TrimFunc(s, func(r rune) bool { return unicode.IsSpace(r) || r == '\uFEFF' })
 }
 
 // peerAddr returns the address of the connection's peer.
 func peerAddr(r *http.Request) (netip.Addr, error) {
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err == nil {
-		return ap.Addr().Unmap(), nil
+		return ap.Addr().Unmap().WithZone(""), nil // a zoned address is in no prefix
 	}
 	a, err := netip.ParseAddr(r.RemoteAddr)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("server: remote address %q: %w", r.RemoteAddr, err)
 	}
-	return a.Unmap(), nil
+	return a.Unmap().WithZone(""), nil
 }
 
 func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {

@@ -165,6 +165,8 @@ func FuzzAuthz(f *testing.F) {
 		{"GET", "/v1/authz", "[::1]:5", "sluice", "X-Forwarded-For: 2001:db8::1, 10.1.1.1"},
 		{"GET", "/v1/authz?policy=login", "10.0.0.1:5", "sluice", "X-API-Key: k-other"},
 		{"GET", "/v1/authz", "10.0.0.1:5", "sluice", "X-API-Key: k-free\nX-API-Key: k-ent"},
+		{"GET", "/v1/authz", "[::1%lo]:5", "sluice", "X-Forwarded-For: [2001:db8::1]:443\nX-API-Key: k-other\nAuthorization: Bearer k-free"},
+		{"POST", "/v1/authz/items?_method=DELETE", "10.0.0.1:5", "sluice", "X-HTTP-Method-Override: delete\nX-Original-URI: //h/log%C4%B1n"},
 	} {
 		f.Add(s[0], s[1], s[2], s[3], s[4])
 	}
@@ -193,7 +195,7 @@ func FuzzAuthz(f *testing.F) {
 			if perr != nil || strings.HasPrefix(id, "key:") {
 				continue
 			}
-			if !isTrusted(peer.Addr().Unmap(), cfg.Authz.TrustedProxies) && id != "ip:"+httplimit.IPKey(peer.Addr()) {
+			if !isTrusted(peer.Addr().Unmap().WithZone(""), cfg.Authz.TrustedProxies) && id != "ip:"+httplimit.IPKey(peer.Addr()) {
 				t.Fatalf("untrusted peer %s is keyed as %q", remote, id)
 			}
 		}

@@ -71,6 +71,9 @@ type bypassTrick struct {
 	// untrusted makes the test client's address (127.0.0.1) an untrusted
 	// peer.
 	untrusted bool
+	// config, if set, edits the row's config (before {S} and the key
+	// hashes are filled in).
+	config func(cfg string) string
 	// prime requests are sent first and not counted.
 	prime []bypassReq
 	n     int
@@ -245,7 +248,10 @@ var bypassTricks = []bypassTrick{
 
 // TestBypass runs each trick against the service on the memory store and
 // on a real Redis: the identity is never admitted more than its limit.
-func TestBypass(t *testing.T) {
+func TestBypass(t *testing.T) { runBypass(t, bypassTricks) }
+
+// runBypass runs tricks as TestBypass describes.
+func runBypass(t *testing.T, tricks []bypassTrick) {
 	run := fmt.Sprintf("%06x", rand.Uint32()&0xffffff)
 	for _, store := range []string{"memory", "redis"} {
 		t.Run(store, func(t *testing.T) {
@@ -253,10 +259,14 @@ func TestBypass(t *testing.T) {
 			if store == "redis" {
 				url = redistest.Standalone(t).URL()
 			}
-			for row, tr := range bypassTricks {
+			for row, tr := range tricks {
 				t.Run(tr.name, func(t *testing.T) {
 					s := fmt.Sprintf("_%s_%d", run, row)
-					cfg := strings.NewReplacer("{S}", s, "{FREE}", sluice.HashKey(bypassFree), "{ENT}", sluice.HashKey(bypassEnt)).Replace(bypassConfig)
+					cfg := bypassConfig
+					if tr.config != nil {
+						cfg = tr.config(cfg)
+					}
+					cfg = strings.NewReplacer("{S}", s, "{FREE}", sluice.HashKey(bypassFree), "{ENT}", sluice.HashKey(bypassEnt)).Replace(cfg)
 					if tr.untrusted {
 						cfg = strings.Replace(cfg, `trusted_proxies: [127.0.0.1/32, "::1"]`, `trusted_proxies: [10.0.0.0/8]`, 1)
 					}

@@ -60,8 +60,8 @@ func (s *Server) newConsole(cc *console.Config, sink console.TopSink) {
 	s.handle("GET /ui/api/series", "console", s.consoleOn(s.handleSeries))
 	s.handle("GET /ui/api/top", "console", s.consoleOn(s.handleTop))
 	s.handle("GET /ui/api/identity", "console", s.consoleOn(s.handleIdentity))
-	s.handle("POST /ui/api/reset", "console", s.consoleOn(s.handleConsoleReset))
-	s.handle("POST /ui/api/simulate", "console", s.consoleOn(s.handleSimulate))
+	s.handle("POST /ui/api/reset", "console", s.consoleOn(s.sameOrigin(s.handleConsoleReset)))
+	s.handle("POST /ui/api/simulate", "console", s.consoleOn(s.sameOrigin(s.handleSimulate)))
 }
 
 // consoleOn answers 404 while a reload has turned the console off.

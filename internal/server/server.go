@@ -90,6 +90,9 @@ type Server struct {
 	waiting atomic.Int64
 	sleep   func(context.Context, time.Duration) error
 	delay   *delayMetrics
+	// cop refuses cross-origin browser requests to the endpoints that
+	// charge or change state (sameOrigin).
+	cop http.CrossOriginProtection
 }
 
 // New validates opts and returns a Server.
@@ -123,12 +126,12 @@ func New(opts Options) (*Server, error) {
 	opts.Metrics.SetStoreStats(s.guard.stats)
 	s.cfg.Store(opts.Config)
 	s.mux = http.NewServeMux()
-	s.handle("POST /v1/check", "check", s.handleCheck)
+	s.handle("POST /v1/check", "check", s.sameOrigin(s.handleCheck))
 	s.handle("GET /v1/status", "status", s.handleStatus)
-	s.handle("POST /v1/reset", "reset", s.handleReset)
-	s.handle("PUT /v1/overrides", "overrides", s.handlePutOverride)
+	s.handle("POST /v1/reset", "reset", s.sameOrigin(s.handleReset))
+	s.handle("PUT /v1/overrides", "overrides", s.sameOrigin(s.handlePutOverride))
 	s.handle("GET /v1/overrides", "overrides", s.handleListOverrides)
-	s.handle("DELETE /v1/overrides", "overrides", s.handleDeleteOverride)
+	s.handle("DELETE /v1/overrides", "overrides", s.sameOrigin(s.handleDeleteOverride))
 	for path, allow := range map[string]string{"/v1/check": "POST", "/v1/status": "GET", "/v1/reset": "POST", "/v1/overrides": "GET, PUT, DELETE"} {
 		s.handle(path, "other", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
@@ -194,6 +197,23 @@ func (s *Server) handle(pattern, name string, h http.HandlerFunc) {
 		}()
 		h(sw, r)
 	})
+}
+
+// sameOrigin refuses, with 403, a browser's cross-origin request to h
+// (net/http's CrossOriginProtection: by Sec-Fetch-Site, else Origin
+// against Host). A page on any site a user of the private network opens
+// could otherwise POST a text/plain /v1/check (a simple request, sent
+// without a CORS preflight) and spend anyone's limit. Clients that are
+// not browsers send neither header and pass. /v1/authz is not wrapped:
+// proxies forward their clients' headers to it.
+func (s *Server) sameOrigin(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := s.cop.Check(r); err != nil {
+			writeError(w, http.StatusForbidden, "cross-origin browser request refused: %v", err)
+			return
+		}
+		h(w, r)
+	}
 }
 
 // handleReady answers whether this instance should get traffic. It reads

@@ -75,7 +75,7 @@ func TestAPIKeyFrom(t *testing.T) {
 		for i := 0; i+1 < len(c.hdr); i += 2 {
 			h.Add(c.hdr[i], c.hdr[i+1])
 		}
-		got, err := apiKeyFrom(h, names)
+		got, _, err := apiKeyFrom(h, names)
 		if got != c.want || (err != nil) != c.err {
 			t.Errorf("%q: %q, %v; want %q (error %v)", c.hdr, got, err, c.want, c.err)
 		}
