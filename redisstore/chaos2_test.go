@@ -29,8 +29,13 @@ func TestLateReplyKeepsConnection(t *testing.T) {
 	defer s.Close()
 	ctx := context.Background()
 	req := sluice.Request{Key: redistest.Prefix(t) + "k", Algorithm: sluice.GCRA, Limit: sluice.PerSecond(1_000_000), Cost: 1}
-	if _, err := s.Apply(ctx, sluice.OpAllow, req); err != nil {
-		t.Fatalf("no delay: %v", err)
+	// rueidis spreads keyed commands over a few connections, each dialled
+	// on first use: dial them all before replies slow down, or a call's
+	// handshake would cost a round trip of its own.
+	for range 100 {
+		if _, err := s.Apply(ctx, sluice.OpAllow, req); err != nil {
+			t.Fatalf("no delay: %v", err)
+		}
 	}
 	px.Delay.Store(int64(300 * time.Millisecond))
 	if _, err := s.Apply(ctx, sluice.OpAllow, req); err != nil {
@@ -42,13 +47,55 @@ func TestLateReplyKeepsConnection(t *testing.T) {
 	}
 	px.Hold.Store(false)
 	failed := 0
-	for range 4 {
+	for i := range 4 {
+		start := time.Now()
 		if _, err := s.Apply(ctx, sluice.OpAllow, req); err != nil {
 			failed++
-			t.Log(err)
+			t.Logf("call %d after %s: %v", i, time.Since(start), err)
 		}
 	}
 	if failed > 0 {
 		t.Fatalf("%d of 4 calls failed after one late reply, with replies in 300ms and a 550ms deadline", failed)
+	}
+}
+
+// A refund or a charge keeps its caller's deadline, even one beyond the
+// store's timeout: Redis applies it whether or not the reply comes in
+// time, so a caller that can wait learns that it was applied instead of
+// sending it again. Decisions keep the store's timeout.
+func TestSettlingKeepsCallerDeadline(t *testing.T) {
+	srv := redistest.Standalone(t)
+	px := redistest.NewProxy(t, srv.Addr)
+	s, err := New(context.Background(), Options{URL: px.URL(), Timeout: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	req := sluice.Request{Key: redistest.Prefix(t) + "k", Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: 100, Period: time.Hour, Burst: 100}, Cost: 1}
+	if _, err := s.Apply(context.Background(), sluice.OpPeek, req); err != nil {
+		t.Fatal(err)
+	}
+	px.Delay.Store(int64(300 * time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, op := range []sluice.Op{sluice.OpCharge, sluice.OpRefund} {
+		if _, err := s.Apply(ctx, op, req); err != nil {
+			t.Fatalf("%s with a 10s deadline, 300ms replies, a 100ms store timeout: %v", op, err)
+		}
+		if _, err := s.ApplyAll(ctx, op, []sluice.Request{req}); err != nil {
+			t.Fatalf("%s batch: %v", op, err)
+		}
+	}
+	// Each applied once: the two charges and the two refunds cancel out.
+	d, err := New(context.Background(), Options{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if p, err := d.Apply(context.Background(), sluice.OpPeek, req); err != nil || p.Remaining != 100 {
+		t.Fatalf("after: %+v %v, want 100 remaining", p, err)
+	}
+	if _, err := s.Apply(ctx, sluice.OpAllow, req); err == nil {
+		t.Fatal("a decision waited past the store's timeout")
 	}
 }
