@@ -2,7 +2,9 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,5 +99,128 @@ func TestSettlingKeepsCallerDeadline(t *testing.T) {
 	}
 	if _, err := s.Apply(ctx, sluice.OpAllow, req); err == nil {
 		t.Fatal("a decision waited past the store's timeout")
+	}
+}
+
+// Redis refusing writes (OOM under maxmemory noeviction) and Redis busy
+// with another client's endless script (BUSY) are store failures: a call
+// fails with ErrUnavailable (the guard's policy answers it) or, where Redis
+// lets the script write (under OOM a script whose first write is not a
+// denied command, such as the log's, runs whole), is decided and charged
+// as usual. Never is a call admitted without its charge, nor part of a
+// batch charged; the store works again once Redis does.
+func TestRefusedWritesAndBusyAreUnavailable(t *testing.T) {
+	srv := redistest.NewStandalone(t, "--maxmemory-policy", "noeviction", "--busy-reply-threshold", "50")
+	ctx := context.Background()
+	lim := sluice.Limit{Rate: 1000, Period: time.Hour, Burst: 1000}
+	stores := map[string]*Store{
+		"scripts": newStore(t, Options{URL: srv.URL(), DisableDenyCache: true}),
+		"plain":   newStore(t, Options{URL: srv.URL(), DisableDenyCache: true, PlainWindows: true}),
+	}
+	reqsOf := map[string][]sluice.Request{}
+	charged := map[string]int64{} // by key: units Redis confirmed
+	for name := range stores {
+		p := redistest.Prefix(t) + name
+		reqsOf[name] = []sluice.Request{
+			{Key: p + "{t}gcra", Algorithm: sluice.GCRA, Limit: lim, Cost: 1},
+			{Key: p + "{t}tb", Algorithm: sluice.TokenBucket, Limit: lim, Cost: 1},
+			{Key: p + "{t}fw", Algorithm: sluice.FixedWindow, Limit: sluice.PerHour(1000), Cost: 1},
+			{Key: p + "{t}swc", Algorithm: sluice.SlidingWindowCounter, Limit: sluice.PerHour(1000), Cost: 1},
+			{Key: p + "{t}log", Algorithm: sluice.SlidingWindowLog, Limit: sluice.PerHour(1000), Cost: 1},
+		}
+	}
+	var failed int
+	fault := func(what string) {
+		t.Helper()
+		for name, s := range stores {
+			reqs := reqsOf[name]
+			for _, r := range reqs {
+				for _, op := range []sluice.Op{sluice.OpAllow, sluice.OpCharge} {
+					d, err := s.Apply(ctx, op, r)
+					switch {
+					case err != nil && !errors.Is(err, sluice.ErrUnavailable):
+						t.Fatalf("%s, %s store, %s %s: %v, want ErrUnavailable", what, name, op, r.Algorithm, err)
+					case err != nil:
+						failed++
+					case op == sluice.OpCharge || d.Allowed:
+						charged[r.Key]++
+					}
+				}
+			}
+			ds, err := s.ApplyAll(ctx, sluice.OpAllow, reqs)
+			switch {
+			case err != nil && !errors.Is(err, sluice.ErrUnavailable):
+				t.Fatalf("%s, %s store, batch: %v, want ErrUnavailable", what, name, err)
+			case err != nil:
+				failed++
+			default:
+				for i := range reqs {
+					charged[reqs[i].Key]++
+				}
+				if !ds[0].Allowed {
+					t.Fatalf("%s, %s store: batch denied under the limit: %+v", what, name, ds)
+				}
+			}
+		}
+	}
+	check := func(what string) {
+		t.Helper()
+		for name, s := range stores {
+			reqs := reqsOf[name]
+			ds, err := s.ApplyAll(ctx, sluice.OpPeek, reqs)
+			if err != nil {
+				t.Fatalf("%s, %s store: %v", what, name, err)
+			}
+			for i, d := range ds {
+				if used := 1000 - d.Remaining; used != charged[reqs[i].Key] {
+					t.Fatalf("%s, %s store: %s used %d, but %d were confirmed", what, name, reqs[i].Algorithm, used, charged[reqs[i].Key])
+				}
+			}
+		}
+	}
+	// Over maxmemory: writes are refused with OOM.
+	if _, err := srv.Do(ctx, "CONFIG", "SET", "maxmemory", "1"); err != nil {
+		t.Fatal(err)
+	}
+	fault("OOM")
+	if _, err := srv.Do(ctx, "CONFIG", "SET", "maxmemory", "0"); err != nil {
+		t.Fatal(err)
+	}
+	check("after OOM")
+	t.Logf("under OOM: %d of %d calls failed, the others were charged", failed, 2*(2*5+1))
+	if failed == 0 {
+		t.Fatal("no call failed under OOM")
+	}
+	// Another client's script that never ends: BUSY after 50ms, until
+	// SCRIPT KILL.
+	failed = 0
+	busy := make(chan error, 1)
+	go func() {
+		_, err := srv.Do(ctx, "EVAL", "while true do end", "0")
+		busy <- err
+	}()
+	waitBusy := time.Now().Add(10 * time.Second)
+	for {
+		_, err := srv.Do(ctx, "PING")
+		if err != nil && strings.Contains(err.Error(), "BUSY") {
+			break
+		}
+		if time.Now().After(waitBusy) {
+			t.Fatalf("no BUSY within 10s: %v", err)
+		}
+	}
+	fault("BUSY")
+	if _, err := srv.Do(ctx, "SCRIPT", "KILL"); err != nil {
+		t.Fatal(err)
+	}
+	<-busy
+	check("after BUSY")
+	if want := 2 * (2*5 + 1); failed != want {
+		t.Fatalf("%d calls failed while Redis was BUSY, want all %d", failed, want)
+	}
+	for name, s := range stores {
+		if d, err := s.Apply(ctx, sluice.OpAllow, reqsOf[name][0]); err != nil || !d.Allowed {
+			t.Fatalf("%s store after BUSY: %+v %v", name, d, err)
+		}
 	}
 }
