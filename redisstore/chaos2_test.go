@@ -224,3 +224,41 @@ func TestRefusedWritesAndBusyAreUnavailable(t *testing.T) {
 		}
 	}
 }
+
+// Connections that went dead without closing (Redis moved, the old host
+// drops every packet) are given up and redialled, though the client now
+// keeps a connection when a call misses its deadline: every call fails
+// with ErrUnavailable at its deadline meanwhile, and the store answers
+// again within a few seconds, by itself.
+func TestStrandedConnectionsRedialled(t *testing.T) {
+	srv := redistest.Standalone(t)
+	px := redistest.NewProxy(t, srv.Addr)
+	s := newStore(t, Options{URL: px.URL(), Timeout: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	ctx := context.Background()
+	req := sluice.Request{Key: redistest.Prefix(t) + "k", Algorithm: sluice.GCRA, Limit: sluice.PerSecond(1_000_000), Cost: 1}
+	for range 100 {
+		if _, err := s.Apply(ctx, sluice.OpAllow, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	px.Strand()
+	start := time.Now()
+	failed := 0
+	for {
+		_, err := s.Apply(ctx, sluice.OpAllow, req)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, sluice.ErrUnavailable) {
+			t.Fatalf("stranded: %v", err)
+		}
+		failed++
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("no answer 30s after the connections went dead (%d calls failed)", failed)
+		}
+	}
+	t.Logf("answering again after %s, %d calls failed", time.Since(start), failed)
+	if failed == 0 {
+		t.Fatal("no call failed: the connections were not stranded")
+	}
+}

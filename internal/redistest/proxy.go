@@ -11,7 +11,8 @@ import (
 // Proxy is a TCP proxy in front of one Redis, for faults of the network
 // between a client and Redis: it can hold every byte (a black hole: it
 // accepts and reads, and forwards nothing until released), delay every
-// reply by a fixed time, or cut every connection.
+// reply by a fixed time, cut every connection, or strand them (black holes
+// for good, never closed).
 type Proxy struct {
 	// Hold, while true, forwards nothing in either direction; what
 	// arrives meanwhile is forwarded, in order, once it is false again.
@@ -24,8 +25,14 @@ type Proxy struct {
 	target string
 
 	mu    sync.Mutex
-	conns map[net.Conn]struct{}
+	links map[*link]struct{}
 	wg    sync.WaitGroup
+}
+
+// link is one client connection and its connection to Redis.
+type link struct {
+	client, server net.Conn
+	stranded       atomic.Bool // forwards nothing more, closes nothing
 }
 
 // NewProxy listens on a free loopback port and forwards to target (a
@@ -36,7 +43,7 @@ func NewProxy(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, links: map[*link]struct{}{}}
 	p.wg.Go(p.accept)
 	t.Cleanup(func() {
 		p.Hold.Store(false)
@@ -64,11 +71,12 @@ func (p *Proxy) accept() {
 			_ = c.Close()
 			continue // Redis is down: the client sees its connection closed
 		}
+		l := &link{client: c, server: s}
 		p.mu.Lock()
-		p.conns[c], p.conns[s] = struct{}{}, struct{}{}
+		p.links[l] = struct{}{}
 		p.mu.Unlock()
-		p.pipe(c, s, false)
-		p.pipe(s, c, true)
+		p.pipe(l, c, s, false)
+		p.pipe(l, s, c, true)
 	}
 }
 
@@ -80,7 +88,7 @@ type chunk struct {
 // pipe copies src to dst: a reader queues what arrives, with its time, and
 // a writer forwards it in order, once the proxy no longer holds and, for
 // replies, once the delay has passed since it arrived.
-func (p *Proxy) pipe(src, dst net.Conn, reply bool) {
+func (p *Proxy) pipe(l *link, src, dst net.Conn, reply bool) {
 	ch := make(chan chunk, 1024)
 	p.wg.Go(func() {
 		defer close(ch)
@@ -104,6 +112,9 @@ func (p *Proxy) pipe(src, dst net.Conn, reply bool) {
 			if reply {
 				time.Sleep(time.Until(c.at.Add(time.Duration(p.Delay.Load()))))
 			}
+			if l.stranded.Load() {
+				continue
+			}
 			if _, err := dst.Write(c.b); err != nil {
 				return
 			}
@@ -116,8 +127,21 @@ func (p *Proxy) pipe(src, dst net.Conn, reply bool) {
 func (p *Proxy) Cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for c := range p.conns {
-		_ = c.Close()
-		delete(p.conns, c)
+	for l := range p.links {
+		_ = l.client.Close()
+		_ = l.server.Close()
+		delete(p.links, l)
+	}
+}
+
+// Strand makes every connection open now a black hole for good, as when
+// Redis moved to another host and the old one drops every packet: they
+// forward nothing more and are not closed (the client must find out by
+// itself). New connections work as before.
+func (p *Proxy) Strand() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for l := range p.links {
+		l.stranded.Store(true)
 	}
 }
