@@ -247,15 +247,6 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		copt.MaxFlushDelay = cmp(opts.FlushDelay, DefaultFlushDelay)
 	}
 	copt.ConnWriteTimeout = max(c.timeout*4, time.Second)
-	// Always the pipelined mode: in its synchronous mode (a lone caller)
-	// rueidis closes the connection when a call misses its deadline, and
-	// the next call pays a redial (the handshake's round trip and its
-	// own), so a Redis answering in more than half the deadline was never
-	// reached again by a lone caller such as the guard's probe
-	// (TestLateReplyKeepsConnection). Pipelined, a late reply is read and
-	// dropped; a connection that stops answering altogether is closed
-	// after ConnWriteTimeout.
-	copt.AlwaysPipelining = true
 	c.conn.opt, c.conn.mode, c.conn.owns = copt, mode, true
 	c.cluster = mode == "cluster"
 	c.name = strings.Join(copt.InitAddress, ",")
