@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -247,5 +251,112 @@ func TestStrandedConnectionsRedialled(t *testing.T) {
 	t.Logf("answering again after %s, %d calls failed", time.Since(start), failed)
 	if failed == 0 {
 		t.Fatal("no call failed: the connections were not stranded")
+	}
+}
+
+// A key's slot moves to another master (CLUSTER SETSLOT MIGRATING /
+// IMPORTING, MIGRATE, SETSLOT NODE) while two stores hammer it: the
+// redirections (ASK while the slot migrates, MOVED after) are followed or
+// fail with ErrUnavailable, and the key's state moves with it: admitted
+// stays within the burst and what refilled meanwhile (+1).
+func TestClusterSlotMovesUnderLoad(t *testing.T) {
+	cl := redistest.NewCluster(t)
+	ctx := context.Background()
+	key := redistest.Prefix(t) + "{moving}k"
+	slot := strconv.Itoa(int(keySlot(key)))
+	ids := map[string]string{} // addr → node id
+	for _, n := range cl.Nodes {
+		id, err := n.Do(ctx, "CLUSTER", "MYID")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[n.Addr] = id.(string)
+	}
+	stores := []*Store{newStore(t, Options{URL: cl.URL(), DisableDenyCache: true}), newStore(t, Options{URL: cl.URL(), DisableDenyCache: true})}
+	for _, s := range stores {
+		if _, err := s.Nodes(ctx); err != nil { // learns the slots
+			t.Fatal(err)
+		}
+	}
+	var from, to *redistest.Server
+	for _, n := range cl.Nodes {
+		if n.Addr == stores[0].NodeOf(key) {
+			from = n
+		} else if to == nil {
+			to = n
+		}
+	}
+	if from == nil {
+		t.Fatalf("no master owns %s", stores[0].NodeOf(key))
+	}
+	lim := sluice.Limit{Rate: 1000, Period: time.Hour, Burst: 1000}
+	req := sluice.Request{Key: key, Algorithm: sluice.GCRA, Limit: lim, Cost: 1}
+	var admitted, failed atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	began := time.Now()
+	for i := range 8 {
+		s := stores[i%2]
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				d, err := s.Apply(ctx, sluice.OpAllow, req)
+				switch {
+				case err != nil && !errors.Is(err, sluice.ErrUnavailable):
+					t.Errorf("while the slot moves: %v", err)
+					return
+				case err != nil:
+					failed.Add(1)
+				case d.Allowed:
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	// A fifth of the burst before the move, the rest during and after it.
+	for admitted.Load() < lim.Burst/5 {
+		runtime.Gosched()
+	}
+	before := admitted.Load()
+	do := func(n *redistest.Server, args ...string) {
+		t.Helper()
+		if _, err := n.Do(ctx, args...); err != nil {
+			t.Fatalf("%s on %s: %v", args, n.Addr, err)
+		}
+	}
+	do(to, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[from.Addr])
+	do(from, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[to.Addr])
+	host, port, _ := strings.Cut(to.Addr, ":")
+	do(from, "MIGRATE", host, port, "", "0", "5000", "KEYS", key)
+	for _, n := range cl.Nodes {
+		do(n, "CLUSTER", "SETSLOT", slot, "NODE", ids[to.Addr])
+	}
+	moved := admitted.Load()
+	// Until the burst is spent on the new owner, or a while.
+	bound := time.Now().Add(10 * time.Second)
+	for time.Now().Before(bound) {
+		d, err := stores[0].Apply(ctx, sluice.OpPeek, req)
+		if err == nil && d.Remaining == 0 {
+			break
+		}
+		runtime.Gosched()
+	}
+	close(stop)
+	wg.Wait()
+	// The limit allows the burst and what refilled meanwhile (+1).
+	ideal := float64(lim.Burst) + float64(lim.Rate)*time.Since(began).Seconds()/lim.Period.Seconds()
+	t.Logf("admitted %d of a burst of %d (%d before the move, %d when it ended), %d calls failed", admitted.Load(), lim.Burst, before, moved, failed.Load())
+	if moved >= lim.Burst {
+		t.Fatal("the burst was spent before the slot moved")
+	}
+	if float64(admitted.Load()) > ideal+1 {
+		t.Fatalf("admitted %d, the limit allows %.1f (+1): the state did not move with the key", admitted.Load(), ideal)
+	}
+	if n, err := to.Do(ctx, "EXISTS", key); err != nil || n != int64(1) {
+		t.Fatalf("key on the new owner: %v %v", n, err)
 	}
 }
