@@ -32,7 +32,10 @@
 //     FailClosed denies; ReturnError returns an error wrapping
 //     ErrUnavailable. Decisions they make have Degraded set and Fallback
 //     naming the policy. Refund, charge and reset never get a policy
-//     answer: while the store cannot apply them they return an error.
+//     answer: while the store cannot apply them they return an error. One
+//     wrapping ErrCircuitOpen or ErrBusy was not sent; any other may have
+//     been applied (a deadline does not unsend a command), so a refund or
+//     a charge sent again after it may count twice.
 //
 // The over-admission each policy allows, per state of the store, is
 // written in docs/redis.md.

@@ -513,7 +513,13 @@ func (g *Guard) degrade(ctx context.Context, op sluice.Op, reqs []sluice.Request
 		cause = fmt.Errorf("%w: %w", ErrUnavailable, cause)
 	}
 	if op == sluice.OpRefund || op == sluice.OpCharge || op == sluice.OpReset {
-		return nil, fmt.Errorf("guard: %s on node %q not applied: %w", op, n.name, cause)
+		if errors.Is(cause, ErrCircuitOpen) || errors.Is(cause, ErrBusy) {
+			return nil, fmt.Errorf("guard: %s on node %q not sent: %w", op, n.name, cause)
+		}
+		// Sent, perhaps: Redis runs a command it received whether or not
+		// its reply comes in time. Sending a refund or a charge again may
+		// apply it twice (a reset is idempotent).
+		return nil, fmt.Errorf("guard: %s on node %q failed and may have been applied: %w", op, n.name, cause)
 	}
 	// A call that failed alone while its node works (circuit closed, last
 	// probe answered) is denied under Local: spending locally would spend

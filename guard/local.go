@@ -196,8 +196,10 @@ func allAllowed(ds []sluice.Decision) bool {
 }
 
 // settle charges the store with the debts owed on node, with up to 16
-// calls at once, each under the call deadline. Debts that could not be
-// charged are owed again; it reports whether all were charged.
+// calls at once, under ctx (the pass's deadline, settleTimeout). Debts
+// that could not be charged are owed again (a charge whose reply was lost
+// may then be charged twice: stricter, never looser); it reports whether
+// all were charged.
 func (c *core) settle(ctx context.Context, node string) bool {
 	debts := c.local.take(node)
 	if len(debts) == 0 {
@@ -220,9 +222,12 @@ func (c *core) settle(ctx context.Context, node string) bool {
 					c.local.owe(&d.req, d.node)
 					continue
 				}
-				cctx, cancel := context.WithTimeout(ctx, c.timeout)
-				dec, err := c.inner.Apply(cctx, sluice.OpCharge, d.req)
-				cancel()
+				// The pass's deadline, not a call's: the probe found the
+				// node answering, and a charge that misses a short deadline
+				// has reached Redis all the same, so owing it again charged
+				// it again at every probe while Redis stayed slower than a
+				// call's deadline (TestLocalDebtChargedOnceWhenRedisIsSlow).
+				dec, err := c.inner.Apply(ctx, sluice.OpCharge, d.req)
 				if err != nil {
 					failed.Store(true)
 					c.local.owe(&d.req, d.node)

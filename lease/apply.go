@@ -61,9 +61,9 @@ func (s *Store) peek(req *sluice.Request) (sluice.Decision, bool) {
 	if !ok || e.algo != req.Algorithm || e.limit != req.Limit {
 		return sluice.Decision{}, false
 	}
-	now := s.clk.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	now := s.clk.Now() // under the lock, as in take
 	if now >= e.expiry || e.tokens < max(req.Cost, 1) {
 		return sluice.Decision{}, false
 	}

@@ -213,8 +213,13 @@ const maxAttempts = 8
 // for putBack.
 func (s *Store) take(ctx context.Context, e *entry, cost int64) (sluice.Decision, uint64, outcome, error) {
 	for attempt := 0; ; attempt++ {
-		now := s.clk.Now()
+		// The clock is read under the lock: a goroutine paused between the
+		// two (a stopped or starved process) would otherwise decide on a
+		// time long past, after others have seen the lease expire, and
+		// spend a chunk charged long ago on top of a refilled limit. Under
+		// the lock, decisions are made in the order of their times.
 		e.mu.Lock()
+		now := s.clk.Now()
 		if attempt == 0 {
 			e.observe(now, cost, s.rateWindow)
 			e.lastUse = now
@@ -320,7 +325,10 @@ func (s *Store) fetch(e *entry, chunk int64) {
 		if e.tokens > 0 && recv >= e.expiry {
 			expired = e.drop()
 		}
-		exp := recv + s.ttl
+		// TTL counts from the charge, which Redis made after sent: not from
+		// the reply's processing, which a paused or starved process may do
+		// an hour later, when the limit has refilled under the chunk.
+		exp := sent + s.ttl
 		var windowEnd int64
 		if e.window() {
 			// The window the chunk was charged in ends no earlier than
@@ -334,8 +342,14 @@ func (s *Store) fetch(e *entry, chunk int64) {
 				exp = min(exp, e.expiry)
 			}
 		}
-		e.tokens += req.Cost
-		e.expiry = exp
+		if recv >= exp {
+			// Charged too long ago to be spent now: give it back (a refund
+			// is capped at a full limit, so it returns nothing twice).
+			expired += req.Cost
+		} else {
+			e.tokens += req.Cost
+			e.expiry = exp
+		}
 		e.starvedUntil = 0
 		e.storeRemaining = d.Remaining
 		e.resetAt = sent + int64(d.ResetAfter)

@@ -58,7 +58,9 @@ type Options struct {
 	// DefaultMinChunk (4) when zero.
 	MinChunk int64
 	// TTL is how long GCRA and token-bucket capacity may be held after the
-	// last fetch before it goes back to the store. DefaultTTL (3s) when
+	// last fetch was sent (the store charged it after that) before it goes
+	// back to the store: a reply read later, by a process that was stopped
+	// meanwhile, holds it for less, or not at all. DefaultTTL (3s) when
 	// zero.
 	TTL time.Duration
 	// IdleAfter is how long a key's capacity may sit unused before it goes

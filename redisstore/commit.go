@@ -231,8 +231,13 @@ func (s *Store) groupOf(node string) *committer {
 
 // exec runs script on keys (which share a node) with EVALSHA through
 // their node's group; a node that has lost the script (NOSCRIPT, after a
-// restart or SCRIPT FLUSH) is sent it by rueidis, alone.
-func (s *Store) exec(ctx context.Context, client rueidis.Client, script *rueidis.Lua, keys, args []string) rueidis.RedisResult {
+// restart or SCRIPT FLUSH) is sent it by rueidis, alone. alone sends it
+// alone anyway, for a call that keeps a deadline of its own (a group has
+// the store's timeout).
+func (s *Store) exec(ctx context.Context, client rueidis.Client, script *rueidis.Lua, keys, args []string, alone bool) rueidis.RedisResult {
+	if alone {
+		return script.Exec(ctx, client, keys, args)
+	}
 	group := s.groupOf(s.NodeOf(keys[0]))
 	sha := s.scripts.sha[script]
 	if group == nil || sha == "" {

@@ -250,10 +250,29 @@ func (s *Store) PingNode(ctx context.Context, node string) error {
 		}
 		client = nc
 	}
-	if err := client.Do(ctx, client.B().Ping().Build()).Error(); err != nil {
+	pctx, cancel := pipelined(ctx)
+	defer cancel()
+	if err := client.Do(pctx, client.B().Ping().Build()).Error(); err != nil {
 		return fmt.Errorf("redisstore: %w: ping %s: %w", ErrUnavailable, node, err)
 	}
 	return nil
+}
+
+// pipelined returns a context that ends when ctx does but has no deadline,
+// so that rueidis sends the command on its pipeline: a command with a
+// deadline sent alone goes in rueidis' synchronous mode, which closes the
+// connection when the deadline passes, and the next one pays a redial
+// (its handshake's round trip). A probe with a deadline under two round
+// trips then never reached a Redis slower than half of it again: every
+// ping timed out and redialled (TestPingReachesSlowRedis). Pipelined, a
+// late reply is read and dropped, and the next ping finds the connection.
+func pipelined(ctx context.Context) (context.Context, context.CancelFunc) {
+	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, cancel)
+	return pctx, func() {
+		stop()
+		cancel()
+	}
 }
 
 // Ping returns nil when Redis answers PING (every master, on Cluster).

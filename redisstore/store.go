@@ -66,7 +66,11 @@ type Options struct {
 	FlushDelay time.Duration
 
 	// Timeout is the deadline of every call to Redis, DefaultTimeout (50ms)
-	// when zero. A call that misses it fails with ErrUnavailable. Wrap the
+	// when zero. A call that misses it fails with ErrUnavailable. A refund
+	// or a charge whose context has a deadline has that one instead, even
+	// a later one: Redis applies it whether or not its reply comes in
+	// time, so a caller that can wait learns that it was applied rather
+	// than sending it again (the guard settles Local's charges so). Wrap the
 	// store in package guard for a failure policy, a circuit per node and
 	// a hard deadline while the client reconnects.
 	Timeout time.Duration
@@ -484,10 +488,10 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, req *sluice.Request, 
 	if client == nil {
 		return sluice.Decision{}, s.notConnected()
 	}
-	cctx, cancel := s.bound(ctx)
+	cctx, cancel := s.boundFor(ctx, op)
 	defer cancel()
 	s.calls.Add(1)
-	vals, err := s.exec(cctx, client, script, []string{key}, args).AsIntSlice()
+	vals, err := s.exec(cctx, client, script, []string{key}, args, settles(op)).AsIntSlice()
 	want := 2
 	if req.Algorithm == sluice.FixedWindow {
 		want = 3
@@ -506,6 +510,20 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, req *sluice.Request, 
 		r.y = vals[2]
 	}
 	return decideOp(op, req, r), nil
+}
+
+// settles reports a refund or a charge: applied by Redis whether or not
+// its reply comes in time, so not cut short by the store's timeout when
+// its caller gives it a deadline (Options.Timeout).
+func settles(op sluice.Op) bool { return op == sluice.OpRefund || op == sluice.OpCharge }
+
+// boundFor is bound, except that a refund or a charge keeps the caller's
+// deadline when it has one, however far.
+func (c *core) boundFor(ctx context.Context, op sluice.Op) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok && settles(op) {
+		return ctx, func() {}
+	}
+	return c.bound(ctx)
 }
 
 // bound returns ctx bounded by the store's timeout. A ctx whose deadline
@@ -569,7 +587,7 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 	if client == nil {
 		return nil, s.notConnected()
 	}
-	cctx, cancel := s.bound(ctx)
+	cctx, cancel := s.boundFor(ctx, op)
 	defer cancel()
 	s.calls.Add(1)
 	var vals []int64
@@ -577,13 +595,13 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 	if op == sluice.OpReset {
 		err = s.reset(cctx, client, reqs, keys, now)
 	} else {
-		vals, err = s.exec(cctx, client, script, keys, args).AsIntSlice()
+		vals, err = s.exec(cctx, client, script, keys, args, settles(op)).AsIntSlice()
 		if t, skewed := calendarMiss(vals, err); skewed {
 			// A calendar window was computed around a clock too far from
 			// Redis's: compute it around Redis's and ask once more.
 			if err = build(t); err == nil {
 				s.calls.Add(1)
-				vals, err = s.exec(cctx, client, script, keys, args).AsIntSlice()
+				vals, err = s.exec(cctx, client, script, keys, args, settles(op)).AsIntSlice()
 				if t, skewed := calendarMiss(vals, err); skewed {
 					err = fmt.Errorf("redisstore: calendar window: redis time %s lies outside the windows computed for it", time.Unix(0, t).UTC())
 				}
