@@ -435,6 +435,7 @@ type call struct {
 	prompt      int64
 	completion  int64
 	produced    int64 // completion tokens relayed in a stream
+	unread      bool  // a streamed event too long to read was relayed (relay.go): it may have held the usage
 	anth        anthropicUsage
 	settled     atomic.Bool
 	reserving   chan struct{}  // closed once a leased tier's reservation is taken (applyLeased)
@@ -808,6 +809,11 @@ func (g *Gateway) settle(c *call) {
 		// An upstream 4xx: nothing was generated.
 	case c.stream:
 		s.PromptTokens, s.CompletionTokens = c.promptEst, c.produced
+		if c.unread {
+			// The usage may have been in the event too long to read:
+			// keep at least the reservation, the best bound known.
+			s.CompletionTokens = max(s.CompletionTokens, c.reserved-c.promptEst)
+		}
 	default:
 		// A 2xx without usage: keep the reservation, the best bound known.
 		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst

@@ -1,0 +1,106 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/memstore"
+)
+
+// newEnvHandler puts a gateway on the memory store in front of an
+// upstream of the test's own, h: one that misbehaves in ways the fake
+// upstream does not script. e.up is nil.
+func newEnvHandler(t *testing.T, l Limits, h http.Handler) *env {
+	t.Helper()
+	up := httptest.NewServer(h)
+	t.Cleanup(up.Close)
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	st, err := memstore.New(memstore.Options{Clock: clk, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	cfg := &Config{
+		Upstream: UpstreamConfig{BaseURL: up.URL + "/v1", APIKeyEnv: "TEST_UPSTREAM_KEY"},
+		Models:   []string{"gpt-test"},
+		Store:    StoreConfig{Timeout: 5 * time.Second},
+		Tiers:    map[string]TierConfig{"t": Tier(l)},
+		Keys:     []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t"}},
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, store: st, clk: clk, cfg: cfg, client: cfg.Keys[0].Client, settled: make(chan Settlement, 100)}
+	gw, err := New(Options{
+		Config: cfg, Store: st,
+		Getenv:    func(string) string { return upstreamKey },
+		OnSettled: func(s Settlement) { e.settled <- s },
+		Logger:    slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.gw = gw
+	e.srv = httptest.NewServer(gw)
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+// A streamed event longer than the relay's 64 KiB line buffer used to
+// pass through unread. The responses API's response.completed event
+// carries the whole response, the request's instructions and tools
+// echoed, before its usage: a client that sent 64 KiB of instructions, or
+// asked for a long answer, had its usage go unseen and was charged the
+// estimate, with the reasoning tokens and any input the gateway cannot
+// see (previous_response_id) free. Now the long event is relayed as it
+// comes and parsed once whole; one too long to keep (over 16 MiB) leaves
+// at least the reservation charged.
+func TestSSELongUsageEvent(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		echo   int // bytes of instructions echoed in response.completed
+		usage  bool
+		relays bool
+	}{
+		{"usage after 80 KiB", 80 << 10, true, true},
+		{"usage after 2 MiB", 2 << 20, true, true},
+		{"event past the bound", maxSSELine + 1, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var sent bytes.Buffer
+			fmt.Fprintf(&sent, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n")
+			fmt.Fprintf(&sent, "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"instructions\":%q,"+
+				"\"usage\":{\"input_tokens\":50000,\"output_tokens\":3000,\"output_tokens_details\":{\"reasoning_tokens\":2999}}}}\n\n",
+				strings.Repeat("x", tc.echo))
+			e := newEnvHandler(t, Limits{RPM: 100, TPM: 1 << 30}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = w.Write(sent.Bytes())
+			}))
+			res := e.post(context.Background(), "/v1/responses", clientKey, `{"model":"gpt-test","stream":true,"input":"hi","max_output_tokens":4000}`)
+			got, err := io.ReadAll(res.Body)
+			if err != nil || !bytes.Equal(got, sent.Bytes()) {
+				t.Fatalf("relayed %d bytes (%v), want the upstream's %d unchanged", len(got), err, sent.Len())
+			}
+			s := e.settle()
+			if tc.usage {
+				if !s.UsageReported || s.PromptTokens != 50000 || s.CompletionTokens != 3000 || s.Actual != 53000 {
+					t.Fatalf("settled %+v, want the upstream's usage 50000+3000", s)
+				}
+				return
+			}
+			if s.Actual < s.Reserved {
+				t.Fatalf("settled %d for an unread event that may have held the usage, reserved %d", s.Actual, s.Reserved)
+			}
+		})
+	}
+}
