@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/internal/fakeopenai"
 	"github.com/sluice-io/sluice/memstore"
 )
 
@@ -103,4 +104,76 @@ func TestSSELongUsageEvent(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A request's concurrency slot and reservation are leases of lease_ttl.
+// A stream that outlived it (a long generation, or a client reading its
+// stream slowly, which holds the upstream) lost its slot while it ran: a
+// client with a concurrency limit of 1 could hold any number of streams,
+// and the late settlement found its lease lapsed and refunded nothing.
+// Now the leases of a request in flight are renewed every lease_ttl/3
+// (here every millisecond, the store's clock moved by hand).
+func TestBypassLongStreamKeepsSlot(t *testing.T) { bypassStores(t, testBypassLongStreamKeepsSlot) }
+
+func testBypassLongStreamKeepsSlot(t *testing.T, newEnv envFactory) {
+	hold, held := make(chan struct{}), make(chan struct{})
+	e := newEnv(t, Limits{RPM: 100, TPM: 100000, Concurrency: 1}, fakeopenai.Options{
+		CompletionTokens: 5, Default: fakeopenai.Fault{HoldAfter: 1, Hold: hold, Held: held},
+	})
+	renewed := make(chan struct{}, 1)
+	e.gw.renewEvery = time.Millisecond
+	e.gw.onRenew = func() {
+		select {
+		case renewed <- struct{}{}:
+		default:
+		}
+	}
+	// waitRenewal returns once a renewal has run wholly after the call.
+	waitRenewal := func() {
+		select {
+		case <-renewed:
+		default:
+		}
+		for range 2 { // the second began after the first ended, so after the call
+			select {
+			case <-renewed:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no lease renewal within 10s")
+			}
+		}
+	}
+	stream := `{"model":"gpt-test","stream":true,` + msgs + `,"max_tokens":5}`
+	first := make(chan []byte)
+	go func() {
+		res := e.do("POST", "/v1/chat/completions", "Bearer "+clientKey, stream, nil)
+		b, _ := io.ReadAll(res.Body)
+		first <- b
+	}()
+	<-held
+	ttl := e.cfg.LeaseTTL
+	for range 3 { // 1.5 lease_ttl in all
+		e.clk.Advance(ttl / 2)
+		waitRenewal()
+	}
+	e.up.Enqueue(fakeopenai.Fault{}) // not held, were it forwarded
+	res := e.do("POST", "/v1/chat/completions", "Bearer "+clientKey, `{"model":"gpt-test",`+msgs+`,"max_tokens":5}`, nil)
+	if res.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("a second request while the first streams for 1.5 lease_ttl: %d, want 429 (concurrency 1)", res.StatusCode)
+	}
+	close(hold)
+	if b := <-first; !bytes.Contains(b, []byte("[DONE]")) {
+		t.Fatalf("the long stream was cut: %q", b)
+	}
+	if s := e.settle(); s.Err != nil || !s.UsageReported {
+		t.Fatalf("the long stream's settlement: %+v, want its lease held and its usage settled", s)
+	}
+	if n := e.up.Count(); n != 1 {
+		t.Fatalf("upstream saw %d requests, want 1", n)
+	}
+	// Settled: the slot is free, and no renewal took it again.
+	e.clk.Advance(time.Second)
+	if res := e.do("POST", "/v1/chat/completions", "Bearer "+clientKey, `{"model":"gpt-test",`+msgs+`,"max_tokens":5}`, nil); res.StatusCode != 200 {
+		t.Fatalf("a request after the stream settled: %d", res.StatusCode)
+	}
+	e.settle()
 }

@@ -180,6 +180,8 @@ type Gateway struct {
 	prices       *pricing.Table
 	tokenCache   *aitoken.Cache   // exact counts of large messages, resent turn after turn
 	now          func() time.Time // time.Now; tests replace it
+	renewEvery   time.Duration    // how often a request's leases are renewed while in flight: LeaseTTL/3 (renew.go)
+	onRenew      func()           // when not nil, called after each renewal (tests)
 }
 
 // client is what a key resolves to.
@@ -293,6 +295,7 @@ func New(opts Options) (*Gateway, error) {
 		prices:       cfg.priceTable(),
 		tokenCache:   aitoken.NewCache(0),
 		now:          time.Now,
+		renewEvery:   cfg.LeaseTTL / 3,
 		closing:      make(chan struct{}),
 	}
 	for _, model := range cfg.allModels() {
@@ -434,8 +437,9 @@ type call struct {
 	usageSeen   bool
 	prompt      int64
 	completion  int64
-	produced    int64 // completion tokens relayed in a stream
-	unread      bool  // a streamed event too long to read was relayed (relay.go): it may have held the usage
+	produced    int64         // completion tokens relayed in a stream
+	unread      bool          // a streamed event too long to read was relayed (relay.go): it may have held the usage
+	renewal     *leaseRenewal // renews the leases while in flight (renew.go); read by settle once the handler returned
 	anth        anthropicUsage
 	settled     atomic.Bool
 	reserving   chan struct{}  // closed once a leased tier's reservation is taken (applyLeased)
@@ -512,6 +516,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer g.settleAsync(c) // also when the proxy aborts a broken stream
+	g.startRenewal(c)
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
 	// Hand the client the whole answer now; settling happens off its path.
 	_ = http.NewResponseController(w).Flush()
@@ -790,6 +795,7 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 
 // settle settles c's reservation; settleAsync makes sure it runs once.
 func (g *Gateway) settle(c *call) {
+	c.renewal.stop() // before the leases are released: a renewal after would take them again
 	c.readCapturedUsage()
 	g.observeTimes(c)
 	if c.reserving != nil {
