@@ -177,3 +177,56 @@ func testBypassLongStreamKeepsSlot(t *testing.T, newEnv envFactory) {
 	}
 	e.settle()
 }
+
+// Input the reservation did not count: a structured output's schema
+// (response_format, the responses API's text.format), a predicted output
+// (billed as completion when rejected) and a completion's suffix reach the
+// model, but the prompt estimate read messages, prompt, input,
+// instructions and tools only. A client put thousands of tokens there
+// beside max_tokens 1 and was reserved a handful, so parallel requests
+// passed the token burst and a dollar budget's hard stop, charged only
+// after the fact. Now they are counted as raw JSON text.
+func TestBypassHiddenInput(t *testing.T) { bypassStores(t, testBypassHiddenInput) }
+
+func testBypassHiddenInput(t *testing.T, newEnv envFactory) {
+	const burst = 1000
+	big := strings.Repeat("describe the field in great detail ", 400) // some 2400 tokens
+	schema := `{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object","properties":{"a":{"type":"string","description":"` + big + `"}}}}}`
+	for _, tc := range []struct{ name, path, body string }{
+		{"response_format schema", "/v1/chat/completions", `{"model":"gpt-test",` + msgs + `,"max_tokens":1,"response_format":` + schema + `}`},
+		{"responses text.format schema", "/v1/responses", `{"model":"gpt-test","input":"hi","max_output_tokens":1,"text":{"format":` + schema + `}}`},
+		{"prediction", "/v1/chat/completions", `{"model":"gpt-test",` + msgs + `,"max_completion_tokens":1,"prediction":{"type":"content","content":"` + big + `"}}`},
+		{"completion suffix", "/v1/completions", `{"model":"gpt-test","prompt":"hi","max_tokens":1,"suffix":"` + big + `"}`},
+		{"streamed", "/v1/chat/completions", `{"model":"gpt-test","stream":true,` + msgs + `,"max_tokens":1,"response_format":` + schema + `}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, Limits{RPM: 100, TPM: burst}, fakeopenai.Options{})
+			res := e.do("POST", tc.path, "Bearer "+clientKey, tc.body, nil)
+			if res.StatusCode != http.StatusTooManyRequests {
+				t.Fatalf("status %d, want 429 request_too_large: the request carries some 2400 tokens of input", res.StatusCode)
+			}
+			if ae := decodeError(t, res); ae.Error.Code == nil || *ae.Error.Code != "request_too_large" {
+				t.Fatalf("%+v, want request_too_large", ae.Error)
+			}
+			if n := e.up.Count(); n != 0 {
+				t.Fatalf("upstream saw %d requests", n)
+			}
+		})
+	}
+	// A small schema still fits, reserved with its tokens.
+	e := newEnv(t, Limits{RPM: 100, TPM: burst}, fakeopenai.Options{})
+	small := `{"type":"json_object"}`
+	plain := `{"model":"gpt-test",` + msgs + `,"max_tokens":5}`
+	res := e.do("POST", "/v1/chat/completions", "Bearer "+clientKey, plain, nil)
+	if res.StatusCode != 200 {
+		t.Fatalf("plain request: %d", res.StatusCode)
+	}
+	without := e.settle().Reserved
+	res = e.do("POST", "/v1/chat/completions", "Bearer "+clientKey, `{"model":"gpt-test",`+msgs+`,"max_tokens":5,"response_format":`+small+`}`, nil)
+	if res.StatusCode != 200 {
+		t.Fatalf("with a small response_format: %d", res.StatusCode)
+	}
+	if with := e.settle().Reserved; with <= without {
+		t.Fatalf("reserved %d with a response_format, %d without", with, without)
+	}
+}

@@ -44,6 +44,7 @@ const maxChoices = 128
 var readFields = []string{
 	"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of",
 	"messages", "prompt", "input", "instructions", "tools", "functions",
+	"response_format", "text", "prediction", "suffix",
 }
 
 // budgetFields are the completion budgets; the reservation uses the largest.
@@ -79,6 +80,34 @@ type wireBody struct {
 	Instructions        string            `json:"instructions"`
 	Tools               json.RawMessage   `json:"tools"`
 	Functions           json.RawMessage   `json:"functions"`
+	// Model input that package aitoken does not count (extraInput).
+	ResponseFormat json.RawMessage `json:"response_format"`
+	Text           json.RawMessage `json:"text"`
+	Prediction     json.RawMessage `json:"prediction"`
+	Suffix         json.RawMessage `json:"suffix"`
+}
+
+// extraInput estimates the tokens of the members that reach the model
+// beside the prompt: a structured output's JSON schema (chat's
+// response_format, the responses API's text.format), a predicted output
+// (billed when rejected) and a completion's suffix. Each is counted as raw
+// JSON text, punctuation included, an upper bound; exactly up to
+// aitoken.MaxExactBytes, past it with the heuristic, to bound the work.
+// Without it a client could put the bulk of its input where the
+// reservation does not look: a 2 MiB schema beside max_tokens 1 reserved
+// a few tokens.
+func (w *wireBody) extraInput(counter *aitoken.Counter) int64 {
+	var n int64
+	for _, raw := range []json.RawMessage{w.ResponseFormat, w.Text, w.Prediction, w.Suffix} {
+		switch {
+		case len(raw) == 0 || string(raw) == "null":
+		case len(raw) <= aitoken.MaxExactBytes:
+			n = addSat(n, counter.Count(string(raw)))
+		default:
+			n = addSat(n, aitoken.Count(string(raw)))
+		}
+	}
+	return n
 }
 
 // parsedBody is what the gateway reads of a request body.
@@ -125,10 +154,12 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 	}
 	req := aitoken.Request{Messages: w.Messages, Prompt: w.Prompt, Input: w.Input, Instructions: w.Instructions, Tools: w.Tools, Functions: w.Functions}
 	// Exact for OpenAI models, the heuristic for others (package aitoken).
-	p := &parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: aitoken.ForModel(w.Model).PromptTokensCached(&req, cache), choices: 1}
+	counter := aitoken.ForModel(w.Model)
+	p := &parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: counter.PromptTokensCached(&req, cache), choices: 1}
 	if ep == epEmbeddings {
 		return p, nil // no completion: the prompt is the whole cost
 	}
+	p.promptEst = addSat(p.promptEst, w.extraInput(counter))
 	for i, v := range []*int64{w.MaxCompletionTokens, w.MaxTokens, w.MaxOutputTokens} {
 		if v == nil {
 			continue
