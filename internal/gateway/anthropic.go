@@ -166,7 +166,7 @@ type anthropicBody struct {
 
 // parseAnthropicBody reads a /v1/messages or count_tokens body, with the
 // rules of parseBody: valid UTF-8, a JSON object, no case variants of the
-// members read, the last of repeated members.
+// members read, no member repeated in one object.
 func parseAnthropicBody(body []byte, ep endpoint) (*anthropicBody, *requestError) {
 	if !utf8.Valid(body) {
 		return nil, badRequest("invalid_json", "", "The request body is not valid UTF-8 JSON.")
@@ -189,7 +189,9 @@ func parseAnthropicBody(body []byte, ep endpoint) (*anthropicBody, *requestError
 		}
 		return nil, badRequest("invalid_json", "", "The request body is not valid JSON: %v", err)
 	}
-	if name, f := caseVariantMember(body, anthropicFields); f != "" {
+	if name, f, dup := ambiguousMember(body, anthropicFields); dup {
+		return nil, duplicateMember(name)
+	} else if f != "" {
 		return nil, badRequest("invalid_request_error", name, "%s: Extra inputs are not permitted (did you mean %q? member names are case-sensitive)", name, f)
 	}
 	if w.Model == "" {

@@ -230,3 +230,39 @@ func testBypassHiddenInput(t *testing.T, newEnv envFactory) {
 		t.Fatalf("reserved %d with a response_format, %d without", with, without)
 	}
 }
+
+// ambiguousMember finds a name repeated in one object at any depth, in
+// small objects and in large ones (a set past 16 members), escapes
+// decoded; the same name in different objects is no repetition.
+func TestAmbiguousMember(t *testing.T) {
+	var wide strings.Builder
+	for i := range 40 {
+		fmt.Fprintf(&wide, `"k%d":%d,`, i, i)
+	}
+	fields := []string{"max_tokens", "model"}
+	for _, tc := range []struct {
+		body, name, field string
+		dup               bool
+	}{
+		{`{"model":"m","max_tokens":1}`, "", "", false},
+		{`{"model":"m","max_tokens":1,"max_tokens":2}`, "max_tokens", "", true},
+		{`{"max_tokens":1,"max\u005ftokens":2}`, "max_tokens", "", true},
+		{`{"MAX_TOKENS":1,"max_tokens":2}`, "MAX_TOKENS", "max_tokens", false},
+		{`{"a":{"x":1,"y":{"x":2}},"b":{"x":3},"c":[{"x":1},{"x":2}]}`, "", "", false},
+		{`{"a":[{"x":1,"y":2,"x":3}]}`, "x", "", true},
+		{`{"a":{"b":{"c":{"d":1,"d":2}}}}`, "d", "", true},
+		{`{"s":"{\"x\":1,\"x\":2}","t":"\"x\""}`, "", "", false}, // inside strings
+		{`{` + wide.String() + `"k39x":1}`, "", "", false},
+		{`{` + wide.String() + `"k7":1}`, "k7", "", true},
+		{`{"o":{` + wide.String() + `"k3\u0039":1}}`, "k39", "", true},
+		{`{"o":{` + wide.String() + `"z":1},"p":{` + wide.String() + `"z":1}}`, "", "", false},
+	} {
+		name, field, dup := ambiguousMember([]byte(tc.body), fields)
+		if name != tc.name || field != tc.field || dup != tc.dup {
+			t.Errorf("%.60s: %q %q %v, want %q %q %v", tc.body, name, field, dup, tc.name, tc.field, tc.dup)
+		}
+	}
+	if _, err := parseAnthropicBody([]byte(`{"model":"claude-x","max_tokens":1,"messages":[],"max_tokens":100000}`), epMessages); err == nil {
+		t.Errorf("a Messages body with max_tokens twice was accepted")
+	}
+}

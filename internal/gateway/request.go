@@ -28,8 +28,9 @@ import (
 //     the gateway reads only by case (Unicode simple folding, as
 //     encoding/json and Go upstreams match) is refused, since a
 //     case-insensitive upstream could read it instead.
-//   - A repeated member is read as its last occurrence, as encoding/json,
-//     Python, JavaScript and Jackson do (serde refuses it).
+//   - A member repeated in one object, anywhere in the body, is refused:
+//     encoding/json, Python, JavaScript and Jackson read its last
+//     occurrence, gjson and simdjson its first, serde refuses it.
 //   - The reservation covers every completion budget the request names
 //     (the largest of max_tokens, max_completion_tokens, max_output_tokens)
 //     times every choice it may generate (the larger of n and best_of), and
@@ -145,7 +146,9 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 		}
 		return nil, badRequest("invalid_json", "", "We could not parse the JSON body of your request: %v", err)
 	}
-	if name, f := caseVariantMember(body, readFields); f != "" {
+	if name, f, dup := ambiguousMember(body, readFields); dup {
+		return nil, duplicateMember(name)
+	} else if f != "" {
 		return nil, badRequest("invalid_request_error", name,
 			"Unrecognized request argument %q: did you mean %q? Member names are case-sensitive.", name, f)
 	}
@@ -183,51 +186,122 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 	return p, nil
 }
 
-// caseVariantMember returns the first member name of body (a JSON object
-// that json.Unmarshal accepted) that differs from one of fields (the names
-// the gateway reads) only by case, and that field; or "", "". One pass over the bytes; only a
-// name with escapes is decoded.
-func caseVariantMember(body []byte, fields []string) (name, field string) {
-	depth, inString, keyNext, escaped := 0, false, false, false
+// ambiguousMember returns the first member name of body (a JSON object
+// that json.Unmarshal accepted) that another parser may read differently
+// from the gateway: a top-level name that differs from one of fields (the
+// names the gateway reads) only by case, with that field; or a name
+// repeated in one object, anywhere in the body, with dup true: encoding/json
+// reads the last occurrence, first-wins parsers (gjson, simdjson) the first,
+// so {"max_tokens":100000,"max_tokens":1} or a message whose long
+// "content" is followed by a short one would reserve the short reading and
+// run the long one. "", "", false when there is none. One pass over the
+// bytes without allocating, but for names with escapes (decoded) and
+// objects of more than smallObject members (a set).
+func ambiguousMember(body []byte, fields []string) (name, field string, dup bool) {
+	const smallObject = 16
+	type member struct {
+		from, to int  // the name: src[from:to]
+		decoded  bool // src is dec, not body
+	}
+	type container struct {
+		obj, keyNext bool
+		first        int                 // the object's first member in names
+		set          map[string]struct{} // its names, past smallObject members
+	}
+	var stackBuf [32]container
+	var namesBuf [64]member
+	stack, names := stackBuf[:0], namesBuf[:0]
+	var dec []byte // decoded names with escapes
+	bytesOf := func(m member) []byte {
+		if m.decoded {
+			return dec[m.from:m.to]
+		}
+		return body[m.from:m.to]
+	}
+	inString, escaped := false, false
 	keyStart := -1
 	for i := 0; i < len(body); i++ {
-		c := body[i]
 		if inString {
-			switch c {
-			case '\\':
-				i++
+			// Skip to the closing quote, escapes one by one.
+			j := bytes.IndexByte(body[i:], '"')
+			if j < 0 {
+				break // not reached: body is valid JSON
+			}
+			if k := bytes.IndexByte(body[i:i+j], '\\'); k >= 0 {
+				i += k + 1 // the loop skips the escaped byte
 				escaped = true
-			case '"':
-				inString = false
-				if keyStart >= 0 {
-					n := string(body[keyStart:i])
-					if escaped {
-						_ = json.Unmarshal(body[keyStart-1:i+1], &n)
-					}
-					keyStart = -1
-					if f := caseVariant(n, fields); f != "" {
-						return n, f
-					}
+				continue
+			}
+			i += j // the closing quote
+			inString = false
+			if keyStart < 0 {
+				continue
+			}
+			m := member{from: keyStart, to: i}
+			if escaped {
+				var n string
+				_ = json.Unmarshal(body[keyStart-1:i+1], &n)
+				m = member{from: len(dec), to: len(dec) + len(n), decoded: true}
+				dec = append(dec, n...)
+			}
+			keyStart = -1
+			key := bytesOf(m)
+			top := &stack[len(stack)-1]
+			if len(stack) == 1 {
+				if f := caseVariant(string(key), fields); f != "" {
+					return string(key), f, false
 				}
+			}
+			if top.set != nil {
+				if _, ok := top.set[string(key)]; ok {
+					return string(key), "", true
+				}
+				top.set[string(key)] = struct{}{}
+				continue
+			}
+			for _, o := range names[top.first:] {
+				if bytes.Equal(bytesOf(o), key) {
+					return string(key), "", true
+				}
+			}
+			names = append(names, m)
+			if len(names)-top.first > smallObject {
+				top.set = make(map[string]struct{}, 2*smallObject)
+				for _, o := range names[top.first:] {
+					top.set[string(bytesOf(o))] = struct{}{}
+				}
+				names = names[:top.first]
 			}
 			continue
 		}
-		switch c {
+		switch body[i] {
 		case '"':
 			inString, escaped = true, false
-			if depth == 1 && keyNext {
-				keyStart, keyNext = i+1, false
+			if n := len(stack); n > 0 && stack[n-1].obj && stack[n-1].keyNext {
+				keyStart, stack[n-1].keyNext = i+1, false
 			}
-		case '{', '[':
-			depth++
-			keyNext = depth == 1 && c == '{'
+		case '{':
+			stack = append(stack, container{obj: true, keyNext: true, first: len(names)})
+		case '[':
+			stack = append(stack, container{first: len(names)})
 		case '}', ']':
-			depth--
+			if n := len(stack); n > 0 {
+				names = names[:stack[n-1].first]
+				stack = stack[:n-1]
+			}
 		case ',':
-			keyNext = depth == 1
+			if n := len(stack); n > 0 && stack[n-1].obj {
+				stack[n-1].keyNext = true
+			}
 		}
 	}
-	return "", ""
+	return "", "", false
+}
+
+// duplicateMember refuses a body with a member name repeated in one object.
+func duplicateMember(name string) *requestError {
+	return badRequest("invalid_request_error", name,
+		"The member %q appears twice in one object; parsers disagree on which one counts, so the gateway refuses it. Send each member once.", name)
 }
 
 // caseVariant returns the member of fields that name differs from only by
