@@ -20,8 +20,9 @@ import (
 
 // newEnvHandler puts a gateway on the memory store in front of an
 // upstream of the test's own, h: one that misbehaves in ways the fake
-// upstream does not script. e.up is nil.
-func newEnvHandler(t *testing.T, l Limits, h http.Handler) *env {
+// upstream does not script. tune, when not nil, changes the configuration
+// first. e.up is nil.
+func newEnvHandler(t *testing.T, l Limits, h http.Handler, tune func(*Config)) *env {
 	t.Helper()
 	up := httptest.NewServer(h)
 	t.Cleanup(up.Close)
@@ -37,6 +38,9 @@ func newEnvHandler(t *testing.T, l Limits, h http.Handler) *env {
 		Store:    StoreConfig{Timeout: 5 * time.Second},
 		Tiers:    map[string]TierConfig{"t": Tier(l)},
 		Keys:     []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t"}},
+	}
+	if tune != nil {
+		tune(cfg)
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -86,7 +90,7 @@ func TestSSELongUsageEvent(t *testing.T) {
 			e := newEnvHandler(t, Limits{RPM: 100, TPM: 1 << 30}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Content-Type", "text/event-stream")
 				_, _ = w.Write(sent.Bytes())
-			}))
+			}), nil)
 			res := e.post(context.Background(), "/v1/responses", clientKey, `{"model":"gpt-test","stream":true,"input":"hi","max_output_tokens":4000}`)
 			got, err := io.ReadAll(res.Body)
 			if err != nil || !bytes.Equal(got, sent.Bytes()) {
@@ -264,5 +268,84 @@ func TestAmbiguousMember(t *testing.T) {
 	}
 	if _, err := parseAnthropicBody([]byte(`{"model":"claude-x","max_tokens":1,"messages":[],"max_tokens":100000}`), epMessages); err == nil {
 		t.Errorf("a Messages body with max_tokens twice was accepted")
+	}
+}
+
+// An upstream 429 or 5xx refunded the request as well as its tokens, so
+// while the upstream refused, a client's rpm did not bound what it sent:
+// each request was admitted again as soon as the last one settled, and
+// all of them reached the upstream (a shared upstream account counts the
+// refused requests too, keeping it throttled for every other key). Now a
+// request the upstream answered counts; its tokens are still refunded.
+func TestBypassUpstreamRefusals(t *testing.T) { bypassStores(t, testBypassUpstreamRefusals) }
+
+func testBypassUpstreamRefusals(t *testing.T, newEnv envFactory) {
+	const rpm = 3
+	for _, status := range []int{429, 500, 503} {
+		t.Run(fmt.Sprint(status), func(t *testing.T) {
+			e := newEnv(t, Limits{RPM: rpm, TPM: 100000}, fakeopenai.Options{Default: fakeopenai.Fault{Status: status}})
+			gatewayRefused := 0
+			for range 10 {
+				before := e.up.Count()
+				res := e.do("POST", "/v1/chat/completions", "Bearer "+clientKey, `{"model":"gpt-test",`+msgs+`,"max_tokens":5}`, nil)
+				if e.up.Count() > before {
+					if s := e.settle(); s.Actual != 0 {
+						t.Fatalf("an upstream %d charged %d tokens", status, s.Actual)
+					}
+					continue
+				}
+				if res.StatusCode != http.StatusTooManyRequests {
+					t.Fatalf("status %d from the gateway", res.StatusCode)
+				}
+				gatewayRefused++
+			}
+			if n := e.up.Count(); n != rpm || gatewayRefused != 10-rpm {
+				t.Fatalf("upstream saw %d requests, the gateway refused %d: want the rpm %d through", n, gatewayRefused, rpm)
+			}
+		})
+	}
+}
+
+// An upstream that had the request but did not answer it: past
+// upstream.timeout it may still be generating (and billing), so the
+// reservation stays charged, not refunded; a connection dropped after the
+// request was read charges the prompt. Either way the request counts. Only
+// a request the upstream never received is refunded whole
+// (TestUpstreamErrorsRefund).
+func TestUpstreamSilentAfterRequest(t *testing.T) {
+	body := `{"model":"gpt-test",` + msgs + `,"max_tokens":500}`
+	for _, tc := range []struct {
+		name    string
+		h       http.HandlerFunc
+		timeout time.Duration
+	}{
+		{"no headers within upstream.timeout", func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			<-r.Context().Done()
+		}, 50 * time.Millisecond},
+		{"connection dropped after the request", func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			panic(http.ErrAbortHandler)
+		}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := Limits{RPM: 10, TPM: 100000}
+			e := newEnvHandler(t, l, tc.h, func(c *Config) { c.Upstream.Timeout = tc.timeout })
+			res := e.post(context.Background(), "/v1/chat/completions", clientKey, body)
+			if res.StatusCode != http.StatusBadGateway {
+				t.Fatalf("status %d, want 502", res.StatusCode)
+			}
+			s := e.settle()
+			want := s.Reserved
+			if tc.timeout == 0 {
+				want = promptEstimate(t, body)
+			}
+			if s.Actual != want {
+				t.Fatalf("charged %d tokens (reserved %d), want %d", s.Actual, s.Reserved, want)
+			}
+			if got := e.remaining("rpm", sluice.GCRA, sluice.PerMinute(l.RPM)); got != l.RPM-1 {
+				t.Fatalf("rpm left %d, want %d: the upstream had the request", got, l.RPM-1)
+			}
+		})
 	}
 }

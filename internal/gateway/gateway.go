@@ -28,8 +28,10 @@
 // difference between reservation and actual usage refunded (OpRefund) or
 // charged (OpCharge), and the concurrency lease is released. Actual usage is
 // the upstream's usage when it reported it; for a stream cut short, the
-// prompt estimate plus the tokens relayed; for an upstream 429 or 5xx or an
-// unreachable upstream, nothing, and the request is refunded too. If the
+// prompt estimate plus the tokens relayed; for an upstream 429 or 5xx,
+// nothing; for an upstream that had the request and did not answer, the
+// reservation (past upstream.timeout) or the prompt estimate; only a
+// request the upstream never received is refunded whole. If the
 // gateway crashes before settling, nothing leaks: the concurrency lease
 // lapses after LeaseTTL and the token buckets refill at their rate.
 //
@@ -44,7 +46,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"os"
@@ -431,9 +435,11 @@ type call struct {
 	sent        time.Time // upstream round trip started
 	headersAt   time.Time
 	status      int
-	unreachable bool // no upstream response
-	rejected    bool // upstream answered 429 or 5xx
-	canceled    bool // the client went away before the response
+	unreachable bool        // no upstream response
+	wrote       atomic.Bool // the whole request was written to the upstream (set by the transport)
+	timedOut    bool        // unreachable: no response headers within upstream.timeout
+	rejected    bool        // upstream answered 429 or 5xx
+	canceled    bool        // the client went away before the response
 	usageSeen   bool
 	prompt      int64
 	completion  int64
@@ -720,6 +726,17 @@ type timedTransport struct{ next http.RoundTripper }
 func (t timedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if c := callFrom(req.Context()); c != nil {
 		c.sent = time.Now()
+		if c.ep != epNone {
+			// Whether the upstream got the request decides, if it does
+			// not answer, whether the request is refunded (settle).
+			req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+				WroteRequest: func(info httptrace.WroteRequestInfo) {
+					if info.Err == nil {
+						c.wrote.Store(true)
+					}
+				},
+			}))
+		}
 	}
 	return t.next.RoundTrip(req)
 }
@@ -785,6 +802,8 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	}
 	if c != nil {
 		c.unreachable = true
+		var ne net.Error
+		c.timedOut = errors.As(err, &ne) && ne.Timeout()
 		if c.ep != epNone {
 			g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_unreachable").Inc()
 		}
@@ -807,8 +826,20 @@ func (g *Gateway) settle(c *call) {
 	case c.usageSeen:
 		s.PromptTokens, s.CompletionTokens, s.UsageReported = c.prompt, c.completion, true
 		s.CacheCreationTokens, s.CacheReadTokens = c.anth.cacheCreation, c.anth.cacheRead
-	case c.rejected, c.unreachable:
-		refundRequests = true
+	case c.rejected:
+		// The upstream answered 429 or 5xx: it generated nothing, but it
+		// had the request, which counts. Refunding it let a client send
+		// requests without bound while the upstream refused them, keeping
+		// a shared upstream account throttled for every other key.
+	case c.unreachable && !c.wrote.Load():
+		refundRequests = true // the upstream never had the request
+	case c.unreachable && c.timedOut:
+		// No headers within upstream.timeout: the upstream may still be
+		// generating, and bill it. Keep the reservation, the best bound
+		// known (a request made to outlast the timeout is not free).
+		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst
+	case c.unreachable:
+		s.PromptTokens = c.promptEst // the upstream had the prompt, and failed
 	case c.canceled && c.status == 0:
 		s.PromptTokens = c.promptEst // the upstream may have read the prompt
 	case c.status/100 != 2:

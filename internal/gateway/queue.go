@@ -163,7 +163,7 @@ type capacityGrant struct {
 // c's own limits, in a call of its own (on Redis Cluster the capacity's
 // keys are in another hash slot): the concurrency lease released, the
 // tokens refunded or charged to actual, the request refunded when the
-// upstream refused it. Only a settlement that found c's own lease held
+// upstream never received it. Only a settlement that found c's own lease held
 // (held) touches tokens and requests, so that they are settled once, and
 // corrects the client's recent usage when fair in tokens. Then it wakes
 // the dispatcher: capacity may have freed for a waiting request.
