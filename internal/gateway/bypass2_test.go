@@ -349,3 +349,37 @@ func TestUpstreamSilentAfterRequest(t *testing.T) {
 		})
 	}
 }
+
+// A body with a Content-Encoding was read as JSON here and forwarded with
+// its Content-Encoding, for the upstream to decode first: the gateway
+// reserved from one reading and the upstream ran another (a raw deflate or
+// brotli stream can be made that is also valid JSON). Any coding but
+// identity is now refused, 415, and nothing is forwarded.
+func TestBypassContentEncoding(t *testing.T) { bypassStores(t, testBypassContentEncoding) }
+
+func testBypassContentEncoding(t *testing.T, newEnv envFactory) {
+	e := newEnv(t, Limits{RPM: 100, TPM: 100000}, fakeopenai.Options{})
+	body := `{"model":"gpt-test",` + msgs + `,"max_tokens":5}`
+	for _, enc := range [][]string{{"deflate"}, {"br"}, {"gzip"}, {"identity, gzip"}, {"identity", "zstd"}, {"x-custom"}} {
+		res := e.do("POST", "/v1/chat/completions", "Bearer "+clientKey, body, http.Header{"Content-Encoding": enc})
+		if res.StatusCode != http.StatusUnsupportedMediaType {
+			t.Errorf("Content-Encoding %q: status %d, want 415", enc, res.StatusCode)
+			if res.StatusCode == 200 {
+				e.settle()
+			}
+			continue
+		}
+		if ae := decodeError(t, res); ae.Error.Code == nil || *ae.Error.Code != "unsupported_content_encoding" {
+			t.Errorf("Content-Encoding %q: %+v", enc, ae.Error)
+		}
+	}
+	if n := e.up.Count(); n != 0 {
+		t.Fatalf("%d encoded bodies reached the upstream", n)
+	}
+	for _, enc := range []string{"identity", "IDENTITY"} {
+		if res := e.do("POST", "/v1/chat/completions", "Bearer "+clientKey, body, http.Header{"Content-Encoding": {enc}}); res.StatusCode != 200 {
+			t.Fatalf("Content-Encoding %s: status %d", enc, res.StatusCode)
+		}
+		e.settle()
+	}
+}

@@ -339,6 +339,15 @@ func addSat(a, b int64) int64 {
 // reservation and rewrites stream_options. It answers the client itself and
 // reports false on error.
 func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool {
+	if enc := encodedBody(r.Header); enc != "" {
+		// The gateway reads the bytes as JSON; an upstream would decode
+		// them first, and could read another request (raw deflate and
+		// brotli streams can be made that are also valid JSON).
+		w.Header().Set("x-should-retry", "false")
+		writeError(w, http.StatusUnsupportedMediaType, "invalid_request_error", "unsupported_content_encoding", "",
+			fmt.Sprintf("Content-Encoding %q is not supported by the gateway; send the body uncompressed.", truncateName(enc)))
+		return false
+	}
 	body, err := readBody(http.MaxBytesReader(w, r.Body, g.cfg.MaxBodyBytes), r.ContentLength, g.cfg.MaxBodyBytes)
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -424,6 +433,19 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 	}
 	c.reserved = max(c.reserved, 1)
 	return true
+}
+
+// encodedBody returns the request's Content-Encoding when it names any
+// coding but identity, or "".
+func encodedBody(h http.Header) string {
+	for _, v := range h.Values("Content-Encoding") {
+		for _, enc := range strings.Split(v, ",") {
+			if enc = strings.TrimSpace(enc); enc != "" && !strings.EqualFold(enc, "identity") {
+				return v
+			}
+		}
+	}
+	return ""
 }
 
 // includeUsageMember is what insertIncludeUsage adds to a request body.
