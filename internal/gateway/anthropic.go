@@ -355,7 +355,7 @@ func (c *call) inspectAnthropic(data []byte) {
 	}
 	switch ev.Type {
 	case "message_start":
-		if ev.Message == nil || ev.Message.Usage == nil {
+		if ev.Message == nil || ev.Message.Usage == nil || ev.Message.Usage.negative() {
 			return
 		}
 		c.anth.setInput(ev.Message.Usage)
@@ -374,7 +374,7 @@ func (c *call) inspectAnthropic(data []byte) {
 			return
 		}
 	case "message_delta":
-		if ev.Usage == nil {
+		if ev.Usage == nil || ev.Usage.negative() {
 			return
 		}
 		c.setAnthropicUsage(ev.Usage)

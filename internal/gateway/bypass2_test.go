@@ -383,3 +383,38 @@ func testBypassContentEncoding(t *testing.T, newEnv envFactory) {
 		e.settle()
 	}
 }
+
+// An upstream reporting a negative usage number was read as 0: the
+// request was charged nothing and its whole reservation refunded. Such a
+// usage is not believed now: the request settles as if none was
+// reported (a JSON answer keeps its reservation, a stream its estimate).
+func TestUpstreamNegativeUsage(t *testing.T) {
+	for _, tc := range []struct{ name, ctype, body, req string }{
+		{"json", "application/json",
+			`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok ok ok"}}],"usage":{"prompt_tokens":-1000,"completion_tokens":-5,"total_tokens":-1}}`,
+			`{"model":"gpt-test",` + msgs + `,"max_tokens":300}`},
+		{"detail", "application/json",
+			`{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"completion_tokens_details":{"reasoning_tokens":-9}}}`,
+			`{"model":"gpt-test",` + msgs + `,"max_tokens":300}`},
+		{"stream", "text/event-stream",
+			"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ok ok ok\"}}]}\n\n" +
+				"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":-1000,\"completion_tokens\":-5,\"total_tokens\":-1}}\n\ndata: [DONE]\n\n",
+			`{"model":"gpt-test","stream":true,` + msgs + `,"max_tokens":300}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnvHandler(t, Limits{RPM: 10, TPM: 100000}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", tc.ctype)
+				_, _ = io.WriteString(w, tc.body)
+			}), nil)
+			res := e.post(context.Background(), "/v1/chat/completions", clientKey, tc.req)
+			_, _ = io.Copy(io.Discard, res.Body)
+			s := e.settle()
+			if s.UsageReported || s.Actual <= 0 {
+				t.Fatalf("settled %+v: a negative usage believed", s)
+			}
+			if tc.ctype == "application/json" && s.Actual != s.Reserved {
+				t.Fatalf("charged %d, want the reservation %d", s.Actual, s.Reserved)
+			}
+		})
+	}
+}

@@ -33,14 +33,33 @@ type usageJSON struct {
 	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
 }
 
+// negative reports whether any number of u is below zero.
+func (u *usageJSON) negative() bool {
+	if min(u.PromptTokens, u.CompletionTokens, u.InputTokens, u.OutputTokens, u.TotalTokens,
+		u.CacheCreationInputTokens, u.CacheReadInputTokens) < 0 {
+		return true
+	}
+	for _, d := range []*tokenDetails{u.PromptTokensDetails, u.CompletionTokensDetails, u.InputTokensDetails, u.OutputTokensDetails} {
+		if d != nil && min(d.CachedTokens, d.ReasoningTokens) < 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // tokenDetails is the breakdown of a usage count.
 type tokenDetails struct {
 	CachedTokens    int64 `json:"cached_tokens"`
 	ReasoningTokens int64 `json:"reasoning_tokens"`
 }
 
-// setUsage records usage; negative numbers count as 0 and sums saturate.
+// setUsage records usage; sums saturate. A usage with a negative number
+// is not believed (it charged nothing: a free request): it is ignored, and
+// the request settles as if the upstream had reported none.
 func (c *call) setUsage(u *usageJSON) {
+	if u.negative() {
+		return
+	}
 	if c.ep.anthropic() {
 		c.setAnthropicUsage(u)
 		return
