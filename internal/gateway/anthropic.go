@@ -80,7 +80,7 @@ const anthropicImageTokens = 1600
 
 // anthropicFields are the members the gateway reads of a Messages body; a
 // member that differs from one only by case is refused.
-var anthropicFields = []string{"model", "max_tokens", "stream", "system", "messages", "tools"}
+var anthropicFields = []string{"model", "max_tokens", "stream", "system", "messages", "tools", "output_format", "output_config"}
 
 // anthropicWriter marks a response as Anthropic's: writeError writes
 // Anthropic's error shape to it.
@@ -181,6 +181,10 @@ func parseAnthropicBody(body []byte, ep endpoint) (*anthropicBody, *requestError
 		System    any    `json:"system"`
 		Messages  []any  `json:"messages"`
 		Tools     []any  `json:"tools"`
+		// A structured output's JSON schema, which the model reads too:
+		// counted as raw JSON text (rawInputTokens).
+		OutputFormat json.RawMessage `json:"output_format"`
+		OutputConfig json.RawMessage `json:"output_config"`
 	}
 	if err := json.Unmarshal(body, &w); err != nil {
 		var te *json.UnmarshalTypeError
@@ -209,6 +213,7 @@ func parseAnthropicBody(body []byte, ep endpoint) (*anthropicBody, *requestError
 		p.maxTokens = *w.MaxTokens
 	}
 	n := anthropicTokens(w.System) + anthropicTokens(w.Tools)
+	n = addSat(n, rawInputTokens(aitoken.ForModel(w.Model), w.OutputFormat, w.OutputConfig))
 	for _, m := range w.Messages {
 		n = addSat(n, aitoken.MessageOverhead+anthropicTokens(m))
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/internal/fakeanthropic"
 	"github.com/sluice-io/sluice/internal/fakeopenai"
 	"github.com/sluice-io/sluice/memstore"
 )
@@ -416,5 +417,27 @@ func TestUpstreamNegativeUsage(t *testing.T) {
 				t.Fatalf("charged %d, want the reservation %d", s.Actual, s.Reserved)
 			}
 		})
+	}
+}
+
+// Anthropic's structured output schema (output_format, output_config)
+// reaches the model too, and is counted like OpenAI's response_format.
+func TestBypassHiddenInputAnthropic(t *testing.T) {
+	up := fakeanthropic.New(t, fakeanthropic.Options{APIKey: upstreamKey})
+	e := newAnthEnv(t, Limits{RPM: 100, TPM: 1000}, up, nil, "")
+	schema := `{"type":"json_schema","schema":{"type":"object","properties":{"a":{"type":"string","description":"` +
+		strings.Repeat("describe the field in great detail ", 400) + `"}}}}`
+	for _, member := range []string{"output_format", "output_config"} {
+		body := `{"model":"claude-test","max_tokens":1,"messages":[{"role":"user","content":"hi"}],"` + member + `":` + schema + `}`
+		res := e.post(context.Background(), "/v1/messages", clientKey, body)
+		if res.StatusCode != http.StatusTooManyRequests {
+			t.Fatalf("%s: status %d, want 429: some 2400 tokens of input", member, res.StatusCode)
+		}
+		if ae := decodeAnthError(t, res); ae.Error.Type != "rate_limit_error" || res.Header.Get("x-should-retry") != "false" {
+			t.Fatalf("%s: %+v", member, ae)
+		}
+	}
+	if n := up.Count(); n != 0 {
+		t.Fatalf("upstream saw %d requests", n)
 	}
 }

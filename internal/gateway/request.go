@@ -81,25 +81,26 @@ type wireBody struct {
 	Instructions        string            `json:"instructions"`
 	Tools               json.RawMessage   `json:"tools"`
 	Functions           json.RawMessage   `json:"functions"`
-	// Model input that package aitoken does not count (extraInput).
+	// Model input that package aitoken does not count (rawInputTokens).
 	ResponseFormat json.RawMessage `json:"response_format"`
 	Text           json.RawMessage `json:"text"`
 	Prediction     json.RawMessage `json:"prediction"`
 	Suffix         json.RawMessage `json:"suffix"`
 }
 
-// extraInput estimates the tokens of the members that reach the model
-// beside the prompt: a structured output's JSON schema (chat's
-// response_format, the responses API's text.format), a predicted output
-// (billed when rejected) and a completion's suffix. Each is counted as raw
-// JSON text, punctuation included, an upper bound; exactly up to
+// rawInputTokens estimates the tokens of members that reach the model
+// beside the prompt, which package aitoken does not count: a structured
+// output's JSON schema (chat's response_format, the responses API's
+// text.format, Anthropic's output_format), a predicted output (billed when
+// rejected) and a completion's suffix. Each is counted as raw JSON text,
+// punctuation included, an upper bound; exactly up to
 // aitoken.MaxExactBytes, past it with the heuristic, to bound the work.
 // Without it a client could put the bulk of its input where the
 // reservation does not look: a 2 MiB schema beside max_tokens 1 reserved
 // a few tokens.
-func (w *wireBody) extraInput(counter *aitoken.Counter) int64 {
+func rawInputTokens(counter *aitoken.Counter, members ...json.RawMessage) int64 {
 	var n int64
-	for _, raw := range []json.RawMessage{w.ResponseFormat, w.Text, w.Prediction, w.Suffix} {
+	for _, raw := range members {
 		switch {
 		case len(raw) == 0 || string(raw) == "null":
 		case len(raw) <= aitoken.MaxExactBytes:
@@ -162,7 +163,7 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 	if ep == epEmbeddings {
 		return p, nil // no completion: the prompt is the whole cost
 	}
-	p.promptEst = addSat(p.promptEst, w.extraInput(counter))
+	p.promptEst = addSat(p.promptEst, rawInputTokens(counter, w.ResponseFormat, w.Text, w.Prediction, w.Suffix))
 	for i, v := range []*int64{w.MaxCompletionTokens, w.MaxTokens, w.MaxOutputTokens} {
 		if v == nil {
 			continue
