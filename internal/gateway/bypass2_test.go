@@ -441,3 +441,50 @@ func TestBypassHiddenInputAnthropic(t *testing.T) {
 		t.Fatalf("upstream saw %d requests", n)
 	}
 }
+
+// A model's limits and budgets were matched on its exact name, but its
+// price on the name without a dated snapshot suffix: a client limited on
+// gpt-test escaped the model's tpm and its model budget by naming
+// gpt-test-2024-08-06, which the upstream serves as the same model and
+// the gateway priced as it. A limit on a model now covers its snapshots.
+func TestBypassModelSnapshot(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey})
+	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
+	t.Cleanup(func() { _ = st.Close() })
+	e := newBudgetEnv(t, `
+upstream: {base_url: %[1]s, api_key_env: UP}
+store: {timeout: 5s}
+prices: {gpt-test: {input: 1000, output: 1000}, gpt-test-mini: {input: 1, output: 1}}
+tiers: {t: {rpm: 100, tpm: 1000000, models: {gpt-test: {tpm: 100}}, budgets: [{usd: 1000, per: day}, {usd: 0.05, per: day, model: gpt-test}]}}
+keys: [{name: one, hash: %[2]s, tier: t}]
+`, up, st)
+	for _, model := range []string{"gpt-test", "gpt-test-2024-08-06", "gpt-test-20240806"} {
+		// Over the model's tpm burst of 100.
+		res := e.do(0, "POST", "/v1/chat/completions", clientKey, `{"model":"`+model+`",`+msgs+`,"max_tokens":500}`)
+		if res.StatusCode != http.StatusTooManyRequests {
+			t.Errorf("%s, 500 tokens against the model's tpm 100: status %d, want 429", model, res.StatusCode)
+		}
+		// Within the tpm, over the model's $0.05 budget ($0.001 a token).
+		res = e.do(0, "POST", "/v1/chat/completions", clientKey, `{"model":"`+model+`",`+msgs+`,"max_tokens":90}`)
+		if res.StatusCode != http.StatusTooManyRequests {
+			t.Errorf("%s, $0.09 against the model's $0.05 budget: status %d, want 429", model, res.StatusCode)
+		}
+		// Within both: admitted, the model's limits in the headers.
+		res = e.do(0, "POST", "/v1/chat/completions", clientKey, `{"model":"`+model+`",`+msgs+`,"max_tokens":5}`)
+		if res.StatusCode != 200 {
+			t.Fatalf("%s, 5 tokens: status %d", model, res.StatusCode)
+		}
+		e.settle()
+		if !strings.Contains(res.Header.Get("Ratelimit-Policy"), "tpm:gpt-test") {
+			t.Errorf("%s: RateLimit-Policy %q does not name the model's tpm", model, res.Header.Get("Ratelimit-Policy"))
+		}
+	}
+	if n := up.Count(); n != 3 {
+		t.Fatalf("upstream saw %d requests, want the 3 that fit", n)
+	}
+	// Another model is not a snapshot of gpt-test.
+	if res := e.do(0, "POST", "/v1/chat/completions", clientKey, `{"model":"gpt-test-mini",`+msgs+`,"max_tokens":500}`); res.StatusCode != 200 {
+		t.Fatalf("gpt-test-mini: status %d", res.StatusCode)
+	}
+	e.settle()
+}

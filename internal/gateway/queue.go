@@ -239,6 +239,10 @@ func (g *Gateway) applyAdmit(ctx context.Context, w http.ResponseWriter, c *call
 	}
 	if _, ok := g.cfg.Queue.Capacity[c.rawModel]; ok {
 		it.Capacity = c.rawModel
+	} else if base := modelBase(c.rawModel); base != c.rawModel {
+		if _, ok := g.cfg.Queue.Capacity[base]; ok {
+			it.Capacity = base // a snapshot shares its model's capacity
+		}
 	}
 	if q.tokens {
 		it.Usage = float64(max(c.reserved, 1))
