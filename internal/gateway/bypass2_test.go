@@ -488,3 +488,39 @@ keys: [{name: one, hash: %[2]s, tier: t}]
 	}
 	e.settle()
 }
+
+// The client's Content-Type went upstream with the body the gateway had
+// read as JSON: sent as a form, the body's fields could be read from
+// inside a JSON string ("content":"&max_tokens=100000&") by an upstream
+// that parses forms. A metered request now always goes as
+// application/json.
+func TestBypassContentType(t *testing.T) { bypassStores(t, testBypassContentType) }
+
+func testBypassContentType(t *testing.T, newEnv envFactory) {
+	e := newEnv(t, Limits{RPM: 100, TPM: 100000}, fakeopenai.Options{})
+	body := `{"model":"gpt-test","messages":[{"role":"user","content":"&model=gpt-test&max_tokens=100000&n=128&"}],"max_tokens":5}`
+	for _, ct := range []string{"application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "text/plain", ""} {
+		req, err := http.NewRequest("POST", e.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+clientKey)
+		if ct != "" {
+			req.Header.Set("Content-Type", ct)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = res.Body.Close()
+		if res.StatusCode != 200 {
+			t.Fatalf("Content-Type %q: status %d", ct, res.StatusCode)
+		}
+		e.settle()
+	}
+	for _, r := range e.up.Requests() {
+		if got := r.Header.Values("Content-Type"); len(got) != 1 || got[0] != "application/json" {
+			t.Errorf("upstream got Content-Type %q, want application/json", got)
+		}
+	}
+}

@@ -746,8 +746,16 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 		out.ContentLength = int64(len(body))
 		out.Header["Content-Length"] = []string{strconv.Itoa(len(body))}
+		// The gateway read the body as JSON: the upstream must too, not
+		// as a form whose fields a JSON string could carry
+		// ("content":"&max_tokens=100000&").
+		out.Header["Content-Type"] = jsonContentType
 	}
 }
+
+// jsonContentType is the Content-Type of every metered request sent
+// upstream.
+var jsonContentType = []string{"application/json"}
 
 // timedTransport notes when the upstream round trip starts.
 type timedTransport struct{ next http.RoundTripper }
