@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -523,4 +524,46 @@ func testBypassContentType(t *testing.T, newEnv envFactory) {
 			t.Errorf("upstream got Content-Type %q, want application/json", got)
 		}
 	}
+}
+
+// OpenAI's priority processing (service_tier "priority", per request) is
+// billed up to twice a model's standard price, which is all the price
+// table knows: a key under a $0.05 budget could spend about $0.10 on the
+// shared upstream account. A request under a budget may not ask for a
+// dearer tier; without a budget (no price involved) it still may.
+func TestBypassServiceTier(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey})
+	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
+	t.Cleanup(func() { _ = st.Close() })
+	e := newBudgetEnv(t, `
+upstream: {base_url: %[1]s, api_key_env: UP}
+store: {timeout: 5s}
+prices: {gpt-test: {input: 1, output: 1}}
+tiers: {t: {rpm: 100, budgets: [{usd: 5, per: day}]}, free: {rpm: 100}}
+keys: [{name: one, hash: %[2]s, tier: t}, {name: two, hash: %[3]s, tier: free}]
+`, up, st)
+	for _, tier := range []string{`"priority"`, `"scale"`, `"PRIORITY"`} {
+		res := e.do(0, "POST", "/v1/chat/completions", clientKey, `{"model":"gpt-test",`+msgs+`,"max_tokens":5,"service_tier":`+tier+`}`)
+		var b struct {
+			Error struct{ Code string } `json:"error"`
+		}
+		_ = json.NewDecoder(res.Body).Decode(&b)
+		if res.StatusCode != http.StatusBadRequest || b.Error.Code != "unsupported_service_tier" {
+			t.Errorf("service_tier %s under a budget: %d %q, want 400 unsupported_service_tier", tier, res.StatusCode, b.Error.Code)
+		}
+	}
+	if n := up.Count(); n != 0 {
+		t.Fatalf("upstream saw %d requests", n)
+	}
+	for _, tier := range []string{`"flex"`, `"auto"`, `"default"`, `null`} {
+		if res := e.do(0, "POST", "/v1/chat/completions", clientKey, `{"model":"gpt-test",`+msgs+`,"max_tokens":5,"service_tier":`+tier+`}`); res.StatusCode != 200 {
+			t.Errorf("service_tier %s under a budget: %d", tier, res.StatusCode)
+		} else {
+			e.settle()
+		}
+	}
+	if res := e.do(0, "POST", "/v1/chat/completions", clientKey2, `{"model":"gpt-test",`+msgs+`,"max_tokens":5,"service_tier":"priority"}`); res.StatusCode != 200 {
+		t.Fatalf("service_tier priority without a budget: %d", res.StatusCode)
+	}
+	e.settle()
 }

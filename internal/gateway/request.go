@@ -45,7 +45,7 @@ const maxChoices = 128
 var readFields = []string{
 	"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of",
 	"messages", "prompt", "input", "instructions", "tools", "functions",
-	"response_format", "text", "prediction", "suffix",
+	"response_format", "text", "prediction", "suffix", "service_tier",
 }
 
 // budgetFields are the completion budgets; the reservation uses the largest.
@@ -86,6 +86,8 @@ type wireBody struct {
 	Text           json.RawMessage `json:"text"`
 	Prediction     json.RawMessage `json:"prediction"`
 	Suffix         json.RawMessage `json:"suffix"`
+	// ServiceTier may ask for a dearer price than the table's (budget.go).
+	ServiceTier *string `json:"service_tier"`
 }
 
 // rawInputTokens estimates the tokens of members that reach the model
@@ -123,6 +125,8 @@ type parsedBody struct {
 	budget   int64
 	explicit bool
 	choices  int64
+	// serviceTier is the service_tier asked for, "" when none.
+	serviceTier string
 }
 
 // parseBody reads a request body for endpoint ep.
@@ -160,6 +164,9 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 	// Exact for OpenAI models, the heuristic for others (package aitoken).
 	counter := aitoken.ForModel(w.Model)
 	p := &parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: counter.PromptTokensCached(&req, cache), choices: 1}
+	if w.ServiceTier != nil {
+		p.serviceTier = *w.ServiceTier
+	}
 	if ep == epEmbeddings {
 		return p, nil // no completion: the prompt is the whole cost
 	}
@@ -376,6 +383,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 	}
 	c.stream = p.stream
 	c.promptEst = p.promptEst
+	c.bud.serviceTier = p.serviceTier
 	budget := p.budget
 	if c.ep != epEmbeddings && !p.explicit {
 		budget = g.cfg.DefaultMaxTokens
