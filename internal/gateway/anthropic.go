@@ -218,7 +218,13 @@ func parseAnthropicBody(body []byte, ep endpoint) (*anthropicBody, *requestError
 		n = addSat(n, aitoken.MessageOverhead+anthropicTokens(m))
 	}
 	if bytes.Contains(body, []byte(`"cache_control"`)) {
-		n = cacheWriteTokens(n) // every input token may be a cache write
+		// Every input token may be a cache write; with a "ttl" (1h) one
+		// billed at twice the input price.
+		if bytes.Contains(body, []byte(`"ttl"`)) {
+			n = cacheWrite1hTokens(n)
+		} else {
+			n = cacheWriteTokens(n)
+		}
 	}
 	p.promptEst = n
 	return p, nil
@@ -263,6 +269,12 @@ func cacheWriteTokens(n int64) int64 {
 	return n + (n+3)/4
 }
 
+// cacheWrite1hTokens is n input tokens written to the cache for an hour
+// ("ttl": "1h"), as billed: 2·n.
+func cacheWrite1hTokens(n int64) int64 {
+	return 2 * min(max(n, 0), maxUsageTokens)
+}
+
 // cacheReadTokens is n input tokens read from the cache, as billed:
 // ⌈0.1·n⌉.
 func cacheReadTokens(n int64) int64 {
@@ -299,6 +311,8 @@ func (g *Gateway) prepareAnthropic(w http.ResponseWriter, c *call, body []byte) 
 // anthropicUsage is what a call learnt of Anthropic's usage.
 type anthropicUsage struct {
 	input, cacheCreation, cacheRead int64
+	// cacheCreation1h is the part of cacheCreation written for an hour.
+	cacheCreation1h int64
 	// startOutput is message_start's output_tokens; output the final
 	// count, when final.
 	startOutput, output int64
@@ -321,6 +335,17 @@ func (a *anthropicUsage) setInput(u *usageJSON) {
 	}
 	clamp := func(n int64) int64 { return min(max(n, 0), maxUsageTokens) }
 	a.input, a.cacheCreation, a.cacheRead = clamp(u.InputTokens), clamp(u.CacheCreationInputTokens), clamp(u.CacheReadInputTokens)
+	a.cacheCreation1h = 0
+	if cc := u.CacheCreation; cc != nil {
+		a.cacheCreation1h = min(clamp(cc.Ephemeral1h), a.cacheCreation)
+	}
+}
+
+// weightedInput is the input as Anthropic bills it, in input tokens:
+// input + ⌈1.25·5-minute writes⌉ + 2·1-hour writes + ⌈0.1·reads⌉.
+func (a *anthropicUsage) weightedInput() int64 {
+	writes := addSat(cacheWriteTokens(a.cacheCreation-a.cacheCreation1h), cacheWrite1hTokens(a.cacheCreation1h))
+	return addSat(addSat(a.input, writes), cacheReadTokens(a.cacheRead))
 }
 
 // applyAnthropicUsage sets the call's usage from what it learnt: the
@@ -329,7 +354,7 @@ func (a *anthropicUsage) setInput(u *usageJSON) {
 func (c *call) applyAnthropicUsage() {
 	a := &c.anth
 	c.usageSeen = true
-	c.prompt = addSat(addSat(a.input, cacheWriteTokens(a.cacheCreation)), cacheReadTokens(a.cacheRead))
+	c.prompt = a.weightedInput()
 	if a.final {
 		c.completion = a.output
 	} else {

@@ -567,3 +567,50 @@ keys: [{name: one, hash: %[2]s, tier: t}, {name: two, hash: %[3]s, tier: free}]
 	}
 	e.settle()
 }
+
+// Anthropic bills a cache write that lives an hour ("cache_control":
+// {"type":"ephemeral","ttl":"1h"}) at twice the input price, a 5-minute
+// one at 1.25 times; the gateway weighed every write at 1.25, so a client
+// writing its prompt for an hour was charged 1250 of every 2000 tokens
+// billed, on tpm and on budgets. Now 1-hour writes weigh 2, in the
+// reservation and from usage's cache_creation breakdown.
+func TestAnthropicHourCacheWrites(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		w5m, w1h   int64
+		wantPrompt int64
+	}{
+		{"5-minute writes", 1000, 0, 10 + 1250},
+		{"1-hour writes", 0, 1000, 10 + 2000},
+		{"both", 400, 600, 10 + 500 + 1200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnvHandler(t, Limits{RPM: 10, TPM: 1000000}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprintf(w, `{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"ok"}],"model":"claude-test",`+
+					`"stop_reason":"end_turn","usage":{"input_tokens":10,"cache_creation_input_tokens":%d,"cache_read_input_tokens":0,`+
+					`"cache_creation":{"ephemeral_5m_input_tokens":%d,"ephemeral_1h_input_tokens":%d},"output_tokens":5}}`, tc.w5m+tc.w1h, tc.w5m, tc.w1h)
+			}), nil)
+			res := e.post(context.Background(), "/v1/messages", clientKey,
+				`{"model":"claude-test","max_tokens":5,"system":[{"type":"text","text":"be brief","cache_control":{"type":"ephemeral","ttl":"1h"}}],"messages":[{"role":"user","content":"hi"}]}`)
+			_, _ = io.Copy(io.Discard, res.Body)
+			if res.StatusCode != 200 {
+				t.Fatalf("status %d", res.StatusCode)
+			}
+			if s := e.settle(); !s.UsageReported || s.PromptTokens != tc.wantPrompt {
+				t.Fatalf("settled prompt %d (%+v), want %d", s.PromptTokens, s, tc.wantPrompt)
+			}
+		})
+	}
+	// The reservation: every input token may be written for an hour.
+	p5, err5 := parseAnthropicBody([]byte(`{"model":"claude-test","max_tokens":1,"messages":[{"role":"user","content":[{"type":"text","text":"`+
+		strings.Repeat("word ", 400)+`","cache_control":{"type":"ephemeral"}}]}]}`), epMessages)
+	p1, err1 := parseAnthropicBody([]byte(`{"model":"claude-test","max_tokens":1,"messages":[{"role":"user","content":[{"type":"text","text":"`+
+		strings.Repeat("word ", 400)+`","cache_control":{"type":"ephemeral","ttl":"1h"}}]}]}`), epMessages)
+	if err5 != nil || err1 != nil {
+		t.Fatal(err5, err1)
+	}
+	if raw := p5.promptEst * 4 / 5; p1.promptEst < 2*raw {
+		t.Fatalf("estimate with a 1-hour cache write %d, want at least twice the raw %d", p1.promptEst, raw)
+	}
+}

@@ -112,8 +112,8 @@ type Settlement struct {
 	// PromptTokens and CompletionTokens are the usage the charge is based
 	// on: reported by the upstream when UsageReported, else estimated.
 	// For an Anthropic request PromptTokens weighs cached input as
-	// Anthropic bills it: input_tokens + ⌈1.25·CacheCreationTokens⌉ +
-	// ⌈0.1·CacheReadTokens⌉. Usage is the same split into disjoint kinds
+	// Anthropic bills it: input_tokens + ⌈1.25·CacheCreationTokens⌉ (2·
+	// for the part written for an hour) + ⌈0.1·CacheReadTokens⌉. Usage is the same split into disjoint kinds
 	// (cached input and reasoning reported by the upstream), which token
 	// limits weigh by the model's token_weights.
 	PromptTokens, CompletionTokens int64

@@ -31,12 +31,23 @@ type usageJSON struct {
 	// Anthropic's cached input (anthropic.go).
 	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
 	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
+	// The cache writes by lifetime: 1-hour writes cost more.
+	CacheCreation *cacheCreationJSON `json:"cache_creation"`
+}
+
+// cacheCreationJSON is Anthropic's breakdown of cache writes.
+type cacheCreationJSON struct {
+	Ephemeral5m int64 `json:"ephemeral_5m_input_tokens"`
+	Ephemeral1h int64 `json:"ephemeral_1h_input_tokens"`
 }
 
 // negative reports whether any number of u is below zero.
 func (u *usageJSON) negative() bool {
 	if min(u.PromptTokens, u.CompletionTokens, u.InputTokens, u.OutputTokens, u.TotalTokens,
 		u.CacheCreationInputTokens, u.CacheReadInputTokens) < 0 {
+		return true
+	}
+	if cc := u.CacheCreation; cc != nil && min(cc.Ephemeral5m, cc.Ephemeral1h) < 0 {
 		return true
 	}
 	for _, d := range []*tokenDetails{u.PromptTokensDetails, u.CompletionTokensDetails, u.InputTokensDetails, u.OutputTokensDetails} {
