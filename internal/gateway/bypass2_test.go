@@ -614,3 +614,47 @@ func TestAnthropicHourCacheWrites(t *testing.T) {
 		t.Fatalf("estimate with a 1-hour cache write %d, want at least twice the raw %d", p1.promptEst, raw)
 	}
 }
+
+// A responses request with background: true runs on upstream after its
+// request returns or its client leaves, and its final usage is read with
+// GET /v1/responses/{id}, which does not pass the gateway's metering. A
+// client that set no max_output_tokens had the default reserved but
+// nothing forwarded to bound the run; one that left its stream at once
+// was refunded down to the prompt while the response ran to the end. Now
+// a background request is forwarded with the cap it reserved, and keeps
+// its reservation unless its usage passes through.
+func TestBypassBackgroundResponse(t *testing.T) { bypassStores(t, testBypassBackgroundResponse) }
+
+func testBypassBackgroundResponse(t *testing.T, newEnv envFactory) {
+	hold, held := make(chan struct{}), make(chan struct{})
+	defer close(hold)
+	e := newEnv(t, Limits{RPM: 100, TPM: 100000}, fakeopenai.Options{
+		CompletionTokens: 50, Default: fakeopenai.Fault{HoldAfter: 1, Hold: hold, Held: held},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, _ := http.NewRequestWithContext(ctx, "POST", e.srv.URL+"/v1/responses",
+			strings.NewReader(`{"model":"gpt-test","input":"hi","background":true,"stream":true}`))
+		req.Header.Set("Authorization", "Bearer "+clientKey)
+		if res, err := http.DefaultClient.Do(req); err == nil { // canceled before or after the headers
+			_, _ = io.Copy(io.Discard, res.Body)
+			_ = res.Body.Close()
+		}
+	}()
+	<-held
+	cancel() // the client leaves; a background response runs on
+	<-done
+	s := e.settle()
+	if s.Actual != s.Reserved {
+		t.Fatalf("a background response whose client left charged %d of its reservation %d", s.Actual, s.Reserved)
+	}
+	fwd := e.up.Requests()
+	var sent struct {
+		MaxOutputTokens *int64 `json:"max_output_tokens"`
+	}
+	if err := json.Unmarshal(fwd[0].Body, &sent); err != nil || sent.MaxOutputTokens == nil || *sent.MaxOutputTokens != s.Reserved-promptEstimate(t, `{"input":"hi"}`) {
+		t.Fatalf("forwarded %s (%v), want max_output_tokens the reserved completion", fwd[0].Body, err)
+	}
+}

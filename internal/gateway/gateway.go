@@ -445,6 +445,7 @@ type call struct {
 	completion  int64
 	produced    int64         // completion tokens relayed in a stream
 	unread      bool          // a streamed event too long to read was relayed (relay.go): it may have held the usage
+	background  bool          // a responses request run in the background: it runs on when the client leaves
 	renewal     *leaseRenewal // renews the leases while in flight (renew.go); read by settle once the handler returned
 	anth        anthropicUsage
 	settled     atomic.Bool
@@ -870,6 +871,11 @@ func (g *Gateway) settle(c *call) {
 		// a shared upstream account throttled for every other key.
 	case c.unreachable && !c.wrote.Load():
 		refundRequests = true // the upstream never had the request
+	case c.background && (c.status == 0 || c.status/100 == 2):
+		// A background response runs on after its request returned or its
+		// client left, and its usage is read with GET, which does not
+		// pass here: keep the reservation (its cap was forwarded).
+		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst
 	case c.unreachable && c.timedOut:
 		// No headers within upstream.timeout: the upstream may still be
 		// generating, and bill it. Keep the reservation, the best bound

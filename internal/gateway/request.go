@@ -45,7 +45,7 @@ const maxChoices = 128
 var readFields = []string{
 	"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of",
 	"messages", "prompt", "input", "instructions", "tools", "functions",
-	"response_format", "text", "prediction", "suffix", "service_tier",
+	"response_format", "text", "prediction", "suffix", "service_tier", "background",
 }
 
 // budgetFields are the completion budgets; the reservation uses the largest.
@@ -88,6 +88,8 @@ type wireBody struct {
 	Suffix         json.RawMessage `json:"suffix"`
 	// ServiceTier may ask for a dearer price than the table's (budget.go).
 	ServiceTier *string `json:"service_tier"`
+	// Background runs a response on after the request returns.
+	Background bool `json:"background"`
 }
 
 // rawInputTokens estimates the tokens of members that reach the model
@@ -127,6 +129,8 @@ type parsedBody struct {
 	choices  int64
 	// serviceTier is the service_tier asked for, "" when none.
 	serviceTier string
+	// background is a responses request run in the background.
+	background bool
 }
 
 // parseBody reads a request body for endpoint ep.
@@ -167,6 +171,7 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 	if w.ServiceTier != nil {
 		p.serviceTier = *w.ServiceTier
 	}
+	p.background = w.Background && ep == epResponses
 	if ep == epEmbeddings {
 		return p, nil // no completion: the prompt is the whole cost
 	}
@@ -384,6 +389,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 	c.stream = p.stream
 	c.promptEst = p.promptEst
 	c.bud.serviceTier = p.serviceTier
+	c.background = p.background
 	budget := p.budget
 	if c.ep != epEmbeddings && !p.explicit {
 		budget = g.cfg.DefaultMaxTokens
@@ -438,6 +444,11 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 			// completion to exactly what is reserved.
 			c.defaultCap = max((c.reserved-c.promptEst)/p.choices, 1)
 			c.reserved = reservation(c.promptEst, c.defaultCap, p.choices)
+		}
+		if c.background && !forwardCap(w, c) {
+			// Its usage may never pass the gateway (settle keeps the
+			// reservation): the upstream must not generate past it.
+			return false
 		}
 	}
 	c.reserved = max(c.reserved, 1)
