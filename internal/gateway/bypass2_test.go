@@ -658,3 +658,54 @@ func testBypassBackgroundResponse(t *testing.T, newEnv envFactory) {
 		t.Fatalf("forwarded %s (%v), want max_output_tokens the reserved completion", fwd[0].Body, err)
 	}
 }
+
+// A completions prompt may be a batch: an array of strings or of token
+// arrays, each prompt getting its own n completions. The reservation
+// counted one completion budget whatever the batch, so ten prompts with
+// max_tokens 200 reserved about 200 tokens and the upstream generated
+// 2000. Now each prompt of a batch is a choice of its own.
+func TestBypassPromptBatch(t *testing.T) { bypassStores(t, testBypassPromptBatch) }
+
+func testBypassPromptBatch(t *testing.T, newEnv envFactory) {
+	const burst = 1000
+	ten := `"a","b","c","d","e","f","g","h","i","j"`
+	for _, tc := range []struct {
+		name, prompt string
+		fits         bool
+	}{
+		{"ten strings", `[` + ten + `]`, false},
+		{"ten token arrays", `[[1],[2],[3],[4],[5],[6],[7],[8],[9],[10]]`, false},
+		{"one prompt's token ids", `[1,2,3,4,5,6,7,8,9,10]`, true},
+		{"one string", `"a b c d e f g h i j"`, true},
+		{"one string in an array", `["a"]`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, Limits{RPM: 100, TPM: burst}, fakeopenai.Options{})
+			res := e.do("POST", "/v1/completions", "Bearer "+clientKey, `{"model":"gpt-test","prompt":`+tc.prompt+`,"max_tokens":200}`, nil)
+			if !tc.fits {
+				if res.StatusCode != http.StatusTooManyRequests {
+					t.Fatalf("status %d, want 429: 10 prompts of 200 tokens each against a burst of %d", res.StatusCode, burst)
+				}
+				if n := e.up.Count(); n != 0 {
+					t.Fatalf("upstream saw %d requests", n)
+				}
+				return
+			}
+			if res.StatusCode != 200 {
+				t.Fatalf("status %d", res.StatusCode)
+			}
+			if s := e.settle(); s.Reserved < 200 || s.Reserved >= 400 {
+				t.Fatalf("reserved %d for one prompt of max_tokens 200", s.Reserved)
+			}
+		})
+	}
+	// Two prompts of 200 with n 2 fit 4×200 = 800 in the burst.
+	e := newEnv(t, Limits{RPM: 100, TPM: burst}, fakeopenai.Options{})
+	res := e.do("POST", "/v1/completions", "Bearer "+clientKey, `{"model":"gpt-test","prompt":["a","b"],"n":2,"max_tokens":200}`, nil)
+	if res.StatusCode != 200 {
+		t.Fatalf("status %d", res.StatusCode)
+	}
+	if s := e.settle(); s.Reserved < 800 {
+		t.Fatalf("reserved %d for 2 prompts × n 2 × 200", s.Reserved)
+	}
+}

@@ -196,7 +196,30 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 		}
 		p.choices = max(p.choices, *v)
 	}
+	if ep == epCompletions {
+		// Each prompt of a batch gets its own choices.
+		p.choices *= promptCount(w.Prompt)
+	}
 	return p, nil
+}
+
+// promptCount is how many prompts a completions request's prompt holds:
+// the length of an array of strings or of token arrays (a batch, each
+// generating its own completions), else 1 (a string, or one prompt's
+// token ids). Without it a batch of 100 prompts reserved one completion
+// budget and the upstream generated 100.
+func promptCount(raw json.RawMessage) int64 {
+	var batch []json.RawMessage
+	if len(raw) == 0 || raw[0] != '[' || json.Unmarshal(raw, &batch) != nil {
+		return 1
+	}
+	var n int64
+	for _, e := range batch {
+		if len(e) > 0 && (e[0] == '"' || e[0] == '[') {
+			n++
+		}
+	}
+	return max(n, 1)
 }
 
 // ambiguousMember returns the first member name of body (a JSON object
