@@ -709,3 +709,27 @@ func testBypassPromptBatch(t *testing.T, newEnv envFactory) {
 		t.Fatalf("reserved %d for 2 prompts × n 2 × 200", s.Reserved)
 	}
 }
+
+// An upstream that encodes its answer past what the transport decodes
+// (Content-Encoding br or zstd, unasked): the relay saw no lines in the
+// stream and charged the prompt estimate alone. Now an answer the
+// gateway cannot read keeps its reservation.
+func TestUpstreamEncodedAnswer(t *testing.T) {
+	for _, tc := range []struct{ name, ctype, req string }{
+		{"stream", "text/event-stream", `{"model":"gpt-test","stream":true,` + msgs + `,"max_tokens":300}`},
+		{"json", "application/json", `{"model":"gpt-test",` + msgs + `,"max_tokens":300}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnvHandler(t, Limits{RPM: 10, TPM: 100000}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", tc.ctype)
+				w.Header().Set("Content-Encoding", "br")
+				_, _ = w.Write([]byte{0x8b, 0x7f, 0x00, 0x1f, 0xff, 0x03})
+			}), nil)
+			res := e.post(context.Background(), "/v1/chat/completions", clientKey, tc.req)
+			_, _ = io.Copy(io.Discard, res.Body)
+			if s := e.settle(); s.Actual != s.Reserved {
+				t.Fatalf("an unreadable answer charged %d of its reservation %d", s.Actual, s.Reserved)
+			}
+		})
+	}
+}

@@ -808,6 +808,12 @@ func (g *Gateway) modifyResponse(res *http.Response) error {
 	if res.StatusCode/100 != 2 {
 		return nil
 	}
+	if encodedBody(res.Header) != "" {
+		// Encoded past what the transport decodes (it asks for gzip
+		// only): its usage cannot be read; settle keeps the reservation.
+		c.unread = true
+		return nil
+	}
 	if strings.HasPrefix(strings.ToLower(res.Header.Get("Content-Type")), "text/event-stream") {
 		res.Body = newSSEReader(res.Body, c)
 	} else {
