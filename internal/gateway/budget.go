@@ -48,6 +48,7 @@ const statusPath = "/v1/status"
 // reserved, and the cached and reasoning tokens the upstream reported.
 type callBudget struct {
 	serviceTier       string // the request's service_tier, "" when none
+	audio             bool   // audio input or output, priced above text
 	priced            bool
 	price             pricing.Price
 	reserved          pricing.Micros
@@ -129,6 +130,13 @@ func (g *Gateway) priceCall(w http.ResponseWriter, c *call) bool {
 		w.Header().Set("x-should-retry", "false")
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "unsupported_service_tier", "service_tier",
 			fmt.Sprintf("service_tier %q is billed above the model's price in the gateway, so a budget could not hold it. Leave service_tier out or use \"auto\", \"default\" or \"flex\".", truncateName(c.bud.serviceTier)))
+		return false
+	}
+	if c.bud.audio {
+		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "audio").Inc()
+		w.Header().Set("x-should-retry", "false")
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "unsupported_modality", "modalities",
+			"Audio input and output are billed far above the text prices the gateway charges to budgets, so a budget could not hold them. Send text only.")
 		return false
 	}
 	c.bud.priced, c.bud.price = true, p

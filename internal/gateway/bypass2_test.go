@@ -733,3 +733,51 @@ func TestUpstreamEncodedAnswer(t *testing.T) {
 		})
 	}
 }
+
+// Audio input and output tokens (gpt-4o-audio's modalities: ["audio"], an
+// input_audio part) are billed many times a model's text price, which is
+// all a budget charges: a key could spend several times its budget. A
+// request under a budget may not carry audio; without a budget it still
+// may.
+func TestBypassAudioUnderBudget(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey})
+	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
+	t.Cleanup(func() { _ = st.Close() })
+	e := newBudgetEnv(t, `
+upstream: {base_url: %[1]s, api_key_env: UP}
+store: {timeout: 5s}
+prices: {gpt-test: {input: 1, output: 1}}
+tiers: {t: {rpm: 100, budgets: [{usd: 5, per: day}]}, free: {rpm: 100}}
+keys: [{name: one, hash: %[2]s, tier: t}, {name: two, hash: %[3]s, tier: free}]
+`, up, st)
+	audio := []string{
+		`{"model":"gpt-test",` + msgs + `,"max_tokens":5,"modalities":["text","audio"],"audio":{"voice":"alloy","format":"wav"}}`,
+		`{"model":"gpt-test",` + msgs + `,"max_tokens":5,"audio":{"voice":"alloy","format":"wav"}}`,
+		`{"model":"gpt-test","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}}]}],"max_tokens":5}`,
+	}
+	for _, body := range audio {
+		res := e.do(0, "POST", "/v1/chat/completions", clientKey, body)
+		var b struct {
+			Error struct{ Code string } `json:"error"`
+		}
+		_ = json.NewDecoder(res.Body).Decode(&b)
+		if res.StatusCode != http.StatusBadRequest || b.Error.Code != "unsupported_modality" {
+			t.Errorf("%.80s under a budget: %d %q, want 400 unsupported_modality", body, res.StatusCode, b.Error.Code)
+		}
+	}
+	if n := up.Count(); n != 0 {
+		t.Fatalf("upstream saw %d requests", n)
+	}
+	for _, body := range []string{`{"model":"gpt-test",` + msgs + `,"max_tokens":5,"modalities":["text"],"audio":null}`} {
+		if res := e.do(0, "POST", "/v1/chat/completions", clientKey, body); res.StatusCode != 200 {
+			t.Fatalf("text only under a budget: %d", res.StatusCode)
+		}
+		e.settle()
+	}
+	for _, body := range audio {
+		if res := e.do(0, "POST", "/v1/chat/completions", clientKey2, body); res.StatusCode != 200 {
+			t.Fatalf("audio without a budget: %d", res.StatusCode)
+		}
+		e.settle()
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -45,7 +46,7 @@ const maxChoices = 128
 var readFields = []string{
 	"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of",
 	"messages", "prompt", "input", "instructions", "tools", "functions",
-	"response_format", "text", "prediction", "suffix", "service_tier", "background",
+	"response_format", "text", "prediction", "suffix", "service_tier", "background", "modalities", "audio",
 }
 
 // budgetFields are the completion budgets; the reservation uses the largest.
@@ -90,6 +91,9 @@ type wireBody struct {
 	ServiceTier *string `json:"service_tier"`
 	// Background runs a response on after the request returns.
 	Background bool `json:"background"`
+	// Audio output, billed at audio prices the table does not know.
+	Modalities []string        `json:"modalities"`
+	Audio      json.RawMessage `json:"audio"`
 }
 
 // rawInputTokens estimates the tokens of members that reach the model
@@ -131,6 +135,8 @@ type parsedBody struct {
 	serviceTier string
 	// background is a responses request run in the background.
 	background bool
+	// audio is a request with audio input or output.
+	audio bool
 }
 
 // parseBody reads a request body for endpoint ep.
@@ -172,6 +178,11 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 		p.serviceTier = *w.ServiceTier
 	}
 	p.background = w.Background && ep == epResponses
+	// An input_audio part. Unescaped, these bytes are a member name, a
+	// part type, or a string that is exactly input_audio: a rare refusal
+	// of a text request under a budget, on the safe side.
+	p.audio = slices.Contains(w.Modalities, "audio") || (len(w.Audio) > 0 && string(w.Audio) != "null") ||
+		bytes.Contains(body, []byte(`"input_audio"`))
 	if ep == epEmbeddings {
 		return p, nil // no completion: the prompt is the whole cost
 	}
@@ -413,6 +424,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 	c.promptEst = p.promptEst
 	c.bud.serviceTier = p.serviceTier
 	c.background = p.background
+	c.bud.audio = p.audio
 	budget := p.budget
 	if c.ep != epEmbeddings && !p.explicit {
 		budget = g.cfg.DefaultMaxTokens
