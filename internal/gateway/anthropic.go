@@ -80,7 +80,7 @@ const anthropicImageTokens = 1600
 
 // anthropicFields are the members the gateway reads of a Messages body; a
 // member that differs from one only by case is refused.
-var anthropicFields = []string{"model", "max_tokens", "stream", "system", "messages", "tools"}
+var anthropicFields = []string{"model", "max_tokens", "stream", "system", "messages", "tools", "output_format", "output_config"}
 
 // anthropicWriter marks a response as Anthropic's: writeError writes
 // Anthropic's error shape to it.
@@ -166,7 +166,7 @@ type anthropicBody struct {
 
 // parseAnthropicBody reads a /v1/messages or count_tokens body, with the
 // rules of parseBody: valid UTF-8, a JSON object, no case variants of the
-// members read, the last of repeated members.
+// members read, no member repeated in one object.
 func parseAnthropicBody(body []byte, ep endpoint) (*anthropicBody, *requestError) {
 	if !utf8.Valid(body) {
 		return nil, badRequest("invalid_json", "", "The request body is not valid UTF-8 JSON.")
@@ -181,6 +181,10 @@ func parseAnthropicBody(body []byte, ep endpoint) (*anthropicBody, *requestError
 		System    any    `json:"system"`
 		Messages  []any  `json:"messages"`
 		Tools     []any  `json:"tools"`
+		// A structured output's JSON schema, which the model reads too:
+		// counted as raw JSON text (rawInputTokens).
+		OutputFormat json.RawMessage `json:"output_format"`
+		OutputConfig json.RawMessage `json:"output_config"`
 	}
 	if err := json.Unmarshal(body, &w); err != nil {
 		var te *json.UnmarshalTypeError
@@ -189,7 +193,9 @@ func parseAnthropicBody(body []byte, ep endpoint) (*anthropicBody, *requestError
 		}
 		return nil, badRequest("invalid_json", "", "The request body is not valid JSON: %v", err)
 	}
-	if name, f := caseVariantMember(body, anthropicFields); f != "" {
+	if name, f, dup := ambiguousMember(body, anthropicFields); dup {
+		return nil, duplicateMember(name)
+	} else if f != "" {
 		return nil, badRequest("invalid_request_error", name, "%s: Extra inputs are not permitted (did you mean %q? member names are case-sensitive)", name, f)
 	}
 	if w.Model == "" {
@@ -207,11 +213,18 @@ func parseAnthropicBody(body []byte, ep endpoint) (*anthropicBody, *requestError
 		p.maxTokens = *w.MaxTokens
 	}
 	n := anthropicTokens(w.System) + anthropicTokens(w.Tools)
+	n = addSat(n, rawInputTokens(aitoken.ForModel(w.Model), w.OutputFormat, w.OutputConfig))
 	for _, m := range w.Messages {
 		n = addSat(n, aitoken.MessageOverhead+anthropicTokens(m))
 	}
 	if bytes.Contains(body, []byte(`"cache_control"`)) {
-		n = cacheWriteTokens(n) // every input token may be a cache write
+		// Every input token may be a cache write; with a "ttl" (1h) one
+		// billed at twice the input price.
+		if bytes.Contains(body, []byte(`"ttl"`)) {
+			n = cacheWrite1hTokens(n)
+		} else {
+			n = cacheWriteTokens(n)
+		}
 	}
 	p.promptEst = n
 	return p, nil
@@ -256,6 +269,12 @@ func cacheWriteTokens(n int64) int64 {
 	return n + (n+3)/4
 }
 
+// cacheWrite1hTokens is n input tokens written to the cache for an hour
+// ("ttl": "1h"), as billed: 2·n.
+func cacheWrite1hTokens(n int64) int64 {
+	return 2 * min(max(n, 0), maxUsageTokens)
+}
+
 // cacheReadTokens is n input tokens read from the cache, as billed:
 // ⌈0.1·n⌉.
 func cacheReadTokens(n int64) int64 {
@@ -292,6 +311,8 @@ func (g *Gateway) prepareAnthropic(w http.ResponseWriter, c *call, body []byte) 
 // anthropicUsage is what a call learnt of Anthropic's usage.
 type anthropicUsage struct {
 	input, cacheCreation, cacheRead int64
+	// cacheCreation1h is the part of cacheCreation written for an hour.
+	cacheCreation1h int64
 	// startOutput is message_start's output_tokens; output the final
 	// count, when final.
 	startOutput, output int64
@@ -314,6 +335,17 @@ func (a *anthropicUsage) setInput(u *usageJSON) {
 	}
 	clamp := func(n int64) int64 { return min(max(n, 0), maxUsageTokens) }
 	a.input, a.cacheCreation, a.cacheRead = clamp(u.InputTokens), clamp(u.CacheCreationInputTokens), clamp(u.CacheReadInputTokens)
+	a.cacheCreation1h = 0
+	if cc := u.CacheCreation; cc != nil {
+		a.cacheCreation1h = min(clamp(cc.Ephemeral1h), a.cacheCreation)
+	}
+}
+
+// weightedInput is the input as Anthropic bills it, in input tokens:
+// input + ⌈1.25·5-minute writes⌉ + 2·1-hour writes + ⌈0.1·reads⌉.
+func (a *anthropicUsage) weightedInput() int64 {
+	writes := addSat(cacheWriteTokens(a.cacheCreation-a.cacheCreation1h), cacheWrite1hTokens(a.cacheCreation1h))
+	return addSat(addSat(a.input, writes), cacheReadTokens(a.cacheRead))
 }
 
 // applyAnthropicUsage sets the call's usage from what it learnt: the
@@ -322,7 +354,7 @@ func (a *anthropicUsage) setInput(u *usageJSON) {
 func (c *call) applyAnthropicUsage() {
 	a := &c.anth
 	c.usageSeen = true
-	c.prompt = addSat(addSat(a.input, cacheWriteTokens(a.cacheCreation)), cacheReadTokens(a.cacheRead))
+	c.prompt = a.weightedInput()
 	if a.final {
 		c.completion = a.output
 	} else {
@@ -353,7 +385,7 @@ func (c *call) inspectAnthropic(data []byte) {
 	}
 	switch ev.Type {
 	case "message_start":
-		if ev.Message == nil || ev.Message.Usage == nil {
+		if ev.Message == nil || ev.Message.Usage == nil || ev.Message.Usage.negative() {
 			return
 		}
 		c.anth.setInput(ev.Message.Usage)
@@ -372,7 +404,7 @@ func (c *call) inspectAnthropic(data []byte) {
 			return
 		}
 	case "message_delta":
-		if ev.Usage == nil {
+		if ev.Usage == nil || ev.Usage.negative() {
 			return
 		}
 		c.setAnthropicUsage(ev.Usage)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluice-io/sluice"
@@ -46,6 +47,8 @@ const statusPath = "/v1/status"
 // callBudget is a request's pricing: its model's price, the maximum cost
 // reserved, and the cached and reasoning tokens the upstream reported.
 type callBudget struct {
+	serviceTier       string // the request's service_tier, "" when none
+	audio             bool   // audio input or output, priced above text
 	priced            bool
 	price             pricing.Price
 	reserved          pricing.Micros
@@ -122,6 +125,20 @@ func (g *Gateway) priceCall(w http.ResponseWriter, c *call) bool {
 			fmt.Sprintf("The model %q has no price in the gateway, so its cost cannot be charged to your budget. Ask the gateway's operator to add it to prices: or set default_price:.", truncateName(c.rawModel)))
 		return false
 	}
+	if dearTiers[strings.ToLower(strings.TrimSpace(c.bud.serviceTier))] {
+		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "service_tier").Inc()
+		w.Header().Set("x-should-retry", "false")
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "unsupported_service_tier", "service_tier",
+			fmt.Sprintf("service_tier %q is billed above the model's price in the gateway, so a budget could not hold it. Leave service_tier out or use \"auto\", \"default\" or \"flex\".", truncateName(c.bud.serviceTier)))
+		return false
+	}
+	if c.bud.audio {
+		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "audio").Inc()
+		w.Header().Set("x-should-retry", "false")
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "unsupported_modality", "modalities",
+			"Audio input and output are billed far above the text prices the gateway charges to budgets, so a budget could not hold them. Send text only.")
+		return false
+	}
 	c.bud.priced, c.bud.price = true, p
 	if c.defaultCap > 0 && !forwardCap(w, c) {
 		return false
@@ -129,6 +146,12 @@ func (g *Gateway) priceCall(w http.ResponseWriter, c *call) bool {
 	c.bud.reserved = p.Cost(pricing.Usage{pricing.Input: c.promptEst, pricing.Output: max(c.reserved-c.promptEst, 0)})
 	return true
 }
+
+// dearTiers are the service tiers billed above a model's standard price
+// (OpenAI's priority processing, up to twice it; the legacy scale tier),
+// which the price table does not know: a request under a budget may not
+// ask for one, or it could spend up to twice what its budget charges.
+var dearTiers = map[string]bool{"priority": true, "scale": true}
 
 // capFields is the completion cap the upstream reads, by endpoint.
 var capFields = map[endpoint]string{epChat: "max_completion_tokens", epCompletions: "max_tokens", epResponses: "max_output_tokens"}

@@ -56,8 +56,8 @@ type Config struct {
 	// MaxBodyBytes bounds a request body; default 8 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// LeaseTTL is how long a reservation and its concurrency slot live if
-	// the gateway never settles them (it crashed); default 10m. It must
-	// exceed the longest upstream request.
+	// the gateway never settles them (it crashed); default 10m. A request
+	// in flight renews its own every LeaseTTL/3 (renew.go).
 	LeaseTTL time.Duration `yaml:"lease_ttl"`
 	// Lease decides the request and token limits (rpm, rpd, tpm) of every
 	// tier from capacity leased from Redis in chunks (package lease), unless

@@ -28,8 +28,10 @@
 // difference between reservation and actual usage refunded (OpRefund) or
 // charged (OpCharge), and the concurrency lease is released. Actual usage is
 // the upstream's usage when it reported it; for a stream cut short, the
-// prompt estimate plus the tokens relayed; for an upstream 429 or 5xx or an
-// unreachable upstream, nothing, and the request is refunded too. If the
+// prompt estimate plus the tokens relayed; for an upstream 429 or 5xx,
+// nothing; for an upstream that had the request and did not answer, the
+// reservation (past upstream.timeout) or the prompt estimate; only a
+// request the upstream never received is refunded whole. If the
 // gateway crashes before settling, nothing leaks: the concurrency lease
 // lapses after LeaseTTL and the token buckets refill at their rate.
 //
@@ -44,7 +46,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"os"
@@ -108,8 +112,8 @@ type Settlement struct {
 	// PromptTokens and CompletionTokens are the usage the charge is based
 	// on: reported by the upstream when UsageReported, else estimated.
 	// For an Anthropic request PromptTokens weighs cached input as
-	// Anthropic bills it: input_tokens + ⌈1.25·CacheCreationTokens⌉ +
-	// ⌈0.1·CacheReadTokens⌉. Usage is the same split into disjoint kinds
+	// Anthropic bills it: input_tokens + ⌈1.25·CacheCreationTokens⌉ (2·
+	// for the part written for an hour) + ⌈0.1·CacheReadTokens⌉. Usage is the same split into disjoint kinds
 	// (cached input and reasoning reported by the upstream), which token
 	// limits weigh by the model's token_weights.
 	PromptTokens, CompletionTokens int64
@@ -180,6 +184,8 @@ type Gateway struct {
 	prices       *pricing.Table
 	tokenCache   *aitoken.Cache   // exact counts of large messages, resent turn after turn
 	now          func() time.Time // time.Now; tests replace it
+	renewEvery   time.Duration    // how often a request's leases are renewed while in flight: LeaseTTL/3 (renew.go)
+	onRenew      func()           // when not nil, called after each renewal (tests)
 }
 
 // client is what a key resolves to.
@@ -293,6 +299,7 @@ func New(opts Options) (*Gateway, error) {
 		prices:       cfg.priceTable(),
 		tokenCache:   aitoken.NewCache(0),
 		now:          time.Now,
+		renewEvery:   cfg.LeaseTTL / 3,
 		closing:      make(chan struct{}),
 	}
 	for _, model := range cfg.allModels() {
@@ -428,13 +435,18 @@ type call struct {
 	sent        time.Time // upstream round trip started
 	headersAt   time.Time
 	status      int
-	unreachable bool // no upstream response
-	rejected    bool // upstream answered 429 or 5xx
-	canceled    bool // the client went away before the response
+	unreachable bool        // no upstream response
+	wrote       atomic.Bool // the whole request was written to the upstream (set by the transport)
+	timedOut    bool        // unreachable: no response headers within upstream.timeout
+	rejected    bool        // upstream answered 429 or 5xx
+	canceled    bool        // the client went away before the response
 	usageSeen   bool
 	prompt      int64
 	completion  int64
-	produced    int64 // completion tokens relayed in a stream
+	produced    int64         // completion tokens relayed in a stream
+	unread      bool          // a streamed event too long to read was relayed (relay.go): it may have held the usage
+	background  bool          // a responses request run in the background: it runs on when the client leaves
+	renewal     *leaseRenewal // renews the leases while in flight (renew.go); read by settle once the handler returned
 	anth        anthropicUsage
 	settled     atomic.Bool
 	reserving   chan struct{}  // closed once a leased tier's reservation is taken (applyLeased)
@@ -511,6 +523,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer g.settleAsync(c) // also when the proxy aborts a broken stream
+	g.startRenewal(c)
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
 	// Hand the client the whole answer now; settling happens off its path.
 	_ = http.NewResponseController(w).Flush()
@@ -604,7 +617,36 @@ func canonicalPath(p string) string {
 	return strings.TrimRight(path.Clean(canon), "/.")
 }
 
-func (s *spec) applies(model string) bool { return s.model == "" || s.model == model }
+// applies reports whether s limits requests on model: a limit on a model
+// covers its dated snapshots too ("gpt-4o" covers "gpt-4o-2024-08-06"),
+// as the model's price does (pricing.Table.Lookup), or a client could
+// escape a model's limits and budgets by naming a snapshot the upstream
+// serves as the same model.
+func (s *spec) applies(model string) bool {
+	return s.model == "" || s.model == model || s.model == modelBase(model)
+}
+
+// modelBase is model without a trailing dated snapshot suffix,
+// "-YYYY-MM-DD" or "-YYYYMMDD", by the rule of pricing.Table.Lookup; model
+// itself when it has none.
+func modelBase(model string) string {
+	digits := func(s string) bool {
+		for i := 0; i < len(s); i++ {
+			if s[i] < '0' || s[i] > '9' {
+				return false
+			}
+		}
+		return len(s) > 0
+	}
+	if n := len(model); n > 11 && model[n-11] == '-' && model[n-6] == '-' && model[n-3] == '-' &&
+		digits(model[n-10:n-6]) && digits(model[n-5:n-3]) && digits(model[n-2:]) {
+		return model[:n-11]
+	}
+	if n := len(model); n > 9 && model[n-9] == '-' && digits(model[n-8:]) {
+		return model[:n-9]
+	}
+	return model
+}
 
 // admit reserves every limit of the request in one ApplyAll. It answers
 // the client itself and reports false when the request may not proceed.
@@ -705,8 +747,16 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 		out.ContentLength = int64(len(body))
 		out.Header["Content-Length"] = []string{strconv.Itoa(len(body))}
+		// The gateway read the body as JSON: the upstream must too, not
+		// as a form whose fields a JSON string could carry
+		// ("content":"&max_tokens=100000&").
+		out.Header["Content-Type"] = jsonContentType
 	}
 }
+
+// jsonContentType is the Content-Type of every metered request sent
+// upstream.
+var jsonContentType = []string{"application/json"}
 
 // timedTransport notes when the upstream round trip starts.
 type timedTransport struct{ next http.RoundTripper }
@@ -714,6 +764,17 @@ type timedTransport struct{ next http.RoundTripper }
 func (t timedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if c := callFrom(req.Context()); c != nil {
 		c.sent = time.Now()
+		if c.ep != epNone {
+			// Whether the upstream got the request decides, if it does
+			// not answer, whether the request is refunded (settle).
+			req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+				WroteRequest: func(info httptrace.WroteRequestInfo) {
+					if info.Err == nil {
+						c.wrote.Store(true)
+					}
+				},
+			}))
+		}
 	}
 	return t.next.RoundTrip(req)
 }
@@ -745,6 +806,12 @@ func (g *Gateway) modifyResponse(res *http.Response) error {
 		return nil
 	}
 	if res.StatusCode/100 != 2 {
+		return nil
+	}
+	if encodedBody(res.Header) != "" {
+		// Encoded past what the transport decodes (it asks for gzip
+		// only): its usage cannot be read; settle keeps the reservation.
+		c.unread = true
 		return nil
 	}
 	if strings.HasPrefix(strings.ToLower(res.Header.Get("Content-Type")), "text/event-stream") {
@@ -779,6 +846,8 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 	}
 	if c != nil {
 		c.unreachable = true
+		var ne net.Error
+		c.timedOut = errors.As(err, &ne) && ne.Timeout()
 		if c.ep != epNone {
 			g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_unreachable").Inc()
 		}
@@ -789,6 +858,7 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 
 // settle settles c's reservation; settleAsync makes sure it runs once.
 func (g *Gateway) settle(c *call) {
+	c.renewal.stop() // before the leases are released: a renewal after would take them again
 	c.readCapturedUsage()
 	g.observeTimes(c)
 	if c.reserving != nil {
@@ -800,14 +870,36 @@ func (g *Gateway) settle(c *call) {
 	case c.usageSeen:
 		s.PromptTokens, s.CompletionTokens, s.UsageReported = c.prompt, c.completion, true
 		s.CacheCreationTokens, s.CacheReadTokens = c.anth.cacheCreation, c.anth.cacheRead
-	case c.rejected, c.unreachable:
-		refundRequests = true
+	case c.rejected:
+		// The upstream answered 429 or 5xx: it generated nothing, but it
+		// had the request, which counts. Refunding it let a client send
+		// requests without bound while the upstream refused them, keeping
+		// a shared upstream account throttled for every other key.
+	case c.unreachable && !c.wrote.Load():
+		refundRequests = true // the upstream never had the request
+	case c.background && (c.status == 0 || c.status/100 == 2):
+		// A background response runs on after its request returned or its
+		// client left, and its usage is read with GET, which does not
+		// pass here: keep the reservation (its cap was forwarded).
+		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst
+	case c.unreachable && c.timedOut:
+		// No headers within upstream.timeout: the upstream may still be
+		// generating, and bill it. Keep the reservation, the best bound
+		// known (a request made to outlast the timeout is not free).
+		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst
+	case c.unreachable:
+		s.PromptTokens = c.promptEst // the upstream had the prompt, and failed
 	case c.canceled && c.status == 0:
 		s.PromptTokens = c.promptEst // the upstream may have read the prompt
 	case c.status/100 != 2:
 		// An upstream 4xx: nothing was generated.
 	case c.stream:
 		s.PromptTokens, s.CompletionTokens = c.promptEst, c.produced
+		if c.unread {
+			// The usage may have been in the event too long to read:
+			// keep at least the reservation, the best bound known.
+			s.CompletionTokens = max(s.CompletionTokens, c.reserved-c.promptEst)
+		}
 	default:
 		// A 2xx without usage: keep the reservation, the best bound known.
 		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst

@@ -445,10 +445,13 @@ func TestUpstreamErrorsRefund(t *testing.T) {
 		t.Fatalf("status %d", res.StatusCode)
 	}
 	e.settle()
-	if e.tpmRemaining() != l.TPM || e.remaining("rpm", sluice.GCRA, sluice.PerMinute(l.RPM)) != l.RPM {
-		t.Fatalf("not refunded: tpm %d rpm %d", e.tpmRemaining(), e.remaining("rpm", sluice.GCRA, sluice.PerMinute(l.RPM)))
+	// The tokens are refunded; the two requests reached the upstream and
+	// count (TestBypassUpstreamRefusals).
+	if e.tpmRemaining() != l.TPM || e.remaining("rpm", sluice.GCRA, sluice.PerMinute(l.RPM)) != l.RPM-2 {
+		t.Fatalf("tpm %d rpm %d, want tpm %d rpm %d", e.tpmRemaining(), e.remaining("rpm", sluice.GCRA, sluice.PerMinute(l.RPM)), l.TPM, l.RPM-2)
 	}
-	// An unreachable upstream: 502, OpenAI-shaped, refunded.
+	// An unreachable upstream: 502, OpenAI-shaped, refunded, the request
+	// too (the upstream never had it).
 	e.up.Close()
 	res = e.post(context.Background(), "/v1/chat/completions", clientKey, chatBody)
 	if res.StatusCode != http.StatusBadGateway {
@@ -458,7 +461,8 @@ func TestUpstreamErrorsRefund(t *testing.T) {
 		t.Fatalf("%+v", ae)
 	}
 	e.settle()
-	if e.tpmRemaining() != l.TPM || e.remaining("concurrency", sluice.Concurrency, sluice.Limit{Rate: 2, Period: DefaultLeaseTTL}) != 2 {
+	if e.tpmRemaining() != l.TPM || e.remaining("concurrency", sluice.Concurrency, sluice.Limit{Rate: 2, Period: DefaultLeaseTTL}) != 2 ||
+		e.remaining("rpm", sluice.GCRA, sluice.PerMinute(l.RPM)) != l.RPM-2 {
 		t.Fatal("502 not refunded")
 	}
 }

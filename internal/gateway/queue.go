@@ -163,7 +163,7 @@ type capacityGrant struct {
 // c's own limits, in a call of its own (on Redis Cluster the capacity's
 // keys are in another hash slot): the concurrency lease released, the
 // tokens refunded or charged to actual, the request refunded when the
-// upstream refused it. Only a settlement that found c's own lease held
+// upstream never received it. Only a settlement that found c's own lease held
 // (held) touches tokens and requests, so that they are settled once, and
 // corrects the client's recent usage when fair in tokens. Then it wakes
 // the dispatcher: capacity may have freed for a waiting request.
@@ -239,6 +239,10 @@ func (g *Gateway) applyAdmit(ctx context.Context, w http.ResponseWriter, c *call
 	}
 	if _, ok := g.cfg.Queue.Capacity[c.rawModel]; ok {
 		it.Capacity = c.rawModel
+	} else if base := modelBase(c.rawModel); base != c.rawModel {
+		if _, ok := g.cfg.Queue.Capacity[base]; ok {
+			it.Capacity = base // a snapshot shares its model's capacity
+		}
 	}
 	if q.tokens {
 		it.Usage = float64(max(c.reserved, 1))

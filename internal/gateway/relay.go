@@ -31,6 +31,31 @@ type usageJSON struct {
 	// Anthropic's cached input (anthropic.go).
 	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
 	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
+	// The cache writes by lifetime: 1-hour writes cost more.
+	CacheCreation *cacheCreationJSON `json:"cache_creation"`
+}
+
+// cacheCreationJSON is Anthropic's breakdown of cache writes.
+type cacheCreationJSON struct {
+	Ephemeral5m int64 `json:"ephemeral_5m_input_tokens"`
+	Ephemeral1h int64 `json:"ephemeral_1h_input_tokens"`
+}
+
+// negative reports whether any number of u is below zero.
+func (u *usageJSON) negative() bool {
+	if min(u.PromptTokens, u.CompletionTokens, u.InputTokens, u.OutputTokens, u.TotalTokens,
+		u.CacheCreationInputTokens, u.CacheReadInputTokens) < 0 {
+		return true
+	}
+	if cc := u.CacheCreation; cc != nil && min(cc.Ephemeral5m, cc.Ephemeral1h) < 0 {
+		return true
+	}
+	for _, d := range []*tokenDetails{u.PromptTokensDetails, u.CompletionTokensDetails, u.InputTokensDetails, u.OutputTokensDetails} {
+		if d != nil && min(d.CachedTokens, d.ReasoningTokens) < 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // tokenDetails is the breakdown of a usage count.
@@ -39,8 +64,13 @@ type tokenDetails struct {
 	ReasoningTokens int64 `json:"reasoning_tokens"`
 }
 
-// setUsage records usage; negative numbers count as 0 and sums saturate.
+// setUsage records usage; sums saturate. A usage with a negative number
+// is not believed (it charged nothing: a free request): it is ignored, and
+// the request settles as if the upstream had reported none.
 func (c *call) setUsage(u *usageJSON) {
+	if u.negative() {
+		return
+	}
 	if c.ep.anthropic() {
 		c.setAnthropicUsage(u)
 		return
@@ -138,14 +168,25 @@ func findUsage(body []byte) *usageJSON {
 // parsed after they were relayed, at the next Read or at Close, off the
 // path of their first byte, to count the content tokens produced.
 type sseReader struct {
-	src       io.ReadCloser
-	br        *bufio.Reader // from sseBuffers; nil once closed
-	c         *call
-	out       []byte // the rest of a line that did not fit the last Read
-	pending   []byte // relayed data payloads not yet parsed, '\n'-separated
+	src     io.ReadCloser
+	br      *bufio.Reader // from sseBuffers; nil once closed
+	c       *call
+	out     []byte // the rest of a line that did not fit the last Read
+	pending []byte // relayed data payloads not yet parsed, '\n'-separated
+	// long is a line longer than the line buffer, relayed piece by piece
+	// and kept (up to maxSSELine) to be parsed once whole; inLong says
+	// such a line is being read.
+	long      []byte
+	inLong    bool
 	dropBlank bool
 	err       error
 }
+
+// maxSSELine bounds the line an SSE relay keeps to parse when it is longer
+// than its line buffer: the responses API's response.completed event
+// carries the whole response (its output, and the request's instructions
+// and tools echoed) before its usage.
+const maxSSELine = defaultMaxResponseBytes
 
 // sseBuffers recycles the relays' 64 KiB line buffers.
 var sseBuffers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
@@ -182,16 +223,51 @@ func (r *sseReader) Read(p []byte) (int, error) {
 		line, err := r.br.ReadSlice('\n')
 		switch {
 		case errors.Is(err, bufio.ErrBufferFull):
-			r.out = line // an overlong line passes through unread
+			// An overlong line is relayed as it comes and parsed once
+			// whole, after it was relayed: it may be the usage event.
+			r.keepLong(line)
+			r.out = line
 			continue
 		case err != nil:
 			r.err = err
+		}
+		if r.inLong {
+			r.keepLong(line)
+			r.endLong()
+			r.out = line
+			continue
 		}
 		if len(line) > 0 && r.keep(line) {
 			r.out = line
 		}
 	}
 	return n, nil
+}
+
+// keepLong adds a piece of an overlong line to r.long, up to maxSSELine;
+// past it the line is not read, and settlement cannot trust the usage it
+// saw (call.unread).
+func (r *sseReader) keepLong(piece []byte) {
+	r.inLong = true
+	if r.c.unread {
+		return
+	}
+	if len(r.long)+len(piece) > maxSSELine {
+		r.c.unread, r.long = true, nil
+		return
+	}
+	r.long = append(r.long, piece...)
+}
+
+// endLong queues the overlong line read whole for parsing, if it is an
+// event's data.
+func (r *sseReader) endLong() {
+	line := r.long
+	r.long, r.inLong = nil, false
+	data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:"))
+	if data = bytes.TrimSpace(data); ok && len(data) > 0 && data[0] == '{' {
+		r.pending = append(append(r.pending, data...), '\n')
+	}
 }
 
 // lineBuffered reports whether a whole line can be read without waiting.

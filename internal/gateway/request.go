@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -28,8 +29,9 @@ import (
 //     the gateway reads only by case (Unicode simple folding, as
 //     encoding/json and Go upstreams match) is refused, since a
 //     case-insensitive upstream could read it instead.
-//   - A repeated member is read as its last occurrence, as encoding/json,
-//     Python, JavaScript and Jackson do (serde refuses it).
+//   - A member repeated in one object, anywhere in the body, is refused:
+//     encoding/json, Python, JavaScript and Jackson read its last
+//     occurrence, gjson and simdjson its first, serde refuses it.
 //   - The reservation covers every completion budget the request names
 //     (the largest of max_tokens, max_completion_tokens, max_output_tokens)
 //     times every choice it may generate (the larger of n and best_of), and
@@ -44,6 +46,7 @@ const maxChoices = 128
 var readFields = []string{
 	"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of",
 	"messages", "prompt", "input", "instructions", "tools", "functions",
+	"response_format", "text", "prediction", "suffix", "service_tier", "background", "modalities", "audio",
 }
 
 // budgetFields are the completion budgets; the reservation uses the largest.
@@ -79,6 +82,42 @@ type wireBody struct {
 	Instructions        string            `json:"instructions"`
 	Tools               json.RawMessage   `json:"tools"`
 	Functions           json.RawMessage   `json:"functions"`
+	// Model input that package aitoken does not count (rawInputTokens).
+	ResponseFormat json.RawMessage `json:"response_format"`
+	Text           json.RawMessage `json:"text"`
+	Prediction     json.RawMessage `json:"prediction"`
+	Suffix         json.RawMessage `json:"suffix"`
+	// ServiceTier may ask for a dearer price than the table's (budget.go).
+	ServiceTier *string `json:"service_tier"`
+	// Background runs a response on after the request returns.
+	Background bool `json:"background"`
+	// Audio output, billed at audio prices the table does not know.
+	Modalities []string        `json:"modalities"`
+	Audio      json.RawMessage `json:"audio"`
+}
+
+// rawInputTokens estimates the tokens of members that reach the model
+// beside the prompt, which package aitoken does not count: a structured
+// output's JSON schema (chat's response_format, the responses API's
+// text.format, Anthropic's output_format), a predicted output (billed when
+// rejected) and a completion's suffix. Each is counted as raw JSON text,
+// punctuation included, an upper bound; exactly up to
+// aitoken.MaxExactBytes, past it with the heuristic, to bound the work.
+// Without it a client could put the bulk of its input where the
+// reservation does not look: a 2 MiB schema beside max_tokens 1 reserved
+// a few tokens.
+func rawInputTokens(counter *aitoken.Counter, members ...json.RawMessage) int64 {
+	var n int64
+	for _, raw := range members {
+		switch {
+		case len(raw) == 0 || string(raw) == "null":
+		case len(raw) <= aitoken.MaxExactBytes:
+			n = addSat(n, counter.Count(string(raw)))
+		default:
+			n = addSat(n, aitoken.Count(string(raw)))
+		}
+	}
+	return n
 }
 
 // parsedBody is what the gateway reads of a request body.
@@ -92,6 +131,12 @@ type parsedBody struct {
 	budget   int64
 	explicit bool
 	choices  int64
+	// serviceTier is the service_tier asked for, "" when none.
+	serviceTier string
+	// background is a responses request run in the background.
+	background bool
+	// audio is a request with audio input or output.
+	audio bool
 }
 
 // parseBody reads a request body for endpoint ep.
@@ -116,7 +161,9 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 		}
 		return nil, badRequest("invalid_json", "", "We could not parse the JSON body of your request: %v", err)
 	}
-	if name, f := caseVariantMember(body, readFields); f != "" {
+	if name, f, dup := ambiguousMember(body, readFields); dup {
+		return nil, duplicateMember(name)
+	} else if f != "" {
 		return nil, badRequest("invalid_request_error", name,
 			"Unrecognized request argument %q: did you mean %q? Member names are case-sensitive.", name, f)
 	}
@@ -125,10 +172,21 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 	}
 	req := aitoken.Request{Messages: w.Messages, Prompt: w.Prompt, Input: w.Input, Instructions: w.Instructions, Tools: w.Tools, Functions: w.Functions}
 	// Exact for OpenAI models, the heuristic for others (package aitoken).
-	p := &parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: aitoken.ForModel(w.Model).PromptTokensCached(&req, cache), choices: 1}
+	counter := aitoken.ForModel(w.Model)
+	p := &parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: counter.PromptTokensCached(&req, cache), choices: 1}
+	if w.ServiceTier != nil {
+		p.serviceTier = *w.ServiceTier
+	}
+	p.background = w.Background && ep == epResponses
+	// An input_audio part. Unescaped, these bytes are a member name, a
+	// part type, or a string that is exactly input_audio: a rare refusal
+	// of a text request under a budget, on the safe side.
+	p.audio = slices.Contains(w.Modalities, "audio") || (len(w.Audio) > 0 && string(w.Audio) != "null") ||
+		bytes.Contains(body, []byte(`"input_audio"`))
 	if ep == epEmbeddings {
 		return p, nil // no completion: the prompt is the whole cost
 	}
+	p.promptEst = addSat(p.promptEst, rawInputTokens(counter, w.ResponseFormat, w.Text, w.Prediction, w.Suffix))
 	for i, v := range []*int64{w.MaxCompletionTokens, w.MaxTokens, w.MaxOutputTokens} {
 		if v == nil {
 			continue
@@ -149,54 +207,148 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 		}
 		p.choices = max(p.choices, *v)
 	}
+	if ep == epCompletions {
+		// Each prompt of a batch gets its own choices.
+		p.choices *= promptCount(w.Prompt)
+	}
 	return p, nil
 }
 
-// caseVariantMember returns the first member name of body (a JSON object
-// that json.Unmarshal accepted) that differs from one of fields (the names
-// the gateway reads) only by case, and that field; or "", "". One pass over the bytes; only a
-// name with escapes is decoded.
-func caseVariantMember(body []byte, fields []string) (name, field string) {
-	depth, inString, keyNext, escaped := 0, false, false, false
+// promptCount is how many prompts a completions request's prompt holds:
+// the length of an array of strings or of token arrays (a batch, each
+// generating its own completions), else 1 (a string, or one prompt's
+// token ids). Without it a batch of 100 prompts reserved one completion
+// budget and the upstream generated 100.
+func promptCount(raw json.RawMessage) int64 {
+	var batch []json.RawMessage
+	if len(raw) == 0 || raw[0] != '[' || json.Unmarshal(raw, &batch) != nil {
+		return 1
+	}
+	var n int64
+	for _, e := range batch {
+		if len(e) > 0 && (e[0] == '"' || e[0] == '[') {
+			n++
+		}
+	}
+	return max(n, 1)
+}
+
+// ambiguousMember returns the first member name of body (a JSON object
+// that json.Unmarshal accepted) that another parser may read differently
+// from the gateway: a top-level name that differs from one of fields (the
+// names the gateway reads) only by case, with that field; or a name
+// repeated in one object, anywhere in the body, with dup true: encoding/json
+// reads the last occurrence, first-wins parsers (gjson, simdjson) the first,
+// so {"max_tokens":100000,"max_tokens":1} or a message whose long
+// "content" is followed by a short one would reserve the short reading and
+// run the long one. "", "", false when there is none. One pass over the
+// bytes without allocating, but for names with escapes (decoded) and
+// objects of more than smallObject members (a set).
+func ambiguousMember(body []byte, fields []string) (name, field string, dup bool) {
+	const smallObject = 16
+	type member struct {
+		from, to int  // the name: src[from:to]
+		decoded  bool // src is dec, not body
+	}
+	type container struct {
+		obj, keyNext bool
+		first        int                 // the object's first member in names
+		set          map[string]struct{} // its names, past smallObject members
+	}
+	var stackBuf [32]container
+	var namesBuf [64]member
+	stack, names := stackBuf[:0], namesBuf[:0]
+	var dec []byte // decoded names with escapes
+	bytesOf := func(m member) []byte {
+		if m.decoded {
+			return dec[m.from:m.to]
+		}
+		return body[m.from:m.to]
+	}
+	inString, escaped := false, false
 	keyStart := -1
 	for i := 0; i < len(body); i++ {
-		c := body[i]
 		if inString {
-			switch c {
-			case '\\':
-				i++
+			// Skip to the closing quote, escapes one by one.
+			j := bytes.IndexByte(body[i:], '"')
+			if j < 0 {
+				break // not reached: body is valid JSON
+			}
+			if k := bytes.IndexByte(body[i:i+j], '\\'); k >= 0 {
+				i += k + 1 // the loop skips the escaped byte
 				escaped = true
-			case '"':
-				inString = false
-				if keyStart >= 0 {
-					n := string(body[keyStart:i])
-					if escaped {
-						_ = json.Unmarshal(body[keyStart-1:i+1], &n)
-					}
-					keyStart = -1
-					if f := caseVariant(n, fields); f != "" {
-						return n, f
-					}
+				continue
+			}
+			i += j // the closing quote
+			inString = false
+			if keyStart < 0 {
+				continue
+			}
+			m := member{from: keyStart, to: i}
+			if escaped {
+				var n string
+				_ = json.Unmarshal(body[keyStart-1:i+1], &n)
+				m = member{from: len(dec), to: len(dec) + len(n), decoded: true}
+				dec = append(dec, n...)
+			}
+			keyStart = -1
+			key := bytesOf(m)
+			top := &stack[len(stack)-1]
+			if len(stack) == 1 {
+				if f := caseVariant(string(key), fields); f != "" {
+					return string(key), f, false
 				}
+			}
+			if top.set != nil {
+				if _, ok := top.set[string(key)]; ok {
+					return string(key), "", true
+				}
+				top.set[string(key)] = struct{}{}
+				continue
+			}
+			for _, o := range names[top.first:] {
+				if bytes.Equal(bytesOf(o), key) {
+					return string(key), "", true
+				}
+			}
+			names = append(names, m)
+			if len(names)-top.first > smallObject {
+				top.set = make(map[string]struct{}, 2*smallObject)
+				for _, o := range names[top.first:] {
+					top.set[string(bytesOf(o))] = struct{}{}
+				}
+				names = names[:top.first]
 			}
 			continue
 		}
-		switch c {
+		switch body[i] {
 		case '"':
 			inString, escaped = true, false
-			if depth == 1 && keyNext {
-				keyStart, keyNext = i+1, false
+			if n := len(stack); n > 0 && stack[n-1].obj && stack[n-1].keyNext {
+				keyStart, stack[n-1].keyNext = i+1, false
 			}
-		case '{', '[':
-			depth++
-			keyNext = depth == 1 && c == '{'
+		case '{':
+			stack = append(stack, container{obj: true, keyNext: true, first: len(names)})
+		case '[':
+			stack = append(stack, container{first: len(names)})
 		case '}', ']':
-			depth--
+			if n := len(stack); n > 0 {
+				names = names[:stack[n-1].first]
+				stack = stack[:n-1]
+			}
 		case ',':
-			keyNext = depth == 1
+			if n := len(stack); n > 0 && stack[n-1].obj {
+				stack[n-1].keyNext = true
+			}
 		}
 	}
-	return "", ""
+	return "", "", false
+}
+
+// duplicateMember refuses a body with a member name repeated in one object.
+func duplicateMember(name string) *requestError {
+	return badRequest("invalid_request_error", name,
+		"The member %q appears twice in one object; parsers disagree on which one counts, so the gateway refuses it. Send each member once.", name)
 }
 
 // caseVariant returns the member of fields that name differs from only by
@@ -234,6 +386,15 @@ func addSat(a, b int64) int64 {
 // reservation and rewrites stream_options. It answers the client itself and
 // reports false on error.
 func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool {
+	if enc := encodedBody(r.Header); enc != "" {
+		// The gateway reads the bytes as JSON; an upstream would decode
+		// them first, and could read another request (raw deflate and
+		// brotli streams can be made that are also valid JSON).
+		w.Header().Set("x-should-retry", "false")
+		writeError(w, http.StatusUnsupportedMediaType, "invalid_request_error", "unsupported_content_encoding", "",
+			fmt.Sprintf("Content-Encoding %q is not supported by the gateway; send the body uncompressed.", truncateName(enc)))
+		return false
+	}
 	body, err := readBody(http.MaxBytesReader(w, r.Body, g.cfg.MaxBodyBytes), r.ContentLength, g.cfg.MaxBodyBytes)
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -261,6 +422,9 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 	}
 	c.stream = p.stream
 	c.promptEst = p.promptEst
+	c.bud.serviceTier = p.serviceTier
+	c.background = p.background
+	c.bud.audio = p.audio
 	budget := p.budget
 	if c.ep != epEmbeddings && !p.explicit {
 		budget = g.cfg.DefaultMaxTokens
@@ -316,9 +480,27 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 			c.defaultCap = max((c.reserved-c.promptEst)/p.choices, 1)
 			c.reserved = reservation(c.promptEst, c.defaultCap, p.choices)
 		}
+		if c.background && !forwardCap(w, c) {
+			// Its usage may never pass the gateway (settle keeps the
+			// reservation): the upstream must not generate past it.
+			return false
+		}
 	}
 	c.reserved = max(c.reserved, 1)
 	return true
+}
+
+// encodedBody returns the request's Content-Encoding when it names any
+// coding but identity, or "".
+func encodedBody(h http.Header) string {
+	for _, v := range h.Values("Content-Encoding") {
+		for _, enc := range strings.Split(v, ",") {
+			if enc = strings.TrimSpace(enc); enc != "" && !strings.EqualFold(enc, "identity") {
+				return v
+			}
+		}
+	}
+	return ""
 }
 
 // includeUsageMember is what insertIncludeUsage adds to a request body.

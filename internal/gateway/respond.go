@@ -126,6 +126,9 @@ func (g *Gateway) setLimitHeaders(h http.Header, c *call, ds []sluice.Decision) 
 	}
 	policy, ok := policies[c.rawModel]
 	if !ok {
+		policy, ok = policies[modelBase(c.rawModel)] // a snapshot's limits are its model's
+	}
+	if !ok {
 		policy = policies[""]
 	}
 	vals[n+1] = policy

@@ -123,7 +123,8 @@ func (t *TokenWeights) weights() weights {
 var anthropicWeights = weights{WeightScale, WeightScale / 10, WeightScale, WeightScale}
 
 // weightsFor returns the weights of model: its entry in token_weights,
-// else the "*" entry, else 1 for every kind.
+// else its model's for a dated snapshot, else the "*" entry, else 1 for
+// every kind.
 func (c *Config) weightsFor(model string) weights {
 	w, _ := c.configuredWeights(model)
 	return w
@@ -131,6 +132,9 @@ func (c *Config) weightsFor(model string) weights {
 
 func (c *Config) configuredWeights(model string) (weights, bool) {
 	if t, ok := c.TokenWeights[model]; ok {
+		return t.weights(), true
+	}
+	if t, ok := c.TokenWeights[modelBase(model)]; ok { // a snapshot weighs as its model
 		return t.weights(), true
 	}
 	if t, ok := c.TokenWeights["*"]; ok {

@@ -1,0 +1,99 @@
+package gateway
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/sluice-io/sluice"
+)
+
+// Long requests
+//
+// A request's concurrency slot and its reservation are leases that lapse
+// LeaseTTL after they were taken, so that a gateway that crashes leaks
+// nothing. A request in flight longer than that, a long generation or a
+// stream its client reads slowly (the upstream waits for it), would lose
+// them while it runs: its client could then hold any number of streams at
+// once past its concurrency limit, and the late settlement, finding its
+// lease lapsed, would neither refund the unused tokens nor charge usage
+// above the reservation. So the gateway renews the leases of a request
+// still in flight every LeaseTTL/3 (an OpAllow of a lease already held
+// renews it and takes no new slot), until settlement stops the renewal,
+// before it releases them.
+
+// leaseRenewal renews one request's leases while it is in flight.
+type leaseRenewal struct {
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+}
+
+// startRenewal starts renewing c's leases (its concurrency slots, its
+// reservation and the model capacity's slot) every g.renewEvery.
+func (g *Gateway) startRenewal(c *call) {
+	every := g.renewEvery
+	if every <= 0 {
+		return
+	}
+	var leases []sluice.Request
+	for _, req := range c.reqs {
+		if req.Algorithm == sluice.Concurrency {
+			leases = append(leases, req)
+		}
+	}
+	if c.capacity != nil {
+		for _, req := range c.capacity.reqs {
+			if req.Algorithm == sluice.Concurrency {
+				req.UseLease = false
+				leases = append(leases, req)
+			}
+		}
+	}
+	if len(leases) == 0 {
+		return
+	}
+	rn := &leaseRenewal{}
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	rn.timer = time.AfterFunc(every, func() { g.renew(c, rn, leases, every) })
+	c.renewal = rn
+}
+
+// renew renews leases, one call each (they may live in different Redis
+// Cluster slots), and schedules the next renewal, unless stopped.
+func (g *Gateway) renew(c *call, rn *leaseRenewal, leases []sluice.Request, every time.Duration) {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	if rn.stopped {
+		return
+	}
+	if c.reserving != nil {
+		<-c.reserving // a leased tier's reservation, taken in the background
+	}
+	for _, req := range leases {
+		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
+		d, err := g.store.Apply(ctx, sluice.OpAllow, req)
+		cancel()
+		if err != nil || !d.Allowed {
+			// Lapsed and taken (a store outage longer than LeaseTTL/3
+			// each way), or the store is down: the next round tries again.
+			g.log.Warn("gateway: lease of a request in flight not renewed", "request_id", c.id, "client", c.client.id, "key", req.Key, "err", err)
+		}
+	}
+	if g.onRenew != nil {
+		g.onRenew()
+	}
+	rn.timer.Reset(every)
+}
+
+// stop ends the renewal, waiting for one in progress; nil does nothing.
+func (rn *leaseRenewal) stop() {
+	if rn == nil {
+		return
+	}
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	rn.stopped = true
+	rn.timer.Stop()
+}
