@@ -253,6 +253,9 @@ func (s *Store) PingNode(ctx context.Context, node string) error {
 	pctx, cancel := pipelined(ctx)
 	defer cancel()
 	if err := client.Do(pctx, client.B().Ping().Build()).Error(); err != nil {
+		if cerr := ctx.Err(); cerr != nil && errors.Is(err, context.Canceled) {
+			err = cerr // the caller's deadline, not a cancellation of ours
+		}
 		return fmt.Errorf("redisstore: %w: ping %s: %w", ErrUnavailable, node, err)
 	}
 	return nil
