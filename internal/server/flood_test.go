@@ -12,18 +12,19 @@ import (
 )
 
 // TestRedisFloodOneKey: 1,500 concurrent checks of one key on a healthy
-// Redis with a 50 ms deadline and no over-limit cache. Most miss the
-// deadline, waiting for the key's slot or for Redis; under every failure
-// policy they are denied, so no more than the limit (2) are admitted.
-// fail_open admitted 1,491 before (every late call), and error answered
-// 503, which a proxy that fails open admits.
+// Redis with a 50 ms deadline, no over-limit cache and a limit of 2/min.
+// Most miss the deadline, waiting for the key's slot or for Redis; under
+// every failure policy they are denied, so no more than the limit (2) are
+// admitted. Before, fail_open admitted up to 1,491 (every late call; and
+// all of them once the late probes of the starved process had opened the
+// circuit), and error answered 503, which a proxy that fails open admits.
 func TestRedisFloodOneKey(t *testing.T) {
 	srv := redistest.Standalone(t)
 	for _, policy := range []string{"fail_open", "error", "local"} {
 		t.Run(policy, func(t *testing.T) {
 			cfg := testConfig + fmt.Sprintf("store: {url: %q, failure_policy: %s, timeout: 50ms, local_cache: false}\n", srv.URL(), policy)
 			s := startService(t, svcOptions{redis: true, config: cfg})
-			body := fmt.Sprintf(`{"policy":"b","key":%q}`, redistest.Prefix(t))
+			body := fmt.Sprintf(`{"policy":"anon","key":%q}`, redistest.Prefix(t)) // 2/min: nothing comes back during the flood
 			c := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1500}}
 			defer c.CloseIdleConnections()
 			var admitted, unavailable, degraded atomic.Int64
