@@ -626,27 +626,9 @@ func (s *spec) applies(model string) bool {
 	return s.model == "" || s.model == model || s.model == modelBase(model)
 }
 
-// modelBase is model without a trailing dated snapshot suffix,
-// "-YYYY-MM-DD" or "-YYYYMMDD", by the rule of pricing.Table.Lookup; model
-// itself when it has none.
-func modelBase(model string) string {
-	digits := func(s string) bool {
-		for i := 0; i < len(s); i++ {
-			if s[i] < '0' || s[i] > '9' {
-				return false
-			}
-		}
-		return len(s) > 0
-	}
-	if n := len(model); n > 11 && model[n-11] == '-' && model[n-6] == '-' && model[n-3] == '-' &&
-		digits(model[n-10:n-6]) && digits(model[n-5:n-3]) && digits(model[n-2:]) {
-		return model[:n-11]
-	}
-	if n := len(model); n > 9 && model[n-9] == '-' && digits(model[n-8:]) {
-		return model[:n-9]
-	}
-	return model
-}
+// modelBase is model without a trailing dated snapshot suffix, by the rule
+// of pricing.Table.Lookup.
+func modelBase(model string) string { return pricing.SnapshotBase(model) }
 
 // admit reserves every limit of the request in one ApplyAll. It answers
 // the client itself and reports false when the request may not proceed.

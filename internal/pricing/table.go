@@ -75,7 +75,7 @@ func (t *Table) Lookup(model string) (p Price, ok bool) {
 	if p, ok := t.prices[model]; ok {
 		return p, true
 	}
-	if base := stripSnapshot(model); base != model {
+	if base := SnapshotBase(model); base != model {
 		if p, ok := t.prices[base]; ok {
 			return p, true
 		}
@@ -89,8 +89,11 @@ func (t *Table) Lookup(model string) (p Price, ok bool) {
 // Len is the number of models the table names.
 func (t *Table) Len() int { return len(t.prices) }
 
-// stripSnapshot removes a trailing "-YYYY-MM-DD" or "-YYYYMMDD".
-func stripSnapshot(model string) string {
+// SnapshotBase is model without a trailing dated snapshot suffix,
+// "-YYYY-MM-DD" or "-YYYYMMDD" ("gpt-4o-2024-08-06" is "gpt-4o"); model
+// itself when it has none. Prices, and the gateway's limits, of a model
+// cover its snapshots by this rule.
+func SnapshotBase(model string) string {
 	isDigits := func(s string) bool {
 		for i := 0; i < len(s); i++ {
 			if s[i] < '0' || s[i] > '9' {
