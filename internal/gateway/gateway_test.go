@@ -37,6 +37,8 @@ type env struct {
 	cfg     *Config
 	client  string // client id of clientKey
 	settled chan Settlement
+	// upTransport is the gateway's transport to the upstream.
+	upTransport http.RoundTripper
 }
 
 // newEnv starts an environment whose one key has tier "t" with limits l.
@@ -81,6 +83,10 @@ func newEnvUpstream(t *testing.T, l Limits, up *fakeopenai.Server, st sluice.Sto
 		Getenv:    func(k string) string { return map[string]string{"TEST_UPSTREAM_KEY": upstreamKey}[k] },
 		OnSettled: func(s Settlement) { e.settled <- s },
 		Logger:    slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		WrapTransport: func(rt http.RoundTripper) http.RoundTripper {
+			e.upTransport = rt
+			return rt
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -453,6 +459,10 @@ func TestUpstreamErrorsRefund(t *testing.T) {
 	// An unreachable upstream: 502, OpenAI-shaped, refunded, the request
 	// too (the upstream never had it).
 	e.up.Close()
+	// Without its idle connection too: a request written on a connection
+	// the upstream closed before reading it may have reached it, for all
+	// the gateway can tell, and keeps its prompt charged (the safe side).
+	e.upTransport.(interface{ CloseIdleConnections() }).CloseIdleConnections()
 	res = e.post(context.Background(), "/v1/chat/completions", clientKey, chatBody)
 	if res.StatusCode != http.StatusBadGateway {
 		t.Fatalf("status %d", res.StatusCode)
