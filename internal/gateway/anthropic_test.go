@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -65,18 +64,7 @@ func newAnthEnv(t *testing.T, l Limits, up *fakeanthropic.Server, st sluice.Stor
 		t.Fatal(err)
 	}
 	e := &anthEnv{t: t, up: up, store: st, cfg: cfg, client: cfg.Keys[0].Client, settled: make(chan Settlement, 1000)}
-	gw, err := New(Options{
-		Config: cfg, Store: st,
-		Getenv:    func(k string) string { return map[string]string{DefaultAnthropicKeyEnv: upstreamKey}[k] },
-		OnSettled: func(s Settlement) { e.settled <- s },
-		Logger:    slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.gw = gw
-	e.srv = httptest.NewServer(gw)
-	t.Cleanup(e.srv.Close)
+	e.gw, e.srv, _ = startGateway(t, cfg, st, func(k string) string { return map[string]string{DefaultAnthropicKeyEnv: upstreamKey}[k] }, func(s Settlement) { e.settled <- s })
 	return e
 }
 

@@ -52,6 +52,18 @@ type budgetEnv struct {
 // newBudgetEnv parses doc, whose %[1]s is the upstream's base URL, %[2]s
 // the hash of clientKey and %[3]s that of clientKey2, and starts a gateway
 // per store.
+// fakeClockStore is a memory store on a fake clock that only its test
+// moves, closed with the test.
+func fakeClockStore(t *testing.T) *memstore.Store {
+	t.Helper()
+	st, err := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
 func newBudgetEnv(t *testing.T, doc string, up interface{ URL() string }, stores ...sluice.Store) *budgetEnv {
 	t.Helper()
 	cfg, err := Parse("test.yaml", []byte(fmt.Sprintf(doc, up.URL()+"/v1", sluice.HashKey(clientKey), sluice.HashKey(clientKey2))))
@@ -228,12 +240,7 @@ func hardStop(t *testing.T, org string, stores ...sluice.Store) {
 }
 
 func TestBudgetHardStopMemory(t *testing.T) {
-	st, err := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	hardStop(t, "acme", st)
+	hardStop(t, "acme", fakeClockStore(t))
 }
 
 func redisStores(t *testing.T, url string) []sluice.Store {
@@ -339,8 +346,7 @@ keys: [{name: one, hash: %[2]s, tier: t}, {name: two, hash: %[3]s, tier: t}]
 // break its accounting.
 func TestBudgetHostileInput(t *testing.T) {
 	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, CompletionTokens: 10})
-	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
-	t.Cleanup(func() { _ = st.Close() })
+	st := fakeClockStore(t)
 	e := newBudgetEnv(t, `
 upstream: {base_url: %[1]s, api_key_env: UP}
 store: {timeout: 5s}
@@ -397,8 +403,7 @@ keys: [{name: one, hash: %[2]s, tier: t}, {name: two, hash: %[3]s, tier: t, budg
 // wrapping the window's count.
 func TestBudgetUpstreamOverreports(t *testing.T) {
 	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, PromptTokens: math.MaxInt64 / 4, CompletionTokens: 5})
-	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
-	t.Cleanup(func() { _ = st.Close() })
+	st := fakeClockStore(t)
 	e := newBudgetEnv(t, `
 upstream: {base_url: %[1]s, api_key_env: UP}
 store: {timeout: 5s}
@@ -425,8 +430,7 @@ keys: [{name: one, hash: %[2]s, tier: t}]
 // spend metric by org, team and model.
 func TestBudgetVisible(t *testing.T) {
 	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, PromptTokens: 100, CompletionTokens: 10, CachedTokens: 40, ReasoningTokens: 4})
-	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
-	t.Cleanup(func() { _ = st.Close() })
+	st := fakeClockStore(t)
 	e := newBudgetEnv(t, `
 upstream: {base_url: %[1]s, api_key_env: UP}
 store: {timeout: 5s}
@@ -509,8 +513,7 @@ keys: [{name: one, hash: %[2]s, tier: t, team: research}]
 // share its limit.
 func TestNestedAllOrNothing(t *testing.T) {
 	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, CompletionTokens: 5})
-	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
-	t.Cleanup(func() { _ = st.Close() })
+	st := fakeClockStore(t)
 	e := newBudgetEnv(t, `
 upstream: {base_url: %[1]s, api_key_env: UP}
 store: {timeout: 5s}
@@ -689,8 +692,7 @@ func TestBudgetCalendarResetRedis(t *testing.T) {
 // price, and refuses in Anthropic's error shape with x-should-retry: false.
 func TestBudgetAnthropicMessages(t *testing.T) {
 	up := fakeanthropic.New(t, fakeanthropic.Options{APIKey: upstreamKey, InputTokens: 100, CacheCreationInputTokens: 8, CacheReadInputTokens: 40, OutputTokens: 6})
-	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
-	t.Cleanup(func() { _ = st.Close() })
+	st := fakeClockStore(t)
 	e := newBudgetEnv(t, `
 upstream: {base_url: %[1]s, api: anthropic, api_key_env: UP}
 store: {timeout: 5s}
@@ -733,8 +735,7 @@ keys: [{name: one, hash: %[2]s, tier: t}]
 // budget the body goes upstream unchanged.
 func TestBudgetDefaultCapForwarded(t *testing.T) {
 	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, CompletionTokens: 4000})
-	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
-	t.Cleanup(func() { _ = st.Close() })
+	st := fakeClockStore(t)
 	e := newBudgetEnv(t, `
 upstream: {base_url: %[1]s, api_key_env: UP}
 store: {timeout: 5s}
@@ -795,8 +796,7 @@ keys: [{name: one, hash: %[2]s, tier: t}, {name: two, hash: %[3]s, tier: free}]
 // request that sets no max_tokens too large for a limit it fits.
 func TestDefaultCapFitsLevelTokens(t *testing.T) {
 	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, CompletionTokens: 4000})
-	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
-	t.Cleanup(func() { _ = st.Close() })
+	st := fakeClockStore(t)
 	e := newBudgetEnv(t, `
 upstream: {base_url: %[1]s, api_key_env: UP}
 store: {timeout: 5s}

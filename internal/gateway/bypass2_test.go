@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -48,18 +47,7 @@ func newEnvHandler(t *testing.T, l Limits, h http.Handler, tune func(*Config)) *
 		t.Fatal(err)
 	}
 	e := &env{t: t, store: st, clk: clk, cfg: cfg, client: cfg.Keys[0].Client, settled: make(chan Settlement, 100)}
-	gw, err := New(Options{
-		Config: cfg, Store: st,
-		Getenv:    func(string) string { return upstreamKey },
-		OnSettled: func(s Settlement) { e.settled <- s },
-		Logger:    slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.gw = gw
-	e.srv = httptest.NewServer(gw)
-	t.Cleanup(e.srv.Close)
+	e.gw, e.srv, e.upTransport = startGateway(t, cfg, st, func(string) string { return upstreamKey }, func(s Settlement) { e.settled <- s })
 	return e
 }
 
@@ -450,8 +438,7 @@ func TestBypassHiddenInputAnthropic(t *testing.T) {
 // the gateway priced as it. A limit on a model now covers its snapshots.
 func TestBypassModelSnapshot(t *testing.T) {
 	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey})
-	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
-	t.Cleanup(func() { _ = st.Close() })
+	st := fakeClockStore(t)
 	e := newBudgetEnv(t, `
 upstream: {base_url: %[1]s, api_key_env: UP}
 store: {timeout: 5s}
@@ -533,8 +520,7 @@ func testBypassContentType(t *testing.T, newEnv envFactory) {
 // dearer tier; without a budget (no price involved) it still may.
 func TestBypassServiceTier(t *testing.T) {
 	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey})
-	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
-	t.Cleanup(func() { _ = st.Close() })
+	st := fakeClockStore(t)
 	e := newBudgetEnv(t, `
 upstream: {base_url: %[1]s, api_key_env: UP}
 store: {timeout: 5s}
@@ -741,8 +727,7 @@ func TestUpstreamEncodedAnswer(t *testing.T) {
 // may.
 func TestBypassAudioUnderBudget(t *testing.T) {
 	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey})
-	st, _ := memstore.New(memstore.Options{Clock: clock.NewFake(time.Unix(1_700_000_000, 0)), SweepInterval: -1})
-	t.Cleanup(func() { _ = st.Close() })
+	st := fakeClockStore(t)
 	e := newBudgetEnv(t, `
 upstream: {base_url: %[1]s, api_key_env: UP}
 store: {timeout: 5s}

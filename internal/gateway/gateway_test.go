@@ -78,23 +78,33 @@ func newEnvUpstream(t *testing.T, l Limits, up *fakeopenai.Server, st sluice.Sto
 		t.Fatal(err)
 	}
 	e := &env{t: t, up: up, store: st, clk: clk, cfg: cfg, client: cfg.Keys[0].Client, settled: make(chan Settlement, 1000)}
+	e.gw, e.srv, e.upTransport = startGateway(t, cfg, st, func(k string) string { return map[string]string{"TEST_UPSTREAM_KEY": upstreamKey}[k] }, func(s Settlement) { e.settled <- s })
+	return e
+}
+
+// startGateway starts a gateway on cfg and st behind a test server. It
+// reads the upstream key through getenv and reports settlements to
+// onSettled; it returns the gateway, its server and its transport to the
+// upstream.
+func startGateway(t *testing.T, cfg *Config, st sluice.Store, getenv func(string) string, onSettled func(Settlement)) (*Gateway, *httptest.Server, http.RoundTripper) {
+	t.Helper()
+	var upTransport http.RoundTripper
 	gw, err := New(Options{
 		Config: cfg, Store: st,
-		Getenv:    func(k string) string { return map[string]string{"TEST_UPSTREAM_KEY": upstreamKey}[k] },
-		OnSettled: func(s Settlement) { e.settled <- s },
+		Getenv:    getenv,
+		OnSettled: onSettled,
 		Logger:    slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		WrapTransport: func(rt http.RoundTripper) http.RoundTripper {
-			e.upTransport = rt
+			upTransport = rt
 			return rt
 		},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.gw = gw
-	e.srv = httptest.NewServer(gw)
-	t.Cleanup(e.srv.Close)
-	return e
+	srv := httptest.NewServer(gw)
+	t.Cleanup(srv.Close)
+	return gw, srv, upTransport
 }
 
 func (e *env) post(ctx context.Context, path, key, body string) *http.Response {

@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"math"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -41,18 +39,7 @@ func newKindsEnv(t *testing.T, l Limits, weights map[string]TokenWeights, upOpts
 		t.Fatal(err)
 	}
 	e := &env{t: t, up: up, store: st, clk: clk, cfg: cfg, client: cfg.Keys[0].Client, settled: make(chan Settlement, 100)}
-	gw, err := New(Options{
-		Config: cfg, Store: st,
-		Getenv:    func(k string) string { return map[string]string{"TEST_UPSTREAM_KEY": upstreamKey}[k] },
-		OnSettled: func(s Settlement) { e.settled <- s },
-		Logger:    slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.gw = gw
-	e.srv = httptest.NewServer(gw)
-	t.Cleanup(e.srv.Close)
+	e.gw, e.srv, e.upTransport = startGateway(t, cfg, st, func(k string) string { return map[string]string{"TEST_UPSTREAM_KEY": upstreamKey}[k] }, func(s Settlement) { e.settled <- s })
 	return e
 }
 
