@@ -195,10 +195,15 @@ func ByClientIP(trusted ...netip.Prefix) KeyFunc {
 // IPv4 address whole, an IPv6 address by its /64, the block one subscriber
 // usually holds (keying each IPv6 address apart would give a client 2^64
 // limits).
-func IPKey(a netip.Addr) string {
+func IPKey(a netip.Addr) string { return IPBlockKey(a, 64) }
+
+// IPBlockKey is IPKey with the IPv6 block's length, v6bits (clamped to
+// 0..128), chosen by the caller: 48 counts a site's whole block as one
+// client, where 64 lets a client that holds a /48 be 65,536 clients.
+func IPBlockKey(a netip.Addr, v6bits int) string {
 	a = a.Unmap()
 	if a.Is6() {
-		p, _ := a.Prefix(64)
+		p, _ := a.Prefix(min(max(v6bits, 0), 128))
 		return p.String()
 	}
 	return a.String()

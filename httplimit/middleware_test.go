@@ -248,3 +248,28 @@ func TestNewValidates(t *testing.T) {
 		t.Fatal("nil limiter accepted")
 	}
 }
+
+// IPv4 clients are keyed by address, IPv6 clients by their block: /64 by
+// IPKey, the caller's length by IPBlockKey; a mapped IPv4 address is its
+// IPv4 address, and a zone does not make another client.
+func TestIPBlockKey(t *testing.T) {
+	for _, c := range []struct {
+		addr string
+		bits int
+		want string
+	}{
+		{"192.0.2.7", 48, "192.0.2.7"},
+		{"::ffff:192.0.2.7", 64, "192.0.2.7"},
+		{"2001:db8:1:2:3:4:5:6", 64, "2001:db8:1:2::/64"},
+		{"2001:db8:1:2:3:4:5:6", 48, "2001:db8:1::/48"},
+		{"fe80::1%eth0", 64, "fe80::/64"},
+		{"2001:db8::1", 200, "2001:db8::1/128"},
+	} {
+		if got := httplimit.IPBlockKey(netip.MustParseAddr(c.addr), c.bits); got != c.want {
+			t.Errorf("IPBlockKey(%s, %d) = %s, want %s", c.addr, c.bits, got, c.want)
+		}
+	}
+	if got := httplimit.IPKey(netip.MustParseAddr("2001:db8:1:2::9")); got != "2001:db8:1:2::/64" {
+		t.Errorf("IPKey = %s", got)
+	}
+}

@@ -50,6 +50,8 @@ type Authz struct {
 	// Selectable are the policies a request may add with ?policy=NAME, by
 	// name.
 	Selectable map[string]*Policy
+	// IPv6Prefix is the length of the IPv6 block keyed as one client.
+	IPv6Prefix int
 }
 
 // Route is a compiled entry of authz.routes: the policies it adds to the
@@ -224,7 +226,13 @@ func NormalizeHost(host string) string {
 }
 
 func (v *validator) compileAuthz(a *AuthzSection, cfg *Config, tierNames []string) {
-	out := Authz{APIKeyHeaders: a.APIKeyHeaders, UserHeader: a.UserHeader, DenyStatus: a.DenyStatus}
+	out := Authz{APIKeyHeaders: a.APIKeyHeaders, UserHeader: a.UserHeader, DenyStatus: a.DenyStatus, IPv6Prefix: a.IPv6Prefix}
+	switch {
+	case out.IPv6Prefix == 0:
+		out.IPv6Prefix = 64
+	case out.IPv6Prefix < 32 || out.IPv6Prefix > 64:
+		v.addf("authz.ipv6_prefix", "%d is not in 32..64: an IPv6 client is keyed by the block of that many leading bits", a.IPv6Prefix)
+	}
 	if len(out.APIKeyHeaders) == 0 {
 		out.APIKeyHeaders = []string{"X-API-Key", "Authorization"}
 	}

@@ -90,6 +90,7 @@ func TestBadConfigs(t *testing.T) {
 		"bad_limit":             {`3: policies.free.limit: invalid limit "10 per minute"`},
 		"bad_override":          {`6: overrides[0].policy: unknown policy "premium"; valid: free`},
 		"bad_proxy":             {`2: authz.trusted_proxies[1]: "not-an-ip"`},
+		"bad_ipv6_prefix":       {`2: authz.ipv6_prefix: 20 is not in 32..64`},
 		"bad_store_url":         {`2: store.url: unknown store "postgres://localhost/db"; valid: memory, redis://HOST`},
 		"bad_syntax":            {`4: did not find expected key`},
 		"bad_timeout":           {"2: store.timeout: cannot use `soon` as time.Duration"},

@@ -190,6 +190,12 @@ type AuthzSection struct {
 	// SelectablePolicies are the policies a request may add on top of the
 	// caller's tier with ?policy=NAME. A request can name no other.
 	SelectablePolicies []string `yaml:"selectable_policies"`
+	// IPv6Prefix is the length of the IPv6 block that counts as one client
+	// when callers are keyed by address: 64 (default, what one subscriber
+	// or one mobile device usually holds) to 32. A client that holds a
+	// /48 (a tunnel broker's, free) is 65,536 clients at /64 and one at
+	// /48; a mobile carrier puts many devices in one /48.
+	IPv6Prefix int `yaml:"ipv6_prefix"`
 }
 
 // RouteSection is one entry of `authz.routes`: when the original request

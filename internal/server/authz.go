@@ -150,7 +150,7 @@ func authzTargets(cfg *config.Config, r *http.Request) ([]target, int, error) {
 			if err != nil {
 				return nil, http.StatusBadRequest, errors.New("cannot tell the client address")
 			}
-			identity = ipIdentity(ip)
+			identity = ipIdentity(ip, a.IPv6Prefix)
 		}
 		if a.DefaultTier == nil {
 			return nil, http.StatusUnauthorized, errors.New("an API key is required")
@@ -416,8 +416,9 @@ func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
 	return false
 }
 
-// ipIdentity keys IPv4 clients by address and IPv6 clients by their /64,
-// the block one subscriber usually holds.
-func ipIdentity(a netip.Addr) string {
-	return "ip:" + httplimit.IPKey(a)
+// ipIdentity keys IPv4 clients by address and IPv6 clients by their
+// block of v6bits (authz.ipv6_prefix, 64 by default: the block one
+// subscriber usually holds).
+func ipIdentity(a netip.Addr, v6bits int) string {
+	return "ip:" + httplimit.IPBlockKey(a, v6bits)
 }

@@ -65,6 +65,11 @@ var bypass2Tricks = []bypassTrick{
 			"2001:DB8:9:9::1", "2001:db8:9:9:0:0:0:2", "[2001:db8:9:9::3]:443", "2001:0db8:0009:0009::4", "fe80::1%eth0, 2001:db8:9:9::5",
 		}, i))
 	}},
+	// With authz.ipv6_prefix: 48, the /64s of one /48 are one client (a
+	// tunnel broker hands out a /48 for free: 65,536 clients at /64).
+	{name: "authz/ipv6_prefix 48 keys a /48 as one client", config: ipv6Prefix48, limit: 3, want: 3, n: 8, req: func(s string, i int) bypassReq {
+		return authzReq("/v1/authz", "X-Forwarded-For", fmt.Sprintf("2001:db8:77:%x::1", i))
+	}},
 	// A backend that resolves the request target against a base URL
 	// (WHATWG URL, as Node's docs show: new URL(req.url, base)) serves
 	// //evil.example/login as /login.
@@ -96,6 +101,11 @@ var bypass2Tricks = []bypassTrick{
 			post("/v1/authz/items/1?x=1&_method=delete"),
 		}, i)
 	}},
+}
+
+// ipv6Prefix48 keys IPv6 clients by their /48 in a bypass config.
+func ipv6Prefix48(cfg string) string {
+	return strings.Replace(cfg, "authz:\n", "authz:\n  ipv6_prefix: 48\n", 1)
 }
 
 // deleteRoute adds a route for DELETE below /items to a bypass config.

@@ -44,8 +44,14 @@ func TestClientIP(t *testing.T) {
 			t.Errorf("%s %v: %s, want %s", c.remote, c.xff, got, c.want)
 		}
 	}
-	if got := ipIdentity(netip.MustParseAddr("2001:db8:1:2:3:4:5:6")); got != "ip:2001:db8:1:2::/64" {
+	if got := ipIdentity(netip.MustParseAddr("2001:db8:1:2:3:4:5:6"), 64); got != "ip:2001:db8:1:2::/64" {
 		t.Errorf("ipv6 identity %s", got)
+	}
+	if got := ipIdentity(netip.MustParseAddr("2001:db8:1:2:3:4:5:6"), 48); got != "ip:2001:db8:1::/48" {
+		t.Errorf("ipv6 identity at /48: %s", got)
+	}
+	if got := ipIdentity(netip.MustParseAddr("192.0.2.7"), 48); got != "ip:192.0.2.7" {
+		t.Errorf("ipv4 identity at /48: %s", got)
 	}
 }
 
