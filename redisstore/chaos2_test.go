@@ -361,3 +361,33 @@ func TestClusterSlotMovesUnderLoad(t *testing.T) {
 		t.Fatalf("key on the new owner: %v %v", n, err)
 	}
 }
+
+// A refund or a charge goes through its node's group unless its caller
+// gives it a deadline later than the store's timeout (a group has the
+// store's timeout): settlement traffic with the usual deadline keeps its
+// batching.
+func TestSettlingKeepsItsGroup(t *testing.T) {
+	s := newStore(t, Options{URL: redistest.Standalone(t).URL(), Timeout: time.Second, Logger: slog.New(slog.DiscardHandler)})
+	p := probeCommits(s)
+	req := sluice.Request{Key: redistest.Prefix(t) + "k", Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: 100, Period: time.Hour, Burst: 100}, Cost: 1}
+	for _, c := range []struct {
+		deadline time.Duration
+		grouped  bool
+	}{{time.Second, true}, {10 * time.Second, false}} {
+		ctx, cancel := context.WithTimeout(context.Background(), c.deadline)
+		for _, op := range []sluice.Op{sluice.OpCharge, sluice.OpRefund} {
+			if _, err := s.Apply(ctx, op, req); err != nil {
+				t.Fatal(err)
+			}
+			sent := 0
+			for len(p.events) > 0 {
+				<-p.events
+				sent++
+			}
+			if (sent > 0) != c.grouped {
+				t.Errorf("%s with a %s deadline, a 1s store timeout: %d commit events, want grouped %v", op, c.deadline, sent, c.grouped)
+			}
+		}
+		cancel()
+	}
+}

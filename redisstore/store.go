@@ -488,10 +488,10 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, req *sluice.Request, 
 	if client == nil {
 		return sluice.Decision{}, s.notConnected()
 	}
-	cctx, cancel := s.boundFor(ctx, op)
+	cctx, cancel, alone := s.boundFor(ctx, op)
 	defer cancel()
 	s.calls.Add(1)
-	vals, err := s.exec(cctx, client, script, []string{key}, args, settles(op)).AsIntSlice()
+	vals, err := s.exec(cctx, client, script, []string{key}, args, alone).AsIntSlice()
 	want := 2
 	if req.Algorithm == sluice.FixedWindow {
 		want = 3
@@ -512,18 +512,18 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, req *sluice.Request, 
 	return decideOp(op, req, r), nil
 }
 
-// settles reports a refund or a charge: applied by Redis whether or not
-// its reply comes in time, so not cut short by the store's timeout when
-// its caller gives it a deadline (Options.Timeout).
-func settles(op sluice.Op) bool { return op == sluice.OpRefund || op == sluice.OpCharge }
-
-// boundFor is bound, except that a refund or a charge keeps the caller's
-// deadline when it has one, however far.
-func (c *core) boundFor(ctx context.Context, op sluice.Op) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok && settles(op) {
-		return ctx, func() {}
+// boundFor is bound, except for a refund or a charge whose caller gives
+// it a deadline later than the store's timeout: Redis applies it whether
+// or not its reply comes in time, so it keeps that deadline, and goes
+// alone (alone: a group has the store's timeout), for its caller to learn
+// that it was applied rather than send it again (Options.Timeout). The
+// others keep their group.
+func (c *core) boundFor(ctx context.Context, op sluice.Op) (cctx context.Context, cancel context.CancelFunc, alone bool) {
+	if d, ok := ctx.Deadline(); ok && (op == sluice.OpRefund || op == sluice.OpCharge) && time.Until(d) > c.timeout {
+		return ctx, func() {}, true
 	}
-	return c.bound(ctx)
+	cctx, cancel = c.bound(ctx)
+	return cctx, cancel, false
 }
 
 // bound returns ctx bounded by the store's timeout. A ctx whose deadline
@@ -587,7 +587,7 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 	if client == nil {
 		return nil, s.notConnected()
 	}
-	cctx, cancel := s.boundFor(ctx, op)
+	cctx, cancel, alone := s.boundFor(ctx, op)
 	defer cancel()
 	s.calls.Add(1)
 	var vals []int64
@@ -595,13 +595,13 @@ func (s *Store) run(ctx context.Context, op sluice.Op, reqs []sluice.Request, sc
 	if op == sluice.OpReset {
 		err = s.reset(cctx, client, reqs, keys, now)
 	} else {
-		vals, err = s.exec(cctx, client, script, keys, args, settles(op)).AsIntSlice()
+		vals, err = s.exec(cctx, client, script, keys, args, alone).AsIntSlice()
 		if t, skewed := calendarMiss(vals, err); skewed {
 			// A calendar window was computed around a clock too far from
 			// Redis's: compute it around Redis's and ask once more.
 			if err = build(t); err == nil {
 				s.calls.Add(1)
-				vals, err = s.exec(cctx, client, script, keys, args, settles(op)).AsIntSlice()
+				vals, err = s.exec(cctx, client, script, keys, args, alone).AsIntSlice()
 				if t, skewed := calendarMiss(vals, err); skewed {
 					err = fmt.Errorf("redisstore: calendar window: redis time %s lies outside the windows computed for it", time.Unix(0, t).UTC())
 				}
