@@ -521,30 +521,28 @@ func (g *Guard) degrade(ctx context.Context, op sluice.Op, reqs []sluice.Request
 		// apply it twice (a reset is idempotent).
 		return nil, fmt.Errorf("guard: %s on node %q failed and may have been applied: %w", op, n.name, cause)
 	}
-	// A call that failed alone while its node works (circuit closed, last
-	// probe answered) is denied under Local: spending locally would spend
-	// what the store is handing out to the other calls at the same moment.
-	// Under every policy, so is one that failed because its key is hot
-	// (it waited past the deadline for its key's slot, or for the store):
-	// that says the key is flooded, not that the store is away, and
-	// admitting it (fail_open), or an error that a proxy may admit (error,
+	g.degraded[g.policy].Add(uint64(len(reqs)))
+	// A call whose key is hot (it waited past the deadline for its key's
+	// slot, or for the store) while the node's circuit is closed is denied
+	// under every policy: the key is flooded, the store is not away.
+	// Admitting it (fail_open), or an error that a proxy may admit (error,
 	// with Envoy's failure_mode_deny: false), let a client past its limit
-	// by sending many requests at once.
-	// For a hot key's call, only an open circuit says that the node is
-	// away: a node not probed yet, or whose last probe failed, still
-	// counts as working (a flood starves the process, whose probe then
-	// misses its deadline too).
-	works := n.state.Load() == closed && n.probed.Load() && n.probeErr.Load() == nil
+	// by sending many requests at once. Only an open circuit says the node
+	// is away here: a probe that failed during a flood may have been late
+	// in a starved process.
+	// (Local has its own rule, below.)
 	hot := errors.Is(cause, ErrBusy) || lateOnly(cause)
-	if n.state.Load() == closed && op == sluice.OpAllow && hot && g.policy != Local {
-		g.degraded[g.policy].Add(uint64(len(reqs)))
+	if hot && op == sluice.OpAllow && n.state.Load() == closed && g.policy != Local {
 		return g.denied(reqs), nil
 	}
 	if g.policy == ReturnError {
-		g.degraded[ReturnError].Add(uint64(len(reqs)))
 		return nil, fmt.Errorf("guard: node %q: %w", n.name, cause)
 	}
-	g.degraded[g.policy].Add(uint64(len(reqs)))
+	// Under Local, any call that failed alone while its node works
+	// (circuit closed, last probe answered) is denied: spending locally
+	// would spend what the store is handing out to the other calls at the
+	// same moment.
+	works := n.state.Load() == closed && n.probed.Load() && n.probeErr.Load() == nil
 	if g.policy == Local && !(works && op == sluice.OpAllow) {
 		ds, err := g.local.apply(context.WithoutCancel(ctx), op, reqs, g.Instances(), g.clk.Now(), n.name)
 		if err == nil {
