@@ -137,3 +137,41 @@ func FuzzMatchesAlgo(f *testing.F) {
 		}
 	})
 }
+
+// TestEvictionSparesExhaustedKeys: a caller who fills the store with fresh
+// keys of a policy must not evict the state of a key that used up its
+// limit, or the key starts over (a bypass of long windows). Past MaxKeys
+// the store drops the keys whose loss admits least: those with the least
+// of their limit used.
+func TestEvictionSparesExhaustedKeys(t *testing.T) {
+	for _, a := range sluice.Algorithms() {
+		t.Run(a.String(), func(t *testing.T) {
+			clk := clock.NewFake(storetest.T0)
+			s, _ := memstore.New(memstore.Options{Clock: clk, MaxKeys: 100, SweepInterval: -1})
+			ctx := context.Background()
+			lim := sluice.PerDay(10)
+			n := 0
+			req := func(key string) sluice.Request {
+				n++ // a lease id for concurrency
+				return sluice.Request{Key: key, Algorithm: a, Limit: lim, Cost: 1, Lease: fmt.Sprint(n)}
+			}
+			for range 10 {
+				if d, err := s.Apply(ctx, sluice.OpAllow, req("victim")); err != nil || !d.Allowed {
+					t.Fatalf("victim's own limit: %+v, %v", d, err)
+				}
+			}
+			for i := range 1000 {
+				clk.Advance(time.Second)
+				if _, err := s.Apply(ctx, sluice.OpAllow, req(fmt.Sprint("fresh", i))); err != nil {
+					t.Fatal(err)
+				}
+				if s.Len() > 100 {
+					t.Fatalf("%d keys held, over MaxKeys", s.Len())
+				}
+			}
+			if d, _ := s.Apply(ctx, sluice.OpAllow, req("victim")); d.Allowed {
+				t.Fatalf("victim admitted again after 1,000 fresh keys: its state was evicted (%+v)", d)
+			}
+		})
+	}
+}

@@ -16,8 +16,12 @@
 // full again, its window has passed) is worth nothing and is dropped by a
 // sweep, run in the background every SweepInterval and whenever the store
 // grows past MaxKeys. If a sweep of expired keys does not bring the store
-// under MaxKeys, it evicts the keys whose state expires soonest, the least
-// recently charged, chosen by sampling, down to 90% of MaxKeys.
+// under MaxKeys, it evicts, down to 90% of MaxKeys, the keys whose loss
+// admits least, chosen by sampling: GCRA keys whose state expires soonest
+// (the least of their burst used), and other keys by the share of their
+// limit they had used at their last charge, then by expiry. A caller who
+// fills the store with fresh keys thus evicts fresh keys, never the state
+// of a key that has used up its limit, which would start over.
 //
 // A GCRA key costs about 55 bytes besides its key string (a map entry and
 // an 8-byte cell); see docs/BENCHMARKS.md.
@@ -83,6 +87,7 @@ type cell struct {
 	mu     sync.Mutex
 	st     algo.State
 	expiry atomic.Int64 // when st reads as fresh; read by sweeps without mu
+	used   atomic.Int64 // share of the limit in use at the last charge, in ppm
 	dead   bool         // removed from the map; guarded by mu
 }
 
@@ -263,6 +268,7 @@ func (s *Store) applyCell(op sluice.Op, req sluice.Request) sluice.Decision {
 		if op != sluice.OpPeek && d.Allowed {
 			c.st = next
 			c.expiry.Store(algo.Expiry(&next, &req))
+			c.used.Store(usedPPM(d, &req))
 		}
 		c.mu.Unlock()
 		return d
@@ -447,6 +453,7 @@ func (s *Store) step(op sluice.Op, reqs []sluice.Request, order []int, members [
 			st := cellSeen[c]
 			c.st = st
 			c.expiry.Store(algo.Expiry(&st, &reqs[i]))
+			c.used.Store(usedPPM(ds[i], &reqs[i])) // the last of a key's in order is its final state
 		}
 	}
 	return ds, false
@@ -479,6 +486,7 @@ func (s *Store) reset(r sluice.Request) {
 		c.mu.Lock()
 		c.st = algo.State{}
 		c.expiry.Store(0)
+		c.used.Store(0)
 		c.mu.Unlock()
 	}
 }
@@ -497,8 +505,9 @@ func (s *Store) sweepLoop(tick <-chan time.Time) {
 }
 
 // Sweep drops every key whose state has expired, and, if the store is
-// still over MaxKeys, the keys that expire soonest. It returns how many
-// keys it dropped. It runs by itself; call it to free memory at once.
+// still over MaxKeys, the keys whose loss admits least (see the package
+// doc). It returns how many keys it dropped. It runs by itself; call it to
+// free memory at once.
 func (s *Store) Sweep() int {
 	s.sweepMu.Lock()
 	defer s.sweepMu.Unlock()
@@ -512,36 +521,81 @@ func (s *Store) sweep(full bool) int {
 	if !full || s.count.Load() <= s.maxKeys*9/10 {
 		return n
 	}
-	// Evict the soonest-expiring keys: find the expiry below which the
-	// excess lies, from a sample.
-	excess := s.count.Load() - s.maxKeys*9/10
-	sample := make([]int64, 0, 1024)
+	// Evict the same share of each map, each by its own rank, below a cut
+	// read from a sample.
+	frac := float64(s.count.Load()-s.maxKeys*9/10) / float64(max(s.count.Load(), 1))
+	sample := make([]int64, 0, 512)
 	s.gcra.Range(func(_ string, c *atomic.Int64) bool {
 		sample = append(sample, c.Load())
-		return len(sample) < cap(sample)/2
-	})
-	s.cells.Range(func(_ string, c *cell) bool {
-		sample = append(sample, c.expiry.Load())
 		return len(sample) < cap(sample)
 	})
+	if cut, ok := cutAt(sample, frac); ok {
+		n += s.deleteGCRA(func(tat int64) bool { return tat <= cut })
+	}
+	sample = sample[:0]
+	s.cells.Range(func(_ string, c *cell) bool {
+		sample = append(sample, c.rank(now))
+		return len(sample) < cap(sample)
+	})
+	if cut, ok := cutAt(sample, frac); ok {
+		n += s.deleteCells(func(c *cell) bool { return c.rank(now) <= cut })
+	}
+	return n
+}
+
+// cutAt sorts sample and returns the value below which frac of it lies.
+func cutAt(sample []int64, frac float64) (int64, bool) {
+	if len(sample) == 0 {
+		return 0, false
+	}
 	slices.Sort(sample)
-	frac := float64(excess) / float64(max(s.count.Load(), 1))
-	cut := sample[min(len(sample)-1, int(frac*float64(len(sample))))]
-	return n + s.deleteBefore(cut+1)
+	return sample[min(len(sample)-1, int(frac*float64(len(sample))))], true
+}
+
+// rank orders cells for eviction, lowest first: by the share of its limit
+// the key had used at its last charge, then by how soon its state expires
+// (in milliseconds, up to 2^43, 278 years).
+func (c *cell) rank(now int64) int64 {
+	left := min(max(c.expiry.Load()-now, 0)/int64(time.Millisecond), 1<<43-1)
+	return c.used.Load()<<43 | left
+}
+
+// usedPPM is the share of req's limit in use after d, in parts per
+// million: 1e6 for a key with nothing left.
+func usedPPM(d sluice.Decision, req *sluice.Request) int64 {
+	c := req.Capacity()
+	if c <= 0 {
+		return 1e6
+	}
+	rem := min(max(d.Remaining, 0), c)
+	return int64(float64(c-rem) / float64(c) * 1e6)
 }
 
 // deleteBefore drops the keys whose state expires at or before t.
 func (s *Store) deleteBefore(t int64) int {
+	return s.deleteGCRA(func(tat int64) bool { return tat <= t }) +
+		s.deleteCells(func(c *cell) bool { return c.expiry.Load() <= t })
+}
+
+// deleteGCRA drops the GCRA keys whose state drop reports.
+func (s *Store) deleteGCRA(drop func(tat int64) bool) int {
 	n := s.gcra.DeleteMatching(func(_ string, c *atomic.Int64) (bool, bool) {
 		v := c.Load()
-		return v <= t && v != dead && c.CompareAndSwap(v, dead), false
+		return v != dead && drop(v) && c.CompareAndSwap(v, dead), false
 	})
-	n += s.cells.DeleteMatching(func(_ string, c *cell) (bool, bool) {
-		if c.expiry.Load() > t || !c.mu.TryLock() {
+	s.count.Add(-int64(n))
+	return n
+}
+
+// deleteCells drops the other keys that drop reports, checked again under
+// each key's lock; a key in use is kept.
+func (s *Store) deleteCells(drop func(*cell) bool) int {
+	n := s.cells.DeleteMatching(func(_ string, c *cell) (bool, bool) {
+		if !drop(c) || !c.mu.TryLock() {
 			return false, false
 		}
 		defer c.mu.Unlock()
-		if c.expiry.Load() > t {
+		if !drop(c) {
 			return false, false
 		}
 		c.dead = true
