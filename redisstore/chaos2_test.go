@@ -391,3 +391,40 @@ func TestSettlingKeepsItsGroup(t *testing.T) {
 		cancel()
 	}
 }
+
+// A Redis that may evict keys at maxmemory would drop a used-up key's
+// state under memory pressure (which a caller can cause with fresh keys),
+// and the key would start over: the store says so when it connects, and
+// only then.
+func TestWarnsWhenRedisMayEvict(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		warn bool
+	}{
+		{[]string{"--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"}, true},
+		{[]string{"--maxmemory", "100mb", "--maxmemory-policy", "volatile-ttl"}, true},
+		{[]string{"--maxmemory", "100mb", "--maxmemory-policy", "noeviction"}, false},
+		{[]string{"--maxmemory", "0", "--maxmemory-policy", "allkeys-lru"}, false},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			srv := redistest.NewStandalone(t, tc.args...)
+			var buf strings.Builder
+			var mu sync.Mutex
+			h := slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				return buf.Write(p)
+			}), nil)
+			newStore(t, Options{URL: srv.URL(), Logger: slog.New(h)})
+			mu.Lock()
+			defer mu.Unlock()
+			if got := strings.Contains(buf.String(), "may evict"); got != tc.warn {
+				t.Fatalf("warned %v, want %v; log:\n%s", got, tc.warn, buf.String())
+			}
+		})
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -296,7 +296,30 @@ func (c *core) preload(ctx context.Context, client rueidis.Client) {
 				break
 			}
 		}
+		if info, err := node.Do(ctx, node.B().Info().Section("memory").Build()).ToString(); err == nil {
+			if policy, evicts := evictsKeys(info); evicts {
+				c.log.Warn("redisstore: redis may evict rate-limit state when it reaches maxmemory, and an evicted key's limit starts over; set maxmemory-policy noeviction (sluice then answers by its failure policy)",
+					"node", addr, "maxmemory_policy", policy)
+			}
+		}
 	}
+}
+
+// evictsKeys reads INFO memory: whether Redis may evict keys (a maxmemory
+// is set and its policy is not noeviction; every sluice key has a TTL, so
+// the volatile-* policies evict them too), and the policy's name.
+func evictsKeys(info string) (policy string, evicts bool) {
+	var limited bool
+	for line := range strings.Lines(info) {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch k {
+		case "maxmemory":
+			limited = v != "0"
+		case "maxmemory_policy":
+			policy = v
+		}
+	}
+	return policy, limited && policy != "" && policy != "noeviction"
 }
 
 func cmp[T int64 | time.Duration](v, def T) T {
