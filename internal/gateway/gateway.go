@@ -185,6 +185,7 @@ type Gateway struct {
 	tokenCache   *aitoken.Cache   // exact counts of large messages, resent turn after turn
 	now          func() time.Time // time.Now; tests replace it
 	renewEvery   time.Duration    // how often a request's leases are renewed while in flight: LeaseTTL/3 (renew.go)
+	bodyTimeout  time.Duration    // how long a request body may take to arrive: bodyTimeout; tests shorten it
 	onRenew      func()           // when not nil, called after each renewal (tests)
 }
 
@@ -300,6 +301,7 @@ func New(opts Options) (*Gateway, error) {
 		tokenCache:   aitoken.NewCache(0),
 		now:          time.Now,
 		renewEvery:   cfg.LeaseTTL / 3,
+		bodyTimeout:  bodyTimeout,
 		closing:      make(chan struct{}),
 	}
 	for _, model := range cfg.allModels() {

@@ -8,8 +8,10 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/sluice-io/sluice/internal/aitoken"
@@ -395,10 +397,20 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 			fmt.Sprintf("Content-Encoding %q is not supported by the gateway; send the body uncompressed.", truncateName(enc)))
 		return false
 	}
+	// The listener has no read timeout (a stream lasts as long as the
+	// upstream's, and net/http cancels a request whose read deadline
+	// passes), so the body gets its own deadline, lifted once it is read.
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(g.bodyTimeout))
 	body, err := readBody(http.MaxBytesReader(w, r.Body, g.cfg.MaxBodyBytes), r.ContentLength, g.cfg.MaxBodyBytes)
+	_ = rc.SetReadDeadline(time.Time{})
 	if err != nil {
 		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			w.Header().Set("Connection", "close")
+			writeError(w, http.StatusRequestTimeout, "invalid_request_error", "request_timeout", "",
+				fmt.Sprintf("The request body did not arrive within %s.", g.bodyTimeout))
+		} else if errors.As(err, &tooBig) {
 			w.Header().Set("x-should-retry", "false")
 			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_body_too_large", "",
 				fmt.Sprintf("Request body exceeds the gateway's limit of %d bytes.", g.cfg.MaxBodyBytes))
@@ -505,6 +517,10 @@ func encodedBody(h http.Header) string {
 
 // includeUsageMember is what insertIncludeUsage adds to a request body.
 const includeUsageMember = `"stream_options":{"include_usage":true},`
+
+// bodyTimeout is how long a request body may take to arrive: 8 MiB at
+// about 1 Mbit/s.
+const bodyTimeout = time.Minute
 
 // readBody reads a request body whose length is known, or not (-1), in
 // one allocation when it is known, with room for includeUsageMember.
