@@ -24,6 +24,11 @@ const (
 	streamWorkersPerCPU = 16
 	streamWindow        = 64 << 10
 	connWindow          = 1 << 20
+	// maxStreams bounds the calls in flight on one connection. Envoy opens
+	// another connection when its pool reaches the bound; a client that
+	// opens streams and never reads their answers holds at most this many
+	// goroutines a connection (gRPC's default is 2^32-1).
+	maxStreams = 1024
 )
 
 // Register adds the rate-limit service to a gRPC server.
@@ -45,6 +50,8 @@ func (s *Service) Register(g *grpc.Server) {
 //     server's CPU at 64 calls in flight. The pool must cover the calls in
 //     flight: gRPC starts a goroutine for a call that finds every worker
 //     busy.
+//   - At most 1024 calls in flight on one connection (HTTP/2's
+//     SETTINGS_MAX_CONCURRENT_STREAMS; gRPC's default has no bound).
 //   - Flow-control windows are static (64 KiB per stream, 1 MiB per
 //     connection; requests are a few hundred bytes), which turns off the
 //     bandwidth-delay estimator and the PING frames it sends while data
@@ -61,6 +68,7 @@ func NewGRPCServerFor(h rlsv3.RateLimitServiceServer, opts ...grpc.ServerOption)
 	defaults := []grpc.ServerOption{
 		grpc.NumStreamWorkers(uint32(max(minStreamWorkers, streamWorkersPerCPU*runtime.GOMAXPROCS(0)))),
 		grpc.StaticStreamWindowSize(streamWindow),
+		grpc.MaxConcurrentStreams(maxStreams),
 		grpc.StaticConnWindowSize(connWindow),
 		grpc.ForceServerCodecV2(newCodec()), // descriptor values of any bytes (codec.go)
 	}
