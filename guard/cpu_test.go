@@ -18,6 +18,11 @@ func TestStarvationSeesSpinners(t *testing.T) {
 	s := newStarvation(time.Millisecond)
 	s.every = 0
 	s.check() // the baseline: what ran before this test
+	// The same reading against a bound no wait reaches: never starved (an
+	// "always starved" guard would hold no late call against the store).
+	calm := newStarvation(time.Hour)
+	calm.every = 0
+	calm.check()
 	var stop atomic.Bool
 	var ran atomic.Int64
 	var wg sync.WaitGroup
@@ -38,6 +43,9 @@ func TestStarvationSeesSpinners(t *testing.T) {
 	eventually(t, "every spinner ran", func() bool { return ran.Load() == int64(spinners) })
 	if !s.check() {
 		t.Fatalf("%d goroutines spinning on %d Ps: not starved", spinners, runtime.GOMAXPROCS(0))
+	}
+	if calm.check() {
+		t.Fatal("starved against a bound of an hour")
 	}
 }
 
