@@ -40,8 +40,8 @@ var (
 // with Load or Parse, which reject unknown fields, apply defaults and
 // validate.
 type Config struct {
-	// Listen is the address of `sluice gateway`; default ":8090". Inside
-	// `sluice serve` the service's listener is used instead.
+	// Listen is the gateway's address; default ":8090". `sluice serve`
+	// runs the gateway on it too, beside the service's own listener.
 	Listen string `yaml:"listen"`
 	// Upstream is where requests go.
 	Upstream UpstreamConfig `yaml:"upstream"`
