@@ -29,8 +29,7 @@ type Options struct {
 	Limiter *sluice.Limiter
 	// Key derives the key. Nil means ByClientIP() with no trusted proxies.
 	Key KeyFunc
-	// Cost returns a request's cost, at least 1. Nil means 1. A request it
-	// prices below 1 gets 400 invalid_cost, FailOpen or not.
+	// Cost returns a request's cost. Nil means 1.
 	Cost func(r *http.Request) int64
 	// Policy names the limit in the RateLimit headers. Empty means "default".
 	Policy string
@@ -96,12 +95,6 @@ func New(opts Options) (func(http.Handler) http.Handler, error) {
 			if opts.Cost != nil {
 				cost = opts.Cost(r)
 			}
-			if cost < 1 {
-				// Read from the caller's request: the caller's error, never
-				// the limiter failing (FailOpen would pass it uncounted).
-				writeError(w, http.StatusBadRequest, "invalid_cost", fmt.Sprintf("request cost %d: a cost must be at least 1", cost), 0)
-				return
-			}
 			var d sluice.Decision
 			var rv *sluice.Reservation
 			if opts.MaxWait > 0 && waiting.Add(1) <= int64(opts.MaxWaiting) {
@@ -119,9 +112,6 @@ func New(opts Options) (func(http.Handler) http.Handler, error) {
 			switch {
 			case errors.Is(err, sluice.ErrCostExceedsBurst):
 				writeError(w, http.StatusRequestEntityTooLarge, "cost_exceeds_limit", fmt.Sprintf("request cost %d exceeds the limit %s", cost, opts.Limiter.Limit()), 0)
-				return
-			case errors.Is(err, sluice.ErrInvalidRequest), errors.Is(err, sluice.ErrInvalidCost):
-				writeError(w, http.StatusBadRequest, "invalid_request", err.Error(), 0)
 				return
 			case err != nil:
 				opts.Logger.ErrorContext(r.Context(), "rate limiter failed", "err", err)
