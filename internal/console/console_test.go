@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -189,5 +191,61 @@ func TestRedisTopReadsBounded(t *testing.T) {
 	if len(top) != 20 || top[0].Identity != "tenant:hot" || top[0].Denies != 100 || top[0].RetryAt != 7 ||
 		top[1].Identity != "tenant:steady" || top[1].Denies != float64(2*windowMinutes) || top[1].RetryAt != 3 || top[2].Denies != 1 {
 		t.Fatalf("top: %.300v", top[:min(3, len(top))])
+	}
+}
+
+// countingSink counts the reads of a sink.
+type countingSink struct {
+	TopSink
+	reads atomic.Int64
+}
+
+func (c *countingSink) Top(ctx context.Context, n int, now time.Time) ([]Hit, error) {
+	c.reads.Add(1)
+	return c.TopSink.Top(ctx, n, now)
+}
+
+// TestTopReadShared: the console's readers (anyone who reaches the
+// listener) share one read of the sink per FlushInterval, however many
+// ask at once: the sink changes only when a replica flushes, and each
+// read of a Redis sink costs Redis work and bytes.
+func TestTopReadShared(t *testing.T) {
+	ctx := context.Background()
+	sink := &countingSink{TopSink: NewMemoryTop()}
+	tops := NewTop(sink, 1, nil)
+	now := time.Unix(1_800_000_000, 0)
+	tops.Observe("tenant:a", "api", 1)
+	if err := tops.Flush(ctx, now); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Go(func() {
+			if top, err := tops.Read(ctx, 20, now); err != nil || len(top) != 1 || top[0].Identity != "tenant:a" {
+				t.Errorf("read: %+v %v", top, err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := sink.reads.Load(); n != 1 {
+		t.Fatalf("50 readers at once: %d reads of the sink", n)
+	}
+	// A hit flushed meanwhile shows from the next FlushInterval on.
+	tops.Observe("tenant:b", "api", 1)
+	if err := tops.Flush(ctx, now); err != nil {
+		t.Fatal(err)
+	}
+	if top, _ := tops.Read(ctx, 20, now.Add(FlushInterval-1)); len(top) != 1 || sink.reads.Load() != 1 {
+		t.Fatalf("within the interval: %+v, %d reads", top, sink.reads.Load())
+	}
+	if top, _ := tops.Read(ctx, 20, now.Add(FlushInterval)); len(top) != 2 || sink.reads.Load() != 2 {
+		t.Fatalf("after the interval: %+v, %d reads", top, sink.reads.Load())
+	}
+	// A longer list than the one read is read again; a shorter one is cut.
+	if top, _ := tops.Read(ctx, 1, now.Add(FlushInterval)); len(top) != 1 || sink.reads.Load() != 2 {
+		t.Fatalf("shorter: %+v, %d reads", top, sink.reads.Load())
+	}
+	if top, _ := tops.Read(ctx, 30, now.Add(FlushInterval)); len(top) != 2 || sink.reads.Load() != 3 {
+		t.Fatalf("longer: %+v, %d reads", top, sink.reads.Load())
 	}
 }

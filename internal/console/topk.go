@@ -70,6 +70,13 @@ type Top struct {
 	mu      sync.Mutex
 	pending map[hitKey]*Hit
 	dropped atomic.Int64
+	// read is the last read of the sink, shared by Read's callers.
+	read struct {
+		sync.Mutex
+		at   time.Time
+		n    int
+		hits []Hit
+	}
 }
 
 // NewTop counts one denial in sample (at least 1) into sink.
@@ -85,6 +92,27 @@ type hitKey struct{ policy, identity string }
 
 // Sink returns the sink.
 func (t *Top) Sink() TopSink { return t.sink }
+
+// Read returns the n identities with the most denials at now, as the
+// sink's Top, reading the sink at most once a FlushInterval: callers at
+// once wait for one read, and later ones within the interval get its
+// answer. The sink changes only when a replica flushes, and the console's
+// readers are whoever reaches the listener, while each read of a Redis
+// sink costs Redis work and up to windowMinutes x topPerMinute members.
+func (t *Top) Read(ctx context.Context, n int, now time.Time) ([]Hit, error) {
+	r := &t.read
+	r.Lock()
+	defer r.Unlock()
+	if r.hits != nil && n <= r.n && !now.Before(r.at) && now.Sub(r.at) < FlushInterval {
+		return slices.Clone(r.hits[:min(n, len(r.hits))]), nil
+	}
+	hits, err := t.sink.Top(ctx, n, now)
+	if err != nil {
+		return nil, err
+	}
+	r.at, r.n, r.hits = now, n, hits
+	return slices.Clone(hits), nil
+}
 
 // Sampled reports whether this denial is to be observed: true one time in
 // the sample rate. The caller builds the identity only then.

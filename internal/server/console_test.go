@@ -1,16 +1,20 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/console"
 	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/internal/redistest"
 	"github.com/sluice-io/sluice/memstore"
 )
 
@@ -141,5 +145,49 @@ func TestConsoleSimulateOneAtATime(t *testing.T) {
 		if w := simulate(); w.Code != http.StatusOK {
 			t.Fatalf("alone: %d %s", w.Code, w.Body)
 		}
+	}
+}
+
+// TestConsoleTopReadsShared: GET /ui/api/top needs no token, so however
+// many callers ask at once, an instance reads the fleet's top list from
+// Redis at most once a flush interval (console.Top.Read): before, each
+// call was a read of its own, whose cost on the shared Redis (up to 32 MB
+// and 0.4 s when callers had filled the list) every caller could repeat.
+func TestConsoleTopReadsShared(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	cfg := redisConfig(srv.URL(), "local") + "console: {enabled: true, sample_interval: 1s, top_sample: 1}\n"
+	s := startService(t, svcOptions{redis: true, config: cfg})
+	ctx := context.Background()
+	reads := func() int64 {
+		n, err := srv.CommandCalls(ctx, "zrange")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := reads()
+	start := time.Now()
+	const callers = 40
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			resp, err := http.Get(s.url + "/ui/api/top")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Errorf("GET /ui/api/top: %d", resp.StatusCode)
+			}
+		})
+	}
+	wg.Wait()
+	// One read is one ZRANGE per minute of the window; one read per flush
+	// interval that the calls spanned, and one more for the edges.
+	perRead := int64(console.Window / time.Minute)
+	most := perRead * (2 + int64(time.Since(start)/console.FlushInterval))
+	if got := reads() - before; got == 0 || got > most {
+		t.Fatalf("%d calls at once: %d ZRANGE, want 1 to %d", callers, got, most)
 	}
 }
