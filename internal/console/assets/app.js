@@ -167,7 +167,16 @@
   $("#override-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
     const msg = $("#lookup-msg");
-    const body = { identity: $("#lookup").dataset.identity, policy: $("#ov-policy").value };
+    const identity = $("#lookup").dataset.identity;
+    // An override's identity is a pattern, '*' any run of characters, with
+    // no way to spell a literal '*': for an identity that holds one (which
+    // a caller may choose, and the top list shows) an override would
+    // apply to other identities too, for "*" to all of them.
+    if (identity.includes("*")) {
+      msg.textContent = "not set: " + identity + " holds '*', which an override reads as a pattern matching other identities too; set pattern overrides with PUT /v1/overrides";
+      return;
+    }
+    const body = { identity: identity, policy: $("#ov-policy").value };
     const v = $("#ov-limit").value.trim();
     const m = /^([0-9.]+)\s*x$/i.exec(v);
     if (m) body.scale = parseFloat(m[1]); else body.limit = v;

@@ -1,0 +1,103 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// hostileIdentities are identities a caller chooses (a check's key, a
+// forward-auth user id) that the console shows in its top list.
+var hostileIdentities = []string{
+	`<img src=x onerror="window.__xss=1">`,
+	`</script><script>window.__xss=2</script>`,
+	`"><svg onload="window.__xss=3">`,
+	`javascript:window.__xss=4`,
+	`=HYPERLINK("http://evil.example","x")`,
+	`*`,
+}
+
+// TestConsoleBrowserHostileIdentities: identities chosen by callers reach
+// the operator's page in the top list and the look-up. In Chromium, none
+// of them runs as script or becomes markup; and a listed identity that
+// holds '*' (a caller named "*") cannot be made, by looking it up from the
+// list and setting an override, into an override of the pattern "*",
+// which would apply to every identity of the fleet: the page refuses and
+// says why.
+func TestConsoleBrowserHostileIdentities(t *testing.T) {
+	ctx := browser(t)
+	s := startService(t, svcOptions{config: consoleConfig})
+	for _, id := range hostileIdentities {
+		body, _ := json.Marshal(map[string]string{"policy": "b", "key": id})
+		for range 3 { // b is 2/s on a clock that does not move: the third is denied
+			s.check(t, string(body))
+		}
+	}
+	run := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		c, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if err := chromedp.Do(c, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	poll := func(expr string) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := chromedp.Poll[bool](expr)(ctx, tg)
+			return err
+		})
+	}
+	eval := func(expr string) string {
+		t.Helper()
+		c, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		v, err := chromedp.Run(c, chromedp.Evaluate[string](expr))
+		if err != nil {
+			t.Fatalf("%s: %v", expr, err)
+		}
+		return v
+	}
+	want, _ := json.Marshal(hostileIdentities)
+	run("every hostile identity in the top list, as text", chromedp.Navigate(s.url+"/ui/"), poll(fmt.Sprintf(
+		`(() => { const ids = [...document.querySelectorAll("#top tbody td.clickable")].map(td => td.textContent);
+		   return %s.every(id => ids.includes(id)); })()`, want)))
+	run("admin token",
+		chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		chromedp.WaitReady(chromedp.CSS("body.admin")),
+	)
+	// Each is looked up from the list: its overrides and peeks render.
+	for i := range hostileIdentities {
+		run(fmt.Sprintf("look up %q", hostileIdentities[i]), poll(fmt.Sprintf(
+			`(() => { const td = [...document.querySelectorAll("#top tbody td.clickable")].find(td => td.textContent === %s[%d]);
+			   if (!td) return false; td.click(); return document.querySelector("#lookup").dataset.identity === %[1]s[%[2]d]; })()`, want, i)),
+			chromedp.WaitVisible(chromedp.CSS("#peek tbody tr")))
+	}
+	if got := eval(`String(window.__xss)`); got != "undefined" {
+		t.Fatalf("a hostile identity ran as script: window.__xss = %s", got)
+	}
+	if got := eval(`String(document.querySelectorAll("main img, main script, main iframe, main a, main svg :not(polyline):not(path):not(text)").length)`); got != "0" {
+		t.Fatalf("a hostile identity became markup: %s elements", got)
+	}
+	// The last one looked up is "*": setting an override for it is refused.
+	run("set an override for *",
+		chromedp.SetValue(chromedp.CSS("#ov-policy"), "b"),
+		chromedp.SendKeys(chromedp.CSS("#ov-limit"), "1000/s"),
+		chromedp.Click(chromedp.CSS(`#override-form button[type="submit"]`)),
+		poll(`(() => { const m = document.querySelector("#lookup-msg").textContent; return m === "override set" || m.includes("pattern"); })()`),
+	)
+	if a := s.do(t, "GET", "/v1/overrides", "", bearer...); a.status != 200 || a.num("count") != 0 {
+		t.Fatalf("the page set an override for a listed identity that holds '*': %s", a.raw)
+	}
+	if a := s.check(t, `{"policy":"b","key":"someone-else"}`); a.num("rate") != 2 {
+		t.Fatalf("another identity's limit: %s", a.raw)
+	}
+	if msg := eval(`document.querySelector("#lookup-msg").textContent`); !strings.Contains(msg, "PUT /v1/overrides") {
+		t.Fatalf("message: %q", msg)
+	}
+}
