@@ -191,3 +191,28 @@ func TestConsoleTopReadsShared(t *testing.T) {
 		t.Fatalf("%d calls at once: %d ZRANGE, want 1 to %d", callers, got, most)
 	}
 }
+
+// TestKeyNamePrefixReserved: "key_name:NAME" is how the console and the
+// overrides name a configured API key, so a check's key may not start
+// with it. Before, a caller whose key was "key_name:demo-free" showed in
+// the top list exactly as the API key demo-free does (its denials added
+// to the key's), and the operator who looked it up from there to throttle
+// or reset it acted on the customer's key instead, while no override
+// could reach the caller's own bucket.
+func TestKeyNamePrefixReserved(t *testing.T) {
+	s := startService(t, svcOptions{config: consoleConfig})
+	for _, req := range []struct{ method, path, body string }{
+		{"POST", "/v1/check", `{"policy":"b","key":"key_name:demo-free"}`},
+		{"POST", "/v1/check", `{"checks":[{"policy":"a","key":"tenant:x"},{"policy":"b","key":"key_name:x"}]}`},
+		{"GET", "/v1/status?policy=b&key=key_name:demo-free", ""},
+	} {
+		if a := s.do(t, req.method, req.path, req.body); a.status != 400 || !strings.Contains(a.raw, "key_name:") {
+			t.Errorf("%s %s %s: %d %s", req.method, req.path, req.body, a.status, a.raw)
+		}
+	}
+	for _, ok := range []string{`{"policy":"b","key":"tenant:key_name:x"}`, `{"policy":"b","key":"key_names"}`, fmt.Sprintf(`{"api_key":%q}`, freeKey)} {
+		if a := s.check(t, ok); a.status != 200 {
+			t.Errorf("%s: %d %s", ok, a.status, a.raw)
+		}
+	}
+}
