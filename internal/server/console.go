@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -347,22 +346,7 @@ func (s *Server) handleConsoleReset(w http.ResponseWriter, r *http.Request) {
 	for _, n := range cfg.PolicyNames() {
 		reqs = append(reqs, newTarget(cfg, cfg.Policies[n], metrics.NoTier, identity, key, 1).req)
 	}
-	if len(reqs) == 0 {
-		writeAny(w, map[string]int{"reset": 0})
-		return
-	}
-	ds, err := s.guard.store.ApplyAll(r.Context(), sluice.OpReset, reqs)
-	if err == nil && slices.ContainsFunc(ds, func(d sluice.Decision) bool { return d.Degraded }) {
-		err = errors.New("the store is unreachable and a failure policy answered")
-	}
-	if err != nil {
-		s.log.Warn("reset failed", "identity", logIdentity(identity), "err", err)
-		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, "reset not applied: store unavailable; retry later")
-		return
-	}
-	s.log.Info("reset", "audit", true, "by", by, "identity", logIdentity(identity), "policies", len(reqs), "from", "console")
-	writeAny(w, map[string]int{"reset": len(reqs)})
+	s.reset(w, r, by, "console", identity, reqs)
 }
 
 // Bounds of a console simulation: it runs in the request, one at a time

@@ -243,7 +243,8 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 // handleReset forgets the state of a key for a policy or tier.
 func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 	cfg := s.cfg.Load()
-	if _, ok := s.authorizeAdmin(w, r, "reset"); !ok {
+	by, ok := s.authorizeAdmin(w, r, "reset")
+	if !ok {
 		return
 	}
 	var body checkBody
@@ -265,6 +266,18 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 	for i, t := range targets {
 		reqs[i] = t.req
 	}
+	s.reset(w, r, by, "api", targets[0].identity, reqs)
+}
+
+// reset forgets the state reqs name, all of identity's, and answers
+// {"reset": N}, or 503 when the store could not apply it. It logs one
+// audit line: by names the admin token, from the endpoint ("api" for
+// /v1/reset, "console").
+func (s *Server) reset(w http.ResponseWriter, r *http.Request, by, from, identity string, reqs []sluice.Request) {
+	if len(reqs) == 0 {
+		writeJSON(w, http.StatusOK, []byte(`{"reset":0}`+"\n"))
+		return
+	}
 	ds, err := s.guard.store.ApplyAll(r.Context(), sluice.OpReset, reqs)
 	if err == nil && slices.ContainsFunc(ds, func(d sluice.Decision) bool { return d.Degraded }) {
 		// A failure policy answered for a store it could not reach: the
@@ -272,13 +285,13 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 		err = errors.New("the store is unreachable and a failure policy answered")
 	}
 	if err != nil {
-		s.log.Warn("reset failed", "identity", logIdentity(targets[0].identity), "err", err)
+		s.log.Warn("reset failed", "audit", true, "by", by, "identity", logIdentity(identity), "from", from, "err", err)
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, "reset not applied: store unavailable; retry later")
 		return
 	}
-	s.log.Info("reset", "identity", logIdentity(targets[0].identity), "policies", len(targets))
-	writeJSON(w, http.StatusOK, fmt.Appendf(nil, `{"reset":%d}`, len(targets)))
+	s.log.Info("reset", "audit", true, "by", by, "identity", logIdentity(identity), "policies", len(reqs), "from", from)
+	writeJSON(w, http.StatusOK, fmt.Appendf(nil, `{"reset":%d}`+"\n", len(reqs)))
 }
 
 // logIdentity keeps API key hashes short in logs; identities never hold a
