@@ -4,7 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -99,5 +104,76 @@ func TestConsoleBrowserHostileIdentities(t *testing.T) {
 	}
 	if msg := eval(`document.querySelector("#lookup-msg").textContent`); !strings.Contains(msg, "PUT /v1/overrides") {
 		t.Fatalf("message: %q", msg)
+	}
+}
+
+// TestConsoleBrowserUnderPrefix: the console served by a proxy under a
+// path prefix (https://ops.example/sluice/ui/) sends the admin token only
+// to sluice. The page called the overrides API at the absolute path
+// /v1/overrides, so behind such a proxy its PUT and DELETE, with
+// Authorization: Bearer and the admin token, went to whatever the proxy
+// serves at the root of the origin.
+func TestConsoleBrowserUnderPrefix(t *testing.T) {
+	ctx := browser(t)
+	s := startService(t, svcOptions{config: consoleConfig})
+	target, err := url.Parse(s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leaked atomic.Value // the Authorization header the origin's other service got
+	mux := http.NewServeMux()
+	mux.Handle("/sluice/", http.StripPrefix("/sluice", httputil.NewSingleHostReverseProxy(target)))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if a := r.Header.Get("Authorization"); a != "" {
+			leaked.Store(r.Method + " " + r.URL.Path + ": " + a)
+		}
+		http.NotFound(w, r)
+	})
+	front := httptest.NewServer(mux)
+	defer front.Close()
+	run := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		c, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if err := chromedp.Do(c, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	poll := func(expr string) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := chromedp.Poll[bool](expr)(ctx, tg)
+			return err
+		})
+	}
+	run("load /sluice/ui/ with the admin token",
+		chromedp.Navigate(front.URL+"/sluice/ui/"),
+		chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		chromedp.WaitReady(chromedp.CSS("body.admin")),
+	)
+	run("look up and set an override",
+		chromedp.SendKeys(chromedp.CSS("#lookup-id"), "tenant:prefixed"),
+		chromedp.Click(chromedp.CSS(`#lookup-form button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#peek tbody tr")),
+		chromedp.SetValue(chromedp.CSS("#ov-policy"), "b"),
+		chromedp.SendKeys(chromedp.CSS("#ov-limit"), "1000/s"),
+		chromedp.Click(chromedp.CSS(`#override-form button[type="submit"]`)),
+		poll(`(() => { const m = document.querySelector("#lookup-msg").textContent; return m !== "" && !m.startsWith("overrides on the memory store"); })()`),
+	)
+	if got := leaked.Load(); got != nil {
+		t.Fatalf("the page sent the admin token to the origin's other service: %s", got)
+	}
+	if a := s.do(t, "GET", "/v1/overrides", "", bearer...); a.num("count") != 1 || !strings.Contains(a.raw, `"identity":"tenant:prefixed"`) {
+		t.Fatalf("the override did not reach sluice: %s", a.raw)
+	}
+	run("remove it from the page",
+		poll(`(() => { const b = document.querySelector("#lookup-overrides li button"); if (!b) return false; b.click(); return true; })()`),
+		poll(`document.querySelector("#lookup-overrides li").textContent === "none"`),
+	)
+	if got := leaked.Load(); got != nil {
+		t.Fatalf("the page sent the admin token to the origin's other service: %s", got)
+	}
+	if a := s.do(t, "GET", "/v1/overrides", "", bearer...); a.num("count") != 0 {
+		t.Fatalf("the override was not removed: %s", a.raw)
 	}
 }

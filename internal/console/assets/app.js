@@ -7,6 +7,10 @@
   const el = (tag, text, cls) => { const e = document.createElement(tag); if (text !== undefined) e.textContent = text; if (cls) e.className = cls; return e; };
   const row = (cells) => { const tr = el("tr"); for (const c of cells) { const td = el("td"); if (c instanceof Node) td.append(c); else td.textContent = c; tr.append(td); } return tr; };
   const fill = (tbody, rows) => { tbody.replaceChildren(...rows); };
+  // The overrides API, relative to the page (/ui/): behind a proxy that
+  // serves sluice under a prefix, an absolute /v1/overrides would send the
+  // admin token to whatever the proxy serves at the origin's root.
+  const overridesPath = "../v1/overrides";
   let token = sessionStorage.getItem("sluice-token") || "";
   let overview = null;
   let refreshMs = 5000;
@@ -144,7 +148,7 @@
         if (document.body.classList.contains("admin")) {
           const b = el("button", "remove"); b.type = "button";
           b.addEventListener("click", async () => {
-            try { await api("/v1/overrides?identity=" + encodeURIComponent(o.identity) + "&policy=" + encodeURIComponent(o.policy || ""), { method: "DELETE" }); await lookup(); }
+            try { await api(overridesPath + "?identity=" + encodeURIComponent(o.identity) + "&policy=" + encodeURIComponent(o.policy || ""), { method: "DELETE" }); await lookup(); }
             catch (e) { msg.textContent = e.message; }
           });
           li.append(" ", b);
@@ -183,7 +187,7 @@
     const ttl = $("#ov-ttl").value.trim();
     if (ttl) body.ttl = ttl;
     try {
-      await api("/v1/overrides", { method: "PUT", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+      await api(overridesPath, { method: "PUT", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
       msg.textContent = "override set";
       await lookup();
       msg.textContent = "override set";
