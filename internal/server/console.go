@@ -51,7 +51,7 @@ func (s *Server) newConsole(cc *console.Config, sink console.TopSink) {
 		http.Redirect(w, r, "/ui/", http.StatusFound)
 	})
 	s.handle("GET /ui/", "console", s.consoleOn(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'")
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'; object-src 'none'")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		http.StripPrefix("/ui", static).ServeHTTP(w, r)
 	}))

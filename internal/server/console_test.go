@@ -28,6 +28,15 @@ func TestConsoleAPI(t *testing.T) {
 	s := startService(t, svcOptions{config: consoleConfig})
 	if a := s.do(t, "GET", "/ui/", ""); a.status != 200 || !strings.Contains(a.raw, "<title>sluice console</title>") || a.header.Get("Content-Security-Policy") == "" {
 		t.Fatalf("page: %d %.200s", a.status, a.raw)
+	} else {
+		// The page sends the admin token to paths relative to itself: no
+		// <base> may move them, no form may post elsewhere, no plugin run.
+		csp := a.header.Get("Content-Security-Policy")
+		for _, want := range []string{"base-uri 'none'", "form-action 'none'", "object-src 'none'", "frame-ancestors 'none'", "script-src 'self'"} {
+			if !strings.Contains(csp, want) {
+				t.Errorf("Content-Security-Policy %q lacks %s", csp, want)
+			}
+		}
 	}
 	if a := s.do(t, "GET", "/ui/app.js", ""); a.status != 200 || !strings.Contains(a.raw, "textContent") {
 		t.Fatalf("app.js: %d", a.status)
