@@ -286,3 +286,42 @@ func TestOverridesCalendar(t *testing.T) {
 		t.Fatalf("check: %d %s", a.status, a.raw)
 	}
 }
+
+// TestAdminRefusalsLogged: a request to an admin endpoint without the
+// admin token is logged (a warning naming the endpoint and the peer,
+// never what was presented), at most once a second with the count since
+// the last line, so that guessing the token shows in the log without
+// flooding it. Before, refusals left no line at all.
+func TestAdminRefusalsLogged(t *testing.T) {
+	logs := new(syncBuffer)
+	s := startService(t, svcOptions{config: consoleConfig, log: logs})
+	const guess = "guess-0123456789"
+	for _, r := range []struct{ method, path string }{
+		{"POST", "/v1/reset"}, {"PUT", "/v1/overrides"}, {"GET", "/v1/overrides"}, {"DELETE", "/v1/overrides?identity=a"}, {"POST", "/ui/api/reset?id=a"},
+	} {
+		if a := s.do(t, r.method, r.path, `{"policy":"b","key":"k"}`, "Authorization", "Bearer "+guess); a.status != 401 {
+			t.Fatalf("%s %s: %d %s", r.method, r.path, a.status, a.raw)
+		}
+	}
+	refusals := func() []string {
+		var out []string
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, "admin token refused") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	if got := refusals(); len(got) != 1 || !strings.Contains(got[0], "level=WARN") || !strings.Contains(got[0], "endpoint=reset") ||
+		!strings.Contains(got[0], "peer=127.0.0.1") || !strings.Contains(got[0], "refused=1") {
+		t.Fatalf("after five refusals in one second:\n%s", strings.Join(got, "\n"))
+	}
+	s.clk.Advance(time.Second)
+	s.do(t, "GET", "/v1/overrides", "") // no token at all
+	if got := refusals(); len(got) != 2 || !strings.Contains(got[1], "endpoint=overrides") || !strings.Contains(got[1], "refused=5") {
+		t.Fatalf("a second later:\n%s", strings.Join(got, "\n"))
+	}
+	if strings.Contains(logs.String(), guess) || strings.Contains(logs.String(), adminToken) {
+		t.Fatal("the log holds a presented or the admin token")
+	}
+}

@@ -30,6 +30,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -54,7 +55,8 @@ type Options struct {
 	Metrics *metrics.Metrics
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// Clock times the circuit breaker; nil means the system clock.
+	// Clock times the circuit breaker and paces the log lines of refused
+	// admin requests; nil means the system clock.
 	Clock clock.Clock
 	// AdminToken, when set, overrides the config's admin token (it comes
 	// from the SLUICE_ADMIN_TOKEN environment variable).
@@ -93,6 +95,15 @@ type Server struct {
 	// cop refuses cross-origin browser requests to the endpoints that
 	// charge or change state (sameOrigin).
 	cop http.CrossOriginProtection
+	clk clock.Clock
+	// refusals paces the log lines of requests refused for want of the
+	// admin token (logRefusal).
+	refusals struct {
+		sync.Mutex
+		logged bool
+		last   int64 // Unix ns of the last line
+		count  int   // refusals since that line
+	}
 }
 
 // New validates opts and returns a Server.
@@ -106,7 +117,7 @@ func New(opts Options) (*Server, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.NewSystem()
 	}
-	s := &Server{m: opts.Metrics, log: opts.Logger, admin: opts.AdminToken, sleep: opts.Sleep, ovr: opts.Overrides}
+	s := &Server{m: opts.Metrics, log: opts.Logger, admin: opts.AdminToken, sleep: opts.Sleep, ovr: opts.Overrides, clk: opts.Clock}
 	if s.sleep == nil {
 		s.sleep = sluice.Sleep
 	}
