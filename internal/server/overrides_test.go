@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/overrides"
 	"github.com/sluice-io/sluice/internal/redistest"
 )
 
@@ -44,7 +46,8 @@ func TestOverridesAPI(t *testing.T) {
 		{`{"identity":"a","scale":2,"by":"mallory"}`, 400},
 		{`{"identity":"key:` + freeKey + `","scale":2}`, 400},
 		{`{"identity":"` + strings.Repeat("*a", 5) + `","scale":2}`, 400},
-		{`{"identity":"` + strings.Repeat("x", 300) + `","scale":2}`, 400},
+		{`{"identity":"` + strings.Repeat("x", 600) + `","scale":2}`, 400},
+		{`{"identity":"` + strings.Repeat("x", 300) + `*","scale":2}`, 400},
 		{"{\"identity\":\"a\xff\",\"scale\":2}", 400},
 		{`{"identity":"a","scale":2,"reason":"` + strings.Repeat("r", 5000) + `"}`, 413},
 		{`{"identity":"a","scale":2}{}`, 400},
@@ -323,5 +326,33 @@ func TestAdminRefusalsLogged(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), guess) || strings.Contains(logs.String(), adminToken) {
 		t.Fatal("the log holds a presented or the admin token")
+	}
+}
+
+// TestOverrideLongIdentity: every identity a check can have (up to 512
+// bytes) can be given an override by its name. Patterns were bounded at
+// 256 bytes, so a caller with a longer key (a check's key, a forward-auth
+// user id) was out of reach of the operator's throttle: PUT answered 400.
+// Wildcard patterns, which each decision may try, keep the 256-byte bound.
+func TestOverrideLongIdentity(t *testing.T) {
+	if overrides.MaxIdentityLen != config.MaxKeyLen {
+		t.Fatalf("overrides.MaxIdentityLen %d, config.MaxKeyLen %d", overrides.MaxIdentityLen, config.MaxKeyLen)
+	}
+	s := startService(t, svcOptions{config: strings.Replace(testConfig, "max_body_bytes: 1024", "max_body_bytes: 4096", 1)})
+	long := "tenant:" + strings.Repeat("x", config.MaxKeyLen-len("tenant:"))
+	check := fmt.Sprintf(`{"policy":"b","key":%q}`, long)
+	if a := s.check(t, check); a.status != 200 || a.num("rate") != 2 {
+		t.Fatalf("before: %d %s", a.status, a.raw)
+	}
+	if a := s.do(t, "PUT", "/v1/overrides", fmt.Sprintf(`{"identity":%q,"policy":"b","limit":"1/s"}`, long), bearer...); a.status != 201 {
+		t.Fatalf("override of a %d-byte identity: %d %s", len(long), a.status, a.raw)
+	}
+	if a := s.check(t, check); a.num("rate") != 1 {
+		t.Fatalf("after: %s", a.raw)
+	}
+	for _, bad := range []string{long + "x", long[:300] + "*"} {
+		if a := s.do(t, "PUT", "/v1/overrides", fmt.Sprintf(`{"identity":%q,"policy":"b","limit":"1/s"}`, bad), bearer...); a.status != 400 {
+			t.Errorf("%d-byte pattern: %d %s", len(bad), a.status, a.raw)
+		}
 	}
 }
