@@ -177,3 +177,66 @@ func TestConsoleBrowserUnderPrefix(t *testing.T) {
 		t.Fatalf("the override was not removed: %s", a.raw)
 	}
 }
+
+// TestConsoleBrowserLookupExact: an identity clicked in the top list is
+// looked up, reset and given overrides as it is, byte for byte. The page
+// put it in the look-up field and read the field back trimmed, so a
+// caller keyed "tenant:victim " (a trailing space, invisible in the list)
+// led the operator who clicked it to "tenant:victim", another caller:
+// its state shown, its limit throttled. Such an identity shows quoted.
+func TestConsoleBrowserLookupExact(t *testing.T) {
+	ctx := browser(t)
+	s := startService(t, svcOptions{config: consoleConfig})
+	const victim, abuser = "tenant:victim", "tenant:victim "
+	s.check(t, `{"policy":"b","key":"tenant:victim"}`)
+	for range 3 {
+		s.check(t, `{"policy":"b","key":"tenant:victim "}`)
+	}
+	run := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		c, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if err := chromedp.Do(c, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	poll := func(expr string) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := chromedp.Poll[bool](expr)(ctx, tg)
+			return err
+		})
+	}
+	run("admin token, and the abuser's entry clicked",
+		chromedp.Navigate(s.url+"/ui/"),
+		chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		chromedp.WaitReady(chromedp.CSS("body.admin")),
+		poll(`(() => { const td = document.querySelector("#top tbody td.clickable"); if (!td) return false; td.click(); return true; })()`),
+		poll(`!!document.querySelector("#lookup").dataset.identity && document.querySelectorAll("#peek tbody tr").length > 0`),
+	)
+	c, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	got, err := chromedp.Run(c, chromedp.Evaluate[[]string](`[document.querySelector("#lookup").dataset.identity, document.querySelector("#top tbody td.clickable").textContent,
+		[...document.querySelectorAll("#peek tbody tr td:nth-child(3)")].map(td => td.textContent).join(",")]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0] != abuser {
+		t.Fatalf("clicking %q looked up %q", abuser, got[0])
+	}
+	if got[1] != `"tenant:victim "` {
+		t.Errorf("the list shows the abuser as %q, not quoted", got[1])
+	}
+	run("set an override from the look-up",
+		chromedp.SetValue(chromedp.CSS("#ov-policy"), "b"),
+		chromedp.SendKeys(chromedp.CSS("#ov-limit"), "1/s"),
+		chromedp.Click(chromedp.CSS(`#override-form button[type="submit"]`)),
+		poll(`document.querySelector("#lookup-msg").textContent === "override set"`),
+	)
+	if a := s.do(t, "GET", "/v1/overrides", "", bearer...); a.num("count") != 1 || !strings.Contains(a.raw, `"identity":"tenant:victim "`) {
+		t.Fatalf("overrides: %s", a.raw)
+	}
+	if a := s.check(t, fmt.Sprintf(`{"policy":"b","key":%q}`, victim)); a.num("rate") != 2 {
+		t.Fatalf("the victim's limit changed: %s", a.raw)
+	}
+}
