@@ -179,9 +179,9 @@ func (o *Override) Validate(now int64, policyExists func(string) bool) error {
 	return nil
 }
 
-// ValidatePattern checks an identity pattern against the bounds: printable
-// UTF-8 of at most MaxIdentityLen bytes, MaxPatternLen with a '*', at most
-// MaxStars stars, and a "key:" pattern only of hash digits (an API key is
+// ValidatePattern checks an identity pattern against the bounds: UTF-8 of
+// at most MaxIdentityLen bytes, printable and at most MaxPatternLen with a
+// '*', at most MaxStars stars, and a "key:" pattern only of hash digits (an API key is
 // named by its hash or its key_name, never by itself).
 func ValidatePattern(p string) error {
 	switch {
@@ -191,8 +191,12 @@ func ValidatePattern(p string) error {
 		return fmt.Errorf("%w: identity longer than %d bytes", ErrInvalid, MaxIdentityLen)
 	case len(p) > MaxPatternLen && strings.Contains(p, "*"):
 		return fmt.Errorf("%w: identity with '*' longer than %d bytes", ErrInvalid, MaxPatternLen)
-	case !utf8.ValidString(p) || strings.ContainsFunc(p, isControl):
-		return fmt.Errorf("%w: identity must be printable UTF-8", ErrInvalid)
+	case !utf8.ValidString(p):
+		return fmt.Errorf("%w: identity must be UTF-8", ErrInvalid)
+	case strings.ContainsFunc(p, isControl) && strings.Contains(p, "*"):
+		// An exact pattern names one identity as it is, control
+		// characters included (a check's key may hold them).
+		return fmt.Errorf("%w: identity with '*' must be printable", ErrInvalid)
 	case strings.Count(p, "*") > MaxStars:
 		return fmt.Errorf("%w: identity has more than %d '*'", ErrInvalid, MaxStars)
 	}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -354,5 +355,26 @@ func TestOverrideLongIdentity(t *testing.T) {
 		if a := s.do(t, "PUT", "/v1/overrides", fmt.Sprintf(`{"identity":%q,"policy":"b","limit":"1/s"}`, bad), bearer...); a.status != 400 {
 			t.Errorf("%d-byte pattern: %d %s", len(bad), a.status, a.raw)
 		}
+	}
+}
+
+// TestOverrideControlCharIdentity: a caller whose key holds a control
+// character ("tenant:evil\n", a forward-auth user id with a tab) can be
+// given an override by its exact identity, which the console now shows
+// quoted and looks up byte for byte. Every pattern had to be printable,
+// so such a caller was out of reach of the operator's throttle (400).
+// Wildcard patterns stay printable.
+func TestOverrideControlCharIdentity(t *testing.T) {
+	s := startService(t, svcOptions{})
+	evil, _ := json.Marshal("tenant:evil\n\x01") // as JSON: "tenant:evil\n\u0001"
+	check := fmt.Sprintf(`{"policy":"b","key":%s}`, evil)
+	if a := s.do(t, "PUT", "/v1/overrides", fmt.Sprintf(`{"identity":%s,"policy":"b","limit":"1/s"}`, evil), bearer...); a.status != 201 {
+		t.Fatalf("override: %d %s", a.status, a.raw)
+	}
+	if a := s.check(t, check); a.num("rate") != 1 {
+		t.Fatalf("after: %s", a.raw)
+	}
+	if a := s.do(t, "PUT", "/v1/overrides", `{"identity":"tenant:\n*","policy":"b","limit":"1/s"}`, bearer...); a.status != 400 {
+		t.Errorf("wildcard with a control character: %d %s", a.status, a.raw)
 	}
 }
