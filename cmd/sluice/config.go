@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -115,7 +116,7 @@ func checkConfig(out, errOut io.Writer, path string, kind config.Kind) bool {
 			return false
 		}
 		fmt.Fprintf(out, "%s: ok: %s: %d tiers, %d keys, upstream %s, store %s\n",
-			path, kind, len(cfg.Tiers), len(cfg.Keys), cfg.Upstream.BaseURL, storeName(cfg.Store.URL))
+			path, kind, len(cfg.Tiers), len(cfg.Keys), redactedURL(cfg.Upstream.BaseURL), storeName(cfg.Store.URL))
 		return true
 	}
 	cfg, err := config.Parse(path, data)
@@ -130,7 +131,7 @@ func checkConfig(out, errOut io.Writer, path string, kind config.Kind) bool {
 	}
 	ok := true
 	if gw := cfg.File.Gateway; gw != nil {
-		fmt.Fprintf(out, "%s: ok: gateway section: %d tiers, %d keys, upstream %s\n", path, len(gw.Tiers), len(gw.Keys), gw.Upstream.BaseURL)
+		fmt.Fprintf(out, "%s: ok: gateway section: %d tiers, %d keys, upstream %s\n", path, len(gw.Tiers), len(gw.Keys), redactedURL(gw.Upstream.BaseURL))
 	}
 	if sec := cfg.File.Envoy; sec != nil {
 		dir := sec.ConfigDir
@@ -182,6 +183,17 @@ func envoyProblems(err error) string {
 		lines[i] = strings.TrimPrefix(l, prefix)
 	}
 	return strings.Join(lines, "\n  ")
+}
+
+// redactedURL is raw with the password of its user info hidden
+// (url.URL.Redacted), for output that may be logged: `config check` runs in
+// CI, whose logs many can read.
+func redactedURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(an unparsable URL)"
+	}
+	return u.Redacted()
 }
 
 func storeName(url string) string {

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sluice-io/sluice/internal/gateway"
 )
 
 func TestConfigCheckFilesAndEnvoyDirs(t *testing.T) {
@@ -181,5 +184,47 @@ func TestGatewayCommandNamesServeConfig(t *testing.T) {
 	err := run(context.Background(), []string{"gateway", "--config", "../../examples/sluice.yaml"}, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "looks like a sluice serve config") || !strings.Contains(err.Error(), "sluice serve --config ../../examples/sluice.yaml") {
 		t.Fatalf("err %v", err)
+	}
+}
+
+// TestConfigCheckRedactsUpstream: `sluice config check` (often run in CI,
+// whose logs are widely readable) and the gateway's start-up lines name
+// the upstream without the password of its URL, as the gateway's own
+// errors and logs do; they printed it whole.
+func TestConfigCheckRedactsUpstream(t *testing.T) {
+	const secret = "pw-s3cret-upstream"
+	gw, err := os.ReadFile("../../examples/gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	withSecret := strings.Replace(string(gw), "base_url: https://api.openai.com/v1", "base_url: https://acct:"+secret+"@api.openai.com/v1", 1)
+	if withSecret == string(gw) {
+		t.Fatal("examples/gateway.yaml has no base_url to replace")
+	}
+	dir := t.TempDir()
+	gwPath, servePath := filepath.Join(dir, "gateway.yaml"), filepath.Join(dir, "sluice.yaml")
+	indented := "  " + strings.ReplaceAll(withSecret, "\n", "\n  ")
+	for path, body := range map[string]string{gwPath: withSecret, servePath: "policies:\n  p: {limit: 5/s}\ngateway:\n" + indented + "\n"} {
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"config", "check", gwPath, servePath}, &out, &errOut); err != nil {
+		t.Fatalf("config check: %v\n%s", err, errOut.String())
+	}
+	if all := out.String() + errOut.String(); strings.Contains(all, secret) || strings.Count(all, "https://acct:xxxxx@api.openai.com/v1") != 2 {
+		t.Fatalf("config check output:\n%s", all)
+	}
+	cfg, err := gateway.Parse(gwPath, []byte(strings.Replace(withSecret, "api_key_env: OPENAI_API_KEY", "api_key_env: SLUICE_TEST_NO_SUCH_KEY\n  allow_no_key: true", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	if err := checkGatewayKey(cfg, func(string) string { return "" }, slog.New(slog.NewTextHandler(&logs, nil))); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(logs.String(), secret) || !strings.Contains(logs.String(), "acct:xxxxx@") {
+		t.Fatalf("start-up line: %s", logs.String())
 	}
 }

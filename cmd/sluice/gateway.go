@@ -117,14 +117,14 @@ func checkGatewayKey(cfg *gateway.Config, getenv func(string) string, log *slog.
 	}
 	switch {
 	case isLocalURL(cfg.Upstream.BaseURL):
-		log.Info("gateway: no upstream key: the variable is empty, and the upstream is on this machine", "api_key_env", env, "upstream", cfg.Upstream.BaseURL)
+		log.Info("gateway: no upstream key: the variable is empty, and the upstream is on this machine", "api_key_env", env, "upstream", redactedURL(cfg.Upstream.BaseURL))
 		return nil
 	case cfg.Upstream.AllowNoKey:
-		log.Info("gateway: no upstream key: the variable is empty, and upstream.allow_no_key is set", "api_key_env", env, "upstream", cfg.Upstream.BaseURL)
+		log.Info("gateway: no upstream key: the variable is empty, and upstream.allow_no_key is set", "api_key_env", env, "upstream", redactedURL(cfg.Upstream.BaseURL))
 		return nil
 	}
 	return fmt.Errorf("gateway: the upstream key variable %s is empty, so every request to %s would go without a key; "+
-		"set %s, name another variable in upstream.api_key_env, or set upstream.allow_no_key: true for an upstream that needs none", env, cfg.Upstream.BaseURL, env)
+		"set %s, name another variable in upstream.api_key_env, or set upstream.allow_no_key: true for an upstream that needs none", env, redactedURL(cfg.Upstream.BaseURL), env)
 }
 
 // isLocalURL reports whether raw is an http(s) URL on this machine:

@@ -55,8 +55,14 @@ const (
 	// MaxWildcards bounds the overrides whose pattern has a '*': each
 	// decision may try all of them.
 	MaxWildcards = 256
-	// MaxPatternLen bounds a pattern, in bytes.
+	// MaxPatternLen bounds a pattern with a '*', in bytes: each decision
+	// may try every such pattern.
 	MaxPatternLen = 256
+	// MaxIdentityLen bounds a pattern without a '*', which names one
+	// identity (looked up in a map, at no cost per decision): as long as
+	// any identity, config.MaxKeyLen, so that every caller can be given
+	// an override by name.
+	MaxIdentityLen = 512
 	// MaxStars bounds the '*' of one pattern.
 	MaxStars = 4
 	// MaxScale bounds a scale; MinScale is its least value.
@@ -173,18 +179,24 @@ func (o *Override) Validate(now int64, policyExists func(string) bool) error {
 	return nil
 }
 
-// ValidatePattern checks an identity pattern against the bounds: printable
-// UTF-8 of at most MaxPatternLen bytes, at most MaxStars stars, and a
-// "key:" pattern only of hash digits (an API key is named by its hash or
-// its key_name, never by itself).
+// ValidatePattern checks an identity pattern against the bounds: UTF-8 of
+// at most MaxIdentityLen bytes, printable and at most MaxPatternLen with a
+// '*', at most MaxStars stars, and a "key:" pattern only of hash digits (an API key is
+// named by its hash or its key_name, never by itself).
 func ValidatePattern(p string) error {
 	switch {
 	case p == "":
 		return fmt.Errorf("%w: identity is required", ErrInvalid)
-	case len(p) > MaxPatternLen:
-		return fmt.Errorf("%w: identity longer than %d bytes", ErrInvalid, MaxPatternLen)
-	case !utf8.ValidString(p) || strings.ContainsFunc(p, isControl):
-		return fmt.Errorf("%w: identity must be printable UTF-8", ErrInvalid)
+	case len(p) > MaxIdentityLen:
+		return fmt.Errorf("%w: identity longer than %d bytes", ErrInvalid, MaxIdentityLen)
+	case len(p) > MaxPatternLen && strings.Contains(p, "*"):
+		return fmt.Errorf("%w: identity with '*' longer than %d bytes", ErrInvalid, MaxPatternLen)
+	case !utf8.ValidString(p):
+		return fmt.Errorf("%w: identity must be UTF-8", ErrInvalid)
+	case strings.ContainsFunc(p, isControl) && strings.Contains(p, "*"):
+		// An exact pattern names one identity as it is, control
+		// characters included (a check's key may hold them).
+		return fmt.Errorf("%w: identity with '*' must be printable", ErrInvalid)
 	case strings.Count(p, "*") > MaxStars:
 		return fmt.Errorf("%w: identity has more than %d '*'", ErrInvalid, MaxStars)
 	}

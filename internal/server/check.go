@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-io/sluice/httplimit"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/internal/overrides"
 	"github.com/sluice-io/sluice/internal/tracing"
 )
 
@@ -106,6 +107,12 @@ func resolve(cfg *config.Config, c *checkItem, mode resolveMode) ([]target, int,
 	}
 	if identity == "" {
 		return nil, http.StatusBadRequest, errors.New(`missing "key" (or "api_key")`)
+	}
+	if strings.HasPrefix(c.Key, overrides.KeyNamePrefix) {
+		// The console and the overrides name a configured API key so: a
+		// caller keyed so would show in the top list as that key, and the
+		// operator acting on the entry would act on the key.
+		return nil, http.StatusBadRequest, fmt.Errorf("key %q: the prefix %s names API keys (send api_key); use another key", c.Key[:min(len(c.Key), 64)], overrides.KeyNamePrefix)
 	}
 	if len(identity) > config.MaxKeyLen {
 		return nil, http.StatusBadRequest, fmt.Errorf("key longer than %d bytes", config.MaxKeyLen)

@@ -1,16 +1,20 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/console"
 	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/internal/redistest"
 	"github.com/sluice-io/sluice/memstore"
 )
 
@@ -24,6 +28,15 @@ func TestConsoleAPI(t *testing.T) {
 	s := startService(t, svcOptions{config: consoleConfig})
 	if a := s.do(t, "GET", "/ui/", ""); a.status != 200 || !strings.Contains(a.raw, "<title>sluice console</title>") || a.header.Get("Content-Security-Policy") == "" {
 		t.Fatalf("page: %d %.200s", a.status, a.raw)
+	} else {
+		// The page sends the admin token to paths relative to itself: no
+		// <base> may move them, no form may post elsewhere, no plugin run.
+		csp := a.header.Get("Content-Security-Policy")
+		for _, want := range []string{"base-uri 'none'", "form-action 'none'", "object-src 'none'", "frame-ancestors 'none'", "script-src 'self'"} {
+			if !strings.Contains(csp, want) {
+				t.Errorf("Content-Security-Policy %q lacks %s", csp, want)
+			}
+		}
 	}
 	if a := s.do(t, "GET", "/ui/app.js", ""); a.status != 200 || !strings.Contains(a.raw, "textContent") {
 		t.Fatalf("app.js: %d", a.status)
@@ -140,6 +153,75 @@ func TestConsoleSimulateOneAtATime(t *testing.T) {
 	for range 2 { // the slot is given back after each
 		if w := simulate(); w.Code != http.StatusOK {
 			t.Fatalf("alone: %d %s", w.Code, w.Body)
+		}
+	}
+}
+
+// TestConsoleTopReadsShared: GET /ui/api/top needs no token, so however
+// many callers ask at once, an instance reads the fleet's top list from
+// Redis at most once a flush interval (console.Top.Read): before, each
+// call was a read of its own, whose cost on the shared Redis (up to 32 MB
+// and 0.4 s when callers had filled the list) every caller could repeat.
+func TestConsoleTopReadsShared(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	cfg := redisConfig(srv.URL(), "local") + "console: {enabled: true, sample_interval: 1s, top_sample: 1}\n"
+	s := startService(t, svcOptions{redis: true, config: cfg})
+	ctx := context.Background()
+	reads := func() int64 {
+		n, err := srv.CommandCalls(ctx, "zrange")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := reads()
+	start := time.Now()
+	const callers = 40
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			resp, err := http.Get(s.url + "/ui/api/top")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Errorf("GET /ui/api/top: %d", resp.StatusCode)
+			}
+		})
+	}
+	wg.Wait()
+	// One read is one ZRANGE per minute of the window; one read per flush
+	// interval that the calls spanned, and one more for the edges.
+	perRead := int64(console.Window / time.Minute)
+	most := perRead * (2 + int64(time.Since(start)/console.FlushInterval))
+	if got := reads() - before; got == 0 || got > most {
+		t.Fatalf("%d calls at once: %d ZRANGE, want 1 to %d", callers, got, most)
+	}
+}
+
+// TestKeyNamePrefixReserved: "key_name:NAME" is how the console and the
+// overrides name a configured API key, so a check's key may not start
+// with it. Before, a caller whose key was "key_name:demo-free" showed in
+// the top list exactly as the API key demo-free does (its denials added
+// to the key's), and the operator who looked it up from there to throttle
+// or reset it acted on the customer's key instead, while no override
+// could reach the caller's own bucket.
+func TestKeyNamePrefixReserved(t *testing.T) {
+	s := startService(t, svcOptions{config: consoleConfig})
+	for _, req := range []struct{ method, path, body string }{
+		{"POST", "/v1/check", `{"policy":"b","key":"key_name:demo-free"}`},
+		{"POST", "/v1/check", `{"checks":[{"policy":"a","key":"tenant:x"},{"policy":"b","key":"key_name:x"}]}`},
+		{"GET", "/v1/status?policy=b&key=key_name:demo-free", ""},
+	} {
+		if a := s.do(t, req.method, req.path, req.body); a.status != 400 || !strings.Contains(a.raw, "key_name:") {
+			t.Errorf("%s %s %s: %d %s", req.method, req.path, req.body, a.status, a.raw)
+		}
+	}
+	for _, ok := range []string{`{"policy":"b","key":"tenant:key_name:x"}`, `{"policy":"b","key":"key_names"}`, fmt.Sprintf(`{"api_key":%q}`, freeKey)} {
+		if a := s.check(t, ok); a.status != 200 {
+			t.Errorf("%s: %d %s", ok, a.status, a.raw)
 		}
 	}
 }

@@ -79,11 +79,35 @@ func (s *Server) authorizeAdmin(w http.ResponseWriter, r *http.Request, what str
 		return "", false
 	}
 	if !s.isAdmin(r) {
+		s.logRefusal(r, what)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice admin"`)
 		writeError(w, http.StatusUnauthorized, "%s needs Authorization: Bearer <admin token>", what)
 		return "", false
 	}
 	return name, true
+}
+
+// logRefusal logs a request refused for want of the admin token, at most
+// once a second with the count of refusals since the last line, so that
+// guessing the token shows in the log without flooding it. It names the
+// endpoint (what) and the peer, never what the request presented.
+func (s *Server) logRefusal(r *http.Request, what string) {
+	now := s.clk.Now()
+	f := &s.refusals
+	f.Lock()
+	f.count++
+	if f.logged && now-f.last < int64(time.Second) {
+		f.Unlock()
+		return
+	}
+	n := f.count
+	f.logged, f.last, f.count = true, now, 0
+	f.Unlock()
+	peer := "unknown"
+	if a, err := peerAddr(r); err == nil {
+		peer = a.String()
+	}
+	s.log.Warn("admin token refused", "endpoint", what, "peer", peer, "refused", n)
 }
 
 // isAdmin reports whether r carries the admin token.

@@ -1,11 +1,14 @@
 package server
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/overrides"
 	"github.com/sluice-io/sluice/internal/redistest"
 )
 
@@ -44,7 +47,8 @@ func TestOverridesAPI(t *testing.T) {
 		{`{"identity":"a","scale":2,"by":"mallory"}`, 400},
 		{`{"identity":"key:` + freeKey + `","scale":2}`, 400},
 		{`{"identity":"` + strings.Repeat("*a", 5) + `","scale":2}`, 400},
-		{`{"identity":"` + strings.Repeat("x", 300) + `","scale":2}`, 400},
+		{`{"identity":"` + strings.Repeat("x", 600) + `","scale":2}`, 400},
+		{`{"identity":"` + strings.Repeat("x", 300) + `*","scale":2}`, 400},
 		{"{\"identity\":\"a\xff\",\"scale\":2}", 400},
 		{`{"identity":"a","scale":2,"reason":"` + strings.Repeat("r", 5000) + `"}`, 413},
 		{`{"identity":"a","scale":2}{}`, 400},
@@ -284,5 +288,93 @@ func TestOverridesCalendar(t *testing.T) {
 	a := s.check(t, `{"policy":"cal","key":"x"}`)
 	if a.status != 200 || a.num("rate") != 5 || a.num("reset_after_ms") != (23*time.Hour).Milliseconds() {
 		t.Fatalf("check: %d %s", a.status, a.raw)
+	}
+}
+
+// TestAdminRefusalsLogged: a request to an admin endpoint without the
+// admin token is logged (a warning naming the endpoint and the peer,
+// never what was presented), at most once a second with the count since
+// the last line, so that guessing the token shows in the log without
+// flooding it. Before, refusals left no line at all.
+func TestAdminRefusalsLogged(t *testing.T) {
+	logs := new(syncBuffer)
+	s := startService(t, svcOptions{config: consoleConfig, log: logs})
+	const guess = "guess-0123456789"
+	for _, r := range []struct{ method, path string }{
+		{"POST", "/v1/reset"}, {"PUT", "/v1/overrides"}, {"GET", "/v1/overrides"}, {"DELETE", "/v1/overrides?identity=a"}, {"POST", "/ui/api/reset?id=a"},
+	} {
+		if a := s.do(t, r.method, r.path, `{"policy":"b","key":"k"}`, "Authorization", "Bearer "+guess); a.status != 401 {
+			t.Fatalf("%s %s: %d %s", r.method, r.path, a.status, a.raw)
+		}
+	}
+	refusals := func() []string {
+		var out []string
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, "admin token refused") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	if got := refusals(); len(got) != 1 || !strings.Contains(got[0], "level=WARN") || !strings.Contains(got[0], "endpoint=reset") ||
+		!strings.Contains(got[0], "peer=127.0.0.1") || !strings.Contains(got[0], "refused=1") {
+		t.Fatalf("after five refusals in one second:\n%s", strings.Join(got, "\n"))
+	}
+	s.clk.Advance(time.Second)
+	s.do(t, "GET", "/v1/overrides", "") // no token at all
+	if got := refusals(); len(got) != 2 || !strings.Contains(got[1], "endpoint=overrides") || !strings.Contains(got[1], "refused=5") {
+		t.Fatalf("a second later:\n%s", strings.Join(got, "\n"))
+	}
+	if strings.Contains(logs.String(), guess) || strings.Contains(logs.String(), adminToken) {
+		t.Fatal("the log holds a presented or the admin token")
+	}
+}
+
+// TestOverrideLongIdentity: every identity a check can have (up to 512
+// bytes) can be given an override by its name. Patterns were bounded at
+// 256 bytes, so a caller with a longer key (a check's key, a forward-auth
+// user id) was out of reach of the operator's throttle: PUT answered 400.
+// Wildcard patterns, which each decision may try, keep the 256-byte bound.
+func TestOverrideLongIdentity(t *testing.T) {
+	if overrides.MaxIdentityLen != config.MaxKeyLen {
+		t.Fatalf("overrides.MaxIdentityLen %d, config.MaxKeyLen %d", overrides.MaxIdentityLen, config.MaxKeyLen)
+	}
+	s := startService(t, svcOptions{config: strings.Replace(testConfig, "max_body_bytes: 1024", "max_body_bytes: 4096", 1)})
+	long := "tenant:" + strings.Repeat("x", config.MaxKeyLen-len("tenant:"))
+	check := fmt.Sprintf(`{"policy":"b","key":%q}`, long)
+	if a := s.check(t, check); a.status != 200 || a.num("rate") != 2 {
+		t.Fatalf("before: %d %s", a.status, a.raw)
+	}
+	if a := s.do(t, "PUT", "/v1/overrides", fmt.Sprintf(`{"identity":%q,"policy":"b","limit":"1/s"}`, long), bearer...); a.status != 201 {
+		t.Fatalf("override of a %d-byte identity: %d %s", len(long), a.status, a.raw)
+	}
+	if a := s.check(t, check); a.num("rate") != 1 {
+		t.Fatalf("after: %s", a.raw)
+	}
+	for _, bad := range []string{long + "x", long[:300] + "*"} {
+		if a := s.do(t, "PUT", "/v1/overrides", fmt.Sprintf(`{"identity":%q,"policy":"b","limit":"1/s"}`, bad), bearer...); a.status != 400 {
+			t.Errorf("%d-byte pattern: %d %s", len(bad), a.status, a.raw)
+		}
+	}
+}
+
+// TestOverrideControlCharIdentity: a caller whose key holds a control
+// character ("tenant:evil\n", a forward-auth user id with a tab) can be
+// given an override by its exact identity, which the console now shows
+// quoted and looks up byte for byte. Every pattern had to be printable,
+// so such a caller was out of reach of the operator's throttle (400).
+// Wildcard patterns stay printable.
+func TestOverrideControlCharIdentity(t *testing.T) {
+	s := startService(t, svcOptions{})
+	evil, _ := json.Marshal("tenant:evil\n\x01") // as JSON: "tenant:evil\n\u0001"
+	check := fmt.Sprintf(`{"policy":"b","key":%s}`, evil)
+	if a := s.do(t, "PUT", "/v1/overrides", fmt.Sprintf(`{"identity":%s,"policy":"b","limit":"1/s"}`, evil), bearer...); a.status != 201 {
+		t.Fatalf("override: %d %s", a.status, a.raw)
+	}
+	if a := s.check(t, check); a.num("rate") != 1 {
+		t.Fatalf("after: %s", a.raw)
+	}
+	if a := s.do(t, "PUT", "/v1/overrides", `{"identity":"tenant:\n*","policy":"b","limit":"1/s"}`, bearer...); a.status != 400 {
+		t.Errorf("wildcard with a control character: %d %s", a.status, a.raw)
 	}
 }

@@ -22,7 +22,8 @@ import (
 // restarted by each further event, which coalesces the several events of
 // one save. Then the file is read until two reads reloadSettle apart agree,
 // so that a file still being written (in place, by a slow writer) is never
-// loaded half-written.
+// loaded half-written. A signal reads at once, then waits for agreement
+// the same way.
 const (
 	reloadDebounce = 100 * time.Millisecond
 	reloadSettle   = 100 * time.Millisecond
@@ -108,6 +109,7 @@ func (rl *Reloader) Run(ctx context.Context) error {
 	defer timer.Stop()
 	var pending []byte // the previous read while waiting for the file to settle
 	reading := false
+	signalled := false // a signal asked for this reload: apply even an unchanged file
 	for {
 		select {
 		case <-ctx.Done():
@@ -126,10 +128,14 @@ func (rl *Reloader) Run(ctx context.Context) error {
 			}
 			rl.Logger.Warn("config watch error", "err", err)
 		case <-timer.C:
+			reason := "file changed"
+			if signalled {
+				reason = "signal"
+			}
 			data, err := rl.read()
 			if err != nil {
-				pending, reading = nil, false
-				rl.reject("file changed", err)
+				pending, reading, signalled = nil, false, false
+				rl.reject(reason, err)
 				continue
 			}
 			if !reading || !bytes.Equal(data, pending) {
@@ -140,18 +146,20 @@ func (rl *Reloader) Run(ctx context.Context) error {
 				continue
 			}
 			pending, reading = nil, false
-			if bytes.Equal(data, rl.last) {
+			if bytes.Equal(data, rl.last) && !signalled {
 				rl.Logger.Debug("config file event without a change; nothing to reload", "file", rl.Path)
 				continue
 			}
-			rl.apply("file changed", data)
+			signalled = false
+			rl.apply(reason, data)
 		case <-rl.Signals:
-			data, err := rl.read()
-			if err != nil {
-				rl.reject("signal", err)
-				continue
-			}
-			rl.apply("signal", data)
+			// Read as after a file event, until two reads reloadSettle
+			// apart agree: a signal sent while the file is being written
+			// in place (a deploy tool's write and kill -HUP in one breath)
+			// would otherwise load what was written so far, which may be
+			// a valid config of fewer keys, tiers or tiers' policies.
+			pending, reading, signalled = nil, false, true
+			timer.Reset(0)
 		}
 	}
 }

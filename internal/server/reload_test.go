@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -171,5 +172,101 @@ func TestReloadWaitsForStableFile(t *testing.T) {
 	writeAtomic(t, path, initial)
 	if c := wait(); len(c.Policies) != 1 || c.Policies["z"] == nil {
 		t.Fatalf("a rewrite without change reloaded, or the change did not: %v", c.PolicyNames())
+	}
+}
+
+// TestReloadSignalWaitsForStableFile: a SIGHUP that arrives while the
+// file is being written in place reloads the finished file, as a file
+// event does, not the half read first, though that half is a valid config
+// on its own (here a tier that has lost its second policy). It reloads
+// once the file has settled even when the content is unchanged, since a
+// signal asks for a reload.
+func TestReloadSignalWaitsForStableFile(t *testing.T) {
+	const (
+		initial = "policies:\n  a: {limit: 5/s}\n  b: {limit: 2/s}\ntiers:\n  t:\n    policies:\n      - a\n      - b\n"
+		half    = "policies:\n  a: {limit: 5/s}\n  b: {limit: 2/s}\ntiers:\n  t:\n    policies:\n      - a\n"
+		rest    = "      - b\n"
+	)
+	if c, err := config.Parse("half", []byte(half)); err != nil || len(c.Tiers["t"].Policies) != 1 {
+		t.Fatalf("the half-written file must be valid on its own, with one policy in t, for this test to mean anything: %v", err)
+	}
+	path := filepath.Join(t.TempDir(), "sluice.yaml")
+	writeAtomic(t, path, initial)
+	cfg, err := config.Parse(path, []byte(initial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	srv, err := New(Options{Store: st, Config: cfg, Metrics: metrics.New(), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The writer has written the first part, in place, before the reloader
+	// watches: only the signal makes it read.
+	if err := os.WriteFile(path, []byte(half), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reloads := make(chan *config.Config, 8)
+	signals := make(chan os.Signal, 1)
+	var appended sync.Once
+	rl := &Reloader{Path: path, Server: srv, Logger: slog.New(slog.DiscardHandler), Signals: signals, last: []byte(initial),
+		OnReload: func(c *config.Config, err error) {
+			if err != nil {
+				t.Errorf("reload: %v", err)
+			}
+			reloads <- c
+		},
+	}
+	rl.afterRead = func(n int) {
+		if n != len(half) {
+			return
+		}
+		// The writer is not done: the rest arrives after the first read.
+		appended.Do(func() {
+			f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer f.Close()
+			if _, err := f.WriteString(rest); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if err := rl.Watch(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rl.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	wait := func() *config.Config {
+		t.Helper()
+		select {
+		case c := <-reloads:
+			return c
+		case <-time.After(10 * time.Second):
+			t.Fatal("no reload within 10s")
+			return nil
+		}
+	}
+	signals <- syscall.SIGHUP
+	if c := wait(); len(c.Tiers["t"].Policies) != 2 {
+		t.Fatalf("SIGHUP loaded a half-written file: tier t has %d policies", len(c.Tiers["t"].Policies))
+	}
+	// The same content, signalled again: reloaded all the same.
+	signals <- syscall.SIGHUP
+	if c := wait(); len(c.Tiers["t"].Policies) != 2 {
+		t.Fatalf("second SIGHUP: tier t has %d policies", len(c.Tiers["t"].Policies))
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -54,7 +55,8 @@ type Options struct {
 	Metrics *metrics.Metrics
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// Clock times the circuit breaker; nil means the system clock.
+	// Clock times the circuit breaker and paces the log lines of refused
+	// admin requests; nil means the system clock.
 	Clock clock.Clock
 	// AdminToken, when set, overrides the config's admin token (it comes
 	// from the SLUICE_ADMIN_TOKEN environment variable).
@@ -93,6 +95,15 @@ type Server struct {
 	// cop refuses cross-origin browser requests to the endpoints that
 	// charge or change state (sameOrigin).
 	cop http.CrossOriginProtection
+	clk clock.Clock
+	// refusals paces the log lines of requests refused for want of the
+	// admin token (logRefusal).
+	refusals struct {
+		sync.Mutex
+		logged bool
+		last   int64 // Unix ns of the last line
+		count  int   // refusals since that line
+	}
 }
 
 // New validates opts and returns a Server.
@@ -106,7 +117,7 @@ func New(opts Options) (*Server, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.NewSystem()
 	}
-	s := &Server{m: opts.Metrics, log: opts.Logger, admin: opts.AdminToken, sleep: opts.Sleep, ovr: opts.Overrides}
+	s := &Server{m: opts.Metrics, log: opts.Logger, admin: opts.AdminToken, sleep: opts.Sleep, ovr: opts.Overrides, clk: opts.Clock}
 	if s.sleep == nil {
 		s.sleep = sluice.Sleep
 	}
@@ -243,7 +254,8 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 // handleReset forgets the state of a key for a policy or tier.
 func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 	cfg := s.cfg.Load()
-	if _, ok := s.authorizeAdmin(w, r, "reset"); !ok {
+	by, ok := s.authorizeAdmin(w, r, "reset")
+	if !ok {
 		return
 	}
 	var body checkBody
@@ -265,6 +277,18 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 	for i, t := range targets {
 		reqs[i] = t.req
 	}
+	s.reset(w, r, by, "api", targets[0].identity, reqs)
+}
+
+// reset forgets the state reqs name, all of identity's, and answers
+// {"reset": N}, or 503 when the store could not apply it. It logs one
+// audit line: by names the admin token, from the endpoint ("api" for
+// /v1/reset, "console").
+func (s *Server) reset(w http.ResponseWriter, r *http.Request, by, from, identity string, reqs []sluice.Request) {
+	if len(reqs) == 0 {
+		writeJSON(w, http.StatusOK, []byte(`{"reset":0}`+"\n"))
+		return
+	}
 	ds, err := s.guard.store.ApplyAll(r.Context(), sluice.OpReset, reqs)
 	if err == nil && slices.ContainsFunc(ds, func(d sluice.Decision) bool { return d.Degraded }) {
 		// A failure policy answered for a store it could not reach: the
@@ -272,13 +296,13 @@ func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) {
 		err = errors.New("the store is unreachable and a failure policy answered")
 	}
 	if err != nil {
-		s.log.Warn("reset failed", "identity", logIdentity(targets[0].identity), "err", err)
+		s.log.Warn("reset failed", "audit", true, "by", by, "identity", logIdentity(identity), "from", from, "err", err)
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, "reset not applied: store unavailable; retry later")
 		return
 	}
-	s.log.Info("reset", "identity", logIdentity(targets[0].identity), "policies", len(targets))
-	writeJSON(w, http.StatusOK, fmt.Appendf(nil, `{"reset":%d}`, len(targets)))
+	s.log.Info("reset", "audit", true, "by", by, "identity", logIdentity(identity), "policies", len(reqs), "from", from)
+	writeJSON(w, http.StatusOK, fmt.Appendf(nil, `{"reset":%d}`+"\n", len(reqs)))
 }
 
 // logIdentity keeps API key hashes short in logs; identities never hold a

@@ -7,6 +7,10 @@
   const el = (tag, text, cls) => { const e = document.createElement(tag); if (text !== undefined) e.textContent = text; if (cls) e.className = cls; return e; };
   const row = (cells) => { const tr = el("tr"); for (const c of cells) { const td = el("td"); if (c instanceof Node) td.append(c); else td.textContent = c; tr.append(td); } return tr; };
   const fill = (tbody, rows) => { tbody.replaceChildren(...rows); };
+  // The overrides API, relative to the page (/ui/): behind a proxy that
+  // serves sluice under a prefix, an absolute /v1/overrides would send the
+  // admin token to whatever the proxy serves at the origin's root.
+  const overridesPath = "../v1/overrides";
   let token = sessionStorage.getItem("sluice-token") || "";
   let overview = null;
   let refreshMs = 5000;
@@ -21,6 +25,11 @@
     if (!r.ok) throw new Error((body && body.error) || (r.status + " " + r.statusText));
     return body;
   }
+
+  // shown writes an identity as it is, or quoted (as JSON) when white
+  // space at its ends or an invisible character would hide which it is:
+  // "tenant:acme " and "tenant:acme" are two callers.
+  const shown = (id) => id !== id.trim() || /[\u0000-\u001f\u007f-\u009f\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]/.test(id) ? JSON.stringify(id) : id;
 
   function fmtRate(v) { return v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2); }
   function fmtWhen(ms) {
@@ -93,9 +102,10 @@
     const t = await api("api/top");
     $("#top-scope").textContent = t.shared ? "(every replica, sampled)" : "(this instance, sampled)";
     fill($("#top tbody"), t.top.map((h) => {
-      const id = el("td", h.identity, "clickable");
+      const id = el("td", shown(h.identity), "clickable");
       id.title = "look up";
-      id.addEventListener("click", () => { $("#lookup-id").value = h.identity; lookup(); });
+      // Looked up as it is: the field would trim it.
+      id.addEventListener("click", () => { $("#lookup-id").value = h.identity; lookup(h.identity); });
       const tr = row([h.policy, String(Math.round(h.denies)), fmtWhen(h.retry_at)]);
       tr.prepend(id);
       return tr;
@@ -129,8 +139,9 @@
     }
   }
 
-  async function lookup() {
-    const id = $("#lookup-id").value.trim();
+  // lookup shows identity id, by default the one typed in the field.
+  async function lookup(id) {
+    if (id === undefined) id = $("#lookup-id").value.trim();
     if (!id) return;
     const msg = $("#lookup-msg");
     try {
@@ -140,11 +151,11 @@
       fill($("#peek tbody"), r.policies.map((p) => row([p.policy, p.rate + " per " + fmtDur(p.period_ms) + (p.overridden ? " (override)" : ""), String(p.remaining), el("span", p.allowed ? "passes" : "limited", p.allowed ? "allow" : "deny"), p.retry_after_ms ? fmtDur(p.retry_after_ms) : "–"])));
       const ul = $("#lookup-overrides");
       ul.replaceChildren(...r.overrides.map((o) => {
-        const li = el("li", o.identity + " · " + (o.policy || "every policy") + " · " + (o.limit || (o.scale + "x")) + (o.until ? " until " + o.until : "") + (o.active ? "" : " (expired)") + (o.by ? " · by " + o.by : ""));
+        const li = el("li", shown(o.identity) + " · " + (o.policy || "every policy") + " · " + (o.limit || (o.scale + "x")) + (o.until ? " until " + o.until : "") + (o.active ? "" : " (expired)") + (o.by ? " · by " + o.by : ""));
         if (document.body.classList.contains("admin")) {
           const b = el("button", "remove"); b.type = "button";
           b.addEventListener("click", async () => {
-            try { await api("/v1/overrides?identity=" + encodeURIComponent(o.identity) + "&policy=" + encodeURIComponent(o.policy || ""), { method: "DELETE" }); await lookup(); }
+            try { await api(overridesPath + "?identity=" + encodeURIComponent(o.identity) + "&policy=" + encodeURIComponent(o.policy || ""), { method: "DELETE" }); await lookup($("#lookup").dataset.identity); }
             catch (e) { msg.textContent = e.message; }
           });
           li.append(" ", b);
@@ -167,24 +178,34 @@
   $("#override-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
     const msg = $("#lookup-msg");
-    const body = { identity: $("#lookup").dataset.identity, policy: $("#ov-policy").value };
+    const identity = $("#lookup").dataset.identity;
+    // An override's identity is a pattern, '*' any run of characters, with
+    // no way to spell a literal '*': for an identity that holds one (which
+    // a caller may choose, and the top list shows) an override would
+    // apply to other identities too, for "*" to all of them.
+    if (identity.includes("*")) {
+      msg.textContent = "not set: " + shown(identity) + " holds '*', which an override reads as a pattern matching other identities too; set pattern overrides with PUT /v1/overrides";
+      return;
+    }
+    const body = { identity: identity, policy: $("#ov-policy").value };
     const v = $("#ov-limit").value.trim();
     const m = /^([0-9.]+)\s*x$/i.exec(v);
     if (m) body.scale = parseFloat(m[1]); else body.limit = v;
     const ttl = $("#ov-ttl").value.trim();
     if (ttl) body.ttl = ttl;
     try {
-      await api("/v1/overrides", { method: "PUT", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+      await api(overridesPath, { method: "PUT", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
       msg.textContent = "override set";
-      await lookup();
+      await lookup(identity);
       msg.textContent = "override set";
     } catch (e) { msg.textContent = e.message; }
   });
   $("#reset").addEventListener("click", async () => {
     const msg = $("#lookup-msg");
     try {
-      const r = await api("api/reset?id=" + encodeURIComponent($("#lookup").dataset.identity), { method: "POST" });
-      await lookup();
+      const identity = $("#lookup").dataset.identity;
+      const r = await api("api/reset?id=" + encodeURIComponent(identity), { method: "POST" });
+      await lookup(identity);
       msg.textContent = "reset " + r.reset + " policies";
     } catch (e) { msg.textContent = e.message; }
   });
