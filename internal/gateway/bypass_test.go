@@ -318,7 +318,7 @@ func testBypassRequestCount(t *testing.T, newEnv envFactory) {
 		{"POST", "/v1/chat/completions?x=1", "Bearer " + clientKey},
 		{"POST", "/v1/chat/completions;v=2", "Bearer " + clientKey},
 		{"POST", "/v1/chat/completion%73", "Bearer " + clientKey},
-		{"GET", "/v1/chat/completions", "Bearer " + clientKey}, // listing stored completions: unmetered, generates nothing
+		{"GET", "/v1/chat/completions", "Bearer " + clientKey}, // listing stored completions: refused, generates nothing
 	}
 	for _, tr := range tricks {
 		res := e.do(tr.method, tr.path, tr.auth, body, http.Header{"X-Http-Method-Override": {"POST"}})
@@ -463,8 +463,43 @@ func TestBatchesRefused(t *testing.T) {
 	if n := e.up.Count(); n != 0 {
 		t.Fatalf("%d batch requests reached the upstream", n)
 	}
-	if res := e.do("GET", "/v1/batches", "Bearer "+clientKey, "", nil); res.StatusCode == http.StatusNotFound && e.up.Count() == 0 {
-		t.Fatalf("GET /v1/batches did not pass through")
+	// Nor are the batches listed: every client's batches run on the one
+	// upstream key (TestSharedReadsRefused).
+	if res := e.do("GET", "/v1/batches", "Bearer "+clientKey, "", nil); res.StatusCode != http.StatusNotFound || e.up.Count() != 0 {
+		t.Fatalf("GET /v1/batches: %d, upstream saw %d; want 404 and none", res.StatusCode, e.up.Count())
+	}
+}
+
+// Reads pass through only for the model list: the gateway's one upstream
+// key is every client's, so GET /v1/files, stored completions, batches or
+// vector stores would list and fetch other tenants' data. A passthrough
+// prefix opens its reads (and writes), as the operator chose.
+func TestSharedReadsRefused(t *testing.T) {
+	e := newEnv(t, Limits{RPM: 100, TPM: 100000}, fakeopenai.Options{})
+	for _, p := range []string{
+		"/v1/files", "/v1/files/file-1/content", "/v1/chat/completions", "/v1/chat/completions/chatcmpl-1/messages",
+		"/v1/batches", "/v1/vector_stores", "/v1/responses/resp_1", "/v1/models/../files", "/v1/Models/../files",
+		"/v1/models/..;/files", "/v1/modelsx",
+	} {
+		for _, m := range []string{"GET", "HEAD"} {
+			if res := e.do(m, p, "Bearer "+clientKey, "", nil); res.StatusCode != http.StatusNotFound {
+				t.Errorf("%s %s: %d, want 404", m, p, res.StatusCode)
+			}
+		}
+	}
+	if n := e.up.Count(); n != 0 {
+		t.Fatalf("%d shared reads reached the upstream", n)
+	}
+	for i, p := range []string{"/v1/models", "/v1/models/gpt-test", "/v1/Models"} {
+		e.do("GET", p, "Bearer "+clientKey, "", nil)
+		if n := e.up.Count(); n != i+1 {
+			t.Fatalf("GET %s did not pass through (upstream saw %d)", p, n)
+		}
+	}
+	e.cfg.Passthrough = []string{"/v1/files"}
+	e.do("GET", "/v1/files/file-1/content", "Bearer "+clientKey, "", nil)
+	if n := e.up.Count(); n != 4 {
+		t.Fatalf("GET under a passthrough prefix did not pass (upstream saw %d)", n)
 	}
 }
 

@@ -66,9 +66,10 @@ type Config struct {
 	Lease bool `yaml:"lease"`
 	// Passthrough lists path prefixes under /v1/ (such as /v1/files) where
 	// requests of any method pass through unmetered. Elsewhere, a path the
-	// gateway does not meter passes only GET and HEAD: a POST to
-	// /v1/images/generations or a DELETE of a fine-tuned model would
-	// otherwise run on the gateway's upstream key past every limit.
+	// gateway does not meter is refused, but for reads of /v1/models: a
+	// POST to /v1/images/generations or a DELETE of a fine-tuned model
+	// would run on the gateway's upstream key past every limit, and a read
+	// of /v1/files would list every client's files, all under that one key.
 	Passthrough []string `yaml:"passthrough"`
 	// Models names the models reported as metric labels; others are
 	// reported as "other". Models with per-model limits are added.

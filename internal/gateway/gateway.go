@@ -503,14 +503,18 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method != http.MethodPost || ep == epNone {
-		// Other /v1/* paths pass through unmetered: reads, and any method
-		// under a configured passthrough prefix. An upgrade (the Realtime
-		// API's WebSocket is a GET) is no read: its session would generate
+		// Other /v1/* paths pass through unmetered: reads of the model
+		// list, and any method under a configured passthrough prefix.
+		// Every other read runs on the gateway's one upstream key, which
+		// all clients share: GET /v1/files, /v1/chat/completions or
+		// /v1/batches would list and fetch every tenant's files, stored
+		// completions and batches. An upgrade (the Realtime API's
+		// WebSocket is a GET) is no read: its session would generate
 		// unmetered.
-		read := (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Header.Get("Upgrade") == ""
+		read := (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Header.Get("Upgrade") == "" && underPrefix(canonicalPath(r.URL.Path), modelsPath)
 		if !read && !g.passesThrough(r.URL.Path) {
 			writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "",
-				"Unknown request URL: "+r.Method+" "+r.URL.Path+". The sluice gateway meters "+meteredList+"; it passes other paths through for GET only, unless its passthrough setting lists them.")
+				"Unknown request URL: "+r.Method+" "+r.URL.Path+". The sluice gateway meters "+meteredList+" and passes GET "+modelsPath+" through; other paths pass only when its passthrough setting lists them (their answers are shared by every client of the gateway's upstream key).")
 			return
 		}
 		g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
@@ -593,11 +597,21 @@ func (g *Gateway) passesThrough(p string) bool {
 	}
 	canon := canonicalPath(p)
 	for _, pre := range g.cfg.Passthrough {
-		if canon == pre || strings.HasPrefix(canon, pre+"/") {
+		if underPrefix(canon, pre) {
 			return true
 		}
 	}
 	return false
+}
+
+// modelsPath is the one path whose reads pass through without a
+// passthrough setting: the model list, the same for every client.
+const modelsPath = "/v1/models"
+
+// underPrefix reports whether the canonical path canon is pre or under it,
+// on a segment boundary.
+func underPrefix(canon, pre string) bool {
+	return canon == pre || strings.HasPrefix(canon, pre+"/")
 }
 
 // metersUnder reports whether prefix is a metered path or holds one.
