@@ -20,25 +20,32 @@ import (
 // schedLatencies is the runtime metric starvation reads.
 const schedLatencies = "/sched/latencies:seconds"
 
-// starvation tells whether the process is starved of CPU: whether the
-// 90th percentile of the time its goroutines waited to run, since the
-// last reading, is above limit. It reads the runtime at most once per
-// every.
+// starvation tells whether the process was starved of CPU lately: whether
+// the 90th percentile of the time its goroutines waited to run, over one
+// of the readings of the last hold, was above limit. It reads the runtime
+// at most once per every. The verdict holds for a while because a late
+// answer is judged after the fact: the call or probe waited up to its
+// deadline, and a reading taken as it returns covers only the last few
+// milliseconds, in which a process given the CPU again may run calmly,
+// or barely run at all (a reading with no waits says nothing).
 type starvation struct {
 	limit time.Duration
 	every int64 // ns
+	hold  int64 // ns
 
-	origin  time.Time    // readings are spaced on the monotonic clock since
-	at      atomic.Int64 // when last read, ns since origin; 0 before
-	starved atomic.Bool
+	origin    time.Time    // readings are spaced on the monotonic clock since
+	at        atomic.Int64 // when last read, ns since origin; 0 before
+	starvedAt atomic.Int64 // 1 + when a reading last said starved, ns since origin; 0 never
 
 	mu     sync.Mutex
 	sample [1]metrics.Sample
 	prev   []uint64
 }
 
+// newStarvation returns a starvation with the given limit, whose verdict
+// holds for 8 × limit: twice the guard's deadline, the probe's floor.
 func newStarvation(limit time.Duration) *starvation {
-	s := &starvation{limit: limit, every: int64(10 * time.Millisecond), origin: time.Now()}
+	s := &starvation{limit: limit, every: int64(10 * time.Millisecond), hold: 8 * int64(limit), origin: time.Now()}
 	s.sample[0].Name = schedLatencies
 	return s
 }
@@ -53,7 +60,7 @@ func (s *starvation) check() bool {
 	}
 	now := int64(time.Since(s.origin))
 	if now-s.at.Load() < s.every || !s.mu.TryLock() {
-		return s.starved.Load()
+		return s.recent(now)
 	}
 	defer s.mu.Unlock()
 	s.at.Store(now)
@@ -62,10 +69,17 @@ func (s *starvation) check() bool {
 		return false // a runtime without the metric: never starved
 	}
 	h := s.sample[0].Value.Float64Histogram()
-	starved := s.tail(h, 0.9) > s.limit.Seconds()
+	if s.tail(h, 0.9) > s.limit.Seconds() {
+		s.starvedAt.Store(now + 1)
+	}
 	s.prev = append(s.prev[:0], h.Counts...)
-	s.starved.Store(starved)
-	return starved
+	return s.recent(now)
+}
+
+// recent reports whether a reading within hold of now said starved.
+func (s *starvation) recent(now int64) bool {
+	at := s.starvedAt.Load()
+	return at != 0 && now-(at-1) < s.hold
 }
 
 // tail returns the upper bound, in seconds, of the bucket that holds the

@@ -83,3 +83,21 @@ func TestLateCallsWhileStarvedKeepCircuitClosed(t *testing.T) {
 		})
 	}
 }
+
+// A starved reading holds for a while: a late call or probe is judged as
+// it returns, after waiting up to its deadline, and the reading taken then
+// covers only the last few milliseconds, which may be calm, or hold no
+// waits at all (a process that barely ran). Past the hold it lapses.
+func TestStarvationVerdictHolds(t *testing.T) {
+	s := newStarvation(time.Hour) // no reading of this test says starved
+	s.every = 0
+	s.check()
+	s.starvedAt.Store(int64(time.Since(s.origin)) + 1) // a reading said starved just now
+	if !s.check() {
+		t.Fatal("a starved reading did not hold past the next, calm one")
+	}
+	s.hold = 0
+	if s.check() {
+		t.Fatal("a starved reading held past its hold")
+	}
+}
