@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -20,7 +22,7 @@ import (
 )
 
 func newGatewayCmd() *cobra.Command {
-	var f struct{ config, listen, logFormat, logLevel string }
+	var f struct{ config, listen, metricsListen, logFormat, logLevel string }
 	cmd := &cobra.Command{
 		Use:   "gateway",
 		Short: "Run the AI gateway: an OpenAI-compatible proxy with per-key tiers and token limits",
@@ -34,7 +36,9 @@ request and settled against the response's usage, streams included.
 The upstream key is read from the environment variable that
 upstream.api_key_env names (default OPENAI_API_KEY). The same gateway runs
 inside 'sluice serve' when its config has a 'gateway:' section.
-GET /metrics serves Prometheus metrics, GET /healthz liveness.`,
+GET /healthz is liveness. Prometheus metrics are served on their own
+listener (--metrics-listen, 127.0.0.1:9464 by default), not on the
+clients': they name tiers, teams, orgs and their spend.`,
 		Example: "  OPENAI_API_KEY=sk-... sluice gateway --config examples/gateway.yaml",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -70,8 +74,20 @@ GET /metrics serves Prometheus metrics, GET /healthz liveness.`,
 				return err
 			}
 			out := cmd.OutOrStdout()
-			srv := &gateway.Server{Gateway: gw, Addr: cfg.Listen, ServeMetrics: true, Middleware: tr.Handler, OnListen: func(a net.Addr) {
+			var mln net.Listener
+			if f.metricsListen != "" {
+				if mln, err = net.Listen("tcp", f.metricsListen); err != nil {
+					return fmt.Errorf("gateway: metrics listener: %w", err)
+				}
+				msrv := &http.Server{Handler: metricsMux(gw.Metrics()), ReadHeaderTimeout: 5 * time.Second}
+				go func() { _ = msrv.Serve(mln) }()
+				defer msrv.Close()
+			}
+			srv := &gateway.Server{Gateway: gw, Addr: cfg.Listen, Middleware: tr.Handler, OnListen: func(a net.Addr) {
 				fmt.Fprintf(out, "sluice gateway listening on %s\n", a)
+				if mln != nil {
+					fmt.Fprintf(out, "sluice gateway metrics on %s/metrics\n", mln.Addr())
+				}
 			}}
 			return srv.Run(cmd.Context())
 		},
@@ -79,9 +95,18 @@ GET /metrics serves Prometheus metrics, GET /healthz liveness.`,
 	fl := cmd.Flags()
 	fl.StringVarP(&f.config, "config", "c", cmp.Or(os.Getenv("SLUICE_GATEWAY_CONFIG"), "gateway.yaml"), "gateway config file (env SLUICE_GATEWAY_CONFIG)")
 	fl.StringVar(&f.listen, "listen", "", "listen address, overriding the config's")
+	fl.StringVar(&f.metricsListen, "metrics-listen", cmp.Or(os.Getenv("SLUICE_GATEWAY_METRICS_LISTEN"), "127.0.0.1:9464"),
+		"address of GET /metrics, apart from the clients' listener; empty for none (env SLUICE_GATEWAY_METRICS_LISTEN)")
 	fl.StringVar(&f.logFormat, "log-format", cmp.Or(os.Getenv("SLUICE_LOG_FORMAT"), "text"), "log format: text or json (env SLUICE_LOG_FORMAT)")
 	fl.StringVar(&f.logLevel, "log-level", cmp.Or(os.Getenv("SLUICE_LOG_LEVEL"), "info"), "log level: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
 	return cmd
+}
+
+// metricsMux serves h at GET /metrics, and nothing else.
+func metricsMux(h http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", h)
+	return mux
 }
 
 // gatewayComponent runs the AI gateway inside `sluice serve` when the

@@ -45,15 +45,26 @@ func TestGatewayCommand(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"gateway", "--config", path, "--listen", "127.0.0.1:0", "--log-level", "warn"}, pw, io.Discard)
+		done <- run(ctx, []string{"gateway", "--config", path, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-level", "warn"}, pw, io.Discard)
 		pw.Close()
 	}()
-	line, err := bufio.NewReader(pr).ReadString('\n')
+	br := bufio.NewReader(pr)
+	line, err := br.ReadString('\n')
 	if err != nil {
 		t.Fatalf("no listen line: %v", err)
 	}
-	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	mline, err := br.ReadString('\n')
+	if err != nil {
+		t.Fatalf("no metrics line: %v", err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, br) }()
 	addr := strings.TrimSpace(strings.TrimPrefix(line, "sluice gateway listening on "))
+	metricsURL := "http://" + strings.TrimSpace(strings.TrimPrefix(mline, "sluice gateway metrics on "))
+	// The clients' listener does not serve the metrics: they name tiers,
+	// teams and orgs, and what each spent.
+	if mres, err := http.Get("http://" + addr + "/metrics"); err != nil || mres.StatusCode != http.StatusNotFound {
+		t.Fatalf("GET /metrics on the clients' listener: %v %v, want 404", mres, err)
+	}
 	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions",
 		strings.NewReader(`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":10}`))
 	req.Header.Set("Authorization", "Bearer sk-demo-free-0000")
@@ -73,7 +84,7 @@ func TestGatewayCommand(t *testing.T) {
 	// response: wait for it.
 	var metrics []byte
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		mres, err := http.Get("http://" + addr + "/metrics")
+		mres, err := http.Get(metricsURL)
 		if err != nil {
 			t.Fatal(err)
 		}
