@@ -52,6 +52,21 @@ type target struct {
 	base sluice.Limit
 }
 
+// isKeyIdentity reports whether k has the form of an API key's identity,
+// "key:" and 64 lowercase hex digits.
+func isKeyIdentity(k string) bool {
+	h, ok := strings.CutPrefix(k, "key:")
+	if !ok || len(h) != 64 {
+		return false
+	}
+	for _, c := range []byte(h) {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 // storeKey names a policy's state for an identity. The identity is a Redis
 // hash tag, so a tier's policies for one caller share a cluster slot; the
 // algorithm is part of the key, so changing a policy's algorithm on reload
@@ -113,6 +128,11 @@ func resolve(cfg *config.Config, c *checkItem, mode resolveMode) ([]target, int,
 		// caller keyed so would show in the top list as that key, and the
 		// operator acting on the entry would act on the key.
 		return nil, http.StatusBadRequest, fmt.Errorf("key %q: the prefix %s names API keys (send api_key); use another key", c.Key[:min(len(c.Key), 64)], overrides.KeyNamePrefix)
+	}
+	if c.APIKey == "" && isKeyIdentity(c.Key) {
+		// An API key's own identity: a caller keyed so would spend that
+		// key's limits, and another caller's spending would show as it.
+		return nil, http.StatusBadRequest, fmt.Errorf("key %q: key:<sha-256> names an API key (send api_key); use another key", c.Key[:min(len(c.Key), 80)])
 	}
 	if len(identity) > config.MaxKeyLen {
 		return nil, http.StatusBadRequest, fmt.Errorf("key longer than %d bytes", config.MaxKeyLen)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/console"
 	"github.com/sluice-io/sluice/internal/metrics"
@@ -214,8 +215,12 @@ func TestKeyNamePrefixReserved(t *testing.T) {
 		{"POST", "/v1/check", `{"policy":"b","key":"key_name:demo-free"}`},
 		{"POST", "/v1/check", `{"checks":[{"policy":"a","key":"tenant:x"},{"policy":"b","key":"key_name:x"}]}`},
 		{"GET", "/v1/status?policy=b&key=key_name:demo-free", ""},
+		// An API key's identity spells the key's bucket: the caller
+		// would spend the key's limits.
+		{"POST", "/v1/check", `{"policy":"b","key":"key:` + sluice.HashKey(freeKey) + `"}`},
+		{"GET", "/v1/status?policy=b&key=key:" + sluice.HashKey(freeKey), ""},
 	} {
-		if a := s.do(t, req.method, req.path, req.body); a.status != 400 || !strings.Contains(a.raw, "key_name:") {
+		if a := s.do(t, req.method, req.path, req.body); a.status != 400 || !strings.Contains(a.raw, "names") {
 			t.Errorf("%s %s %s: %d %s", req.method, req.path, req.body, a.status, a.raw)
 		}
 	}
