@@ -171,8 +171,15 @@ func (v *validator) addf(path string, format string, args ...any) {
 	v.doc.Addf(path, format, args...)
 }
 
+// MinAdminTokenLen is the shortest admin token taken: a token that can be
+// guessed opens overrides, resets and the console's changes.
+const MinAdminTokenLen = 16
+
 // compile applies defaults and validates, recording errors in v.
 func (v *validator) compile(f *File) *Config {
+	if n := len(f.AdminToken); n > 0 && n < MinAdminTokenLen {
+		v.addf("admin_token", "%d characters; an admin token needs at least %d (make one with: openssl rand -hex 16), or none to disable the admin endpoints", n, MinAdminTokenLen)
+	}
 	cfg := &Config{
 		File:            f,
 		Listen:          f.Listen,

@@ -398,3 +398,17 @@ authz:
 		t.Errorf("a prefix wider than the mapped addresses: %v", err)
 	}
 }
+
+// An admin token short enough to guess is refused, with its file:line
+// and a way to make a good one; none at all disables the admin endpoints.
+func TestShortAdminTokenRefused(t *testing.T) {
+	_, err := Parse("s.yaml", []byte("admin_token: s3cret\npolicies:\n  p: {limit: 1/s}\n"))
+	if err == nil || !strings.Contains(err.Error(), "s.yaml:1") || !strings.Contains(err.Error(), "at least 16") {
+		t.Fatalf("a 6-character admin token: %v", err)
+	}
+	for _, tok := range []string{`""`, "0123456789abcdef"} {
+		if _, err := Parse("s.yaml", []byte("admin_token: "+tok+"\npolicies:\n  p: {limit: 1/s}\n")); err != nil {
+			t.Fatalf("admin_token %s: %v", tok, err)
+		}
+	}
+}

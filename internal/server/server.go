@@ -111,6 +111,9 @@ func New(opts Options) (*Server, error) {
 	if opts.Store == nil || opts.Config == nil || opts.Metrics == nil {
 		return nil, errors.New("server: Options.Store, Config and Metrics are required")
 	}
+	if n := len(opts.AdminToken); n > 0 && n < config.MinAdminTokenLen {
+		return nil, fmt.Errorf("server: SLUICE_ADMIN_TOKEN has %d characters; an admin token needs at least %d (make one with: openssl rand -hex 16), or none", n, config.MinAdminTokenLen)
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
