@@ -184,14 +184,15 @@ type core struct {
 	starved func() bool
 	views   [numPolicies]*Guard
 
-	instances atomic.Int64
-	lastBeat  atomic.Int64 // the count the last heartbeat read, 0 before
-	calls     atomic.Uint64
-	errs      atomic.Uint64
-	busy      atomic.Uint64
-	opens     atomic.Uint64
-	degraded  [numPolicies]atomic.Uint64
-	lastProbe atomic.Int64
+	instances   atomic.Int64
+	lastBeat    atomic.Int64 // the count the last heartbeat read, 0 before
+	calls       atomic.Uint64
+	errs        atomic.Uint64
+	busy        atomic.Uint64
+	opens       atomic.Uint64
+	starvedLate atomic.Uint64 // late calls and probes not held against the store: this process was starved
+	degraded    [numPolicies]atomic.Uint64
+	lastProbe   atomic.Int64
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -493,6 +494,7 @@ func (c *core) failed(n *node, key string, err error) {
 		c.log.Warn("guard: store call failed", "node", n.name, "err", err, "not_logged_since_last", suppressed)
 	}
 	if lateOnly(err) && c.starved() {
+		c.starvedLate.Add(1)
 		return // this process was slow, maybe not the store: not counted
 	}
 	if n.record(c, now, key, true) && n.trip() {

@@ -48,6 +48,9 @@ func (f *faulty) enter(ctx context.Context, key string) error {
 	if f.down.Load() {
 		return errDown
 	}
+	if err := ctx.Err(); err != nil {
+		return err // as a real client, which sends nothing for a caller gone
+	}
 	if k := f.holdKey.Load(); k != nil && *k == key {
 		n := f.inFlight.Add(1)
 		defer f.inFlight.Add(-1)

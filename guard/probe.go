@@ -116,6 +116,7 @@ func (c *core) probe(ctx context.Context, n *node) {
 	if err != nil && lateOnly(err) && c.starved() {
 		// The process was starved of CPU: the ping's answer may have
 		// come in time and been read late. Neither failure nor success.
+		c.starvedLate.Add(1)
 		if ok, suppressed := n.shouldLog(c.clk.Now(), c.logEvery); ok {
 			c.log.Warn("guard: store probe late while this process is starved of CPU; not counted", "node", n.name, "err", err, "not_logged_since_last", suppressed)
 		}
@@ -217,6 +218,9 @@ type Stats struct {
 	Degraded [numPolicies]uint64
 	// Openings is how many times a circuit opened (probes not counted).
 	Openings uint64
+	// StarvedLate is the number of late calls and probes not held against
+	// the store because this process was starved of CPU meanwhile.
+	StarvedLate uint64
 	// Open is the number of nodes whose circuit is open now.
 	Open int
 	// Instances is the number of instances Local divides limits by.
@@ -249,7 +253,7 @@ func (s Stats) DegradedTotal() uint64 {
 
 // Stats returns the guard's counters.
 func (g *Guard) Stats() Stats {
-	st := Stats{Calls: g.calls.Load(), Errors: g.errs.Load(), Busy: g.busy.Load(), Instances: g.Instances(), LostCharges: g.local.lost.Load(), Openings: g.opens.Load()}
+	st := Stats{Calls: g.calls.Load(), Errors: g.errs.Load(), Busy: g.busy.Load(), Instances: g.Instances(), LostCharges: g.local.lost.Load(), Openings: g.opens.Load(), StarvedLate: g.starvedLate.Load()}
 	for p := range st.Degraded {
 		st.Degraded[p] = g.degraded[p].Load()
 	}

@@ -81,7 +81,11 @@ func (w *workers) run(j *job) {
 
 func (w *workers) loop(j *job) {
 	for {
-		ds, err := j.g.call(j.ctx, j.op, j.reqs, j.one)
+		var ds []sluice.Decision
+		err := j.ctx.Err()
+		if err == nil { // a call picked up past its deadline is not sent: its caller was answered
+			ds, err = j.g.call(j.ctx, j.op, j.reqs, j.one)
+		}
 		j.done <- result{ds, err} // buffered: the caller may be gone
 		j = nil                   // hold no caller's context or requests while idle
 		if w.running.Load() > w.max {

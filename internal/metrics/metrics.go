@@ -107,6 +107,9 @@ type StoreStats struct {
 	CacheHits uint64
 	// CircuitOpens is how many times the circuit breaker opened.
 	CircuitOpens uint64
+	// StarvedLate counts late store calls and probes not held against the
+	// store because this process was starved of CPU (guard.Stats).
+	StarvedLate uint64
 	// Circuit is CircuitClosed, CircuitHalfOpen or CircuitOpen.
 	Circuit int
 	// Instances is the number of instances the local failure policy
@@ -148,6 +151,7 @@ var (
 	storeDegradedDesc  = prometheus.NewDesc("sluice_store_degraded_total", "Decisions made by the failure policy because the store failed or its circuit was open.", nil, nil)
 	storeCacheDesc     = prometheus.NewDesc("sluice_store_deny_cache_hits_total", "Denials answered from the local over-limit cache without asking the store.", nil, nil)
 	storeOpensDesc     = prometheus.NewDesc("sluice_store_circuit_opens_total", "Times the store circuit breaker opened.", nil, nil)
+	storeStarvedDesc   = prometheus.NewDesc("sluice_store_late_while_starved_total", "Late store calls and probes not held against the store, because this process was starved of CPU meanwhile.", nil, nil)
 	storeInstancesDesc = prometheus.NewDesc("sluice_store_instances", "Instances sharing the limits, as the local failure policy counts them (heartbeats in the store, or store.instances).", nil, nil)
 	storeCircuitDesc   = prometheus.NewDesc("sluice_store_circuit_state", "Store circuit breaker: 0 closed, 1 half-open, 2 open (the failure policy answers).", nil, nil)
 	leaseHitsDesc      = prometheus.NewDesc("sluice_lease_hits_total", "Decisions made locally from leased capacity, without the store.", nil, nil)
@@ -168,7 +172,7 @@ var (
 type storeCollector struct{ m *Metrics }
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeCircuitDesc, storeInstancesDesc, leaseHitsDesc, leaseFetchesDesc, leaseReturnsDesc, plainDesc, plainLateDesc, groupsDesc, groupedDesc, degradedByDesc, nodeCallsDesc, nodeErrorsDesc, nodeOpensDesc, nodeOpenDesc} {
+	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeStarvedDesc, storeCircuitDesc, storeInstancesDesc, leaseHitsDesc, leaseFetchesDesc, leaseReturnsDesc, plainDesc, plainLateDesc, groupsDesc, groupedDesc, degradedByDesc, nodeCallsDesc, nodeErrorsDesc, nodeOpensDesc, nodeOpenDesc} {
 		ch <- d
 	}
 }
@@ -183,6 +187,7 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(storeDegradedDesc, prometheus.CounterValue, float64(st.Degraded))
 	ch <- prometheus.MustNewConstMetric(storeCacheDesc, prometheus.CounterValue, float64(st.CacheHits))
 	ch <- prometheus.MustNewConstMetric(storeOpensDesc, prometheus.CounterValue, float64(st.CircuitOpens))
+	ch <- prometheus.MustNewConstMetric(storeStarvedDesc, prometheus.CounterValue, float64(st.StarvedLate))
 	ch <- prometheus.MustNewConstMetric(storeCircuitDesc, prometheus.GaugeValue, float64(st.Circuit))
 	ch <- prometheus.MustNewConstMetric(storeInstancesDesc, prometheus.GaugeValue, float64(st.Instances))
 	ch <- prometheus.MustNewConstMetric(leaseHitsDesc, prometheus.CounterValue, float64(st.LeaseHits))
