@@ -224,7 +224,7 @@ func gcra(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decisio
 		st.A = tat
 		d.Allowed = true
 	case sluice.OpCharge:
-		tat += l.CostInterval(req.Cost)
+		tat = ahead(tat, l.CostInterval(req.Cost), now)
 		st.A = tat
 		d.Allowed = true
 	}
@@ -260,10 +260,10 @@ func tokenBucket(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 			level -= l.CostInterval(req.Cost)
 		}
 	case sluice.OpRefund:
-		level = min(tau, level+refundable(&req, l.CostInterval(req.Cost), tau-level))
+		level += min(refundable(&req, l.CostInterval(req.Cost), tau-level), tau-level)
 		d.Allowed = true
 	case sluice.OpCharge:
-		level -= l.CostInterval(req.Cost)
+		level = tau - (ahead(now+tau-level, l.CostInterval(req.Cost), now) - now)
 		d.Allowed = true
 	}
 	if op != sluice.OpPeek {
@@ -303,7 +303,7 @@ func fixedWindow(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 		count = max(0, count-req.Cost)
 		d.Allowed = true
 	case sluice.OpCharge:
-		count += req.Cost
+		count = addCount(count, req.Cost)
 		d.Allowed = true
 	}
 	if op != sluice.OpPeek {
@@ -356,7 +356,7 @@ func slidingCounter(op sluice.Op, st State, req sluice.Request, now int64) (slui
 		curr = max(0, curr-req.Cost)
 		d.Allowed = true
 	case sluice.OpCharge:
-		curr += req.Cost
+		curr = addCount(curr, req.Cost)
 		d.Allowed = true
 	}
 	if op != sluice.OpPeek {
@@ -449,7 +449,7 @@ func slidingLog(op sluice.Op, st State, req sluice.Request, now int64) (sluice.D
 // appendN returns a new log: log with n copies of t, keeping at most limit
 // entries (the newest).
 func appendN(log []int64, t, n, limit int64) []int64 {
-	total := min(int64(len(log))+n, limit)
+	total := min(int64(len(log))+min(n, limit), limit)
 	out := make([]int64, 0, total)
 	if keep := total - min(n, total); keep > 0 {
 		out = append(out, log[int64(len(log))-keep:]...)
@@ -472,7 +472,7 @@ func concurrency(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 				held = len(leases)
 			}
 			leases = append(leases, ls)
-			used += ls.Cost
+			used = addCount(used, ls.Cost)
 		}
 	}
 	d := sluice.Decision{Limit: l}
@@ -495,7 +495,7 @@ func concurrency(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 				leases[held].Expiry = exp
 			} else {
 				leases = append(leases, Lease{ID: req.Lease, Cost: req.Cost, Expiry: exp})
-				used += req.Cost
+				used = addCount(used, req.Cost)
 			}
 		}
 	case sluice.OpRefund:
@@ -505,12 +505,15 @@ func concurrency(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 			d.ResetAfter = dur(Expiry(&State{Leases: leases}, &req) - now)
 			return d, st, nil
 		}
-		used -= leases[held].Cost
 		leases = append(leases[:held], leases[held+1:]...)
+		used = 0
+		for _, ls := range leases {
+			used = addCount(used, ls.Cost)
+		}
 		d.Allowed = true
 	case sluice.OpCharge:
-		leases = append(leases, Lease{ID: req.Lease, Cost: req.Cost, Expiry: now + int64(l.Period)})
-		used += req.Cost
+		leases = append(leases, Lease{ID: req.Lease, Cost: min(req.Cost, MaxCount), Expiry: now + int64(l.Period)})
+		used = addCount(used, req.Cost)
 		d.Allowed = true
 	}
 	if op != sluice.OpPeek {

@@ -27,6 +27,7 @@ ALGOS[1] = {
       if tat < 0 then tat = 0 end
     else
       tat = tat + q.chg
+      if tat > MAXAHEAD then tat = MAXAHEAD end
     end
     return 1, tat, 0, 0, tat
   end,

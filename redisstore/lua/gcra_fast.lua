@@ -36,6 +36,8 @@ elseif op == 3 then
   if tat < 0 then tat = 0 end
 else
   tat = tat + chg
+  -- algo.MaxAhead (2^60 ns): a charge leaves the key at most that far in debt
+  if tat > 1152921504606846976 then tat = 1152921504606846976 end
 end
 if tat > 0 then
   local t = nn + tat

@@ -36,6 +36,7 @@ ALGOS[2] = {
       if level > q.tau then level = q.tau end
     else
       level = level - q.chg
+      if level < q.tau - MAXAHEAD then level = q.tau - MAXAHEAD end
     end
     return 1, level, 0, 0, level
   end,
