@@ -62,13 +62,55 @@ func FuzzLimitInvariant(f *testing.F) {
 func TestApplyDoesNotAliasState(t *testing.T) {
 	req := sluice.Request{Key: "k", Algorithm: sluice.SlidingWindowLog, Limit: sluice.PerSecond(5), Cost: 2}
 	_, st, _ := algo.Apply(sluice.OpAllow, algo.State{}, req, 1e18)
-	before := append([]int64(nil), st.Log...)
+	before := append([]algo.Run(nil), st.Log...)
 	for _, op := range []sluice.Op{sluice.OpAllow, sluice.OpRefund, sluice.OpCharge} {
+		_, _, _ = algo.Apply(op, st, req, 1e18) // the same instant's run grows
 		_, _, _ = algo.Apply(op, st, req, 1e18+1)
 	}
 	for i := range before {
 		if st.Log[i] != before[i] || len(st.Log) != len(before) {
 			t.Fatal("Apply modified the state it was given")
 		}
+	}
+}
+
+// TestSlidingLogKeepsRuns: the sliding log keeps one run per instant, not
+// one entry per unit, so that a large cost on a large limit (any cost up to
+// Rate, 2^40 at most, is valid) takes a few words rather than 8 bytes per
+// unit: a cost of 2^39 used to ask for 4 TiB and crash the process.
+func TestSlidingLogKeepsRuns(t *testing.T) {
+	lim := sluice.Limit{Rate: 1 << 40, Period: time.Minute}
+	req := sluice.Request{Key: "k", Algorithm: sluice.SlidingWindowLog, Limit: lim, Cost: 1 << 20}
+	now := int64(1e18)
+	var st algo.State
+	for i, at := range []int64{now, now, now + 1} {
+		d, next, err := algo.Apply(sluice.OpAllow, st, req, at)
+		if err != nil || !d.Allowed || d.Remaining != lim.Rate-int64(i+1)<<20 {
+			t.Fatalf("request %d: %+v %v", i, d, err)
+		}
+		st = next
+	}
+	if len(st.Log) > 2 {
+		t.Fatalf("the log holds %d entries for two instants", len(st.Log))
+	}
+	// Refunds take from the newest units, across runs.
+	req.Cost = 1<<20 + 1
+	d, st, err := algo.Apply(sluice.OpRefund, st, req, now+1)
+	if err != nil || d.Remaining != lim.Rate-1<<21+1 {
+		t.Fatalf("refund: %+v %v", d, err)
+	}
+	// Filled up, the next unit waits for the oldest to slide out.
+	req.Cost = lim.Rate - 1<<21 + 1
+	if d, _, err := algo.Apply(sluice.OpAllow, st, req, now+1); err != nil || !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("fill: %+v %v", d, err)
+	}
+	_, st, _ = algo.Apply(sluice.OpAllow, st, req, now+1)
+	req.Cost = 1
+	d, _, err = algo.Apply(sluice.OpAllow, st, req, now+2)
+	if err != nil || d.Allowed || d.RetryAfter != time.Minute-2 || d.ResetAfter != time.Minute-1 {
+		t.Fatalf("full: %+v %v, want a retry when the first units slide out", d, err)
+	}
+	if len(st.Log) > 2 {
+		t.Fatalf("the log holds %d entries for two instants", len(st.Log))
 	}
 }

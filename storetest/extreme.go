@@ -21,7 +21,22 @@ func extremeScenarios() []scenario {
 	for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.FixedWindow, sluice.SlidingWindowCounter, sluice.SlidingWindowLog, sluice.Concurrency} {
 		out = append(out, scenario{"Extreme/" + a.String() + "/HugeCharge", func(h *harness) { hugeCharge(h, a) }})
 	}
+	out = append(out, scenario{"Extreme/sliding_window_log/LargeCosts", largeLogCosts})
 	return out
+}
+
+// largeLogCosts: a sliding log of 2^40 a minute takes costs of 2^39 (one
+// run of units per instant, in memory as in Redis), refunds across runs and
+// frees the units of an instant when it slides out.
+func largeLogCosts(h *harness) {
+	r := sluice.Request{Key: h.key("swl-large"), Algorithm: sluice.SlidingWindowLog, Limit: sluice.Limit{Rate: 1 << 40, Period: time.Minute}}
+	h.steps(r, []step{
+		allow(0, 1<<39, true, 1<<39, 0, time.Minute),
+		allow(1, 1<<39-1, true, 1, 0, time.Minute),
+		allow(0, 2, false, 1, time.Minute-1, time.Minute),
+		refund(0, 1<<38, 1<<38+1, time.Minute),
+		allow(time.Minute-1, 1, true, 1<<40-1<<38, 0, time.Minute),
+	})
 }
 
 // hugeCharge: 10/s (burst 5 for the buckets); one admission, then charges
