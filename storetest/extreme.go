@@ -2,6 +2,8 @@ package storetest
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"time"
 
@@ -20,6 +22,9 @@ func extremeScenarios() []scenario {
 	var out []scenario
 	for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.FixedWindow, sluice.SlidingWindowCounter, sluice.SlidingWindowLog, sluice.Concurrency} {
 		out = append(out, scenario{"Extreme/" + a.String() + "/HugeCharge", func(h *harness) { hugeCharge(h, a) }})
+		if a != sluice.Concurrency {
+			out = append(out, scenario{"Extreme/" + a.String() + "/EdgeLimits", func(h *harness) { edgeScenario(h, a) }})
+		}
 	}
 	out = append(out, scenario{"Extreme/sliding_window_log/LargeCosts", largeLogCosts})
 	return out
@@ -102,4 +107,97 @@ func hugeCharge(h *harness, a sluice.Algorithm) {
 	if d, err := h.store.Apply(ctx, sluice.OpAllow, req); err != nil || !d.Allowed {
 		h.t.Fatalf("after the debt: %+v %v, want admitted", d, err)
 	}
+}
+
+// edgeLimits are limits at the edges of what Limit.Validate accepts: the
+// largest rate, the longest period, a burst that takes 16 periods or a
+// year to refill, intervals that round up, a period in odd nanoseconds.
+var edgeLimits = []sluice.Limit{
+	{Rate: 1 << 40, Period: time.Minute},
+	{Rate: 1 << 40, Period: time.Minute, Burst: 1 << 36},
+	{Rate: 1, Period: 366 * 24 * time.Hour},
+	{Rate: 1, Period: 366 * 24 * time.Hour, Burst: 16},
+	{Rate: 3, Period: 366 * 24 * time.Hour},
+	{Rate: 8, Period: 104 * 24 * time.Hour, Burst: 5},
+	{Rate: 999999937, Period: 1 << 40},
+	{Rate: 2, Period: time.Minute, Burst: 1 << 20},
+}
+
+// edgeScenario drives every edge limit through one program of operations on
+// algorithm a and checks each decision against algo.Apply, the
+// specification, to the nanosecond.
+//
+// Each limit starts a second into a window and the clock moves in whole
+// microseconds, the resolution of Redis TIME, on which the scripts'
+// doubles are exact. (On nanoseconds, durations past 2^53 ns, 104 days,
+// are not: a GCRA key more than 104 days in debt reads back a few
+// nanoseconds off.) The key's state is always either seconds from
+// expiring or past it, so that a Redis TTL running out in real time, while
+// the test clock stands still, changes nothing.
+//
+// A store that wraps another (it has an Unwrap() sluice.Store method, as
+// package lease's and guard's do) decides by its own documented rules, from
+// leased chunks for one: of it the program asks only that it answers
+// every step without an error the specification does not give.
+func edgeScenario(h *harness, a sluice.Algorithm) {
+	ctx := context.Background()
+	_, wraps := h.store.(interface{ Unwrap() sluice.Store })
+	micro := func(d time.Duration) time.Duration { return (d + time.Microsecond - 1).Truncate(time.Microsecond) }
+	for li, lim := range edgeLimits {
+		if a != sluice.GCRA && a != sluice.TokenBucket {
+			lim.Burst = 0
+		}
+		p := int64(lim.Period)
+		h.clk.Advance(time.Duration(p - h.clk.Now()%p + int64(time.Second)))
+		base := sluice.Request{Key: h.key(fmt.Sprint("edge", li)), Algorithm: a, Limit: lim}
+		c := base.Capacity()
+		var st algo.State
+		var last sluice.Decision
+		step := func(i int, op sluice.Op, cost int64) {
+			r := base
+			r.Cost = cost
+			want, next, wantErr := algo.Apply(op, st, r, h.clk.Now())
+			got, err := h.store.Apply(ctx, op, r)
+			if (err == nil) != (wantErr == nil) || (err != nil && !sameSentinel(err, wantErr)) {
+				h.t.Fatalf("%s step %d (%s cost %d): error %v, want %v", lim, i, op, cost, err, wantErr)
+			}
+			if err != nil {
+				return
+			}
+			got.Source = 0
+			if !wraps && got != want {
+				h.t.Fatalf("%s step %d (%s cost %d):\n got %+v\nwant %+v", lim, i, op, cost, got, want)
+			}
+			if op != sluice.OpPeek && want.Allowed {
+				st = next
+			}
+			last = got
+		}
+		step(0, sluice.OpAllow, c)
+		step(1, sluice.OpAllow, max(1, c/60))
+		step(2, sluice.OpPeek, 0)
+		h.clk.Advance(max(0, micro(last.RetryAfter)-time.Microsecond))
+		step(3, sluice.OpPeek, max(1, c/60))
+		h.clk.Advance(micro(last.RetryAfter))
+		step(4, sluice.OpAllow, max(1, c/60))
+		step(5, sluice.OpAllow, c+1)
+		step(6, sluice.OpRefund, max(1, c/3))
+		step(7, sluice.OpAllow, max(1, c/2))
+		step(8, sluice.OpCharge, c)
+		step(9, sluice.OpPeek, 1)
+		step(10, sluice.OpRefund, math.MaxInt64)
+		step(11, sluice.OpAllow, c)
+		h.clk.Advance(2 * lim.Period)
+		step(12, sluice.OpAllow, max(1, c-1))
+	}
+}
+
+// sameSentinel reports whether two errors wrap the same sluice sentinel.
+func sameSentinel(a, b error) bool {
+	for _, s := range []error{sluice.ErrInvalidRequest, sluice.ErrInvalidLimit, sluice.ErrInvalidCost, sluice.ErrCostExceedsBurst, sluice.ErrUnknownAlgorithm} {
+		if errors.Is(b, s) {
+			return errors.Is(a, s)
+		}
+	}
+	return false
 }
