@@ -569,7 +569,15 @@ func concurrency(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 		}
 		d.Allowed = true
 	case sluice.OpCharge:
-		leases = append(leases, Lease{ID: req.Lease, Cost: min(req.Cost, MaxCount), Expiry: now + int64(l.Period)})
+		// A held lease takes the charge and is renewed, as concurrency.lua
+		// does: one lease per holder, however often it is charged.
+		exp := now + int64(l.Period)
+		if held >= 0 {
+			leases[held].Cost = addCount(leases[held].Cost, req.Cost)
+			leases[held].Expiry = exp
+		} else {
+			leases = append(leases, Lease{ID: req.Lease, Cost: min(req.Cost, MaxCount), Expiry: exp})
+		}
 		used = addCount(used, req.Cost)
 		d.Allowed = true
 	}

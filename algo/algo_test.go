@@ -114,3 +114,23 @@ func TestSlidingLogKeepsRuns(t *testing.T) {
 		t.Fatalf("the log holds %d entries for two instants", len(st.Log))
 	}
 }
+
+// TestChargedLeaseStaysOne: charging a held concurrency lease, however
+// often, keeps one lease for its holder (memory per key is one lease per
+// holder), with the slots added up to algo.MaxCount.
+func TestChargedLeaseStaysOne(t *testing.T) {
+	req := sluice.Request{Key: "k", Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: 2, Period: time.Minute}, Cost: 1, Lease: "a"}
+	_, st, err := algo.Apply(sluice.OpAllow, algo.State{}, req, 1e18)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Cost = 1 << 50
+	for i := range 1000 {
+		if _, st, err = algo.Apply(sluice.OpCharge, st, req, 1e18+int64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(st.Leases) != 1 || st.Leases[0].Cost != algo.MaxCount || st.Leases[0].Expiry != 1e18+999+int64(time.Minute) {
+		t.Fatalf("leases after 1000 charges: %+v", st.Leases)
+	}
+}
