@@ -87,6 +87,38 @@ func hugeCharge(h *harness, a sluice.Algorithm) {
 			}
 		}
 	}
+	// The same through a batch, which the Redis store runs in its batch
+	// script rather than a one-key one.
+	other := req
+	other.Key = h.key("huge-other")
+	for _, r := range []sluice.Request{req, other} {
+		if _, err := h.store.Apply(ctx, sluice.OpAllow, r); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	batch := []sluice.Request{req, other}
+	for i := range batch {
+		batch[i].Cost = math.MaxInt64
+		if a == sluice.Concurrency {
+			batch[i].Lease = "b"
+		}
+	}
+	for i := range 3 {
+		ds, err := h.store.ApplyAll(ctx, sluice.OpCharge, batch)
+		if err != nil || len(ds) != 2 || !ds[0].Allowed || !ds[1].Allowed {
+			h.t.Fatalf("batch charge #%d: %+v %v", i, ds, err)
+		}
+		for j, d := range ds {
+			if a != sluice.Concurrency && d.Remaining != wantRemaining {
+				h.t.Fatalf("batch charge #%d, member %d: remaining %d, want %d", i, j, d.Remaining, wantRemaining)
+			}
+		}
+	}
+	for _, r := range []sluice.Request{req, other} {
+		if d, err := h.store.Apply(ctx, sluice.OpAllow, r); err != nil || d.Allowed {
+			h.t.Fatalf("%s after batch charges: %+v %v, want denied", r.Key, d, err)
+		}
+	}
 	switch a {
 	case sluice.GCRA, sluice.TokenBucket:
 		h.clk.Advance(24 * time.Hour)
