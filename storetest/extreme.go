@@ -27,6 +27,7 @@ func extremeScenarios() []scenario {
 		}
 	}
 	out = append(out, scenario{"Extreme/sliding_window_log/LargeCosts", largeLogCosts})
+	out = append(out, scenario{"Extreme/calendar/HugeCharge", hugeCalendarCharge})
 	return out
 }
 
@@ -42,6 +43,37 @@ func largeLogCosts(h *harness) {
 		refund(0, 1<<38, 1<<38+1, time.Minute),
 		allow(time.Minute-1, 1, true, 1<<40-1<<38, 0, time.Minute),
 	})
+}
+
+// hugeCalendarCharge: a calendar day's count stops at algo.MaxCount too,
+// alone and in a batch, and the next day starts afresh.
+func hugeCalendarCharge(h *harness) {
+	ctx := context.Background()
+	req := sluice.Request{Key: h.key("cal-huge"), Algorithm: sluice.FixedWindow, Cost: 1,
+		Limit: sluice.PerCalendar(10, sluice.Calendar{Unit: sluice.Day, Location: time.UTC})}
+	other := req
+	other.Key = h.key("cal-huge-other")
+	charge := []sluice.Request{req, other}
+	for i := range charge {
+		charge[i].Cost = math.MaxInt64
+	}
+	for i := range 3 {
+		d, err := h.store.Apply(ctx, sluice.OpCharge, charge[0])
+		if err != nil || d.Remaining != 10-algo.MaxCount {
+			h.t.Fatalf("charge #%d: %+v %v, want remaining %d", i, d, err, 10-algo.MaxCount)
+		}
+		ds, err := h.store.ApplyAll(ctx, sluice.OpCharge, charge)
+		if err != nil || ds[0].Remaining != 10-algo.MaxCount || ds[1].Remaining != 10-algo.MaxCount {
+			h.t.Fatalf("batch charge #%d: %+v %v, want remaining %d", i, ds, err, 10-algo.MaxCount)
+		}
+	}
+	if d, err := h.store.Apply(ctx, sluice.OpAllow, req); err != nil || d.Allowed {
+		h.t.Fatalf("after the charges: %+v %v, want denied", d, err)
+	}
+	h.clk.Advance(24 * time.Hour)
+	if d, err := h.store.Apply(ctx, sluice.OpAllow, req); err != nil || !d.Allowed || d.Remaining != 9 {
+		h.t.Fatalf("the next day: %+v %v, want admitted with 9 left", d, err)
+	}
 }
 
 // hugeCharge: 10/s (burst 5 for the buckets); one admission, then charges
