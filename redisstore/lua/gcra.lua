@@ -5,7 +5,7 @@
 ALGOS[1] = {
   load = function(k)
     local v = redis.call('GET', k)
-    if v then return rel(v) end
+    if v then return math.min(rel(v), MAXAHEAD) end
     return 0
   end,
   step = function(tat, op, q)
