@@ -166,9 +166,15 @@ func CostsIn(l sluice.Limit, ns int64) int64 {
 		return math.MaxInt64
 	}
 	q, r := bits.Div64(hi, lo, uint64(l.Period))
+	if q > math.MaxInt64 { // below 2^64, but past an int64
+		if neg {
+			return math.MinInt64
+		}
+		return math.MaxInt64
+	}
 	if neg {
 		if r != 0 {
-			q++
+			q++ // at most 2^63, whose negation is MinInt64
 		}
 		return -int64(q)
 	}

@@ -1,6 +1,7 @@
 package algo_test
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -132,5 +133,100 @@ func TestChargedLeaseStaysOne(t *testing.T) {
 	}
 	if len(st.Leases) != 1 || st.Leases[0].Cost != algo.MaxCount || st.Leases[0].Expiry != 1e18+999+int64(time.Minute) {
 		t.Fatalf("leases after 1000 charges: %+v", st.Leases)
+	}
+}
+
+// FuzzChargeNeverFrees: on any limit Validate accepts, down to its edges,
+// and with any cost up to MaxInt64, a charge never leaves a key more
+// capacity than it had (nor admits a request it denied), and a refund
+// never leaves it less. A charge whose arithmetic wrapped used to hand
+// back a full bucket.
+func FuzzChargeNeverFrees(f *testing.F) {
+	f.Add(uint8(0), uint8(0), []byte{0, 0x17, 0, 0x11, 3, 0x27})
+	f.Add(uint8(2), uint8(3), []byte{0, 0x07, 0, 0x21, 1, 0x37, 2, 0x10})
+	f.Add(uint8(4), uint8(5), []byte{0, 0x13, 0, 0x17, 4, 0x27, 5, 0x11})
+	f.Add(uint8(5), uint8(1), []byte{0, 0x10, 0, 0x14, 0, 0x15, 3, 0x26})
+	f.Fuzz(func(t *testing.T, algIdx, limIdx uint8, prog []byte) {
+		limits := []sluice.Limit{
+			{Rate: 10, Period: time.Second, Burst: 5},
+			{Rate: 1 << 40, Period: time.Nanosecond},
+			{Rate: 1, Period: 366 * 24 * time.Hour, Burst: 16},
+			{Rate: 1 << 40, Period: 366 * 24 * time.Hour},
+			{Rate: 3, Period: time.Minute},
+			{Rate: 999999937, Period: 1 << 40},
+		}
+		a := sluice.Algorithms()[int(algIdx)%6]
+		lim := limits[int(limIdx)%len(limits)]
+		if a != sluice.GCRA && a != sluice.TokenBucket {
+			lim.Burst = 0
+		}
+		req := sluice.Request{Key: "k", Algorithm: a, Limit: lim, Lease: "a"}
+		capacity := req.Capacity()
+		costs := []int64{1, 2, capacity, capacity + 1, 1 << 40, 1<<53 + 1, 1 << 62, math.MaxInt64}
+		advances := []time.Duration{0, 1, time.Millisecond, time.Second, lim.Period, 30 * 24 * time.Hour}
+		ops := []sluice.Op{sluice.OpAllow, sluice.OpCharge, sluice.OpRefund, sluice.OpAllow}
+		var st algo.State
+		now := int64(1_790_000_000_000_000_000)
+		peek := func(cost int64) sluice.Decision {
+			r := req
+			r.Cost = cost
+			d, _, err := algo.Apply(sluice.OpPeek, st, r, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d
+		}
+		for i := 0; i+1 < len(prog) && i < 128; i += 2 {
+			now += int64(advances[int(prog[i])%len(advances)])
+			op := ops[int(prog[i+1]>>4)%len(ops)]
+			r := req
+			r.Cost = costs[int(prog[i+1]&0xf)%len(costs)]
+			if a == sluice.Concurrency && op == sluice.OpCharge {
+				r.Lease = "b"
+			}
+			before, beforeOne := peek(0), peek(1)
+			d, next, err := algo.Apply(op, st, r, now)
+			if err != nil {
+				continue // a cost the operation refuses
+			}
+			if op == sluice.OpPeek || d.Allowed {
+				st = next
+			}
+			after, afterOne := peek(0), peek(1)
+			switch op {
+			case sluice.OpCharge:
+				if after.Remaining > before.Remaining || (afterOne.Allowed && !beforeOne.Allowed) {
+					t.Fatalf("step %d: %s cost %d freed capacity: %+v then %+v", i/2, a, r.Cost, before, after)
+				}
+			case sluice.OpRefund:
+				if after.Remaining < before.Remaining {
+					t.Fatalf("step %d: %s refund %d took capacity: %+v then %+v", i/2, a, r.Cost, before, after)
+				}
+			}
+		}
+	})
+}
+
+// TestCostsInSaturates: events in a span whose count passes an int64
+// saturate rather than wrap: 2^23 ns of debt at 2^40 a nanosecond is
+// -2^63 events, not +2^40 (which a key deep in debt reported as its
+// Remaining, and a local fallback would have seeded from).
+func TestCostsInSaturates(t *testing.T) {
+	l := sluice.Limit{Rate: 1 << 40, Period: time.Nanosecond}
+	for _, c := range []struct {
+		ns, want int64
+	}{
+		{1 << 22, 1 << 62},
+		{1<<23 - 1, math.MaxInt64 - 1<<40 + 1},
+		{1 << 23, math.MaxInt64},
+		{1<<24 - 1, math.MaxInt64},
+		{-(1 << 22), -(1 << 62)},
+		{-(1 << 23), math.MinInt64},
+		{-(1<<24 - 1), math.MinInt64},
+		{math.MinInt64 + 1, math.MinInt64},
+	} {
+		if got := algo.CostsIn(l, c.ns); got != c.want {
+			t.Errorf("CostsIn(%s, %d) = %d, want %d", l, c.ns, got, c.want)
+		}
 	}
 }
