@@ -68,6 +68,7 @@ bench:
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseLimit -fuzztime 30s .
 	$(GO) test -run '^$$' -fuzz FuzzLimitInvariant -fuzztime 30s ./algo
+	$(GO) test -run '^$$' -fuzz '^FuzzChargeNeverFrees$$' -fuzztime 30s ./algo
 	$(GO) test -run '^$$' -fuzz FuzzMatchesAlgo -fuzztime 30s ./memstore
 	$(GO) test -run '^$$' -fuzz '^FuzzAuthz$$' -fuzztime 30s ./internal/server
 	$(GO) test -run '^$$' -fuzz '^FuzzResolve$$' -fuzztime 30s ./internal/server

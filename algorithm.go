@@ -19,8 +19,9 @@ const (
 	// TokenBucket keeps a level and the time of the last refill per key:
 	// the tutorial's algorithm, with the same answers as GCRA.
 	TokenBucket
-	// SlidingWindowLog keeps one timestamp per admitted event in the last
-	// Period: exact, but its memory per key grows with Rate (bounded by it).
+	// SlidingWindowLog keeps the events admitted in the last Period, one
+	// timestamp and count per instant that admitted any: exact, but its
+	// memory per key grows with the distinct instants (bounded by Rate).
 	// Prefer SlidingWindowCounter for large limits.
 	SlidingWindowLog
 	// SlidingWindowCounter weighs the previous fixed window's count by how

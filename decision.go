@@ -25,7 +25,10 @@ const (
 	OpRefund
 	// OpCharge charges Cost unconditionally, even past the limit, so that
 	// later requests wait it off. It settles usage learnt after the fact,
-	// such as LLM tokens counted in a response.
+	// such as LLM tokens counted in a response. A charge of any size is
+	// taken, but a key's debt stops at a bound (package algo's MaxAhead,
+	// about 36 years, for GCRA and TokenBucket; MaxCount, 2^52, for the
+	// counts of the others): far past every limit, and never wrapping.
 	OpCharge
 	// OpReset forgets the key's state: the next request sees a full limit.
 	OpReset

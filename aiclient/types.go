@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"sort"
 
@@ -235,14 +236,23 @@ type Usage struct {
 // Total is TotalTokens, or the sum of the parts when a server leaves it
 // out, with Anthropic's cached input weighted as it is billed (and as the
 // sluice gateway charges it): a cache write 1.25 input tokens, a cache read
-// 0.1, rounded up.
+// 0.1, rounded up. The sums saturate at MaxInt64: the numbers are the
+// server's.
 func (u Usage) Total() int64 {
 	cw, cr := max(u.CacheCreationInputTokens, 0), max(u.CacheReadInputTokens, 0)
-	cached := cw + (cw+3)/4 + (cr+9)/10
+	cached := addSat(addSat(cw, cw/4+min(cw%4, 1)), cr/10+min(cr%10, 1))
 	if u.TotalTokens > 0 {
-		return u.TotalTokens + cached
+		return addSat(u.TotalTokens, cached)
 	}
-	return max(u.PromptTokens, 0) + max(u.CompletionTokens, 0) + cached
+	return addSat(addSat(max(u.PromptTokens, 0), max(u.CompletionTokens, 0)), cached)
+}
+
+// addSat is a + b for non-negative a and b, at most MaxInt64.
+func addSat(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // EstimateTokens is a request's token cost before it is sent: its prompt

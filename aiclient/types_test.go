@@ -2,6 +2,7 @@ package aiclient
 
 import (
 	"encoding/json"
+	"math"
 	"reflect"
 	"testing"
 )
@@ -97,5 +98,25 @@ func TestEstimateTokensExact(t *testing.T) {
 		if got := EstimateTokens(r, 0); got != want+50 {
 			t.Errorf("%s: estimate %d, want %d prompt + 50", model, got, want)
 		}
+	}
+}
+
+// TestUsageTotalSaturates: usage numbers are the server's, and a sum of
+// them that passes an int64 is MaxInt64, not a negative total that left
+// the tokens used unsettled (Chat settles only a positive total).
+func TestUsageTotalSaturates(t *testing.T) {
+	for _, u := range []Usage{
+		{TotalTokens: math.MaxInt64, CacheReadInputTokens: 100},
+		{TotalTokens: math.MaxInt64 - 1, CacheCreationInputTokens: 8},
+		{PromptTokens: math.MaxInt64, CompletionTokens: math.MaxInt64},
+		{CompletionTokens: 1, CacheCreationInputTokens: math.MaxInt64},
+		{CacheReadInputTokens: math.MaxInt64, CacheCreationInputTokens: math.MaxInt64},
+	} {
+		if got := u.Total(); got != math.MaxInt64 {
+			t.Errorf("%+v: Total %d, want %d", u, got, int64(math.MaxInt64))
+		}
+	}
+	if got := (Usage{PromptTokens: 3, CompletionTokens: 4, CacheReadInputTokens: 10, CacheCreationInputTokens: 4}).Total(); got != 3+4+1+5 {
+		t.Errorf("small usage: Total %d, want %d", got, 3+4+1+5)
 	}
 }

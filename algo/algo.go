@@ -34,15 +34,26 @@ type Lease struct {
 //	TokenBucket           A = level, in nanoseconds of refill; B = last refill
 //	FixedWindow           A = window start (calendar or epoch-aligned); B = count
 //	SlidingWindowCounter  A = current window start; B = its count; C = previous window's count
-//	SlidingWindowLog      Log = one timestamp per admitted unit, ascending
+//	SlidingWindowLog      Log = the admitted units, one Run per instant, ascending
 //	Concurrency           Leases
 //
 // Apply never modifies the slices of the State it is given, so a caller may
 // keep the old State to roll back.
 type State struct {
 	A, B, C int64
-	Log     []int64
+	Log     []Run
 	Leases  []Lease
+}
+
+// Run is N units of a SlidingWindowLog admitted at one instant, as the
+// Redis script keeps them ("T*N"): a cost of N takes one Run, not N
+// entries, so a key's log takes one Run per distinct instant, at most
+// Rate of them.
+type Run struct {
+	// At is when the units were admitted, in Unix nanoseconds.
+	At int64
+	// N is how many units; at least 1.
+	N int64
 }
 
 // IsZero reports whether s holds nothing, so that a store may drop it.
@@ -105,7 +116,7 @@ func Expiry(st *State, req *sluice.Request) int64 {
 		return st.A + p
 	case sluice.SlidingWindowLog:
 		if n := len(st.Log); n > 0 {
-			return st.Log[n-1] + p
+			return st.Log[n-1].At + p
 		}
 	case sluice.Concurrency:
 		var last int64
@@ -155,9 +166,15 @@ func CostsIn(l sluice.Limit, ns int64) int64 {
 		return math.MaxInt64
 	}
 	q, r := bits.Div64(hi, lo, uint64(l.Period))
+	if q > math.MaxInt64 { // below 2^64, but past an int64
+		if neg {
+			return math.MinInt64
+		}
+		return math.MaxInt64
+	}
 	if neg {
 		if r != 0 {
-			q++
+			q++ // at most 2^63, whose negation is MinInt64
 		}
 		return -int64(q)
 	}
@@ -224,7 +241,7 @@ func gcra(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decisio
 		st.A = tat
 		d.Allowed = true
 	case sluice.OpCharge:
-		tat += l.CostInterval(req.Cost)
+		tat = ahead(tat, l.CostInterval(req.Cost), now)
 		st.A = tat
 		d.Allowed = true
 	}
@@ -260,10 +277,10 @@ func tokenBucket(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 			level -= l.CostInterval(req.Cost)
 		}
 	case sluice.OpRefund:
-		level = min(tau, level+refundable(&req, l.CostInterval(req.Cost), tau-level))
+		level += min(refundable(&req, l.CostInterval(req.Cost), tau-level), tau-level)
 		d.Allowed = true
 	case sluice.OpCharge:
-		level -= l.CostInterval(req.Cost)
+		level = tau - (ahead(now+tau-level, l.CostInterval(req.Cost), now) - now)
 		d.Allowed = true
 	}
 	if op != sluice.OpPeek {
@@ -303,7 +320,7 @@ func fixedWindow(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 		count = max(0, count-req.Cost)
 		d.Allowed = true
 	case sluice.OpCharge:
-		count += req.Cost
+		count = addCount(count, req.Cost)
 		d.Allowed = true
 	}
 	if op != sluice.OpPeek {
@@ -356,7 +373,7 @@ func slidingCounter(op sluice.Op, st State, req sluice.Request, now int64) (slui
 		curr = max(0, curr-req.Cost)
 		d.Allowed = true
 	case sluice.OpCharge:
-		curr += req.Cost
+		curr = addCount(curr, req.Cost)
 		d.Allowed = true
 	}
 	if op != sluice.OpPeek {
@@ -400,37 +417,37 @@ func SlidingReset(p, e, prev, curr int64) int64 {
 	return 0
 }
 
-// slidingLog keeps one timestamp per admitted unit of cost; an entry counts
-// while entry+Period > now. At most Rate entries are kept.
+// slidingLog keeps the admitted units in runs, one per instant; a unit
+// counts while its instant+Period > now. At most Rate units are kept.
 func slidingLog(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decision, State, error) {
 	l := req.Limit
 	p := int64(l.Period)
 	log := st.Log
 	i := 0
-	for i < len(log) && log[i]+p <= now {
+	for i < len(log) && log[i].At+p <= now {
 		i++
 	}
 	log = log[i:]
-	n := int64(len(log))
+	n := units(log)
 	d := sluice.Decision{Limit: l}
 	switch op {
 	case sluice.OpAllow, sluice.OpPeek:
 		c := effCost(req.Cost)
 		if n+c > l.Rate {
-			d.RetryAfter = dur(log[n+c-l.Rate-1] + p - now)
+			d.RetryAfter = dur(unitAt(log, n+c-l.Rate) + p - now)
 			d.Remaining = max(0, l.Rate-n)
-			d.ResetAfter = dur(log[n-1] + p - now)
+			d.ResetAfter = dur(log[len(log)-1].At + p - now)
 			return d, st, nil
 		}
 		d.Allowed = true
 		if op == sluice.OpAllow {
-			log = appendN(log, now, req.Cost, l.Rate)
+			log = appendRun(log, now, req.Cost, l.Rate)
 		}
 	case sluice.OpRefund:
-		log = append([]int64(nil), log[:max(0, n-req.Cost)]...)
+		log = dropNewest(log, req.Cost)
 		d.Allowed = true
 	case sluice.OpCharge:
-		log = appendN(log, now, req.Cost, l.Rate)
+		log = appendRun(log, now, req.Cost, l.Rate)
 		d.Allowed = true
 	}
 	if op != sluice.OpPeek {
@@ -439,23 +456,69 @@ func slidingLog(op sluice.Op, st State, req sluice.Request, now int64) (sluice.D
 			st = State{}
 		}
 	}
-	d.Remaining = l.Rate - int64(len(log))
+	d.Remaining = l.Rate - units(log)
 	if len(log) > 0 {
-		d.ResetAfter = dur(log[len(log)-1] + p - now)
+		d.ResetAfter = dur(log[len(log)-1].At + p - now)
 	}
 	return d, st, nil
 }
 
-// appendN returns a new log: log with n copies of t, keeping at most limit
-// entries (the newest).
-func appendN(log []int64, t, n, limit int64) []int64 {
-	total := min(int64(len(log))+n, limit)
-	out := make([]int64, 0, total)
-	if keep := total - min(n, total); keep > 0 {
-		out = append(out, log[int64(len(log))-keep:]...)
+// units is the number of units in log.
+func units(log []Run) int64 {
+	var n int64
+	for _, r := range log {
+		n += r.N
 	}
-	for int64(len(out)) < total {
-		out = append(out, t)
+	return n
+}
+
+// unitAt is the instant of the k-th oldest unit in log (k ≥ 1).
+func unitAt(log []Run, k int64) int64 {
+	for _, r := range log {
+		if k <= r.N {
+			return r.At
+		}
+		k -= r.N
+	}
+	return math.MaxInt64
+}
+
+// appendRun returns a new log: log with n units at t, keeping at most
+// limit units (the newest).
+func appendRun(log []Run, t, n, limit int64) []Run {
+	n = min(n, limit)
+	out := make([]Run, 0, len(log)+1)
+	out = append(out, log...)
+	if k := len(out); k > 0 && out[k-1].At == t {
+		out[k-1].N += n
+	} else {
+		out = append(out, Run{At: t, N: n})
+	}
+	over := units(out) - limit
+	drop := 0
+	for over > 0 {
+		if out[drop].N <= over {
+			over -= out[drop].N
+			drop++
+			continue
+		}
+		out[drop].N -= over
+		over = 0
+	}
+	return out[drop:]
+}
+
+// dropNewest returns a new log without its n newest units.
+func dropNewest(log []Run, n int64) []Run {
+	out := append([]Run(nil), log...)
+	for n > 0 && len(out) > 0 {
+		last := &out[len(out)-1]
+		if last.N > n {
+			last.N -= n
+			break
+		}
+		n -= last.N
+		out = out[:len(out)-1]
 	}
 	return out
 }
@@ -472,7 +535,7 @@ func concurrency(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 				held = len(leases)
 			}
 			leases = append(leases, ls)
-			used += ls.Cost
+			used = addCount(used, ls.Cost)
 		}
 	}
 	d := sluice.Decision{Limit: l}
@@ -495,7 +558,7 @@ func concurrency(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 				leases[held].Expiry = exp
 			} else {
 				leases = append(leases, Lease{ID: req.Lease, Cost: req.Cost, Expiry: exp})
-				used += req.Cost
+				used = addCount(used, req.Cost)
 			}
 		}
 	case sluice.OpRefund:
@@ -505,12 +568,23 @@ func concurrency(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 			d.ResetAfter = dur(Expiry(&State{Leases: leases}, &req) - now)
 			return d, st, nil
 		}
-		used -= leases[held].Cost
 		leases = append(leases[:held], leases[held+1:]...)
+		used = 0
+		for _, ls := range leases {
+			used = addCount(used, ls.Cost)
+		}
 		d.Allowed = true
 	case sluice.OpCharge:
-		leases = append(leases, Lease{ID: req.Lease, Cost: req.Cost, Expiry: now + int64(l.Period)})
-		used += req.Cost
+		// A held lease takes the charge and is renewed, as concurrency.lua
+		// does: one lease per holder, however often it is charged.
+		exp := now + int64(l.Period)
+		if held >= 0 {
+			leases[held].Cost = addCount(leases[held].Cost, req.Cost)
+			leases[held].Expiry = exp
+		} else {
+			leases = append(leases, Lease{ID: req.Lease, Cost: min(req.Cost, MaxCount), Expiry: exp})
+		}
+		used = addCount(used, req.Cost)
 		d.Allowed = true
 	}
 	if op != sluice.OpPeek {

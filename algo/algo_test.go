@@ -1,6 +1,7 @@
 package algo_test
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -62,13 +63,170 @@ func FuzzLimitInvariant(f *testing.F) {
 func TestApplyDoesNotAliasState(t *testing.T) {
 	req := sluice.Request{Key: "k", Algorithm: sluice.SlidingWindowLog, Limit: sluice.PerSecond(5), Cost: 2}
 	_, st, _ := algo.Apply(sluice.OpAllow, algo.State{}, req, 1e18)
-	before := append([]int64(nil), st.Log...)
+	before := append([]algo.Run(nil), st.Log...)
 	for _, op := range []sluice.Op{sluice.OpAllow, sluice.OpRefund, sluice.OpCharge} {
+		_, _, _ = algo.Apply(op, st, req, 1e18) // the same instant's run grows
 		_, _, _ = algo.Apply(op, st, req, 1e18+1)
 	}
 	for i := range before {
 		if st.Log[i] != before[i] || len(st.Log) != len(before) {
 			t.Fatal("Apply modified the state it was given")
+		}
+	}
+}
+
+// TestSlidingLogKeepsRuns: the sliding log keeps one run per instant, not
+// one entry per unit, so that a large cost on a large limit (any cost up to
+// Rate, 2^40 at most, is valid) takes a few words rather than 8 bytes per
+// unit: a cost of 2^39 used to ask for 4 TiB and crash the process.
+func TestSlidingLogKeepsRuns(t *testing.T) {
+	lim := sluice.Limit{Rate: 1 << 40, Period: time.Minute}
+	req := sluice.Request{Key: "k", Algorithm: sluice.SlidingWindowLog, Limit: lim, Cost: 1 << 20}
+	now := int64(1e18)
+	var st algo.State
+	for i, at := range []int64{now, now, now + 1} {
+		d, next, err := algo.Apply(sluice.OpAllow, st, req, at)
+		if err != nil || !d.Allowed || d.Remaining != lim.Rate-int64(i+1)<<20 {
+			t.Fatalf("request %d: %+v %v", i, d, err)
+		}
+		st = next
+	}
+	if len(st.Log) > 2 {
+		t.Fatalf("the log holds %d entries for two instants", len(st.Log))
+	}
+	// Refunds take from the newest units, across runs.
+	req.Cost = 1<<20 + 1
+	d, st, err := algo.Apply(sluice.OpRefund, st, req, now+1)
+	if err != nil || d.Remaining != lim.Rate-1<<21+1 {
+		t.Fatalf("refund: %+v %v", d, err)
+	}
+	// Filled up, the next unit waits for the oldest to slide out.
+	req.Cost = lim.Rate - 1<<21 + 1
+	if d, _, err := algo.Apply(sluice.OpAllow, st, req, now+1); err != nil || !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("fill: %+v %v", d, err)
+	}
+	_, st, _ = algo.Apply(sluice.OpAllow, st, req, now+1)
+	req.Cost = 1
+	d, _, err = algo.Apply(sluice.OpAllow, st, req, now+2)
+	if err != nil || d.Allowed || d.RetryAfter != time.Minute-2 || d.ResetAfter != time.Minute-1 {
+		t.Fatalf("full: %+v %v, want a retry when the first units slide out", d, err)
+	}
+	if len(st.Log) > 2 {
+		t.Fatalf("the log holds %d entries for two instants", len(st.Log))
+	}
+}
+
+// TestChargedLeaseStaysOne: charging a held concurrency lease, however
+// often, keeps one lease for its holder (memory per key is one lease per
+// holder), with the slots added up to algo.MaxCount.
+func TestChargedLeaseStaysOne(t *testing.T) {
+	req := sluice.Request{Key: "k", Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: 2, Period: time.Minute}, Cost: 1, Lease: "a"}
+	_, st, err := algo.Apply(sluice.OpAllow, algo.State{}, req, 1e18)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Cost = 1 << 50
+	for i := range 1000 {
+		if _, st, err = algo.Apply(sluice.OpCharge, st, req, 1e18+int64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(st.Leases) != 1 || st.Leases[0].Cost != algo.MaxCount || st.Leases[0].Expiry != 1e18+999+int64(time.Minute) {
+		t.Fatalf("leases after 1000 charges: %+v", st.Leases)
+	}
+}
+
+// FuzzChargeNeverFrees: on any limit Validate accepts, down to its edges,
+// and with any cost up to MaxInt64, a charge never leaves a key more
+// capacity than it had (nor admits a request it denied), and a refund
+// never leaves it less. A charge whose arithmetic wrapped used to hand
+// back a full bucket.
+func FuzzChargeNeverFrees(f *testing.F) {
+	f.Add(uint8(0), uint8(0), []byte{0, 0x17, 0, 0x11, 3, 0x27})
+	f.Add(uint8(2), uint8(3), []byte{0, 0x07, 0, 0x21, 1, 0x37, 2, 0x10})
+	f.Add(uint8(4), uint8(5), []byte{0, 0x13, 0, 0x17, 4, 0x27, 5, 0x11})
+	f.Add(uint8(5), uint8(1), []byte{0, 0x10, 0, 0x14, 0, 0x15, 3, 0x26})
+	f.Fuzz(func(t *testing.T, algIdx, limIdx uint8, prog []byte) {
+		limits := []sluice.Limit{
+			{Rate: 10, Period: time.Second, Burst: 5},
+			{Rate: 1 << 40, Period: time.Nanosecond},
+			{Rate: 1, Period: 366 * 24 * time.Hour, Burst: 16},
+			{Rate: 1 << 40, Period: 366 * 24 * time.Hour},
+			{Rate: 3, Period: time.Minute},
+			{Rate: 999999937, Period: 1 << 40},
+		}
+		a := sluice.Algorithms()[int(algIdx)%6]
+		lim := limits[int(limIdx)%len(limits)]
+		if a != sluice.GCRA && a != sluice.TokenBucket {
+			lim.Burst = 0
+		}
+		req := sluice.Request{Key: "k", Algorithm: a, Limit: lim, Lease: "a"}
+		capacity := req.Capacity()
+		costs := []int64{1, 2, capacity, capacity + 1, 1 << 40, 1<<53 + 1, 1 << 62, math.MaxInt64}
+		advances := []time.Duration{0, 1, time.Millisecond, time.Second, lim.Period, 30 * 24 * time.Hour}
+		ops := []sluice.Op{sluice.OpAllow, sluice.OpCharge, sluice.OpRefund, sluice.OpAllow}
+		var st algo.State
+		now := int64(1_790_000_000_000_000_000)
+		peek := func(cost int64) sluice.Decision {
+			r := req
+			r.Cost = cost
+			d, _, err := algo.Apply(sluice.OpPeek, st, r, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d
+		}
+		for i := 0; i+1 < len(prog) && i < 128; i += 2 {
+			now += int64(advances[int(prog[i])%len(advances)])
+			op := ops[int(prog[i+1]>>4)%len(ops)]
+			r := req
+			r.Cost = costs[int(prog[i+1]&0xf)%len(costs)]
+			if a == sluice.Concurrency && op == sluice.OpCharge {
+				r.Lease = "b"
+			}
+			before, beforeOne := peek(0), peek(1)
+			d, next, err := algo.Apply(op, st, r, now)
+			if err != nil {
+				continue // a cost the operation refuses
+			}
+			if op == sluice.OpPeek || d.Allowed {
+				st = next
+			}
+			after, afterOne := peek(0), peek(1)
+			switch op {
+			case sluice.OpCharge:
+				if after.Remaining > before.Remaining || (afterOne.Allowed && !beforeOne.Allowed) {
+					t.Fatalf("step %d: %s cost %d freed capacity: %+v then %+v", i/2, a, r.Cost, before, after)
+				}
+			case sluice.OpRefund:
+				if after.Remaining < before.Remaining {
+					t.Fatalf("step %d: %s refund %d took capacity: %+v then %+v", i/2, a, r.Cost, before, after)
+				}
+			}
+		}
+	})
+}
+
+// TestCostsInSaturates: events in a span whose count passes an int64
+// saturate rather than wrap: 2^23 ns of debt at 2^40 a nanosecond is
+// -2^63 events, not +2^40 (which a key deep in debt reported as its
+// Remaining, and a local fallback would have seeded from).
+func TestCostsInSaturates(t *testing.T) {
+	l := sluice.Limit{Rate: 1 << 40, Period: time.Nanosecond}
+	for _, c := range []struct {
+		ns, want int64
+	}{
+		{1 << 22, 1 << 62},
+		{1<<23 - 1, math.MaxInt64 - 1<<40 + 1},
+		{1 << 23, math.MaxInt64},
+		{1<<24 - 1, math.MaxInt64},
+		{-(1 << 22), -(1 << 62)},
+		{-(1 << 23), math.MinInt64},
+		{-(1<<24 - 1), math.MinInt64},
+		{math.MinInt64 + 1, math.MinInt64},
+	} {
+		if got := algo.CostsIn(l, c.ns); got != c.want {
+			t.Errorf("CostsIn(%s, %d) = %d, want %d", l, c.ns, got, c.want)
 		}
 	}
 }

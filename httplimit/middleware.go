@@ -64,6 +64,9 @@ const DefaultMaxWaiting = 10000
 // headers and a JSON body:
 //
 //	{"error":"rate_limited","message":"...","retry_after_ms":1234}
+//
+// A request whose Cost is zero or negative, or whose key is empty, gets
+// 400 (a cost above the burst 413), FailOpen or not.
 func New(opts Options) (func(http.Handler) http.Handler, error) {
 	if opts.Limiter == nil {
 		return nil, errors.New("httplimit: Options.Limiter is required")
@@ -112,6 +115,15 @@ func New(opts Options) (func(http.Handler) http.Handler, error) {
 			switch {
 			case errors.Is(err, sluice.ErrCostExceedsBurst):
 				writeError(w, http.StatusRequestEntityTooLarge, "cost_exceeds_limit", fmt.Sprintf("request cost %d exceeds the limit %s", cost, opts.Limiter.Limit()), 0)
+				return
+			// The request's own cost (zero, negative) or key (empty) is
+			// bad: the caller's error, not the limiter failing, so
+			// FailOpen does not pass it on.
+			case errors.Is(err, sluice.ErrInvalidCost):
+				writeError(w, http.StatusBadRequest, "invalid_cost", fmt.Sprintf("request cost %d is not a positive whole number", cost), 0)
+				return
+			case errors.Is(err, sluice.ErrInvalidRequest):
+				writeError(w, http.StatusBadRequest, "invalid_request", "the request has no rate-limit key the limiter takes", 0)
 				return
 			case err != nil:
 				opts.Logger.ErrorContext(r.Context(), "rate limiter failed", "err", err)

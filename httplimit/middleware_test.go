@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -271,5 +272,50 @@ func TestIPBlockKey(t *testing.T) {
 	}
 	if got := httplimit.IPKey(netip.MustParseAddr("2001:db8:1:2::9")); got != "2001:db8:1:2::/64" {
 		t.Errorf("IPKey = %s", got)
+	}
+}
+
+// TestBadCostIsRefused: a cost the request itself sets (here from a
+// header) that the limiter refuses, zero or negative, is the caller's
+// error: 400, never passed on, even with FailOpen, which is for a limiter
+// that cannot answer. So is an empty key. A cost over the burst stays 413.
+func TestBadCostIsRefused(t *testing.T) {
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	store, _ := memstore.New(memstore.Options{Clock: clk, SweepInterval: -1})
+	lim, _ := sluice.NewLimiter(sluice.Options{Store: store, Limit: sluice.PerSecond(1)})
+	cost := func(r *http.Request) int64 {
+		n, _ := strconv.ParseInt(r.Header.Get("X-Cost"), 10, 64)
+		return n
+	}
+	key := func(r *http.Request) (string, error) { return r.Header.Get("X-User"), nil }
+	for _, open := range []bool{false, true} {
+		mw, err := httplimit.New(httplimit.Options{Limiter: lim, Key: key, Cost: cost, FailOpen: open, Logger: discard()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			user, cost string
+			want       int
+		}{
+			{"u", "0", 400},
+			{"u", "-1", 400},
+			{"u", "-9223372036854775808", 400},
+			{"u", "not a number", 400},
+			{"", "1", 400},
+			{"u", "2", 413},
+			{"u", "1", 204},
+			{"u", "1", 429},
+		} {
+			passed := false
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest("GET", "/", nil)
+			req.Header.Set("X-User", c.user)
+			req.Header.Set("X-Cost", c.cost)
+			mw(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { passed = true; w.WriteHeader(204) })).ServeHTTP(rec, req)
+			if rec.Code != c.want || passed != (c.want == 204) {
+				t.Errorf("FailOpen=%v, user %q, cost %q: status %d (passed on: %v), want %d", open, c.user, c.cost, rec.Code, passed, c.want)
+			}
+		}
+		clk.Advance(time.Second)
 	}
 }

@@ -139,6 +139,7 @@ func scenarios() []scenario {
 	out = append(out, allowAllScenarios()...)
 	out = append(out, errorScenarios()...)
 	out = append(out, reserveScenarios()...) // reserve.go
+	out = append(out, extremeScenarios()...) // extreme.go
 	for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.FixedWindow, sluice.SlidingWindowCounter, sluice.SlidingWindowLog} {
 		out = append(out, longRun(a))
 	}
@@ -354,6 +355,21 @@ func concurrencyScenarios() []scenario {
 				acquire(10*s, "d", true, 1, 0, 10*s),
 				acquire(0, "e", true, 0, 0, 10*s),
 				acquire(0, "f", false, 0, 10*s, 10*s),
+			})
+		}},
+		{"concurrency/ChargeHeldLease", func(h *harness) {
+			// A charge to a held lease adds its slots to that lease and
+			// renews it, as an acquire renews: they go together.
+			r := sluice.Request{Key: h.key("conc-charge"), Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: 3, Period: 10 * s}}
+			charge := step{op: sluice.OpCharge, cost: 1, lease: "a", want: sluice.Decision{Allowed: true, Remaining: 1, ResetAfter: 10 * s}}
+			charge.advance = 5 * s
+			h.steps(r, []step{
+				acquire(0, "a", true, 2, 0, 10*s),
+				charge,
+				acquire(5*s, "b", true, 0, 0, 10*s), // a, charged at 5s, holds 2 until 15s
+				acquire(0, "c", false, 0, 5*s, 10*s),
+				release("a", 2, 10*s),
+				acquire(0, "c", true, 1, 0, 10*s),
 			})
 		}},
 	}

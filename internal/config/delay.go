@@ -32,14 +32,16 @@ func (p *Policy) Delayed() bool { return p.MaxWait > 0 || p.HasDelay }
 // NGINX's: its first N requests pass at once (the burst becomes N; 0 means
 // that only a request on an idle key does) and the rest are held, paced at
 // the rate, up to the time the burst takes to refill past N; max_wait, if
-// set too, caps that wait.
+// set too, caps that wait, and sluice.MaxReserveWait always does (a slow
+// limit's burst takes days to refill: a request due later is denied, with
+// its Retry-After, rather than held).
 func (p *Policy) Reservation(l sluice.Limit) (sluice.Limit, time.Duration) {
 	if !p.HasDelay {
 		return l, p.MaxWait
 	}
 	burst := l.Capacity()
 	at := min(max(p.Delay, 1), burst)
-	wait := time.Duration(l.CostInterval(burst - at))
+	wait := min(time.Duration(l.CostInterval(burst-at)), sluice.MaxReserveWait)
 	if p.MaxWait > 0 {
 		wait = min(wait, p.MaxWait)
 	}

@@ -90,3 +90,26 @@ policies:
 		}
 	}
 }
+
+// TestDelayWaitWithinReserveBound: with delay alone the wait is the time
+// the burst takes to refill past the threshold, which a slow limit (or an
+// override scaling it down) makes days long; the request a policy makes
+// must still be one the stores take, holding a request for at most
+// sluice.MaxReserveWait and denying beyond, with Retry-After.
+func TestDelayWaitWithinReserveBound(t *testing.T) {
+	doc := `policies:
+  slow: {limit: 100/day burst 1000, delay: 1}
+`
+	cfg, err := Parse("d.yaml", []byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := cfg.Policies["slow"]
+	for _, l := range []sluice.Limit{p.Limit, {Rate: 1, Period: 366 * 24 * time.Hour, Burst: 16}} {
+		l, wait := p.Reservation(l)
+		req := sluice.Request{Key: "k", Algorithm: p.Algorithm, Limit: l, Cost: 1, MaxWait: wait}
+		if err := req.Validate(sluice.OpAllow); err != nil || wait != sluice.MaxReserveWait {
+			t.Errorf("%s: max wait %s: %v, want %s and a valid request", l, wait, err, sluice.MaxReserveWait)
+		}
+	}
+}

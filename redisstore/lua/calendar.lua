@@ -41,6 +41,7 @@ ALGOS[16] = {
       if c < 0 then c = 0 end
     else
       c = c + q.cost
+      if c > MAXCOUNT then c = MAXCOUNT end
     end
     return 1, c, q.te, NN, c
   end,

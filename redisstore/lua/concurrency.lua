@@ -24,7 +24,7 @@ ALGOS[6] = {
       end
       if e > 0 then
         leases[raw[i]] = { e, c }
-        used = used + c
+        used = math.min(used + c, MAXCOUNT)
       end
     end
     return { leases, used }
@@ -63,13 +63,14 @@ ALGOS[6] = {
     elseif op == 3 then
       if held then
         out[q.lease] = nil
-        used = used - held[2]
+        used = 0
+        for _, l in pairs(out) do used = math.min(used + l[2], MAXCOUNT) end
       end
     else
       local c = q.cost
-      if held then c = c + held[2] end
+      if held then c = math.min(c + held[2], MAXCOUNT) end
       out[q.lease] = { q.p, c }
-      used = used + q.cost
+      used = math.min(used + q.cost, MAXCOUNT)
     end
     return 1, used, 0, lastexpiry(out), { out, used }
   end,

@@ -19,6 +19,7 @@ ALGOS[5] = {
       if c < 0 then c = 0 end
     else
       c = c + q.cost
+      if c > MAXCOUNT then c = MAXCOUNT end
     end
     return 1, c, q.e, 0, c
   end,

@@ -5,7 +5,7 @@
 -- cost, cost. The key holds "START COUNT" for the current epoch-aligned
 -- window and expires when the window ends.
 -- Reply: allowed, count, elapsed.
-local op, p, ps, rate, eff, cost = tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local op, p, ps, rate, eff, cost = tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), math.min(tonumber(ARGV[8]), 4503599627370496)
 local ns, nn
 if ARGV[2] == '' then
   local t = redis.call('TIME')
@@ -51,6 +51,7 @@ elseif op == 3 then
   if c < 0 then c = 0 end
 else
   c = c + cost
+  if c > 4503599627370496 then c = 4503599627370496 end -- algo.MaxCount
 end
 if c == 0 then
   if v then redis.call('DEL', k) end

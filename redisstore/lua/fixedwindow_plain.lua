@@ -9,7 +9,7 @@
 -- ARGV is op, now seconds, now nanoseconds ('' '' for Redis TIME), period
 -- (ns), period in whole seconds (0 if not whole), rate, effective cost,
 -- cost, slack (ms). Reply: allowed, count, elapsed.
-local op, p, ps, rate, eff, cost = tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local op, p, ps, rate, eff, cost = tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), math.min(tonumber(ARGV[8]), 4503599627370496)
 local slack = tonumber(ARGV[9])
 local ns, nn
 if ARGV[2] == '' then
@@ -52,6 +52,7 @@ elseif op == 3 then
   if c < 0 then c = 0 end
 else
   c = c + cost
+  if c > 4503599627370496 then c = 4503599627370496 end -- algo.MaxCount
 end
 if c == 0 then
   redis.call('DEL', k)

@@ -5,7 +5,7 @@
 ALGOS[1] = {
   load = function(k)
     local v = redis.call('GET', k)
-    if v then return rel(v) end
+    if v then return math.min(rel(v), MAXAHEAD) end
     return 0
   end,
   step = function(tat, op, q)
@@ -27,6 +27,7 @@ ALGOS[1] = {
       if tat < 0 then tat = 0 end
     else
       tat = tat + q.chg
+      if tat > MAXAHEAD then tat = MAXAHEAD end
     end
     return 1, tat, 0, 0, tat
   end,

@@ -19,13 +19,15 @@ local tat = 0
 local v = redis.call('GET', k)
 if v then
   local l = #v
-  if l <= 19 then
+  local i = string.find(v, ' ', 1, true)
+  if not i then
     tat = (tonumber(string.sub(v, 1, l - 9)) - ns) * 1e9 + (tonumber(string.sub(v, l - 8)) - nn)
   else -- "LEVEL LAST", a token bucket written by an older sluice
-    local i = string.find(v, ' ', 1, true)
     tat = (tonumber(string.sub(v, i + 1, l - 9)) - ns) * 1e9 + (tonumber(string.sub(v, l - 8)) - nn) + tau - tonumber(string.sub(v, 1, i - 1))
   end
   if tat < 0 then tat = 0 end
+  -- a debt an older sluice let grow past algo.MaxAhead reads as that
+  if tat > 1152921504606846976 then tat = 1152921504606846976 end
 end
 if op <= 2 then
   if tat + inc - tau > 0 then return { 0, tat } end
@@ -36,6 +38,8 @@ elseif op == 3 then
   if tat < 0 then tat = 0 end
 else
   tat = tat + chg
+  -- algo.MaxAhead (2^60 ns): a charge leaves the key at most that far in debt
+  if tat > 1152921504606846976 then tat = 1152921504606846976 end
 end
 if tat > 0 then
   local t = nn + tat

@@ -93,5 +93,11 @@ local function mulle(a, b, c, d)
   return true
 end
 
+-- MAXAHEAD is algo.MaxAhead (2^60 ns, exact as a double): a charge leaves a
+-- GCRA or token bucket key at most that far in debt. MAXCOUNT is
+-- algo.MaxCount (2^52): a charge counts at most that, and a count stops
+-- there, so count + cost stays exact and a reply or fmt never wraps.
+local MAXAHEAD, MAXCOUNT = 1152921504606846976, 4503599627370496
+
 -- fmt writes an integer-valued number without exponent.
 local function fmt(n) return string.format('%d', n) end

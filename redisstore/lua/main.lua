@@ -24,7 +24,7 @@ for i = 1, n do
   local q = {
     a = A, p = tonumber(ARGV[b + 2]), ps = tonumber(ARGV[b + 3]), rate = tonumber(ARGV[b + 4]),
     tau = tonumber(ARGV[b + 5]), inc = tonumber(ARGV[b + 6]), chg = tonumber(ARGV[b + 7]),
-    eff = tonumber(ARGV[b + 8]), cost = tonumber(ARGV[b + 9]), lease = ARGV[b + 10],
+    eff = tonumber(ARGV[b + 8]), cost = math.min(tonumber(ARGV[b + 9]), MAXCOUNT), lease = ARGV[b + 10],
   }
   if id == 4 or id == 5 then q.e = elapsed(q.p, q.ps) end
   -- A calendar window outside Redis's time: nothing is written yet.

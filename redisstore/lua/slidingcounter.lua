@@ -24,6 +24,7 @@ ALGOS[4] = {
       if curr < 0 then curr = 0 end
     else
       curr = curr + q.cost
+      if curr > MAXCOUNT then curr = MAXCOUNT end
     end
     return 1, curr, prev, q.e, { curr, prev }
   end,

@@ -18,6 +18,7 @@ ALGOS[2] = {
       level = q.tau - rel(v)
     end
     if level > q.tau then level = q.tau end
+    if level < q.tau - MAXAHEAD then level = q.tau - MAXAHEAD end
     return level
   end,
   step = function(level, op, q)
@@ -36,6 +37,7 @@ ALGOS[2] = {
       if level > q.tau then level = q.tau end
     else
       level = level - q.chg
+      if level < q.tau - MAXAHEAD then level = q.tau - MAXAHEAD end
     end
     return 1, level, 0, 0, level
   end,
