@@ -49,7 +49,8 @@ type Options struct {
 	// is never logged.
 	APIKey string
 	// HTTPClient sends the requests; nil means a client without a timeout
-	// of its own (see AttemptTimeout).
+	// of its own (see AttemptTimeout). The Client uses a copy whose
+	// redirects stay within the origin of BaseURL (see ErrRedirect).
 	HTTPClient *http.Client
 	// Header holds extra request headers.
 	Header http.Header
@@ -158,14 +159,11 @@ func New(opts Options) (*Client, error) {
 	c := &Client{
 		opts:     opts,
 		endpoint: strings.TrimRight(opts.BaseURL, "/") + path,
-		http:     opts.HTTPClient,
+		http:     sameOriginOnly(opts.HTTPClient),
 		clock:    opts.Clock,
 		sleep:    opts.Sleep,
 		rand:     opts.Rand,
 		log:      opts.Logger,
-	}
-	if c.http == nil {
-		c.http = &http.Client{}
 	}
 	if c.clock == nil {
 		c.clock = clock.NewSystem()
@@ -412,7 +410,7 @@ func (c *Client) attempt(ctx context.Context, body []byte, estimate int64, seq u
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, &attemptError{err: fmt.Errorf("aiclient: send: %w", err), transport: true}
+		return nil, &attemptError{err: fmt.Errorf("aiclient: send: %w", err), transport: !errors.Is(err, ErrRedirect)}
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, c.opts.MaxResponseBytes+1))
@@ -456,6 +454,32 @@ func (c *Client) decode(data []byte) (*ChatResponse, error) {
 		return decodeAnthropic(data)
 	}
 	return decodeResponse(data)
+}
+
+// sameOriginOnly returns a copy of hc (a new client when nil) that follows
+// a redirect only within the origin of the request: net/http would send
+// the request's headers on to another host, x-api-key and any
+// Options.Header included, and Authorization too to another port or scheme
+// of the same host name, and a 307 or 308 the prompt with them.
+func sameOriginOnly(hc *http.Client) *http.Client {
+	var cp http.Client
+	if hc != nil {
+		cp = *hc
+	}
+	next := cp.CheckRedirect
+	cp.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if from := via[0].URL; req.URL.Scheme != from.Scheme || !strings.EqualFold(req.URL.Host, from.Host) {
+			return fmt.Errorf("%w: from %s://%s to %s://%s", ErrRedirect, from.Scheme, from.Host, req.URL.Scheme, req.URL.Host)
+		}
+		if next != nil {
+			return next(req, via)
+		}
+		if len(via) >= 10 {
+			return errors.New("aiclient: stopped after 10 redirects")
+		}
+		return nil
+	}
+	return &cp
 }
 
 func sleepTimer(ctx context.Context, d time.Duration) error {
