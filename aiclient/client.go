@@ -60,6 +60,8 @@ type Options struct {
 	// Tokens, when set, is waited on for the estimated tokens before every
 	// attempt and settled with the usage after the response. An estimate
 	// above its burst waits for the burst and charges the rest afterwards.
+	// A reported usage above the estimate plus one burst is settled as
+	// that bound.
 	Tokens *sluice.Limiter
 	// LimitKey is the key used in both limiters. Clients that share it
 	// share the budget. It defaults to sluice.HashKey(APIKey).
@@ -247,8 +249,8 @@ func (c *Client) ChatWith(ctx context.Context, req *ChatRequest, co CallOptions)
 		res.Attempts++
 		resp, aerr := c.attempt(ctx, body, res.EstimatedTokens, seq)
 		if aerr == nil {
-			if resp.Usage.Total() > 0 { // without usage, the estimate is the best bound known
-				c.settle(ctx, charged, resp.Usage.Total())
+			if used := resp.Usage.Total(); used > 0 { // without usage, the estimate is the best bound known
+				c.settle(ctx, charged, c.boundUsage(used, res.EstimatedTokens))
 			}
 			res.Response = resp
 			return res, nil
@@ -361,6 +363,28 @@ func (c *Client) refundRequest() {
 			c.log.Warn("aiclient: refund request", "err", err)
 		}
 	}
+}
+
+// boundUsage returns the usage a response reported, bounded by what one
+// request can plausibly use: its estimate plus one burst of the token
+// limiter. A server's figure beyond it (a broken proxy, a unit mix-up) is
+// not charged in full, so one response puts the shared key at most a
+// burst's refill time beyond its estimate into debt, rather than for
+// centuries, or past the limiter's arithmetic, which would wipe the key.
+func (c *Client) boundUsage(used, estimate int64) int64 {
+	l := c.opts.Tokens
+	if l == nil {
+		return used
+	}
+	bound := max(estimate, 0) + l.Limit().Capacity()
+	if bound < 0 { // overflow: no real bound
+		return used
+	}
+	if used > bound {
+		c.log.Warn("aiclient: the server reported more tokens than a request can use; charging the bound", "used", used, "estimate", estimate, "bound", bound)
+		return bound
+	}
+	return used
 }
 
 // settle corrects the token limiter from the charged estimate to the

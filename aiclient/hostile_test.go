@@ -8,6 +8,10 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/memstore"
 )
 
 // TestRedirectToAnotherOriginRefused: an upstream that redirects the call
@@ -69,5 +73,48 @@ func TestRedirectSameOriginFollowed(t *testing.T) {
 	res, err := c.Chat(context.Background(), userReq("hi"))
 	if err != nil || res.Response.Text() != "moved" || auth != "Bearer sk-test" {
 		t.Fatalf("err %v, auth %q", err, auth)
+	}
+}
+
+// TestAbsurdUsageBounded: a server that reports a usage no request can
+// have (a broken proxy summing every call, a unit mix-up) puts the shared
+// token limiter at most one burst beyond the request's estimate into debt.
+// Before, 1e12 tokens locked every process sharing the key out for 190
+// years, and 1e15 overflowed the limiter's state, which wiped the key's
+// debt. The usage is still reported as the server sent it.
+func TestAbsurdUsageBounded(t *testing.T) {
+	for _, usage := range []string{
+		`{"prompt_tokens":5,"completion_tokens":5,"total_tokens":1000000000000}`,
+		`{"prompt_tokens":5,"completion_tokens":5,"total_tokens":1000000000000000}`,
+		`{"prompt_tokens":4611686018427387904,"completion_tokens":1}`,
+	} {
+		ft := newFakeTime()
+		store, err := memstore.New(memstore.Options{Clock: ft.clk})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = store.Close() })
+		tokens, err := sluice.NewLimiter(sluice.Options{Store: store, Limit: sluice.PerMinute(10000), Sleep: ft.sleep})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv, _ := errorServer(t, 200, nil, `{"choices":[{"message":{"role":"assistant","content":"hi"}}],"usage":`+usage+`}`)
+		c := newClient(t, srv.URL, ft, func(o *Options) { o.Tokens = tokens; o.LimitKey = "tenant" })
+		res, err := c.Chat(context.Background(), &ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "hello"}}, MaxTokens: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Response.Usage.Total() < 1e12 {
+			t.Fatalf("usage %+v: the server's figures should be reported as sent", res.Response.Usage)
+		}
+		d, err := tokens.Peek(context.Background(), "tenant", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Debt bound: the estimate beyond what was charged, plus one burst
+		// (10000 tokens, a minute at this rate).
+		if maxWait := time.Duration(res.EstimatedTokens+10000) * time.Minute / 10000; d.ResetAfter <= 0 || d.ResetAfter > maxWait {
+			t.Errorf("usage %s: the token limiter is full again after %s, want in (0, %s]", usage, d.ResetAfter, maxWait)
+		}
 	}
 }
