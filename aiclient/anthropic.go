@@ -3,6 +3,7 @@ package aiclient
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"sort"
@@ -94,16 +95,17 @@ func marshalAnthropic(req *ChatRequest, defaultMax int64) ([]byte, error) {
 // whose content is the text blocks joined, finish reason the stop_reason,
 // usage input_tokens and output_tokens, with the cache tokens apart.
 func decodeAnthropic(data []byte) (*ChatResponse, error) {
+	type block struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
 	var w struct {
-		ID      string `json:"id"`
-		Type    string `json:"type"`
-		Model   string `json:"model"`
-		Role    string `json:"role"`
-		Content []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		} `json:"content"`
-		StopReason string `json:"stop_reason"`
+		ID         string   `json:"id"`
+		Type       string   `json:"type"`
+		Model      string   `json:"model"`
+		Role       string   `json:"role"`
+		Content    *[]block `json:"content"`
+		StopReason string   `json:"stop_reason"`
 		Usage      struct {
 			InputTokens              int64 `json:"input_tokens"`
 			OutputTokens             int64 `json:"output_tokens"`
@@ -118,8 +120,16 @@ func decodeAnthropic(data []byte) (*ChatResponse, error) {
 		// An error with status 200, as some proxies answer.
 		return nil, apiErrorFrom(http.StatusOK, data, 0)
 	}
+	if w.Content == nil && w.Type != "message" {
+		// Not a message, not even an empty one (content []).
+		return nil, errors.New("no content in the response")
+	}
 	var text strings.Builder
-	for _, c := range w.Content {
+	var blocks []block
+	if w.Content != nil {
+		blocks = *w.Content
+	}
+	for _, c := range blocks {
 		if c.Type == "text" {
 			text.WriteString(c.Text)
 		}

@@ -118,3 +118,37 @@ func TestAbsurdUsageBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestEmptySuccessIsAFailure: a 2xx whose body has no completion at all
+// (no choices; for Anthropic, no content) is retried like an unreadable
+// body and ends as an error, rather than as an empty answer that a batch
+// would record as done and never ask again.
+func TestEmptySuccessIsAFailure(t *testing.T) {
+	for _, tc := range []struct{ api, body string }{
+		{APIOpenAI, `{}`},
+		{APIOpenAI, `{"id":"x","object":"chat.completion","choices":[]}`},
+		{APIOpenAI, `{"object":"list","data":[]}`},
+		{APIOpenAI, `null`},
+		{APIAnthropic, `{}`},
+		{APIAnthropic, `{"id":"msg_1","model":"claude","usage":{"input_tokens":3}}`},
+	} {
+		srv, n := errorServer(t, 200, nil, tc.body)
+		c := newClient(t, srv.URL, newFakeTime(), func(o *Options) { o.API = tc.api; o.MaxRetries = 2 })
+		res, err := c.Chat(context.Background(), userReq("hi"))
+		if !errors.Is(err, ErrRetriesExhausted) || res.Response != nil || *n != 3 {
+			t.Errorf("%s %s: err %v, response %v, upstream %d; want retries exhausted after 3", tc.api, tc.body, err, res.Response, *n)
+		}
+	}
+	// An empty text is an answer: Anthropic's content [] and OpenAI's null
+	// content (a refusal, a tool call) stay successes.
+	for _, tc := range []struct{ api, body string }{
+		{APIOpenAI, `{"choices":[{"index":0,"message":{"role":"assistant","content":null},"finish_reason":"content_filter"}]}`},
+		{APIAnthropic, `{"type":"message","content":[],"stop_reason":"end_turn"}`},
+	} {
+		srv, _ := errorServer(t, 200, nil, tc.body)
+		c := newClient(t, srv.URL, newFakeTime(), func(o *Options) { o.API = tc.api })
+		if _, err := c.Chat(context.Background(), userReq("hi")); err != nil {
+			t.Errorf("%s %s: %v", tc.api, tc.body, err)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package aiclient
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"sort"
@@ -189,6 +190,11 @@ func decodeResponse(data []byte) (*ChatResponse, error) {
 	if len(w.Choices) == 0 && len(w.Error) > 0 && string(w.Error) != "null" {
 		// Some OpenAI-compatible proxies answer errors with status 200.
 		return nil, apiErrorFrom(http.StatusOK, data, 0)
+	}
+	if len(w.Choices) == 0 {
+		// Not an answer, not even an empty one: taken as such, the prompt
+		// would count as done with nothing to show for it.
+		return nil, errors.New("no choices in the response")
 	}
 	out := &ChatResponse{ID: w.ID, Model: w.Model, Usage: w.Usage, Choices: make([]Choice, len(w.Choices))}
 	for i, c := range w.Choices {
