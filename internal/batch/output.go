@@ -29,7 +29,10 @@ const (
 	StatusFailed = "failed"
 )
 
-// maxRecordBytes bounds one output line read back on resume.
+// maxRecordBytes bounds one output line read back on resume. A record
+// holds an answer of at most the client's response bound (16 MiB by
+// default), which Write encodes in at most twice its size: without HTML
+// escaping, only a raw U+2028 or U+2029 (3 bytes) grows, to 6.
 const maxRecordBytes = 64 << 20
 
 // Record is one line of the output.
@@ -226,11 +229,13 @@ func readRecords(f *os.File, res *Resumed) (int64, error) {
 // output was opened with sync. If the write fails part-way, the partial
 // line is cut off again.
 func (o *Output) Write(rec *Record) error {
-	b, err := json.Marshal(rec)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // '<' as 6 bytes would put a large answer past maxRecordBytes
+	if err := enc.Encode(rec); err != nil {
 		return fmt.Errorf("batch: encode record %q: %w", rec.ID, err)
 	}
-	b = append(b, '\n')
+	b := buf.Bytes() // Encode ends it with '\n'
 	o.mu.Lock()
 	n, err := o.f.Write(b)
 	if err != nil {
