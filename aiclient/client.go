@@ -78,8 +78,10 @@ type Options struct {
 	BaseDelay time.Duration
 	// MaxDelay caps the backoff ceiling. It defaults to 30s.
 	MaxDelay time.Duration
-	// MaxRetryAfter is the longest server-requested wait that is honoured;
-	// a longer one ends the call with ErrRetryTooLong. It defaults to 5m.
+	// MaxRetryAfter is the longest server-requested wait that is honoured,
+	// whether a Retry-After asks for it or the rate-limit headers imply it
+	// before the next attempt; a longer one ends the call with
+	// ErrRetryTooLong. It defaults to 5m.
 	MaxRetryAfter time.Duration
 	// AttemptTimeout bounds each attempt; a timed-out attempt is retried.
 	// Zero means no bound beyond the context's.
@@ -316,10 +318,16 @@ func (c *Client) admit(ctx context.Context, estimate int64) (int64, uint64, erro
 		if err := ctx.Err(); err != nil {
 			return 0, 0, err
 		}
-		var d time.Duration
-		d, seq = c.pace.reserve(c.clock.Now(), estimate)
+		d, n, held := c.pace.reserve(c.clock.Now(), estimate)
 		if d <= 0 {
+			seq = n
 			break
+		}
+		if !held && d > c.opts.MaxRetryAfter {
+			// As for a Retry-After this long: a limit spent for hours (or
+			// headers that only claim so) fails the call, nothing sent,
+			// rather than sleeping silently.
+			return 0, 0, fmt.Errorf("%w: the server's rate-limit headers imply a wait of %s > %s", ErrRetryTooLong, d, c.opts.MaxRetryAfter)
 		}
 		if err := c.sleep(ctx, d); err != nil {
 			return 0, 0, err

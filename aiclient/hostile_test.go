@@ -152,3 +152,43 @@ func TestEmptySuccessIsAFailure(t *testing.T) {
 		}
 	}
 }
+
+// TestHeaderWaitBeyondMaxRetryAfterFails: a 200 whose rate-limit headers
+// say nothing is left until a reset a day away (x-ratelimit-limit-requests
+// 0, reset "1000000h"; or an IETF policy with r=0) made every later call
+// sleep a day, silently. A wait the headers imply beyond MaxRetryAfter now
+// ends the call with ErrRetryTooLong, nothing sent, as a Retry-After that
+// long does; a shorter one is still waited.
+func TestHeaderWaitBeyondMaxRetryAfterFails(t *testing.T) {
+	for _, h := range []http.Header{
+		hdr("x-ratelimit-limit-requests", "0", "x-ratelimit-remaining-requests", "0", "x-ratelimit-reset-requests", "1000000h"),
+		hdr("x-ratelimit-limit-requests", "-5", "x-ratelimit-remaining-requests", "0", "x-ratelimit-reset-requests", "99999999999999999999999s"),
+		hdr("x-ratelimit-limit-tokens", "1", "x-ratelimit-remaining-tokens", "0", "x-ratelimit-reset-tokens", "20h"),
+		hdr("RateLimit", `"day";r=0;t=86400`, "RateLimit-Policy", `"day";q=100;w=86400`),
+	} {
+		srv, n := errorServer(t, 200, h, `{"choices":[{"message":{"role":"assistant","content":"hi"}}]}`)
+		ft := newFakeTime()
+		c := newClient(t, srv.URL, ft, nil)
+		if _, err := c.Chat(context.Background(), userReq("hi")); err != nil {
+			t.Fatal(err)
+		}
+		res, err := c.Chat(context.Background(), userReq("hi"))
+		if !errors.Is(err, ErrRetryTooLong) || res.Attempts != 0 || *n != 1 {
+			t.Errorf("%v: err %v, attempts %d, upstream %d; want ErrRetryTooLong before sending", h, err, res.Attempts, *n)
+		}
+		if got := ft.slept(); len(got) > 0 {
+			t.Errorf("%v: slept %v", h, got)
+		}
+	}
+	srv, n := errorServer(t, 200, hdr("x-ratelimit-limit-requests", "0", "x-ratelimit-remaining-requests", "0", "x-ratelimit-reset-requests", "4m"), `{"choices":[{"message":{"role":"assistant","content":"hi"}}]}`)
+	ft := newFakeTime()
+	c := newClient(t, srv.URL, ft, nil)
+	for range 2 {
+		if _, err := c.Chat(context.Background(), userReq("hi")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := ft.slept(); *n != 2 || len(got) != 1 || got[0] != 4*time.Minute {
+		t.Fatalf("4m reset: upstream %d, slept %v; want one 4m wait", *n, got)
+	}
+}
