@@ -3,14 +3,18 @@ package batch
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluice-io/sluice/aiclient"
+	"github.com/sluice-io/sluice/internal/fakeopenai"
 )
 
 // TestHugeAnswerStaysResumable: an answer of 11 MiB of '<' (code, HTML:
@@ -48,5 +52,90 @@ func TestHugeAnswerStaysResumable(t *testing.T) {
 	}
 	if sum.SkippedOK != 2 || calls.Load() != first {
 		t.Fatalf("resume: summary %+v, upstream %d; want both skipped", sum, calls.Load())
+	}
+}
+
+// TestOutputChangedUnderneath: another process replaces the output while
+// the run goes on (an editor saving it writes a new file and renames it
+// over the old one) or truncates it. Before, the run wrote its records on
+// into the replaced file, gone with it, or past the new end, leaving a run
+// of NUL bytes that a resume refused; and it reported every prompt done.
+// Now the run stops with ErrOutputChanged at the first record it would
+// lose, every prompt it counts as answered has its record at --output,
+// and a rerun completes the rest, each prompt exactly once.
+func TestOutputChangedUnderneath(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(t *testing.T, path string)
+	}{
+		{"replaced", func(t *testing.T, path string) {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if err := os.WriteFile(path+".new", data, 0o644); err != nil {
+				t.Error(err)
+			}
+			if err := os.Rename(path+".new", path); err != nil {
+				t.Error(err)
+			}
+		}},
+		{"removed", func(t *testing.T, path string) {
+			if err := os.Remove(path); err != nil {
+				t.Error(err)
+			}
+		}},
+		{"truncated", func(t *testing.T, path string) {
+			if err := os.Truncate(path, 0); err != nil {
+				t.Error(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			out := dir + "/out.jsonl"
+			up := fakeopenai.New(t, fakeopenai.Options{})
+			var calls atomic.Int64
+			// The 4th call changes the output before it is answered: the
+			// first three records are written by then (one call at a time).
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if calls.Add(1) == 4 {
+					tc.change(t, out)
+				}
+				resp, err := http.Post(up.URL()+r.URL.Path, "application/json", r.Body)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer resp.Body.Close()
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(resp.StatusCode)
+				_, _ = io.Copy(w, resp.Body)
+			}))
+			t.Cleanup(srv.Close)
+			client := testClient(t, srv.URL, nil)
+			const n = 10
+			in := writeInput(t, dir, "a", n)
+			sum, err := Run(context.Background(), Config{Input: openFile(t, in), Output: out, Client: client, Model: "m", Concurrency: 1})
+			if !errors.Is(err, ErrOutputChanged) {
+				t.Fatalf("run: err %v, want ErrOutputChanged", err)
+			}
+			var recs []Record
+			if _, serr := os.Stat(out); serr == nil {
+				recs = readOutput(t, out)
+			}
+			if tc.name != "replaced" {
+				recs = nil // the records of before the change went with it
+			}
+			if sum.OK != 3 || len(recs) != 0 && len(recs) != 3 {
+				t.Fatalf("run: %d ok, %d records at --output; want 3 and 3", sum.OK, len(recs))
+			}
+			if tc.name == "replaced" {
+				// The rerun takes the new file's lock and does the rest.
+				runBatch(t, context.Background(), Config{Input: openFile(t, in), Output: out, Client: client, Model: "m"})
+				checkExactlyOnce(t, readOutput(t, out), n)
+			}
+		})
 	}
 }

@@ -23,6 +23,10 @@ import (
 	"github.com/sluice-io/sluice/aiclient"
 )
 
+// ErrOutputChanged means another process removed, replaced or truncated
+// the output during the run: records written on would be lost.
+var ErrOutputChanged = errors.New("batch: the output file was changed by another process")
+
 // Status values of a Record.
 const (
 	StatusOK     = "ok"
@@ -237,6 +241,10 @@ func (o *Output) Write(rec *Record) error {
 	}
 	b := buf.Bytes() // Encode ends it with '\n'
 	o.mu.Lock()
+	if err := o.stillOurs(); err != nil {
+		o.mu.Unlock()
+		return err
+	}
 	n, err := o.f.Write(b)
 	if err != nil {
 		if n > 0 {
@@ -251,6 +259,28 @@ func (o *Output) Write(rec *Record) error {
 	o.mu.Unlock()
 	if o.sync {
 		return o.syncTo(end)
+	}
+	return nil
+}
+
+// stillOurs checks, before a write, that the output path still names the
+// file this Output holds, at the size it wrote: a record appended to a
+// file removed or replaced since (an editor's save renames a new file over
+// it; the lock does not stop that), or past the end of one truncated, would
+// be lost. It costs two stat calls per record. The caller holds o.mu.
+func (o *Output) stillOurs() error {
+	held, err := o.f.Stat()
+	if err != nil {
+		return fmt.Errorf("batch: output %s: %w", o.path, err)
+	}
+	named, err := os.Stat(o.path)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: %s is gone (%w); rerun to redo the prompts not recorded", ErrOutputChanged, o.path, err)
+	case !os.SameFile(held, named):
+		return fmt.Errorf("%w: %s was replaced by another file; rerun to redo the prompts not recorded", ErrOutputChanged, o.path)
+	case held.Size() != o.size:
+		return fmt.Errorf("%w: %s is %d bytes, not the %d written; rerun to redo the prompts not recorded", ErrOutputChanged, o.path, held.Size(), o.size)
 	}
 	return nil
 }
