@@ -369,6 +369,15 @@ func (r *runner) handle(runCtx, workCtx context.Context, stop context.CancelFunc
 			r.c.interrupted.Add(1)
 			return
 		}
+		if errors.Is(err, aiclient.ErrLimiter) {
+			// The limiter's store failed (Redis down, under the policy
+			// "error"): the run's trouble, not the prompt's, which was not
+			// sent. Stop, and leave it without a record for a rerun,
+			// rather than record every prompt left as failed for good.
+			r.c.interrupted.Add(1)
+			r.fail(fmt.Errorf("batch: stopped, the limiter failed (rerun with the same --output to resume): %w", err), stop)
+			return
+		}
 	}
 	rec.DurationMS = time.Since(start).Milliseconds()
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -13,8 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/aiclient"
+	"github.com/sluice-io/sluice/guard"
 	"github.com/sluice-io/sluice/internal/fakeopenai"
+	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/redisstore"
 )
 
 // TestHugeAnswerStaysResumable: an answer of 11 MiB of '<' (code, HTML:
@@ -138,4 +143,68 @@ func TestOutputChangedUnderneath(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLimiterFailureStopsTheRun: Redis dies mid-batch under the failure
+// policy "error" (--redis-policy error). Before, every prompt left was
+// recorded as failed within milliseconds, unsent, and a plain rerun
+// skipped them all as failed for good. A limiter that fails is the run's
+// trouble, not the prompt's: the run now stops with the error, the
+// prompts not sent get no record, and a rerun once Redis is back does
+// them, each exactly once.
+func TestLimiterFailureStopsTheRun(t *testing.T) {
+	rs := redistest.NewStandalone(t)
+	ctx := context.Background()
+	prefix := redistest.Prefix(t)
+	// limited returns a request limiter on rs, as a new process has.
+	limited := func() *sluice.Limiter {
+		store, err := redisstore.New(ctx, redisstore.Options{URL: rs.URL()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := guard.New(store, guard.Options{Policy: guard.ReturnError, Logger: slog.New(slog.DiscardHandler), CloseStore: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = g.Close() })
+		reqs, err := sluice.NewLimiter(sluice.Options{Store: g, Limit: sluice.PerSecond(1000), Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reqs
+	}
+	up := fakeopenai.New(t, fakeopenai.Options{})
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 5 {
+			rs.Kill() // before the 5th answer: the 6th prompt meets it
+		}
+		resp, err := http.Post(up.URL()+r.URL.Path, "application/json", r.Body)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer resp.Body.Close()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(srv.Close)
+	client := testClient(t, srv.URL, func(o *aiclient.Options) { o.Requests = limited() })
+	dir := t.TempDir()
+	const n = 20
+	in, out := writeInput(t, dir, "a", n), dir+"/out.jsonl"
+	sum, err := Run(ctx, Config{Input: openFile(t, in), Output: out, Client: client, Model: "m", Concurrency: 1})
+	if !errors.Is(err, aiclient.ErrLimiter) {
+		t.Fatalf("run: err %v, want the limiter's error", err)
+	}
+	if recs := readOutput(t, out); sum.OK != 5 || sum.Failed != 0 || len(recs) != 5 {
+		t.Fatalf("run: %d ok, %d failed, %d records; want 5, 0, 5", sum.OK, sum.Failed, len(recs))
+	}
+	rs.Restart(t)
+	client = testClient(t, srv.URL, func(o *aiclient.Options) { o.Requests = limited() })
+	sum = runBatch(t, ctx, Config{Input: openFile(t, in), Output: out, Client: client, Model: "m"})
+	if sum.OK != n-5 || sum.SkippedOK != 5 || calls.Load() != n {
+		t.Fatalf("rerun: summary %+v, upstream %d", sum, calls.Load())
+	}
+	checkExactlyOnce(t, readOutput(t, out), n)
 }
