@@ -208,3 +208,32 @@ func TestLimiterFailureStopsTheRun(t *testing.T) {
 	}
 	checkExactlyOnce(t, readOutput(t, out), n)
 }
+
+// TestInvalidUTF8IDsNotMerged: two ids that differ only in bytes that are
+// not UTF-8 ("a\xff", "a\xfe") both decoded to "a\uFFFD": the second
+// prompt was skipped as a duplicate of the first, never answered. Such an
+// id cannot be written back as it was read either (a resume would not
+// find it), so each such line is now a failed record of its own, named
+// line-N, that says why, and nothing is sent for it.
+func TestInvalidUTF8IDsNotMerged(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{})
+	dir := t.TempDir()
+	in := dir + "/in.jsonl"
+	if err := os.WriteFile(in, []byte("{\"id\":\"a\xff\",\"prompt\":\"one\"}\n{\"id\":\"a\xfe\",\"prompt\":\"two\"}\n{\"id\":\"b\",\"prompt\":\"three\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := dir + "/out.jsonl"
+	sum := runBatch(t, context.Background(), Config{Input: openFile(t, in), Output: out, Client: testClient(t, up.URL(), nil), Model: "m", Concurrency: 1})
+	if sum.Duplicates != 0 || sum.OK != 1 || sum.Failed != 2 || up.Count() != 1 {
+		t.Fatalf("summary %+v, %d requests", sum, up.Count())
+	}
+	byID := map[string]Record{}
+	for _, r := range readOutput(t, out) {
+		byID[r.ID] = r
+	}
+	for _, id := range []string{"line-1", "line-2"} {
+		if r := byID[id]; r.Status != StatusFailed || !strings.Contains(r.Error, "UTF-8") {
+			t.Errorf("%s: %+v", id, r)
+		}
+	}
+}

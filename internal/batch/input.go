@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/sluice-io/sluice/aiclient"
 )
@@ -99,6 +100,12 @@ func (r *Reader) parse(b []byte) Prompt {
 		return p
 	}
 	if raw, ok := fields["id"]; ok {
+		if !utf8.Valid(raw) {
+			// JSON would read it with U+FFFD in place of the bad bytes,
+			// one id for ids that differ there, and write it back so too:
+			// a resume would not find it.
+			return bad("id is not valid UTF-8")
+		}
 		var s string
 		var n json.Number
 		switch {
