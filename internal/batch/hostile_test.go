@@ -237,3 +237,29 @@ func TestInvalidUTF8IDsNotMerged(t *testing.T) {
 		}
 	}
 }
+
+// TestLastRecordWithoutNewlineKept: an output whose last record lacks only
+// its newline (rewritten by a script that joins lines with "\n", or an
+// editor that drops the final newline) was taken for a torn line and cut
+// off: that answer was lost and its prompt paid for again. A last line
+// that is a whole record is kept now, its newline added.
+func TestLastRecordWithoutNewlineKept(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{})
+	dir := t.TempDir()
+	out := dir + "/out.jsonl"
+	client := testClient(t, up.URL(), nil)
+	in := writeInput(t, dir, "a", 5)
+	runBatch(t, context.Background(), Config{Input: openFile(t, in), Output: out, Client: client, Model: "m"})
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(out, []byte(strings.TrimRight(string(data), "\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sum := runBatch(t, context.Background(), Config{Input: openFile(t, writeInput(t, dir, "b", 8)), Output: out, Client: client, Model: "m"})
+	if sum.SkippedOK != 5 || sum.OK != 3 || sum.TornBytes != 0 || up.Count() != 8 {
+		t.Fatalf("rerun: summary %+v, upstream %d", sum, up.Count())
+	}
+	checkExactlyOnce(t, readOutput(t, out), 8)
+}

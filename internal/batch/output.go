@@ -5,7 +5,8 @@ package batch
 // the whole line, then fsync'd: a crash leaves every line whole, or, on a
 // power cut mid-write, at most a torn last line without its newline.
 // Opening the file for a resume reads the ids already there and cuts such a
-// torn tail off before appending, so the file always parses line by line.
+// torn tail off before appending, so the file always parses line by line;
+// a last line that is a whole record missing only its newline is kept.
 // A lock on the file keeps two processes from appending to it at once.
 
 import (
@@ -126,6 +127,7 @@ type Resumed struct {
 	// TornBytes is the size of a torn last line that was cut off.
 	TornBytes int64
 	done      *idSet
+	newline   bool // the last record lacks its newline
 }
 
 // OpenOutput opens or creates the output at path, locks it, reads back
@@ -166,6 +168,13 @@ func OpenOutput(path string, sync bool, maxIDs int, log *slog.Logger) (*Output, 
 			return nil, nil, fmt.Errorf("batch: output %s: %w", path, err)
 		}
 	}
+	if res.newline {
+		if _, err := f.WriteAt([]byte{'\n'}, good); err != nil {
+			f.Close()
+			return nil, nil, fmt.Errorf("batch: output %s: end the last record: %w", path, err)
+		}
+		good++
+	}
 	if _, err := f.Seek(good, io.SeekStart); err != nil {
 		f.Close()
 		return nil, nil, fmt.Errorf("batch: output %s: %w", path, err)
@@ -192,6 +201,13 @@ func readRecords(f *os.File, res *Resumed) (int64, error) {
 		}
 		if err != nil && !errors.Is(err, io.EOF) {
 			return 0, err
+		}
+		if errors.Is(err, io.EOF) && len(bytes.TrimSpace(line)) > 0 && isRecord(line) {
+			// A whole record without its newline, as a script or an
+			// editor rewriting the file may leave it: not torn, keep it.
+			// The caller adds the newline.
+			line = append(line, '\n')
+			res.newline = true
 		}
 		if len(line) > 0 && line[len(line)-1] == '\n' {
 			lineNo++
@@ -224,9 +240,18 @@ func readRecords(f *os.File, res *Resumed) (int64, error) {
 			line = line[:0]
 		}
 		if errors.Is(err, io.EOF) {
+			if res.newline {
+				off-- // the newline is not in the file yet
+			}
 			return off, nil // anything left in line is a torn tail
 		}
 	}
+}
+
+// isRecord reports whether b is one whole record.
+func isRecord(b []byte) bool {
+	var rec struct{ ID string }
+	return json.Unmarshal(bytes.TrimSpace(b), &rec) == nil && rec.ID != ""
 }
 
 // Write appends rec as one line with one write, and fsyncs it when the
