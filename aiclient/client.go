@@ -273,6 +273,10 @@ func (c *Client) ChatWith(ctx context.Context, req *ChatRequest, co CallOptions)
 			return res, fmt.Errorf("%w after %d attempts: %w", ErrRetriesExhausted, res.Attempts, aerr.err)
 		}
 		if aerr.hasHint && aerr.hint > c.opts.MaxRetryAfter {
+			if aerr.status == http.StatusTooManyRequests {
+				// Every call is held, and fails unsent until then.
+				c.pace.holdUntil(c.clock.Now() + int64(aerr.hint))
+			}
 			return res, fmt.Errorf("%w: %s > %s: %w", ErrRetryTooLong, aerr.hint, c.opts.MaxRetryAfter, aerr.err)
 		}
 		wait := c.backoff(retry+1, aerr.hint, aerr.hasHint)
@@ -323,11 +327,15 @@ func (c *Client) admit(ctx context.Context, estimate int64) (int64, uint64, erro
 			seq = n
 			break
 		}
-		if !held && d > c.opts.MaxRetryAfter {
-			// As for a Retry-After this long: a limit spent for hours (or
-			// headers that only claim so) fails the call, nothing sent,
-			// rather than sleeping silently.
+		// As for a Retry-After this long: a limit spent for hours (or
+		// headers that only claim so) fails the call, nothing sent,
+		// rather than sleeping silently. A hold after a 429 that was
+		// waited adds at most backoff's jitter to MaxRetryAfter.
+		switch {
+		case !held && d > c.opts.MaxRetryAfter:
 			return 0, 0, fmt.Errorf("%w: the server's rate-limit headers imply a wait of %s > %s", ErrRetryTooLong, d, c.opts.MaxRetryAfter)
+		case held && d > c.opts.MaxRetryAfter+c.opts.BaseDelay/2:
+			return 0, 0, fmt.Errorf("%w: the server's 429 asked every call to wait %s > %s", ErrRetryTooLong, d, c.opts.MaxRetryAfter)
 		}
 		if err := c.sleep(ctx, d); err != nil {
 			return 0, 0, err

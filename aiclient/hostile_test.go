@@ -192,3 +192,31 @@ func TestHeaderWaitBeyondMaxRetryAfterFails(t *testing.T) {
 		t.Fatalf("4m reset: upstream %d, slept %v; want one 4m wait", *n, got)
 	}
 }
+
+// TestRetryAfterTooLongHoldsTheClient: a 429 asking for an hour (a daily
+// quota spent) fails its call with ErrRetryTooLong; before, every other
+// call of the client was still sent and got its own 429 (a batch sent one
+// request per prompt left, within seconds, to a server that had said to
+// come back in an hour). Now the calls until then fail the same way,
+// unsent, and after the hour they go out again.
+func TestRetryAfterTooLongHoldsTheClient(t *testing.T) {
+	srv, n := errorServer(t, 429, hdr("Retry-After", "3600"), `{"error":{"message":"daily limit","type":"requests","code":"rate_limit_exceeded"}}`)
+	ft := newFakeTime()
+	c := newClient(t, srv.URL, ft, nil)
+	if _, err := c.Chat(context.Background(), userReq("hi")); !errors.Is(err, ErrRetryTooLong) || *n != 1 {
+		t.Fatalf("first: err %v, upstream %d", err, *n)
+	}
+	for range 3 {
+		res, err := c.Chat(context.Background(), userReq("hi"))
+		if !errors.Is(err, ErrRetryTooLong) || res.Attempts != 0 || *n != 1 {
+			t.Fatalf("within the hour: err %v, attempts %d, upstream %d; want ErrRetryTooLong, unsent", err, res.Attempts, *n)
+		}
+	}
+	ft.clk.Advance(time.Hour)
+	if _, err := c.Chat(context.Background(), userReq("hi")); !errors.Is(err, ErrRetryTooLong) || *n != 2 {
+		t.Fatalf("after the hour: err %v, upstream %d; want it sent again", err, *n)
+	}
+	if got := ft.slept(); len(got) > 0 {
+		t.Fatalf("slept %v", got)
+	}
+}
