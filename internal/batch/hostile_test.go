@@ -214,7 +214,8 @@ func TestLimiterFailureStopsTheRun(t *testing.T) {
 // prompt was skipped as a duplicate of the first, never answered. Such an
 // id cannot be written back as it was read either (a resume would not
 // find it), so each such line is now a failed record of its own, named
-// line-N, that says why, and nothing is sent for it.
+// line-N, that says why, and nothing is sent for it (as for any line that
+// is not UTF-8 text).
 func TestInvalidUTF8IDsNotMerged(t *testing.T) {
 	up := fakeopenai.New(t, fakeopenai.Options{})
 	dir := t.TempDir()
@@ -262,4 +263,27 @@ func TestLastRecordWithoutNewlineKept(t *testing.T) {
 		t.Fatalf("rerun: summary %+v, upstream %d", sum, up.Count())
 	}
 	checkExactlyOnce(t, readOutput(t, out), 8)
+}
+
+// TestNonTextLinesNotSent: lines that are not UTF-8 text (a Latin-1 file,
+// a compressed or binary file passed by mistake: NUL bytes, invalid UTF-8)
+// were sent, and paid for, with U+FFFD in place of every bad byte: a
+// prompt the user never wrote. They are failed records now, unsent.
+func TestNonTextLinesNotSent(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{})
+	dir := t.TempDir()
+	in := dir + "/in.jsonl"
+	if err := os.WriteFile(in, []byte("caf\xe9 au lait\nbin\x00ary\n{\"id\":\"j\",\"prompt\":\"caf\xe9\"}\n{\"id\":\"ok\",\"prompt\":\"caf\u00e9\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := dir + "/out.jsonl"
+	sum := runBatch(t, context.Background(), Config{Input: openFile(t, in), Output: out, Client: testClient(t, up.URL(), nil), Model: "m", Concurrency: 1})
+	if sum.OK != 1 || sum.Failed != 3 || up.Count() != 1 {
+		t.Fatalf("summary %+v, %d requests", sum, up.Count())
+	}
+	for _, r := range readOutput(t, out) {
+		if r.ID != "ok" && (r.Status != StatusFailed || !strings.Contains(r.Error, "not UTF-8 text")) {
+			t.Errorf("%+v", r)
+		}
+	}
 }
