@@ -287,3 +287,27 @@ func TestNonTextLinesNotSent(t *testing.T) {
 		}
 	}
 }
+
+// TestBOMFirstLine: a file saved with a UTF-8 byte order mark (Windows
+// editors) made its first JSON line a plain-text prompt: the JSON itself
+// was sent as the prompt, under the id line-1 instead of its own.
+func TestBOMFirstLine(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{})
+	dir := t.TempDir()
+	in := dir + "/in.jsonl"
+	if err := os.WriteFile(in, []byte("\uFEFF{\"id\":\"q1\",\"prompt\":\"hello\"}\n{\"id\":\"q2\",\"prompt\":\"world\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := dir + "/out.jsonl"
+	runBatch(t, context.Background(), Config{Input: openFile(t, in), Output: out, Client: testClient(t, up.URL(), nil), Model: "m", Concurrency: 1})
+	ids := map[string]bool{}
+	for _, r := range readOutput(t, out) {
+		ids[r.ID] = r.Status == StatusOK
+	}
+	if !ids["q1"] || !ids["q2"] || len(ids) != 2 {
+		t.Fatalf("records %v", ids)
+	}
+	if body := string(up.Requests()[0].Body); strings.Contains(body, `id`) {
+		t.Fatalf("first request sent the JSON line as the prompt: %s", body)
+	}
+}

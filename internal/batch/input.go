@@ -63,7 +63,11 @@ func NewReader(r io.Reader, model string, maxTokens int64, maxLine int) *Reader 
 func (r *Reader) Next() (Prompt, error) {
 	for r.sc.Scan() {
 		r.line++
-		b := bytes.TrimSpace(r.sc.Bytes())
+		b := r.sc.Bytes()
+		if r.line == 1 {
+			b = bytes.TrimPrefix(b, []byte("\uFEFF")) // a byte order mark, as Windows editors write
+		}
+		b = bytes.TrimSpace(b)
 		if len(b) == 0 {
 			continue
 		}
