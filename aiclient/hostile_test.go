@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -218,5 +219,25 @@ func TestRetryAfterTooLongHoldsTheClient(t *testing.T) {
 	}
 	if got := ft.slept(); len(got) > 0 {
 		t.Fatalf("slept %v", got)
+	}
+}
+
+// TestHeaderFloodBounded: a RateLimit field of 100,000 items (some 800 KB,
+// well under net/http's 10 MB of response headers) cost a map per item,
+// and a full-size one half a second of CPU and hundreds of MB per
+// response. Only the first items, past the policies kept, are read now.
+func TestHeaderFloodBounded(t *testing.T) {
+	h := http.Header{
+		"Ratelimit":        {strings.Repeat(`"p";r=1,`, 100_000)},
+		"Ratelimit-Policy": {strings.Repeat(`"p";q=1;w=1,`, 100_000)},
+	}
+	now := time.Now()
+	var info RateLimitInfo
+	allocs := testing.AllocsPerRun(1, func() { info = ParseRateLimit(h, now) })
+	if len(info.Policies) != maxPolicies || !info.Requests.Known {
+		t.Fatalf("policies %d, requests %+v", len(info.Policies), info.Requests)
+	}
+	if allocs > 5000 {
+		t.Fatalf("%v allocations for one response's headers", allocs)
 	}
 }
