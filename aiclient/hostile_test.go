@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -239,5 +240,34 @@ func TestHeaderFloodBounded(t *testing.T) {
 	}
 	if allocs > 5000 {
 		t.Fatalf("%v allocations for one response's headers", allocs)
+	}
+}
+
+// TestHugeMaxTokensStillWaits: a request with max_tokens near the int64
+// limit (a JSONL line's "max_tokens": 9223372036854775807) overflowed its
+// estimate to a negative number, which skipped the wait on the token
+// limiter: every such call went out however spent the shared budget was.
+func TestHugeMaxTokensStillWaits(t *testing.T) {
+	ft := newFakeTime()
+	store, err := memstore.New(memstore.Options{Clock: ft.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	tokens, err := sluice.NewLimiter(sluice.Options{Store: store, Limit: sluice.PerMinute(10000), Sleep: ft.sleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tokens.Charge(context.Background(), "tenant", 10000); err != nil { // spent
+		t.Fatal(err)
+	}
+	srv, _ := errorServer(t, 200, nil, `{"choices":[{"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":5,"completion_tokens":5,"total_tokens":10}}`)
+	c := newClient(t, srv.URL, ft, func(o *Options) { o.Tokens = tokens; o.LimitKey = "tenant" })
+	res, err := c.Chat(context.Background(), &ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "hello"}}, MaxTokens: math.MaxInt64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.EstimatedTokens <= 0 || len(ft.slept()) == 0 {
+		t.Fatalf("estimate %d, slept %v: the call did not wait for the spent token limit", res.EstimatedTokens, ft.slept())
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"sort"
 
@@ -268,10 +269,14 @@ func EstimateTokens(r *ChatRequest, defaultCompletion int64) int64 {
 			n += aitoken.MessageOverhead + aitoken.Count(m.Role) + aitoken.Count(m.Content) + aitoken.Count(m.Name) + aitoken.Count(string(m.Parts))
 		}
 	}
+	c := max(defaultCompletion, 0)
 	if r.MaxTokens > 0 {
-		return n + r.MaxTokens
+		c = r.MaxTokens
 	}
-	return n + max(defaultCompletion, 0)
+	if n > math.MaxInt64-c { // saturate: negative, it would skip the token limiter
+		return math.MaxInt64
+	}
+	return n + c
 }
 
 // tokenRequest is the part of r that takes prompt tokens, in wire form.
