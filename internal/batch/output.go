@@ -28,6 +28,11 @@ import (
 // the output during the run: records written on would be lost.
 var ErrOutputChanged = errors.New("batch: the output file was changed by another process")
 
+// ErrOutputNotAFile means the output path names something other than a
+// regular file, such as /dev/stdout or a FIFO: the output is the journal
+// a rerun resumes from, read back before appending.
+var ErrOutputNotAFile = errors.New("batch: the output must be a regular file")
+
 // Status values of a Record.
 const (
 	StatusOK     = "ok"
@@ -137,9 +142,18 @@ func OpenOutput(path string, sync bool, maxIDs int, log *slog.Logger) (*Output, 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	// Not a device or a FIFO: opening one may block or act, and reading it
+	// back for the resume would block for ever, deaf to Ctrl-C.
+	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("%w: %s is a %s; give a file path", ErrOutputNotAFile, path, kindOf(st.Mode()))
+	}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, nil, fmt.Errorf("batch: open output: %w", err)
+	}
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		f.Close()
+		return nil, nil, fmt.Errorf("%w: %s changed into something else as it was opened", ErrOutputNotAFile, path)
 	}
 	if err := lockFile(f); err != nil {
 		f.Close()
@@ -180,6 +194,21 @@ func OpenOutput(path string, sync bool, maxIDs int, log *slog.Logger) (*Output, 
 		return nil, nil, fmt.Errorf("batch: output %s: %w", path, err)
 	}
 	return &Output{f: f, size: good, sync: sync, path: path, synced: good}, res, nil
+}
+
+// kindOf names a file mode's type for an error message.
+func kindOf(m os.FileMode) string {
+	switch {
+	case m&os.ModeNamedPipe != 0:
+		return "pipe"
+	case m&os.ModeSocket != 0:
+		return "socket"
+	case m&os.ModeDevice != 0:
+		return "device"
+	case m.IsDir():
+		return "directory"
+	}
+	return "special file"
 }
 
 // readRecords reads every complete line of f into res and returns the
