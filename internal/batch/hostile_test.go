@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -310,4 +311,49 @@ func TestBOMFirstLine(t *testing.T) {
 	if body := string(up.Requests()[0].Body); strings.Contains(body, `id`) {
 		t.Fatalf("first request sent the JSON line as the prompt: %s", body)
 	}
+}
+
+// TestInterruptWithStalledInput: prompts piped in by a producer that
+// stalls (`tail -f prompts.jsonl | sluice batch --input -`). Ctrl-C
+// stopped the calls but not the run, which sat in a read of the input
+// until the producer wrote another line: no summary, no exit, and a second
+// Ctrl-C did nothing either. The run returns now, the calls in flight
+// written.
+func TestInterruptWithStalledInput(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{})
+	g := newGate(t, up.URL(), 3)
+	pr, pw := io.Pipe()
+	t.Cleanup(func() { _ = pw.Close() })
+	go func() {
+		for i := range 3 {
+			if _, err := fmt.Fprintf(pw, "{\"id\":\"p%d\",\"prompt\":\"x\"}\n", i); err != nil {
+				return
+			}
+		}
+		// and nothing more, for now
+	}()
+	dir := t.TempDir()
+	out := dir + "/out.jsonl"
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		sum *Summary
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		sum, err := Run(ctx, Config{Input: pr, Output: out, Client: testClient(t, g.URL, nil), Model: "m", Concurrency: 4})
+		done <- result{sum, err}
+	}()
+	<-g.Reached
+	cancel()
+	select {
+	case r := <-done:
+		if r.err != nil || !r.sum.Interrupted {
+			t.Fatalf("run: err %v, summary %+v", r.err, r.sum)
+		}
+	case <-time.After(20 * time.Second): // a guard against the hang, not a timing
+		t.Fatal("the run does not return after its context is cancelled while the input blocks")
+	}
+	checkExactlyOnce(t, readOutput(t, out), 3)
 }
