@@ -271,3 +271,28 @@ func TestHugeMaxTokensStillWaits(t *testing.T) {
 		t.Fatalf("estimate %d, slept %v: the call did not wait for the spent token limit", res.EstimatedTokens, ft.slept())
 	}
 }
+
+// TestToolCallsKept: a response's tool calls and refusal, which the
+// message's text does not carry, are kept (they were dropped, and a batch
+// recorded an empty answer as done).
+func TestToolCallsKept(t *testing.T) {
+	for _, tc := range []struct{ api, body, want string }{
+		{APIOpenAI, `{"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}`, `[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]`},
+		{APIAnthropic, `{"type":"message","content":[{"type":"text","text":"let me check"},{"type":"tool_use","id":"t1","name":"f","input":{"q":1}}],"stop_reason":"tool_use"}`, `[{"type":"tool_use","id":"t1","name":"f","input":{"q":1}}]`},
+	} {
+		srv, _ := errorServer(t, 200, nil, tc.body)
+		c := newClient(t, srv.URL, newFakeTime(), func(o *Options) { o.API = tc.api })
+		res, err := c.Chat(context.Background(), userReq("hi"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := string(res.Response.Choices[0].Message.ToolCalls); got != tc.want {
+			t.Errorf("%s: tool calls %s, want %s", tc.api, got, tc.want)
+		}
+	}
+	srv, _ := errorServer(t, 200, nil, `{"choices":[{"message":{"role":"assistant","content":null,"refusal":"no"}}]}`)
+	res, err := newClient(t, srv.URL, newFakeTime(), nil).Chat(context.Background(), userReq("hi"))
+	if err != nil || res.Response.Choices[0].Message.Refusal != "no" {
+		t.Fatalf("refusal: %v %+v", err, res)
+	}
+}

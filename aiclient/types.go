@@ -23,6 +23,13 @@ type Message struct {
 	Parts json.RawMessage
 	// Name optionally names the author.
 	Name string
+	// ToolCalls is, in a response, the message's tool calls as the server
+	// sent them: OpenAI's tool_calls array, or Anthropic's tool_use content
+	// blocks as an array. It is not sent in requests.
+	ToolCalls json.RawMessage
+	// Refusal is, in a response, the model's refusal (OpenAI's structured
+	// outputs). It is not sent in requests.
+	Refusal string
 }
 
 type wireMessage struct {
@@ -177,9 +184,11 @@ func decodeResponse(data []byte) (*ChatResponse, error) {
 			Index        int    `json:"index"`
 			FinishReason string `json:"finish_reason"`
 			Message      struct {
-				Role    string          `json:"role"`
-				Content json.RawMessage `json:"content"`
-				Name    string          `json:"name"`
+				Role      string          `json:"role"`
+				Content   json.RawMessage `json:"content"`
+				Name      string          `json:"name"`
+				ToolCalls json.RawMessage `json:"tool_calls"`
+				Refusal   string          `json:"refusal"`
 			} `json:"message"`
 		} `json:"choices"`
 		Usage Usage           `json:"usage"`
@@ -199,7 +208,10 @@ func decodeResponse(data []byte) (*ChatResponse, error) {
 	}
 	out := &ChatResponse{ID: w.ID, Model: w.Model, Usage: w.Usage, Choices: make([]Choice, len(w.Choices))}
 	for i, c := range w.Choices {
-		m := Message{Role: c.Message.Role, Name: c.Message.Name}
+		m := Message{Role: c.Message.Role, Name: c.Message.Name, Refusal: c.Message.Refusal}
+		if tc := bytes.TrimSpace(c.Message.ToolCalls); len(tc) > 0 && tc[0] == '[' {
+			m.ToolCalls = tc
+		}
 		switch content := bytes.TrimSpace(c.Message.Content); {
 		case len(content) == 0 || content[0] == 'n':
 		case content[0] == '"':

@@ -430,7 +430,8 @@ func (r *runner) handle(runCtx, workCtx context.Context, stop context.CancelFunc
 			rec.Model = resp.Model
 		}
 		if len(resp.Choices) > 0 {
-			rec.FinishReason = resp.Choices[0].FinishReason
+			c := &resp.Choices[0]
+			rec.FinishReason, rec.ToolCalls, rec.Refusal = c.FinishReason, c.Message.ToolCalls, c.Message.Refusal
 		}
 		r.c.addUsage(p.Request.Model, resp.Usage.PromptTokens, resp.Usage.CompletionTokens)
 	}

@@ -357,3 +357,37 @@ func TestInterruptWithStalledInput(t *testing.T) {
 	}
 	checkExactlyOnce(t, readOutput(t, out), 3)
 }
+
+// TestToolCallsRecorded: prompts with "tools" (passed through) are
+// answered with tool calls and no text, or, with structured outputs, with
+// a refusal. The record kept only the text: status ok, response empty, the
+// answer lost, and never asked again. The record keeps them now.
+func TestToolCallsRecorded(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(string(body), "refuse") {
+			_, _ = io.WriteString(w, `{"choices":[{"index":0,"message":{"role":"assistant","content":null,"refusal":"I can't help with that."},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}`)
+	}))
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	in := dir + "/in.jsonl"
+	if err := os.WriteFile(in, []byte(`{"id":"w","prompt":"weather in Paris?","tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]}`+"\n"+`{"id":"r","prompt":"refuse this"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := dir + "/out.jsonl"
+	runBatch(t, context.Background(), Config{Input: openFile(t, in), Output: out, Client: testClient(t, srv.URL, nil), Model: "m", Concurrency: 1})
+	byID := map[string]Record{}
+	for _, r := range readOutput(t, out) {
+		byID[r.ID] = r
+	}
+	if w := byID["w"]; !strings.Contains(string(w.ToolCalls), `"get_weather"`) || !strings.Contains(string(w.ToolCalls), `Paris`) || w.FinishReason != "tool_calls" {
+		t.Errorf("tool call record: %+v", w)
+	}
+	if r := byID["r"]; r.Refusal != "I can't help with that." {
+		t.Errorf("refusal record: %+v", r)
+	}
+}

@@ -57,6 +57,11 @@ type Record struct {
 	Model string `json:"model,omitempty"`
 	// Response is the first choice's text.
 	Response string `json:"response,omitempty"`
+	// ToolCalls is the first choice's tool calls, as the server sent them
+	// (OpenAI's tool_calls array; Anthropic's tool_use content blocks).
+	ToolCalls json.RawMessage `json:"tool_calls,omitempty"`
+	// Refusal is the first choice's refusal, for structured outputs.
+	Refusal string `json:"refusal,omitempty"`
 	// FinishReason is the first choice's finish reason.
 	FinishReason string `json:"finish_reason,omitempty"`
 	// Error says why the prompt failed.
