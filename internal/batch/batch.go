@@ -433,6 +433,12 @@ func (r *runner) handle(runCtx, workCtx context.Context, stop context.CancelFunc
 			c := &resp.Choices[0]
 			rec.FinishReason, rec.ToolCalls, rec.Refusal = c.FinishReason, c.Message.ToolCalls, c.Message.Refusal
 		}
+		if len(resp.Choices) > 1 { // paid for too: keep them
+			for i := 1; i < len(resp.Choices); i++ {
+				c := &resp.Choices[i]
+				rec.OtherChoices = append(rec.OtherChoices, Choice{Response: c.Message.Content, ToolCalls: c.Message.ToolCalls, Refusal: c.Message.Refusal, FinishReason: c.FinishReason})
+			}
+		}
 		r.c.addUsage(p.Request.Model, resp.Usage.PromptTokens, resp.Usage.CompletionTokens)
 	}
 	if werr := r.out.Write(rec); werr != nil {

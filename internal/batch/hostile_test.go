@@ -391,3 +391,33 @@ func TestToolCallsRecorded(t *testing.T) {
 		t.Errorf("refusal record: %+v", r)
 	}
 }
+
+// TestEveryChoiceRecorded: a prompt with "n": 3 (passed through) is
+// answered, and paid, three times; the record kept the first choice only.
+// The others are in the record now.
+func TestEveryChoiceRecorded(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[{"index":0,"message":{"role":"assistant","content":"one"},"finish_reason":"stop"},{"index":1,"message":{"role":"assistant","content":"two"},"finish_reason":"length"},{"index":2,"message":{"role":"assistant","content":"three"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":15,"total_tokens":18}}`)
+	}))
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	in := dir + "/in.jsonl"
+	if err := os.WriteFile(in, []byte(`{"id":"n3","prompt":"count","n":3}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := dir + "/out.jsonl"
+	runBatch(t, context.Background(), Config{Input: openFile(t, in), Output: out, Client: testClient(t, srv.URL, nil), Model: "m"})
+	recs := readOutput(t, out)
+	if len(recs) != 1 || recs[0].Response != "one" || len(recs[0].OtherChoices) != 2 {
+		t.Fatalf("records %+v", recs)
+	}
+	for i, want := range []string{"two", "three"} {
+		if c := recs[0].OtherChoices[i]; c.Response != want {
+			t.Errorf("choice %d: %+v, want %q", i+1, c, want)
+		}
+	}
+	if recs[0].OtherChoices[0].FinishReason != "length" {
+		t.Errorf("choice 1: %+v", recs[0].OtherChoices[0])
+	}
+}

@@ -64,6 +64,10 @@ type Record struct {
 	Refusal string `json:"refusal,omitempty"`
 	// FinishReason is the first choice's finish reason.
 	FinishReason string `json:"finish_reason,omitempty"`
+	// OtherChoices holds the choices after the first, when the answer has
+	// several (a prompt with "n"): paid for too. Not repeating the first
+	// keeps a record within twice the response's size (maxRecordBytes).
+	OtherChoices []Choice `json:"other_choices,omitempty"`
 	// Error says why the prompt failed.
 	Error string `json:"error,omitempty"`
 	// HTTPStatus is the last failed attempt's status, when it had one.
@@ -74,6 +78,15 @@ type Record struct {
 	Attempts int `json:"attempts"`
 	// DurationMS is the time from launch to the end, waits included.
 	DurationMS int64 `json:"duration_ms"`
+}
+
+// Choice is a choice of an answer after its first.
+type Choice struct {
+	// Response, ToolCalls, Refusal and FinishReason are as in Record.
+	Response     string          `json:"response,omitempty"`
+	ToolCalls    json.RawMessage `json:"tool_calls,omitempty"`
+	Refusal      string          `json:"refusal,omitempty"`
+	FinishReason string          `json:"finish_reason,omitempty"`
 }
 
 // idKey is the 128-bit hash an id is remembered by: the set of done ids
