@@ -3,6 +3,7 @@ package aiclient
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"sort"
@@ -91,19 +92,21 @@ func marshalAnthropic(req *ChatRequest, defaultMax int64) ([]byte, error) {
 }
 
 // decodeAnthropic reads a Messages response as a ChatResponse: one choice
-// whose content is the text blocks joined, finish reason the stop_reason,
-// usage input_tokens and output_tokens, with the cache tokens apart.
+// whose content is the text blocks joined, tool calls the tool_use blocks,
+// finish reason the stop_reason, usage input_tokens and output_tokens,
+// with the cache tokens apart.
 func decodeAnthropic(data []byte) (*ChatResponse, error) {
+	type block struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
 	var w struct {
-		ID      string `json:"id"`
-		Type    string `json:"type"`
-		Model   string `json:"model"`
-		Role    string `json:"role"`
-		Content []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		} `json:"content"`
-		StopReason string `json:"stop_reason"`
+		ID         string            `json:"id"`
+		Type       string            `json:"type"`
+		Model      string            `json:"model"`
+		Role       string            `json:"role"`
+		Content    []json.RawMessage `json:"content"` // nil when absent, empty for []
+		StopReason string            `json:"stop_reason"`
 		Usage      struct {
 			InputTokens              int64 `json:"input_tokens"`
 			OutputTokens             int64 `json:"output_tokens"`
@@ -118,10 +121,22 @@ func decodeAnthropic(data []byte) (*ChatResponse, error) {
 		// An error with status 200, as some proxies answer.
 		return nil, apiErrorFrom(http.StatusOK, data, 0)
 	}
+	if w.Content == nil && w.Type != "message" {
+		// Not a message, not even an empty one (content []).
+		return nil, errors.New("no content in the response")
+	}
 	var text strings.Builder
-	for _, c := range w.Content {
-		if c.Type == "text" {
+	var toolUse [][]byte
+	for _, raw := range w.Content {
+		var c block
+		if err := json.Unmarshal(raw, &c); err != nil {
+			return nil, err
+		}
+		switch c.Type {
+		case "text":
 			text.WriteString(c.Text)
+		case "tool_use":
+			toolUse = append(toolUse, raw)
 		}
 	}
 	role := w.Role
@@ -131,12 +146,20 @@ func decodeAnthropic(data []byte) (*ChatResponse, error) {
 	u := w.Usage
 	return &ChatResponse{
 		ID: w.ID, Model: w.Model,
-		Choices: []Choice{{Message: Message{Role: role, Content: text.String()}, FinishReason: w.StopReason}},
+		Choices: []Choice{{Message: Message{Role: role, Content: text.String(), ToolCalls: joinArray(toolUse)}, FinishReason: w.StopReason}},
 		Usage: Usage{
 			PromptTokens: u.InputTokens, CompletionTokens: u.OutputTokens,
 			CacheCreationInputTokens: u.CacheCreationInputTokens, CacheReadInputTokens: u.CacheReadInputTokens,
 		},
 	}, nil
+}
+
+// joinArray returns the JSON array of items, or nil when there are none.
+func joinArray(items [][]byte) json.RawMessage {
+	if len(items) == 0 {
+		return nil
+	}
+	return json.RawMessage("[" + string(bytes.Join(items, []byte(","))) + "]")
 }
 
 // setAnthropicHeaders sets the key and version of a Messages request.

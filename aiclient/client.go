@@ -49,7 +49,8 @@ type Options struct {
 	// is never logged.
 	APIKey string
 	// HTTPClient sends the requests; nil means a client without a timeout
-	// of its own (see AttemptTimeout).
+	// of its own (see AttemptTimeout). The Client uses a copy whose
+	// redirects stay within the origin of BaseURL (see ErrRedirect).
 	HTTPClient *http.Client
 	// Header holds extra request headers.
 	Header http.Header
@@ -59,6 +60,8 @@ type Options struct {
 	// Tokens, when set, is waited on for the estimated tokens before every
 	// attempt and settled with the usage after the response. An estimate
 	// above its burst waits for the burst and charges the rest afterwards.
+	// A reported usage above the estimate plus one burst is settled as
+	// that bound.
 	Tokens *sluice.Limiter
 	// LimitKey is the key used in both limiters. Clients that share it
 	// share the budget. It defaults to sluice.HashKey(APIKey).
@@ -75,8 +78,10 @@ type Options struct {
 	BaseDelay time.Duration
 	// MaxDelay caps the backoff ceiling. It defaults to 30s.
 	MaxDelay time.Duration
-	// MaxRetryAfter is the longest server-requested wait that is honoured;
-	// a longer one ends the call with ErrRetryTooLong. It defaults to 5m.
+	// MaxRetryAfter is the longest server-requested wait that is honoured,
+	// whether a Retry-After asks for it or the rate-limit headers imply it
+	// before the next attempt; a longer one ends the call with
+	// ErrRetryTooLong. It defaults to 5m.
 	MaxRetryAfter time.Duration
 	// AttemptTimeout bounds each attempt; a timed-out attempt is retried.
 	// Zero means no bound beyond the context's.
@@ -158,14 +163,11 @@ func New(opts Options) (*Client, error) {
 	c := &Client{
 		opts:     opts,
 		endpoint: strings.TrimRight(opts.BaseURL, "/") + path,
-		http:     opts.HTTPClient,
+		http:     sameOriginOnly(opts.HTTPClient),
 		clock:    opts.Clock,
 		sleep:    opts.Sleep,
 		rand:     opts.Rand,
 		log:      opts.Logger,
-	}
-	if c.http == nil {
-		c.http = &http.Client{}
 	}
 	if c.clock == nil {
 		c.clock = clock.NewSystem()
@@ -249,8 +251,8 @@ func (c *Client) ChatWith(ctx context.Context, req *ChatRequest, co CallOptions)
 		res.Attempts++
 		resp, aerr := c.attempt(ctx, body, res.EstimatedTokens, seq)
 		if aerr == nil {
-			if resp.Usage.Total() > 0 { // without usage, the estimate is the best bound known
-				c.settle(ctx, charged, resp.Usage.Total())
+			if used := resp.Usage.Total(); used > 0 { // without usage, the estimate is the best bound known
+				c.settle(ctx, charged, c.boundUsage(used, res.EstimatedTokens))
 			}
 			res.Response = resp
 			return res, nil
@@ -271,6 +273,10 @@ func (c *Client) ChatWith(ctx context.Context, req *ChatRequest, co CallOptions)
 			return res, fmt.Errorf("%w after %d attempts: %w", ErrRetriesExhausted, res.Attempts, aerr.err)
 		}
 		if aerr.hasHint && aerr.hint > c.opts.MaxRetryAfter {
+			if aerr.status == http.StatusTooManyRequests {
+				// Every call is held, and fails unsent until then.
+				c.pace.holdUntil(c.clock.Now() + int64(aerr.hint))
+			}
 			return res, fmt.Errorf("%w: %s > %s: %w", ErrRetryTooLong, aerr.hint, c.opts.MaxRetryAfter, aerr.err)
 		}
 		wait := c.backoff(retry+1, aerr.hint, aerr.hasHint)
@@ -316,10 +322,20 @@ func (c *Client) admit(ctx context.Context, estimate int64) (int64, uint64, erro
 		if err := ctx.Err(); err != nil {
 			return 0, 0, err
 		}
-		var d time.Duration
-		d, seq = c.pace.reserve(c.clock.Now(), estimate)
+		d, n, held := c.pace.reserve(c.clock.Now(), estimate)
 		if d <= 0 {
+			seq = n
 			break
+		}
+		// As for a Retry-After this long: a limit spent for hours (or
+		// headers that only claim so) fails the call, nothing sent,
+		// rather than sleeping silently. A hold after a 429 that was
+		// waited adds at most backoff's jitter to MaxRetryAfter.
+		switch {
+		case !held && d > c.opts.MaxRetryAfter:
+			return 0, 0, fmt.Errorf("%w: the server's rate-limit headers imply a wait of %s > %s", ErrRetryTooLong, d, c.opts.MaxRetryAfter)
+		case held && d > c.opts.MaxRetryAfter+c.opts.BaseDelay/2:
+			return 0, 0, fmt.Errorf("%w: the server's 429 asked every call to wait %s > %s", ErrRetryTooLong, d, c.opts.MaxRetryAfter)
 		}
 		if err := c.sleep(ctx, d); err != nil {
 			return 0, 0, err
@@ -363,6 +379,28 @@ func (c *Client) refundRequest() {
 			c.log.Warn("aiclient: refund request", "err", err)
 		}
 	}
+}
+
+// boundUsage returns the usage a response reported, bounded by what one
+// request can plausibly use: its estimate plus one burst of the token
+// limiter. A server's figure beyond it (a broken proxy, a unit mix-up) is
+// not charged in full, so one response puts the shared key at most a
+// burst's refill time beyond its estimate into debt, rather than for
+// centuries, or past the limiter's arithmetic, which would wipe the key.
+func (c *Client) boundUsage(used, estimate int64) int64 {
+	l := c.opts.Tokens
+	if l == nil {
+		return used
+	}
+	bound := max(estimate, 0) + l.Limit().Capacity()
+	if bound < 0 { // overflow: no real bound
+		return used
+	}
+	if used > bound {
+		c.log.Warn("aiclient: the server reported more tokens than a request can use; charging the bound", "used", used, "estimate", estimate, "bound", bound)
+		return bound
+	}
+	return used
 }
 
 // settle corrects the token limiter from the charged estimate to the
@@ -412,7 +450,7 @@ func (c *Client) attempt(ctx context.Context, body []byte, estimate int64, seq u
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, &attemptError{err: fmt.Errorf("aiclient: send: %w", err), transport: true}
+		return nil, &attemptError{err: fmt.Errorf("aiclient: send: %w", err), transport: !errors.Is(err, ErrRedirect)}
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, c.opts.MaxResponseBytes+1))
@@ -456,6 +494,32 @@ func (c *Client) decode(data []byte) (*ChatResponse, error) {
 		return decodeAnthropic(data)
 	}
 	return decodeResponse(data)
+}
+
+// sameOriginOnly returns a copy of hc (a new client when nil) that follows
+// a redirect only within the origin of the request: net/http would send
+// the request's headers on to another host, x-api-key and any
+// Options.Header included, and Authorization too to another port or scheme
+// of the same host name, and a 307 or 308 the prompt with them.
+func sameOriginOnly(hc *http.Client) *http.Client {
+	var cp http.Client
+	if hc != nil {
+		cp = *hc
+	}
+	next := cp.CheckRedirect
+	cp.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if from := via[0].URL; req.URL.Scheme != from.Scheme || !strings.EqualFold(req.URL.Host, from.Host) {
+			return fmt.Errorf("%w: from %s://%s to %s://%s", ErrRedirect, from.Scheme, from.Host, req.URL.Scheme, req.URL.Host)
+		}
+		if next != nil {
+			return next(req, via)
+		}
+		if len(via) >= 10 {
+			return errors.New("aiclient: stopped after 10 redirects")
+		}
+		return nil
+	}
+	return &cp
 }
 
 func sleepTimer(ctx context.Context, d time.Duration) error {

@@ -30,6 +30,10 @@ var (
 	// ErrLimiter means a sluice limiter failed, for example because its
 	// store could not be reached.
 	ErrLimiter = errors.New("aiclient: limiter failed")
+	// ErrRedirect means the server redirected a call to another origin
+	// (scheme, host or port). The client does not follow: the API key and
+	// the prompt would go there. Set BaseURL to the final URL instead.
+	ErrRedirect = errors.New("aiclient: redirect to another origin refused")
 )
 
 // APIError is a response with a non-2xx status.

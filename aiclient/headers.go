@@ -281,11 +281,17 @@ func parseStructuredRateLimit(rl, policy string) []Policy {
 	return out
 }
 
-// splitList splits a structured-field list on commas outside quotes.
+// maxListItems bounds the items read from one structured-field list: past
+// maxPolicies kept, a server sending more (net/http allows 10 MB of
+// headers, a million items) would only cost a map each.
+const maxListItems = 4 * maxPolicies
+
+// splitList splits a structured-field list on commas outside quotes, and
+// returns its first maxListItems items.
 func splitList(s string) []string {
 	var out []string
 	start, quoted := 0, false
-	for i := 0; i < len(s); i++ {
+	for i := 0; i < len(s) && len(out) < maxListItems; i++ {
 		switch s[i] {
 		case '"':
 			quoted = !quoted
@@ -300,7 +306,7 @@ func splitList(s string) []string {
 			}
 		}
 	}
-	if start <= len(s) {
+	if start <= len(s) && len(out) < maxListItems {
 		if last := strings.TrimSpace(s[start:]); last != "" {
 			out = append(out, last)
 		}

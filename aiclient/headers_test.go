@@ -209,7 +209,7 @@ func FuzzParseHeaders(f *testing.F) {
 		}
 		var p pacer
 		p.observe(info, t0.UnixNano(), 0, 100, d, true)
-		if w, _ := p.reserve(t0.UnixNano(), 100); w < 0 || w > maxHint {
+		if w, _, _ := p.reserve(t0.UnixNano(), 100); w < 0 || w > maxHint {
 			t.Fatalf("pacer wait %v", w)
 		}
 	})

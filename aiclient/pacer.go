@@ -186,12 +186,13 @@ func (p *pacer) holdUntil(t int64) {
 
 // reserve returns how long to wait before launching a request of tokens
 // estimated tokens. When it returns zero it has counted the request down,
-// and seq numbers the launch for observe.
-func (p *pacer) reserve(now, tokens int64) (wait time.Duration, seq uint64) {
+// and seq numbers the launch for observe. held reports that the wait is
+// the hold after a 429 (holdUntil), not what the limits imply.
+func (p *pacer) reserve(now, tokens int64) (wait time.Duration, seq uint64, held bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if now < p.until {
-		return time.Duration(p.until - now), 0
+		return time.Duration(p.until - now), 0, true
 	}
 	var d time.Duration
 	for i := range p.limits {
@@ -203,7 +204,7 @@ func (p *pacer) reserve(now, tokens int64) (wait time.Duration, seq uint64) {
 		d = max(d, l.wait(now, cost))
 	}
 	if d > 0 {
-		return min(d, maxHint), 0
+		return min(d, maxHint), 0, false
 	}
 	for i := range p.limits {
 		l := &p.limits[i]
@@ -218,5 +219,5 @@ func (p *pacer) reserve(now, tokens int64) (wait time.Duration, seq uint64) {
 		p.inflight = append(p.inflight[:0], p.inflight[1:]...)
 	}
 	p.inflight = append(p.inflight, launch{seq: p.seq, tokens: max(tokens, 0)})
-	return 0, p.seq
+	return 0, p.seq, false
 }

@@ -49,10 +49,10 @@ func TestPacerBindingConstraint(t *testing.T) {
 			var p pacer
 			now := t0.UnixNano()
 			p.observe(ParseRateLimit(hdr("RateLimit-Policy", policy, "RateLimit", c.rl), t0), now, 0, c.tokens, 0, false)
-			if got, _ := p.reserve(now, c.tokens); got != c.want {
+			if got, _, _ := p.reserve(now, c.tokens); got != c.want {
 				t.Fatalf("wait %v, want %v", got, c.want)
 			}
-			if got, _ := p.reserve(now+int64(c.want), c.tokens); got != 0 {
+			if got, _, _ := p.reserve(now+int64(c.want), c.tokens); got != 0 {
 				t.Fatalf("after the wait: %v more", got)
 			}
 		})
@@ -70,10 +70,10 @@ func TestPacerPrefersStatedRate(t *testing.T) {
 	p.observe(ParseRateLimit(h, t0), now, 0, 0, 0, false)
 	for i := range 3 {
 		at := now + int64(i+1)*int64(120*time.Millisecond)
-		if got, _ := p.reserve(at-1, 0); got != 1 {
+		if got, _, _ := p.reserve(at-1, 0); got != 1 {
 			t.Fatalf("request %d: wait %v at 1ns early, want 1ns", i, got)
 		}
-		if got, _ := p.reserve(at, 0); got != 0 {
+		if got, _, _ := p.reserve(at, 0); got != 0 {
 			t.Fatalf("request %d: wait %v, want 0", i, got)
 		}
 	}
@@ -88,20 +88,20 @@ func TestPacerHintThenRate(t *testing.T) {
 	now := t0.UnixNano()
 	hint := 200 * time.Millisecond // the server knows better: a unit is nearly back
 	p.observe(ParseRateLimit(h, t0), now, 0, 0, hint, true)
-	if got, _ := p.reserve(now, 0); got != hint {
+	if got, _, _ := p.reserve(now, 0); got != hint {
 		t.Fatalf("first wait %v, want the hint %v", got, hint)
 	}
-	if got, _ := p.reserve(now+int64(hint), 0); got != 0 {
+	if got, _, _ := p.reserve(now+int64(hint), 0); got != 0 {
 		t.Fatalf("at the hint: %v", got)
 	}
-	if got, _ := p.reserve(now+int64(hint), 0); got != time.Second {
+	if got, _, _ := p.reserve(now+int64(hint), 0); got != time.Second {
 		t.Fatalf("second caller waits %v, want 1s (the rate)", got)
 	}
 	// A hint longer than the headers imply does not shorten anything;
 	// the 429 hold (holdUntil) covers it.
 	var q pacer
 	q.observe(ParseRateLimit(h, t0), now, 0, 0, time.Hour, true)
-	if got, _ := q.reserve(now, 0); got != time.Second {
+	if got, _, _ := q.reserve(now, 0); got != time.Second {
 		t.Fatalf("long hint: wait %v, want 1s", got)
 	}
 }
@@ -116,18 +116,18 @@ func TestPacerCountsInFlight(t *testing.T) {
 	}
 	var p pacer
 	now := t0.UnixNano()
-	_, a := p.reserve(now, 0)
-	_, b := p.reserve(now, 0)
-	_, c := p.reserve(now, 0)
+	_, a, _ := p.reserve(now, 0)
+	_, b, _ := p.reserve(now, 0)
+	_, c, _ := p.reserve(now, 0)
 	// a's answer: 2 left after a; b and c are still on their way.
 	p.observe(ParseRateLimit(h(2), t0), now, a, 0, 0, false)
-	if got, _ := p.reserve(now, 0); got != time.Second {
+	if got, _, _ := p.reserve(now, 0); got != time.Second {
 		t.Fatalf("wait %v, want 1s: b and c use up what a's answer left", got)
 	}
 	// c's answer, then b's (older) arrives late: b's is ignored.
 	p.observe(ParseRateLimit(h(0), t0), now, c, 0, 0, false)
 	p.observe(ParseRateLimit(h(1), t0), now, b, 0, 0, false)
-	if got, _ := p.reserve(now, 0); got != time.Second {
+	if got, _, _ := p.reserve(now, 0); got != time.Second {
 		t.Fatalf("wait %v, want 1s from c's answer", got)
 	}
 }

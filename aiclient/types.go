@@ -3,6 +3,7 @@ package aiclient
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -22,6 +23,13 @@ type Message struct {
 	Parts json.RawMessage
 	// Name optionally names the author.
 	Name string
+	// ToolCalls is, in a response, the message's tool calls as the server
+	// sent them: OpenAI's tool_calls array, or Anthropic's tool_use content
+	// blocks as an array. It is not sent in requests.
+	ToolCalls json.RawMessage
+	// Refusal is, in a response, the model's refusal (OpenAI's structured
+	// outputs). It is not sent in requests.
+	Refusal string
 }
 
 type wireMessage struct {
@@ -176,9 +184,11 @@ func decodeResponse(data []byte) (*ChatResponse, error) {
 			Index        int    `json:"index"`
 			FinishReason string `json:"finish_reason"`
 			Message      struct {
-				Role    string          `json:"role"`
-				Content json.RawMessage `json:"content"`
-				Name    string          `json:"name"`
+				Role      string          `json:"role"`
+				Content   json.RawMessage `json:"content"`
+				Name      string          `json:"name"`
+				ToolCalls json.RawMessage `json:"tool_calls"`
+				Refusal   string          `json:"refusal"`
 			} `json:"message"`
 		} `json:"choices"`
 		Usage Usage           `json:"usage"`
@@ -191,9 +201,17 @@ func decodeResponse(data []byte) (*ChatResponse, error) {
 		// Some OpenAI-compatible proxies answer errors with status 200.
 		return nil, apiErrorFrom(http.StatusOK, data, 0)
 	}
+	if len(w.Choices) == 0 {
+		// Not an answer, not even an empty one: taken as such, the prompt
+		// would count as done with nothing to show for it.
+		return nil, errors.New("no choices in the response")
+	}
 	out := &ChatResponse{ID: w.ID, Model: w.Model, Usage: w.Usage, Choices: make([]Choice, len(w.Choices))}
 	for i, c := range w.Choices {
-		m := Message{Role: c.Message.Role, Name: c.Message.Name}
+		m := Message{Role: c.Message.Role, Name: c.Message.Name, Refusal: c.Message.Refusal}
+		if tc := bytes.TrimSpace(c.Message.ToolCalls); len(tc) > 0 && tc[0] == '[' {
+			m.ToolCalls = tc
+		}
 		switch content := bytes.TrimSpace(c.Message.Content); {
 		case len(content) == 0 || content[0] == 'n':
 		case content[0] == '"':
@@ -272,10 +290,14 @@ func EstimateTokens(r *ChatRequest, defaultCompletion int64) int64 {
 			n += aitoken.MessageOverhead + aitoken.Count(m.Role) + aitoken.Count(m.Content) + aitoken.Count(m.Name) + aitoken.Count(string(m.Parts))
 		}
 	}
+	c := max(defaultCompletion, 0)
 	if r.MaxTokens > 0 {
-		return n + r.MaxTokens
+		c = r.MaxTokens
 	}
-	return n + max(defaultCompletion, 0)
+	if n > math.MaxInt64-c { // saturate: negative, it would skip the token limiter
+		return math.MaxInt64
+	}
+	return n + c
 }
 
 // tokenRequest is the part of r that takes prompt tokens, in wire form.

@@ -172,7 +172,9 @@ func (s *Summary) Write(w io.Writer) error {
 
 // Run processes the input as Config describes. It returns an error only
 // when the run itself cannot go on (bad options, unreadable input, an
-// unwritable output); prompts that fail are counted in the Summary.
+// unwritable output); prompts that fail are counted in the Summary. After
+// ctx is cancelled it returns even while a read of Input blocks (a stalled
+// pipe); the goroutine in that read stays until it returns.
 func Run(ctx context.Context, cfg Config) (*Summary, error) {
 	if cfg.Input == nil || cfg.Output == "" || cfg.Client == nil {
 		return nil, errors.New("batch: Input, Output and Client are required")
@@ -290,14 +292,49 @@ func (r *runner) run(ctx context.Context) error {
 	return r.err
 }
 
+// read is one Reader.Next, with the line count after it.
+type read struct {
+	p    Prompt
+	err  error
+	line int64
+}
+
+// readInput reads prompts into a channel in its own goroutine, so that a
+// read that blocks (a pipe whose writer stalls) cannot hold the run after
+// runCtx ends: that goroutine alone stays in Read until it returns.
+func (r *runner) readInput(runCtx context.Context) <-chan read {
+	rd := NewReader(r.cfg.Input, r.cfg.Model, r.cfg.MaxTokens, r.cfg.MaxLineBytes)
+	reads := make(chan read)
+	go func() {
+		for {
+			p, err := rd.Next()
+			select {
+			case reads <- read{p: p, err: err, line: rd.Line()}:
+			case <-runCtx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return reads
+}
+
 // produce feeds the workers until the input ends or runCtx does, and
 // reports whether the input was read to its end.
 func (r *runner) produce(runCtx context.Context, stop context.CancelFunc, jobs chan<- Prompt) bool {
 	defer close(jobs)
-	rd := NewReader(r.cfg.Input, r.cfg.Model, r.cfg.MaxTokens, r.cfg.MaxLineBytes)
-	defer func() { r.sum.LinesRead = rd.Line() }()
+	reads := r.readInput(runCtx)
 	for {
-		p, err := rd.Next()
+		var next read
+		select {
+		case next = <-reads:
+		case <-runCtx.Done():
+			return false
+		}
+		r.sum.LinesRead = next.line
+		p, err := next.p, next.err
 		if errors.Is(err, io.EOF) {
 			return true
 		}
@@ -369,6 +406,15 @@ func (r *runner) handle(runCtx, workCtx context.Context, stop context.CancelFunc
 			r.c.interrupted.Add(1)
 			return
 		}
+		if errors.Is(err, aiclient.ErrLimiter) {
+			// The limiter's store failed (Redis down, under the policy
+			// "error"): the run's trouble, not the prompt's, which was not
+			// sent. Stop, and leave it without a record for a rerun,
+			// rather than record every prompt left as failed for good.
+			r.c.interrupted.Add(1)
+			r.fail(fmt.Errorf("batch: stopped, the limiter failed (rerun with the same --output to resume): %w", err), stop)
+			return
+		}
 	}
 	rec.DurationMS = time.Since(start).Milliseconds()
 	if err != nil {
@@ -384,7 +430,14 @@ func (r *runner) handle(runCtx, workCtx context.Context, stop context.CancelFunc
 			rec.Model = resp.Model
 		}
 		if len(resp.Choices) > 0 {
-			rec.FinishReason = resp.Choices[0].FinishReason
+			c := &resp.Choices[0]
+			rec.FinishReason, rec.ToolCalls, rec.Refusal = c.FinishReason, c.Message.ToolCalls, c.Message.Refusal
+		}
+		if len(resp.Choices) > 1 { // paid for too: keep them
+			for i := 1; i < len(resp.Choices); i++ {
+				c := &resp.Choices[i]
+				rec.OtherChoices = append(rec.OtherChoices, Choice{Response: c.Message.Content, ToolCalls: c.Message.ToolCalls, Refusal: c.Message.Refusal, FinishReason: c.FinishReason})
+			}
 		}
 		r.c.addUsage(p.Request.Model, resp.Usage.PromptTokens, resp.Usage.CompletionTokens)
 	}

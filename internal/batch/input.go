@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/sluice-io/sluice/aiclient"
 )
@@ -36,7 +37,8 @@ type Prompt struct {
 // "line-N" by default), "system" (a system message before a prompt),
 // "model", "max_tokens", and any further request parameters such as
 // "temperature", passed through. Any other line is a prompt in plain text
-// with the id "line-N".
+// with the id "line-N". A line that is not UTF-8 text (a NUL byte, invalid
+// UTF-8) is not a prompt.
 type Reader struct {
 	sc        *bufio.Scanner
 	line      int64
@@ -61,7 +63,11 @@ func NewReader(r io.Reader, model string, maxTokens int64, maxLine int) *Reader 
 func (r *Reader) Next() (Prompt, error) {
 	for r.sc.Scan() {
 		r.line++
-		b := bytes.TrimSpace(r.sc.Bytes())
+		b := r.sc.Bytes()
+		if r.line == 1 {
+			b = bytes.TrimPrefix(b, []byte("\uFEFF")) // a byte order mark, as Windows editors write
+		}
+		b = bytes.TrimSpace(b)
 		if len(b) == 0 {
 			continue
 		}
@@ -82,6 +88,12 @@ func (r *Reader) Line() int64 { return r.line }
 func (r *Reader) parse(b []byte) Prompt {
 	p := Prompt{ID: "line-" + strconv.FormatInt(r.line, 10), Line: r.line}
 	p.Request.Model, p.Request.MaxTokens = r.model, r.maxTokens
+	if !utf8.Valid(b) || bytes.IndexByte(b, 0) >= 0 {
+		// Sent, every bad byte would be U+FFFD: a prompt nobody wrote,
+		// and paid for. Likely a Latin-1, compressed or binary file.
+		p.Err = fmt.Errorf("batch: line %d is not UTF-8 text (a NUL byte or invalid UTF-8: a binary or compressed file, or another encoding?)", r.line)
+		return p
+	}
 	if b[0] != '{' {
 		p.Request.Messages = []aiclient.Message{{Role: "user", Content: string(b)}}
 		if r.model == "" {

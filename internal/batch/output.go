@@ -5,7 +5,8 @@ package batch
 // the whole line, then fsync'd: a crash leaves every line whole, or, on a
 // power cut mid-write, at most a torn last line without its newline.
 // Opening the file for a resume reads the ids already there and cuts such a
-// torn tail off before appending, so the file always parses line by line.
+// torn tail off before appending, so the file always parses line by line;
+// a last line that is a whole record missing only its newline is kept.
 // A lock on the file keeps two processes from appending to it at once.
 
 import (
@@ -23,13 +24,25 @@ import (
 	"github.com/sluice-io/sluice/aiclient"
 )
 
+// ErrOutputChanged means another process removed, replaced or truncated
+// the output during the run: records written on would be lost.
+var ErrOutputChanged = errors.New("batch: the output file was changed by another process")
+
+// ErrOutputNotAFile means the output path names something other than a
+// regular file, such as /dev/stdout or a FIFO: the output is the journal
+// a rerun resumes from, read back before appending.
+var ErrOutputNotAFile = errors.New("batch: the output must be a regular file")
+
 // Status values of a Record.
 const (
 	StatusOK     = "ok"
 	StatusFailed = "failed"
 )
 
-// maxRecordBytes bounds one output line read back on resume.
+// maxRecordBytes bounds one output line read back on resume. A record
+// holds an answer of at most the client's response bound (16 MiB by
+// default), which Write encodes in at most twice its size: without HTML
+// escaping, only a raw U+2028 or U+2029 (3 bytes) grows, to 6.
 const maxRecordBytes = 64 << 20
 
 // Record is one line of the output.
@@ -44,8 +57,17 @@ type Record struct {
 	Model string `json:"model,omitempty"`
 	// Response is the first choice's text.
 	Response string `json:"response,omitempty"`
+	// ToolCalls is the first choice's tool calls, as the server sent them
+	// (OpenAI's tool_calls array; Anthropic's tool_use content blocks).
+	ToolCalls json.RawMessage `json:"tool_calls,omitempty"`
+	// Refusal is the first choice's refusal, for structured outputs.
+	Refusal string `json:"refusal,omitempty"`
 	// FinishReason is the first choice's finish reason.
 	FinishReason string `json:"finish_reason,omitempty"`
+	// OtherChoices holds the choices after the first, when the answer has
+	// several (a prompt with "n"): paid for too. Not repeating the first
+	// keeps a record within twice the response's size (maxRecordBytes).
+	OtherChoices []Choice `json:"other_choices,omitempty"`
 	// Error says why the prompt failed.
 	Error string `json:"error,omitempty"`
 	// HTTPStatus is the last failed attempt's status, when it had one.
@@ -56,6 +78,15 @@ type Record struct {
 	Attempts int `json:"attempts"`
 	// DurationMS is the time from launch to the end, waits included.
 	DurationMS int64 `json:"duration_ms"`
+}
+
+// Choice is a choice of an answer after its first.
+type Choice struct {
+	// Response, ToolCalls, Refusal and FinishReason are as in Record.
+	Response     string          `json:"response,omitempty"`
+	ToolCalls    json.RawMessage `json:"tool_calls,omitempty"`
+	Refusal      string          `json:"refusal,omitempty"`
+	FinishReason string          `json:"finish_reason,omitempty"`
 }
 
 // idKey is the 128-bit hash an id is remembered by: the set of done ids
@@ -119,6 +150,7 @@ type Resumed struct {
 	// TornBytes is the size of a torn last line that was cut off.
 	TornBytes int64
 	done      *idSet
+	newline   bool // the last record lacks its newline
 }
 
 // OpenOutput opens or creates the output at path, locks it, reads back
@@ -128,9 +160,18 @@ func OpenOutput(path string, sync bool, maxIDs int, log *slog.Logger) (*Output, 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	// Not a device or a FIFO: opening one may block or act, and reading it
+	// back for the resume would block for ever, deaf to Ctrl-C.
+	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("%w: %s is a %s; give a file path", ErrOutputNotAFile, path, kindOf(st.Mode()))
+	}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, nil, fmt.Errorf("batch: open output: %w", err)
+	}
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		f.Close()
+		return nil, nil, fmt.Errorf("%w: %s changed into something else as it was opened", ErrOutputNotAFile, path)
 	}
 	if err := lockFile(f); err != nil {
 		f.Close()
@@ -159,11 +200,33 @@ func OpenOutput(path string, sync bool, maxIDs int, log *slog.Logger) (*Output, 
 			return nil, nil, fmt.Errorf("batch: output %s: %w", path, err)
 		}
 	}
+	if res.newline {
+		if _, err := f.WriteAt([]byte{'\n'}, good); err != nil {
+			f.Close()
+			return nil, nil, fmt.Errorf("batch: output %s: end the last record: %w", path, err)
+		}
+		good++
+	}
 	if _, err := f.Seek(good, io.SeekStart); err != nil {
 		f.Close()
 		return nil, nil, fmt.Errorf("batch: output %s: %w", path, err)
 	}
 	return &Output{f: f, size: good, sync: sync, path: path, synced: good}, res, nil
+}
+
+// kindOf names a file mode's type for an error message.
+func kindOf(m os.FileMode) string {
+	switch {
+	case m&os.ModeNamedPipe != 0:
+		return "pipe"
+	case m&os.ModeSocket != 0:
+		return "socket"
+	case m&os.ModeDevice != 0:
+		return "device"
+	case m.IsDir():
+		return "directory"
+	}
+	return "special file"
 }
 
 // readRecords reads every complete line of f into res and returns the
@@ -185,6 +248,13 @@ func readRecords(f *os.File, res *Resumed) (int64, error) {
 		}
 		if err != nil && !errors.Is(err, io.EOF) {
 			return 0, err
+		}
+		if errors.Is(err, io.EOF) && len(bytes.TrimSpace(line)) > 0 && isRecord(line) {
+			// A whole record without its newline, as a script or an
+			// editor rewriting the file may leave it: not torn, keep it.
+			// The caller adds the newline.
+			line = append(line, '\n')
+			res.newline = true
 		}
 		if len(line) > 0 && line[len(line)-1] == '\n' {
 			lineNo++
@@ -217,21 +287,36 @@ func readRecords(f *os.File, res *Resumed) (int64, error) {
 			line = line[:0]
 		}
 		if errors.Is(err, io.EOF) {
+			if res.newline {
+				off-- // the newline is not in the file yet
+			}
 			return off, nil // anything left in line is a torn tail
 		}
 	}
+}
+
+// isRecord reports whether b is one whole record.
+func isRecord(b []byte) bool {
+	var rec struct{ ID string }
+	return json.Unmarshal(bytes.TrimSpace(b), &rec) == nil && rec.ID != ""
 }
 
 // Write appends rec as one line with one write, and fsyncs it when the
 // output was opened with sync. If the write fails part-way, the partial
 // line is cut off again.
 func (o *Output) Write(rec *Record) error {
-	b, err := json.Marshal(rec)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // '<' as 6 bytes would put a large answer past maxRecordBytes
+	if err := enc.Encode(rec); err != nil {
 		return fmt.Errorf("batch: encode record %q: %w", rec.ID, err)
 	}
-	b = append(b, '\n')
+	b := buf.Bytes() // Encode ends it with '\n'
 	o.mu.Lock()
+	if err := o.stillOurs(); err != nil {
+		o.mu.Unlock()
+		return err
+	}
 	n, err := o.f.Write(b)
 	if err != nil {
 		if n > 0 {
@@ -246,6 +331,28 @@ func (o *Output) Write(rec *Record) error {
 	o.mu.Unlock()
 	if o.sync {
 		return o.syncTo(end)
+	}
+	return nil
+}
+
+// stillOurs checks, before a write, that the output path still names the
+// file this Output holds, at the size it wrote: a record appended to a
+// file removed or replaced since (an editor's save renames a new file over
+// it; the lock does not stop that), or past the end of one truncated, would
+// be lost. It costs two stat calls per record. The caller holds o.mu.
+func (o *Output) stillOurs() error {
+	held, err := o.f.Stat()
+	if err != nil {
+		return fmt.Errorf("batch: output %s: %w", o.path, err)
+	}
+	named, err := os.Stat(o.path)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: %s is gone (%w); rerun to redo the prompts not recorded", ErrOutputChanged, o.path, err)
+	case !os.SameFile(held, named):
+		return fmt.Errorf("%w: %s was replaced by another file; rerun to redo the prompts not recorded", ErrOutputChanged, o.path)
+	case held.Size() != o.size:
+		return fmt.Errorf("%w: %s is %d bytes, not the %d written; rerun to redo the prompts not recorded", ErrOutputChanged, o.path, held.Size(), o.size)
 	}
 	return nil
 }
