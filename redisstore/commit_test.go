@@ -293,7 +293,12 @@ func TestGroupCommitClose(t *testing.T) {
 			}
 			thaw()
 			for range commitLanes {
-				if err := <-sent; shared != (err == nil) {
+				// On a shared client the call gets its answer. On the
+				// store's own, closed under it, it fails, or gets the
+				// answer the closing client still read (which of the two
+				// depends on when rueidis' close reaches the connection):
+				// never a wrong one, never a hang.
+				if err := <-sent; err != nil && (shared || !errors.Is(err, sluice.ErrUnavailable)) {
 					t.Fatalf("a call on its way at Close (shared client %v): %v", shared, err)
 				}
 			}
