@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -86,73 +85,7 @@ func TestReloadWaitsForStableFile(t *testing.T) {
 	if _, err := config.Parse("half", []byte(half)); err != nil {
 		t.Fatalf("the half-written file must be valid on its own for this test to mean anything: %v", err)
 	}
-	path := filepath.Join(t.TempDir(), "sluice.yaml")
-	writeAtomic(t, path, initial)
-	cfg, err := config.Parse(path, []byte(initial))
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := memstore.New(memstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	srv, err := New(Options{Store: st, Config: cfg, Metrics: metrics.New(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reloads := make(chan *config.Config, 8)
-	var appended sync.Once
-	var reads atomic.Int32
-	rl := &Reloader{Path: path, Server: srv, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), last: []byte(initial),
-		OnReload: func(c *config.Config, err error) {
-			if err != nil {
-				t.Errorf("reload: %v", err)
-			}
-			reloads <- c
-		},
-	}
-	rl.afterRead = func(n int) {
-		reads.Add(1)
-		if n != len(half) {
-			return
-		}
-		// The writer is not done: the rest arrives after the first read.
-		appended.Do(func() {
-			f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer f.Close()
-			if _, err := f.WriteString(rest); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	if err := rl.Watch(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- rl.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	wait := func() *config.Config {
-		t.Helper()
-		select {
-		case c := <-reloads:
-			return c
-		case <-time.After(10 * time.Second):
-			t.Fatal("no reload within 10s")
-			return nil
-		}
-	}
-
+	path, wait, reads := startHalfWriteReloader(t, initial, half, rest, nil, nil)
 	if err := os.WriteFile(path, []byte(half), 0o600); err != nil { // in place
 		t.Fatal(err)
 	}
@@ -190,6 +123,33 @@ func TestReloadSignalWaitsForStableFile(t *testing.T) {
 	if c, err := config.Parse("half", []byte(half)); err != nil || len(c.Tiers["t"].Policies) != 1 {
 		t.Fatalf("the half-written file must be valid on its own, with one policy in t, for this test to mean anything: %v", err)
 	}
+	signals := make(chan os.Signal, 1)
+	_, wait, _ := startHalfWriteReloader(t, initial, half, rest, signals, func(path string) {
+		// The writer has written the first part, in place, before the
+		// reloader watches: only the signal makes it read.
+		if err := os.WriteFile(path, []byte(half), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	})
+	signals <- syscall.SIGHUP
+	if c := wait(); len(c.Tiers["t"].Policies) != 2 {
+		t.Fatalf("SIGHUP loaded a half-written file: tier t has %d policies", len(c.Tiers["t"].Policies))
+	}
+	// The same content, signalled again: reloaded all the same.
+	signals <- syscall.SIGHUP
+	if c := wait(); len(c.Tiers["t"].Policies) != 2 {
+		t.Fatalf("second SIGHUP: tier t has %d policies", len(c.Tiers["t"].Policies))
+	}
+}
+
+// startHalfWriteReloader runs a Reloader of a service on the memory store,
+// its file (returned) holding initial, whose writer appends rest the first
+// time the reloader reads exactly half: a file written in place while it
+// is read. before, when not nil, runs before the reloader watches; signals
+// are its SIGHUPs. wait returns the next config reloaded; reads counts the
+// file's reads.
+func startHalfWriteReloader(t *testing.T, initial, half, rest string, signals chan os.Signal, before func(path string)) (string, func() *config.Config, *atomic.Int32) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "sluice.yaml")
 	writeAtomic(t, path, initial)
 	cfg, err := config.Parse(path, []byte(initial))
@@ -200,19 +160,17 @@ func TestReloadSignalWaitsForStableFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
+	t.Cleanup(func() { st.Close() })
 	srv, err := New(Options{Store: st, Config: cfg, Metrics: metrics.New(), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The writer has written the first part, in place, before the reloader
-	// watches: only the signal makes it read.
-	if err := os.WriteFile(path, []byte(half), 0o600); err != nil {
-		t.Fatal(err)
+	if before != nil {
+		before(path)
 	}
 	reloads := make(chan *config.Config, 8)
-	signals := make(chan os.Signal, 1)
 	var appended sync.Once
+	reads := new(atomic.Int32)
 	rl := &Reloader{Path: path, Server: srv, Logger: slog.New(slog.DiscardHandler), Signals: signals, last: []byte(initial),
 		OnReload: func(c *config.Config, err error) {
 			if err != nil {
@@ -222,6 +180,7 @@ func TestReloadSignalWaitsForStableFile(t *testing.T) {
 		},
 	}
 	rl.afterRead = func(n int) {
+		reads.Add(1)
 		if n != len(half) {
 			return
 		}
@@ -244,12 +203,12 @@ func TestReloadSignalWaitsForStableFile(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- rl.Run(ctx) }()
-	defer func() {
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
-	}()
+	})
 	wait := func() *config.Config {
 		t.Helper()
 		select {
@@ -260,13 +219,5 @@ func TestReloadSignalWaitsForStableFile(t *testing.T) {
 			return nil
 		}
 	}
-	signals <- syscall.SIGHUP
-	if c := wait(); len(c.Tiers["t"].Policies) != 2 {
-		t.Fatalf("SIGHUP loaded a half-written file: tier t has %d policies", len(c.Tiers["t"].Policies))
-	}
-	// The same content, signalled again: reloaded all the same.
-	signals <- syscall.SIGHUP
-	if c := wait(); len(c.Tiers["t"].Policies) != 2 {
-		t.Fatalf("second SIGHUP: tier t has %d policies", len(c.Tiers["t"].Policies))
-	}
+	return path, wait, reads
 }
