@@ -9,7 +9,6 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/fakeanthropic"
-	"github.com/sluice-io/sluice/memstore"
 )
 
 func anthClient(t *testing.T, up *fakeanthropic.Server, ft *fakeTime, mod func(*Options)) *Client {
@@ -112,15 +111,7 @@ func TestAnthropicPacing(t *testing.T) {
 // weighted usage, cache reads and writes included.
 func TestAnthropicTokensReconciled(t *testing.T) {
 	ft := newFakeTime()
-	store, err := memstore.New(memstore.Options{Clock: ft.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	tokens, err := sluice.NewLimiter(sluice.Options{Store: store, Limit: sluice.PerMinute(10000), Sleep: ft.sleep})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tokens := ft.limiter(t, sluice.PerMinute(10000))
 	up := fakeanthropic.New(t, fakeanthropic.Options{OutputTokens: 5, CacheReadInputTokens: 100, CacheCreationInputTokens: 8})
 	c := anthClient(t, up, ft, func(o *Options) { o.Tokens = tokens; o.LimitKey = "tenant" })
 	res, err := c.Chat(context.Background(), &ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "one two"}}, MaxTokens: 500})

@@ -26,6 +26,22 @@ type fakeTime struct {
 
 func newFakeTime() *fakeTime { return &fakeTime{clk: clock.NewFake(t0)} }
 
+// limiter returns a Limiter of l on a memory store on f's clock, sleeping
+// on f.
+func (f *fakeTime) limiter(t *testing.T, l sluice.Limit) *sluice.Limiter {
+	t.Helper()
+	store, err := memstore.New(memstore.Options{Clock: f.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	lim, err := sluice.NewLimiter(sluice.Options{Store: store, Limit: l, Sleep: f.sleep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lim
+}
+
 func (f *fakeTime) sleep(ctx context.Context, d time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return context.Cause(ctx)
@@ -334,15 +350,7 @@ func TestStopKeepsInFlightButLaunchesNothing(t *testing.T) {
 // 2 s of (fake) time; the limiter waits rather than fails.
 func TestLimiterPaces(t *testing.T) {
 	ft := newFakeTime()
-	store, err := memstore.New(memstore.Options{Clock: ft.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	reqs, err := sluice.NewLimiter(sluice.Options{Store: store, Limit: sluice.Limit{Rate: 2, Period: time.Second, Burst: 1}, Sleep: ft.sleep})
-	if err != nil {
-		t.Fatal(err)
-	}
+	reqs := ft.limiter(t, sluice.Limit{Rate: 2, Period: time.Second, Burst: 1})
 	up := fakeopenai.New(t, fakeopenai.Options{})
 	c := newClient(t, up.BaseURL(), ft, func(o *Options) { o.Requests = reqs })
 	start := ft.clk.Now()
@@ -363,15 +371,7 @@ func TestLimiterPaces(t *testing.T) {
 // limiter ends up charged with exactly the usage the server reported.
 func TestTokensReconciled(t *testing.T) {
 	ft := newFakeTime()
-	store, err := memstore.New(memstore.Options{Clock: ft.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	tokens, err := sluice.NewLimiter(sluice.Options{Store: store, Limit: sluice.PerMinute(10000), Sleep: ft.sleep})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tokens := ft.limiter(t, sluice.PerMinute(10000))
 	up := fakeopenai.New(t, fakeopenai.Options{CompletionTokens: 5})
 	c := newClient(t, up.BaseURL(), ft, func(o *Options) { o.Tokens = tokens; o.LimitKey = "tenant" })
 	remaining := func() int64 {
@@ -435,15 +435,7 @@ func TestNewValidates(t *testing.T) {
 // usage leaves the estimate charged rather than refunding it all.
 func TestNoUsageKeepsEstimate(t *testing.T) {
 	ft := newFakeTime()
-	store, err := memstore.New(memstore.Options{Clock: ft.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	tokens, err := sluice.NewLimiter(sluice.Options{Store: store, Limit: sluice.PerMinute(10000), Sleep: ft.sleep})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tokens := ft.limiter(t, sluice.PerMinute(10000))
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`)

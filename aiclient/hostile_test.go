@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice"
-	"github.com/sluice-io/sluice/memstore"
 )
 
 // TestRedirectToAnotherOriginRefused: an upstream that redirects the call
@@ -91,15 +90,7 @@ func TestAbsurdUsageBounded(t *testing.T) {
 		`{"prompt_tokens":4611686018427387904,"completion_tokens":1}`,
 	} {
 		ft := newFakeTime()
-		store, err := memstore.New(memstore.Options{Clock: ft.clk})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = store.Close() })
-		tokens, err := sluice.NewLimiter(sluice.Options{Store: store, Limit: sluice.PerMinute(10000), Sleep: ft.sleep})
-		if err != nil {
-			t.Fatal(err)
-		}
+		tokens := ft.limiter(t, sluice.PerMinute(10000))
 		srv, _ := errorServer(t, 200, nil, `{"choices":[{"message":{"role":"assistant","content":"hi"}}],"usage":`+usage+`}`)
 		c := newClient(t, srv.URL, ft, func(o *Options) { o.Tokens = tokens; o.LimitKey = "tenant" })
 		res, err := c.Chat(context.Background(), &ChatRequest{Model: "m", Messages: []Message{{Role: "user", Content: "hello"}}, MaxTokens: 100})
@@ -249,15 +240,7 @@ func TestHeaderFloodBounded(t *testing.T) {
 // limiter: every such call went out however spent the shared budget was.
 func TestHugeMaxTokensStillWaits(t *testing.T) {
 	ft := newFakeTime()
-	store, err := memstore.New(memstore.Options{Clock: ft.clk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	tokens, err := sluice.NewLimiter(sluice.Options{Store: store, Limit: sluice.PerMinute(10000), Sleep: ft.sleep})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tokens := ft.limiter(t, sluice.PerMinute(10000))
 	if _, err := tokens.Charge(context.Background(), "tenant", 10000); err != nil { // spent
 		t.Fatal(err)
 	}
