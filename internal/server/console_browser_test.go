@@ -136,12 +136,6 @@ func TestConsoleBrowser(t *testing.T) {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	poll := func(expr string) chromedp.Action[chromedp.Void] {
-		return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			_, err := chromedp.Poll[bool](expr)(ctx, tg)
-			return err
-		})
-	}
 	points := func() string {
 		c, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
@@ -262,4 +256,25 @@ func (a *auditTimes) Write(p []byte) (int, error) {
 		}
 	}
 	return len(p), nil
+}
+
+// poll waits until the JavaScript expression expr is true in the page.
+func poll(expr string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := chromedp.Poll[bool](expr)(ctx, tg)
+		return err
+	})
+}
+
+// browserRunner returns a function that runs actions in ctx's browser,
+// each run within timeout, failing t with what on an error.
+func browserRunner(ctx context.Context, t *testing.T, timeout time.Duration) func(what string, actions ...chromedp.Action[chromedp.Void]) {
+	return func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		c, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		if err := chromedp.Do(c, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
 }

@@ -43,20 +43,7 @@ func TestConsoleBrowserHostileIdentities(t *testing.T) {
 			s.check(t, string(body))
 		}
 	}
-	run := func(what string, actions ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		c, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		if err := chromedp.Do(c, actions...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	poll := func(expr string) chromedp.Action[chromedp.Void] {
-		return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			_, err := chromedp.Poll[bool](expr)(ctx, tg)
-			return err
-		})
-	}
+	run := browserRunner(ctx, t, 20*time.Second)
 	eval := func(expr string) string {
 		t.Helper()
 		c, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -131,20 +118,7 @@ func TestConsoleBrowserUnderPrefix(t *testing.T) {
 	})
 	front := httptest.NewServer(mux)
 	defer front.Close()
-	run := func(what string, actions ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		c, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		if err := chromedp.Do(c, actions...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	poll := func(expr string) chromedp.Action[chromedp.Void] {
-		return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			_, err := chromedp.Poll[bool](expr)(ctx, tg)
-			return err
-		})
-	}
+	run := browserRunner(ctx, t, 20*time.Second)
 	run("load /sluice/ui/ with the admin token",
 		chromedp.Navigate(front.URL+"/sluice/ui/"),
 		chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
@@ -192,20 +166,7 @@ func TestConsoleBrowserLookupExact(t *testing.T) {
 	for range 3 {
 		s.check(t, `{"policy":"b","key":"tenant:victim "}`)
 	}
-	run := func(what string, actions ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		c, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		if err := chromedp.Do(c, actions...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	poll := func(expr string) chromedp.Action[chromedp.Void] {
-		return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			_, err := chromedp.Poll[bool](expr)(ctx, tg)
-			return err
-		})
-	}
+	run := browserRunner(ctx, t, 20*time.Second)
 	run("admin token, and the abuser's entry clicked",
 		chromedp.Navigate(s.url+"/ui/"),
 		chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
