@@ -28,7 +28,8 @@ func newGatewayCmd() *cobra.Command {
 		Short: "Run the AI gateway: an OpenAI-compatible proxy with per-key tiers and token limits",
 		Long: `Run the AI gateway, an OpenAI-compatible reverse proxy for
 /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/responses
-(other /v1/* paths pass through). Each client key (Authorization: Bearer)
+(GET /v1/models passes through; other paths only under a passthrough
+prefix). Each client key (Authorization: Bearer)
 maps to a tier with requests per minute and per day, tokens per minute and
 concurrency limits, all checked at once; tokens are reserved before the
 request and settled against the response's usage, streams included.
