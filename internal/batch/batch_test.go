@@ -374,10 +374,14 @@ func TestReader(t *testing.T) {
 			t.Errorf("bad line %d accepted: %+v", i+5, p)
 		}
 	}
-	// A line over the bound ends the input with an error.
-	r = NewReader(strings.NewReader(strings.Repeat("x", 100)+"\n"), "m", 0, 50)
-	if _, err := r.Next(); err == nil {
-		t.Fatal("long line accepted")
+	// A line over the bound is a failed prompt of its own, line-N, and the
+	// lines after it are read (TestOverlongLineIsAFailedRecord).
+	r = NewReader(strings.NewReader(strings.Repeat("x", 100)+"\nok\n"), "m", 0, 50)
+	if p, err := r.Next(); err != nil || p.Err == nil || p.ID != "line-1" {
+		t.Fatalf("long line: %+v %v", p, err)
+	}
+	if p, err := r.Next(); err != nil || p.Err != nil || p.ID != "line-2" || p.Request.Messages[0].Content != "ok" {
+		t.Fatalf("the line after a long one: %+v %v", p, err)
 	}
 }
 

@@ -421,3 +421,35 @@ func TestEveryChoiceRecorded(t *testing.T) {
 		t.Errorf("choice 1: %+v", recs[0].OtherChoices[0])
 	}
 }
+
+// TestOverlongLineIsAFailedRecord: a line longer than MaxLineBytes ended
+// the input with an error, and every rerun stopped at the same line: the
+// prompts after it were never answered. It is now a failed record of its
+// own, line-N, that says why (raise --max-line-bytes and --retry-failed),
+// and the run goes on; a rerun sends nothing again.
+func TestOverlongLineIsAFailedRecord(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{})
+	dir := t.TempDir()
+	in := dir + "/in.jsonl"
+	long := `{"id":"big","prompt":"` + strings.Repeat("x", 300) + `"}`
+	if err := os.WriteFile(in, []byte(`{"id":"a","prompt":"one"}`+"\n"+long+"\n"+`{"id":"b","prompt":"two"}`+"\r\nthree"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := dir + "/out.jsonl"
+	run := func() *Summary {
+		return runBatch(t, context.Background(), Config{Input: openFile(t, in), Output: out, Client: testClient(t, up.URL(), nil), Model: "m", Concurrency: 1, MaxLineBytes: 200})
+	}
+	if sum := run(); sum.OK != 3 || sum.Failed != 1 || up.Count() != 3 {
+		t.Fatalf("summary %+v, %d requests", sum, up.Count())
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), `"id":"line-2"`) || !strings.Contains(string(data), "longer than") {
+		t.Fatalf("no failed record for line 2 that says why:\n%s", data)
+	}
+	if sum := run(); sum.OK != 0 || up.Count() != 3 {
+		t.Fatalf("rerun: %+v, %d requests", sum, up.Count())
+	}
+}

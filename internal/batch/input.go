@@ -40,7 +40,9 @@ type Prompt struct {
 // with the id "line-N". A line that is not UTF-8 text (a NUL byte, invalid
 // UTF-8) is not a prompt.
 type Reader struct {
-	sc        *bufio.Scanner
+	br        *bufio.Reader
+	buf       []byte // the line being read
+	maxLine   int
 	line      int64
 	model     string
 	maxTokens int64
@@ -52,18 +54,27 @@ func NewReader(r io.Reader, model string, maxTokens int64, maxLine int) *Reader 
 	if maxLine <= 0 {
 		maxLine = DefaultMaxLineBytes
 	}
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, min(64<<10, maxLine)), maxLine)
-	return &Reader{sc: sc, model: model, maxTokens: maxTokens}
+	return &Reader{br: bufio.NewReaderSize(r, min(64<<10, maxLine)), maxLine: maxLine, model: model, maxTokens: maxTokens}
 }
 
 // Next returns the next prompt, or io.EOF after the last. A line that is
-// not a valid prompt comes back with Err set; a read error, or a line
-// longer than the bound, ends the input with an error.
+// not a valid prompt, or is longer than the bound (its id unread, it is
+// line-N), comes back with Err set; a read error ends the input with an
+// error.
 func (r *Reader) Next() (Prompt, error) {
-	for r.sc.Scan() {
+	for {
+		b, tooLong, err := r.readLine()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return Prompt{}, io.EOF
+			}
+			return Prompt{}, fmt.Errorf("batch: read input: %w", err)
+		}
 		r.line++
-		b := r.sc.Bytes()
+		if tooLong {
+			return Prompt{ID: "line-" + strconv.FormatInt(r.line, 10), Line: r.line,
+				Err: fmt.Errorf("batch: line %d is longer than the line limit of %d bytes (raise --max-line-bytes, and rerun with --retry-failed)", r.line, r.maxLine)}, nil
+		}
 		if r.line == 1 {
 			b = bytes.TrimPrefix(b, []byte("\uFEFF")) // a byte order mark, as Windows editors write
 		}
@@ -73,13 +84,37 @@ func (r *Reader) Next() (Prompt, error) {
 		}
 		return r.parse(b), nil
 	}
-	if err := r.sc.Err(); err != nil {
-		if errors.Is(err, bufio.ErrTooLong) {
-			return Prompt{}, fmt.Errorf("batch: input line %d is longer than the line limit: %w", r.line+1, err)
+}
+
+// readLine reads the next line, without its line ending. A line longer
+// than maxLine is read to its end but not kept: tooLong reports it. After
+// the last line it returns io.EOF.
+func (r *Reader) readLine() (b []byte, tooLong bool, err error) {
+	r.buf = r.buf[:0]
+	read := false
+	for {
+		chunk, err := r.br.ReadSlice('\n')
+		read = read || len(chunk) > 0
+		if !tooLong && len(r.buf)+len(chunk) > r.maxLine+2 { // +2: the line's "\r\n"
+			tooLong, r.buf = true, r.buf[:0]
 		}
-		return Prompt{}, fmt.Errorf("batch: read input: %w", err)
+		if !tooLong {
+			r.buf = append(r.buf, chunk...)
+		}
+		switch {
+		case errors.Is(err, bufio.ErrBufferFull):
+			continue
+		case errors.Is(err, io.EOF) && !read:
+			return nil, false, io.EOF
+		case err != nil && !errors.Is(err, io.EOF):
+			return nil, false, err
+		}
+		line := bytes.TrimSuffix(bytes.TrimSuffix(r.buf, []byte("\n")), []byte("\r"))
+		if !tooLong && len(line) > r.maxLine {
+			tooLong = true
+		}
+		return line, tooLong, nil
 	}
-	return Prompt{}, io.EOF
 }
 
 // Line is the number of the last line read.
