@@ -1,6 +1,11 @@
 package algo
 
-import "time"
+import (
+	"fmt"
+	"time"
+
+	"github.com/sluice-io/sluice"
+)
 
 // MaxAhead bounds how far ahead of now a GCRA or token bucket key's state
 // may reach: a charge (sluice.OpCharge) that would put the key further in
@@ -30,4 +35,20 @@ func ahead(tat, inc, now int64) int64 {
 // addCount is count + cost for the counting algorithms, at most MaxCount.
 func addCount(count, cost int64) int64 {
 	return min(count+min(cost, MaxCount), MaxCount)
+}
+
+// MaxLogRate bounds the rate of a sliding_window_log limit in sluice
+// serve's config, its Envoy descriptors and overrides (the library takes
+// any). The log keeps every admission of its window, and each decision
+// reads and rewrites it (in Redis, the key's whole list on every call): at
+// a rate of a million per window one hot key would stall the Redis that
+// every decision of the fleet shares.
+const MaxLogRate = 10_000
+
+// LogRateProblem says why l is too high a rate for algorithm a, or "".
+func LogRateProblem(a sluice.Algorithm, l sluice.Limit) string {
+	if a != sluice.SlidingWindowLog || l.Rate <= MaxLogRate {
+		return ""
+	}
+	return fmt.Sprintf("sliding_window_log keeps every admission of its window, at most %d (here %d, each decision reading and rewriting them all); use sliding_window_counter for a higher rate", MaxLogRate, l.Rate)
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/algo"
 )
 
 // Calendar windows in serve policies: `timezone`, `reset_at` and
@@ -89,6 +90,9 @@ func FitOverride(pol *Policy, l sluice.Limit) (sluice.Limit, string) {
 	}
 	if !l.Calendar.IsZero() && pol.Algorithm != sluice.FixedWindow {
 		return l, "policy " + pol.Name + " uses " + pol.Algorithm.String() + "; a calendar limit needs fixed_window"
+	}
+	if problem := algo.LogRateProblem(pol.Algorithm, l); problem != "" {
+		return l, "policy " + pol.Name + ": " + problem
 	}
 	return l, ""
 }

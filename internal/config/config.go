@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/algo"
 	"github.com/sluice-io/sluice/internal/yamlconf"
 	"github.com/sluice-io/sluice/lease"
 )
@@ -249,6 +250,9 @@ func (v *validator) compile(f *File) *Config {
 			}
 		}
 		v.policyCalendar(path, &p, pol) // calendar.go
+		if problem := algo.LogRateProblem(pol.Algorithm, pol.Limit); problem != "" {
+			v.addf(path+".limit", "%s", problem)
+		}
 		pol.Lease = f.Store.Lease && lease.Leasable(pol.Algorithm)
 		if p.Lease != nil {
 			pol.Lease = *p.Lease

@@ -412,3 +412,26 @@ func TestShortAdminTokenRefused(t *testing.T) {
 		}
 	}
 }
+
+// A sliding_window_log policy, or an override of one, above MaxLogRate is
+// refused at load with its file:line: each decision reads and rewrites the
+// whole log, and one hot key would stall the shared Redis.
+func TestSlidingLogRateBounded(t *testing.T) {
+	for _, y := range []string{
+		"policies:\n  p: {algorithm: sliding_window_log, limit: 1000000/min}\n",
+		"policies:\n  p: {algorithm: sliding_window_log, limit: 100/min}\noverrides:\n  - {key: k, policy: p, limit: 20000/min}\n",
+	} {
+		_, err := Parse("s.yaml", []byte(y))
+		if err == nil || !strings.Contains(err.Error(), "s.yaml:") || !strings.Contains(err.Error(), "sliding_window_counter") {
+			t.Errorf("%s: %v", y, err)
+		}
+	}
+	for _, y := range []string{
+		"policies:\n  p: {algorithm: sliding_window_log, limit: 10000/min}\n",
+		"policies:\n  p: {algorithm: sliding_window_counter, limit: 1000000/min}\n",
+	} {
+		if _, err := Parse("s.yaml", []byte(y)); err != nil {
+			t.Errorf("%s: %v", y, err)
+		}
+	}
+}

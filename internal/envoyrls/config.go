@@ -14,6 +14,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/algo"
 	"github.com/sluice-io/sluice/internal/yamlconf"
 	"github.com/sluice-io/sluice/lease"
 )
@@ -442,6 +443,10 @@ func (l *loader) rule(d *domainConfig, dc yamlDescriptor, fullKey, path string) 
 		r.limit = sluice.Limit{Rate: int64(rl.RequestsPerUnit), Period: unitPeriods[unit], Burst: int64(rl.Burst)}
 		if rl.Burst > 0 && r.algorithm != sluice.GCRA && r.algorithm != sluice.TokenBucket {
 			l.fail(path+".burst", "burst needs algorithm gcra or token_bucket, not %s", r.algorithm)
+			return nil
+		}
+		if problem := algo.LogRateProblem(r.algorithm, r.limit); problem != "" {
+			l.fail(path+".requests_per_unit", "%s", problem)
 			return nil
 		}
 		if r.limit.Rate > 0 {

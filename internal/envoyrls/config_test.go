@@ -62,6 +62,7 @@ func TestBadConfigs(t *testing.T) {
 		"float_value.bad.yaml":                 "6: descriptors[0].rate_limit.requests_per_unit: error checking config",
 		"negative_rate.bad.yaml":               "6: descriptors[0].rate_limit.requests_per_unit: cannot use a YAML int `-1` as uint32",
 		"not_yaml.bad.yaml":                    "2: did not find expected node content",
+		"log_rate.bad.yaml":                    "6: descriptors[0].rate_limit.requests_per_unit: sliding_window_log keeps every admission of its window, at most 10000 (here 1000000, each decision reading and rewriting them all); use sliding_window_counter for a higher rate",
 	}
 	paths, err := filepath.Glob("testdata/*.bad.yaml")
 	if err != nil {

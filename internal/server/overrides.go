@@ -173,11 +173,18 @@ func (s *Server) handlePutOverride(w http.ResponseWriter, r *http.Request) {
 	}
 	cfg := s.cfg.Load()
 	exists := func(p string) bool { return cfg.Policies[p] != nil }
-	if p := cfg.Policies[body.Policy]; p != nil && body.Limit != "" {
+	if p := cfg.Policies[body.Policy]; p != nil {
 		// A limit the policy's algorithm cannot enforce (a calendar limit
-		// on a policy other than fixed_window) would fail every decision
-		// it matches: refused here as in the config.
-		if l, err := sluice.ParseLimit(body.Limit); err == nil {
+		// on a policy other than fixed_window, a sliding log past its
+		// bound) would be skipped by every decision it matches: refused
+		// here as in the config. A scale is checked on the policy's limit.
+		l, err := p.Limit, error(nil)
+		if body.Limit != "" {
+			l, err = sluice.ParseLimit(body.Limit)
+		} else {
+			l = body.Override.Apply(l)
+		}
+		if err == nil {
 			if _, problem := config.FitOverride(p, l); problem != "" {
 				writeError(w, http.StatusBadRequest, "%s", problem)
 				return

@@ -378,3 +378,22 @@ func TestOverrideControlCharIdentity(t *testing.T) {
 		t.Errorf("wildcard with a control character: %d %s", a.status, a.raw)
 	}
 }
+
+// TestOverrideSlidingLogRateBounded: an override that would take a
+// sliding_window_log policy past algo.MaxLogRate, by its limit or by a
+// scale of the policy's, is refused as the config refuses such a policy:
+// each decision of a hot key would read and rewrite the whole log.
+func TestOverrideSlidingLogRateBounded(t *testing.T) {
+	s := startService(t, svcOptions{config: strings.Replace(testConfig, "  b: {limit: 2/s}\n", "  b: {limit: 2/s}\n  log: {limit: 5000/min, algorithm: sliding_window_log}\n", 1)})
+	for _, body := range []string{
+		`{"identity":"x","policy":"log","limit":"20000/min"}`,
+		`{"identity":"x","policy":"log","scale":3}`,
+	} {
+		if a := s.do(t, "PUT", "/v1/overrides", body, bearer...); a.status != 400 || !strings.Contains(a.raw, "sliding_window_counter") {
+			t.Errorf("%s: %d %s", body, a.status, a.raw)
+		}
+	}
+	if a := s.do(t, "PUT", "/v1/overrides", `{"identity":"x","policy":"log","scale":2}`, bearer...); a.status != 201 {
+		t.Fatalf("within the bound: %d %s", a.status, a.raw)
+	}
+}
