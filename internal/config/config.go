@@ -176,6 +176,10 @@ func (v *validator) addf(path string, format string, args ...any) {
 // guessed opens overrides, resets and the console's changes.
 const MinAdminTokenLen = 16
 
+// IsKeyHash reports whether h has the form of a key's hash as keys are
+// configured: the lowercase hex SHA-256 of sluice.HashKey.
+func IsKeyHash(h string) bool { return hashRE.MatchString(h) }
+
 // compile applies defaults and validates, recording errors in v.
 func (v *validator) compile(f *File) *Config {
 	if n := len(f.AdminToken); n > 0 && n < MinAdminTokenLen {

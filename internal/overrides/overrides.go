@@ -181,8 +181,8 @@ func (o *Override) Validate(now int64, policyExists func(string) bool) error {
 
 // ValidatePattern checks an identity pattern against the bounds: UTF-8 of
 // at most MaxIdentityLen bytes, printable and at most MaxPatternLen with a
-// '*', at most MaxStars stars, and a "key:" pattern only of hash digits (an API key is
-// named by its hash or its key_name, never by itself).
+// '*', at most MaxStars stars, and a "key:" pattern only of hash digits
+// (an API key is named by its hash or its key_name, never by itself).
 func ValidatePattern(p string) error {
 	switch {
 	case p == "":

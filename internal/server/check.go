@@ -53,18 +53,10 @@ type target struct {
 }
 
 // isKeyIdentity reports whether k has the form of an API key's identity,
-// "key:" and 64 lowercase hex digits.
+// "key:" and the key's hash.
 func isKeyIdentity(k string) bool {
 	h, ok := strings.CutPrefix(k, "key:")
-	if !ok || len(h) != 64 {
-		return false
-	}
-	for _, c := range []byte(h) {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
+	return ok && config.IsKeyHash(h)
 }
 
 // storeKey names a policy's state for an identity. The identity is a Redis
