@@ -2,6 +2,7 @@ package envoyrls
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -14,7 +15,12 @@ import (
 	"github.com/sluice-io/sluice/redisstore"
 )
 
-func TestMain(m *testing.M) { redistest.Main(m) }
+func TestMain(m *testing.M) {
+	if code, ok := childMain(); ok { // a process of the fairness tests
+		os.Exit(code)
+	}
+	redistest.Main(m)
+}
 
 func openRedis(t *testing.T, url string, clk clock.Clock) sluice.Store {
 	t.Helper()
