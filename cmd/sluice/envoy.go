@@ -33,5 +33,5 @@ func envoyComponent(d server.Deps) (server.Component, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &envoyrls.Runner{Service: svc, GRPCAddr: sec.GRPCAddr, HTTPAddr: sec.HTTPAddr, GRPCOptions: d.Tracing.GRPCServerOptions()}, nil
+	return &envoyrls.Runner{Service: svc, GRPCAddr: sec.GRPCAddr, HTTPAddr: sec.HTTPAddr, GRPCOptions: d.Tracing.GRPCServerOptions(), Limits: sec.Limits()}, nil
 }

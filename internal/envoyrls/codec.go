@@ -36,6 +36,14 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v
 func (c codec) Name() string { return proto.Name }
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
+	if g, ok := v.(*gatedRequest); ok {
+		// The message is read, not yet decoded: its cost first
+		// (fairness.go).
+		if err := g.admit(data.Len()); err != nil {
+			return err
+		}
+		v = &g.req
+	}
 	req, ok := v.(*rlsv3.RateLimitRequest)
 	if !ok {
 		return c.base.Unmarshal(data, v)

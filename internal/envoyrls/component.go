@@ -22,6 +22,8 @@ import (
 //	  http_addr: ":8082"          # optional: /json and /healthcheck
 //	  response_headers: true      # optional: RateLimit headers for Envoy to add
 //	  merge_domains: false        # optional: MERGE_DOMAIN_CONFIG
+//	  max_request_bytes: 262144   # optional: one call's message, 4 KiB..4 MiB
+//	  max_conns_per_peer: 64      # optional: one client IP's connections, 1..4096
 //
 // A relative config_dir is taken from the directory of the file it is in.
 type Config struct {
@@ -38,6 +40,15 @@ type Config struct {
 	MergeDomains bool `yaml:"merge_domains"`
 	// Lease sets Options.Lease: every descriptor as if `lease: true`.
 	Lease bool `yaml:"lease"`
+	// MaxRequestBytes sets Limits.MaxRequestBytes; 0 means the default.
+	MaxRequestBytes int `yaml:"max_request_bytes"`
+	// MaxConnsPerPeer sets Limits.MaxConnsPerPeer; 0 means the default.
+	MaxConnsPerPeer int `yaml:"max_conns_per_peer"`
+}
+
+// Limits returns the section's bounds on one client of the gRPC port.
+func (c *Config) Limits() Limits {
+	return Limits{MaxRequestBytes: c.MaxRequestBytes, MaxConnsPerPeer: c.MaxConnsPerPeer}
 }
 
 // Validate checks the section.
@@ -53,7 +64,10 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("%s %q: %v", a.name, a.addr, err)
 		}
 	}
-	return nil
+	if c.MaxConnsPerPeer < 0 {
+		return fmt.Errorf("max_conns_per_peer %d: must be between 1 and %d", c.MaxConnsPerPeer, MaxMaxConnsPerPeer)
+	}
+	return c.Limits().Validate()
 }
 
 // Runner runs a Service as one part of a larger server: the gRPC listener,
@@ -71,6 +85,9 @@ type Runner struct {
 	OnListen func(name string, addr net.Addr)
 	// GRPCOptions are added to the gRPC server's (tracing's stats handler).
 	GRPCOptions []grpc.ServerOption
+	// Limits bound what one client can make the gRPC server do
+	// (fairness.go); the zero value means the defaults.
+	Limits Limits
 }
 
 // Name implements sluice serve's component interface.
@@ -91,11 +108,14 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.OnListen != nil {
 		r.OnListen("grpc", lis.Addr())
 	}
+	lim := r.Limits.withDefaults()
+	lis = guardListener(lis, lim, log)
+	opts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(lim.MaxRequestBytes)}, r.GRPCOptions...)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 3)
 	running := 2
-	go func() { errc <- r.Service.Serve(ctx, lis, r.GRPCOptions...) }()
+	go func() { errc <- r.Service.Serve(ctx, lis, opts...) }()
 	go func() { errc <- r.Service.Watch(ctx) }()
 	if r.HTTPAddr != "" {
 		hl, err := net.Listen("tcp", r.HTTPAddr)

@@ -198,8 +198,24 @@ func p99(lat []time.Duration) time.Duration {
 // nothing else on the server.
 func quietBaseline(t *testing.T, g *goodClient) time.Duration {
 	t.Helper()
+	quiet, _ := g.measure(t, nil)
+	return quiet
+}
+
+// measure runs the well-behaved client for a second after a warm-up and
+// returns its p99 and, with srv, the server's CPU time per call.
+func (g *goodClient) measure(t *testing.T, srv *child) (time.Duration, time.Duration) {
+	t.Helper()
 	g.run(t, 200, 0)
-	return p99(g.run(t, 1000, time.Second))
+	var before time.Duration
+	if srv != nil {
+		before = serverCPU(t, srv)
+	}
+	lat := g.run(t, 0, time.Second)
+	if srv == nil {
+		return p99(lat), 0
+	}
+	return p99(lat), (serverCPU(t, srv) - before) / time.Duration(len(lat))
 }
 
 // checkFair asserts the well-behaved client's p99 under the flood
@@ -254,7 +270,7 @@ func TestFairnessDescriptorFlood(t *testing.T) {
 func TestFairnessRapidReset(t *testing.T) {
 	srv, addr := fairServer(t)
 	good := dialGood(t, addr)
-	quiet := quietBaseline(t, good)
+	quiet, quietCPU := good.measure(t, srv)
 	reset := startChild(t, "reset", childAddrEnv+"="+addr, childSrcEnv+"="+floodSourceIP)
 	reset.expect(t, "flooding")
 	loud := p99(good.run(t, 50, 2*time.Second))
@@ -264,19 +280,18 @@ func TestFairnessRapidReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	reset.stop(t)
-	// The server's CPU over the second after the flood, beside the
-	// well-behaved client's calls (a few percent of a core).
-	before := serverCPU(t, srv)
-	start := time.Now()
-	after := p99(good.run(t, 0, time.Second))
-	busy := float64(serverCPU(t, srv)-before) / float64(time.Since(start))
-	t.Logf("rapid reset: %d streams opened, %d GOAWAY received; after it the server used %.0f%% of a core, well-behaved p99 %v", streams, goaways, busy*100, after)
+	// The server's CPU per call of the well-behaved client over the
+	// second after the flood, against the same before it: work the flood
+	// left queued would be on top.
+	after, afterCPU := good.measure(t, srv)
+	t.Logf("rapid reset: %d streams opened, %d GOAWAY received; server CPU per well-behaved call %v before, %v after it (%.1fx; p99 after %v)",
+		streams, goaways, quietCPU, afterCPU, float64(afterCPU)/float64(quietCPU), after)
 	checkMemory(t, srv)
 	if goaways == 0 {
 		t.Errorf("the rapid reset's %d streams were never answered with GOAWAY (ENHANCE_YOUR_CALM)", streams)
 	}
 	checkFair(t, quiet, loud)
-	if busy > 0.5 {
-		t.Errorf("after the flood the server used %.0f%% of a core for a second: a backlog of the flood's work", busy*100)
+	if afterCPU > 3*quietCPU+100*time.Microsecond {
+		t.Errorf("after the flood the server's CPU per call was %v, against %v before it: a backlog of the flood's work", afterCPU, quietCPU)
 	}
 }

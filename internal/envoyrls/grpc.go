@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 )
 
@@ -22,13 +24,29 @@ const DefaultGRPCAddr = ":8081"
 const (
 	minStreamWorkers    = 64
 	streamWorkersPerCPU = 16
-	streamWindow        = 64 << 10
-	connWindow          = 1 << 20
+	// streamWindow bounds what a client can send on a stream before its
+	// call reads it (16 KiB: requests are a few hundred bytes; a larger
+	// one is let in as it is read): with maxPeerCalls, what a peer's
+	// calls hold before they are read (fairness.go).
+	streamWindow = 16 << 10
+	connWindow   = 1 << 20
 	// maxStreams bounds the calls in flight on one connection. Envoy opens
 	// another connection when its pool reaches the bound; a client that
 	// opens streams and never reads their answers holds at most this many
 	// goroutines a connection (gRPC's default is 2^32-1).
 	maxStreams = 1024
+	// keepaliveMinTime is the shortest interval between a client's
+	// keepalive pings (with or without calls in flight): a client that
+	// pings more often gets GOAWAY (ENHANCE_YOUR_CALM, "too_many_pings")
+	// on its third. gRPC's default is 5 minutes, without calls not at all,
+	// which cuts off an idle Envoy that pings every 30 s.
+	keepaliveMinTime = 5 * time.Second
+	// keepaliveTime and keepaliveTimeout: the server pings a connection
+	// silent for keepaliveTime and closes it when no answer comes within
+	// keepaliveTimeout, so a vanished client's connection does not hold
+	// its place in its peer's budget.
+	keepaliveTime    = time.Minute
+	keepaliveTimeout = 20 * time.Second
 )
 
 // Register adds the rate-limit service to a gRPC server.
@@ -52,10 +70,17 @@ func (s *Service) Register(g *grpc.Server) {
 //     busy.
 //   - At most 1024 calls in flight on one connection (HTTP/2's
 //     SETTINGS_MAX_CONCURRENT_STREAMS; gRPC's default has no bound).
-//   - Flow-control windows are static (64 KiB per stream, 1 MiB per
+//   - Flow-control windows are static (16 KiB per stream, 1 MiB per
 //     connection; requests are a few hundred bytes), which turns off the
 //     bandwidth-delay estimator and the PING frames it sends while data
 //     flows.
+//   - A message is at most DefaultMaxRequestBytes (gRPC refuses a larger
+//     one from its length, before reading it), and each call passes its
+//     peer's budgets (fairness.go) when its connection was accepted by
+//     Serve or Runner.
+//   - Keepalive is enforced: a client may ping every 5 s at most; the
+//     server pings a connection silent for a minute and closes it if no
+//     answer comes in 20 s.
 func (s *Service) NewGRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	return NewGRPCServerFor(s, opts...)
 }
@@ -71,10 +96,13 @@ func NewGRPCServerFor(h rlsv3.RateLimitServiceServer, opts ...grpc.ServerOption)
 		grpc.MaxConcurrentStreams(maxStreams),
 		grpc.StaticConnWindowSize(connWindow),
 		grpc.ForceServerCodecV2(newCodec()), // descriptor values of any bytes (codec.go)
+		grpc.MaxRecvMsgSize(DefaultMaxRequestBytes),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
 	}
 	opts = append(defaults, opts...)
 	g := grpc.NewServer(opts...)
-	rlsv3.RegisterRateLimitServiceServer(g, h)
+	g.RegisterService(&rateLimitServiceDesc, h) // ShouldRateLimit behind the peer's budgets
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(rlsv3.RateLimitService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
@@ -84,8 +112,11 @@ func NewGRPCServerFor(h rlsv3.RateLimitServiceServer, opts ...grpc.ServerOption)
 }
 
 // Serve answers gRPC on lis until ctx is done, then stops gracefully. It
-// returns nil after a stop that ctx asked for.
+// returns nil after a stop that ctx asked for. Its connections are
+// accepted within the default Limits (fairness.go) unless lis is
+// Runner's, which has its own.
 func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.ServerOption) error {
+	lis = guardListener(lis, Limits{}, s.log)
 	g := s.NewGRPCServer(opts...)
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(lis) }()
