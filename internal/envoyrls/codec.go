@@ -37,9 +37,9 @@ func (c codec) Name() string { return proto.Name }
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	if g, ok := v.(*gatedRequest); ok {
-		// The message is read, not yet decoded: its cost first
+		// The message is read, not yet decoded: its size and cost first
 		// (fairness.go).
-		if err := g.admit(data.Len()); err != nil {
+		if decode, err := g.admit(data.Len()); !decode {
 			return err
 		}
 		v = &g.req

@@ -110,12 +110,11 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	lim := r.Limits.withDefaults()
 	lis = guardListener(lis, lim, log)
-	opts := append([]grpc.ServerOption{grpc.MaxRecvMsgSize(lim.MaxRequestBytes)}, r.GRPCOptions...)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 3)
 	running := 2
-	go func() { errc <- r.Service.Serve(ctx, lis, opts...) }()
+	go func() { errc <- r.Service.Serve(ctx, lis, r.GRPCOptions...) }()
 	go func() { errc <- r.Service.Watch(ctx) }()
 	if r.HTTPAddr != "" {
 		hl, err := net.Listen("tcp", r.HTTPAddr)

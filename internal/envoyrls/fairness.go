@@ -12,31 +12,31 @@ package envoyrls
 //     closed as soon as they are accepted.
 //   - Calls: at most maxPeerCalls in the handler at once (waiting or
 //     working); more are answered OVER_LIMIT before their message is read.
-//     gRPC bounds calls per connection (maxStreams) and a call's message
-//     (Limits.MaxRequestBytes, checked from its length prefix before the
-//     message is read); a larger message is answered OVER_LIMIT unread.
-//     Both answers have no descriptor statuses (the message is not read),
-//     and neither is an error, which an Envoy with failure_mode_deny:
-//     false would let through, limits and all.
-//   - Reads: at most maxPeerReads messages read but not yet decoded, so a
-//     peer's messages wait in HTTP/2 flow control (streamWindow each), not
-//     in memory.
+//     gRPC bounds the calls of one connection (maxStreams).
+//   - Reads: at most maxPeerReads messages being read or decoded at once,
+//     so that a peer's other messages wait in HTTP/2 flow control
+//     (streamWindow each), not in memory. gRPC reads a message of at most
+//     readBound (4 MiB, its own default) and refuses a larger one from its
+//     length prefix, unread, with RESOURCE_EXHAUSTED.
+//   - Size: a message over Limits.MaxRequestBytes is answered OVER_LIMIT
+//     without being decoded.
 //   - Work: a call's message bytes are its cost (its descriptors, entries
 //     and values all take bytes), taken from a budget of
 //     peerWorkRequests × MaxRequestBytes per peer, first come first
-//     served, after the message is read and before it is decoded, and
-//     held until the call is answered. A peer runs at most
-//     peerWorkRequests calls at the caps at once; hundreds of ordinary
-//     ones (a few hundred bytes each).
+//     served, once the message is read and before it is decoded, and
+//     held until the call is answered. A peer runs one call at the caps
+//     at a time, or hundreds of ordinary ones (a few hundred bytes each).
 //   - A call whose context has ended (the client reset its stream, or its
 //     deadline passed) does no work: it stops at each of these gates.
 //
-// So a peer holds at most about
-// maxPeerCalls × streamWindow + maxPeerReads × MaxRequestBytes +
-// peerWorkRequests × MaxRequestBytes × decodeFactor bytes (16 MiB + 2 MiB +
-// 4 MiB at the defaults). HTTP/2 rapid resets (resetguard.go) end the
-// connection with GOAWAY, and the peer's new connections wait out a
-// cool-off.
+// A call refused unread has no descriptor statuses (its message is not
+// decoded); it is OVER_LIMIT and not an error, which an Envoy with
+// failure_mode_deny: false would let through, limits and all. So a peer
+// holds at most about maxPeerCalls × streamWindow (16 MiB) waiting,
+// maxPeerReads × readBound (16 MiB) read, and its work budget decoded
+// (1 MiB of messages, a few MiB decoded). HTTP/2 rapid resets
+// (resetguard.go) end the connection with GOAWAY, and the peer's new
+// connections wait out a cool-off.
 
 import (
 	"context"
@@ -50,7 +50,6 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
@@ -64,7 +63,7 @@ const (
 	DefaultMaxRequestBytes = 1 << 20
 	// MinMaxRequestBytes and MaxMaxRequestBytes bound max_request_bytes.
 	MinMaxRequestBytes = 4 << 10
-	MaxMaxRequestBytes = 4 << 20
+	MaxMaxRequestBytes = readBound
 	// DefaultMaxConnsPerPeer bounds one client IP's open connections.
 	// Envoy opens one or a few per worker thread.
 	DefaultMaxConnsPerPeer = 64
@@ -75,8 +74,12 @@ const (
 // Fixed per-peer budgets (see Fairness on the gRPC port).
 const (
 	maxPeerCalls     = 1024
-	maxPeerReads     = 8
+	maxPeerReads     = 4
 	peerWorkRequests = 1
+	// readBound is the largest message gRPC reads (its default): a larger
+	// one is refused from its length with RESOURCE_EXHAUSTED, as
+	// envoyproxy/ratelimit does.
+	readBound = 4 << 20
 	// maxPeers bounds the peers known at once: the peers with a
 	// connection open and those cooling off after a rapid reset.
 	maxPeers = 1 << 16
@@ -85,8 +88,8 @@ const (
 // Limits bound what one peer (a client IP address) can make the gRPC
 // server do. The zero value means the defaults.
 type Limits struct {
-	// MaxRequestBytes bounds one call's message; a larger one is refused
-	// (RESOURCE_EXHAUSTED) from its length before it is read. Zero means
+	// MaxRequestBytes bounds the message of a call that is decoded; a
+	// larger one is answered OVER_LIMIT undecoded. Zero means
 	// DefaultMaxRequestBytes.
 	MaxRequestBytes int
 	// MaxConnsPerPeer bounds one client IP's open connections; more are
@@ -138,6 +141,7 @@ type peerState struct {
 	reads chan struct{}
 	work  *semaphore.Weighted
 	limit int64 // the work budget
+	max   int   // Limits.MaxRequestBytes
 
 	// Guarded by peers.mu.
 	conns     int
@@ -164,8 +168,8 @@ func (ps *peers) open(addr net.Addr) (*peerState, string) {
 		if len(ps.m) >= maxPeers {
 			return nil, "too many peers"
 		}
-		limit := int64(peerWorkRequests * ps.lim.MaxRequestBytes)
-		p = &peerState{ip: ip, reads: make(chan struct{}, maxPeerReads), work: semaphore.NewWeighted(limit), limit: limit}
+		p = ps.newPeer()
+		p.ip = ip
 		ps.m[ip] = p
 	}
 	if ps.now().Before(p.coolUntil) {
@@ -176,6 +180,12 @@ func (ps *peers) open(addr net.Addr) (*peerState, string) {
 	}
 	p.conns++
 	return p, ""
+}
+
+// newPeer returns the budgets of a new peer.
+func (ps *peers) newPeer() *peerState {
+	limit := int64(peerWorkRequests * ps.lim.MaxRequestBytes)
+	return &peerState{reads: make(chan struct{}, maxPeerReads), work: semaphore.NewWeighted(limit), limit: limit, max: ps.lim.MaxRequestBytes}
 }
 
 // close unregisters a connection that open accepted.
@@ -212,7 +222,7 @@ func callPeer(ctx context.Context) *peerState {
 	return nil
 }
 
-// refuseUnread answers a call whose message is not read (too large, or
+// refuseUnread answers a call whose message is not decoded (too large, or
 // beyond its peer's calls): OVER_LIMIT, counted as over the bounds.
 func refuseUnread(srv any) *rlsv3.RateLimitResponse {
 	if s, ok := srv.(*Service); ok {
@@ -226,34 +236,34 @@ func refuseUnread(srv any) *rlsv3.RateLimitResponse {
 // the message's cost from the peer's work budget before decoding it
 // (codec.go).
 type gatedRequest struct {
-	ctx    context.Context
-	p      *peerState
-	req    rlsv3.RateLimitRequest
-	weight int64 // taken from p.work
+	ctx      context.Context
+	p        *peerState
+	req      rlsv3.RateLimitRequest
+	weight   int64 // taken from p.work
+	oversize bool  // over MaxRequestBytes: not decoded
 }
 
 // admit takes the cost of a message of n bytes from the peer's work
-// budget, waiting its turn behind the peer's earlier calls.
-func (g *gatedRequest) admit(n int) error {
+// budget, waiting its turn behind the peer's earlier calls. It reports
+// false for a message over MaxRequestBytes, which is not to be decoded.
+func (g *gatedRequest) admit(n int) (bool, error) {
+	maxBytes := DefaultMaxRequestBytes
+	if g.p != nil {
+		maxBytes = g.p.max
+	}
+	if n > maxBytes {
+		g.oversize = true
+		return false, nil
+	}
 	if g.p == nil {
-		return nil
+		return true, nil
 	}
 	w := min(max(int64(n), 1), g.p.limit)
 	if err := g.p.work.Acquire(g.ctx, w); err != nil {
-		return status.FromContextError(err).Err()
+		return false, status.FromContextError(err).Err()
 	}
 	g.weight = w
-	return nil
-}
-
-// decodeFailed answers a call whose message could not be read or decoded:
-// OVER_LIMIT for one over Limits.MaxRequestBytes, which gRPC refuses from
-// its length, else the error.
-func decodeFailed(srv any, err error) (any, error) {
-	if status.Code(err) == codes.ResourceExhausted {
-		return refuseUnread(srv), nil
-	}
-	return nil, err
+	return true, nil
 }
 
 // rateLimitServiceDesc is the rate-limit service with its one method
@@ -288,10 +298,13 @@ func gatedShouldRateLimit(srv any, ctx context.Context, dec func(any) error, int
 			defer p.work.Release(g.weight)
 		}
 		if err != nil {
-			return decodeFailed(srv, err)
+			return nil, err
 		}
 	} else if err := dec(g); err != nil {
-		return decodeFailed(srv, err)
+		return nil, err
+	}
+	if g.oversize {
+		return refuseUnread(srv), nil
 	}
 	if ctx.Err() != nil { // reset while it waited: no work for it
 		return nil, status.FromContextError(ctx.Err()).Err()

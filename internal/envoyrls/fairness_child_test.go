@@ -193,7 +193,8 @@ func dialFrom(src string) func(context.Context, string) (net.Conn, error) {
 }
 
 // childFlood sends requests at the bounds from 64 callers on one
-// connection, and 8 MiB requests from 8 more, until its stdin closes. It
+// connection, 8 MiB requests from 8 more and 4 MiB ones from 8 more,
+// until its stdin closes. It
 // prints "flooding" once the first requests are answered.
 func childFlood() error {
 	addr, src := os.Getenv(childAddrEnv), os.Getenv(childSrcEnv)
@@ -230,6 +231,9 @@ func childFlood() error {
 	if err := send(huge, 8); err != nil {
 		return err
 	}
+	if err := send(make(rawMsg, readBound-64), 8); err != nil { // read, not decoded
+		return err
+	}
 	<-ctx.Done()
 	wg.Wait()
 	return nil
@@ -244,13 +248,7 @@ func childReset() error {
 	addr, src := os.Getenv(childAddrEnv), os.Getenv(childSrcEnv)
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { _, _ = io.Copy(io.Discard, os.Stdin); cancel() }()
-	var hdr bytes.Buffer
-	enc := hpack.NewEncoder(&hdr)
-	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"},
-		{":authority", addr}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
-		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-	}
-	block := hdr.Bytes()
+	block := resetHeaderBlock(addr)
 	var goaways, streams atomic.Int64
 	var once sync.Once
 	dial := dialFrom(src)
@@ -270,6 +268,18 @@ func childReset() error {
 	wg.Wait()
 	fmt.Printf("goaway %d streams %d\n", goaways.Load(), streams.Load())
 	return nil
+}
+
+// resetHeaderBlock is the HPACK block of a ShouldRateLimit call's
+// HEADERS.
+func resetHeaderBlock(addr string) []byte {
+	var hdr bytes.Buffer
+	enc := hpack.NewEncoder(&hdr)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", rlsv3.RateLimitService_ShouldRateLimit_FullMethodName},
+		{":authority", addr}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	return hdr.Bytes()
 }
 
 // resetConn runs the rapid reset on one connection until it ends.

@@ -244,7 +244,8 @@ func checkMemory(t *testing.T, srv *child) {
 
 // TestFairnessDescriptorFlood: 64 callers on one connection send requests
 // at the bounds (256 descriptors of 64 entries, up to
-// DefaultMaxRequestBytes) and 8 more send 8 MiB requests, beside a
+// DefaultMaxRequestBytes), 8 more send 8 MiB requests (refused from their
+// length) and 8 more 4 MiB ones (read, not decoded), beside a
 // well-behaved client on a connection of its own. Before the peer budget
 // and the tight message cap, its p99 went from 2.4 ms to 0.9-1.5 s and
 // the server's RSS to 708-876 MiB.

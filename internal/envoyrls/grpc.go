@@ -74,10 +74,11 @@ func (s *Service) Register(g *grpc.Server) {
 //     connection; requests are a few hundred bytes), which turns off the
 //     bandwidth-delay estimator and the PING frames it sends while data
 //     flows.
-//   - A message is at most DefaultMaxRequestBytes (gRPC refuses a larger
-//     one from its length, before reading it), and each call passes its
-//     peer's budgets (fairness.go) when its connection was accepted by
-//     Serve or Runner.
+//   - A message is read if it is at most 4 MiB (gRPC refuses a larger one
+//     from its length) and decoded if it is at most
+//     DefaultMaxRequestBytes (else it is OVER_LIMIT), and each call passes
+//     its peer's budgets (fairness.go) when its connection was accepted
+//     by Serve or Runner.
 //   - Keepalive is enforced: a client may ping every 5 s at most; the
 //     server pings a connection silent for a minute and closes it if no
 //     answer comes in 20 s.
@@ -96,7 +97,7 @@ func NewGRPCServerFor(h rlsv3.RateLimitServiceServer, opts ...grpc.ServerOption)
 		grpc.MaxConcurrentStreams(maxStreams),
 		grpc.StaticConnWindowSize(connWindow),
 		grpc.ForceServerCodecV2(newCodec()), // descriptor values of any bytes (codec.go)
-		grpc.MaxRecvMsgSize(DefaultMaxRequestBytes),
+		grpc.MaxRecvMsgSize(readBound),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
 	}

@@ -91,6 +91,10 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 // refuse closes a connection that open did not accept, or, while its
 // peer cools off, holds it unread until the cool-off ends.
 func (ps *peers) refuse(c net.Conn, p *peerState) {
+	if p == nil { // the table is full
+		c.Close()
+		return
+	}
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	wait := p.coolUntil.Sub(ps.now())
