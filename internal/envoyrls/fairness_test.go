@@ -32,6 +32,22 @@ const (
 	floodSourceIP = "127.0.0.2"
 )
 
+// floodFor is how long the well-behaved client is measured under a flood:
+// 2 s, or SLUICE_FAIRNESS_FLOOD (a Go duration) for a longer run
+// (docs/BENCHMARKS.md).
+func floodFor(t *testing.T) time.Duration {
+	t.Helper()
+	v := os.Getenv("SLUICE_FAIRNESS_FLOOD")
+	if v == "" {
+		return 2 * time.Second
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("SLUICE_FAIRNESS_FLOOD=%q: want a positive duration such as 30s", v)
+	}
+	return d
+}
+
 // child is a process of the fairness tests.
 type child struct {
 	cmd   *exec.Cmd
@@ -255,7 +271,7 @@ func TestFairnessDescriptorFlood(t *testing.T) {
 	quiet := quietBaseline(t, good)
 	flood := startChild(t, "flood", childAddrEnv+"="+addr, childSrcEnv+"="+floodSourceIP)
 	flood.expect(t, "flooding")
-	loud := p99(good.run(t, 50, 2*time.Second))
+	loud := p99(good.run(t, 50, floodFor(t)))
 	checkMemory(t, srv)
 	flood.stop(t)
 	checkFair(t, quiet, loud)
@@ -274,7 +290,7 @@ func TestFairnessRapidReset(t *testing.T) {
 	quiet, quietCPU := good.measure(t, srv)
 	reset := startChild(t, "reset", childAddrEnv+"="+addr, childSrcEnv+"="+floodSourceIP)
 	reset.expect(t, "flooding")
-	loud := p99(good.run(t, 50, 2*time.Second))
+	loud := p99(good.run(t, 50, floodFor(t)))
 	reset.stdin.Close()
 	var goaways, streams int64
 	if _, err := fmt.Sscanf(reset.expect(t, "goaway "), "%d streams %d", &goaways, &streams); err != nil {
