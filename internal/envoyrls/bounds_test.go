@@ -277,3 +277,37 @@ func TestLimitsValidate(t *testing.T) {
 		}
 	}
 }
+
+// The peer table is bounded: when it is full, peers cooling off without
+// a connection make room for a new peer; peers with connections do not.
+func TestPeerTableBounded(t *testing.T) {
+	ps := newPeers(Limits{})
+	addr := func(i int) net.Addr { return &net.TCPAddr{IP: net.IP{10, byte(i >> 16), byte(i >> 8), byte(i)}} }
+	for i := range maxPeers {
+		p, why := ps.open(addr(i))
+		if why != "" {
+			t.Fatalf("peer %d: %s", i, why)
+		}
+		if i%2 == 0 { // half leave after a rapid reset: cooling, no connection
+			ps.offend(p)
+			ps.close(p)
+		}
+	}
+	if len(ps.m) != maxPeers {
+		t.Fatalf("%d peers known, want %d (the cooling ones kept)", len(ps.m), maxPeers)
+	}
+	if _, why := ps.open(addr(maxPeers)); why != "" {
+		t.Fatalf("a new peer beside a table full of cool-offs: %s", why)
+	}
+	if len(ps.m) != maxPeers/2+1 {
+		t.Fatalf("%d peers known after the sweep, want %d", len(ps.m), maxPeers/2+1)
+	}
+	for i := maxPeers + 1; len(ps.m) < maxPeers; i++ {
+		if _, why := ps.open(addr(i)); why != "" {
+			t.Fatalf("peer %d: %s", i, why)
+		}
+	}
+	if p, why := ps.open(addr(1 << 23)); why == "" || p != nil {
+		t.Fatalf("peer %d of a table full of connected peers: %v %q, want refused", maxPeers+1, p, why)
+	}
+}

@@ -81,7 +81,8 @@ const (
 	// envoyproxy/ratelimit does.
 	readBound = 4 << 20
 	// maxPeers bounds the peers known at once: the peers with a
-	// connection open and those cooling off after a rapid reset.
+	// connection open and those cooling off after a rapid reset (the
+	// latter are dropped first when the table is full).
 	maxPeers = 1 << 16
 )
 
@@ -166,6 +167,9 @@ func (ps *peers) open(addr net.Addr) (*peerState, string) {
 	p := ps.m[ip]
 	if p == nil {
 		if len(ps.m) >= maxPeers {
+			ps.sweep()
+		}
+		if len(ps.m) >= maxPeers {
 			return nil, "too many peers"
 		}
 		p = ps.newPeer()
@@ -180,6 +184,17 @@ func (ps *peers) open(addr net.Addr) (*peerState, string) {
 	}
 	p.conns++
 	return p, ""
+}
+
+// sweep drops the peers that hold no connection, cooling off or not: a
+// full table must not refuse a new peer for the sake of old cool-offs
+// (an attacker of many addresses could fill it). ps.mu is held.
+func (ps *peers) sweep() {
+	for ip, p := range ps.m {
+		if p.conns == 0 && p.tarpit == 0 {
+			delete(ps.m, ip)
+		}
+	}
 }
 
 // newPeer returns the budgets of a new peer.
