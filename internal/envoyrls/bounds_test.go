@@ -108,7 +108,7 @@ func TestPeerWorkBudget(t *testing.T) {
 	}
 	second := &gatedRequest{ctx: context.Background(), p: p}
 	go func() { _, err := second.admit(size); done <- err }()
-	p.work.Release(first.weight)
+	p.work.release(first.weight)
 	if err := <-done; err != nil || second.weight != size {
 		t.Fatalf("after the first: %v, weight %d", err, second.weight)
 	}
@@ -309,5 +309,43 @@ func TestPeerTableBounded(t *testing.T) {
 	}
 	if p, why := ps.open(addr(1 << 23)); why == "" || p != nil {
 		t.Fatalf("peer %d of a table full of connected peers: %v %q, want refused", maxPeers+1, p, why)
+	}
+}
+
+// The work budget serves its waiters in order: a light call behind a
+// heavy one waits for it; when the heavy one gives up, the light one goes.
+func TestWorkBudgetFirstComeFirstServed(t *testing.T) {
+	b := newWorkBudget(10)
+	if err := b.acquire(context.Background(), 6); err != nil {
+		t.Fatal(err)
+	}
+	heavyCtx, giveUp := context.WithCancel(context.Background())
+	heavy, light := make(chan error, 1), make(chan error, 1)
+	go func() { heavy <- b.acquire(heavyCtx, 10) }()
+	for queued := false; !queued; { // the heavy call is waiting
+		b.mu.Lock()
+		queued = b.waiters.Len() == 1
+		b.mu.Unlock()
+		if !queued {
+			time.Sleep(time.Millisecond) // polling a state, not timing
+		}
+	}
+	go func() { light <- b.acquire(context.Background(), 1) }()
+	select {
+	case err := <-light:
+		t.Fatalf("a light call went ahead of the heavy one waiting before it: %v", err)
+	case <-time.After(50 * time.Millisecond): // it waits (what is asserted is that it did not go)
+	}
+	giveUp()
+	if err := <-heavy; err == nil {
+		t.Fatal("the heavy call that gave up was granted")
+	}
+	if err := <-light; err != nil {
+		t.Fatal(err)
+	}
+	b.release(6)
+	b.release(1)
+	if b.used != 0 {
+		t.Fatalf("%d used after every release", b.used)
 	}
 }

@@ -48,7 +48,6 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
@@ -140,7 +139,7 @@ type peerState struct {
 	ip    netip.Addr
 	calls atomic.Int64
 	reads chan struct{}
-	work  *semaphore.Weighted
+	work  *workBudget
 	limit int64 // the work budget
 	max   int   // Limits.MaxRequestBytes
 
@@ -200,7 +199,7 @@ func (ps *peers) sweep() {
 // newPeer returns the budgets of a new peer.
 func (ps *peers) newPeer() *peerState {
 	limit := int64(peerWorkRequests * ps.lim.MaxRequestBytes)
-	return &peerState{reads: make(chan struct{}, maxPeerReads), work: semaphore.NewWeighted(limit), limit: limit, max: ps.lim.MaxRequestBytes}
+	return &peerState{reads: make(chan struct{}, maxPeerReads), work: newWorkBudget(limit), limit: limit, max: ps.lim.MaxRequestBytes}
 }
 
 // close unregisters a connection that open accepted.
@@ -274,7 +273,7 @@ func (g *gatedRequest) admit(n int) (bool, error) {
 		return true, nil
 	}
 	w := min(max(int64(n), 1), g.p.limit)
-	if err := g.p.work.Acquire(g.ctx, w); err != nil {
+	if err := g.p.work.acquire(g.ctx, w); err != nil {
 		return false, status.FromContextError(err).Err()
 	}
 	g.weight = w
@@ -310,7 +309,7 @@ func gatedShouldRateLimit(srv any, ctx context.Context, dec func(any) error, int
 		err := dec(g)
 		<-p.reads
 		if g.weight > 0 {
-			defer p.work.Release(g.weight)
+			defer p.work.release(g.weight)
 		}
 		if err != nil {
 			return nil, err

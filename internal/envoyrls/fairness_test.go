@@ -308,6 +308,9 @@ func TestFairnessRapidReset(t *testing.T) {
 		t.Errorf("the rapid reset's %d streams were never answered with GOAWAY (ENHANCE_YOUR_CALM)", streams)
 	}
 	checkFair(t, quiet, loud)
+	if bound := max(fairRatio*quiet, fairFloor); after > bound {
+		t.Errorf("after the flood the well-behaved client's p99 is %v, over max(%dx its quiet %v, %v): a backlog of the flood's work", after, fairRatio, quiet, fairFloor)
+	}
 	if afterCPU > 3*quietCPU+100*time.Microsecond {
 		t.Errorf("after the flood the server's CPU per call was %v, against %v before it: a backlog of the flood's work", afterCPU, quietCPU)
 	}
