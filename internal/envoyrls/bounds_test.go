@@ -349,3 +349,40 @@ func TestWorkBudgetFirstComeFirstServed(t *testing.T) {
 		t.Fatalf("%d used after every release", b.used)
 	}
 }
+
+// A peer cut off for rapid resets has its new connections refused for a
+// cool-off of baseCoolOff, doubling per offence up to maxCoolOff; the
+// flood's other connections cut meanwhile are the same offence, and a
+// peer calm for forgiveAfter starts over.
+func TestRapidResetCoolOff(t *testing.T) {
+	ps := newPeers(Limits{})
+	now := time.Unix(1_000_000, 0)
+	ps.now = func() time.Time { return now }
+	addr := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}
+	p, why := ps.open(addr)
+	if why != "" {
+		t.Fatal(why)
+	}
+	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 30 * time.Second, 30 * time.Second}
+	for i, w := range want {
+		cool, first := ps.offend(p)
+		if cool != w || !first {
+			t.Fatalf("offence %d: cool-off %v (first %v), want %v", i+1, cool, first, w)
+		}
+		if again, first := ps.offend(p); first || again != w {
+			t.Fatalf("offence %d, another connection: cool-off %v (first %v), want the same %v", i+1, again, first, w)
+		}
+		now = now.Add(w - time.Nanosecond)
+		if _, why := ps.open(addr); why == "" {
+			t.Fatalf("offence %d: a new connection before the cool-off ended was served", i+1)
+		}
+		now = now.Add(time.Nanosecond)
+		if _, why := ps.open(addr); why != "" {
+			t.Fatalf("offence %d: a new connection after the cool-off: %s", i+1, why)
+		}
+	}
+	now = now.Add(forgiveAfter + time.Nanosecond)
+	if cool, _ := ps.offend(p); cool != baseCoolOff {
+		t.Fatalf("after %v calm: cool-off %v, want %v", forgiveAfter, cool, baseCoolOff)
+	}
+}

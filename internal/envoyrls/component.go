@@ -64,9 +64,6 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("%s %q: %v", a.name, a.addr, err)
 		}
 	}
-	if c.MaxConnsPerPeer < 0 {
-		return fmt.Errorf("max_conns_per_peer %d: must be between 1 and %d", c.MaxConnsPerPeer, MaxMaxConnsPerPeer)
-	}
 	return c.Limits().Validate()
 }
 
@@ -95,6 +92,9 @@ func (r *Runner) Name() string { return "envoy" }
 
 // Run serves until ctx is done, then stops gracefully.
 func (r *Runner) Run(ctx context.Context) error {
+	if err := r.Limits.Validate(); err != nil {
+		return fmt.Errorf("envoyrls: %w", err)
+	}
 	addr := r.GRPCAddr
 	if addr == "" {
 		addr = DefaultGRPCAddr
@@ -108,8 +108,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.OnListen != nil {
 		r.OnListen("grpc", lis.Addr())
 	}
-	lim := r.Limits.withDefaults()
-	lis = guardListener(lis, lim, log)
+	lis = guardListener(lis, r.Limits.withDefaults(), log)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 3)
