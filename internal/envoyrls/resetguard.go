@@ -239,7 +239,9 @@ func (c *frameConn) cutOff() {
 		c.writeGoaway(frame)
 		return
 	}
-	// The server is writing a frame: the GOAWAY follows it.
+	// The server is writing a frame: the GOAWAY follows it if the server
+	// finishes it; if it closes the connection first (it stops reading
+	// now), the connection ends without one.
 	c.goaway = frame
 	time.AfterFunc(goawayWait, func() {
 		c.wmu.Lock()
@@ -251,7 +253,7 @@ func (c *frameConn) cutOff() {
 	})
 }
 
-// goawayDebug is the GOAWAY's debug data, as Go's HTTP/2 server words it.
+// goawayDebug is the GOAWAY's debug data.
 const goawayDebug = "too_many_resets"
 
 // writeGoaway writes frame and closes the connection; c.wmu is held.
