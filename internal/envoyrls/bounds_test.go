@@ -9,6 +9,7 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
@@ -32,6 +33,9 @@ func TestOversizeMessageOverLimit(t *testing.T) {
 	}
 	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Fatalf("a %d-byte message: %v, want OVER_LIMIT", len(msg), resp.GetOverallCode())
+	}
+	if n := testutil.ToFloat64(e.svc.metrics.refused.WithLabelValues("oversize")); n != 1 {
+		t.Fatalf("sluice_envoy_rls_refused_total{reason=oversize} %v, want 1", n)
 	}
 }
 
@@ -144,7 +148,7 @@ func guardedServer(t *testing.T, lim Limits) string {
 		t.Fatal(err)
 	}
 	g := NewGRPCServerFor(&countingHandler{})
-	go func() { _ = g.Serve(guardListener(lis, lim, slog.New(slog.DiscardHandler))) }()
+	go func() { _ = g.Serve(guardListener(lis, lim, slog.New(slog.DiscardHandler), nil)) }()
 	t.Cleanup(g.Stop)
 	return lis.Addr().String()
 }

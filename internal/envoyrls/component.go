@@ -108,7 +108,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.OnListen != nil {
 		r.OnListen("grpc", lis.Addr())
 	}
-	lis = guardListener(lis, r.Limits.withDefaults(), log)
+	lis = guardListener(lis, r.Limits.withDefaults(), log, r.Service.metrics)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 3)

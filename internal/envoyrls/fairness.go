@@ -157,8 +157,9 @@ type peerAddr struct {
 	p *peerState
 }
 
-// open registers a new connection from addr. It returns the peer, or nil
-// and why the connection is not to be served.
+// open registers a new connection from addr. It returns the peer and,
+// when the connection is not to be served, why: peer_table (the peer is
+// then nil), cool_off or conns_per_peer.
 func (ps *peers) open(addr net.Addr) (*peerState, string) {
 	ip := ipOf(addr)
 	ps.mu.Lock()
@@ -169,17 +170,17 @@ func (ps *peers) open(addr net.Addr) (*peerState, string) {
 			ps.sweep()
 		}
 		if len(ps.m) >= maxPeers {
-			return nil, "too many peers"
+			return nil, "peer_table"
 		}
 		p = ps.newPeer()
 		p.ip = ip
 		ps.m[ip] = p
 	}
 	if ps.now().Before(p.coolUntil) {
-		return p, "cooling off after a rapid reset"
+		return p, "cool_off"
 	}
 	if p.conns >= ps.lim.MaxConnsPerPeer {
-		return p, "too many connections from the peer"
+		return p, "conns_per_peer"
 	}
 	p.conns++
 	return p, ""
@@ -237,11 +238,13 @@ func callPeer(ctx context.Context) *peerState {
 }
 
 // refuseUnread answers a call whose message is not decoded (too large, or
-// beyond its peer's calls): OVER_LIMIT, counted as over the bounds.
-func refuseUnread(srv any) *rlsv3.RateLimitResponse {
+// beyond its peer's calls): OVER_LIMIT, counted as over the bounds and
+// refused for reason.
+func refuseUnread(srv any, reason string) *rlsv3.RateLimitResponse {
 	if s, ok := srv.(*Service); ok {
 		s.metrics.unknown.tooLarge.Inc()
 		s.metrics.unknown.over.Inc()
+		s.metrics.refuse(reason)
 	}
 	return overLimitAll(0)
 }
@@ -298,7 +301,7 @@ func gatedShouldRateLimit(srv any, ctx context.Context, dec func(any) error, int
 	if p := g.p; p != nil {
 		if p.calls.Add(1) > maxPeerCalls {
 			p.calls.Add(-1)
-			return refuseUnread(srv), nil
+			return refuseUnread(srv, "peer_calls"), nil
 		}
 		defer p.calls.Add(-1)
 		select {
@@ -318,7 +321,7 @@ func gatedShouldRateLimit(srv any, ctx context.Context, dec func(any) error, int
 		return nil, err
 	}
 	if g.oversize {
-		return refuseUnread(srv), nil
+		return refuseUnread(srv, "oversize"), nil
 	}
 	if ctx.Err() != nil { // reset while it waited: no work for it
 		return nil, status.FromContextError(ctx.Err()).Err()

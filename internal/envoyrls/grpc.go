@@ -117,7 +117,7 @@ func NewGRPCServerFor(h rlsv3.RateLimitServiceServer, opts ...grpc.ServerOption)
 // accepted within the default Limits (fairness.go) unless lis is
 // Runner's, which has its own.
 func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.ServerOption) error {
-	lis = guardListener(lis, Limits{}, s.log)
+	lis = guardListener(lis, Limits{}, s.log, s.metrics)
 	g := s.NewGRPCServer(opts...)
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(lis) }()

@@ -26,6 +26,7 @@ type metrics struct {
 	requests      *prometheus.CounterVec
 	requestErrors *prometheus.CounterVec
 	loads         *prometheus.CounterVec
+	refused       *prometheus.CounterVec // fairness.go, resetguard.go
 	rules         prometheus.Gauge
 	maxSeries     int
 
@@ -68,6 +69,10 @@ func newMetrics(reg prometheus.Registerer, maxSeries int) (*metrics, error) {
 			Name: "sluice_envoy_rls_config_loads_total",
 			Help: "Configuration loads by result: success or error.",
 		}, []string{"result"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_envoy_rls_refused_total",
+			Help: "gRPC connections and calls refused to keep one client from slowing the others, by reason: conns_per_peer, cool_off (a connection while its client cools off after a rapid reset), peer_table (the table of clients is full), rapid_reset (a connection cut off with GOAWAY), peer_calls (a call beyond its client's calls in flight; OVER_LIMIT), oversize (a message over max_request_bytes; OVER_LIMIT).",
+		}, []string{"reason"}),
 		rules: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sluice_envoy_rls_rules",
 			Help: "Rate limits in the loaded configuration.",
@@ -76,7 +81,7 @@ func newMetrics(reg prometheus.Registerer, maxSeries int) (*metrics, error) {
 		detailed:  map[string]*ruleStats{},
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.hits, m.requests, m.requestErrors, m.loads, m.rules} {
+		for _, c := range []prometheus.Collector{m.hits, m.requests, m.requestErrors, m.loads, m.refused, m.rules} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -84,6 +89,14 @@ func newMetrics(reg prometheus.Registerer, maxSeries int) (*metrics, error) {
 	}
 	m.unknown = m.domain(unknownDomain)
 	return m, nil
+}
+
+// refuse counts a refusal of the gRPC port's guards; m may be nil (a
+// server without a Service's metrics).
+func (m *metrics) refuse(reason string) {
+	if m != nil {
+		m.refused.WithLabelValues(reason).Inc()
+	}
 }
 
 func (m *metrics) domain(name string) *domainStats {

@@ -59,17 +59,18 @@ var errRapidReset = errors.New("envoyrls: connection closed: too many streams re
 // peers' budgets and reads them through frameConn.
 type guardedListener struct {
 	net.Listener
-	peers *peers
-	log   *slog.Logger
+	peers   *peers
+	log     *slog.Logger
+	metrics *metrics // may be nil
 }
 
-// guardListener returns lis accepting within lim; a guarded listener is
-// returned as it is.
-func guardListener(lis net.Listener, lim Limits, log *slog.Logger) net.Listener {
+// guardListener returns lis accepting within lim, counting its refusals
+// in m (which may be nil); a guarded listener is returned as it is.
+func guardListener(lis net.Listener, lim Limits, log *slog.Logger, m *metrics) net.Listener {
 	if _, ok := lis.(*guardedListener); ok {
 		return lis
 	}
-	return &guardedListener{Listener: lis, peers: newPeers(lim), log: log}
+	return &guardedListener{Listener: lis, peers: newPeers(lim), log: log, metrics: m}
 }
 
 // Accept returns the next connection within its peer's budget. Those
@@ -84,6 +85,7 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 		if why == "" {
 			return newFrameConn(c, p, l), nil
 		}
+		l.metrics.refuse(why)
 		l.peers.refuse(c, p)
 	}
 }
@@ -224,6 +226,7 @@ func (c *frameConn) onFrame(h frameHeader) bool {
 // cutOff ends a connection for rapid resets: GOAWAY, then close.
 func (c *frameConn) cutOff() {
 	c.cut.Store(true)
+	c.l.metrics.refuse("rapid_reset")
 	if cool, first := c.l.peers.offend(c.addr.p); first {
 		c.l.log.Warn("envoyrls: gRPC connection closed with GOAWAY for rapid resets (CVE-2023-44487); the client's new connections wait out a cool-off",
 			"peer", c.addr.String(), "streams_opened", c.opened, "streams_reset", c.resets, "cool_off", cool)
