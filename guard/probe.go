@@ -178,13 +178,15 @@ func (c *core) heartbeat(ctx context.Context) {
 		// each a larger Local share while its circuit is still open.
 		read := int64(min(n, 1<<16))
 		c.instances.Store(max(read, c.lastBeat.Swap(read)))
+		c.beats.Add(1)
 	}
 }
 
 // Ready reports whether the store answers, from what the background probe
-// found, without traffic: nil when every node's circuit is closed and its
-// last probe succeeded; else an error wrapping ErrUnavailable that names
-// the failing nodes.
+// found, without traffic: nil when every node's circuit is closed, its
+// last probe succeeded and, with a Membership store and no
+// Options.Instances, a heartbeat has read the instance count; else an
+// error wrapping ErrUnavailable that names what fails.
 func (g *Guard) Ready(ctx context.Context) error {
 	var errs []error
 	g.nodes.Range(func(name string, n *node) bool {
@@ -198,6 +200,9 @@ func (g *Guard) Ready(ctx context.Context) error {
 		}
 		return true
 	})
+	if g.fixedN <= 0 && g.membership != nil && g.beats.Load() == 0 {
+		errs = append(errs, ErrInstancesUnknown)
+	}
 	if len(errs) == 0 {
 		return nil
 	}
