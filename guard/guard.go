@@ -613,6 +613,24 @@ func (c *core) node(key string) *node {
 	if n, ok := c.nodes.Load(name); ok {
 		return n
 	}
-	n, _ := c.nodes.LoadOrCompute(name, func() (*node, bool) { return &node{name: name}, false })
+	n, _ := c.nodes.LoadOrCompute(name, c.newNode(name))
 	return n
+}
+
+// newNode returns the constructor of node name's detector. A node that
+// appears while Local is owed charges (a replica promoted after its
+// master failed, whose keys Local answered meanwhile) starts with its
+// circuit open: the probe charges it what Local admitted for its keys
+// before it answers them (settle takes the debts of nodes that are gone
+// for the node that owns their keys now). Closed, it answered them at
+// once from the replica's state, and the debts, owed to a node no longer
+// listed, were never charged.
+func (c *core) newNode(name string) func() (*node, bool) {
+	return func() (*node, bool) {
+		n := &node{name: name}
+		if c.local.pending() {
+			n.state.Store(open)
+		}
+		return n, false
+	}
 }

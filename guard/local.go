@@ -205,14 +205,14 @@ func (l *local) owe(req *sluice.Request, node string, end, now int64) {
 	l.debts[req.Key] = &debt{req: r, node: node, end: end}
 }
 
-// take removes and returns the debts owed on node ("" for every node),
-// and drops those whose window ended by now.
-func (l *local) take(node string, now int64) []debt {
+// take removes and returns the debts for which owed reports true, and
+// drops those whose window ended by now.
+func (l *local) take(owed func(*debt) bool, now int64) []debt {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []debt
 	for k, d := range l.debts {
-		if node == "" || d.node == node {
+		if owed(d) {
 			if d.end == 0 || now < d.end {
 				out = append(out, *d)
 			}
@@ -244,7 +244,17 @@ func allAllowed(ds []sluice.Decision) bool {
 // may then be charged twice: stricter, never looser); it reports whether
 // all were charged.
 func (c *core) settle(ctx context.Context, node string) bool {
-	debts := c.local.take(node, c.clk.Now())
+	debts := c.local.take(func(d *debt) bool {
+		if d.node == node {
+			return true
+		}
+		// A node no longer listed (a master that failed over): its keys'
+		// debts go to the node that owns them now.
+		if _, listed := c.nodes.Load(d.node); !listed && c.sharded != nil {
+			return c.sharded.NodeOf(d.req.Key) == node
+		}
+		return false
+	}, c.clk.Now())
 	if len(debts) == 0 {
 		return true
 	}

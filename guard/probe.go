@@ -71,7 +71,7 @@ func (c *core) probeAll(ctx context.Context) {
 		cancel()
 		if err == nil && len(names) > 0 {
 			for _, name := range names {
-				c.nodes.LoadOrCompute(name, func() (*node, bool) { return &node{name: name}, false })
+				c.nodes.LoadOrCompute(name, c.newNode(name))
 			}
 			c.nodes.DeleteMatching(func(name string, _ *node) (bool, bool) { return !slices.Contains(names, name), false })
 		}
