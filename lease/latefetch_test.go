@@ -74,6 +74,11 @@ func TestLateFetchKeepsItsChunk(t *testing.T) {
 			if lost := charged - admitted.Load() - failed.Load(); lost > refill {
 				t.Fatalf("Redis charged %d more than was admitted or failed (refill %d): chunks lost", lost, refill)
 			}
+			// What an exact store admits of the same calls: each one Redis
+			// charged, less the direct calls that failed.
+			if exact := charged - failed.Load(); float64(admitted.Load()) < 0.99*float64(exact) {
+				t.Fatalf("admitted %d, under 0.99 of the %d an exact store would", admitted.Load(), exact)
+			}
 			if delay > lease.DefaultFetchWait && st.LateFetches == 0 {
 				t.Fatal("no fetch came after FetchWait")
 			}
