@@ -32,6 +32,10 @@ var (
 	// ErrDeadline means the store did not answer within Options.Timeout.
 	// It wraps ErrUnavailable.
 	ErrDeadline = fmt.Errorf("%w: deadline exceeded", ErrUnavailable)
+	// ErrInstancesUnknown means no heartbeat has read the instance count
+	// yet (the store was down since start) and Options.Instances is not
+	// set: the Local policy denies until it is read. Ready's error wraps it.
+	ErrInstancesUnknown = errors.New("guard: instance count not read yet; the local policy denies until it is (set Instances to the fleet's size to answer meanwhile)")
 )
 
 // Pinger is implemented by stores that can tell whether they are
@@ -96,7 +100,9 @@ type Options struct {
 	// Instances, when positive, is the number of instances sharing the
 	// limits, for Local's share. Zero means: learn it from the store's
 	// heartbeats (Membership), remembering the last count while the store
-	// is away; 1 for a store that cannot count.
+	// is away; 1 for a store that cannot count. Until the first count is
+	// read (a fleet started while its store is down) Local then denies:
+	// set Instances to the fleet's size to keep answering then.
 	Instances int
 	// LocalMaxKeys bounds each of Local's maps: the memory store, the last
 	// decisions remembered per key (a table of LocalMaxKeys rounded up to a
@@ -186,6 +192,7 @@ type core struct {
 
 	instances   atomic.Int64
 	lastBeat    atomic.Int64 // the count the last heartbeat read, 0 before
+	beats       atomic.Int64 // heartbeats that read a count
 	calls       atomic.Uint64
 	errs        atomic.Uint64
 	busy        atomic.Uint64
@@ -328,6 +335,16 @@ func find[T any](store sluice.Store) T {
 	}
 	var zero T
 	return zero
+}
+
+// countKnown reports whether Local knows how many instances share the
+// limits: Options.Instances, a store that cannot count (1), or a count
+// read by two heartbeats (kept while the store is away). One is not
+// enough: instances started together while the store was down renew
+// within one interval of each other once it is up, and the first to
+// read counts only itself.
+func (c *core) countKnown() bool {
+	return c.fixedN > 0 || c.membership == nil || c.beats.Load() >= 2
 }
 
 // Instances returns the number of instances Local divides limits by.
@@ -545,7 +562,12 @@ func (g *Guard) degrade(ctx context.Context, op sluice.Op, reqs []sluice.Request
 	// would spend what the store is handing out to the other calls at the
 	// same moment.
 	works := n.state.Load() == closed && n.probed.Load() && n.probeErr.Load() == nil
-	if g.policy == Local && !(works && op == sluice.OpAllow) {
+	// An instance that has not read the instance count yet (a fleet
+	// started while its store was down) does not know its share: counting
+	// itself alone, every instance handed out the whole limit (3 instances,
+	// 3× the limit). It denies until the count is known, unless
+	// Options.Instances gives it (TestColdStartWithinBound).
+	if g.policy == Local && !(works && op == sluice.OpAllow) && g.countKnown() {
 		ds, err := g.local.apply(context.WithoutCancel(ctx), op, reqs, g.Instances(), g.clk.Now(), n.name)
 		if err == nil {
 			for i := range ds {
@@ -591,6 +613,24 @@ func (c *core) node(key string) *node {
 	if n, ok := c.nodes.Load(name); ok {
 		return n
 	}
-	n, _ := c.nodes.LoadOrCompute(name, func() (*node, bool) { return &node{name: name}, false })
+	n, _ := c.nodes.LoadOrCompute(name, c.newNode(name))
 	return n
+}
+
+// newNode returns the constructor of node name's detector. A node that
+// appears while Local is owed charges (a replica promoted after its
+// master failed, whose keys Local answered meanwhile) starts with its
+// circuit open: the probe charges it what Local admitted for its keys
+// before it answers them (settle takes the debts of nodes that are gone
+// for the node that owns their keys now). Closed, it answered them at
+// once from the replica's state, and the debts, owed to a node no longer
+// listed, were never charged.
+func (c *core) newNode(name string) func() (*node, bool) {
+	return func() (*node, bool) {
+		n := &node{name: name}
+		if c.local.pending() {
+			n.state.Store(open)
+		}
+		return n, false
+	}
 }

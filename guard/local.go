@@ -46,6 +46,27 @@ type seed struct {
 type debt struct {
 	req  sluice.Request // Cost is the total to charge
 	node string
+	// end is the clock time after which the debt is dropped, 0 for never:
+	// the end of the fixed window it was admitted in (a sliding window
+	// counter's: of the next window, which its count still weighs in).
+	// Charged later, it lands in a later window, which then starts in
+	// debt: the window after a 2 s pause admitted nothing for 0.6-0.8 s.
+	end int64
+}
+
+// debtEnd is debt.end for an admission of req at now.
+func debtEnd(req *sluice.Request, now int64) int64 {
+	if !req.Limit.Calendar.IsZero() {
+		return 0
+	}
+	p := int64(req.Limit.Period)
+	switch req.Algorithm {
+	case sluice.FixedWindow:
+		return now - now%p + p
+	case sluice.SlidingWindowCounter:
+		return now - now%p + 2*p
+	}
+	return 0
 }
 
 func newLocal(o *Options) (*local, error) {
@@ -62,8 +83,20 @@ func (l *local) remember(req *sluice.Request, d *sluice.Decision, now int64) {
 	if req.Algorithm == sluice.Concurrency {
 		return
 	}
+	rem := d.Remaining
+	if d.Source == sluice.FromLease {
+		// A lease's Remaining is its own chunk (charged already, and
+		// spent by the lease when the store is back) plus what the store
+		// had left at its last fetch, which the other instances may have
+		// taken since in chunks of their own. Seeded from it, the fleet
+		// admitted about a chunk per instance beyond the limit in a paused
+		// window (+4 to +6 over 300). Local starts such a key empty: it
+		// refills at the limit ÷ N, a window from the next window on
+		// (TestLeasedWindowPauseWithinBound).
+		rem = 0
+	}
 	l.seeds.put(req.Key, limitPrint(req.Algorithm, req.Limit),
-		seed{remaining: d.Remaining, at: now, resetAt: now + int64(d.ResetAfter)})
+		seed{remaining: rem, at: now, resetAt: now + int64(d.ResetAfter)})
 }
 
 // takeSeed returns key's seed if it was not taken since the store's
@@ -117,7 +150,7 @@ func (l *local) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, 
 	if op == sluice.OpAllow && allAllowed(ds) {
 		for i := range reqs {
 			if reqs[i].Algorithm != sluice.Concurrency {
-				l.owe(&reqs[i], node)
+				l.owe(&reqs[i], node, debtEnd(&reqs[i], now), now)
 			}
 		}
 	}
@@ -133,7 +166,7 @@ func (l *local) seed(ctx context.Context, orig, scaled *sluice.Request, s *seedS
 	_, _ = l.store.Apply(ctx, sluice.OpReset, *scaled)
 	rem := s.remaining / int64(max(n, 1))
 	l.mu.Lock()
-	if d := l.debts[orig.Key]; d != nil {
+	if d := l.debts[orig.Key]; d != nil && (d.end == 0 || now < d.end) {
 		rem -= d.req.Cost
 	}
 	l.mu.Unlock()
@@ -148,11 +181,18 @@ func (l *local) seed(ctx context.Context, orig, scaled *sluice.Request, s *seedS
 	}
 }
 
-// owe records that the store must be charged req.Cost for req.Key.
-func (l *local) owe(req *sluice.Request, node string) {
+// owe records that the store must be charged req.Cost for req.Key, until
+// end (0: until charged).
+func (l *local) owe(req *sluice.Request, node string, end, now int64) {
+	if end != 0 && now >= end {
+		return
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if d := l.debts[req.Key]; d != nil && d.req.Algorithm == req.Algorithm && d.req.Limit == req.Limit {
+		if d.end != 0 && now >= d.end {
+			d.req.Cost, d.end = 0, end // an earlier window's: dropped
+		}
 		d.req.Cost = min(d.req.Cost+req.Cost, 1<<40)
 		return
 	}
@@ -162,17 +202,20 @@ func (l *local) owe(req *sluice.Request, node string) {
 	}
 	r := *req
 	r.Lease = ""
-	l.debts[req.Key] = &debt{req: r, node: node}
+	l.debts[req.Key] = &debt{req: r, node: node, end: end}
 }
 
-// take removes and returns the debts owed on node ("" for every node).
-func (l *local) take(node string) []debt {
+// take removes and returns the debts for which owed reports true, and
+// drops those whose window ended by now.
+func (l *local) take(owed func(*debt) bool, now int64) []debt {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []debt
 	for k, d := range l.debts {
-		if node == "" || d.node == node {
-			out = append(out, *d)
+		if owed(d) {
+			if d.end == 0 || now < d.end {
+				out = append(out, *d)
+			}
 			delete(l.debts, k)
 		}
 	}
@@ -201,7 +244,17 @@ func allAllowed(ds []sluice.Decision) bool {
 // may then be charged twice: stricter, never looser); it reports whether
 // all were charged.
 func (c *core) settle(ctx context.Context, node string) bool {
-	debts := c.local.take(node)
+	debts := c.local.take(func(d *debt) bool {
+		if d.node == node {
+			return true
+		}
+		// A node no longer listed (a master that failed over): its keys'
+		// debts go to the node that owns them now.
+		if _, listed := c.nodes.Load(d.node); !listed && c.sharded != nil {
+			return c.sharded.NodeOf(d.req.Key) == node
+		}
+		return false
+	}, c.clk.Now())
 	if len(debts) == 0 {
 		return true
 	}
@@ -219,7 +272,7 @@ func (c *core) settle(ctx context.Context, node string) bool {
 				}
 				d := &debts[i]
 				if failed.Load() {
-					c.local.owe(&d.req, d.node)
+					c.local.owe(&d.req, d.node, d.end, c.clk.Now())
 					continue
 				}
 				// The pass's deadline, not a call's: the probe found the
@@ -230,7 +283,7 @@ func (c *core) settle(ctx context.Context, node string) bool {
 				dec, err := c.inner.Apply(ctx, sluice.OpCharge, d.req)
 				if err != nil {
 					failed.Store(true)
-					c.local.owe(&d.req, d.node)
+					c.local.owe(&d.req, d.node, d.end, c.clk.Now())
 					continue
 				}
 				c.local.remember(&d.req, &dec, c.clk.Now())

@@ -112,5 +112,8 @@
 // (TestFleetNeverOverAdmits, TestFleetRedisPaused), and deterministically
 // on a fake clock per algorithm (TestAccuracyTable: ≥ 99% of ideal with
 // traffic spread evenly over three instances, ≥ 97% when one takes 90%;
-// measured 99.5-100%).
+// measured 99.5-100%). A fetch that misses the wrapped store's deadline
+// keeps its chunk: it waits for its reply up to TTL (sluice.WaitForReply),
+// its takers at most FetchWait, and the chunk is credited when the reply
+// comes (TestLateFetchKeepsItsChunk).
 package lease

@@ -26,6 +26,7 @@ const (
 	DefaultIdleAfter   = 100 * time.Millisecond
 	DefaultMaxKeys     = 10_000
 	DefaultCallTimeout = time.Second
+	DefaultFetchWait   = 50 * time.Millisecond
 )
 
 // Options configure a Store. Store is required.
@@ -78,8 +79,16 @@ type Options struct {
 	Instances int
 	// CallTimeout bounds the calls the Store makes on its own (prefetches
 	// and refunds); the wrapped store's own deadline applies within it.
-	// DefaultCallTimeout when zero.
+	// DefaultCallTimeout when zero. A chunk fetch waits for its reply
+	// longer, up to TTL, with sluice.WaitForReply, so that a wrapped
+	// store's short deadline does not lose the chunk its call charged.
 	CallTimeout time.Duration
+	// FetchWait is how long requests wait for a chunk fetch in flight;
+	// past it they go on as after a failed fetch (to the wrapped store),
+	// and the chunk is credited to the lease when its reply comes.
+	// DefaultFetchWait (50ms, the guard's and redisstore's default
+	// deadline) when zero.
+	FetchWait time.Duration
 	// All leases every request of a leased algorithm; otherwise only
 	// requests with UseLease set are leased and the others pass through.
 	All bool
@@ -92,24 +101,25 @@ type Options struct {
 // capacity and everything else from the wrapped store. It is safe for
 // concurrent use. See the package doc for the model and its bounds.
 type Store struct {
-	inner    sluice.Store
-	clk      clock.Clock
-	horizon  float64 // seconds
-	maxHor   float64 // seconds
-	frac     float64
-	minChunk int64
-	ttl      int64
-	idle     int64
-	maxKeys  int64
-	seed     float64
-	all      bool
-	timeout  time.Duration
-	log      *slog.Logger
+	inner     sluice.Store
+	clk       clock.Clock
+	horizon   float64 // seconds
+	maxHor    float64 // seconds
+	frac      float64
+	minChunk  int64
+	ttl       int64
+	idle      int64
+	maxKeys   int64
+	seed      float64
+	all       bool
+	timeout   time.Duration
+	fetchWait time.Duration
+	log       *slog.Logger
 
 	keys *xsync.Map[string, *entry]
 	size atomic.Int64
 
-	hits, localDenials, fetches, fetched, returns, returned, stranded, direct, fetchErrors atomic.Uint64
+	hits, localDenials, fetches, fetched, returns, returned, stranded, direct, fetchErrors, lateFetches atomic.Uint64
 
 	rateWindow int64 // ns over which a key's rate is measured
 
@@ -129,27 +139,28 @@ func New(opts Options) (*Store, error) {
 	if opts.Store == nil {
 		return nil, errors.New("lease: Options.Store is required")
 	}
-	if opts.Horizon < 0 || opts.MaxHorizon < 0 || opts.MinChunk < 0 || opts.TTL < 0 || opts.IdleAfter < 0 || opts.MaxKeys < 0 || opts.Instances < 0 || opts.CallTimeout < 0 {
+	if opts.Horizon < 0 || opts.MaxHorizon < 0 || opts.MinChunk < 0 || opts.TTL < 0 || opts.IdleAfter < 0 || opts.MaxKeys < 0 || opts.Instances < 0 || opts.CallTimeout < 0 || opts.FetchWait < 0 {
 		return nil, errors.New("lease: negative option")
 	}
 	if opts.MaxFraction < 0 || opts.MaxFraction > 0.5 || math.IsNaN(opts.MaxFraction) {
 		return nil, fmt.Errorf("lease: MaxFraction %v must be in (0, 0.5]", opts.MaxFraction)
 	}
 	s := &Store{
-		inner:    opts.Store,
-		clk:      opts.Clock,
-		horizon:  def(opts.Horizon, DefaultHorizon).Seconds(),
-		frac:     opts.MaxFraction,
-		minChunk: opts.MinChunk,
-		ttl:      int64(def(opts.TTL, DefaultTTL)),
-		idle:     int64(def(opts.IdleAfter, DefaultIdleAfter)),
-		maxKeys:  int64(opts.MaxKeys),
-		seed:     1 / float64(max(opts.Instances, 1)),
-		all:      opts.All,
-		timeout:  def(opts.CallTimeout, DefaultCallTimeout),
-		log:      opts.Logger,
-		keys:     xsync.NewMap[string, *entry](),
-		stop:     make(chan struct{}),
+		inner:     opts.Store,
+		clk:       opts.Clock,
+		horizon:   def(opts.Horizon, DefaultHorizon).Seconds(),
+		frac:      opts.MaxFraction,
+		minChunk:  opts.MinChunk,
+		ttl:       int64(def(opts.TTL, DefaultTTL)),
+		idle:      int64(def(opts.IdleAfter, DefaultIdleAfter)),
+		maxKeys:   int64(opts.MaxKeys),
+		seed:      1 / float64(max(opts.Instances, 1)),
+		all:       opts.All,
+		timeout:   def(opts.CallTimeout, DefaultCallTimeout),
+		fetchWait: def(opts.FetchWait, DefaultFetchWait),
+		log:       opts.Logger,
+		keys:      xsync.NewMap[string, *entry](),
+		stop:      make(chan struct{}),
 	}
 	if s.clk == nil {
 		s.clk = clock.NewSystem()
@@ -211,6 +222,10 @@ type Stats struct {
 	// FetchErrors is the number of fetches that failed or were answered by
 	// the store's failure policy.
 	FetchErrors uint64
+	// LateFetches is the number of fetches whose reply came after
+	// FetchWait: their takers went on without them, and a chunk they got
+	// was credited when it came.
+	LateFetches uint64
 	// Returns is the number of refunds of unused capacity sent to the
 	// store, and ReturnedUnits the capacity they gave back.
 	Returns, ReturnedUnits uint64
@@ -228,7 +243,7 @@ type Stats struct {
 func (s *Store) Stats() Stats {
 	return Stats{
 		Hits: s.hits.Load(), LocalDenials: s.localDenials.Load(),
-		Fetches: s.fetches.Load(), FetchedUnits: s.fetched.Load(), FetchErrors: s.fetchErrors.Load(),
+		Fetches: s.fetches.Load(), FetchedUnits: s.fetched.Load(), FetchErrors: s.fetchErrors.Load(), LateFetches: s.lateFetches.Load(),
 		Returns: s.returns.Load(), ReturnedUnits: s.returned.Load(),
 		Stranded: s.stranded.Load(), Direct: s.direct.Load(), Keys: s.size.Load(),
 	}

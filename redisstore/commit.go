@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 
 	"github.com/redis/rueidis"
+
+	"github.com/sluice-io/sluice"
 )
 
 // Group commit for the commands of decisions (script calls and the plain
@@ -236,6 +238,9 @@ func (s *Store) groupOf(node string) *committer {
 // the store's timeout).
 func (s *Store) exec(ctx context.Context, client rueidis.Client, script *rueidis.Lua, keys, args []string, alone bool) rueidis.RedisResult {
 	if alone {
+		if sluice.WaitsForReply(ctx) {
+			return s.execDedicated(ctx, client, script, keys, args)
+		}
 		return script.Exec(ctx, client, keys, args)
 	}
 	group := s.groupOf(s.NodeOf(keys[0]))
@@ -246,6 +251,27 @@ func (s *Store) exec(ctx context.Context, client rueidis.Client, script *rueidis
 	res := group.do(ctx, client, client.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
 	if err, ok := rueidis.IsRedisErr(res.Error()); ok && err.IsNoScript() {
 		return script.Exec(ctx, client, keys, args)
+	}
+	return res
+}
+
+// execDedicated runs a call marked by sluice.WaitForReply (a lease's chunk
+// fetch) on a connection of its own (rueidis' Dedicate, from a pool): on
+// the shared one, another call that missed its deadline in rueidis'
+// synchronous mode closes the connection and fails every call on it, so
+// a fetch waiting for its reply lost it all the same, and with it the
+// chunk Redis charged. The connection's write timeout (Options.Timeout ×
+// 4, at least 1 s) still bounds the wait.
+func (s *Store) execDedicated(ctx context.Context, client rueidis.Client, script *rueidis.Lua, keys, args []string) rueidis.RedisResult {
+	sha := s.scripts.sha[script]
+	if sha == "" {
+		return script.Exec(ctx, client, keys, args)
+	}
+	dc, release := client.Dedicate()
+	defer release()
+	res := dc.Do(ctx, dc.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	if err, ok := rueidis.IsRedisErr(res.Error()); ok && err.IsNoScript() {
+		return script.Exec(ctx, client, keys, args) // loads it again
 	}
 	return res
 }

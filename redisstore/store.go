@@ -67,8 +67,9 @@ type Options struct {
 
 	// Timeout is the deadline of every call to Redis, DefaultTimeout (50ms)
 	// when zero. A call that misses it fails with ErrUnavailable. A refund
-	// or a charge whose context has a deadline has that one instead, even
-	// a later one: Redis applies it whether or not its reply comes in
+	// or a charge whose context has a deadline, and any call whose context
+	// is marked by sluice.WaitForReply (a lease's chunk fetch), has that
+	// one instead, even a later one: Redis applies it whether or not its reply comes in
 	// time, so a caller that can wait learns that it was applied rather
 	// than sending it again (the guard settles Local's charges so). Wrap the
 	// store in package guard for a failure policy, a circuit per node and
@@ -535,14 +536,15 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, req *sluice.Request, 
 	return decideOp(op, req, r), nil
 }
 
-// boundFor is bound, except for a refund or a charge whose caller gives
-// it a deadline later than the store's timeout: Redis applies it whether
+// boundFor is bound, except for a refund or a charge, or a call marked by
+// sluice.WaitForReply (a lease's chunk fetch), whose caller gives it a
+// deadline later than the store's timeout: Redis applies it whether
 // or not its reply comes in time, so it keeps that deadline, and goes
 // alone (alone: a group has the store's timeout), for its caller to learn
 // that it was applied rather than send it again (Options.Timeout). The
 // others keep their group.
 func (c *core) boundFor(ctx context.Context, op sluice.Op) (cctx context.Context, cancel context.CancelFunc, alone bool) {
-	if d, ok := ctx.Deadline(); ok && (op == sluice.OpRefund || op == sluice.OpCharge) && time.Until(d) > c.timeout {
+	if d, ok := ctx.Deadline(); ok && (op == sluice.OpRefund || op == sluice.OpCharge || sluice.WaitsForReply(ctx)) && time.Until(d) > c.timeout {
 		return ctx, func() {}, true
 	}
 	cctx, cancel = c.bound(ctx)

@@ -78,7 +78,8 @@ type StoreSection struct {
 	Timeout time.Duration `yaml:"timeout"`
 	// Instances, when set, is the number of sluice instances sharing the
 	// limits, for the local policy's share (limit ÷ instances); 0 (the
-	// default) counts them by heartbeat in the store.
+	// default) counts them by heartbeat in the store; until a heartbeat
+	// has read the count, the local policy denies (docs/redis.md).
 	Instances int `yaml:"instances"`
 	// LocalCache lets the Redis store answer denials it already knows
 	// locally, until their RetryAfter; on unless set to false, as in the

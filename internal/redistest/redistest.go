@@ -422,13 +422,13 @@ func NewCluster(t testing.TB) *Cluster {
 
 // NewClusterWithReplicas starts a six-node Cluster for this test alone:
 // three masters, each with a replica that takes over (after the 2s node
-// timeout) when its master dies. DEBUG is enabled on every node, for
+// timeout) when its master dies; it returns once every replica has synced. DEBUG is enabled on every node, for
 // DEBUG SLEEP, and cluster-require-full-coverage is off, as production
 // should have it: while one master is down, the others keep serving their
 // slots instead of answering CLUSTERDOWN. t.Cleanup stops it.
 func NewClusterWithReplicas(t testing.TB) *Cluster {
 	t.Helper()
-	c, err := startClusterN(1, "--enable-debug-command", "yes", "--cluster-require-full-coverage", "no")
+	c, err := startClusterN(1, "--enable-debug-command", "yes", "--cluster-require-full-coverage", "no", "--repl-diskless-sync-delay", "0")
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
@@ -492,6 +492,24 @@ func startClusterN(replicas int, extra ...string) (*Cluster, error) {
 			c.Nodes = all
 			c.stop()
 			return nil, fmt.Errorf("cluster has %d masters, want 3", len(c.Nodes))
+		}
+		// A replica that has not finished its first sync refuses to take
+		// over (its data is too old), and a master killed before then
+		// was never failed over.
+		for _, r := range c.Replicas {
+			for {
+				info, err := r.Do(ctx, "INFO", "replication")
+				if s, ok := info.(string); err == nil && ok && strings.Contains(s, "master_link_status:up") {
+					break
+				}
+				select {
+				case <-ctx.Done():
+					c.Nodes = all
+					c.stop()
+					return nil, fmt.Errorf("replica %s not in sync after %s: %v %v", r.Addr, startTimeout, info, err)
+				case <-tick.C:
+				}
+			}
 		}
 	}
 	return c, nil

@@ -59,12 +59,41 @@ func isKeyIdentity(k string) bool {
 	return ok && config.IsKeyHash(h)
 }
 
-// storeKey names a policy's state for an identity. The identity is a Redis
-// hash tag, so a tier's policies for one caller share a cluster slot; the
-// algorithm is part of the key, so changing a policy's algorithm on reload
-// starts afresh instead of misreading the old state.
+// storeKey names a policy's state for an identity. The identity is the
+// Redis Cluster hash tag (tagIdentity), so a tier's policies for one
+// caller share a cluster slot whatever its bytes; the algorithm is part of
+// the key, so changing a policy's algorithm on reload starts afresh
+// instead of misreading the old state.
 func storeKey(identity string, p *config.Policy) string {
-	return "sluice:{" + identity + "}:" + p.Name + ":" + p.Algorithm.String()
+	return "sluice:{" + tagIdentity(identity) + "}:" + p.Name + ":" + p.Algorithm.String()
+}
+
+// tagIdentity writes an identity as a whole, non-empty hash tag. Written
+// as it is, an identity holding '}' ended the tag early, and one starting
+// with '}' (or empty) made it empty: Redis then hashes the whole key, so
+// the caller's policies landed in different slots (a cross-slot error on
+// Cluster). An identity that is non-empty, holds no '{' or '}' and does not
+// start with '%' (every common one) stays as it is, so its keys did not
+// change; any other is '%' followed by it with '%', '{' and '}'
+// percent-escaped. The two forms cannot meet (only the second starts with
+// '%'), so distinct identities keep distinct keys
+// (TestClusterHashTagHoldsAnyIdentity).
+func tagIdentity(id string) string {
+	if id != "" && id[0] != '%' && !strings.ContainsAny(id, "{}") {
+		return id
+	}
+	const hex = "0123456789ABCDEF"
+	b := make([]byte, 1, len(id)+8)
+	b[0] = '%'
+	for i := 0; i < len(id); i++ {
+		switch c := id[i]; c {
+		case '%', '{', '}':
+			b = append(b, '%', hex[c>>4], hex[c&15])
+		default:
+			b = append(b, c)
+		}
+	}
+	return string(b)
 }
 
 // resolveMode says what a policy or tier named beside an api_key means.

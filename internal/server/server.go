@@ -37,6 +37,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/guard"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/console"
 	"github.com/sluice-io/sluice/internal/metrics"
@@ -249,6 +250,9 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 		writeText(w, http.StatusOK, "ready\n")
 	case policy == config.FailClosed || policy == config.FailError:
 		writeText(w, http.StatusServiceUnavailable, fmt.Sprintf("not ready: store unreachable and failure_policy %s needs it: %v\n", policy, err))
+	case policy == config.FailLocal && errors.Is(err, guard.ErrInstancesUnknown):
+		// a cold start: local denies until it knows its share
+		writeText(w, http.StatusServiceUnavailable, fmt.Sprintf("not ready: %v\n", err))
 	default:
 		writeText(w, http.StatusOK, fmt.Sprintf("ready, degraded: store unreachable, failure_policy %s answers: %v\n", policy, err))
 	}
