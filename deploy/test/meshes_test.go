@@ -339,3 +339,46 @@ func TestEnvoyGatewayExample(t *testing.T) {
 		}
 	}
 }
+
+// TestShadowFilterExample decodes deploy/envoy/shadow-filter.yaml against
+// Envoy's HttpFilter and RateLimit filter types (strictly, validated) and
+// checks that it never enforces and asks the sluice_rls cluster of
+// deploy/envoy/envoy.yaml.
+func TestShadowFilterExample(t *testing.T) {
+	data, err := os.ReadFile("../envoy/shadow-filter.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f hcmv3.HttpFilter
+	if err := envoyJSON(js, &f); err != nil {
+		t.Fatal(err)
+	}
+	var rl ratelimitv3.RateLimit
+	if err := f.GetTypedConfig().UnmarshalTo(&rl); err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.ValidateAll(); err != nil {
+		t.Fatal(err)
+	}
+	if e := rl.GetFilterEnforced(); e == nil || e.GetDefaultValue().GetNumerator() != 0 {
+		t.Errorf("filter_enforced %v: the shadow filter must enforce nothing", e)
+	}
+	if e := rl.GetFilterEnabled(); e != nil && e.GetDefaultValue().GetNumerator() == 0 {
+		t.Error("filter_enabled 0: the shadow filter would never ask sluice")
+	}
+	if rl.GetFailureModeDeny() {
+		t.Error("failure_mode_deny: a shadow must never turn a sluice outage into errors")
+	}
+	boot, err := os.ReadFile("../envoy/envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster := rl.GetRateLimitService().GetGrpcService().GetEnvoyGrpc().GetClusterName()
+	if !strings.Contains(string(boot), "- name: "+cluster+"\n") {
+		t.Errorf("cluster %s is not defined in deploy/envoy/envoy.yaml", cluster)
+	}
+}
