@@ -1,8 +1,8 @@
 # syntax=docker/dockerfile:1
 # sluice container image: the static binary, CA certificates and the example
 # configs on an empty base, run as a non-root user.
-#   docker build -t sluice .          (or: podman build / buildah bud)
-#   docker run --rm -p 8080:8080 sluice
+#   docker build -t localhost/sluice:dev .   (or: podman build / buildah bud)
+#   docker run --rm -p 8080:8080 localhost/sluice:dev
 # Without registry access, `make image` builds the same image from the
 # locally built binary (deploy/image/build.sh).
 

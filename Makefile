@@ -36,11 +36,15 @@ staticcheck: tools
 lint: vet staticcheck
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 
-# deps installs what the tests need: redis-server and redis-cli.
+# deps installs what the tests need: redis-server and redis-cli, and
+# Debian's docker-compose (1.29) and podman-compose (1.0.3), which
+# deploy/test's TestComposeTools runs over the Compose quickstart.
 deps:
-	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && \
+	command -v docker-compose >/dev/null && command -v podman-compose >/dev/null || { \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server redis-tools; }
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+			redis-server redis-tools docker-compose podman-compose; }
 
 test: deps lint
 	$(GO) test -race -count=1 -timeout 9m ./...
@@ -78,8 +82,17 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzHeaders$$' -fuzztime 30s ./httplimit
 	$(GO) test -run '^$$' -fuzz '^FuzzParseHeaders$$' -fuzztime 30s ./aiclient
 
+# SLUICE_IMAGE names the container image, the one name everything uses:
+# make image builds it, deploy/kubernetes and the Helm chart (repository +
+# appVersion) run it, the Compose quickstart reads the same variable. Push
+# elsewhere with SLUICE_IMAGE=registry.example/sluice:v1 make image, then
+# `kustomize edit set image localhost/sluice=registry.example/sluice:v1`,
+# `helm --set image.repository=registry.example/sluice,image.tag=v1`, or
+# SLUICE_IMAGE=... docker compose. The image's version label is $(VERSION).
+SLUICE_IMAGE ?= localhost/sluice:dev
+IMAGE ?= $(SLUICE_IMAGE)
+
 # static builds bin/sluice-static, the binary the container image runs.
-IMAGE ?= localhost/sluice:$(VERSION)
 static:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o bin/sluice-static ./cmd/sluice
 

@@ -4,12 +4,15 @@
 # this machine's CA bundle and the example configs (the same layout as the
 # Dockerfile at the repository root).
 #   deploy/image/build.sh BINARY [IMAGE] [VERSION]
+# IMAGE defaults to localhost/sluice:dev, the name the Makefile's
+# SLUICE_IMAGE, the Kubernetes manifests, the Helm chart and the Compose
+# quickstart all use (deploy/test's TestOneImageName checks they agree).
 # Needs buildah (Debian: apt-get install buildah). Storage and isolation can
 # be chosen with buildah's own variables, e.g. STORAGE_DRIVER=vfs and
 # BUILDAH_ISOLATION=chroot for nested or unprivileged containers.
 set -euo pipefail
 bin=${1:?usage: build.sh BINARY [IMAGE] [VERSION]}
-image=${2:-localhost/sluice:dev}
+image=${2:-${SLUICE_IMAGE:-localhost/sluice:dev}}
 version=${3:-dev}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cacerts=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
@@ -32,9 +35,11 @@ install -m 0644 "$root/deploy/envoy/sluice.yaml" "$stage/etc/sluice/envoy.yaml"
 cp -r "$root/deploy/envoy/ratelimit" "$stage/etc/sluice/ratelimit"
 chmod -R a+rX "$stage/etc"
 
-ctr=$(buildah from scratch)
+# Docker format from the start: it keeps the HEALTHCHECK (OCI images have
+# no such field), and buildah config warns that it drops the HEALTHCHECK
+# when the working container is OCI, even if the commit is Docker.
+ctr=$(buildah from --format docker scratch)
 buildah copy --quiet "$ctr" "$stage" / >/dev/null
-# Docker format keeps the HEALTHCHECK (OCI images have no such field).
 buildah config \
   --label org.opencontainers.image.title=sluice \
   --label "org.opencontainers.image.description=Distributed rate limiter: HTTP API, forward-auth, Envoy RLS, AI gateway" \

@@ -5,7 +5,7 @@
 # entrypoint and HEALTHCHECK.
 #   deploy/image/test.sh [IMAGE] [VERSION]
 set -euo pipefail
-image=${1:-localhost/sluice:dev}
+image=${1:-${SLUICE_IMAGE:-localhost/sluice:dev}}
 version=${2:-dev}
 ctr=$(buildah from "$image")
 trap 'buildah rm "$ctr" >/dev/null 2>&1' EXIT

@@ -16,9 +16,12 @@ import (
 )
 
 // composeFile is the part of the Compose specification the quickstart
-// uses; decoding rejects any other field, so a typo fails the test.
+// uses and that docker compose v2, docker-compose 1.29 and podman-compose
+// 1.0.3 (Debian 12's) all read alike; decoding rejects any other field, so
+// a typo fails the test, and so do a top-level name: (docker-compose 1.29
+// rejects it) and a service's networks: (podman-compose 1.0.3 crashes on
+// its aliases).
 type composeFile struct {
-	Name     string                    `yaml:"name"`
 	Services map[string]composeService `yaml:"services"`
 }
 
@@ -33,15 +36,23 @@ type composeService struct {
 	Volumes     []string          `yaml:"volumes"`
 	Ports       []string          `yaml:"ports"`
 	DependsOn   yamlv3.Node       `yaml:"depends_on"`
-	Networks    map[string]struct {
-		Aliases []string `yaml:"aliases"`
-	} `yaml:"networks"`
+	Deploy      *struct {
+		Replicas int `yaml:"replicas"`
+	} `yaml:"deploy"`
 	Healthcheck *struct {
 		Test     []string `yaml:"test"`
 		Interval string   `yaml:"interval"`
 		Timeout  string   `yaml:"timeout"`
 		Retries  int      `yaml:"retries"`
 	} `yaml:"healthcheck"`
+}
+
+// replicas is the service's container count.
+func (s composeService) replicas() int {
+	if s.Deploy == nil || s.Deploy.Replicas == 0 {
+		return 1
+	}
+	return s.Deploy.Replicas
 }
 
 // dependsOn lists a service's dependencies, in either of Compose's forms.
@@ -101,28 +112,23 @@ func strictYAML(t *testing.T, path string, into any) []byte {
 
 // TestCompose checks deploy/compose: the compose file's structure (every
 // service has an image, every mounted file exists, dependencies name
-// services, host ports are unique), that sluice.yaml loads with sluice's
-// own loader and uses the Redis service, that Envoy's bootstrap (deploy/envoy,
-// checked against Envoy's types by internal/envoyrls) reaches the services
-// it names on the ports they listen on, and the Prometheus and Grafana
-// provisioning.
+// services, fixed host ports are unique and never on a replicated service),
+// that sluice.yaml loads with sluice's own loader and uses the Redis
+// service, that Envoy's bootstrap (deploy/envoy, checked against Envoy's
+// types by internal/envoyrls) reaches the services it names on the ports
+// they listen on, and the Prometheus and Grafana provisioning.
 func TestCompose(t *testing.T) {
 	const dir = "../compose"
 	var cf composeFile
 	strictYAML(t, filepath.Join(dir, "compose.yaml"), &cf)
-	want := []string{"app", "envoy", "grafana", "prometheus", "redis", "sluice-1", "sluice-2"}
+	want := []string{"app", "envoy", "grafana", "prometheus", "redis", "sluice"}
 	if got := keys(cf.Services); !sameSet(got, want) {
 		t.Fatalf("services %v, want %v", got, want)
 	}
 	hostPorts := map[string]string{}
-	names := map[string]bool{} // what resolves on the compose network
+	names := map[string]bool{} // what resolves on the compose network: the service names
 	for name, s := range cf.Services {
 		names[name] = true
-		for _, n := range s.Networks {
-			for _, a := range n.Aliases {
-				names[a] = true
-			}
-		}
 		if s.Image == "" {
 			t.Errorf("%s: no image", name)
 		}
@@ -138,9 +144,12 @@ func TestCompose(t *testing.T) {
 			}
 		}
 		for _, p := range s.Ports {
-			host, _, ok := strings.Cut(p, ":")
-			if !ok {
-				t.Errorf("%s: port %q publishes no fixed host port", name, p)
+			host, _, fixed := strings.Cut(p, ":")
+			if !fixed {
+				continue // a free host port per container
+			}
+			if s.replicas() > 1 {
+				t.Errorf("%s: %d replicas cannot all publish host port %s", name, s.replicas(), host)
 			}
 			if other, dup := hostPorts[host]; dup {
 				t.Errorf("host port %s published by %s and %s", host, other, name)
@@ -149,14 +158,14 @@ func TestCompose(t *testing.T) {
 		}
 	}
 
-	// Both replicas run the same image and config, share Redis, and wait
-	// for it to be healthy.
-	s1, s2 := cf.Services["sluice-1"], cf.Services["sluice-2"]
-	if s1.Image != s2.Image || !slices.Equal(s1.Command, s2.Command) || !slices.Equal(s1.Volumes, s2.Volumes) {
-		t.Error("the two sluice replicas differ")
+	// Two replicas of one service, sharing Redis, waiting for it to be
+	// healthy; the service name resolves to both.
+	s1 := cf.Services["sluice"]
+	if s1.replicas() != 2 {
+		t.Errorf("sluice runs %d replicas, want 2 sharing Redis", s1.replicas())
 	}
 	if s1.Build == nil || s1.Build.Dockerfile != "Dockerfile" {
-		t.Error("sluice-1 is not built from the repository's Dockerfile")
+		t.Error("sluice is not built from the repository's Dockerfile")
 	} else if _, err := os.Stat(filepath.Join(dir, s1.Build.Context, s1.Build.Dockerfile)); err != nil {
 		t.Errorf("sluice build: %v", err)
 	}
@@ -174,6 +183,9 @@ func TestCompose(t *testing.T) {
 	}
 	if host := redisHost(cfg.Store.URL); !names[host] {
 		t.Errorf("store.url %s names %q, not a compose service", cfg.Store.URL, host)
+	}
+	if cfg.Store.IsMemory() || cfg.Store.FailurePolicy != config.FailLocal {
+		t.Errorf("store %s with failure_policy %s, want Redis with local", cfg.Store.URL, cfg.Store.FailurePolicy)
 	}
 	if cfg.File.Envoy == nil {
 		t.Fatal("the quickstart's sluice has no envoy section")
@@ -232,30 +244,34 @@ func TestCompose(t *testing.T) {
 			}
 		}
 	}
-	if !slices.Contains(s1.Networks["default"].Aliases, "sluice") || !slices.Contains(s2.Networks["default"].Aliases, "sluice") {
-		t.Error("both replicas must carry the alias sluice for Envoy's sluice_rls cluster")
-	}
 
-	// Prometheus scrapes both replicas on sluice's listen port.
+	// Prometheus finds every replica by DNS, on sluice's listen port.
 	var prom struct {
 		Global        map[string]string `yaml:"global"`
 		RuleFiles     []string          `yaml:"rule_files"`
 		ScrapeConfigs []struct {
-			JobName       string `yaml:"job_name"`
-			StaticConfigs []struct {
-				Targets []string `yaml:"targets"`
-			} `yaml:"static_configs"`
+			JobName      string `yaml:"job_name"`
+			DNSSDConfigs []struct {
+				Names           []string `yaml:"names"`
+				Type            string   `yaml:"type"`
+				Port            int      `yaml:"port"`
+				RefreshInterval string   `yaml:"refresh_interval"`
+			} `yaml:"dns_sd_configs"`
 		} `yaml:"scrape_configs"`
 	}
 	strictYAML(t, filepath.Join(dir, "prometheus.yml"), &prom)
 	var targets []string
 	for _, sc := range prom.ScrapeConfigs {
-		for _, st := range sc.StaticConfigs {
-			targets = append(targets, st.Targets...)
+		for _, sd := range sc.DNSSDConfigs {
+			for _, n := range sd.Names {
+				targets = append(targets, n+":"+itoa(sd.Port))
+			}
+			if sd.Type != "A" {
+				t.Errorf("Prometheus dns_sd_configs type %q, want A (each replica's address)", sd.Type)
+			}
 		}
 	}
-	wantTargets := []string{"sluice-1" + cfg.Listen, "sluice-2" + cfg.Listen}
-	if !sameSet(targets, wantTargets) {
+	if wantTargets := []string{"sluice" + cfg.Listen}; !sameSet(targets, wantTargets) {
 		t.Errorf("Prometheus targets %v, want %v", targets, wantTargets)
 	}
 	for _, rf := range prom.RuleFiles {
@@ -297,9 +313,9 @@ func TestCompose(t *testing.T) {
 	if len(dp.Providers) != 1 {
 		t.Fatalf("%d dashboard providers, want 1", len(dp.Providers))
 	}
-	dsrc, ok := graf.mount(filepath.Join(dp.Providers[0].Options.Path, "sluice.json"))
-	if !ok || filepath.Clean(dsrc) != "../grafana/sluice.json" {
-		t.Errorf("deploy/grafana/sluice.json is not mounted in %s (got %q)", dp.Providers[0].Options.Path, dsrc)
+	dsrc, ok := graf.mount(dp.Providers[0].Options.Path)
+	if !ok || filepath.Clean(dsrc) != "../grafana" {
+		t.Errorf("deploy/grafana is not mounted at %s (got %q)", dp.Providers[0].Options.Path, dsrc)
 	}
 	for _, f := range []string{"datasources", "dashboards"} {
 		found := false

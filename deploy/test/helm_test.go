@@ -16,6 +16,17 @@ import (
 // values (YAML, over the chart's values.yaml), as `helm template` would.
 func render(t *testing.T, values string) string {
 	t.Helper()
+	out, err := renderChart(t, values)
+	if err != nil {
+		t.Fatalf("render: %v", err)
+	}
+	return out
+}
+
+// renderChart is render that returns the engine's error: a `fail` in a
+// template, say.
+func renderChart(t *testing.T, values string) (string, error) {
+	t.Helper()
 	ch, err := loader.LoadDir("../helm/sluice")
 	if err != nil {
 		t.Fatalf("load chart: %v", err)
@@ -30,7 +41,7 @@ func render(t *testing.T, values string) string {
 	}
 	out, err := engine.Render(ch, rv)
 	if err != nil {
-		t.Fatalf("render: %v", err)
+		return "", err
 	}
 	names := make([]string, 0, len(out))
 	for n := range out {
@@ -43,23 +54,45 @@ func render(t *testing.T, values string) string {
 			b.WriteString("---\n# " + n + "\n" + out[n] + "\n")
 		}
 	}
-	return b.String()
+	return b.String(), nil
 }
 
-// TestHelmChart renders the chart with its defaults and with every section
-// on, decodes every object strictly into the Kubernetes API types (the
-// ServiceMonitor into the Prometheus Operator's), and checks them together
-// (checkWorkload): the rendered sluice.yaml loads with sluice's own loader.
+// TestHelmChart renders the chart with its defaults and with each variant
+// docs/deploy.md documents, decodes every object strictly into the
+// Kubernetes API types (the ServiceMonitor into the Prometheus Operator's),
+// checks them together (checkWorkload: the rendered sluice.yaml loads with
+// sluice's own loader) and checks that each is right for a limiter
+// (checkRightByDefault: replicas × store, failure policy, memory).
 func TestHelmChart(t *testing.T) {
+	sz := chartSizing(t)
 	for _, tc := range []struct {
 		name, values string
+		replicas     int32
+		redis        bool   // the service's store is Redis
+		policy       string // store.failure_policy
 		monitors     int
 		secrets      int
+		pdbs         int
 		check        func(t *testing.T, o *objects)
 	}{
-		{name: "defaults", values: "{}"},
-		{name: "everything", monitors: 1, secrets: 1, values: `
-store: {redisURL: "rediss://:pw@redis.example:6380/0", failurePolicy: local, localCache: true, plainWindows: true}
+		{name: "defaults", values: "{}", replicas: 1, policy: "local", check: func(t *testing.T, o *objects) {
+			c := o.deployments[0].Spec.Template.Spec.Containers[0]
+			if got := c.Resources.Limits.Memory().String(); got != "430Mi" {
+				t.Errorf("default memory limit %s, want 430Mi (1,048,576 keys × 400 B + 30 MiB)", got)
+			}
+		}},
+		{name: "redis", replicas: 3, redis: true, policy: "local", secrets: 1, pdbs: 1,
+			values: `{replicaCount: 3, store: {redisURL: "redis://redis.data:6379/0"}}`},
+		{name: "fewer keys", replicas: 1, policy: "local", values: `store: {maxKeys: 100000}`, check: func(t *testing.T, o *objects) {
+			if got := o.deployments[0].Spec.Template.Spec.Containers[0].Resources.Limits.Memory().String(); got != "69Mi" {
+				t.Errorf("memory limit %s at 100,000 keys, want 69Mi", got)
+			}
+		}},
+		{name: "gateway", replicas: 1, policy: "local", values: `gateway: {enabled: true, apiKeySecret: {name: openai}}`},
+		{name: "gateway without key", replicas: 1, policy: "local",
+			values: `gateway: {enabled: true, config: {upstream: {base_url: "http://vllm.ml:8000/v1", allow_no_key: true}}}`},
+		{name: "everything", replicas: 4, redis: true, policy: "fail_closed", monitors: 1, secrets: 1, pdbs: 1, values: `
+store: {redisURL: "rediss://:pw@redis.example:6380/0", failurePolicy: fail_closed, localCache: true, plainWindows: true}
 replicaCount: 4
 envoy:
   enabled: true
@@ -69,6 +102,10 @@ envoy:
 gateway:
   enabled: true
   apiKeySecret: {name: openai, key: token}
+  config:
+    upstream: {base_url: https://api.openai.com/v1, api_key_env: OPENAI_API_KEY}
+    store: {url: "redis://redis.example:6379/1"}
+    tiers: {free: {rpm: 20}}
 serviceMonitor: {enabled: true, labels: {release: prom}}
 otel: {endpoint: "http://otel-collector:4317", env: {OTEL_TRACES_SAMPLER: parentbased_traceidratio, OTEL_TRACES_SAMPLER_ARG: "0.1"}}
 keys:
@@ -93,12 +130,13 @@ keys:
 			if cm := o.configMaps["rl-sluice"]; !strings.Contains(cm.Data["sluice.yaml"], "plain_windows: true") {
 				t.Errorf("store.plainWindows did not reach sluice.yaml:\n%s", cm.Data["sluice.yaml"])
 			}
-		}},
-		{name: "existing secret", values: `store: {existingSecret: my-redis, existingSecretKey: uri}
-podDisruptionBudget: {enabled: false}`, check: func(t *testing.T, o *objects) {
-			if len(o.pdbs) != 0 {
-				t.Error("PodDisruptionBudget rendered though disabled")
+			if u := o.pdbs[0].Spec.MaxUnavailable; u == nil || u.IntValue() != 1 {
+				t.Errorf("PodDisruptionBudget maxUnavailable %v, want 1", u)
 			}
+		}},
+		{name: "existing secret", replicas: 2, redis: true, policy: "local", values: `replicaCount: 2
+store: {existingSecret: my-redis, existingSecretKey: uri}
+podDisruptionBudget: {enabled: false}`, check: func(t *testing.T, o *objects) {
 			ref := o.deployments[0].Spec.Template.Spec.Containers[0].Env[0].ValueFrom.SecretKeyRef
 			if ref.Name != "my-redis" || ref.Key != "uri" {
 				t.Errorf("Redis URL from %s/%s, want my-redis/uri", ref.Name, ref.Key)
@@ -111,12 +149,49 @@ podDisruptionBudget: {enabled: false}`, check: func(t *testing.T, o *objects) {
 			if err := decodeAll(tc.name, []byte(out), &o); err != nil {
 				t.Fatalf("%v\n%s", err, out)
 			}
-			if len(o.monitors) != tc.monitors || len(o.secrets) != tc.secrets {
-				t.Errorf("%d ServiceMonitors and %d Secrets, want %d and %d", len(o.monitors), len(o.secrets), tc.monitors, tc.secrets)
+			if len(o.monitors) != tc.monitors || len(o.secrets) != tc.secrets || len(o.pdbs) != tc.pdbs {
+				t.Errorf("%d ServiceMonitors, %d Secrets and %d PodDisruptionBudgets, want %d, %d and %d",
+					len(o.monitors), len(o.secrets), len(o.pdbs), tc.monitors, tc.secrets, tc.pdbs)
 			}
-			checkWorkload(t, tc.name, &o)
+			cfg := checkWorkload(t, tc.name, &o)
+			if got := *o.deployments[0].Spec.Replicas; got != tc.replicas {
+				t.Errorf("%d replicas, want %d", got, tc.replicas)
+			}
+			if cfg.Store.IsMemory() == tc.redis {
+				t.Errorf("store %q, want Redis: %v", cfg.Store.URL, tc.redis)
+			}
+			checkRightByDefault(t, tc.name, &o, cfg, tc.policy, sz)
 			if tc.check != nil {
 				tc.check(t, &o)
+			}
+		})
+	}
+}
+
+// TestHelmChartRefuses renders what could not start or would not hold its
+// limits, and expects `fail` to stop the render with a message that says
+// what to set.
+func TestHelmChartRefuses(t *testing.T) {
+	for _, tc := range []struct{ name, values, want string }{
+		{"replicas on memory", `replicaCount: 3`,
+			"replicaCount is 3 but no store.redisURL or store.existingSecret is set: on the memory store each replica keeps its own counts, so every limit would be 3 times what you wrote"},
+		{"gateway without key", `gateway: {enabled: true}`,
+			"gateway.enabled needs the upstream API key, which sluice gateway reads from $OPENAI_API_KEY and would not start without"},
+		{"gateway replicas on memory", `{replicaCount: 2, store: {redisURL: "redis://r:6379/0"}, gateway: {enabled: true, apiKeySecret: {name: openai}}}`,
+			"replicaCount is 2 but gateway.config.store.url is memory"},
+		{"memory set by hand", `resources: {limits: {memory: 256Mi}}`,
+			"resources.limits.memory and resources.requests.memory are computed from store.maxKeys"},
+		{"no key bound", `store: {maxKeys: 0}`, "store.maxKeys must be at least 1"},
+		{"no replicas", `replicaCount: 0`, "replicaCount is 0: it must be between 1 and 64"},
+		{"too many replicas", `{replicaCount: 65, store: {redisURL: "redis://r:6379/0"}}`, "replicaCount is 65: it must be between 1 and 64"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := renderChart(t, tc.values)
+			if err == nil {
+				t.Fatalf("rendered without error:\n%s", out)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q\nwant it to say %q", err, tc.want)
 			}
 		})
 	}

@@ -46,7 +46,8 @@ func TestKubernetesManifests(t *testing.T) {
 	if len(o.pdbs) != 1 || len(o.secrets) != 1 || len(o.configMaps) != 2 {
 		t.Errorf("want 1 PodDisruptionBudget, 1 Secret, 2 ConfigMaps; have %d, %d, %d", len(o.pdbs), len(o.secrets), len(o.configMaps))
 	}
-	checkWorkload(t, dir, &o)
+	cfg := checkWorkload(t, dir, &o)
+	checkRightByDefault(t, dir, &o, cfg, "local", chartSizing(t))
 }
 
 // TestStrictDecodeRejects proves that the decoding above is strict: a

@@ -110,7 +110,7 @@ func stripComments(doc []byte) []byte {
 // and /healthz on the config's listen port, the Redis URL comes from a
 // Secret that exists, resources are requested, and the Service, PDB and
 // ServiceMonitor select the pods.
-func checkWorkload(t *testing.T, name string, o *objects) {
+func checkWorkload(t *testing.T, name string, o *objects) *config.Config {
 	t.Helper()
 	if len(o.deployments) != 1 {
 		t.Fatalf("%s: %d Deployments, want 1", name, len(o.deployments))
@@ -222,7 +222,10 @@ func checkWorkload(t *testing.T, name string, o *objects) {
 		if err != nil || !s.Matches(podLabels) {
 			t.Errorf("%s: PodDisruptionBudget does not select the pods", name)
 		}
-		if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() >= int(*d.Spec.Replicas) {
+		if *d.Spec.Replicas < 2 {
+			t.Errorf("%s: a PodDisruptionBudget for %d replica blocks every node drain", name, *d.Spec.Replicas)
+		}
+		if pdb.Spec.MinAvailable != nil && pdb.Spec.MinAvailable.IntValue() >= int(*d.Spec.Replicas) {
 			t.Errorf("%s: PodDisruptionBudget minAvailable %v leaves no room to drain %d replicas", name, pdb.Spec.MinAvailable, *d.Spec.Replicas)
 		}
 	}
@@ -235,6 +238,7 @@ func checkWorkload(t *testing.T, name string, o *objects) {
 			t.Errorf("%s: ServiceMonitor endpoints %+v, want port http path /metrics", name, m.Spec.Endpoints)
 		}
 	}
+	return cfg
 }
 
 // mountedFiles maps each file path the container sees from a ConfigMap

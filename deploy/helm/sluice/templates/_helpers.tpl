@@ -39,7 +39,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $_ := set $store "url" "memory" -}}
 {{- end -}}
 {{- if .Values.store.localCache }}{{ $_ := set $store "local_cache" true }}{{ end -}}
-{{- if .Values.store.maxKeys }}{{ $_ := set $store "max_keys" (int .Values.store.maxKeys) }}{{ end -}}
+{{- $_ := set $store "max_keys" (int64 .Values.store.maxKeys) -}}
 {{- if .Values.store.plainWindows }}{{ $_ := set $store "plain_windows" true }}{{ end -}}
 {{- $cfg := dict "listen" (printf ":%d" (int .Values.port)) "shutdown_timeout" .Values.shutdownTimeout "store" $store -}}
 {{- with .Values.policies }}{{ $_ := set $cfg "policies" . }}{{ end -}}
@@ -51,7 +51,68 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $_ := set $cfg "envoy" (dict "grpc_addr" (printf ":%d" (int .Values.envoy.grpcPort)) "config_dir" "/etc/sluice/ratelimit" "response_headers" .Values.envoy.responseHeaders "merge_domains" .Values.envoy.mergeDomains) -}}
 {{- end -}}
 {{- if .Values.gateway.enabled -}}
-{{- $_ := set $cfg "gateway" (merge (dict "listen" (printf ":%d" (int .Values.gateway.port))) .Values.gateway.config) -}}
+{{- $gw := deepCopy .Values.gateway.config -}}
+{{- $gs := $gw.store | default dict -}}
+{{- if not (hasKey $gs "max_keys") }}{{ $_ := set $gs "max_keys" (int64 .Values.store.maxKeys) }}{{ end -}}
+{{- $_ := set $gw "store" $gs -}}
+{{- $_ := set $cfg "gateway" (merge (dict "listen" (printf ":%d" (int .Values.gateway.port))) $gw) -}}
 {{- end -}}
 {{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* Whether the gateway keeps its limits in memory (its own store). */}}
+{{- define "sluice.gatewayOnMemory" -}}
+{{- if .Values.gateway.enabled -}}
+{{- $url := "" -}}
+{{- with .Values.gateway.config.store }}{{ $url = .url | default "" }}{{ end -}}
+{{- if or (eq $url "") (eq $url "memory") }}true{{ end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The container's memory, in MiB: memory.baseMiB plus memory.bytesPerKey
+for each key the process may hold: store.maxKeys (the service's memory
+store, or on Redis its local fallback) and, when the gateway keeps its
+limits in memory, its store's max_keys (store.maxKeys unless set); rounded
+up. The one place the chart sizes memory.
+*/}}
+{{- define "sluice.memoryMiB" -}}
+{{- $keys := int64 .Values.store.maxKeys -}}
+{{- if include "sluice.gatewayOnMemory" . -}}
+{{- $gs := .Values.gateway.config.store | default dict -}}
+{{- $keys = add $keys (int64 ($gs.max_keys | default .Values.store.maxKeys)) -}}
+{{- end -}}
+{{- $keyBytes := mul $keys (int64 .Values.memory.bytesPerKey) -}}
+{{- $bytes := add $keyBytes (mul (int64 .Values.memory.baseMiB) 1048576) -}}
+{{- div (add $bytes 1048575) 1048576 -}}
+{{- end -}}
+
+{{/*
+Refuses at render time what would not start or would not hold its limits.
+Included by the Deployment, so `helm template`, `helm install` and
+`helm upgrade` all stop on it.
+*/}}
+{{- define "sluice.validate" -}}
+{{- $n := int .Values.replicaCount -}}
+{{- if or (lt $n 1) (gt $n 64) -}}
+{{- fail (printf "replicaCount is %d: it must be between 1 and 64 (store.instances, the local failure policy's divisor, takes no more)" $n) -}}
+{{- end -}}
+{{- if and (gt $n 1) (not (include "sluice.redisSecret" .)) -}}
+{{- fail (printf "replicaCount is %d but no store.redisURL or store.existingSecret is set: on the memory store each replica keeps its own counts, so every limit would be %d times what you wrote. Set store.redisURL (or store.existingSecret) to a Redis all replicas share, or keep replicaCount: 1" $n $n) -}}
+{{- end -}}
+{{- if lt (int64 .Values.store.maxKeys) 1 -}}
+{{- fail "store.maxKeys must be at least 1: the chart sizes the container's memory from it (memory.bytesPerKey per key)" -}}
+{{- end -}}
+{{- with .Values.resources }}{{ if or (and .limits .limits.memory) (and .requests .requests.memory) -}}
+{{- fail "resources.limits.memory and resources.requests.memory are computed from store.maxKeys (memory.baseMiB + store.maxKeys × memory.bytesPerKey): set store.maxKeys instead" -}}
+{{- end }}{{ end -}}
+{{- if .Values.gateway.enabled -}}
+{{- $up := .Values.gateway.config.upstream | default dict -}}
+{{- if and (not .Values.gateway.apiKeySecret.name) (not $up.allow_no_key) -}}
+{{- fail (printf "gateway.enabled needs the upstream API key, which sluice gateway reads from $%s and would not start without: create a Secret (kubectl create secret generic openai --from-literal=api-key=sk-...) and set gateway.apiKeySecret.name (and gateway.apiKeySecret.key), or set gateway.config.upstream.allow_no_key: true for an upstream that needs none" ($up.api_key_env | default "OPENAI_API_KEY")) -}}
+{{- end -}}
+{{- if and (gt $n 1) (include "sluice.gatewayOnMemory" .) -}}
+{{- fail (printf "replicaCount is %d but gateway.config.store.url is memory: each replica would keep its own gateway limits and budgets, so they would be %d times what you wrote. Set gateway.config.store.url to the Redis all replicas share, or keep replicaCount: 1" $n $n) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

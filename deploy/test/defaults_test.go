@@ -1,0 +1,84 @@
+package deploytest
+
+import (
+	"os"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/memstore"
+)
+
+// sizing is the chart's memory model, values.yaml's memory: section: the
+// one place the bytes a key costs and the process's base are written. The
+// Kubernetes manifests are checked against it too.
+type sizing struct {
+	BytesPerKey int64 `json:"bytesPerKey"`
+	BaseMiB     int64 `json:"baseMiB"`
+}
+
+func chartSizing(t *testing.T) sizing {
+	t.Helper()
+	data, err := os.ReadFile("../helm/sluice/values.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Memory sizing `json:"memory"`
+	}
+	if err := yaml.Unmarshal(data, &v); err != nil {
+		t.Fatal(err)
+	}
+	if v.Memory.BytesPerKey <= 0 || v.Memory.BaseMiB <= 0 {
+		t.Fatalf("values.yaml memory: %+v", v.Memory)
+	}
+	return v.Memory
+}
+
+// measuredRSS is what the memory store was measured to take resident:
+// ~420 MiB at 1,048,576 keys, that is a 30 MiB base and 390 bytes a key
+// (docs/deploy.md, "Memory"). A memory limit below it gets the pod
+// OOM-killed once a caller fills the key bound.
+func measuredRSS(keys int64) int64 { return 30<<20 + 390*keys }
+
+const mib = 1 << 20
+
+// checkRightByDefault asserts what every deploy file must get right for a
+// limiter, whatever the variant: several replicas never count on separate
+// memory stores (the service's nor the gateway's), the failure policy is
+// the one wanted, and the memory request and limit are sized from the key
+// bounds the config sets, by the chart's model and above the measured RSS.
+func checkRightByDefault(t *testing.T, name string, o *objects, cfg *config.Config, wantPolicy string, sz sizing) {
+	t.Helper()
+	replicas := *o.deployments[0].Spec.Replicas
+	if replicas > 1 && cfg.Store.IsMemory() {
+		t.Errorf("%s: %d replicas on the memory store: every limit counts %d times", name, replicas, replicas)
+	}
+	if cfg.Store.FailurePolicy != wantPolicy {
+		t.Errorf("%s: store.failure_policy %q, want %q", name, cfg.Store.FailurePolicy, wantPolicy)
+	}
+	if cfg.Store.MaxKeys <= 0 {
+		t.Errorf("%s: store.max_keys is %d: the memory limit must be sized from an explicit bound", name, cfg.Store.MaxKeys)
+	}
+	keys := int64(cfg.Store.MaxKeys)
+	if gw := cfg.File.Gateway; gw != nil && (gw.Store.URL == "" || gw.Store.URL == "memory") {
+		if replicas > 1 {
+			t.Errorf("%s: %d replicas with the gateway's limits on its memory store", name, replicas)
+		}
+		gk := int64(gw.Store.MaxKeys)
+		if gk == 0 {
+			gk = memstore.DefaultMaxKeys
+		}
+		keys += gk
+	}
+	want := (sz.BaseMiB*mib + keys*sz.BytesPerKey + mib - 1) / mib * mib
+	res := o.deployments[0].Spec.Template.Spec.Containers[0].Resources
+	lim, req := res.Limits.Memory(), res.Requests.Memory()
+	if lim.Value() != want || req.Value() != want {
+		t.Errorf("%s: memory request %s and limit %s, want %dMi each (%d MiB + %d keys × %d B)", name, req, lim, want/mib, sz.BaseMiB, keys, sz.BytesPerKey)
+	}
+	if lim.Value() < measuredRSS(keys) {
+		t.Errorf("%s: memory limit %s is below the %d MiB measured at %d keys", name, lim, measuredRSS(keys)/mib, keys)
+	}
+}
