@@ -1,0 +1,232 @@
+package memstore
+
+import (
+	"math"
+	"slices"
+	"time"
+
+	"github.com/sluice-io/sluice"
+)
+
+// Eviction.
+//
+// A key's state is worth what its loss would give away: a key that is
+// evicted starts over with its whole limit. Every key, whatever its
+// algorithm, policy or limit, is ranked by one value, compared across
+// them all:
+//
+//  1. the share of its limit in use now, in parts per million: what its
+//     loss gives away, as a share of what the limit allows. GCRA and
+//     TokenBucket state refills linearly, so the share is exact now:
+//     (time until full) ÷ (refill time of the whole burst). Windows and
+//     leases keep the share of their last charge until they expire (an
+//     upper bound: a sliding window's share only falls before then);
+//  2. then the time until its state reads as fresh again, in milliseconds:
+//     among keys as used up, the one that recovers soonest goes first.
+//
+// A key whose state has expired is worth nothing (value -1) and goes first.
+// A sweep past MaxKeys or MaxBytes samples about sampleSize values from
+// both maps, in proportion to their sizes, and drops every key valued at or
+// below the quantile that brings the store down to 90% of its bounds,
+// checking again and repeating (at most maxPasses times) if the sample
+// erred. So a caller who floods the store with fresh keys of any policy
+// evicts fresh keys (or less used ones), never a used-up key of another,
+// which would start over (TestEvictionAcrossAlgorithms).
+//
+// What an attacker can still do: evict a key by filling the store with
+// keys used more (or as much, and recovering later). That takes MaxKeys
+// (or MaxBytes' worth of) keys each used up under a limit at least as long
+// as the victim's remaining time, and holding them there: size the store
+// above the keys a deployment's callers can mint (docs/redis.md).
+
+const (
+	sampleSize = 1024
+	maxPasses  = 4
+	// shareBits holds a share in ppm (below 2^20); the rest of a value is
+	// milliseconds until fresh, up to 2^43 (278 years).
+	msBits = 43
+	msMax  = 1<<msBits - 1
+)
+
+// value ranks a key for eviction at now, lowest first (see above): -1 for
+// expired state, else the share in use (ppm) then milliseconds until
+// fresh. expiry is when the state reads as fresh; span the refill time of
+// its whole limit if it refills linearly (GCRA, TokenBucket), else 0, and
+// then used is its share at its last charge.
+func value(expiry, span, used, now int64) int64 {
+	left := expiry - now
+	if left <= 0 {
+		return -1
+	}
+	share := used
+	if span > 0 {
+		share = int64(math.Min(1e6, math.Ceil(float64(left)/float64(span)*1e6)))
+	}
+	share = min(max(share, 0), 1e6)
+	return share<<msBits | min(left/int64(time.Millisecond), msMax)
+}
+
+func (c *gcell) value(now int64) int64 {
+	return value(c.tat.Load(), c.span.Load(), 0, now)
+}
+
+func (c *cell) value(now int64) int64 {
+	return value(c.expiry.Load(), c.span.Load(), c.used.Load(), now)
+}
+
+// decaySpan is the refill time of req's whole limit for the algorithms
+// whose state refills linearly (GCRA, TokenBucket), else 0.
+func decaySpan(req *sluice.Request) int64 {
+	switch req.Algorithm {
+	case sluice.GCRA, sluice.TokenBucket:
+		return req.Limit.CostInterval(req.Capacity())
+	}
+	return 0
+}
+
+// usedPPM is the share of req's limit in use after d, in parts per
+// million: 1e6 for a key with nothing left.
+func usedPPM(d sluice.Decision, req *sluice.Request) int64 {
+	c := req.Capacity()
+	if c <= 0 {
+		return 1e6
+	}
+	rem := min(max(d.Remaining, 0), c)
+	return int64(math.Ceil(float64(c-rem) / float64(c) * 1e6))
+}
+
+// added accounts a new key of size bytes.
+func (s *Store) added(size int64) {
+	s.count.Add(1)
+	s.grew(size)
+}
+
+// grew accounts size more bytes (or fewer) and sweeps when the store is
+// over a bound. Past a bound by an eighth, the caller waits for the sweep
+// under way and sweeps itself if still over: a flood from many goroutines
+// cannot outrun one sweeper (TestFloodHeldToBounds). It must not be called
+// with sweepMu held.
+func (s *Store) grew(size int64) {
+	b := s.bytes.Add(size)
+	n := s.count.Load()
+	if n <= s.maxKeys && b <= s.maxBytes {
+		return
+	}
+	if n > s.maxKeys+s.maxKeys/8 || b > s.maxBytes+s.maxBytes/8 {
+		s.sweepMu.Lock()
+	} else if !s.sweepMu.TryLock() {
+		return
+	}
+	defer s.sweepMu.Unlock()
+	if s.over(1) {
+		s.sweep(true)
+	}
+}
+
+// over reports whether the store holds more than frac of MaxKeys or of
+// MaxBytes.
+func (s *Store) over(frac float64) bool {
+	return float64(s.count.Load()) > frac*float64(s.maxKeys) || float64(s.bytes.Load()) > frac*float64(s.maxBytes)
+}
+
+// sweepLoop sweeps on every tick until Close.
+func (s *Store) sweepLoop(tick <-chan time.Time) {
+	defer close(s.done)
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-tick:
+			s.Sweep()
+		}
+	}
+}
+
+// Sweep drops every key whose state has expired, and, if the store is
+// still over MaxKeys or MaxBytes, the keys whose loss admits least (see
+// evict.go). It returns how many keys it dropped. It runs by itself; call
+// it to free memory at once.
+func (s *Store) Sweep() int {
+	s.sweepMu.Lock()
+	defer s.sweepMu.Unlock()
+	return s.sweep(s.over(1))
+}
+
+// sweep must be called with sweepMu held. It drops expired keys and, if
+// full, evicts down to 90% of the bounds.
+func (s *Store) sweep(full bool) int {
+	now := s.clk.Now()
+	if !full {
+		return s.evict(-1, now)
+	}
+	n := 0
+	sample := make([]int64, 0, sampleSize+2)
+	for range maxPasses {
+		if !s.over(0.9) {
+			break
+		}
+		cut, ok := s.cut(sample[:0], now)
+		if !ok {
+			break
+		}
+		n += s.evict(max(cut, -1), now)
+	}
+	return n
+}
+
+// cut samples the values of both maps in proportion to their sizes and
+// returns the one at or below which the store's excess over 90% of its
+// bounds lies.
+func (s *Store) cut(sample []int64, now int64) (int64, bool) {
+	count := max(s.count.Load(), 1)
+	frac := max(1-0.9*float64(s.maxKeys)/float64(count), 1-0.9*float64(s.maxBytes)/float64(max(s.bytes.Load(), 1)))
+	ng := int(math.Ceil(sampleSize * float64(s.gcra.Size()) / float64(count)))
+	nc := int(math.Ceil(sampleSize * float64(s.cells.Size()) / float64(count)))
+	start := len(sample)
+	s.gcra.Range(func(_ string, c *gcell) bool {
+		if v := c.tat.Load(); v != dead {
+			sample = append(sample, c.value(now))
+		}
+		return len(sample)-start < ng
+	})
+	start = len(sample)
+	s.cells.Range(func(_ string, c *cell) bool {
+		sample = append(sample, c.value(now))
+		return len(sample)-start < nc
+	})
+	if len(sample) == 0 {
+		return 0, false
+	}
+	slices.Sort(sample)
+	i := int(math.Ceil(frac*float64(len(sample)))) - 1
+	return sample[min(max(i, 0), len(sample)-1)], true
+}
+
+// evict drops every key valued at or below cut (-1: the expired ones). A
+// non-GCRA key in use (its lock held) is kept.
+func (s *Store) evict(cut, now int64) int {
+	var freed int64
+	n := s.gcra.DeleteMatching(func(k string, c *gcell) (bool, bool) {
+		v := c.tat.Load()
+		if v == dead || value(v, c.span.Load(), 0, now) > cut || !c.tat.CompareAndSwap(v, dead) {
+			return false, false
+		}
+		freed += gcraBytes(len(k))
+		return true, false
+	})
+	n += s.cells.DeleteMatching(func(_ string, c *cell) (bool, bool) {
+		if c.value(now) > cut || !c.mu.TryLock() {
+			return false, false
+		}
+		defer c.mu.Unlock()
+		if c.value(now) > cut {
+			return false, false
+		}
+		c.dead = true
+		freed += c.size
+		return true, false
+	})
+	s.count.Add(-int64(n))
+	s.bytes.Add(-freed)
+	return n
+}
