@@ -11,59 +11,63 @@ import (
 // Eviction.
 //
 // A key's state is worth what its loss would give away: a key that is
-// evicted starts over with its whole limit. Every key, whatever its
+// evicted starts over with its whole limit, and keeps the difference until
+// its old state would have read as fresh. Every key, whatever its
 // algorithm, policy or limit, is ranked by one value, compared across
-// them all:
+// them all: the share of its limit it has in use, summed over the time
+// until it would be fresh (in ppm·ms):
 //
-//  1. the share of its limit in use now, in parts per million: what its
-//     loss gives away, as a share of what the limit allows. GCRA and
-//     TokenBucket state refills linearly, so the share is exact now:
-//     (time until full) ÷ (refill time of the whole burst). Windows and
-//     leases keep the share of their last charge until they expire (an
-//     upper bound: a sliding window's share only falls before then);
-//  2. then the time until its state reads as fresh again, in milliseconds:
-//     among keys as used up, the one that recovers soonest goes first.
+//   - GCRA and TokenBucket state refills linearly: the share in use now is
+//     exact, (time until full) ÷ (refill time of the whole burst), and
+//     falls to 0 over that time, so the value is share × time-left ÷ 2;
+//   - windows and leases keep the share of their last charge until they
+//     expire: share × time-left (an upper bound: a sliding window's share
+//     only falls before then, and a released lease is accounted as soon as
+//     it is released).
 //
-// A key whose state has expired is worth nothing (value -1) and goes first.
+// So a 5/day key used up (a day to go) outranks any key with seconds to
+// go, used up or not, and among keys with as long to go the more used
+// outranks the less used. A key whose state has expired is worth nothing
+// (value -1) and goes first.
+//
 // A sweep past MaxKeys or MaxBytes samples about sampleSize values from
 // both maps, in proportion to their sizes, and drops every key valued at or
 // below the quantile that brings the store down to 90% of its bounds,
 // checking again and repeating (at most maxPasses times) if the sample
-// erred. So a caller who floods the store with fresh keys of any policy
+// erred. A caller who floods the store with fresh keys of any policy thus
 // evicts fresh keys (or less used ones), never a used-up key of another,
 // which would start over (TestEvictionAcrossAlgorithms).
 //
 // What an attacker can still do: evict a key by filling the store with
-// keys used more (or as much, and recovering later). That takes MaxKeys
-// (or MaxBytes' worth of) keys each used up under a limit at least as long
-// as the victim's remaining time, and holding them there: size the store
-// above the keys a deployment's callers can mint (docs/redis.md).
+// keys worth more, that is MaxKeys (or MaxBytes' worth of) keys each used
+// up under a limit at least as long as the victim's remaining time, and
+// holding them there. Size the store above the keys a deployment's callers
+// can mint (docs/redis.md).
 
 const (
 	sampleSize = 1024
 	maxPasses  = 4
-	// shareBits holds a share in ppm (below 2^20); the rest of a value is
-	// milliseconds until fresh, up to 2^43 (278 years).
-	msBits = 43
-	msMax  = 1<<msBits - 1
+	// msMax caps the time left at 2^43 ms (278 years), so that a value,
+	// at most 1e6 times that, fits an int64.
+	msMax = 1<<43 - 1
 )
 
 // value ranks a key for eviction at now, lowest first (see above): -1 for
-// expired state, else the share in use (ppm) then milliseconds until
-// fresh. expiry is when the state reads as fresh; span the refill time of
-// its whole limit if it refills linearly (GCRA, TokenBucket), else 0, and
-// then used is its share at its last charge.
+// expired state, else its share in use (ppm) summed over the milliseconds
+// until it is fresh. expiry is when the state reads as fresh; span the
+// refill time of its whole limit if it refills linearly (GCRA,
+// TokenBucket), else 0, and then used is its share at its last charge.
 func value(expiry, span, used, now int64) int64 {
 	left := expiry - now
 	if left <= 0 {
 		return -1
 	}
-	share := used
+	ms := float64(min(left/int64(time.Millisecond), msMax))
 	if span > 0 {
-		share = int64(math.Min(1e6, math.Ceil(float64(left)/float64(span)*1e6)))
+		share := math.Min(1e6, math.Ceil(float64(left)/float64(span)*1e6))
+		return int64(share * ms / 2)
 	}
-	share = min(max(share, 0), 1e6)
-	return share<<msBits | min(left/int64(time.Millisecond), msMax)
+	return int64(float64(min(max(used, 0), 1e6)) * ms)
 }
 
 func (c *gcell) value(now int64) int64 {
