@@ -161,7 +161,7 @@ func (s *Store) Sweep() int {
 func (s *Store) sweep(full bool) int {
 	now := s.clk.Now()
 	if !full {
-		return s.evict(-1, now)
+		return s.evict(-1, 1, now)
 	}
 	n := 0
 	sample := make([]int64, 0, sampleSize+2)
@@ -169,19 +169,21 @@ func (s *Store) sweep(full bool) int {
 		if !s.over(0.9) {
 			break
 		}
-		cut, ok := s.cut(sample[:0], now)
+		cut, ties, ok := s.cut(sample[:0], now)
 		if !ok {
 			break
 		}
-		n += s.evict(max(cut, -1), now)
+		n += s.evict(cut, ties, now)
 	}
 	return n
 }
 
 // cut samples the values of both maps in proportion to their sizes and
 // returns the one at or below which the store's excess over 90% of its
-// bounds lies.
-func (s *Store) cut(sample []int64, now int64) (int64, bool) {
+// bounds lies, and the share of the keys valued at it that are to go: many
+// keys can share one value (a fixed window's keys with the same share used
+// all expire at its end), and evicting them all would empty the store.
+func (s *Store) cut(sample []int64, now int64) (cut int64, ties float64, ok bool) {
 	count := max(s.count.Load(), 1)
 	frac := max(1-0.9*float64(s.maxKeys)/float64(count), 1-0.9*float64(s.maxBytes)/float64(max(s.bytes.Load(), 1)))
 	ng := int(math.Ceil(sampleSize * float64(s.gcra.Size()) / float64(count)))
@@ -199,20 +201,35 @@ func (s *Store) cut(sample []int64, now int64) (int64, bool) {
 		return len(sample)-start < nc
 	})
 	if len(sample) == 0 {
-		return 0, false
+		return 0, 0, false
 	}
 	slices.Sort(sample)
-	i := int(math.Ceil(frac*float64(len(sample)))) - 1
-	return sample[min(max(i, 0), len(sample)-1)], true
+	want := max(int(math.Ceil(frac*float64(len(sample)))), 1)
+	cut = sample[min(want, len(sample))-1]
+	below, _ := slices.BinarySearch(sample, cut)
+	at, _ := slices.BinarySearch(sample, cut+1)
+	return cut, float64(want-below) / float64(at-below), true
 }
 
-// evict drops every key valued at or below cut (-1: the expired ones). A
-// non-GCRA key in use (its lock held) is kept.
-func (s *Store) evict(cut, now int64) int {
+// evict drops every key valued below cut and the share ties of those
+// valued at it, every 1/ties-th in map order (cut -1, ties 1: the expired
+// ones). A non-GCRA key in use (its lock held) is kept.
+func (s *Store) evict(cut int64, ties float64, now int64) int {
 	var freed int64
+	credit := 0.0
+	drop := func(v int64) bool {
+		if v != cut {
+			return v < cut
+		}
+		if credit += ties; credit >= 1 {
+			credit--
+			return true
+		}
+		return false
+	}
 	n := s.gcra.DeleteMatching(func(k string, c *gcell) (bool, bool) {
 		v := c.tat.Load()
-		if v == dead || value(v, c.span.Load(), 0, now) > cut || !c.tat.CompareAndSwap(v, dead) {
+		if v == dead || !drop(value(v, c.span.Load(), 0, now)) || !c.tat.CompareAndSwap(v, dead) {
 			return false, false
 		}
 		freed += gcraBytes(len(k))
@@ -223,7 +240,7 @@ func (s *Store) evict(cut, now int64) int {
 			return false, false
 		}
 		defer c.mu.Unlock()
-		if c.value(now) > cut {
+		if !drop(c.value(now)) {
 			return false, false
 		}
 		c.dead = true

@@ -29,7 +29,7 @@ var floods = []floodKind{
 
 // usedUp charges key under a 5/day limit of algorithm a until it is used
 // up, and returns the request that is then denied.
-func usedUp(t *testing.T, s sluice.Store, a sluice.Algorithm, key string) sluice.Request {
+func usedUp(t testing.TB, s sluice.Store, a sluice.Algorithm, key string) sluice.Request {
 	t.Helper()
 	ctx := context.Background()
 	for i := range 5 {
