@@ -167,4 +167,3 @@ func procStatus(t testing.TB, field string) uint64 {
 	t.Fatalf("no %s in /proc/self/status", field)
 	return 0
 }
-
