@@ -75,7 +75,7 @@ func (c *gcell) value(now int64) int64 {
 }
 
 func (c *cell) value(now int64) int64 {
-	return value(c.expiry.Load(), c.span.Load(), c.used.Load(), now)
+	return value(c.expiry.Load(), c.span.Load(), int64(c.used.Load()), now)
 }
 
 // decaySpan is the refill time of req's whole limit for the algorithms

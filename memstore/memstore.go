@@ -103,10 +103,11 @@ type cell struct {
 	mu     sync.Mutex
 	st     algo.State
 	expiry atomic.Int64 // when st reads as fresh; read by sweeps without mu
-	used   atomic.Int64 // share of the limit in use at the last charge, in ppm
 	span   atomic.Int64 // refill time of the whole limit; 0 for windows and leases (evict.go)
 	size   int64        // accounted bytes (size.go); guarded by mu
+	used   atomic.Int32 // share of the limit in use at the last charge, in ppm
 	dead   bool         // removed from the map; guarded by mu
+	// 112 bytes: one allocation size class below 120 (TestBytesPerKey)
 }
 
 // New returns a Store. It starts a background sweep unless
@@ -311,7 +312,7 @@ func (s *Store) applyCell(op sluice.Op, req sluice.Request) sluice.Decision {
 func (c *cell) commit(st algo.State, d sluice.Decision, req *sluice.Request) int64 {
 	c.st = st
 	c.expiry.Store(algo.Expiry(&st, req))
-	c.used.Store(usedPPM(d, req))
+	c.used.Store(int32(usedPPM(d, req)))
 	c.span.Store(decaySpan(req))
 	size := cellBytes(len(req.Key), &st)
 	grown := size - c.size
