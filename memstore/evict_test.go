@@ -75,14 +75,14 @@ func TestEvictionAcrossAlgorithms(t *testing.T) {
 			for _, f := range floods {
 				t.Run(fmt.Sprint(victim, "/", fa, "/", f.name), func(t *testing.T) {
 					clk := clock.NewFake(storetest.T0)
-					s, err := memstore.New(memstore.Options{Clock: clk, MaxKeys: 100, SweepInterval: -1})
+					s, err := memstore.New(memstore.Options{Clock: clk, MaxKeys: 50, SweepInterval: -1})
 					if err != nil {
 						t.Fatal(err)
 					}
 					r := usedUp(t, s, victim, "victim")
-					flood(t, s, clk, fa, f, 1000, 100)
+					flood(t, s, clk, fa, f, 500, 50)
 					if d, _ := s.Apply(context.Background(), sluice.OpAllow, r); d.Allowed {
-						t.Fatalf("the used-up %s key was admitted again after 1,000 %s keys of %s: evicted (%+v)", victim, f.name, fa, d)
+						t.Fatalf("the used-up %s key was admitted again after 500 %s keys of %s: evicted (%+v)", victim, f.name, fa, d)
 					}
 				})
 			}
