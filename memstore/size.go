@@ -26,9 +26,11 @@ import (
 // against this account; docs/redis.md gives the figures.
 
 const (
-	// DefaultMaxBytes bounds the accounted bytes: with Go's default GOGC
-	// (100) a heap of twice this plus the process's own ~20 MiB fits a
-	// 256 MiB container with room for the requests in flight.
+	// DefaultMaxBytes bounds the accounted bytes. Under Go's default GOGC
+	// (100) a flood holds RSS at about 2.7 times this over the idle
+	// process (make flood: 2.62; docs/redis.md): sluice serve's 27 MiB +
+	// 173 MiB, which fits a 256 MiB container with room for the requests
+	// in flight.
 	DefaultMaxBytes = 64 << 20
 	// entryBytes is an xsync.Map entry: a string header and a pointer.
 	entryBytes = 24
