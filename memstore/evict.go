@@ -179,13 +179,15 @@ func (s *Store) sweep(full bool) int {
 }
 
 // cut samples the values of both maps in proportion to their sizes and
-// returns the one at or below which the store's excess over 90% of its
+// returns the one at or below which the store's excess over 88% of its
 // bounds lies, and the share of the keys valued at it that are to go: many
 // keys can share one value (a fixed window's keys with the same share used
 // all expire at its end), and evicting them all would empty the store.
 func (s *Store) cut(sample []int64, now int64) (cut int64, ties float64, ok bool) {
 	count := max(s.count.Load(), 1)
-	frac := max(1-0.9*float64(s.maxKeys)/float64(count), 1-0.9*float64(s.maxBytes)/float64(max(s.bytes.Load(), 1)))
+	// Aim at 88%, under the 90% that ends the sweep, so that a sample's
+	// error rarely costs another pass over the store.
+	frac := max(1-0.88*float64(s.maxKeys)/float64(count), 1-0.88*float64(s.maxBytes)/float64(max(s.bytes.Load(), 1)))
 	ng := int(math.Ceil(sampleSize * float64(s.gcra.Size()) / float64(count)))
 	nc := int(math.Ceil(sampleSize * float64(s.cells.Size()) / float64(count)))
 	start := len(sample)
