@@ -113,3 +113,26 @@ func TestEvictionRanksByShareInUse(t *testing.T) {
 		})
 	}
 }
+
+// TestEvictionTies: keys tied at one value (a fixed window's keys charged
+// alike all expire at its end) are evicted in the share needed, not all:
+// a sweep that dropped every key at its cut emptied the store in the
+// 10 M-key flood, and every partly used key started over.
+func TestEvictionTies(t *testing.T) {
+	clk := clock.NewFake(storetest.T0)
+	s, _ := memstore.New(memstore.Options{Clock: clk, MaxKeys: 1000, SweepInterval: -1})
+	ctx := context.Background()
+	least := 1000
+	for i := range 5000 {
+		r := sluice.Request{Key: fmt.Sprint("k", i), Algorithm: sluice.FixedWindow, Limit: sluice.PerHour(10), Cost: 1}
+		if _, err := s.Apply(ctx, sluice.OpAllow, r); err != nil {
+			t.Fatal(err)
+		}
+		if i >= 1000 {
+			least = min(least, s.Len())
+		}
+	}
+	if least < 850 {
+		t.Fatalf("the store fell to %d keys of MaxKeys 1000: a sweep evicted every key tied at its cut", least)
+	}
+}
