@@ -4,7 +4,7 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: all build test lint vet staticcheck bench run tools deps fuzz static image image-test
+.PHONY: all build test lint vet staticcheck bench run tools deps fuzz flood static image image-test
 
 all: build
 
@@ -73,6 +73,13 @@ bench:
 	$(GO) test -run '^$$' -bench OverheadRatio -benchtime 5x ./internal/batch/
 	$(GO) test -run '^$$' -bench Memory100k -benchtime 1x ./internal/batch/
 	$(GO) test -run '^$$' -bench PauseOverAdmission -benchtime 3x ./guard/
+
+# flood sends 10,000,000 distinct keys through a memory store at its default
+# bounds and prints the RSS and heap against store.max_bytes every million
+# keys (docs/redis.md, Memory store). Minutes; not part of make test.
+# SLUICE_FLOOD_MAX_BYTES sets another bound.
+flood:
+	SLUICE_FLOOD_KEYS=10000000 $(GO) test -count=1 -v -timeout 60m -run '^TestFloodRSS$$' ./memstore/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseLimit -fuzztime 30s .

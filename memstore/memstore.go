@@ -12,19 +12,20 @@
 // A key belongs to one algorithm family: GCRA state and the other
 // algorithms' state are kept apart.
 //
-// Memory is bounded two ways. A key whose state has expired (its bucket is
-// full again, its window has passed) is worth nothing and is dropped by a
-// sweep, run in the background every SweepInterval and whenever the store
-// grows past MaxKeys. If a sweep of expired keys does not bring the store
-// under MaxKeys, it evicts, down to 90% of MaxKeys, the keys whose loss
-// admits least, chosen by sampling: GCRA keys whose state expires soonest
-// (the least of their burst used), and other keys by the share of their
-// limit they had used at their last charge, then by expiry. A caller who
-// fills the store with fresh keys thus evicts fresh keys, never the state
-// of a key that has used up its limit, which would start over.
+// Memory is bounded by MaxKeys and by MaxBytes, the heap the keys and
+// their state take as the store accounts it (size.go). A key whose state
+// has expired (its bucket is full again, its window has passed) is worth
+// nothing and is dropped by a sweep, run in the background every
+// SweepInterval and whenever the store grows past a bound. If dropping
+// expired keys does not bring the store under its bounds, the sweep evicts,
+// down to 90% of them, the keys whose loss admits least, ranked by one
+// value across every algorithm and policy: the share of its limit a key
+// has in use now, then how long until it would be fresh (evict.go). A
+// caller who fills the store with fresh keys thus evicts fresh keys, never
+// the state of a key that has used up its limit, which would start over.
 //
-// A GCRA key costs about 55 bytes besides its key string (a map entry and
-// an 8-byte cell); see docs/BENCHMARKS.md.
+// A GCRA key takes 80 bytes besides its key string, another algorithm's
+// key 192 (docs/redis.md, TestBytesPerKey).
 package memstore
 
 import (
@@ -32,6 +33,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,6 +62,10 @@ type Options struct {
 	Clock clock.Clock
 	// MaxKeys bounds the number of keys held. Zero means DefaultMaxKeys.
 	MaxKeys int
+	// MaxBytes bounds the bytes the keys and their state take on the heap,
+	// as the store accounts them (see Bytes and docs/redis.md): past it,
+	// the store evicts as past MaxKeys. Zero means DefaultMaxBytes.
+	MaxBytes int64
 	// SweepInterval is how often idle keys are dropped in the background.
 	// Zero means DefaultSweepInterval; negative disables the background
 	// sweep (sweeps still run when the store is full).
@@ -69,17 +75,27 @@ type Options struct {
 // Store is the in-memory sluice.Store. It is safe for concurrent use. Close
 // stops its background sweep.
 type Store struct {
-	clk     clock.Clock
-	sys     *clock.System // clk, when it is the system clock: called directly
-	maxKeys int64
-	gcra    *xsync.Map[string, *atomic.Int64]
-	cells   *xsync.Map[string, *cell]
-	count   atomic.Int64 // keys in both maps
-	params  atomic.Pointer[algo.GCRAParams]
-	sweepMu sync.Mutex
-	stop    chan struct{}
-	done    chan struct{}
-	closed  sync.Once
+	clk      clock.Clock
+	sys      *clock.System // clk, when it is the system clock: called directly
+	maxKeys  int64
+	maxBytes int64
+	gcra     *xsync.Map[string, *gcell]
+	cells    *xsync.Map[string, *cell]
+	count    atomic.Int64 // keys in both maps
+	bytes    atomic.Int64 // their accounted bytes (size.go)
+	params   atomic.Pointer[algo.GCRAParams]
+	sweepMu  sync.Mutex
+	stop     chan struct{}
+	done     chan struct{}
+	closed   sync.Once
+}
+
+// gcell holds a GCRA key's state: its theoretical arrival time, and the
+// refill time of its whole burst, which eviction reads to tell how much of
+// the limit is in use (evict.go).
+type gcell struct {
+	tat  atomic.Int64
+	span atomic.Int64
 }
 
 // cell holds a non-GCRA key's state.
@@ -87,8 +103,11 @@ type cell struct {
 	mu     sync.Mutex
 	st     algo.State
 	expiry atomic.Int64 // when st reads as fresh; read by sweeps without mu
-	used   atomic.Int64 // share of the limit in use at the last charge, in ppm
+	span   atomic.Int64 // refill time of the whole limit; 0 for windows and leases (evict.go)
+	size   int64        // accounted bytes (size.go); guarded by mu
+	used   atomic.Int32 // share of the limit in use at the last charge, in ppm
 	dead   bool         // removed from the map; guarded by mu
+	// 112 bytes: one allocation size class below 120 (TestBytesPerKey)
 }
 
 // New returns a Store. It starts a background sweep unless
@@ -100,6 +119,12 @@ func New(opts Options) (*Store, error) {
 	if opts.MaxKeys == 0 {
 		opts.MaxKeys = DefaultMaxKeys
 	}
+	if opts.MaxBytes < 0 {
+		return nil, fmt.Errorf("memstore: MaxBytes %d must not be negative", opts.MaxBytes)
+	}
+	if opts.MaxBytes == 0 {
+		opts.MaxBytes = DefaultMaxBytes
+	}
 	if opts.Clock == nil {
 		opts.Clock = clock.NewSystem()
 	}
@@ -108,13 +133,14 @@ func New(opts Options) (*Store, error) {
 	}
 	sys, _ := opts.Clock.(*clock.System)
 	s := &Store{
-		clk:     opts.Clock,
-		sys:     sys,
-		maxKeys: int64(opts.MaxKeys),
-		gcra:    xsync.NewMap[string, *atomic.Int64](),
-		cells:   xsync.NewMap[string, *cell](),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
+		clk:      opts.Clock,
+		sys:      sys,
+		maxKeys:  int64(opts.MaxKeys),
+		maxBytes: opts.MaxBytes,
+		gcra:     xsync.NewMap[string, *gcell](),
+		cells:    xsync.NewMap[string, *cell](),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 	if opts.SweepInterval > 0 {
 		t := time.NewTicker(opts.SweepInterval)
@@ -214,7 +240,7 @@ func (s *Store) gcraFast(key string, p *algo.GCRAParams) (sluice.Decision, bool)
 	}
 	now := s.now()
 	for {
-		old := c.Load()
+		old := c.tat.Load()
 		if old == dead {
 			return sluice.Decision{}, false
 		}
@@ -222,7 +248,8 @@ func (s *Store) gcraFast(key string, p *algo.GCRAParams) (sluice.Decision, bool)
 		if tat+p.Interval-p.Tau > now {
 			return algo.GCRADenied(p, tat, p.Interval, now), true
 		}
-		if c.CompareAndSwap(old, tat+p.Interval) {
+		if c.tat.CompareAndSwap(old, tat+p.Interval) {
+			c.setSpan(p.Tau)
 			return algo.GCRAAdmitted(p, tat+p.Interval, now), true
 		}
 	}
@@ -239,15 +266,18 @@ func (s *Store) gcraAllow(req sluice.Request) (sluice.Decision, error) {
 		return sluice.Decision{}, fmt.Errorf("memstore: %w", err)
 	}
 	for {
-		c := s.gcraCell(req.Key)
+		c := s.gcraCell(req.Key, p.Tau)
 		for {
 			now := s.now()
-			old := c.Load()
+			old := c.tat.Load()
 			if old == dead {
 				break
 			}
 			d, tat := algo.GCRAAllow(old, p, req.Cost, now)
-			if !d.Allowed || c.CompareAndSwap(old, tat) {
+			if !d.Allowed || c.tat.CompareAndSwap(old, tat) {
+				if d.Allowed {
+					c.setSpan(p.Tau)
+				}
 				return d, nil
 			}
 		}
@@ -265,23 +295,52 @@ func (s *Store) applyCell(op sluice.Op, req sluice.Request) sluice.Decision {
 			continue
 		}
 		d, next, _ := algo.Apply(op, c.st, req, s.clk.Now()) // validated by the caller
+		var grown int64
 		if op != sluice.OpPeek && d.Allowed {
-			c.st = next
-			c.expiry.Store(algo.Expiry(&next, &req))
-			c.used.Store(usedPPM(d, &req))
+			grown = c.commit(next, d, &req)
 		}
 		c.mu.Unlock()
+		if grown != 0 {
+			s.grew(grown)
+		}
 		return d
 	}
 }
 
-func (s *Store) gcraCell(key string) *atomic.Int64 {
+// commit makes st, reached by decision d on req, c's state. It returns by
+// how many bytes c's accounted size changed. c.mu must be held.
+func (c *cell) commit(st algo.State, d sluice.Decision, req *sluice.Request) int64 {
+	c.st = st
+	c.expiry.Store(algo.Expiry(&st, req))
+	c.used.Store(int32(usedPPM(d, req)))
+	c.span.Store(decaySpan(req))
+	size := cellBytes(len(req.Key), &st)
+	grown := size - c.size
+	c.size = size
+	return grown
+}
+
+// setSpan records the burst's refill time of the limit that last charged
+// c, if it changed.
+func (c *gcell) setSpan(span int64) {
+	if c.span.Load() != span {
+		c.span.Store(span)
+	}
+}
+
+// gcraCell returns key's GCRA cell, created for a limit whose whole burst
+// refills in span if the key is new.
+func (s *Store) gcraCell(key string, span int64) *gcell {
 	if c, ok := s.gcra.Load(key); ok {
 		return c
 	}
-	c, loaded := s.gcra.LoadOrStore(key, new(atomic.Int64))
+	c := new(gcell)
+	c.span.Store(span)
+	// The key is copied: a caller's key may be a slice of a larger buffer
+	// (a request body), which the map would otherwise keep alive unaccounted.
+	c, loaded := s.gcra.LoadOrStore(strings.Clone(key), c)
 	if !loaded {
-		s.added()
+		s.added(gcraBytes(len(key)))
 	}
 	return c
 }
@@ -290,24 +349,17 @@ func (s *Store) cell(key string) *cell {
 	if c, ok := s.cells.Load(key); ok {
 		return c
 	}
-	c, loaded := s.cells.LoadOrStore(key, new(cell))
+	c := &cell{size: cellBytes(len(key), nil)}
+	c, loaded := s.cells.LoadOrStore(strings.Clone(key), c)
 	if !loaded {
-		s.added()
+		s.added(c.size)
 	}
 	return c
 }
 
-// added counts a new key and sweeps when the store is over its bound.
-func (s *Store) added() {
-	if s.count.Add(1) > s.maxKeys && s.sweepMu.TryLock() {
-		defer s.sweepMu.Unlock()
-		s.sweep(true)
-	}
-}
-
 // member is one request's part in an apply: its cell and pending state.
 type member struct {
-	gcra *atomic.Int64 // GCRA keys
+	gcra *gcell // GCRA keys
 	old  int64
 	cell *cell // other keys
 }
@@ -336,9 +388,12 @@ func (s *Store) apply(op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, e
 		if !ok {
 			continue
 		}
-		ds, retry := s.step(op, reqs, order, members)
+		ds, grown, retry := s.step(op, reqs, order, members)
 		for _, c := range locked {
 			c.mu.Unlock()
+		}
+		if grown != 0 {
+			s.grew(grown)
 		}
 		if !retry {
 			return ds, nil
@@ -354,7 +409,7 @@ func (s *Store) lockMembers(reqs []sluice.Request, order []int) (members []membe
 	for _, i := range order {
 		r := &reqs[i]
 		if r.Algorithm == sluice.GCRA {
-			members[i].gcra = s.gcraCell(r.Key)
+			members[i].gcra = s.gcraCell(r.Key, decaySpan(r))
 			continue
 		}
 		c := s.cell(r.Key)
@@ -377,12 +432,13 @@ func (s *Store) lockMembers(reqs []sluice.Request, order []int) (members []membe
 }
 
 // step computes every decision and commits the new states if the batch may
-// be charged. It reports retry when a GCRA cell changed underneath.
-func (s *Store) step(op sluice.Op, reqs []sluice.Request, order []int, members []member) ([]sluice.Decision, bool) {
+// be charged. It returns by how many bytes the cells' accounted sizes
+// changed, and reports retry when a GCRA cell changed underneath.
+func (s *Store) step(op sluice.Op, reqs []sluice.Request, order []int, members []member) ([]sluice.Decision, int64, bool) {
 	now := s.clk.Now()
 	ds := make([]sluice.Decision, len(reqs))
 	// pending state per cell, so that repeated keys see each other's charge
-	gcraSeen := map[*atomic.Int64]int64{}
+	gcraSeen := map[*gcell]int64{}
 	cellSeen := map[*cell]algo.State{}
 	allowed := true
 	for _, i := range order {
@@ -391,9 +447,9 @@ func (s *Store) step(op sluice.Op, reqs []sluice.Request, order []int, members [
 		if m.gcra != nil {
 			v, ok := gcraSeen[m.gcra]
 			if !ok {
-				v = m.gcra.Load()
+				v = m.gcra.tat.Load()
 				if v == dead {
-					return nil, true
+					return nil, 0, true
 				}
 				m.old = v
 			}
@@ -428,41 +484,42 @@ func (s *Store) step(op sluice.Op, reqs []sluice.Request, order []int, members [
 				ds[i], _, _ = algo.Apply(sluice.OpPeek, st, reqs[i], now)
 			}
 		}
-		return ds, false
+		return ds, 0, false
 	}
 	if op == sluice.OpPeek || (op == sluice.OpRefund && !allowed) {
-		return ds, false // a refund batch with a lease not held refunds nothing
+		return ds, 0, false // a refund batch with a lease not held refunds nothing
 	}
 	// Commit: GCRA cells by compare-and-swap, rolled back on conflict.
-	var done []*atomic.Int64
+	var done []*gcell
 	for _, i := range order {
 		m := &members[i]
 		if m.gcra == nil || slices.Contains(done, m.gcra) {
 			continue
 		}
-		if !m.gcra.CompareAndSwap(m.old, gcraSeen[m.gcra]) {
+		if !m.gcra.tat.CompareAndSwap(m.old, gcraSeen[m.gcra]) {
 			for _, c := range done {
 				rollback(c, gcraSeen[c], members, order)
 			}
-			return nil, true
+			return nil, 0, true
 		}
 		done = append(done, m.gcra)
 	}
+	var grown int64
 	for _, i := range order {
+		if g := members[i].gcra; g != nil {
+			g.setSpan(decaySpan(&reqs[i]))
+		}
 		if c := members[i].cell; c != nil {
-			st := cellSeen[c]
-			c.st = st
-			c.expiry.Store(algo.Expiry(&st, &reqs[i]))
-			c.used.Store(usedPPM(ds[i], &reqs[i])) // the last of a key's in order is its final state
+			grown += c.commit(cellSeen[c], ds[i], &reqs[i]) // the last of a key's in order is its final state
 		}
 	}
-	return ds, false
+	return ds, grown, false
 }
 
 // rollback undoes a committed GCRA update after a later one in the batch
 // lost its race. If another request charged the cell since, its charge is
 // kept: the difference is subtracted rather than the old value restored.
-func rollback(c *atomic.Int64, committed int64, members []member, order []int) {
+func rollback(c *gcell, committed int64, members []member, order []int) {
 	var old int64
 	for _, i := range order {
 		if members[i].gcra == c {
@@ -470,15 +527,15 @@ func rollback(c *atomic.Int64, committed int64, members []member, order []int) {
 			break
 		}
 	}
-	if !c.CompareAndSwap(committed, old) {
-		c.Add(old - committed)
+	if !c.tat.CompareAndSwap(committed, old) {
+		c.tat.Add(old - committed)
 	}
 }
 
 func (s *Store) reset(r sluice.Request) {
 	if r.Algorithm == sluice.GCRA {
 		if c, ok := s.gcra.Load(r.Key); ok {
-			c.Store(0)
+			c.tat.Store(0)
 		}
 		return
 	}
@@ -487,122 +544,12 @@ func (s *Store) reset(r sluice.Request) {
 		c.st = algo.State{}
 		c.expiry.Store(0)
 		c.used.Store(0)
+		size := cellBytes(len(r.Key), nil)
+		grown := size - c.size
+		c.size = size
 		c.mu.Unlock()
+		s.bytes.Add(grown) // a reset only shrinks
 	}
-}
-
-// sweepLoop sweeps on every tick until Close.
-func (s *Store) sweepLoop(tick <-chan time.Time) {
-	defer close(s.done)
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-tick:
-			s.Sweep()
-		}
-	}
-}
-
-// Sweep drops every key whose state has expired, and, if the store is
-// still over MaxKeys, the keys whose loss admits least (see the package
-// doc). It returns how many keys it dropped. It runs by itself; call it to
-// free memory at once.
-func (s *Store) Sweep() int {
-	s.sweepMu.Lock()
-	defer s.sweepMu.Unlock()
-	return s.sweep(s.count.Load() > s.maxKeys)
-}
-
-// sweep must be called with sweepMu held.
-func (s *Store) sweep(full bool) int {
-	now := s.clk.Now()
-	n := s.deleteBefore(now)
-	if !full || s.count.Load() <= s.maxKeys*9/10 {
-		return n
-	}
-	// Evict the same share of each map, each by its own rank, below a cut
-	// read from a sample.
-	frac := float64(s.count.Load()-s.maxKeys*9/10) / float64(max(s.count.Load(), 1))
-	sample := make([]int64, 0, 512)
-	s.gcra.Range(func(_ string, c *atomic.Int64) bool {
-		sample = append(sample, c.Load())
-		return len(sample) < cap(sample)
-	})
-	if cut, ok := cutAt(sample, frac); ok {
-		n += s.deleteGCRA(func(tat int64) bool { return tat <= cut })
-	}
-	sample = sample[:0]
-	s.cells.Range(func(_ string, c *cell) bool {
-		sample = append(sample, c.rank(now))
-		return len(sample) < cap(sample)
-	})
-	if cut, ok := cutAt(sample, frac); ok {
-		n += s.deleteCells(func(c *cell) bool { return c.rank(now) <= cut })
-	}
-	return n
-}
-
-// cutAt sorts sample and returns the value below which frac of it lies.
-func cutAt(sample []int64, frac float64) (int64, bool) {
-	if len(sample) == 0 {
-		return 0, false
-	}
-	slices.Sort(sample)
-	return sample[min(len(sample)-1, int(frac*float64(len(sample))))], true
-}
-
-// rank orders cells for eviction, lowest first: by the share of its limit
-// the key had used at its last charge, then by how soon its state expires
-// (in milliseconds, up to 2^43, 278 years).
-func (c *cell) rank(now int64) int64 {
-	left := min(max(c.expiry.Load()-now, 0)/int64(time.Millisecond), 1<<43-1)
-	return c.used.Load()<<43 | left
-}
-
-// usedPPM is the share of req's limit in use after d, in parts per
-// million: 1e6 for a key with nothing left.
-func usedPPM(d sluice.Decision, req *sluice.Request) int64 {
-	c := req.Capacity()
-	if c <= 0 {
-		return 1e6
-	}
-	rem := min(max(d.Remaining, 0), c)
-	return int64(float64(c-rem) / float64(c) * 1e6)
-}
-
-// deleteBefore drops the keys whose state expires at or before t.
-func (s *Store) deleteBefore(t int64) int {
-	return s.deleteGCRA(func(tat int64) bool { return tat <= t }) +
-		s.deleteCells(func(c *cell) bool { return c.expiry.Load() <= t })
-}
-
-// deleteGCRA drops the GCRA keys whose state drop reports.
-func (s *Store) deleteGCRA(drop func(tat int64) bool) int {
-	n := s.gcra.DeleteMatching(func(_ string, c *atomic.Int64) (bool, bool) {
-		v := c.Load()
-		return v != dead && drop(v) && c.CompareAndSwap(v, dead), false
-	})
-	s.count.Add(-int64(n))
-	return n
-}
-
-// deleteCells drops the other keys that drop reports, checked again under
-// each key's lock; a key in use is kept.
-func (s *Store) deleteCells(drop func(*cell) bool) int {
-	n := s.cells.DeleteMatching(func(_ string, c *cell) (bool, bool) {
-		if !drop(c) || !c.mu.TryLock() {
-			return false, false
-		}
-		defer c.mu.Unlock()
-		if !drop(c) {
-			return false, false
-		}
-		c.dead = true
-		return true, false
-	})
-	s.count.Add(-int64(n))
-	return n
 }
 
 var _ sluice.Store = (*Store)(nil)

@@ -18,15 +18,18 @@ func (s *Store) gcraReserve(req sluice.Request) (sluice.Decision, error) {
 		return sluice.Decision{}, fmt.Errorf("memstore: %w", err)
 	}
 	for {
-		c := s.gcraCell(req.Key)
+		c := s.gcraCell(req.Key, p.Tau)
 		for {
 			now := s.now()
-			old := c.Load()
+			old := c.tat.Load()
 			if old == dead {
 				break
 			}
 			d, tat := algo.GCRAReserve(old, p, req.Cost, req.MaxWait, now)
-			if !d.Allowed || c.CompareAndSwap(old, tat) {
+			if !d.Allowed || c.tat.CompareAndSwap(old, tat) {
+				if d.Allowed {
+					c.setSpan(p.Tau)
+				}
 				return d, nil
 			}
 		}

@@ -40,6 +40,8 @@ const (
 	MaxFileBytes = yamlconf.MaxFileBytes
 	// MaxKeyLen bounds an identity, the key of a check.
 	MaxKeyLen = 512
+	// MinStoreMaxBytes is the least store.max_bytes (TestBadConfigs).
+	MinStoreMaxBytes = 1 << 20
 )
 
 // Failure policies of the store section.
@@ -404,6 +406,9 @@ func (v *validator) compileStore(s *StoreSection) {
 	}
 	if s.MaxKeys < 0 {
 		v.addf("store.max_keys", "%d must not be negative", s.MaxKeys)
+	}
+	if s.MaxBytes != 0 && s.MaxBytes < MinStoreMaxBytes {
+		v.addf("store.max_bytes", "%d must be at least %d (1 MiB), or 0 for the default: a store that small evicts the keys it has just charged, and their limits start over", s.MaxBytes, MinStoreMaxBytes)
 	}
 }
 

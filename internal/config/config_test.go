@@ -94,6 +94,7 @@ func TestBadConfigs(t *testing.T) {
 		"bad_store_url":         {`2: store.url: unknown store "postgres://localhost/db"; valid: memory, redis://HOST`},
 		"bad_syntax":            {`4: did not find expected key`},
 		"bad_timeout":           {"2: store.timeout: cannot use `soon` as time.Duration"},
+		"bad_max_bytes":         {"2: store.max_bytes: 4096 must be at least 1048576 (1 MiB), or 0 for the default"},
 		"bad_type":              {"4: policies.free.burst: cannot use `lots` as int64"},
 		"concurrency":           {`3: policies.slots.algorithm: concurrency`},
 		"duplicate_key":         {`4: policies.free: mapping key "free" already defined at line 2`},

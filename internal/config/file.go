@@ -90,6 +90,10 @@ type StoreSection struct {
 	Lease bool `yaml:"lease"`
 	// MaxKeys bounds the keys held in memory; 0 means the store's default.
 	MaxKeys int `yaml:"max_keys"`
+	// MaxBytes bounds the heap the memory store's keys and their state
+	// take, as it accounts them (memstore.Options.MaxBytes); 0 means its
+	// default, 64 MiB. At least MinStoreMaxBytes.
+	MaxBytes int64 `yaml:"max_bytes"`
 	// PlainWindows keeps Redis fixed-window counts in per-window keys and
 	// decides most cost-1 checks by one plain command (SET NX PX for a new
 	// window key, else INCRBY) instead of a script

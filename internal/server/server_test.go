@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -99,8 +100,8 @@ func startService(t *testing.T, o svcOptions) *svc {
 	listening := make(chan net.Addr, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	openStore := func(context.Context, config.StoreSection) (sluice.Store, io.Closer, error) {
-		ms, err := memstore.New(memstore.Options{Clock: s.clk, MaxKeys: 10000, SweepInterval: -1})
+	openStore := func(_ context.Context, sc config.StoreSection) (sluice.Store, io.Closer, error) {
+		ms, err := memstore.New(memstore.Options{Clock: s.clk, MaxKeys: cmp.Or(sc.MaxKeys, 10000), MaxBytes: sc.MaxBytes, SweepInterval: -1})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -181,7 +181,7 @@ func OpenStore(ctx context.Context, sc config.StoreSection) (sluice.Store, io.Cl
 
 func openStore(ctx context.Context, sc config.StoreSection, log *slog.Logger) (sluice.Store, io.Closer, error) {
 	if sc.IsMemory() {
-		s, err := memstore.New(memstore.Options{MaxKeys: sc.MaxKeys})
+		s, err := memstore.New(memstore.Options{MaxKeys: sc.MaxKeys, MaxBytes: sc.MaxBytes})
 		if err != nil {
 			return nil, nil, fmt.Errorf("server: memory store: %w", err)
 		}
