@@ -14,8 +14,8 @@ import (
 // one place the bytes a key costs and the process's base are written. The
 // Kubernetes manifests are checked against it too.
 type sizing struct {
-	BytesPerKey int64 `json:"bytesPerKey"`
-	BaseMiB     int64 `json:"baseMiB"`
+	RSSPerHeapMiB int64 `json:"rssPerHeapMiB"`
+	BaseMiB       int64 `json:"baseMiB"`
 }
 
 func chartSizing(t *testing.T) sizing {
@@ -30,17 +30,17 @@ func chartSizing(t *testing.T) sizing {
 	if err := yaml.Unmarshal(data, &v); err != nil {
 		t.Fatal(err)
 	}
-	if v.Memory.BytesPerKey <= 0 || v.Memory.BaseMiB <= 0 {
+	if v.Memory.RSSPerHeapMiB <= 0 || v.Memory.BaseMiB <= 0 {
 		t.Fatalf("values.yaml memory: %+v", v.Memory)
 	}
 	return v.Memory
 }
 
-// measuredRSS is what the memory store was measured to take resident:
-// ~420 MiB at 1,048,576 keys, that is a 30 MiB base and 390 bytes a key
-// (docs/deploy.md, "Memory"). A memory limit below it gets the pod
-// OOM-killed once a caller fills the key bound.
-func measuredRSS(keys int64) int64 { return 30<<20 + 390*keys }
+// measuredRSS is what the memory store was measured to take resident at
+// its peak under a 10 M-key flood: 27 MiB + 2.7 × max_bytes (make flood;
+// docs/BENCHMARKS.md, "Sizing"). A memory limit below it gets the pod
+// OOM-killed once a caller fills the bound.
+func measuredRSS(heap int64) int64 { return 27<<20 + heap*27/10 }
 
 const mib = 1 << 20
 
@@ -58,27 +58,23 @@ func checkRightByDefault(t *testing.T, name string, o *objects, cfg *config.Conf
 	if cfg.Store.FailurePolicy != wantPolicy {
 		t.Errorf("%s: store.failure_policy %q, want %q", name, cfg.Store.FailurePolicy, wantPolicy)
 	}
-	if cfg.Store.MaxKeys <= 0 {
-		t.Errorf("%s: store.max_keys is %d: the memory limit must be sized from an explicit bound", name, cfg.Store.MaxKeys)
+	if cfg.Store.MaxKeys <= 0 || cfg.Store.MaxBytes <= 0 {
+		t.Errorf("%s: store.max_keys %d, max_bytes %d: the memory limit must be sized from explicit bounds", name, cfg.Store.MaxKeys, cfg.Store.MaxBytes)
 	}
-	keys := int64(cfg.Store.MaxKeys)
+	heap := cfg.Store.MaxBytes
 	if gw := cfg.File.Gateway; gw != nil && (gw.Store.URL == "" || gw.Store.URL == "memory") {
 		if replicas > 1 {
 			t.Errorf("%s: %d replicas with the gateway's limits on its memory store", name, replicas)
 		}
-		gk := int64(gw.Store.MaxKeys)
-		if gk == 0 {
-			gk = memstore.DefaultMaxKeys
-		}
-		keys += gk
+		heap += memstore.DefaultMaxBytes // the gateway's store takes no max_bytes
 	}
-	want := (sz.BaseMiB*mib + keys*sz.BytesPerKey + mib - 1) / mib * mib
+	want := (sz.BaseMiB*mib + heap*sz.RSSPerHeapMiB + mib - 1) / mib * mib
 	res := o.deployments[0].Spec.Template.Spec.Containers[0].Resources
 	lim, req := res.Limits.Memory(), res.Requests.Memory()
 	if lim.Value() != want || req.Value() != want {
-		t.Errorf("%s: memory request %s and limit %s, want %dMi each (%d MiB + %d keys × %d B)", name, req, lim, want/mib, sz.BaseMiB, keys, sz.BytesPerKey)
+		t.Errorf("%s: memory request %s and limit %s, want %dMi each (%d MiB + %d × %d MiB of heap)", name, req, lim, want/mib, sz.BaseMiB, sz.RSSPerHeapMiB, heap/mib)
 	}
-	if lim.Value() < measuredRSS(keys) {
-		t.Errorf("%s: memory limit %s is below the %d MiB measured at %d keys", name, lim, measuredRSS(keys)/mib, keys)
+	if lim.Value() < measuredRSS(heap) {
+		t.Errorf("%s: memory limit %s is below the %d MiB measured at %d MiB of heap", name, lim, measuredRSS(heap)/mib, heap/mib)
 	}
 }

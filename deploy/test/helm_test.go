@@ -77,15 +77,15 @@ func TestHelmChart(t *testing.T) {
 	}{
 		{name: "defaults", values: "{}", replicas: 1, policy: "local", check: func(t *testing.T, o *objects) {
 			c := o.deployments[0].Spec.Template.Spec.Containers[0]
-			if got := c.Resources.Limits.Memory().String(); got != "430Mi" {
-				t.Errorf("default memory limit %s, want 430Mi (1,048,576 keys × 400 B + 30 MiB)", got)
+			if got := c.Resources.Limits.Memory().String(); got != "256Mi" {
+				t.Errorf("default memory limit %s, want 256Mi (64 MiB + 3 × 64 MiB of heap)", got)
 			}
 		}},
 		{name: "redis", replicas: 3, redis: true, policy: "local", secrets: 1, pdbs: 1,
 			values: `{replicaCount: 3, store: {redisURL: "redis://redis.data:6379/0"}}`},
-		{name: "fewer keys", replicas: 1, policy: "local", values: `store: {maxKeys: 100000}`, check: func(t *testing.T, o *objects) {
-			if got := o.deployments[0].Spec.Template.Spec.Containers[0].Resources.Limits.Memory().String(); got != "69Mi" {
-				t.Errorf("memory limit %s at 100,000 keys, want 69Mi", got)
+		{name: "smaller heap", replicas: 1, policy: "local", values: `store: {maxKeys: 100000, maxBytesMiB: 16}`, check: func(t *testing.T, o *objects) {
+			if got := o.deployments[0].Spec.Template.Spec.Containers[0].Resources.Limits.Memory().String(); got != "112Mi" {
+				t.Errorf("memory limit %s at 16 MiB of heap, want 112Mi", got)
 			}
 		}},
 		{name: "gateway", replicas: 1, policy: "local", values: `gateway: {enabled: true, apiKeySecret: {name: openai}}`},
@@ -180,7 +180,8 @@ func TestHelmChartRefuses(t *testing.T) {
 		{"gateway replicas on memory", `{replicaCount: 2, store: {redisURL: "redis://r:6379/0"}, gateway: {enabled: true, apiKeySecret: {name: openai}}}`,
 			"replicaCount is 2 but gateway.config.store.url is memory"},
 		{"memory set by hand", `resources: {limits: {memory: 256Mi}}`,
-			"resources.limits.memory and resources.requests.memory are computed from store.maxKeys"},
+			"resources.limits.memory and resources.requests.memory are computed from store.maxBytesMiB"},
+		{"no heap bound", `store: {maxBytesMiB: 0}`, "store.maxBytesMiB must be at least 1"},
 		{"no key bound", `store: {maxKeys: 0}`, "store.maxKeys must be at least 1"},
 		{"no replicas", `replicaCount: 0`, "replicaCount is 0: it must be between 1 and 64"},
 		{"too many replicas", `{replicaCount: 65, store: {redisURL: "redis://r:6379/0"}}`, "replicaCount is 65: it must be between 1 and 64"},

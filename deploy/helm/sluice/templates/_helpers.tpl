@@ -40,6 +40,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- if .Values.store.localCache }}{{ $_ := set $store "local_cache" true }}{{ end -}}
 {{- $_ := set $store "max_keys" (int64 .Values.store.maxKeys) -}}
+{{- $_ := set $store "max_bytes" (mul (int64 .Values.store.maxBytesMiB) 1048576) -}}
 {{- if .Values.store.plainWindows }}{{ $_ := set $store "plain_windows" true }}{{ end -}}
 {{- $cfg := dict "listen" (printf ":%d" (int .Values.port)) "shutdown_timeout" .Values.shutdownTimeout "store" $store -}}
 {{- with .Values.policies }}{{ $_ := set $cfg "policies" . }}{{ end -}}
@@ -70,20 +71,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{/*
-The container's memory, in MiB: memory.baseMiB plus memory.bytesPerKey
-for each key the process may hold: store.maxKeys (the service's memory
-store, or on Redis its local fallback) and, when the gateway keeps its
-limits in memory, its store's max_keys (store.maxKeys unless set); rounded
-up. The one place the chart sizes memory.
+The container's memory, in MiB: memory.baseMiB plus memory.rssPerHeapMiB
+for each MiB of heap a memory store may hold: store.maxBytesMiB (the
+service's memory store, or on Redis its local fallback) and, when the
+gateway keeps its limits in memory, its store's (the memory store's
+default bound, 64 MiB: the gateway's store takes no max_bytes); rounded up. The one place the chart sizes
+memory.
 */}}
 {{- define "sluice.memoryMiB" -}}
-{{- $keys := int64 .Values.store.maxKeys -}}
+{{- $heap := mul (int64 .Values.store.maxBytesMiB) 1048576 -}}
 {{- if include "sluice.gatewayOnMemory" . -}}
-{{- $gs := .Values.gateway.config.store | default dict -}}
-{{- $keys = add $keys (int64 ($gs.max_keys | default .Values.store.maxKeys)) -}}
+{{- $heap = add $heap (mul 64 1048576) -}}
 {{- end -}}
-{{- $keyBytes := mul $keys (int64 .Values.memory.bytesPerKey) -}}
-{{- $bytes := add $keyBytes (mul (int64 .Values.memory.baseMiB) 1048576) -}}
+{{- $bytes := add (mul $heap (int64 .Values.memory.rssPerHeapMiB)) (mul (int64 .Values.memory.baseMiB) 1048576) -}}
 {{- div (add $bytes 1048575) 1048576 -}}
 {{- end -}}
 
@@ -101,10 +101,13 @@ Included by the Deployment, so `helm template`, `helm install` and
 {{- fail (printf "replicaCount is %d but no store.redisURL or store.existingSecret is set: on the memory store each replica keeps its own counts, so every limit would be %d times what you wrote. Set store.redisURL (or store.existingSecret) to a Redis all replicas share, or keep replicaCount: 1" $n $n) -}}
 {{- end -}}
 {{- if lt (int64 .Values.store.maxKeys) 1 -}}
-{{- fail "store.maxKeys must be at least 1: the chart sizes the container's memory from it (memory.bytesPerKey per key)" -}}
+{{- fail "store.maxKeys must be at least 1: the memory store needs a key bound" -}}
+{{- end -}}
+{{- if lt (int64 .Values.store.maxBytesMiB) 1 -}}
+{{- fail "store.maxBytesMiB must be at least 1: the chart sizes the container's memory from it (memory.rssPerHeapMiB per MiB)" -}}
 {{- end -}}
 {{- with .Values.resources }}{{ if or (and .limits .limits.memory) (and .requests .requests.memory) -}}
-{{- fail "resources.limits.memory and resources.requests.memory are computed from store.maxKeys (memory.baseMiB + store.maxKeys × memory.bytesPerKey): set store.maxKeys instead" -}}
+{{- fail "resources.limits.memory and resources.requests.memory are computed from store.maxBytesMiB (memory.baseMiB + memory.rssPerHeapMiB × store.maxBytesMiB): set store.maxBytesMiB instead" -}}
 {{- end }}{{ end -}}
 {{- if .Values.gateway.enabled -}}
 {{- $up := .Values.gateway.config.upstream | default dict -}}
