@@ -40,7 +40,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- if .Values.store.localCache }}{{ $_ := set $store "local_cache" true }}{{ end -}}
 {{- if .Values.store.maxKeys }}{{ $_ := set $store "max_keys" (int .Values.store.maxKeys) }}{{ end -}}
-{{- if .Values.store.plainWindows }}{{ $_ := set $store "plain_windows" true }}{{ end -}}
+{{- $_ := set $store "plain_windows" (ne .Values.store.plainWindows false) -}}
 {{- $cfg := dict "listen" (printf ":%d" (int .Values.port)) "shutdown_timeout" .Values.shutdownTimeout "store" $store -}}
 {{- with .Values.policies }}{{ $_ := set $cfg "policies" . }}{{ end -}}
 {{- with .Values.tiers }}{{ $_ := set $cfg "tiers" . }}{{ end -}}
