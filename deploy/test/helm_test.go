@@ -94,8 +94,12 @@ keys:
 				t.Errorf("store.plainWindows did not reach sluice.yaml:\n%s", cm.Data["sluice.yaml"])
 			}
 		}},
-		{name: "existing secret", values: `store: {existingSecret: my-redis, existingSecretKey: uri}
+		{name: "existing secret", values: `store: {existingSecret: my-redis, existingSecretKey: uri, plainWindows: false}
 podDisruptionBudget: {enabled: false}`, check: func(t *testing.T, o *objects) {
+			// false must reach sluice.yaml: sluice's default is true.
+			if cm := o.configMaps["rl-sluice"]; !strings.Contains(cm.Data["sluice.yaml"], "plain_windows: false") {
+				t.Errorf("store.plainWindows: false did not reach sluice.yaml:\n%s", cm.Data["sluice.yaml"])
+			}
 			if len(o.pdbs) != 0 {
 				t.Error("PodDisruptionBudget rendered though disabled")
 			}
