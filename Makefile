@@ -59,7 +59,9 @@ test: deps lint
 
 # bench runs every benchmark and report; each prints its figures beside a
 # baseline measured in the same run. It takes about five minutes and wants a
-# quiet machine. docs/BENCHMARKS.md records the latest figures.
+# quiet machine. docs/BENCHMARKS.md records the latest figures. ERL_BIN, the
+# path of an envoyproxy/ratelimit binary built from its source (never part
+# of this repository), adds it to bench-envoy-cold.sh; unset, it is skipped.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./algo ./clock ./memstore
 	cd bench && $(GO) run ./cmd/corebench -rounds 5

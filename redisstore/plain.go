@@ -70,12 +70,17 @@ func (s *Store) applyPlain(ctx context.Context, op sluice.Op, req *sluice.Reques
 		}
 		return ds[0], nil
 	}
-	base := s.plainBase(req.Key)
+	var base string
 	if plainEligible(op, req) {
-		d, ok, err := s.plainAllow(ctx, req, base)
-		if ok || err != nil {
+		var d sluice.Decision
+		var ok bool
+		var err error
+		if d, base, ok, err = s.plainAllow(ctx, req); ok || err != nil {
 			return d, err
 		}
+	}
+	if base == "" {
+		base = s.plainBase(req.Key)
 	}
 	// The script decides: its ARGV, cached per limit and cost.
 	p := s.plainArgs.Load()
@@ -104,11 +109,12 @@ func plainClamp(op sluice.Op, d sluice.Decision) sluice.Decision {
 // plainAllow tries the plain path for an OpAllow of cost 1. ok is false
 // when the script must decide instead: no clock estimate, too near a
 // boundary, or an answer that came back too late to be known to lie in
-// its window.
-func (s *Store) plainAllow(ctx context.Context, req *sluice.Request, base string) (d sluice.Decision, ok bool, err error) {
+// its window. base is req.Key's base name once the window's key was
+// built (empty before), for the script.
+func (s *Store) plainAllow(ctx context.Context, req *sluice.Request) (d sluice.Decision, base string, ok bool, err error) {
 	client := s.client()
 	if client == nil {
-		return d, false, s.notConnected()
+		return d, "", false, s.notConnected()
 	}
 	// now returns Redis's time and the error bound of the estimate.
 	var now func() (int64, int64, bool)
@@ -120,21 +126,27 @@ func (s *Store) plainAllow(ctx context.Context, req *sluice.Request, base string
 	} else {
 		nc := s.clocks.node(node)
 		if nc == nil {
-			return d, false, nil
+			return d, base, false, nil
 		}
 		now = func() (int64, int64, bool) { return nc.at(s.clocks.local()) }
 	}
 	per := int64(req.Limit.Period)
 	t, eps, ok := now()
 	if !ok {
-		return d, false, nil
+		return d, base, false, nil
 	}
 	start := t - mod(t, per)
 	end := start + per
 	if t-eps-eps-margin < start || t+eps+eps+margin >= end {
-		return d, false, nil
+		return d, base, false, nil
 	}
-	key := base + ":" + strconv.FormatInt(start, 10)
+	// The window's key, base:START, in one allocation; base is its prefix.
+	var buf [96]byte
+	kb := s.appendPlainBase(buf[:0], req.Key)
+	nb := len(kb)
+	kb = strconv.AppendInt(append(kb, ':'), start, 10)
+	key := string(kb)
+	base = key[:nb]
 	ttl := (end-t)/1e6 + 1 + s.plainSlackMS
 	cctx, cancel := s.bound(ctx)
 	defer cancel()
@@ -151,23 +163,23 @@ func (s *Store) plainAllow(ctx context.Context, req *sluice.Request, base string
 			// A later send: the end side of the check again.
 			if t, eps, ok = now(); !ok || t+eps+eps+margin >= end {
 				s.seen.add(base, start)
-				return d, false, nil
+				return d, base, false, nil
 			}
 		default:
-			return d, false, s.failed(ctx, fmt.Errorf("plain window: %w", err))
+			return d, base, false, s.failed(ctx, fmt.Errorf("plain window: %w", err))
 		}
 		s.seen.add(base, start)
 	}
 	if n == 0 {
 		if n, err = plainDo(cctx, client, group, client.B().Incrby().Key(key).Increment(1).Build()).AsInt64(); err != nil {
-			return d, false, s.failed(ctx, fmt.Errorf("plain window: %w", err))
+			return d, base, false, s.failed(ctx, fmt.Errorf("plain window: %w", err))
 		}
 		if n == 1 {
 			// The key had vanished (a reset, a refund to 0, eviction,
 			// FLUSH) and INCRBY made it without a TTL: give it one.
 			s.seen.add(base, start)
 			if err := s.plainExpire(cctx, client, key, ttl); err != nil {
-				return d, false, s.failed(ctx, fmt.Errorf("plain window: %w", err))
+				return d, base, false, s.failed(ctx, fmt.Errorf("plain window: %w", err))
 			}
 		}
 	}
@@ -180,16 +192,16 @@ func (s *Store) plainAllow(ctx context.Context, req *sluice.Request, base string
 		// a long queue): its count stays in that window (stricter), and
 		// the script decides the request on TIME.
 		s.plainLate.Add(1)
-		return d, false, nil
+		return d, base, false, nil
 	}
 	e := min(max(t+(t2-t)/2-start, 0), per-1)
 	if n > req.Limit.Rate {
 		// Over the limit: the count stays (cost 1: every later request of
 		// the window is denied anyway). Reported as the script reports
 		// the state before it: the count n-1, Remaining 0.
-		return decideOp(sluice.OpAllow, req, reply{ok: false, x: n - 1, y: e}), true, nil
+		return decideOp(sluice.OpAllow, req, reply{ok: false, x: n - 1, y: e}), base, true, nil
 	}
-	return decideOp(sluice.OpAllow, req, reply{ok: true, x: n, y: e}), true, nil
+	return decideOp(sluice.OpAllow, req, reply{ok: true, x: n, y: e}), base, true, nil
 }
 
 // plainExpire gives a window key that INCRBY created the TTL of the

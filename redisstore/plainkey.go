@@ -32,13 +32,25 @@ func hasTag(key string) bool {
 
 // plainBase is key's base name in the per-window layout.
 func (c *core) plainBase(key string) string {
+	return string(c.appendPlainBase(make([]byte, 0, len(key)+12), key))
+}
+
+// appendPlainBase appends key's base name in the per-window layout to b:
+// the plain path builds a window's key in one buffer, and one allocation.
+func (c *core) appendPlainBase(b []byte, key string) []byte {
 	switch {
 	case hasTag(key):
-		return "fw:" + key
+		b = append(b, "fw:"...)
+		return append(b, key...)
 	case strings.IndexByte(key, '}') < 0:
-		return "fw{" + key + "}"
+		b = append(b, "fw{"...)
+		b = append(b, key...)
+		return append(b, '}')
 	}
-	return "fw%{" + c.slotTags()[keySlot(key)] + "}" + key
+	b = append(b, "fw%{"...)
+	b = append(b, c.slotTags()[keySlot(key)]...)
+	b = append(b, '}')
+	return append(b, key...)
 }
 
 // slotTagTable holds, for each hash slot, the smallest decimal number

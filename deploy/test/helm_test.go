@@ -135,8 +135,12 @@ keys:
 			}
 		}},
 		{name: "existing secret", replicas: 2, redis: true, policy: "local", values: `replicaCount: 2
-store: {existingSecret: my-redis, existingSecretKey: uri}
+store: {existingSecret: my-redis, existingSecretKey: uri, plainWindows: false}
 podDisruptionBudget: {enabled: false}`, check: func(t *testing.T, o *objects) {
+			// false must reach sluice.yaml: sluice's default is true.
+			if cm := o.configMaps["rl-sluice"]; !strings.Contains(cm.Data["sluice.yaml"], "plain_windows: false") {
+				t.Errorf("store.plainWindows: false did not reach sluice.yaml:\n%s", cm.Data["sluice.yaml"])
+			}
 			ref := o.deployments[0].Spec.Template.Spec.Containers[0].Env[0].ValueFrom.SecretKeyRef
 			if ref.Name != "my-redis" || ref.Key != "uri" {
 				t.Errorf("Redis URL from %s/%s, want my-redis/uri", ref.Name, ref.Key)

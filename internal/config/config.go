@@ -149,7 +149,7 @@ func Load(path string) (*Config, error) {
 func Parse(name string, data []byte) (*Config, error) {
 	// Defaults that a zero value cannot express are set before decoding,
 	// which keeps every field the document leaves out.
-	file := File{Store: StoreSection{LocalCache: true}}
+	file := File{Store: StoreSection{LocalCache: true, PlainWindows: true}}
 	doc, err := yamlconf.Decode(ErrInvalid, name, data, &file)
 	if err != nil {
 		return nil, err

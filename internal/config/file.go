@@ -97,9 +97,16 @@ type StoreSection struct {
 	// PlainWindows keeps Redis fixed-window counts in per-window keys and
 	// decides most cost-1 checks by one plain command (SET NX PX for a new
 	// window key, else INCRBY) instead of a script
-	// (redisstore.Options.PlainWindows): under half the Redis CPU. Off by
-	// default; a fleet turns it on all at once (instances with and without
-	// it count apart for up to one window). Restart-only.
+	// (redisstore.Options.PlainWindows): under half the Redis CPU. On by
+	// default: no door of serve refunds a fixed window, so it admits what
+	// the scripts' layout admits (but for a limit raised mid-window, which
+	// admits in that window up to as many fewer as the plain path denied
+	// before: stricter, never looser; docs/redis.md). A fleet
+	// whose instances run with and without it (a rolling upgrade from a
+	// version where it was off) counts in both layouts while mixed: up to
+	// 2x a fixed window's limit per window, until the last instance of the
+	// old layout stops. Set it to false to keep the old layout.
+	// Restart-only.
 	PlainWindows bool `yaml:"plain_windows"`
 }
 

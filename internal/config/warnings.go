@@ -13,8 +13,5 @@ func (c *Config) Warnings() []string {
 			"(a 2 s Redis pause under load can admit many times the limit); %s keeps limit ÷ instances on each instance, "+
 			"%s leaves the decision to the proxy (Envoy failure_mode_deny)", FailOpen, c.Store.Timeout, FailLocal, "error"))
 	}
-	if c.Store.PlainWindows && c.Store.IsMemory() {
-		out = append(out, "store.plain_windows: has no effect on the memory store; it changes how Redis keeps fixed windows")
-	}
 	return out
 }

@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
-# Envoy RLS on 100k cold keys against two floors measured in the same run:
+# Envoy RLS on 100k cold keys: sluice beside envoyproxy/ratelimit (ERL) and
+# against two floors, all measured in the same run:
 #
 #  - the gRPC floor: rlsfloor (internal/loadtest/cmd/rlsfloor), the server
 #    `sluice serve` builds (envoyrls.NewGRPCServerFor) with a handler that
-#    answers OK and asks no store;
+#    answers OK and asks no store (the empty RateLimitService handler);
 #  - the Redis floor: incrload (internal/loadtest/cmd/incrload), a bare
 #    pipelined INCRBY + PEXPIRE per decision on the same keys through the
 #    rueidis client redisstore builds, against the same redis-server.
 #
-# Each round runs, one after another on the same machine, at 64 in flight
-# on 100000 keys:
+# The load: 64 in flight on 100000 values of one descriptor
+# (remote_address=10.0.{key}) whose limit is 100 per SECOND, a fixed
+# window, as one ratelimit config file that sluice and ERL both read: with
+# 1 s windows nearly every request counts in a key new in its window.
+#
+# Each round runs, one after another on the same machine:
 #   floor      rlsfloor, as fast as it goes
-#   memory     `sluice serve` on the memory store (deploy/envoy/ratelimit,
-#              edge domain, 100/min fixed window)
-#   redis      `sluice serve` on Redis
-#   plain      `sluice serve` on Redis with store.plain_windows: true
-#              (fixed windows by plain INCRBY + PEXPIRE mid-window)
+#   memory     `sluice serve` on the memory store
+#   redis      `sluice serve` on Redis, default settings (plain windows)
+#   erl        envoyproxy/ratelimit on the same Redis, when $ERL_BIN names
+#              its binary (built from its source outside this repository:
+#              see docs/BENCHMARKS.md); skipped when unset
+#   scripts    `sluice serve` on Redis with store.plain_windows: false
+#              (every decision a script)
 #   floorrate  rlsfloor again, paced at the req/s sluice reached on Redis
 #              (--grpc-rate)
 #   bare       incrload, as fast as it goes
@@ -24,6 +31,9 @@
 #              floor of any script-based decision
 #   script     incrload -sluice: sluice's own fixed-window script, EVALSHA
 #              as fast as the bare pairs go (its cost apart from batching)
+# The summary prints, per round, the issue's ratios: sluice's req/s ÷
+# ERL's, service CPU per request ÷ the empty handler's (sluice on memory,
+# on Redis, ERL), and Redis CPU per request ÷ ERL's.
 # A server's CPU per request falls as more requests share a read or a
 # write, so a floor at full speed is one that a slower server cannot reach:
 # the paced floors compare at one rate. Service CPU per request is read
@@ -31,10 +41,11 @@
 # redis-server's /proc/PID/stat (utime+stime) and from INFO commandstats
 # (usec: wall time inside commands, inflated when the CPU is contended).
 # The target's measure is /proc: per decision means per request for sluice
-# and per INCRBY+PEXPIRE pair for the floor. The database is flushed before
-# each Redis phase. Only 127.0.0.1 is targeted.
+# and ERL and per INCRBY+PEXPIRE pair for the floor. The database is
+# flushed before each Redis phase. Only 127.0.0.1 is targeted.
 #
-#   bash internal/loadtest/bench-envoy-cold.sh [duration] [rounds]   # 10s 2
+#   ERL_BIN=/path/to/ratelimit bash internal/loadtest/bench-envoy-cold.sh [duration] [rounds]   # 10s 2
+#   REDIS_FLOORS=0 ...   # only the empty handler, memory, redis, erl and scripts: more rounds in the time
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DUR=${1:-10s}
@@ -48,6 +59,20 @@ ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
 LOAD_RATE=()
 LOAD=(--domain edge --descriptor 'remote_address=10.0.{key}' -c 64 -d "$DUR" --keys 100000)
+ERL_BIN=${ERL_BIN:-}
+REDIS_FLOORS=${REDIS_FLOORS:-1} # 0 skips floorrate, bare, barerate, lua and script
+if [ -n "$ERL_BIN" ] && [ ! -x "$ERL_BIN" ]; then echo "ERL_BIN=$ERL_BIN is not an executable; skipping envoyproxy/ratelimit" >&2; ERL_BIN=; fi
+# The one ratelimit config both services read (ERL from
+# RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config).
+mkdir -p "$WORK/erl/ratelimit/config"
+cat >"$WORK/erl/ratelimit/config/edge.yaml" <<YAML
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 100
+YAML
 
 go build -o "$WORK/sluice" ./cmd/sluice
 go build -o "$WORK/rlsfloor" ./internal/loadtest/cmd/rlsfloor
@@ -58,7 +83,7 @@ RPID=$!
 PIDS+=($RPID)
 for _ in $(seq 100); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 RURL="redis://127.0.0.1:$RPORT/0"
-echo "# $(date -u +%FT%TZ) $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(redis-server --version | cut -d' ' -f1-3), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)"
+echo "# $(date -u +%FT%TZ) $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(redis-server --version | cut -d' ' -f1-3), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?), ERL: ${ERL_BIN:-none}${ERL_COMMIT:+ at $ERL_COMMIT}"
 
 # redis_before / redis_after bracket a phase: flush, reset INFO, read CPU.
 redis_before() {
@@ -75,13 +100,19 @@ redis_after() {
   local t1
   t1=$(ticks "$RPID")
   redis-cli -p "$RPORT" info commandstats | tr -d '\r' | grep -vE '^cmdstat_(config|flushall|info)[:|]' | grep '^cmdstat_' | sed 's/^/  /' || true
-  # The commands a script runs are counted inside its EVALSHA: left out
-  # when scripts decided, but not for the instance heartbeat's few (the
-  # plain path's SET NX calls were dropped with them).
+  # The commands a script runs (at most one TIME, one GET and one SET or
+  # DEL each, as sluice's fixed-window scripts) are counted inside its
+  # EVALSHA and again on their own lines: up to one of each per script
+  # call is left out, so that a phase mixing plain commands and scripts
+  # (the plain path near window boundaries) counts what clients sent.
   redis-cli -p "$RPORT" info commandstats | tr -d '\r' |
     awk -F'[:=,]' -v cpu="$(awk -v a="$T0" -v b="$t1" -v hz="$HZ" 'BEGIN {printf "%.3f", (b-a)/hz}')" '
       /^cmdstat_/ { n=substr($1, 9); if (n ~ /^(config|flushall|info)$/) next; calls[n]=$3; usec[n]=$5; if (n ~ /^(eval|evalsha|evalsha_ro|eval_ro|fcall)$/) scripts+=$3 }
-      END { for (n in calls) { if (scripts > 100 && n ~ /^(time|get|set|del)$/) continue; u+=usec[n]; c+=calls[n] }
+      END { left=scripts
+            for (n in calls) { k=calls[n]; x=0
+              if (n == "time" || n == "get") x=(k < scripts ? k : scripts)
+              else if (n == "set" || n == "del") { x=(k < left ? k : left); left-=x }
+              c+=k-x; if (k > 0) u+=usec[n]*(k-x)/k }
             printf " %s %d %d", cpu, u, c }' >>"$WORK/results"
   # Reads: how many reads Redis's event loop made (1/reads per command is
   # the depth of the pipelines it was sent).
@@ -89,7 +120,8 @@ redis_after() {
 }
 
 # serve_sluice STORE_URL [PLAIN] starts `sluice serve` and sets SPID and
-# GPORT; PLAIN (true or false, the default) is store.plain_windows.
+# GPORT; PLAIN, when given (true or false), is store.plain_windows, else
+# the default.
 serve_sluice() {
   GPORT=$(freeport); local hport; hport=$(freeport)
   cat >"$WORK/sluice.yaml" <<YAML
@@ -97,10 +129,10 @@ listen: "127.0.0.1:$hport"
 store:
   url: $1
   timeout: 1s
-  plain_windows: ${2:-false}
+${2:+  plain_windows: $2}
 envoy:
   grpc_addr: "127.0.0.1:$GPORT"
-  config_dir: $PWD/deploy/envoy/ratelimit
+  config_dir: $WORK/erl/ratelimit/config
 YAML
   "$WORK/sluice" serve --config "$WORK/sluice.yaml" >"$WORK/serve.log" 2>&1 &
   SPID=$!
@@ -121,6 +153,20 @@ loadtest() {
 
 stop() { kill "$SPID"; wait "$SPID" 2>/dev/null || true; }
 
+# serve_erl starts envoyproxy/ratelimit ($ERL_BIN) on Redis with its
+# defaults (no local cache, no statsd) and sets SPID and GPORT.
+serve_erl() {
+  GPORT=$(freeport); local hport dport; hport=$(freeport); dport=$(freeport)
+  env -i PATH="$PATH" HOST=127.0.0.1 PORT="$hport" GRPC_HOST=127.0.0.1 GRPC_PORT="$GPORT" \
+    DEBUG_HOST=127.0.0.1 DEBUG_PORT="$dport" USE_STATSD=false LOG_LEVEL=error \
+    RUNTIME_ROOT="$WORK/erl" RUNTIME_SUBDIRECTORY=ratelimit RUNTIME_WATCH_ROOT=false \
+    REDIS_SOCKET_TYPE=tcp REDIS_URL="127.0.0.1:$RPORT" \
+    "$ERL_BIN" >"$WORK/erl.log" 2>&1 &
+  SPID=$!
+  PIDS+=($SPID)
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$hport/healthcheck" >/dev/null && break; sleep 0.1; done
+}
+
 # serve_floor starts rlsfloor and sets SPID and GPORT.
 serve_floor() {
   GPORT=$(freeport)
@@ -140,7 +186,7 @@ for round in $(seq "$ROUNDS"); do
   serve_sluice memory
   loadtest memory; echo " - - -" >>"$WORK/results"; stop
 
-  echo "## round $round: sluice serve, Redis, load average $(cut -d' ' -f1 /proc/loadavg)"
+  echo "## round $round: sluice serve, Redis, default settings, load average $(cut -d' ' -f1 /proc/loadavg)"
   serve_sluice "$RURL"
   redis_before
   loadtest redis
@@ -148,13 +194,23 @@ for round in $(seq "$ROUNDS"); do
   stop
   RATE=$(awk '/^throughput/ {print $2}' "$WORK/out")
 
-  echo "## round $round: sluice serve, Redis, store.plain_windows, load average $(cut -d' ' -f1 /proc/loadavg)"
-  serve_sluice "$RURL" true
+  if [ -n "$ERL_BIN" ]; then
+    echo "## round $round: envoyproxy/ratelimit, Redis, load average $(cut -d' ' -f1 /proc/loadavg)"
+    serve_erl
+    redis_before
+    loadtest erl
+    redis_after
+    stop
+  fi
+
+  echo "## round $round: sluice serve, Redis, store.plain_windows: false (scripts), load average $(cut -d' ' -f1 /proc/loadavg)"
+  serve_sluice "$RURL" false
   redis_before
-  loadtest plain
+  loadtest scripts
   redis_after
   stop
 
+  [ "$REDIS_FLOORS" = 1 ] || continue
   echo "## round $round: gRPC floor at sluice's rate on Redis in this round ($RATE/s, --grpc-rate), load average $(cut -d' ' -f1 /proc/loadavg)"
   serve_floor
   LOAD_RATE=(--grpc-rate "$RATE")
@@ -206,41 +262,59 @@ for line in open(sys.argv[1]):
     reads = int(f[7]) if len(f) > 7 else None
     rows.setdefault(rnd, {})[name] = dict(n=int(n), cpu=secs(cpu), rcpu=None if rcpu == '-' else float(rcpu),
                                           usec=None if usec == '-' else float(usec), calls=None if calls == '-' else int(calls), reads=reads)
+def per(x, k):  # a phase's figure k per request (µs for CPU)
+    return x[k] / x['n'] * (1e6 if k in ('cpu', 'rcpu') else 1)
+ratios = {}
+def keep(name, v):
+    ratios.setdefault(name, []).append(v)
 for rnd, r in sorted(rows.items()):
-    fl = r['floor']['cpu'] / r['floor']['n'] * 1e6
-    print(f"round {rnd}: service CPU per request (µs): floor {fl:.1f}", end='')
-    for name in ('memory', 'redis', 'plain'):
+    fl = per(r['floor'], 'cpu')
+    print(f"round {rnd}: service CPU per request (µs): empty handler {fl:.1f}", end='')
+    for name in ('memory', 'redis', 'erl', 'scripts'):
         if name not in r: continue
-        v = r[name]['cpu'] / r[name]['n'] * 1e6
-        print(f"; {name} {v:.1f} ({v/fl:.2f}× floor)", end='')
+        v = per(r[name], 'cpu')
+        keep(f"service CPU ÷ empty handler: {name}", v / fl)
+        print(f"; {name} {v:.1f} ({v/fl:.2f}×)", end='')
     print()
+    s = r['redis']
+    if 'erl' in r:
+        e = r['erl']
+        keep("req/s ÷ ERL's: sluice redis (default)", s['n'] / e['n'])
+        keep("Redis CPU per request ÷ ERL's: sluice redis (default)", per(s, 'rcpu') / per(e, 'rcpu'))
+        line = (f"round {rnd}: vs envoyproxy/ratelimit: req/s sluice {s['n']} / ERL {e['n']} = {s['n']/e['n']:.2f}× (target ≥ 2×); "
+                f"Redis CPU per request (µs, /proc) sluice {per(s, 'rcpu'):.2f} / ERL {per(e, 'rcpu'):.2f} = {per(s, 'rcpu')/per(e, 'rcpu'):.2f}× (target ≤ 0.5×); "
+                f"Redis calls per request sluice {s['calls']/s['n']:.2f}, ERL {e['calls']/e['n']:.2f}")
+        if 'scripts' in r:
+            x = r['scripts']
+            keep("req/s ÷ ERL's: sluice scripts (plain_windows: false)", x['n'] / e['n'])
+            keep("Redis CPU per request ÷ ERL's: sluice scripts", per(x, 'rcpu') / per(e, 'rcpu'))
+            line += f"; scripts: req/s {x['n']/e['n']:.2f}×, Redis CPU {per(x, 'rcpu')/per(e, 'rcpu'):.2f}×"
+        print(line)
     if 'floorrate' in r:
-        fr = r['floorrate']['cpu'] / r['floorrate']['n'] * 1e6
-        v = r['redis']['cpu'] / r['redis']['n'] * 1e6
-        print(f"round {rnd}: service CPU per request (µs): floor at sluice's Redis rate {fr:.1f} -> redis {v/fr:.2f}× it")
-    s, b = r['redis'], r['bare']
-    sp, bp = s['rcpu'] / s['n'] * 1e6, b['rcpu'] / b['n'] * 1e6
+        fr = per(r['floorrate'], 'cpu')
+        print(f"round {rnd}: service CPU per request (µs): empty handler at sluice's Redis rate {fr:.1f} -> redis {per(s, 'cpu')/fr:.2f}× it")
+    if 'bare' not in r: continue
+    b = r['bare']
+    sp, bp = per(s, 'rcpu'), per(b, 'rcpu')
     su, bu = s['usec'] / s['n'], b['usec'] / b['n']
-    print(f"round {rnd}: Redis CPU per decision (µs), /proc: sluice {sp:.2f}, bare INCRBY+PEXPIRE {bp:.2f} -> {sp/bp:.2f}× (target ≤ 2×)")
+    print(f"round {rnd}: Redis CPU per decision (µs), /proc: sluice {sp:.2f}, bare INCRBY+PEXPIRE {bp:.2f} -> {sp/bp:.2f}×" +
+          (f"; scripts {per(r['scripts'], 'rcpu'):.2f} -> {per(r['scripts'], 'rcpu')/bp:.2f}×" if 'scripts' in r else ''))
     rd = lambda x: f"{x['reads']/x['n']:.3f}" if x.get('reads') is not None else '?'
-    print(f"round {rnd}: Redis reads per decision: sluice {rd(s)}" + (f", plain_windows {rd(r['plain'])}" if 'plain' in r else '') + f", bare pair {rd(b)}")
+    print(f"round {rnd}: Redis reads per decision: sluice {rd(s)}" + (f", ERL {rd(r['erl'])}" if 'erl' in r else '') +
+          (f", scripts {rd(r['scripts'])}" if 'scripts' in r else '') + f", bare pair {rd(b)}")
     print(f"round {rnd}: Redis CPU per decision (µs), commandstats: sluice {su:.2f} ({s['calls']/s['n']:.2f} calls per decision), bare {bu:.2f} ({b['calls']/b['n']:.2f} calls per pair) -> {su/bu:.2f}×")
-    if 'plain' in r:
-        pl = r['plain']
-        pp, pu = pl['rcpu'] / pl['n'] * 1e6, pl['usec'] / pl['n']
-        print(f"round {rnd}: Redis CPU per decision (µs), /proc: sluice plain_windows {pp:.2f}, bare {bp:.2f} -> {pp/bp:.2f}× (target ≤ 2×; scripts {sp/bp:.2f}×)")
-        print(f"round {rnd}: Redis CPU per decision (µs), commandstats: sluice plain_windows {pu:.2f} ({pl['calls']/pl['n']:.2f} calls per decision) -> {pu/bu:.2f}× bare")
     if 'barerate' in r:
-        q = r['barerate']
-        qp = q['rcpu'] / q['n'] * 1e6
-        print(f"round {rnd}: Redis CPU per decision (µs), /proc: bare INCRBY+PEXPIRE at sluice's rate {qp:.2f} -> sluice {sp/qp:.2f}× it" + (f", plain_windows {pp/qp:.2f}× it" if 'plain' in r else ''))
+        qp = per(r['barerate'], 'rcpu')
+        print(f"round {rnd}: Redis CPU per decision (µs), /proc: bare INCRBY+PEXPIRE at sluice's rate {qp:.2f} -> sluice {sp/qp:.2f}× it")
     if 'lua' in r:
-        l = r['lua']
-        lp = l['rcpu'] / l['n'] * 1e6
+        lp = per(r['lua'], 'rcpu')
         print(f"round {rnd}: Redis CPU per decision (µs), /proc: the pair in a minimal Lua script {lp:.2f} -> {lp/bp:.2f}× bare (the floor of any script-based decision)")
     if 'script' in r:
-        x = r['script']
-        xp = x['rcpu'] / x['n'] * 1e6
+        xp = per(r['script'], 'rcpu')
         print(f"round {rnd}: Redis CPU per decision (µs), /proc: sluice's fixed-window script at the bare pairs' pace {xp:.2f} -> {xp/bp:.2f}× bare")
-    print(f"round {rnd}: completed: floor {r['floor']['n']}, memory {r['memory']['n']}, redis {s['n']}" + (f", plain {r['plain']['n']}" if 'plain' in r else '') + f" requests; bare {b['n']} pairs")
+    print(f"round {rnd}: completed: " + ", ".join(f"{k} {v['n']}" for k, v in r.items()) + " (requests; pairs for incrload)")
+print("## ratios over the rounds: median [min–max]")
+for name, vs in ratios.items():
+    vs = sorted(vs)
+    print(f"{name}: {vs[len(vs)//2] if len(vs) % 2 else (vs[len(vs)//2-1]+vs[len(vs)//2])/2:.2f} [{vs[0]:.2f}–{vs[-1]:.2f}]")
 PY

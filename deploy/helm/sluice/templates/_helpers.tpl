@@ -41,7 +41,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if .Values.store.localCache }}{{ $_ := set $store "local_cache" true }}{{ end -}}
 {{- $_ := set $store "max_keys" (int64 .Values.store.maxKeys) -}}
 {{- $_ := set $store "max_bytes" (mul (int64 .Values.store.maxBytesMiB) 1048576) -}}
-{{- if .Values.store.plainWindows }}{{ $_ := set $store "plain_windows" true }}{{ end -}}
+{{- $_ := set $store "plain_windows" (ne .Values.store.plainWindows false) -}}
 {{- $cfg := dict "listen" (printf ":%d" (int .Values.port)) "shutdown_timeout" .Values.shutdownTimeout "store" $store -}}
 {{- with .Values.policies }}{{ $_ := set $cfg "policies" . }}{{ end -}}
 {{- with .Values.tiers }}{{ $_ := set $cfg "tiers" . }}{{ end -}}
