@@ -13,7 +13,8 @@ const MakeAdminToken = "openssl rand -hex 32"
 // MakeAdminToken (64 hex digits) passes them all but with a chance far
 // below one in a billion.
 const (
-	// minTokenDistinct is the fewest different characters a token has.
+	// minTokenDistinct is the fewest different characters a token has
+	// (fewer for a token shorter than 32: a quarter of its length).
 	minTokenDistinct = 8
 	// minTokenRest is the fewest characters left once common words and
 	// runs (abc, 321, aaa) are taken out.
@@ -37,8 +38,9 @@ var tokenWords = []string{
 
 // WeakToken returns why token is too easy to guess to be an admin token,
 // or "" when it is not: fewer than MinAdminTokenLen characters, fewer
-// than 8 different ones, a repetition of a shorter piece, mostly a run of
-// neighbouring characters, or, with common words and runs taken out,
+// than 8 different ones (a quarter of its length when shorter than 32), a
+// repetition of a shorter piece, two thirds or more of its steps between
+// neighbouring characters (codes that differ by 0 or 1), or, with common words and runs taken out,
 // fewer than 10 characters left. It judges the token's form only: a
 // token copied from a web page passes.
 func WeakToken(token string) string {
@@ -49,8 +51,8 @@ func WeakToken(token string) string {
 	for _, r := range token {
 		distinct[r] = true
 	}
-	if len(distinct) < minTokenDistinct {
-		return fmt.Sprintf("only %d different characters; an admin token needs at least %d", len(distinct), minTokenDistinct)
+	if want := min(minTokenDistinct, len(token)/4); len(distinct) < want {
+		return fmt.Sprintf("only %d different characters; an admin token of %d needs at least %d", len(distinct), len(token), want)
 	}
 	if p := period(token); p <= len(token)/2 {
 		return fmt.Sprintf("a repetition of %q", token[:p])
@@ -61,7 +63,7 @@ func WeakToken(token string) string {
 			steps++
 		}
 	}
-	if 2*steps > len(token)-1 {
+	if 3*steps > 2*(len(token)-1) {
 		return "mostly runs of neighbouring characters (such as abcd, 4321 or aaaa)"
 	}
 	if rest := tokenRest(token); rest < minTokenRest {

@@ -75,18 +75,18 @@ type Options struct {
 
 // Server serves the HTTP API. It is safe for concurrent use.
 type Server struct {
-	cfg    atomic.Pointer[config.Config]
-	guard  *storeGuard
-	m      *metrics.Metrics
-	log    *slog.Logger
-	admin  string
+	cfg   atomic.Pointer[config.Config]
+	guard *storeGuard
+	m     *metrics.Metrics
+	log   *slog.Logger
+	admin string
 	// adminHash is the SHA-256 of admin (SLUICE_ADMIN_TOKEN), and backoff
 	// the clients that sent wrong admin tokens (admin.go).
 	adminHash [32]byte
 	backoff   adminBackoffs
-	ovr    *overrides.Manager
-	series *console.Series // nil unless the console is enabled
-	top    *console.Top    // nil unless the console is enabled
+	ovr       *overrides.Manager
+	series    *console.Series // nil unless the console is enabled
+	top       *console.Top    // nil unless the console is enabled
 	// simulating holds the one console simulation that may run at a time.
 	simulating chan struct{}
 	draining   atomic.Bool

@@ -22,7 +22,7 @@ import (
 	"github.com/sluice-io/sluice/memstore"
 )
 
-const adminToken = "test-admin-token"
+const adminToken = "9b1f4c7e2a6d03b8e5f9a1c4"
 
 // testConfig is a small config: tiers like the example's, and a policy of
 // each kind the tests need.
