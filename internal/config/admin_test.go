@@ -3,6 +3,7 @@ package config
 import (
 	"encoding/base64"
 	"encoding/hex"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -65,6 +66,19 @@ func TestAdminTokens(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: %v, want %q", c.doc, err, c.want)
 		}
+	}
+	// The bounds: MaxAdminTokens tokens, MaxAllowedHosts hosts.
+	var many, hosts strings.Builder
+	for i := range MaxAdminTokens + 1 {
+		fmt.Fprintf(&many, "  - {name: op%d, hash: %s}\n", i, sluice.HashKey(fmt.Sprint("token-", i)))
+	}
+	for i := range MaxAllowedHosts + 1 {
+		fmt.Fprintf(&hosts, "h%d.example, ", i)
+	}
+	_, err = Parse("s.yaml", []byte("policies:\n  p: {limit: 1/s}\nadmin_tokens:\n"+many.String()+"allowed_hosts: ["+hosts.String()+"]\n"))
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("admin_tokens: %d tokens; at most %d", MaxAdminTokens+1, MaxAdminTokens)) ||
+		!strings.Contains(err.Error(), fmt.Sprintf("allowed_hosts: %d hosts; at most %d", MaxAllowedHosts+1, MaxAllowedHosts)) {
+		t.Errorf("over the bounds: %v", err)
 	}
 	cfg, err = Parse("s.yaml", []byte("policies:\n  p: {limit: 1/s}\nallowed_hosts: [Sluice.Example.COM., \"*.internal.example\", \"[::1]\", \"*\"]\n"))
 	if err != nil {
