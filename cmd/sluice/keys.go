@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/config"
 )
 
 func newKeysCmd() *cobra.Command {
@@ -17,18 +18,36 @@ func newKeysCmd() *cobra.Command {
 		Use:   "keys",
 		Short: "Compute and generate API keys for the service config",
 	}
-	cmd.AddCommand(&cobra.Command{
+	var admin string
+	hash := &cobra.Command{
 		Use:   "hash [KEY...]",
 		Short: "Print the SHA-256 hash of each API key, for the config's keys[].hash",
 		Long: `Print the lowercase hex SHA-256 of each API key, as the config's keys[].hash
 wants it. With no arguments, keys are read from standard input, one a line,
-which keeps them out of the shell history.`,
-		Example: "  sluice keys hash sk-free-demo-0001\n  sluice keys hash < keys.txt",
+which keeps them out of the shell history.
+
+With --admin NAME the keys are admin tokens: each is refused if it is easy
+to guess (make one with: ` + config.MakeAdminToken + `), else printed as an
+admin_tokens entry named NAME.`,
+		Example: "  sluice keys hash sk-free-demo-0001\n  sluice keys hash < keys.txt\n  openssl rand -hex 32 | tee alice.token | sluice keys hash --admin alice",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out := cmd.OutOrStdout()
+			print := func(k string) error {
+				if admin == "" {
+					_, err := fmt.Fprintln(out, sluice.HashKey(k))
+					return err
+				}
+				if problem := config.WeakToken(k); problem != "" {
+					return fmt.Errorf("keys hash: admin token: %s; make one with: %s", problem, config.MakeAdminToken)
+				}
+				_, err := fmt.Fprintf(out, "  - {name: %s, hash: %s}\n", admin, sluice.HashKey(k))
+				return err
+			}
 			if len(args) > 0 {
 				for _, k := range args {
-					fmt.Fprintln(out, sluice.HashKey(k))
+					if err := print(k); err != nil {
+						return err
+					}
 				}
 				return nil
 			}
@@ -36,7 +55,9 @@ which keeps them out of the shell history.`,
 			sc.Buffer(make([]byte, 4096), 64<<10)
 			for sc.Scan() {
 				if k := strings.TrimSpace(sc.Text()); k != "" {
-					fmt.Fprintln(out, sluice.HashKey(k))
+					if err := print(k); err != nil {
+						return err
+					}
 				}
 			}
 			if err := sc.Err(); err != nil {
@@ -44,7 +65,9 @@ which keeps them out of the shell history.`,
 			}
 			return nil
 		},
-	})
+	}
+	hash.Flags().StringVar(&admin, "admin", "", "the keys are admin tokens of the operator NAME: check their strength and print admin_tokens entries")
+	cmd.AddCommand(hash)
 	var prefix, tier, name string
 	gen := &cobra.Command{
 		Use:   "generate",

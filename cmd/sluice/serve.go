@@ -45,9 +45,9 @@ invalid new version is rejected and the running one keeps serving. SIGINT or
 SIGTERM drain in-flight requests and stop.
 
 Environment: SLUICE_CONFIG, SLUICE_LISTEN, SLUICE_LOG_FORMAT, SLUICE_LOG_LEVEL,
-SLUICE_ADMIN_TOKEN (the admin bearer token for /v1/reset), and the Redis
+SLUICE_ADMIN_TOKEN (an admin token, named so in audit lines), and the Redis
 store's SLUICE_REDIS_USERNAME and SLUICE_REDIS_PASSWORD.`,
-		Example: "  sluice serve --config examples/sluice.yaml\n  SLUICE_ADMIN_TOKEN=$(openssl rand -hex 16) sluice serve --config /etc/sluice/sluice.yaml --listen :9090 --log-format json",
+		Example: "  sluice serve --config examples/sluice.yaml\n  SLUICE_ADMIN_TOKEN=$(openssl rand -hex 32) sluice serve --config /etc/sluice/sluice.yaml --listen :9090 --log-format json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(cmd.ErrOrStderr(), f.logFormat, f.logLevel)

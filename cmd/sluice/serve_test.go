@@ -64,7 +64,7 @@ func startServe(t *testing.T, args ...string) string {
 }
 
 func TestServeExampleConfig(t *testing.T) {
-	t.Setenv("SLUICE_ADMIN_TOKEN", "env-token-0123456789")
+	t.Setenv("SLUICE_ADMIN_TOKEN", "3f9c1e7ab2d84f06c5e1")
 	url := startServe(t, "--config", "../../examples/sluice.yaml")
 	post := func(path, body string, hdr ...string) *http.Response {
 		req, _ := http.NewRequest("POST", url+path, strings.NewReader(body))
@@ -89,7 +89,7 @@ func TestServeExampleConfig(t *testing.T) {
 		t.Fatalf("11th: %d %v", r.StatusCode, r.Header)
 	}
 	// The admin token comes from SLUICE_ADMIN_TOKEN.
-	if r := post("/v1/reset", `{"api_key":"sk-free-demo-0001"}`, "Authorization", "Bearer env-token-0123456789"); r.StatusCode != 200 {
+	if r := post("/v1/reset", `{"api_key":"sk-free-demo-0001"}`, "Authorization", "Bearer 3f9c1e7ab2d84f06c5e1"); r.StatusCode != 200 {
 		t.Fatalf("reset: %d", r.StatusCode)
 	}
 	if r := post("/v1/check", `{"api_key":"sk-free-demo-0001"}`); r.StatusCode != 200 {

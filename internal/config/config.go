@@ -69,6 +69,13 @@ type Config struct {
 	Listen string
 	// AdminToken guards POST /v1/reset; empty disables it.
 	AdminToken string
+	// AdminTokens are the admin tokens by name: admin_token's (named
+	// LegacyAdminTokenName) and admin_tokens'. None disables the admin
+	// endpoints. See admin.go.
+	AdminTokens []AdminToken
+	// AllowedHosts are allowed_hosts, normalized (see admin.go): the
+	// names a browser may reach the service by, beside the defaults.
+	AllowedHosts []string
 	// MaxBodyBytes bounds a request body.
 	MaxBodyBytes int64
 	// MaxChecks bounds the checks of one batch.
@@ -184,9 +191,6 @@ func IsKeyHash(h string) bool { return hashRE.MatchString(h) }
 
 // compile applies defaults and validates, recording errors in v.
 func (v *validator) compile(f *File) *Config {
-	if n := len(f.AdminToken); n > 0 && n < MinAdminTokenLen {
-		v.addf("admin_token", "%d characters; an admin token needs at least %d (make one with: openssl rand -hex 16), or none to disable the admin endpoints", n, MinAdminTokenLen)
-	}
 	cfg := &Config{
 		File:            f,
 		Listen:          f.Listen,
@@ -221,6 +225,7 @@ func (v *validator) compile(f *File) *Config {
 	}
 	v.compileStore(&cfg.Store)
 	v.compileMaxWaiting(cfg)
+	v.compileAdmin(f, cfg) // admin.go
 
 	names := sortedKeys(f.Policies)
 	for _, name := range names {

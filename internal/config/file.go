@@ -30,6 +30,12 @@ type File struct {
 	// AdminToken guards POST /v1/reset. The environment variable
 	// SLUICE_ADMIN_TOKEN, when set, takes precedence.
 	AdminToken string `yaml:"admin_token"`
+	// AdminTokens are the operators' admin tokens, each named and known by
+	// its SHA-256 (admin.go).
+	AdminTokens []AdminTokenSection `yaml:"admin_tokens"`
+	// AllowedHosts are the names, beyond the defaults, by which a browser
+	// may reach the service (the server's hostcheck.go).
+	AllowedHosts []string `yaml:"allowed_hosts"`
 	// MaxBodyBytes bounds a request body; default 64 KiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// MaxChecks bounds the checks of one batch; default 16.

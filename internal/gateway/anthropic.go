@@ -151,11 +151,6 @@ func writeAnthropicError(w http.ResponseWriter, status int, code, msg string) {
 	_, _ = w.Write(append(b, '\n'))
 }
 
-// anthropicKey returns the key of an x-api-key header, or "".
-func anthropicKey(r *http.Request) string {
-	return strings.TrimSpace(r.Header.Get("X-Api-Key"))
-}
-
 // anthropicBody is what the gateway reads of a Messages request body.
 type anthropicBody struct {
 	model     string

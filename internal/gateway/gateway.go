@@ -474,7 +474,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "", "Unknown request URL: "+r.Method+" "+r.URL.Path+".")
 		return
 	}
-	cl := g.authenticate(r)
+	cl, two := g.authenticate(r)
+	if two {
+		g.metrics.rejections.WithLabelValues("-", "-", "unauthorized").Inc()
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "ambiguous_api_key", "",
+			"Two different valid API keys (in Authorization and x-api-key, or in two lines of one): send one key.")
+		return
+	}
 	if cl == nil {
 		g.metrics.rejections.WithLabelValues("-", "-", "unauthorized").Inc()
 		writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "",
@@ -560,20 +566,42 @@ func (g *Gateway) Close() error {
 }
 
 // authenticate maps the bearer key to its client, by hash. The scheme is
-// case-insensitive (RFC 9110, 11.1).
-func (g *Gateway) authenticate(r *http.Request) *client {
-	auth := strings.TrimSpace(r.Header.Get("Authorization"))
-	if auth == "" {
-		if key := anthropicKey(r); key != "" {
-			return g.keys[sluice.HashKey(key)]
+// case-insensitive (RFC 9110, 11.1). The first Authorization line decides,
+// else the first x-api-key; a wrong key there is not rescued by a valid one
+// elsewhere. A request that also carries a different valid key (in another
+// Authorization or x-api-key line) is refused (two is true): which of two
+// clients it is would depend on which header was read.
+func (g *Gateway) authenticate(r *http.Request) (cl *client, two bool) {
+	var keys []string
+	for _, v := range r.Header.Values("Authorization") {
+		if strings.TrimSpace(v) == "" {
+			continue
+		}
+		scheme, key, ok := strings.Cut(strings.TrimSpace(v), " ")
+		if key = strings.TrimSpace(key); ok && strings.EqualFold(scheme, "Bearer") && key != "" {
+			keys = append(keys, key)
+		} else if len(keys) == 0 {
+			keys = append(keys, "") // the first line decides: no key
 		}
 	}
-	scheme, key, ok := strings.Cut(auth, " ")
-	key = strings.TrimSpace(key)
-	if !ok || !strings.EqualFold(scheme, "Bearer") || key == "" {
-		return nil
+	for _, v := range r.Header.Values("X-Api-Key") {
+		if key := strings.TrimSpace(v); key != "" {
+			keys = append(keys, key)
+		}
 	}
-	return g.keys[sluice.HashKey(key)]
+	if len(keys) == 0 || keys[0] == "" {
+		return nil, false
+	}
+	cl = g.keys[sluice.HashKey(keys[0])]
+	if cl == nil {
+		return nil, false
+	}
+	for _, k := range keys[1:] {
+		if k != keys[0] && g.keys[sluice.HashKey(k)] != nil {
+			return nil, true
+		}
+	}
+	return cl, false
 }
 
 // meteredAlias returns the metered path that p is another spelling of

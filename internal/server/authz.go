@@ -109,25 +109,36 @@ func authzTargets(cfg *config.Config, r *http.Request) ([]target, int, error) {
 	var identity string
 	var tier *config.Tier
 	var apiKey *config.Key
-	key, other, err := apiKeyFrom(r.Header, a.APIKeyHeaders)
+	keys, err := apiKeysFrom(r.Header, a.APIKeyHeaders)
 	if err != nil {
 		return nil, http.StatusBadRequest, err
 	}
-	if key != "" {
-		hash := sluice.HashKey(key)
+	if len(keys) > 0 {
+		hash := sluice.HashKey(keys[0].key)
 		identity = "key:" + hash
 		apiKey = cfg.Keys[hash]
 		switch {
+		case apiKey != nil && len(keys) > 1:
+			// Two keys sluice knows: the upstream may check the other
+			// one and serve the request as its owner, while sluice
+			// charged this one. A known key beside one sluice does not
+			// know (a session token in Authorization) is charged.
+			for _, o := range keys[1:] {
+				if cfg.Keys[sluice.HashKey(o.key)] != nil {
+					return nil, http.StatusBadRequest, fmt.Errorf("two different valid API keys, in %s and %s: send one key", keys[0].header, o.header)
+				}
+			}
+			tier = apiKey.Tier
 		case apiKey != nil:
 			tier = apiKey.Tier
 		case a.RejectUnknownKeys || a.DefaultTier == nil:
 			return nil, http.StatusUnauthorized, errors.New("unknown api key")
-		case other != "":
+		case len(keys) > 1:
 			// An unknown key is its own identity (unknown_keys:
 			// default_tier), trusted because the upstream checks keys;
 			// but the upstream may check the other header, and a client
 			// could then send a fresh key here with each request.
-			return nil, http.StatusBadRequest, fmt.Errorf("an unknown API key beside a different one in %s: send one key", other)
+			return nil, http.StatusBadRequest, fmt.Errorf("an unknown API key beside a different one in %s: send one key", keys[1].header)
 		default:
 			tier = a.DefaultTier
 		}
@@ -323,27 +334,29 @@ func singleValue(h http.Header, name string) (string, error) {
 	return vs[0], nil
 }
 
-// apiKeyFrom returns the API key of the first of the headers that carries
-// one, and the name of a later header that carries a different key ("" if
-// none does). "Authorization" carries one only with the Bearer scheme (in
-// any case, RFC 9110); in the other headers a Bearer scheme is removed too.
-// Several lines of one header with different keys are an error: the proxy
-// and sluice might each read another.
-func apiKeyFrom(h http.Header, names []string) (key, other string, err error) {
+// sentKey is an API key a request carries and the header it is in.
+type sentKey struct {
+	header, key string
+}
+
+// apiKeysFrom returns the different API keys the headers carry, each with
+// the first header that carries it, in the order of names: the first is
+// the request's key. "Authorization" carries one only with the Bearer
+// scheme (in any case, RFC 9110); in the other headers a Bearer scheme is
+// removed too. Several lines of one header with different keys are an
+// error: the proxy and sluice might each read another.
+func apiKeysFrom(h http.Header, names []string) ([]sentKey, error) {
+	var out []sentKey
 	for _, name := range names {
 		k, err := headerKey(h, name)
 		if err != nil {
-			return "", "", err
+			return nil, err
 		}
-		switch {
-		case k == "":
-		case key == "":
-			key = k
-		case k != key && other == "":
-			other = name
+		if k != "" && !slices.ContainsFunc(out, func(s sentKey) bool { return s.key == k }) {
+			out = append(out, sentKey{name, k})
 		}
 	}
-	return key, other, nil
+	return out, nil
 }
 
 // headerKey returns the API key that header name carries, or "".

@@ -25,6 +25,12 @@ var bypass2Tricks = []bypassTrick{
 	{name: "authz/fresh unknown key beside the checked one", config: unknownKeysDefaultTier, limit: 3, want: 0, n: 6, req: func(s string, i int) bypassReq {
 		return authzReq("/v1/authz", "X-API-Key", fmt.Sprintf("sk-invented-%d", i), "Authorization", "Bearer "+bypassFree)
 	}},
+	// The upstream checks the key in Authorization, the free one; sluice
+	// read X-API-Key first and charged the enterprise key, whose roomy
+	// limit then served the free key's owner. Two valid keys are 400.
+	{name: "authz/two valid keys, the upstream checks the other", limit: 3, want: 0, n: 6, req: func(s string, i int) bypassReq {
+		return authzReq("/v1/authz", "X-API-Key", bypassEnt, "Authorization", "Bearer "+bypassFree)
+	}},
 	// An upstream that trims keys (JavaScript's trim, .NET's Trim) takes
 	// "K\u00a0" for K; each spelling was a fresh unknown key.
 	{name: "authz/white space around a key is the key", config: unknownKeysDefaultTier, limit: 3, want: 3, n: 8, req: func(s string, i int) bypassReq {

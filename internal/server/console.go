@@ -201,9 +201,8 @@ func (s *Server) handleOverview(w http.ResponseWriter, r *http.Request) {
 			algos = append(algos, a.String())
 		}
 	}
-	token, _ := s.adminToken()
 	out["policies"], out["tiers"], out["keys"], out["store"] = ps, ts, ks, store
-	out["admin"], out["admin_enabled"] = s.isAdmin(r), token != ""
+	out["admin"], out["admin_enabled"] = s.isAdmin(r), s.adminEnabled()
 	out["overrides_shared"], out["algorithms"] = s.ovr.Shared(), algos
 	if gw := cfg.File.Gateway; gw != nil {
 		out["gateway"] = gatewaySummary(cfg)

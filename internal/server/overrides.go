@@ -3,8 +3,6 @@ package server
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -59,67 +57,6 @@ func keyNameOf(cfg *config.Config, identity string) string {
 		}
 	}
 	return ""
-}
-
-// adminToken returns the admin token in force and its name for the audit
-// log; "" when admin endpoints are disabled.
-func (s *Server) adminToken() (token, name string) {
-	if s.admin != "" {
-		return s.admin, "SLUICE_ADMIN_TOKEN"
-	}
-	return s.cfg.Load().AdminToken, "admin_token"
-}
-
-// authorizeAdmin checks the request's bearer token against the admin
-// token; on failure it writes the 403 or 401 answer. what names the
-// endpoint in the answer. It returns the token's name for the audit log.
-func (s *Server) authorizeAdmin(w http.ResponseWriter, r *http.Request, what string) (string, bool) {
-	token, name := s.adminToken()
-	if token == "" {
-		writeError(w, http.StatusForbidden, "%s is disabled: set admin_token in the config or SLUICE_ADMIN_TOKEN", what)
-		return "", false
-	}
-	if !s.isAdmin(r) {
-		s.logRefusal(r, what)
-		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice admin"`)
-		writeError(w, http.StatusUnauthorized, "%s needs Authorization: Bearer <admin token>", what)
-		return "", false
-	}
-	return name, true
-}
-
-// logRefusal logs a request refused for want of the admin token, at most
-// once a second with the count of refusals since the last line, so that
-// guessing the token shows in the log without flooding it. It names the
-// endpoint (what) and the peer, never what the request presented.
-func (s *Server) logRefusal(r *http.Request, what string) {
-	now := s.clk.Now()
-	f := &s.refusals
-	f.Lock()
-	f.count++
-	if f.logged && now-f.last < int64(time.Second) {
-		f.Unlock()
-		return
-	}
-	n := f.count
-	f.logged, f.last, f.count = true, now, 0
-	f.Unlock()
-	peer := "unknown"
-	if a, err := peerAddr(r); err == nil {
-		peer = a.String()
-	}
-	s.log.Warn("admin token refused", "endpoint", what, "peer", peer, "refused", n)
-}
-
-// isAdmin reports whether r carries the admin token.
-func (s *Server) isAdmin(r *http.Request) bool {
-	token, _ := s.adminToken()
-	got, ok := bearerToken(r.Header.Get("Authorization"))
-	// Compared as SHA-256 digests, of one length whatever was sent:
-	// ConstantTimeCompare answers at once when the lengths differ, which
-	// tells a guesser the token's length.
-	want, have := sha256.Sum256([]byte(token)), sha256.Sum256([]byte(got))
-	return token != "" && ok && subtle.ConstantTimeCompare(have[:], want[:]) == 1
 }
 
 // overrideBody is the body of PUT /v1/overrides.

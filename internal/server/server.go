@@ -59,8 +59,9 @@ type Options struct {
 	// Clock times the circuit breaker and paces the log lines of refused
 	// admin requests; nil means the system clock.
 	Clock clock.Clock
-	// AdminToken, when set, overrides the config's admin token (it comes
-	// from the SLUICE_ADMIN_TOKEN environment variable).
+	// AdminToken, when set, replaces the config's admin_token, as the
+	// token named SLUICE_ADMIN_TOKEN (it comes from that environment
+	// variable); the config's admin_tokens stay.
 	AdminToken string
 	// Sleep holds a delay-mode request for its delay, or until the context
 	// ends; nil means a timer (sluice.Sleep). Tests pass one that records.
@@ -75,18 +76,23 @@ type Options struct {
 
 // Server serves the HTTP API. It is safe for concurrent use.
 type Server struct {
-	cfg    atomic.Pointer[config.Config]
-	guard  *storeGuard
-	m      *metrics.Metrics
-	log    *slog.Logger
-	admin  string
-	ovr    *overrides.Manager
-	series *console.Series // nil unless the console is enabled
-	top    *console.Top    // nil unless the console is enabled
+	cfg   atomic.Pointer[config.Config]
+	guard *storeGuard
+	m     *metrics.Metrics
+	log   *slog.Logger
+	admin string
+	// adminHash is the SHA-256 of admin (SLUICE_ADMIN_TOKEN), and backoff
+	// the clients that sent wrong admin tokens (admin.go).
+	adminHash [32]byte
+	backoff   adminBackoffs
+	ovr       *overrides.Manager
+	series    *console.Series // nil unless the console is enabled
+	top       *console.Top    // nil unless the console is enabled
 	// simulating holds the one console simulation that may run at a time.
 	simulating chan struct{}
 	draining   atomic.Bool
 	mux        *http.ServeMux
+	handler    http.Handler // mux behind hostGuard
 	// decisions caches the children of m.Decisions.
 	decisions counterCache[decisionLabels]
 	// waiting counts the delay-mode requests being held (delay.go).
@@ -112,8 +118,10 @@ func New(opts Options) (*Server, error) {
 	if opts.Store == nil || opts.Config == nil || opts.Metrics == nil {
 		return nil, errors.New("server: Options.Store, Config and Metrics are required")
 	}
-	if n := len(opts.AdminToken); n > 0 && n < config.MinAdminTokenLen {
-		return nil, fmt.Errorf("server: SLUICE_ADMIN_TOKEN has %d characters; an admin token needs at least %d (make one with: openssl rand -hex 16), or none", n, config.MinAdminTokenLen)
+	if opts.AdminToken != "" {
+		if problem := config.WeakToken(opts.AdminToken); problem != "" {
+			return nil, fmt.Errorf("server: SLUICE_ADMIN_TOKEN: %s (make one with: %s), or none", problem, config.MakeAdminToken)
+		}
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -121,7 +129,7 @@ func New(opts Options) (*Server, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.NewSystem()
 	}
-	s := &Server{m: opts.Metrics, log: opts.Logger, admin: opts.AdminToken, sleep: opts.Sleep, ovr: opts.Overrides, clk: opts.Clock}
+	s := &Server{m: opts.Metrics, log: opts.Logger, admin: opts.AdminToken, adminHash: config.HashAdminToken(opts.AdminToken), sleep: opts.Sleep, ovr: opts.Overrides, clk: opts.Clock}
 	if s.sleep == nil {
 		s.sleep = sluice.Sleep
 	}
@@ -164,11 +172,12 @@ func New(opts Options) (*Server, error) {
 	s.handle("/", "other", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint %s %s; see docs/API.md", r.Method, r.URL.Path)
 	})
+	s.handler = s.hostGuard(s.mux) // hostcheck.go
 	return s, nil
 }
 
 // Handler returns the HTTP handler of the API.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return s.handler }
 
 // Config returns the configuration being served.
 func (s *Server) Config() *config.Config { return s.cfg.Load() }

@@ -23,7 +23,7 @@ import (
 	"github.com/sluice-io/sluice/memstore"
 )
 
-const adminToken = "test-admin-token"
+const adminToken = "9b1f4c7e2a6d03b8e5f9a1c4"
 
 // testConfig is a small config: tiers like the example's, and a policy of
 // each kind the tests need.
@@ -179,6 +179,10 @@ func (s *svc) do(t *testing.T, method, path string, body string, hdr ...string) 
 		t.Fatal(err)
 	}
 	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i] == "Host" {
+			req.Host = hdr[i+1]
+			continue
+		}
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)
@@ -326,7 +330,7 @@ func TestReset(t *testing.T) {
 	if a := s.do(t, "POST", "/v1/reset", `{"policy":"b","key":"r"}`); a.status != 401 || a.header.Get("WWW-Authenticate") == "" {
 		t.Fatalf("no token: %d %s", a.status, a.raw)
 	}
-	if a := s.do(t, "POST", "/v1/reset", `{"policy":"b","key":"r"}`, "Authorization", "Bearer wrong"); a.status != 401 {
+	if a := s.do(t, "POST", "/v1/reset", `{"policy":"b","key":"r"}`, "Authorization", "Bearer wrong", "X-Forwarded-For", "192.0.2.99"); a.status != 401 { // another client: its backoff (admin.go) is its own
 		t.Fatalf("wrong token: %d %s", a.status, a.raw)
 	}
 	if a := s.check(t, `{"policy":"b","key":"r"}`); a.status != 429 {

@@ -81,7 +81,11 @@ func TestAPIKeyFrom(t *testing.T) {
 		for i := 0; i+1 < len(c.hdr); i += 2 {
 			h.Add(c.hdr[i], c.hdr[i+1])
 		}
-		got, _, err := apiKeyFrom(h, names)
+		keys, err := apiKeysFrom(h, names)
+		got := ""
+		if len(keys) > 0 {
+			got = keys[0].key
+		}
 		if got != c.want || (err != nil) != c.err {
 			t.Errorf("%q: %q, %v; want %q (error %v)", c.hdr, got, err, c.want, c.err)
 		}

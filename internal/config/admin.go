@@ -1,0 +1,122 @@
+package config
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"strings"
+)
+
+// Bounds of the admin and host sections.
+const (
+	// MaxAdminTokens bounds admin_tokens.
+	MaxAdminTokens = 64
+	// MaxAllowedHosts bounds allowed_hosts.
+	MaxAllowedHosts = 256
+	// LegacyAdminTokenName names the token of admin_token in audit lines.
+	LegacyAdminTokenName = "admin_token"
+)
+
+// AdminTokenSection is one entry of admin_tokens: an operator's token,
+// known by the SHA-256 of it (sluice keys hash --admin NAME).
+type AdminTokenSection struct {
+	// Name names the operator in audit lines.
+	Name string `yaml:"name"`
+	// Hash is the lowercase hex SHA-256 of the token.
+	Hash string `yaml:"hash"`
+}
+
+// AdminToken is an admin token, known by its SHA-256.
+type AdminToken struct {
+	// Name names the token's holder in audit lines.
+	Name string
+	// Hash is the SHA-256 of the token.
+	Hash [sha256.Size]byte
+}
+
+// HashAdminToken returns the SHA-256 of token, as AdminToken.Hash.
+func HashAdminToken(token string) [sha256.Size]byte { return sha256.Sum256([]byte(token)) }
+
+// compileAdmin fills cfg.AdminTokens from admin_token (named
+// LegacyAdminTokenName) and admin_tokens, and cfg.AllowedHosts.
+func (v *validator) compileAdmin(f *File, cfg *Config) {
+	if f.AdminToken != "" {
+		if problem := WeakToken(f.AdminToken); problem != "" {
+			v.addf("admin_token", "%s (make one with: %s), or none to disable the admin endpoints", problem, MakeAdminToken)
+		}
+		cfg.AdminTokens = append(cfg.AdminTokens, AdminToken{Name: LegacyAdminTokenName, Hash: HashAdminToken(f.AdminToken)})
+	}
+	if n := len(f.AdminTokens); n > MaxAdminTokens {
+		v.addf("admin_tokens", "%d tokens; at most %d", n, MaxAdminTokens)
+	}
+	names := map[string]bool{LegacyAdminTokenName: f.AdminToken != ""}
+	hashes := map[[sha256.Size]byte]string{}
+	for _, t := range cfg.AdminTokens {
+		hashes[t.Hash] = t.Name
+	}
+	for i, t := range f.AdminTokens {
+		path := fmt.Sprintf("admin_tokens[%d]", i)
+		if !nameRE.MatchString(t.Name) {
+			v.addf(path+".name", "a name of 1-64 letters, digits, '_', '-' or '.' is required: it names the operator in audit lines")
+		} else if names[t.Name] {
+			v.addf(path+".name", "%q is named twice", t.Name)
+		}
+		names[t.Name] = true
+		h := strings.ToLower(strings.TrimSpace(t.Hash))
+		var sum [sha256.Size]byte
+		if !hashRE.MatchString(h) {
+			v.addf(path+".hash", "want the 64 hex digits of the token's SHA-256 (sluice keys hash --admin %s), never the token itself; make a token with: %s", cmpName(t.Name), MakeAdminToken)
+			continue
+		}
+		_, _ = hex.Decode(sum[:], []byte(h))
+		if other, ok := hashes[sum]; ok {
+			v.addf(path+".hash", "same token as %q: give each operator a token of their own", other)
+			continue
+		}
+		hashes[sum] = t.Name
+		cfg.AdminTokens = append(cfg.AdminTokens, AdminToken{Name: t.Name, Hash: sum})
+	}
+
+	if n := len(f.AllowedHosts); n > MaxAllowedHosts {
+		v.addf("allowed_hosts", "%d hosts; at most %d", n, MaxAllowedHosts)
+	}
+	for i, h := range f.AllowedHosts {
+		norm, problem := allowedHost(h)
+		if problem != "" {
+			v.addf(fmt.Sprintf("allowed_hosts[%d]", i), "%q: %s", h, problem)
+			continue
+		}
+		cfg.AllowedHosts = append(cfg.AllowedHosts, norm)
+	}
+}
+
+func cmpName(name string) string {
+	if name == "" {
+		return "NAME"
+	}
+	return name
+}
+
+// allowedHost normalizes an allowed_hosts entry: a host name (lower
+// case, without a trailing dot), "*." and a domain (its subdomains), an
+// IP address, or "*" (every host: the check is off).
+func allowedHost(h string) (string, string) {
+	h = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(h)), ".")
+	if h == "*" {
+		return h, ""
+	}
+	if a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")); err == nil {
+		return a.Unmap().String(), ""
+	}
+	name := strings.TrimPrefix(h, "*.")
+	if name == "" || len(name) > 253 {
+		return "", "want a host name (no port, no scheme), *.domain, an IP address, or *"
+	}
+	for _, label := range strings.Split(name, ".") {
+		if label == "" || len(label) > 63 || strings.Trim(label, "abcdefghijklmnopqrstuvwxyz0123456789-_") != "" {
+			return "", "want a host name (no port, no scheme), *.domain, an IP address, or *"
+		}
+	}
+	return h, ""
+}

@@ -1,0 +1,90 @@
+package config
+
+import (
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/sluice-io/sluice"
+)
+
+// Guessable admin tokens are refused at load with their file:line and how
+// to make a good one; tokens as MakeAdminToken makes them pass.
+func TestWeakAdminTokenRefused(t *testing.T) {
+	for _, tok := range []string{
+		"aaaaaaaaaaaaaaaa", "passwordpassword", "abcabcabcabcabca", "0123456789abcdef",
+		"abcdefghijklmnopqrstuvwxyz", "zyxwvutsrqponmlk", "test-admin-token", "Password123456789",
+		"ab12ab12ab12ab12ab12", "aabbccddeeffgghhiijj", "secret-token-admin-2024", "qwertyuiop1234567890",
+	} {
+		_, err := Parse("s.yaml", []byte("policies:\n  p: {limit: 1/s}\nadmin_token: "+tok+"\n"))
+		if err == nil || !strings.Contains(err.Error(), "s.yaml:3: admin_token") || !strings.Contains(err.Error(), MakeAdminToken) {
+			t.Errorf("admin_token %q: %v", tok, err)
+		}
+	}
+	// Seeded, so that the test is the same each run.
+	rng := rand.NewChaCha8([32]byte{'s', 'l', 'u', 'i', 'c', 'e'})
+	for range 5000 {
+		var b [32]byte
+		_, _ = rng.Read(b[:])
+		for _, tok := range []string{hex.EncodeToString(b[:]), hex.EncodeToString(b[:16]), base64.RawURLEncoding.EncodeToString(b[:18])} {
+			if p := WeakToken(tok); p != "" {
+				t.Fatalf("a random token %q refused: %s", tok, p)
+			}
+		}
+	}
+	for _, tok := range []string{"correct-horse-battery-staple", "Zq8#rT2!mW5@xL9$"} {
+		if p := WeakToken(tok); p != "" {
+			t.Errorf("%q refused: %s", tok, p)
+		}
+	}
+}
+
+// admin_tokens are named hashes; admin_token is the token named
+// "admin_token". Bad entries are refused with their file:line.
+func TestAdminTokens(t *testing.T) {
+	h1, h2 := sluice.HashKey("one-9b1f4c7e2a6d03b8"), sluice.HashKey("two-5e9f1a3c7b2d84f0")
+	cfg, err := Parse("s.yaml", []byte("policies:\n  p: {limit: 1/s}\nadmin_token: 9b1f4c7e2a6d03b8e5f9a1c4\nadmin_tokens:\n  - {name: alice, hash: "+h1+"}\n  - {name: bob, hash: "+strings.ToUpper(h2)+"}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.AdminTokens) != 3 || cfg.AdminTokens[0].Name != LegacyAdminTokenName || cfg.AdminTokens[0].Hash != HashAdminToken("9b1f4c7e2a6d03b8e5f9a1c4") ||
+		cfg.AdminTokens[1].Name != "alice" || cfg.AdminTokens[1].Hash != HashAdminToken("one-9b1f4c7e2a6d03b8") || cfg.AdminTokens[2].Hash != HashAdminToken("two-5e9f1a3c7b2d84f0") {
+		t.Fatalf("tokens %+v", cfg.AdminTokens)
+	}
+	for _, c := range []struct{ doc, want string }{
+		{"admin_tokens:\n  - {name: alice, hash: 9b1f4c7e2a6d03b8e5f9a1c4}\n", "s.yaml:4: admin_tokens[0].hash: want the 64 hex digits"},
+		{"admin_tokens:\n  - {name: alice, hash: " + h1 + "}\n  - {name: alice, hash: " + h2 + "}\n", `s.yaml:5: admin_tokens[1].name: "alice" is named twice`},
+		{"admin_tokens:\n  - {name: alice, hash: " + h1 + "}\n  - {name: bob, hash: " + h1 + "}\n", `s.yaml:5: admin_tokens[1].hash: same token as "alice"`},
+		{"admin_tokens:\n  - {hash: " + h1 + "}\n", "s.yaml:4: admin_tokens[0].name: a name"},
+		{"allowed_hosts: [sluice.example.com, \"http://x.example\"]\n", `s.yaml:3: allowed_hosts[1]: "http://x.example": want a host name`},
+		{"allowed_hosts: [\"x.example:8080\"]\n", `allowed_hosts[0]: "x.example:8080": want a host name`},
+	} {
+		_, err := Parse("s.yaml", []byte("policies:\n  p: {limit: 1/s}\n"+c.doc))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want %q", c.doc, err, c.want)
+		}
+	}
+	// The bounds: MaxAdminTokens tokens, MaxAllowedHosts hosts.
+	var many, hosts strings.Builder
+	for i := range MaxAdminTokens + 1 {
+		fmt.Fprintf(&many, "  - {name: op%d, hash: %s}\n", i, sluice.HashKey(fmt.Sprint("token-", i)))
+	}
+	for i := range MaxAllowedHosts + 1 {
+		fmt.Fprintf(&hosts, "h%d.example, ", i)
+	}
+	_, err = Parse("s.yaml", []byte("policies:\n  p: {limit: 1/s}\nadmin_tokens:\n"+many.String()+"allowed_hosts: ["+hosts.String()+"]\n"))
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("admin_tokens: %d tokens; at most %d", MaxAdminTokens+1, MaxAdminTokens)) ||
+		!strings.Contains(err.Error(), fmt.Sprintf("allowed_hosts: %d hosts; at most %d", MaxAllowedHosts+1, MaxAllowedHosts)) {
+		t.Errorf("over the bounds: %v", err)
+	}
+	cfg, err = Parse("s.yaml", []byte("policies:\n  p: {limit: 1/s}\nallowed_hosts: [Sluice.Example.COM., \"*.internal.example\", \"[::1]\", \"*\"]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(cfg.AllowedHosts, " "); got != "sluice.example.com *.internal.example ::1 *" {
+		t.Fatalf("allowed hosts %q", got)
+	}
+}

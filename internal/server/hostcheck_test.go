@@ -1,0 +1,133 @@
+package server
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/sluice-io/sluice"
+)
+
+// TestHostCheck: DNS rebinding. A page on evil.example whose name is then
+// pointed at sluice sends Host: evil.example and passes the cross-origin
+// check (its Origin is its Host); it must not read the console's API or
+// /metrics, peek or spend anyone's limit. Every Host below is sent with
+// every set of a browser's marks to every endpoint, through the real
+// listener: a browser's request is refused (403, naming allowed_hosts)
+// exactly when its Host is not allowed; requests without a browser's marks
+// (curl, SDKs, proxies with a Host of their own) and forward-auth pass.
+func TestHostCheck(t *testing.T) {
+	s := "_host"
+	cfg := strings.NewReplacer("{S}", s, "{FREE}", sluice.HashKey(bypassFree), "{ENT}", sluice.HashKey(bypassEnt)).Replace(bypassConfig) +
+		"console: {enabled: true}\nallowed_hosts: [sluice.internal.example, \"*.corp.example\"]\n"
+	svc := startService(t, svcOptions{config: cfg})
+	u, _ := url.Parse(svc.url)
+	port := u.Port()
+	spend := `{"policy":"roomy` + s + `","key":"victim"}`
+	endpoints := []struct{ method, path, body string }{
+		{"GET", "/ui/api/top", ""},
+		{"GET", "/ui/api/overview", ""},
+		{"GET", "/ui/", ""},
+		{"GET", "/metrics", ""},
+		{"GET", "/v1/status?policy=roomy" + s + "&key=victim", ""},
+		{"POST", "/v1/check", spend},
+		{"POST", "/v1/reset", spend},
+		{"GET", "/v1/overrides", ""},
+		{"GET", "/v1/authz", ""},
+		{"POST", "/v1/authz/login", ""},
+	}
+	hosts := []struct {
+		host    string
+		allowed bool
+	}{
+		{"127.0.0.1:" + port, true},
+		{"[::1]:" + port, true},
+		{"[::ffff:127.0.0.1]:" + port, true},
+		{"10.1.2.3", true},
+		{"localhost:" + port, true},
+		{"LOCALHOST.:" + port, true},
+		{"console.localhost:" + port, true},
+		{"sluice.internal.example:" + port, true},
+		{"Sluice.Internal.Example", true},
+		{"a.corp.example:" + port, true},
+		{"evil.example:" + port, false},
+		{"evil.example", false},
+		{"EVIL.example.:" + port, false},
+		{"corp.example:" + port, false}, // *.corp.example is the subdomains
+		{"evilcorp.example", false},
+		{"127.0.0.1.evil.example:" + port, false},
+		{"localhost.evil.example:" + port, false},
+		{"sluice.internal.example.evil.example", false},
+		{"::1", false}, // malformed: IPv6 needs brackets
+	}
+	marks := []struct {
+		name    string
+		hdr     func(host string) []string
+		browser bool
+	}{
+		{"none", func(string) []string { return nil }, false},
+		{"curl -d", func(string) []string { return []string{"Content-Type", "application/x-www-form-urlencoded"} }, false},
+		{"Origin = Host", func(h string) []string { return []string{"Origin", "http://" + h} }, true},
+		{"Origin null", func(string) []string { return []string{"Origin", "null"} }, true},
+		{"Sec-Fetch-Site same-origin", func(string) []string { return []string{"Sec-Fetch-Site", "same-origin"} }, true},
+		{"Sec-Fetch-Mode alone", func(string) []string { return []string{"Sec-Fetch-Mode", "cors"} }, true},
+		{"Sec-Fetch-Dest alone", func(string) []string { return []string{"Sec-Fetch-Dest", "empty"} }, true},
+		{"Referer alone", func(h string) []string { return []string{"Referer", "http://" + h + "/"} }, true},
+		{"all of a fetch", func(h string) []string {
+			return []string{"Origin", "http://" + h, "Sec-Fetch-Site", "same-origin", "Sec-Fetch-Mode", "cors", "Sec-Fetch-Dest", "empty", "Referer", "http://" + h + "/"}
+		}, true},
+	}
+	for _, h := range hosts {
+		for _, m := range marks {
+			for _, e := range endpoints {
+				hdr := append([]string{"Host", h.host, "X-API-Key", bypassEnt}, m.hdr(h.host)...)
+				a := svc.do(t, e.method, e.path, e.body, hdr...)
+				refused := a.status == 403 && strings.Contains(a.raw, "allowed_hosts")
+				want := m.browser && !h.allowed && !strings.HasPrefix(e.path, "/v1/authz")
+				if refused != want {
+					t.Errorf("%s %s, Host %q, %s: %d %s; refused %v, want %v", e.method, e.path, h.host, m.name, a.status, strings.TrimSpace(a.raw), refused, want)
+				}
+				if refused && !strings.Contains(a.raw, "DNS rebinding") {
+					t.Errorf("the refusal does not say why: %s", a.raw)
+				}
+				// An opaque origin ("null") is cross-origin: sameOrigin
+				// refuses it from a POST wherever it comes from.
+				crossOrigin := m.name == "Origin null" && e.method == "POST"
+				if !refused && !crossOrigin && (e.path == "/ui/api/top" || e.path == "/metrics" || e.path == "/v1/check") && a.status != 200 {
+					t.Errorf("%s %s, Host %q, %s: %d %s, want 200", e.method, e.path, h.host, m.name, a.status, a.raw)
+				}
+			}
+		}
+	}
+	// Everything a rebound page tried to spend was refused: only the
+	// requests that passed were charged.
+	var passed int64
+	for _, h := range hosts {
+		for _, m := range marks {
+			if (!m.browser || h.allowed) && m.name != "Origin null" {
+				passed++
+			}
+		}
+	}
+	if a := svc.do(t, "GET", "/v1/status?policy=roomy"+s+"&key=victim", ""); a.status != 200 || a.num("remaining") != 1000-passed {
+		t.Fatalf("victim's limit: %d %s, want %d remaining", a.status, a.raw, 1000-passed)
+	}
+	// allowed_hosts is read at each request: a reload that adds a name
+	// lets browsers reach sluice by it.
+	writeAtomic(t, svc.path, strings.Replace(cfg, "allowed_hosts: [", "allowed_hosts: [evil.example, ", 1))
+	if err := svc.waitReload(t); err != nil {
+		t.Fatal(err)
+	}
+	if a := svc.do(t, "GET", "/metrics", "", "Host", "evil.example:"+port, "Sec-Fetch-Site", "same-origin"); a.status != 200 {
+		t.Fatalf("after the reload: %d %s", a.status, a.raw)
+	}
+	// "*" turns the check off.
+	writeAtomic(t, svc.path, strings.Replace(cfg, "allowed_hosts: [", `allowed_hosts: ["*", `, 1))
+	if err := svc.waitReload(t); err != nil {
+		t.Fatal(err)
+	}
+	if a := svc.do(t, "GET", "/metrics", "", "Host", fmt.Sprintf("other.example:%s", port), "Origin", "http://other.example"); a.status != 200 {
+		t.Fatalf("with allowed_hosts *: %d %s", a.status, a.raw)
+	}
+}
