@@ -71,8 +71,8 @@ func TestDecodeResponse(t *testing.T) {
 	if _, err := decodeResponse([]byte(`{"choices":[{"message":{"content":"x`)); err == nil {
 		t.Fatal("truncated body accepted")
 	}
-	// reply 3 + message 3 + "user" 1 + "12345678" 2, plus the default completion
-	if got := EstimateTokens(&ChatRequest{Messages: []Message{{Role: "user", Content: "12345678"}}}, 100); got != 3+3+1+2+100 {
+	// reply 3 + message 3 + "user" 1 + "12345678" 3 (digits go by 3), plus the default completion
+	if got := EstimateTokens(&ChatRequest{Messages: []Message{{Role: "user", Content: "12345678"}}}, 100); got != 3+3+1+3+100 {
 		t.Fatalf("estimate %d", got)
 	}
 	// CJK text: a token per character, not per four bytes

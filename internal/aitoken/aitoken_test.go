@@ -16,7 +16,11 @@ func TestCount(t *testing.T) {
 		{"a, b.", 4},       // a , b .
 		{"日本語", 3},         // one per character
 		{"internationalization", 5},
-		{"  \n\t", 0},
+		{" ", 0},
+		{"  \n\t", 2},                        // a run: 1 per 16 after the first, +1 for the blank-ended line
+		{"aGVsbG8gV29ybGQhIFRoaXMgaXM=", 22}, // 28 changing letters and digits: ¾ each, and =
+		{"3141592653", 4},                    // digits: 1 per 3
+		{"😀👍", 6},                            // astral characters: 3 each
 	} {
 		if got := Count(tc.in); got != tc.want {
 			t.Errorf("Count(%q) = %d, want %d", tc.in, got, tc.want)

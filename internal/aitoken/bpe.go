@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/tiktoken-go/tokenizer"
 )
@@ -69,30 +68,18 @@ func loadVocab(enc tokenizer.Encoding, split func(string, func(string))) (*vocab
 	return v, nil
 }
 
-// maxPiece bounds the piece that byte-pair encoding merges as a whole. A
-// longer piece (a run of one character class longer than this: a base64
-// blob, a line of dashes, a megabyte of spaces sent to burn CPU) is merged
-// in chunks of maxPiece bytes, cut at character boundaries. A chunk's
-// merges cannot cross its ends, so a long piece may count a token or so
-// more per chunk than tiktoken does (at most about 1 in 250), and the cost
-// stays linear: the heap of one chunk fits in the CPU's cache.
-const maxPiece = 1024
-
-// count returns the number of tokens of s.
+// count returns the number of tokens of s. Each piece is merged whole,
+// as tiktoken does, however long: a run of one character class (a
+// base64 blob, a word of 300 kana, a megabyte of spaces sent to burn CPU)
+// is one piece, and mergeHeap keeps its cost O(n log n) in its length n,
+// with 20 bytes of scratch per byte (at most about 5 MiB for the
+// MaxExactBytes one request tokenizes), reused across calls.
 func (v *vocab) count(s string) int64 {
 	var n int64
 	v.split(s, func(piece string) {
 		if _, ok := v.ranks[piece]; ok {
 			n++
 			return
-		}
-		for len(piece) > maxPiece {
-			cut := maxPiece
-			for cut > maxPiece-utf8.UTFMax && !utf8.RuneStart(piece[cut]) {
-				cut--
-			}
-			n += int64(v.merge(piece[:cut]))
-			piece = piece[cut:]
 		}
 		n += int64(v.merge(piece))
 	})
@@ -165,17 +152,41 @@ func (v *vocab) mergeScan(piece string) int {
 	return len(starts) - 1
 }
 
+// heapScratch is mergeHeap's working memory, kept in scratchPool.
+type heapScratch struct {
+	next, prev []int32
+	cur        []uint32
+	h          pairHeap
+}
+
+// scratchPool keeps mergeHeap's scratch between calls.
+var scratchPool = sync.Pool{New: func() any { return new(heapScratch) }}
+
+// grow returns b resized to n, reallocated only when too small.
+func grow[T any](b []T, n int) []T {
+	if cap(b) < n {
+		return make([]T, n)
+	}
+	return b[:n]
+}
+
 // mergeHeap is mergeScan with the parts in a linked list and the
-// candidate pairs in a min-heap of (rank, start), stale entries skipped.
+// candidate pairs in a min-heap of (rank, start), stale entries skipped:
+// O(n log n) for a piece of n bytes (each merge pops one entry and pushes
+// at most two), as tiktoken's path for large pieces.
 func (v *vocab) mergeHeap(piece string) int {
 	n := int32(len(piece))
-	next := make([]int32, n+1) // next part's start; n ends the list
-	prev := make([]int32, n+1)
-	cur := make([]uint32, n+1) // the rank of the pair starting here
+	sc := scratchPool.Get().(*heapScratch)
+	defer scratchPool.Put(sc)
+	sc.next = grow(sc.next, int(n)+1) // next part's start; n ends the list
+	sc.prev = grow(sc.prev, int(n)+1)
+	sc.cur = grow(sc.cur, int(n)+1) // the rank of the pair starting here
+	next, prev, cur := sc.next, sc.prev, sc.cur
 	for i := range n + 1 {
 		next[i], prev[i], cur[i] = i+1, i-1, noRank
 	}
-	h := make(pairHeap, 0, n)
+	h := sc.h[:0]
+	defer func() { sc.h = h[:0] }()
 	rankAt := func(i int32) uint32 {
 		j := next[i]
 		if j >= n {
@@ -186,17 +197,18 @@ func (v *vocab) mergeHeap(piece string) int {
 	for i := int32(0); i+1 < n; i++ {
 		if r := rankAt(i); r != noRank {
 			cur[i] = r
-			h = append(h, pairEntry{r, i})
+			h = append(h, pairOf(r, i))
 		}
 	}
 	h.init()
 	parts := int(n)
 	for len(h) > 0 {
 		e := h.pop()
-		if cur[e.start] != e.rank || next[e.start] >= n+1 {
+		rank, start := e.rank(), e.start()
+		if cur[start] != rank || next[start] >= n+1 {
 			continue // stale
 		}
-		i, j := e.start, next[e.start]
+		i, j := start, next[start]
 		// Join i and j.
 		next[i] = next[j]
 		if next[j] <= n {
@@ -210,25 +222,30 @@ func (v *vocab) mergeHeap(piece string) int {
 			}
 			cur[b] = rankAt(b)
 			if cur[b] != noRank {
-				h.push(pairEntry{cur[b], b})
+				h.push(pairOf(cur[b], b))
 			}
 		}
 	}
 	return parts
 }
 
-type pairEntry struct {
-	rank  uint32
-	start int32
+// pairEntry is a candidate pair: its rank in the high 32 bits, its start
+// in the low, so that comparing entries orders them by rank, then
+// leftmost first, as the merge rule does, in one comparison.
+type pairEntry uint64
+
+func pairOf(rank uint32, start int32) pairEntry {
+	return pairEntry(rank)<<32 | pairEntry(uint32(start))
 }
 
-// pairHeap orders pairs by rank, then leftmost first, as the merge rule
-// does.
+func (e pairEntry) rank() uint32 { return uint32(e >> 32) }
+
+func (e pairEntry) start() int32 { return int32(uint32(e)) }
+
+// pairHeap is a min-heap of candidate pairs.
 type pairHeap []pairEntry
 
-func (h pairHeap) less(a, b int) bool {
-	return h[a].rank < h[b].rank || h[a].rank == h[b].rank && h[a].start < h[b].start
-}
+func (h pairHeap) less(a, b int) bool { return h[a] < h[b] }
 
 func (h pairHeap) init() {
 	for i := len(h)/2 - 1; i >= 0; i-- {

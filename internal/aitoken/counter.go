@@ -38,11 +38,13 @@ func EncodingForModel(model string) Encoding {
 // MaxExactBytes bounds the text one Counter.PromptTokens call tokenizes
 // exactly (about 64k tokens of English); a string that does not fit what
 // is left of it is estimated whole with the heuristic, which errs high on
-// English and code but low on emoji and random text (up to some 40 %
-// under, docs/BENCHMARKS.md), and settlement corrects it. Exact counting
-// costs 25-100 ns per byte of prose and code and up to about 250 ns per
-// byte of text made to be slow (docs/BENCHMARKS.md), so one request's count
-// costs at most some 60 ms of CPU however large its body.
+// English, code, base64 and whitespace runs but may count as little as
+// half of odd text (TestHeuristicBound, docs/gateway.md), and settlement
+// corrects it. Exact counting
+// costs 25-100 ns per byte of prose and code and up to about 1 µs per
+// byte of text made to be slow, one long piece merged whole
+// (docs/BENCHMARKS.md), so one request's count costs at most some 60-300
+// ms of CPU however large its body.
 const MaxExactBytes = 256 << 10
 
 // Counter counts tokens for one model: exactly with its encoding's

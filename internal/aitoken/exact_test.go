@@ -234,7 +234,7 @@ func TestReservationError(t *testing.T) {
 			s.exact += c.PromptTokens(&r)
 			s.heur += r.PromptTokens()
 		}
-		for _, kind := range []string{"english", "code", "cjk", "emoji", "edge", "random"} {
+		for _, kind := range []string{"english", "code", "cjk", "emoji", "edge", "random", "long", "base64", "whitespace"} {
 			s := by[kind]
 			pct := func(n int64) float64 { return 100 * float64(n-s.actual) / float64(s.actual) }
 			t.Logf("%s %-8s actual %5d  exact %5d (%+.1f%%)  heuristic %5d (%+.1f%%)", enc, kind, s.actual, s.exact, pct(s.exact), s.heur, pct(s.heur))

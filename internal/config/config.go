@@ -245,7 +245,9 @@ func (v *validator) compile(f *File) *Config {
 				pol.Algorithm = a
 			}
 		}
-		if p.Limit == "" {
+		if p.NGINX != nil {
+			v.compileNGINX(path, &p, pol) // nginx.go
+		} else if p.Limit == "" {
 			v.addf(path+".limit", "required, for example \"10/min\" or \"100/s burst 200\"")
 		} else if l, err := sluice.ParseLimit(p.Limit); err != nil {
 			v.addf(path+".limit", "%s", strings.TrimPrefix(err.Error(), "sluice: "))

@@ -28,24 +28,25 @@ func (p *Policy) Delayed() bool { return p.MaxWait > 0 || p.HasDelay }
 // its max wait (sluice.Request.MaxWait), for l, the policy's limit or an
 // identity's override of it. Without delay mode it is l and 0. With
 // max_wait alone, l's burst passes at once and a request that would be
-// admitted within max_wait is held until then. With delay N, l's burst is
-// NGINX's: its first N requests pass at once (the burst becomes N; 0 means
-// that only a request on an idle key does) and the rest are held, paced at
-// the rate, up to the time the burst takes to refill past N; max_wait, if
-// set too, caps that wait, and sluice.MaxReserveWait always does (a slow
-// limit's burst takes days to refill: a request due later is denied, with
-// its Retry-After, rather than held).
+// admitted within max_wait is held until then. With delay D, l's burst B
+// is NGINX's, and the outcome NGINX's `burst=B delay=D` (nginx.go): D+1
+// requests pass at once (the burst becomes D+1), B+1 in all, the rest
+// held, paced at the rate, up to the time B−D requests take to refill;
+// max_wait, if set too, caps that wait, and MaxMaxWait always does (the
+// policy's own limit is refused at load when it would hold longer; an
+// override may: a request due later is denied, with its Retry-After,
+// rather than held past the server's write timeout).
 func (p *Policy) Reservation(l sluice.Limit) (sluice.Limit, time.Duration) {
 	if !p.HasDelay {
 		return l, p.MaxWait
 	}
 	burst := l.Capacity()
-	at := min(max(p.Delay, 1), burst)
-	wait := min(time.Duration(l.CostInterval(burst-at)), sluice.MaxReserveWait)
+	at := min(p.Delay, burst)
+	wait := min(time.Duration(l.CostInterval(burst-at)), MaxMaxWait)
 	if p.MaxWait > 0 {
 		wait = min(wait, p.MaxWait)
 	}
-	l.Burst = at
+	l.Burst = at + 1
 	return l, wait
 }
 
@@ -63,7 +64,10 @@ func (v *validator) compileDelay(path string, p *PolicySection, pol *Policy) {
 		ok = false
 	}
 	field := path + ".max_wait"
-	if p.MaxWait == 0 {
+	switch {
+	case p.NGINX != nil:
+		field = path + ".nginx"
+	case p.MaxWait == 0:
 		field = path + ".delay"
 	}
 	if p.Delay != nil {
@@ -73,6 +77,15 @@ func (v *validator) compileDelay(path string, p *PolicySection, pol *Policy) {
 			ok = false
 		case pol.Limit.Rate > 0 && *p.Delay > pol.Limit.Capacity():
 			v.addf(path+".delay", "%d exceeds the burst %d: the requests past the burst are held (max_wait) or refused, never passed at once", *p.Delay, pol.Limit.Capacity())
+			ok = false
+		case pol.Limit.Rate > 0 && p.MaxWait == 0 && pol.Limit.CostInterval(pol.Limit.Capacity()-*p.Delay) > int64(MaxMaxWait):
+			// NGINX would hold the last of the burst this long; a shorter
+			// hold would deny what NGINX holds, and a longer one outlive
+			// the server's write timeout.
+			v.addf(path+".delay", "NGINX's burst=%d delay=%d would hold a request up to %s; sluice holds at most %s: lower the burst, raise delay, or set max_wait to cap the hold (then requests NGINX would hold longer are denied)", pol.Limit.Capacity(), *p.Delay, time.Duration(pol.Limit.CostInterval(pol.Limit.Capacity()-*p.Delay)), MaxMaxWait)
+			ok = false
+		case pol.Limit.Capacity() >= 1<<40:
+			v.addf(path+".delay", "the burst %d is too large for NGINX's form (it passes burst+1)", pol.Limit.Capacity())
 			ok = false
 		}
 	}

@@ -133,9 +133,13 @@ type PolicySection struct {
 	// it is charged now and answered after its delay, instead of 429. Only
 	// gcra and token_bucket; at most MaxMaxWait.
 	MaxWait time.Duration `yaml:"max_wait"`
-	// Delay is NGINX's limit_req delay: of the burst, the first Delay
-	// requests pass at once and the rest are held, paced at the rate.
+	// Delay is NGINX's limit_req delay, the policy's burst NGINX's burst:
+	// of burst+1 requests, the first Delay+1 pass at once and the rest are
+	// held, paced at the rate.
 	Delay *int64 `yaml:"delay"`
+	// NGINX is the policy in NGINX's own words, instead of limit, burst,
+	// algorithm, max_wait and delay (nginx.go).
+	NGINX *NGINXSection `yaml:"nginx"`
 	// Timezone makes a limit per day, week, month or year a calendar
 	// window in this IANA zone, such as "Europe/Berlin": "5000/day" then
 	// resets at local midnight, 23 or 25 hours apart across DST changes.

@@ -54,6 +54,10 @@ type Options struct {
 	// CacheCreationInputTokens and CacheReadInputTokens are reported in
 	// every usage object.
 	CacheCreationInputTokens, CacheReadInputTokens int
+	// StrictCount makes count_tokens refuse, with 400, a body member it
+	// does not count (such as max_tokens or stream), as
+	// https://docs.anthropic.com/en/api/messages-count-tokens lists them.
+	StrictCount bool
 	// Default is the behaviour of requests with no queued fault.
 	Default Fault
 	// MaxBodyBytes bounds a request body; zero means 4 MiB.
@@ -273,6 +277,16 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	switch r.URL.Path {
 	case "/v1/messages/count_tokens":
+		if s.opts.StrictCount {
+			var members map[string]json.RawMessage
+			_ = json.Unmarshal(body, &members)
+			for k := range members {
+				if !countMembers[k] {
+					errorBody(w, http.StatusBadRequest, "fakeanthropic: "+k+": Extra inputs are not permitted")
+					return
+				}
+			}
+		}
 		writeJSON(w, map[string]any{"input_tokens": input})
 	case "/v1/messages":
 		if req.MaxTokens < 1 {
@@ -289,6 +303,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		errorBody(w, http.StatusNotFound, "fakeanthropic: unknown url "+r.URL.Path)
 	}
 }
+
+// countMembers are the members count_tokens takes.
+var countMembers = map[string]bool{"model": true, "messages": true, "system": true, "tools": true, "tool_choice": true, "thinking": true, "mcp_servers": true}
 
 type request struct {
 	Model     string `json:"model"`

@@ -157,6 +157,9 @@ type anthropicBody struct {
 	stream    bool
 	maxTokens int64
 	promptEst int64
+	// weigh is the input estimate's weighting for prompt caching, for an
+	// upstream count to be weighted alike.
+	weigh func(int64) int64
 }
 
 // parseAnthropicBody reads a /v1/messages or count_tokens body, with the
@@ -212,16 +215,17 @@ func parseAnthropicBody(body []byte, ep endpoint) (*anthropicBody, *requestError
 	for _, m := range w.Messages {
 		n = addSat(n, aitoken.MessageOverhead+anthropicTokens(m))
 	}
+	p.weigh = func(n int64) int64 { return n }
 	if bytes.Contains(body, []byte(`"cache_control"`)) {
 		// Every input token may be a cache write; with a "ttl" (1h) one
 		// billed at twice the input price.
 		if bytes.Contains(body, []byte(`"ttl"`)) {
-			n = cacheWrite1hTokens(n)
+			p.weigh = cacheWrite1hTokens
 		} else {
-			n = cacheWriteTokens(n)
+			p.weigh = cacheWriteTokens
 		}
 	}
-	p.promptEst = n
+	p.promptEst = p.weigh(n)
 	return p, nil
 }
 
@@ -282,7 +286,7 @@ func cacheReadTokens(n int64) int64 {
 const maxUsageTokens = 1 << 50
 
 // prepareAnthropic is prepare for the Anthropic endpoints, body read.
-func (g *Gateway) prepareAnthropic(w http.ResponseWriter, c *call, body []byte) bool {
+func (g *Gateway) prepareAnthropic(w http.ResponseWriter, r *http.Request, c *call, body []byte) bool {
 	p, perr := parseAnthropicBody(body, c.ep)
 	if perr != nil {
 		w.Header().Set("x-should-retry", "false")
@@ -298,6 +302,13 @@ func (g *Gateway) prepareAnthropic(w http.ResponseWriter, c *call, body []byte) 
 		return true // no tokens reserved or charged: promptEst and reserved stay 0
 	}
 	c.stream = p.stream
+	if g.wantsUpstreamCount(c) {
+		if n, err := g.upstreamCount(r.Context(), r, body); err != nil {
+			g.log.Warn("gateway: count_tokens failed; reserving the estimate", "request_id", c.id, "err", err)
+		} else {
+			p.promptEst = max(p.promptEst, p.weigh(n))
+		}
+	}
 	c.promptEst = p.promptEst
 	c.reserved = max(reservation(p.promptEst, p.maxTokens, 1), 1)
 	return true

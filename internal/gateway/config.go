@@ -127,6 +127,11 @@ type UpstreamConfig struct {
 	// Timeout bounds the wait for the upstream's response headers; zero
 	// means no bound beyond the client's.
 	Timeout time.Duration `yaml:"timeout"`
+	// CountTokens has a /v1/messages request for a model the gateway
+	// cannot count exactly, under a token limit or a budget, counted by
+	// the upstream's /v1/messages/count_tokens, and reserves the larger of
+	// that count and the estimate (anthropic_count.go).
+	CountTokens bool `yaml:"count_tokens"`
 }
 
 // StoreConfig is the `store:` section of `sluice gateway`.

@@ -183,6 +183,8 @@ type Gateway struct {
 	queue        *queue // nil without a queue section (queue.go)
 	prices       *pricing.Table
 	tokenCache   *aitoken.Cache   // exact counts of large messages, resent turn after turn
+	counts       *countCache      // upstream count_tokens answers; nil without upstream.count_tokens (anthropic_count.go)
+	countClient  *http.Client     // sends count_tokens calls
 	now          func() time.Time // time.Now; tests replace it
 	renewEvery   time.Duration    // how often a request's leases are renewed while in flight: LeaseTTL/3 (renew.go)
 	bodyTimeout  time.Duration    // how long a request body may take to arrive: bodyTimeout; tests shorten it
@@ -357,6 +359,9 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if opts.WrapTransport != nil {
 		transport = opts.WrapTransport(transport)
+	}
+	if cfg.Upstream.CountTokens {
+		g.counts, g.countClient = newCountCache(countCacheSize), &http.Client{Transport: transport, Timeout: countTokensTimeout}
 	}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite:   g.rewrite,

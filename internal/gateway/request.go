@@ -420,7 +420,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 		return false
 	}
 	if c.ep.anthropic() {
-		return g.prepareAnthropic(w, c, body)
+		return g.prepareAnthropic(w, r, c, body)
 	}
 	p, perr := parseBodyCached(body, c.ep, g.tokenCache)
 	if perr != nil {

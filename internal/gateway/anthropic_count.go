@@ -1,0 +1,178 @@
+package gateway
+
+// Anthropic's own token count
+//
+// The gateway counts OpenAI models exactly (package aitoken) and others
+// with a heuristic, which counts at least half of a text's tokens on the
+// corpus of aitoken's TestHeuristicBound and usually errs high. With
+// upstream.count_tokens, a /v1/messages request for a model the gateway
+// cannot count, under a token limit or a budget, is counted by the
+// upstream's POST /v1/messages/count_tokens, and the reservation takes
+// the larger of that count and the estimate (both weighted for prompt
+// caching alike). The count is cached by the hash of what it counts
+// (model, system, messages, tools, tool_choice, thinking), at most
+// countCacheSize entries, so a request seen before costs nothing; a miss
+// costs one round trip, bounded by countTokensTimeout, after which (or on
+// any upstream error) the estimate alone is reserved.
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/sluice-io/sluice/internal/aitoken"
+)
+
+const (
+	// countTokensTimeout bounds one count_tokens call.
+	countTokensTimeout = time.Second
+	// countCacheSize bounds the counts kept (about 100 bytes each).
+	countCacheSize = 10000
+	// maxCountAnswer bounds the count_tokens answer read.
+	maxCountAnswer = 4 << 10
+)
+
+// countFields are the members of a Messages body that count_tokens takes.
+var countFields = []string{"model", "system", "messages", "tools", "tool_choice", "thinking"}
+
+// countCache holds upstream counts by the hash of the body counted,
+// evicting the oldest past its size. Safe for concurrent use.
+type countCache struct {
+	mu   sync.Mutex
+	m    map[[32]byte]int64
+	ring [][32]byte // insertion order; next is the slot to overwrite
+	next int
+	size int
+}
+
+func newCountCache(size int) *countCache {
+	return &countCache{m: make(map[[32]byte]int64, size), size: size}
+}
+
+func (c *countCache) get(k [32]byte) (int64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n, ok := c.m[k]
+	return n, ok
+}
+
+func (c *countCache) put(k [32]byte, n int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.m[k]; ok {
+		c.m[k] = n
+		return
+	}
+	if len(c.ring) < c.size {
+		c.ring = append(c.ring, k)
+	} else {
+		delete(c.m, c.ring[c.next])
+		c.ring[c.next] = k
+		c.next = (c.next + 1) % c.size
+	}
+	c.m[k] = n
+}
+
+// len is the number of counts kept.
+func (c *countCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.m)
+}
+
+// wantsUpstreamCount reports whether c's prompt should be counted by the
+// upstream: count_tokens is on, the model is not one aitoken counts
+// exactly, and a token limit or a budget applies.
+func (g *Gateway) wantsUpstreamCount(c *call) bool {
+	if g.counts == nil || c.ep != epMessages || aitoken.ForModel(c.rawModel).Exact() {
+		return false
+	}
+	if c.client.levels != nil {
+		return true
+	}
+	for i := range c.client.tier.specs {
+		if s := &c.client.tier.specs[i]; s.kind == kindTokens && s.applies(c.rawModel) {
+			return true
+		}
+	}
+	return false
+}
+
+// upstreamCount returns the upstream's input_tokens for body, a
+// /v1/messages body, from the cache or from count_tokens.
+func (g *Gateway) upstreamCount(ctx context.Context, r *http.Request, body []byte) (int64, error) {
+	var all map[string]json.RawMessage
+	if err := json.Unmarshal(body, &all); err != nil {
+		return 0, fmt.Errorf("gateway: count_tokens: %w", err)
+	}
+	sub := make(map[string]json.RawMessage, len(countFields))
+	for _, f := range countFields {
+		if v, ok := all[f]; ok {
+			sub[f] = v
+		}
+	}
+	cb, err := json.Marshal(sub) // keys sorted: one hash per content
+	if err != nil {
+		return 0, fmt.Errorf("gateway: count_tokens: %w", err)
+	}
+	key := sha256.Sum256(cb)
+	if n, ok := g.counts.get(key); ok {
+		return n, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, countTokensTimeout)
+	defer cancel()
+	u := *g.upstream
+	u.Path = g.upstreamPath + "/messages/count_tokens"
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(cb))
+	if err != nil {
+		return 0, fmt.Errorf("gateway: count_tokens: %w", err)
+	}
+	req.Header.Set("content-type", "application/json")
+	req.Header.Set("anthropic-version", anthropicVersion(r))
+	if b := r.Header.Values("anthropic-beta"); len(b) > 0 {
+		req.Header["Anthropic-Beta"] = b
+	}
+	if g.upstreamKey != "" {
+		if g.cfg.Upstream.API == APIAnthropic {
+			req.Header.Set("x-api-key", g.upstreamKey)
+		} else {
+			req.Header["Authorization"] = g.upstreamAuth
+		}
+	}
+	res, err := g.countClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("gateway: count_tokens: %w", err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("gateway: count_tokens: upstream status %d", res.StatusCode)
+	}
+	var ans struct {
+		InputTokens *int64 `json:"input_tokens"`
+	}
+	if err := json.NewDecoder(io.LimitReader(res.Body, maxCountAnswer)).Decode(&ans); err != nil {
+		return 0, fmt.Errorf("gateway: count_tokens: %w", err)
+	}
+	if ans.InputTokens == nil || *ans.InputTokens < 0 {
+		return 0, errors.New("gateway: count_tokens: no input_tokens in the answer")
+	}
+	n := min(*ans.InputTokens, maxUsageTokens)
+	g.counts.put(key, n)
+	return n, nil
+}
+
+// anthropicVersion is the request's anthropic-version, or the one the
+// gateway adds when a client sends none.
+func anthropicVersion(r *http.Request) string {
+	if v := r.Header.Get("anthropic-version"); v != "" {
+		return v
+	}
+	return DefaultAnthropicVersion
+}
