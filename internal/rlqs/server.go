@@ -91,6 +91,9 @@ type Server struct {
 
 	mu    sync.Mutex
 	peers map[string]int // open streams per client IP
+
+	done     chan struct{} // closed by Drain
+	drainOne sync.Once
 }
 
 // New validates opts and returns a Server.
@@ -118,6 +121,7 @@ func New(opts Options) (*Server, error) {
 		log:      opts.Logger,
 		m:        m,
 		peers:    map[string]int{},
+		done:     make(chan struct{}),
 	}
 	if s.prefix == "" {
 		s.prefix = "rlqs:"
@@ -131,10 +135,17 @@ func New(opts Options) (*Server, error) {
 // Register adds the service to a gRPC server.
 func (s *Server) Register(g *grpc.Server) { rlqsv3.RegisterRateLimitQuotaServiceServer(g, s) }
 
+// Drain ends every stream, now and from now on, with UNAVAILABLE: Envoy
+// reconnects, to another instance behind its cluster, and keeps its
+// assignments until they expire meanwhile. sluice serve calls it before
+// its graceful stop, which would otherwise wait for the streams forever.
+func (s *Server) Drain() { s.drainOne.Do(func() { close(s.done) }) }
+
 // Errors of a stream, as gRPC statuses.
 var (
 	errTooManyStreams = status.Error(codes.ResourceExhausted, "rlqs: too many streams from this client")
 	errNoDomain       = status.Error(codes.InvalidArgument, "rlqs: the first report must name the domain")
+	errDraining       = status.Error(codes.Unavailable, "rlqs: sluice is shutting down; reconnect")
 )
 
 // bucket is one bucket id's state on one stream.
@@ -155,8 +166,34 @@ func (s *Server) StreamRateLimitQuotas(stream grpc.BidiStreamingServer[rlqsv3.Ra
 	defer s.release(host)
 	var dom *domainPolicies
 	buckets := map[string]*bucket{}
+	type recv struct {
+		msg *rlqsv3.RateLimitQuotaUsageReports
+		err error
+	}
+	// Recv runs on its own so that Drain can end the stream; it ends when
+	// the handler returns, as that cancels the stream.
+	msgs := make(chan recv)
+	go func() {
+		for {
+			msg, err := stream.Recv()
+			select {
+			case msgs <- recv{msg, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
 	for {
-		msg, err := stream.Recv()
+		var r recv
+		select {
+		case r = <-msgs:
+		case <-s.done:
+			return errDraining
+		}
+		msg, err := r.msg, r.err
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
