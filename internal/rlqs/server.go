@@ -56,10 +56,15 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
 )
 
 // demandRate is the demand key's limit: far above any count, so it only counts.
-const demandRate = 1 << 50
+const demandRate = 1 << 40
+
+// overask is how much more than its share of a contested bucket a stream
+// asks the store for.
+const overask = 1.25
 
 // Options configures a Server.
 type Options struct {
@@ -69,6 +74,10 @@ type Options struct {
 	Config *Config
 	// Prefix is put before every store key; default "rlqs:".
 	Prefix string
+	// Clock numbers the report intervals of the demand count; default the
+	// system clock. Instances sharing a store must agree on the time to a
+	// fraction of the report interval (NTP does).
+	Clock clock.Clock
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the metrics; nil means none are exported.
@@ -86,6 +95,7 @@ type Server struct {
 	maxPeer  int
 	maxUsage int
 	prefix   string
+	clock    clock.Clock
 	log      *slog.Logger
 	m        *metrics
 
@@ -118,6 +128,7 @@ func New(opts Options) (*Server, error) {
 		maxPeer:  orDefault(opts.Config.MaxStreamsPerPeer, DefaultMaxStreamsPerPeer),
 		maxUsage: orDefault(opts.Config.MaxUsagesPerReport, DefaultMaxUsagesPerReport),
 		prefix:   opts.Prefix,
+		clock:    opts.Clock,
 		log:      opts.Logger,
 		m:        m,
 		peers:    map[string]int{},
@@ -125,6 +136,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if s.prefix == "" {
 		s.prefix = "rlqs:"
+	}
+	if s.clock == nil {
+		s.clock = clock.NewSystem()
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -141,6 +155,10 @@ func (s *Server) Register(g *grpc.Server) { rlqsv3.RegisterRateLimitQuotaService
 // its graceful stop, which would otherwise wait for the streams forever.
 func (s *Server) Drain() { s.drainOne.Do(func() { close(s.done) }) }
 
+// ErrDegraded means the store answered without its backend (a guard's
+// failure policy): no capacity is assigned from such an answer.
+var ErrDegraded = errors.New("rlqs: store degraded")
+
 // Errors of a stream, as gRPC statuses.
 var (
 	errTooManyStreams = status.Error(codes.ResourceExhausted, "rlqs: too many streams from this client")
@@ -152,7 +170,9 @@ var (
 type bucket struct {
 	key    string // store key part: domain, policy and hash of the id
 	policy *policy
-	last   int64 // tokens per interval last assigned; -1 for none
+	last   int64   // tokens assigned for the current interval, not yet settled
+	prev   int64   // the assignment before, for the rebalance count
+	fleet  int64 // the fleet's demand in the last readable interval
 }
 
 // StreamRateLimitQuotas implements the service: one Envoy's stream.
@@ -231,11 +251,11 @@ func (s *Server) StreamRateLimitQuotas(stream grpc.BidiStreamingServer[rlqsv3.Ra
 					s.m.refused.WithLabelValues("buckets_per_stream").Inc()
 					return status.Errorf(codes.ResourceExhausted, "rlqs: more than %d buckets on one stream", s.maxBkts)
 				}
-				b = &bucket{last: -1}
+				b = &bucket{}
 				buckets[canon] = b
 			}
 			if p := dom.lookup(id); p != b.policy || b.key == "" {
-				b.policy, b.last = p, -1
+				b.policy, b.last, b.prev, b.fleet = p, 0, 0, 0
 				if p != nil {
 					b.key = s.prefix + dom.name + ":" + p.name + ":{" + hashID(canon) + "}"
 				}
@@ -279,29 +299,48 @@ func (s *Server) act(ctx context.Context, domain string, b *bucket, u *rlqsv3.Ra
 	mine = min(mine, 4*capacity) // one stream cannot claim more than it could use
 	sctx, cancel := context.WithTimeout(ctx, s.interval/2)
 	defer cancel()
-	fleet, err := s.demand(sctx, b.key, mine)
+	if b.last > 0 {
+		// Tokens assigned for the last interval and not spent go back, so
+		// that the streams that want them can take them now.
+		if unused := b.last - int64(u.GetNumRequestsAllowed()); unused > 0 {
+			if err := s.refund(sctx, b.key, p, unused); err != nil {
+				s.m.storeErrors.WithLabelValues(domain, p.name).Inc()
+				return nil
+			}
+		}
+		b.last = 0
+	}
+	raw, fresh, err := s.demand(sctx, b.key, mine)
 	if err != nil {
 		s.m.storeErrors.WithLabelValues(domain, p.name).Inc()
+		println("DEBUG", err.Error())
 		s.log.Warn("rlqs: store: demand", "domain", domain, "policy", p.name, "err", err)
 		return nil
 	}
+	if fresh {
+		b.fleet = raw
+	}
+	fleet := max(mine, b.fleet)
 	var want int64
 	if fleet > capacity {
-		want = int64(math.Ceil(float64(capacity) * float64(mine) / float64(fleet)))
+		// The stream's share, asked a quarter over: the fleet estimate
+		// lags, and the store caps what all take together.
+		want = int64(math.Ceil(overask * float64(capacity) * float64(mine) / float64(fleet)))
 	} else {
 		want = mine + mine/2 + 1 // room to grow until the next report
 	}
 	want = max(1, min(want, capacity))
 	got, err := s.take(sctx, b.key, p, want)
+	defer func() { println("DBG", time.Now().Format("05.000"), mine, fleet, want, got) }()
 	if err != nil {
 		s.m.storeErrors.WithLabelValues(domain, p.name).Inc()
 		s.log.Warn("rlqs: store: take", "domain", domain, "policy", p.name, "err", err)
 		return nil
 	}
-	if b.last >= 0 && got != b.last && math.Abs(float64(got-b.last)) > 0.1*float64(b.last) {
+	if b.prev > 0 && math.Abs(float64(got-b.prev)) > 0.1*float64(b.prev) {
 		s.m.rebalances.WithLabelValues(domain, p.name).Inc()
 	}
-	b.last = got
+	b.last, b.prev = got, got
 	if got == 0 {
 		s.m.assignments.WithLabelValues(domain, p.name, "deny").Inc()
 		return s.blanket(typev3.RateLimitStrategy_DENY_ALL)
@@ -333,44 +372,78 @@ func (s *Server) blanket(r typev3.RateLimitStrategy_BlanketRule) *rlqsv3.RateLim
 		}}}
 }
 
-// demand adds the stream's demand to the fleet's and returns the fleet's
-// demand per interval (the last two intervals' count, halved), at least
-// the stream's own.
-func (s *Server) demand(ctx context.Context, key string, mine int64) (int64, error) {
-	req := sluice.Request{Key: key + ":demand", Algorithm: sluice.SlidingWindowCounter, Limit: sluice.Limit{Rate: demandRate, Period: 2 * s.interval}, Cost: mine}
-	op := sluice.OpAllow
-	if mine == 0 {
-		op = sluice.OpPeek
+// demandWindows is how many report intervals one window of the demand
+// keys' store counter spans.
+const demandWindows = 4
+
+// demand adds the stream's demand to the count of the current report
+// interval and returns the fleet's demand in the interval before, in which
+// every stream reported once: the exact sum, not a sliding estimate whose
+// error depends on the order of the reports. ok is false when that count
+// is not readable (its store window has just ended; one interval in
+// demandWindows).
+func (s *Server) demand(ctx context.Context, key string, mine int64) (fleet int64, ok bool, err error) {
+	n := s.clock.Now() / int64(s.interval)
+	lim := sluice.Limit{Rate: demandRate, Period: demandWindows * s.interval}
+	if mine > 0 {
+		d, err := s.store.Apply(ctx, sluice.OpAllow, sluice.Request{Key: fmt.Sprintf("%s:demand:%d", key, n), Algorithm: sluice.FixedWindow, Limit: lim, Cost: mine})
+		if err == nil && d.Degraded {
+			err = ErrDegraded
+		}
+		if err != nil {
+			return 0, false, fmt.Errorf("rlqs: demand: %w", err)
+		}
 	}
-	d, err := s.store.Apply(ctx, op, req)
+	if n%demandWindows == 0 {
+		return 0, false, nil
+	}
+	d, err := s.store.Apply(ctx, sluice.OpPeek, sluice.Request{Key: fmt.Sprintf("%s:demand:%d", key, n-1), Algorithm: sluice.FixedWindow, Limit: lim})
+	if err == nil && d.Degraded {
+		err = ErrDegraded
+	}
 	if err != nil {
-		return 0, fmt.Errorf("rlqs: demand: %w", err)
+		return 0, false, fmt.Errorf("rlqs: demand: %w", err)
 	}
-	return max(mine, (demandRate-d.Remaining)/2), nil
+	return demandRate - d.Remaining, true, nil
 }
 
 // take takes up to want tokens of the bucket's limit from the store and
-// returns how many it got.
+// returns how many it got: what is left, when less than want. A decision
+// the store made without its backend (Degraded, a guard's failure policy)
+// is no capacity: it is an error.
 func (s *Server) take(ctx context.Context, key string, p *policy, want int64) (int64, error) {
-	req := sluice.Request{Key: key, Algorithm: p.algorithm, Limit: p.limit, Cost: want}
-	d, err := s.store.Apply(ctx, sluice.OpAllow, req)
+	req := sluice.Request{Key: key, Algorithm: p.algorithm, Limit: p.limit}
+	d, err := s.store.Apply(ctx, sluice.OpPeek, req)
+	if err == nil && d.Degraded {
+		err = ErrDegraded
+	}
 	if err != nil {
 		return 0, fmt.Errorf("rlqs: take: %w", err)
 	}
-	if d.Allowed {
-		return want, nil
-	}
-	if d.Remaining <= 0 {
+	req.Cost = min(want, d.Remaining)
+	if req.Cost <= 0 {
 		return 0, nil
 	}
-	req.Cost = min(d.Remaining, want)
-	if d, err = s.store.Apply(ctx, sluice.OpAllow, req); err != nil {
+	d, err = s.store.Apply(ctx, sluice.OpAllow, req)
+	if err == nil && d.Degraded {
+		err = ErrDegraded
+	}
+	if err != nil {
 		return 0, fmt.Errorf("rlqs: take: %w", err)
 	}
 	if !d.Allowed {
 		return 0, nil // another instance took it meanwhile
 	}
 	return req.Cost, nil
+}
+
+// refund gives n unspent tokens back to the bucket's limit.
+func (s *Server) refund(ctx context.Context, key string, p *policy, n int64) error {
+	_, err := s.store.Apply(ctx, sluice.OpRefund, sluice.Request{Key: key, Algorithm: p.algorithm, Limit: p.limit, Cost: n})
+	if err != nil {
+		return fmt.Errorf("rlqs: refund: %w", err)
+	}
+	return nil
 }
 
 func (s *Server) acquire(host string) bool {
