@@ -174,7 +174,6 @@ func (e *simEnvoy) dial(ctx context.Context) {
 		for {
 			r, err := st.Recv()
 			if err != nil {
-				println("DEBUG recv", err.Error())
 				e.breakStream(st)
 				return
 			}
@@ -205,8 +204,14 @@ func (e *simEnvoy) cut() {
 }
 
 // run drives the envoy until ctx is done: demand() requests per second,
-// spread evenly, and a report every interval.
-func (e *simEnvoy) run(ctx context.Context, demand func() float64) {
+// spread evenly, and a report every interval, the first after phase (Envoys
+// are not in step).
+func (e *simEnvoy) run(ctx context.Context, phase time.Duration, demand func() float64) {
+	select {
+	case <-time.After(phase):
+	case <-ctx.Done():
+		return
+	}
 	e.reported = time.Now()
 	e.report(ctx, time.Now())
 	tick := time.NewTicker(5 * time.Millisecond)

@@ -313,7 +313,6 @@ func (s *Server) act(ctx context.Context, domain string, b *bucket, u *rlqsv3.Ra
 	raw, fresh, err := s.demand(sctx, b.key, mine)
 	if err != nil {
 		s.m.storeErrors.WithLabelValues(domain, p.name).Inc()
-		println("DEBUG", err.Error())
 		s.log.Warn("rlqs: store: demand", "domain", domain, "policy", p.name, "err", err)
 		return nil
 	}
@@ -331,7 +330,6 @@ func (s *Server) act(ctx context.Context, domain string, b *bucket, u *rlqsv3.Ra
 	}
 	want = max(1, min(want, capacity))
 	got, err := s.take(sctx, b.key, p, want)
-	defer func() { println("DBG", time.Now().Format("05.000"), mine, fleet, want, got) }()
 	if err != nil {
 		s.m.storeErrors.WithLabelValues(domain, p.name).Inc()
 		s.log.Warn("rlqs: store: take", "domain", domain, "policy", p.name, "err", err)
@@ -374,17 +372,21 @@ func (s *Server) blanket(r typev3.RateLimitStrategy_BlanketRule) *rlqsv3.RateLim
 
 // demandWindows is how many report intervals one window of the demand
 // keys' store counter spans.
-const demandWindows = 4
+const demandWindows = 8
 
 // demand adds the stream's demand to the count of the current report
-// interval and returns the fleet's demand in the interval before, in which
-// every stream reported once: the exact sum, not a sliding estimate whose
-// error depends on the order of the reports. ok is false when that count
-// is not readable (its store window has just ended; one interval in
-// demandWindows).
+// interval and returns the fleet's demand per interval over the two
+// intervals before, in which every stream reported about twice: a sum,
+// not a sliding estimate whose error depends on the order of the reports.
+// ok is false when those counts are not readable (their store window has
+// ended; two intervals in demandWindows).
 func (s *Server) demand(ctx context.Context, key string, mine int64) (fleet int64, ok bool, err error) {
 	n := s.clock.Now() / int64(s.interval)
 	lim := sluice.Limit{Rate: demandRate, Period: demandWindows * s.interval}
+	reqs := []sluice.Request{
+		{Key: fmt.Sprintf("%s:demand:%d", key, n-1), Algorithm: sluice.FixedWindow, Limit: lim},
+		{Key: fmt.Sprintf("%s:demand:%d", key, n-2), Algorithm: sluice.FixedWindow, Limit: lim},
+	}
 	if mine > 0 {
 		d, err := s.store.Apply(ctx, sluice.OpAllow, sluice.Request{Key: fmt.Sprintf("%s:demand:%d", key, n), Algorithm: sluice.FixedWindow, Limit: lim, Cost: mine})
 		if err == nil && d.Degraded {
@@ -394,17 +396,17 @@ func (s *Server) demand(ctx context.Context, key string, mine int64) (fleet int6
 			return 0, false, fmt.Errorf("rlqs: demand: %w", err)
 		}
 	}
-	if n%demandWindows == 0 {
+	if n%demandWindows < 2 {
 		return 0, false, nil
 	}
-	d, err := s.store.Apply(ctx, sluice.OpPeek, sluice.Request{Key: fmt.Sprintf("%s:demand:%d", key, n-1), Algorithm: sluice.FixedWindow, Limit: lim})
-	if err == nil && d.Degraded {
+	ds, err := s.store.ApplyAll(ctx, sluice.OpPeek, reqs)
+	if err == nil && (ds[0].Degraded || ds[1].Degraded) {
 		err = ErrDegraded
 	}
 	if err != nil {
 		return 0, false, fmt.Errorf("rlqs: demand: %w", err)
 	}
-	return demandRate - d.Remaining, true, nil
+	return (2*demandRate - ds[0].Remaining - ds[1].Remaining) / 2, true, nil
 }
 
 // take takes up to want tokens of the bucket's limit from the store and
