@@ -170,8 +170,8 @@ var (
 type bucket struct {
 	key    string // store key part: domain, policy and hash of the id
 	policy *policy
-	last   int64   // tokens assigned for the current interval, not yet settled
-	prev   int64   // the assignment before, for the rebalance count
+	last   int64 // tokens assigned for the current interval, not yet settled
+	prev   int64 // the assignment before, for the rebalance count
 	fleet  int64 // the fleet's demand in the last readable interval
 }
 
