@@ -212,6 +212,8 @@ func (s *Server) StreamRateLimitQuotas(stream grpc.BidiStreamingServer[rlqsv3.Ra
 		case r = <-msgs:
 		case <-s.done:
 			return errDraining
+		case <-ctx.Done(): // the client went away
+			return status.FromContextError(ctx.Err()).Err()
 		}
 		msg, err := r.msg, r.err
 		if errors.Is(err, io.EOF) {
