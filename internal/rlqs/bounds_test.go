@@ -268,7 +268,7 @@ func assignments(reg *prometheus.Registry, policy, action string) prometheus.Col
 
 type collectorFunc func(chan<- prometheus.Metric)
 
-func (f collectorFunc) Describe(chan<- *prometheus.Desc) {}
+func (f collectorFunc) Describe(chan<- *prometheus.Desc)    {}
 func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }
 
 // TestDrain: Drain ends open streams with UNAVAILABLE, so a graceful stop

@@ -93,8 +93,9 @@ type Policy struct {
 	// fleet of Envoys (second, minute, hour or day).
 	RequestsPerUnit int64  `yaml:"requests_per_unit"`
 	Unit            string `yaml:"unit"`
-	// Algorithm counts the tokens taken from the store; default
-	// sliding_window_counter.
+	// Algorithm counts the tokens taken from the store; default gcra,
+	// whose burst sluice sets to one report interval's tokens, so that the
+	// store hands out at most the limit plus one interval in any window.
 	Algorithm string `yaml:"algorithm"`
 	// Denied denies every request of the matched buckets (blanket DENY_ALL).
 	Denied bool `yaml:"denied"`
@@ -173,7 +174,7 @@ func compile(p Policy) (*policy, error) {
 	if len(p.Match) > MaxBucketIDEntries {
 		return nil, fmt.Errorf("match: more than %d keys", MaxBucketIDEntries)
 	}
-	out := &policy{name: p.Name, denied: p.Denied, algorithm: sluice.SlidingWindowCounter}
+	out := &policy{name: p.Name, denied: p.Denied, algorithm: sluice.GCRA}
 	for _, k := range slices.Sorted(maps.Keys(p.Match)) {
 		if k == "" {
 			return nil, errors.New("match: empty key")
@@ -269,7 +270,8 @@ func (d *domainPolicies) lookup(id map[string]string) *policy {
 	return nil
 }
 
-// compileAll compiles a validated section.
+// compileAll compiles a validated section. A gcra or token_bucket policy's
+// burst is one report interval's tokens (at least 1).
 func (c *Config) compileAll() (map[string]*domainPolicies, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -281,6 +283,12 @@ func (c *Config) compileAll() (map[string]*domainPolicies, error) {
 			cp, err := compile(p)
 			if err != nil {
 				return nil, fmt.Errorf("%w: %s: %v", ErrConfig, p.Name, err)
+			}
+			if !cp.denied && (cp.algorithm == sluice.GCRA || cp.algorithm == sluice.TokenBucket) {
+				cp.limit.Burst = max(1, int64(float64(cp.limit.Rate)*float64(c.interval())/float64(cp.limit.Period)))
+				if err := cp.limit.Validate(); err != nil {
+					return nil, fmt.Errorf("%w: %s: %v", ErrConfig, p.Name, err)
+				}
 			}
 			dp.policies = append(dp.policies, cp)
 		}
