@@ -275,7 +275,7 @@ func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }
 // does not wait for them.
 func TestDrain(t *testing.T) {
 	q, c := serve(t, nil, boundsConfig())
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	st, err := c.StreamRateLimitQuotas(ctx)
 	if err != nil {
