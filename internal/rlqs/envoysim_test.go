@@ -82,8 +82,10 @@ func (e *simEnvoy) decide(now time.Time) bool {
 	case *typev3.RateLimitStrategy_BlanketRule_:
 		return s.BlanketRule == typev3.RateLimitStrategy_ALLOW_ALL
 	case *typev3.RateLimitStrategy_TokenBucket:
-		e.tokens = math.Min(e.max, e.tokens+e.rate*now.Sub(e.filled).Seconds())
-		e.filled = now
+		if now.After(e.filled) {
+			e.tokens = math.Min(e.max, e.tokens+e.rate*now.Sub(e.filled).Seconds())
+			e.filled = now
+		}
 		if e.tokens >= 1 {
 			e.tokens--
 			return true
@@ -224,11 +226,17 @@ func (e *simEnvoy) run(ctx context.Context, phase time.Duration, demand func() f
 			e.cut()
 			return
 		case now := <-tick.C:
-			carry += demand() * now.Sub(last).Seconds()
+			// The requests since the last tick arrive spread over it, as
+			// they would at an Envoy, even when this tick came late on a
+			// busy machine.
+			from, span := last, now.Sub(last)
+			carry += demand() * span.Seconds()
 			last = now
-			for ; carry >= 1; carry-- {
-				e.admit(now)
+			n := int(carry)
+			for k := range n {
+				e.admit(from.Add(span * time.Duration(k+1) / time.Duration(n)))
 			}
+			carry -= float64(n)
 			if !now.Before(nextReport) {
 				nextReport = nextReport.Add(e.interval)
 				e.report(ctx, now)

@@ -303,14 +303,17 @@ func (s *Server) act(ctx context.Context, domain string, b *bucket, u *rlqsv3.Ra
 	defer cancel()
 	if b.last > 0 {
 		// Tokens assigned for the last interval and not spent go back, so
-		// that the streams that want them can take them now.
-		if unused := b.last - int64(u.GetNumRequestsAllowed()); unused > 0 {
+		// that the streams that want them can take them now. Once: a
+		// refund that timed out may still be applied when the store comes
+		// back, so it is never sent again.
+		unused := b.last - int64(u.GetNumRequestsAllowed())
+		b.last = 0
+		if unused > 0 {
 			if err := s.refund(sctx, b.key, p, unused); err != nil {
 				s.m.storeErrors.WithLabelValues(domain, p.name).Inc()
 				return nil
 			}
 		}
-		b.last = 0
 	}
 	raw, fresh, err := s.demand(sctx, b.key, mine)
 	if err != nil {
