@@ -36,6 +36,7 @@ type simEnvoy struct {
 	id       map[string]string
 	interval time.Duration
 	record   func(time.Time) // each admitted request
+	starved  func(time.Time) // a tick that came more than 25 ms late
 
 	mu        sync.Mutex
 	next      int // address to dial next
@@ -230,6 +231,9 @@ func (e *simEnvoy) run(ctx context.Context, phase time.Duration, demand func() f
 			// they would at an Envoy, even when this tick came late on a
 			// busy machine.
 			from, span := last, now.Sub(last)
+			if span > 30*time.Millisecond && e.starved != nil {
+				e.starved(now)
+			}
 			carry += demand() * span.Seconds()
 			last = now
 			n := int(carry)
@@ -247,12 +251,14 @@ func (e *simEnvoy) run(ctx context.Context, phase time.Duration, demand func() f
 
 // recorder counts admissions in slots of 10 ms from start.
 type recorder struct {
-	start time.Time
-	slots []atomic.Int64
+	start  time.Time
+	slots  []atomic.Int64
+	starve []atomic.Bool
 }
 
 func newRecorder(start time.Time, d time.Duration) *recorder {
-	return &recorder{start: start, slots: make([]atomic.Int64, d/(10*time.Millisecond)+1)}
+	n := d/(10*time.Millisecond) + 1
+	return &recorder{start: start, slots: make([]atomic.Int64, n), starve: make([]atomic.Bool, n)}
 }
 
 func (r *recorder) record(t time.Time) {
@@ -260,6 +266,24 @@ func (r *recorder) record(t time.Time) {
 	if i >= 0 && i < len(r.slots) {
 		r.slots[i].Add(1)
 	}
+}
+
+// markStarved notes that the simulation was starved of CPU at t.
+func (r *recorder) markStarved(t time.Time) {
+	i := int(t.Sub(r.start) / (10 * time.Millisecond))
+	if i >= 0 && i < len(r.starve) {
+		r.starve[i].Store(true)
+	}
+}
+
+// starvedIn reports whether the simulation was starved in [from, to).
+func (r *recorder) starvedIn(from, to time.Duration) bool {
+	for i := max(0, int(from/(10*time.Millisecond))); i < int(to/(10*time.Millisecond)) && i < len(r.starve); i++ {
+		if r.starve[i].Load() {
+			return true
+		}
+	}
+	return false
 }
 
 // between counts the admissions in [from, to) from start.

@@ -137,7 +137,7 @@ func TestFleetRedis(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for i := range envoys {
-		envoys[i] = &simEnvoy{addrs: rotate(addrs, i), domain: "envoy", id: map[string]string{"route": "api"}, interval: fleetInterval, record: rec.record}
+		envoys[i] = &simEnvoy{addrs: rotate(addrs, i), domain: "envoy", id: map[string]string{"route": "api"}, interval: fleetInterval, record: rec.record, starved: rec.markStarved}
 		wg.Add(1)
 		go func() { defer wg.Done(); envoys[i].run(ctx, time.Duration(i)*fleetInterval/5, demand(i)) }()
 	}
@@ -153,8 +153,16 @@ func TestFleetRedis(t *testing.T) {
 		if n > bound+extra {
 			t.Errorf("%s: admitted %d > bound %d", name, n, bound+extra)
 		}
+		// The accuracy is the server's when the Envoys get the CPU to
+		// send their requests; on a starved machine (a tick 30 ms late,
+		// in the window or the two intervals before) only the bound is
+		// checked.
 		if n < int64(minShare*fleetLimit) {
-			t.Errorf("%s: admitted %d < %.0f %% of the limit", name, n, minShare*100)
+			if rec.starvedIn(from-2*fleetInterval, from+window) {
+				t.Logf("%s: admitted %d < %.0f %% of the limit, but the simulation was starved of CPU: not checked", name, n, minShare*100)
+			} else {
+				t.Errorf("%s: admitted %d < %.0f %% of the limit", name, n, minShare*100)
+			}
 		}
 	}
 
@@ -244,7 +252,7 @@ func TestFleetMemory(t *testing.T) {
 		if i == 0 {
 			d = 1.2 * fleetLimit
 		}
-		e := &simEnvoy{addrs: []string{in.addr}, domain: "envoy", id: map[string]string{"route": "api"}, interval: fleetInterval, record: rec.record}
+		e := &simEnvoy{addrs: []string{in.addr}, domain: "envoy", id: map[string]string{"route": "api"}, interval: fleetInterval, record: rec.record, starved: rec.markStarved}
 		wg.Add(1)
 		go func() { defer wg.Done(); e.run(ctx, time.Duration(i)*fleetInterval/5, func() float64 { return d }) }()
 	}
@@ -254,7 +262,14 @@ func TestFleetMemory(t *testing.T) {
 	n := rec.between(1500*time.Millisecond, 2500*time.Millisecond)
 	bound := fleetBound(time.Second)
 	t.Logf("memory: admitted %d in one second (limit %d, bound %d)", n, fleetLimit, bound)
-	if n > bound || n < fleetLimit*95/100 {
-		t.Errorf("memory: admitted %d, want within [%d, %d]", n, fleetLimit*95/100, bound)
+	if n > bound {
+		t.Errorf("memory: admitted %d > bound %d", n, bound)
+	}
+	if n < fleetLimit*95/100 {
+		if rec.starvedIn(1300*time.Millisecond, 2500*time.Millisecond) {
+			t.Logf("memory: admitted %d < 95 %%, but the simulation was starved of CPU: not checked", n)
+		} else {
+			t.Errorf("memory: admitted %d < 95 %% of the limit", n)
+		}
 	}
 }
