@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"path/filepath"
 
 	"github.com/sluice-io/sluice/internal/envoyrls"
+	"github.com/sluice-io/sluice/internal/rlqs"
 	"github.com/sluice-io/sluice/internal/server"
 )
 
@@ -13,7 +15,13 @@ import (
 // takes a restart.
 func envoyComponent(d server.Deps) (server.Component, error) {
 	cfg := d.Config()
-	if cfg == nil || cfg.File == nil || cfg.File.Envoy == nil {
+	if cfg == nil || cfg.File == nil {
+		return nil, nil
+	}
+	if cfg.File.Envoy == nil {
+		if cfg.File.RLQS != nil {
+			return nil, errors.New("rlqs: the rlqs: section is served on the envoy: section's gRPC port; add an envoy: section")
+		}
 		return nil, nil
 	}
 	sec := cfg.File.Envoy
@@ -33,5 +41,13 @@ func envoyComponent(d server.Deps) (server.Component, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &envoyrls.Runner{Service: svc, GRPCAddr: sec.GRPCAddr, HTTPAddr: sec.HTTPAddr, GRPCOptions: d.Tracing.GRPCServerOptions(), Limits: sec.Limits()}, nil
+	r := &envoyrls.Runner{Service: svc, GRPCAddr: sec.GRPCAddr, HTTPAddr: sec.HTTPAddr, GRPCOptions: d.Tracing.GRPCServerOptions(), Limits: sec.Limits()}
+	if cfg.File.RLQS != nil {
+		q, err := rlqs.New(rlqs.Options{Store: d.Store, Config: cfg.File.RLQS, Logger: d.Logger, Registerer: d.Metrics.Registry})
+		if err != nil {
+			return nil, err
+		}
+		r.Extras = append(r.Extras, q)
+	}
+	return r, nil
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/sluice-io/sluice/internal/console"
 	"github.com/sluice-io/sluice/internal/envoyrls"
 	"github.com/sluice-io/sluice/internal/gateway"
+	"github.com/sluice-io/sluice/internal/rlqs"
 )
 
 // File is the YAML document as written, before defaults and validation.
@@ -61,6 +62,9 @@ type File struct {
 	// Envoy runs the Envoy rate limit service (gRPC RLS v3) beside the API,
 	// configured by envoyproxy/ratelimit's YAML files.
 	Envoy *envoyrls.Config `yaml:"envoy"`
+	// RLQS serves Envoy's quota protocol (rate_limit_quota filter) on the
+	// Envoy section's gRPC port; it needs that section.
+	RLQS *rlqs.Config `yaml:"rlqs"`
 	// Gateway runs the AI gateway (OpenAI-compatible proxy with token
 	// limits) on its own listener beside the API, with the service's store.
 	Gateway *gateway.Config `yaml:"gateway"`

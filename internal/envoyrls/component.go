@@ -85,6 +85,9 @@ type Runner struct {
 	// Limits bound what one client can make the gRPC server do
 	// (fairness.go); the zero value means the defaults.
 	Limits Limits
+	// Extras are more services on the gRPC server, such as the quota
+	// service of internal/rlqs.
+	Extras []Extra
 }
 
 // Name implements sluice serve's component interface.
@@ -113,7 +116,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer cancel()
 	errc := make(chan error, 3)
 	running := 2
-	go func() { errc <- r.Service.Serve(ctx, lis, r.GRPCOptions...) }()
+	go func() { errc <- r.Service.serve(ctx, lis, r.Extras, r.GRPCOptions...) }()
 	go func() { errc <- r.Service.Watch(ctx) }()
 	if r.HTTPAddr != "" {
 		hl, err := net.Listen("tcp", r.HTTPAddr)

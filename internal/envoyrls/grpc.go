@@ -117,8 +117,25 @@ func NewGRPCServerFor(h rlsv3.RateLimitServiceServer, opts ...grpc.ServerOption)
 // accepted within the default Limits (fairness.go) unless lis is
 // Runner's, which has its own.
 func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.ServerOption) error {
-	lis = guardListener(lis, Limits{}, s.log, s.metrics)
+	return s.serve(ctx, guardListener(lis, Limits{}, s.log, s.metrics), nil, opts...)
+}
+
+// Extra is another service served on the same gRPC server, such as the
+// quota service of internal/rlqs.
+type Extra interface {
+	// Register adds the service to the server.
+	Register(g *grpc.Server)
+	// Drain ends the service's long-lived streams, so that the graceful
+	// stop that follows does not wait for them forever.
+	Drain()
+}
+
+// serve is Serve on a guarded listener, with extras on the same server.
+func (s *Service) serve(ctx context.Context, lis net.Listener, extras []Extra, opts ...grpc.ServerOption) error {
 	g := s.NewGRPCServer(opts...)
+	for _, e := range extras {
+		e.Register(g)
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(lis) }()
 	select {
@@ -128,6 +145,9 @@ func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.Serv
 		}
 		return nil
 	case <-ctx.Done():
+		for _, e := range extras {
+			e.Drain()
+		}
 		g.GracefulStop()
 		<-errc
 		return nil

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// TestServeRLQS: `sluice serve` with envoy: and rlqs: sections answers a
+// quota stream on the Envoy gRPC port, and stops while the stream is
+// still open (Drain before the graceful stop).
+func TestServeRLQS(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "rls.yaml"), []byte("domain: rls\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
+	doc := "store:\n  url: memory\nenvoy:\n  grpc_addr: 127.0.0.1:0\n  config_dir: " + dir + "\n" +
+		"rlqs:\n  report_interval: 1s\n  domains:\n    - domain: envoy\n      policies:\n        - name: api\n          match: {route: api}\n          requests_per_unit: 600\n          unit: minute\n"
+	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "--config", cfg, "--listen", "127.0.0.1:0", "--log-format", "json"}, io.Discard, pw)
+		pw.Close()
+	}()
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) == nil {
+				if a, ok := line["grpc"].(string); ok {
+					addr <- a
+				}
+			}
+		}
+	}()
+	var grpcAddr string
+	select {
+	case grpcAddr = <-addr:
+	case err := <-done:
+		t.Fatalf("serve exited: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not start within 20s")
+	}
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer scancel()
+	st, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "envoy", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
+		BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"route": "api"}}, TimeElapsed: durationpb.New(time.Second), NumRequestsAllowed: 4,
+	}}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 4 a second: asked 4 + 2 + 1 of the 10 a second the limit allows.
+	if got := r.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket().GetTokensPerFill().GetValue(); got != 7 {
+		t.Errorf("tokens per fill %d, want 7 (%v)", got, r)
+	}
+	cancel() // stop serve with the stream open
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop with an RLQS stream open")
+	}
+	if _, err := st.Recv(); err == nil {
+		t.Error("stream still open after serve stopped")
+	}
+}

@@ -1,0 +1,60 @@
+package rlqs
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/memstore"
+)
+
+// BenchmarkReport is the server's work for one bucket's usage report on
+// the memory store (refund, demand count, peek, take, the action), against
+// the baseline of one store decision (BenchmarkStoreAllow): the ratio is
+// what one report costs in decisions. go test -bench 'Report|StoreAllow' ./internal/rlqs
+func BenchmarkReport(b *testing.B) {
+	st, err := memstore.New(memstore.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	s, err := New(Options{Store: st, Config: &Config{ReportInterval: 100 * time.Millisecond, Domains: []Domain{{Domain: "d", Policies: []Policy{
+		{Name: "p", Match: map[string]string{"route": "*"}, RequestsPerUnit: 1 << 30, Unit: "second"},
+	}}}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	dom := s.domains["d"]
+	bk := &bucket{policy: dom.policies[0], key: "rlqs:d:p:{x}"}
+	u := &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"route": "api"}},
+		TimeElapsed: durationpb.New(100 * time.Millisecond), NumRequestsAllowed: 50, NumRequestsDenied: 5}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if a := s.act(ctx, "d", bk, u); a == nil {
+			b.Fatal("no action")
+		}
+	}
+}
+
+// BenchmarkStoreAllow is BenchmarkReport's baseline: one OpAllow of the
+// same limit on the same store.
+func BenchmarkStoreAllow(b *testing.B) {
+	st, err := memstore.New(memstore.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	req := sluice.Request{Key: "rlqs:d:p:{x}", Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: 1 << 30, Period: time.Second, Burst: 1 << 26}, Cost: 1}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := st.Apply(ctx, sluice.OpAllow, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

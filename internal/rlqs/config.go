@@ -1,0 +1,298 @@
+package rlqs
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/algo"
+	"github.com/sluice-io/sluice/internal/yamlconf"
+)
+
+// ErrConfig means the `rlqs:` section is malformed.
+var ErrConfig = errors.New("rlqs: bad config")
+
+// Defaults and bounds of the section. Each is written down in docs/envoy.md
+// and asserted by a test.
+const (
+	// DefaultReportInterval is the filter's reporting_interval sluice
+	// expects when report_interval is not set.
+	DefaultReportInterval = time.Second
+	// DefaultMaxBucketsPerStream bounds the distinct buckets one stream
+	// (one Envoy) may report.
+	DefaultMaxBucketsPerStream = 1000
+	// DefaultMaxStreamsPerPeer bounds the streams one client IP holds open.
+	DefaultMaxStreamsPerPeer = 16
+	// DefaultMaxUsagesPerReport bounds the bucket usages of one message.
+	DefaultMaxUsagesPerReport = 1000
+	// MaxBucketIDEntries bounds the entries of one bucket id.
+	MaxBucketIDEntries = 16
+	// MaxBucketIDBytes bounds the bytes of one bucket id's keys and values.
+	MaxBucketIDBytes = 1024
+	// maxPolicies bounds the policies of the whole section.
+	maxPolicies = 10000
+	// BurstFraction is the share of an assignment's tokens per interval
+	// that a fresh Envoy bucket holds at once (max_tokens); it is the part
+	// of the fleet bound that normal operation adds (docs/envoy.md).
+	BurstFraction = 0.1
+)
+
+// Config is the `rlqs:` section of sluice serve's configuration file: the
+// Envoy quota service (RLQS) served on the `envoy:` section's gRPC port.
+//
+//	rlqs:
+//	  report_interval: 1s        # the filter's reporting_interval
+//	  assignment_ttl: 2s         # default 2 × report_interval
+//	  domains:
+//	    - domain: envoy
+//	      policies:
+//	        - name: per-user
+//	          match: {route: api, user: "*"}
+//	          requests_per_unit: 100
+//	          unit: second
+//	        - name: admin-blocked
+//	          match: {route: admin}
+//	          denied: true
+type Config struct {
+	// ReportInterval is the reporting_interval of the filter's bucket
+	// settings; assignments hand out tokens per interval.
+	ReportInterval time.Duration `yaml:"report_interval"`
+	// AssignmentTTL is every assignment's assignment_time_to_live; default
+	// twice ReportInterval, at least ReportInterval.
+	AssignmentTTL time.Duration `yaml:"assignment_ttl"`
+	// MaxBucketsPerStream, MaxStreamsPerPeer and MaxUsagesPerReport bound
+	// what a client sends; 0 means the default.
+	MaxBucketsPerStream int `yaml:"max_buckets_per_stream"`
+	MaxStreamsPerPeer   int `yaml:"max_streams_per_peer"`
+	MaxUsagesPerReport  int `yaml:"max_usages_per_report"`
+	// Domains maps each domain (the first report's) to its policies.
+	Domains []Domain `yaml:"domains"`
+}
+
+// Domain is one domain's policies, tried in order; the first that matches
+// a bucket id applies.
+type Domain struct {
+	Domain   string   `yaml:"domain"`
+	Policies []Policy `yaml:"policies"`
+}
+
+// Policy is the limit of the buckets whose ids it matches. Every distinct
+// bucket id it matches has its own counter (per-value buckets, as a
+// descriptor value left empty in envoyproxy/ratelimit's config).
+type Policy struct {
+	// Name names the policy in metrics; required, unique in its domain.
+	Name string `yaml:"name"`
+	// Match: every key must be in the bucket id with this value; "*"
+	// matches any value. Keys of the bucket id not named here are free.
+	Match map[string]string `yaml:"match"`
+	// RequestsPerUnit and Unit are the limit of each bucket, for the whole
+	// fleet of Envoys (second, minute, hour or day).
+	RequestsPerUnit int64  `yaml:"requests_per_unit"`
+	Unit            string `yaml:"unit"`
+	// Algorithm counts the tokens taken from the store; default gcra,
+	// whose burst sluice sets to one report interval's tokens, so that the
+	// store hands out at most the limit plus one interval in any window.
+	Algorithm string `yaml:"algorithm"`
+	// Denied denies every request of the matched buckets (blanket DENY_ALL).
+	Denied bool `yaml:"denied"`
+}
+
+// policy is a checked Policy.
+type policy struct {
+	name      string
+	match     []kv // sorted by key
+	denied    bool
+	limit     sluice.Limit
+	algorithm sluice.Algorithm
+}
+
+type kv struct{ k, v string }
+
+var units = map[string]time.Duration{"second": time.Second, "minute": time.Minute, "hour": time.Hour, "day": 24 * time.Hour}
+
+// Check implements internal/config's Checker: it records each problem at its
+// field, so the file and line are reported.
+func (c *Config) Check(doc *yamlconf.Doc) {
+	if c.ReportInterval < 0 || (c.ReportInterval > 0 && (c.ReportInterval < 10*time.Millisecond || c.ReportInterval > time.Hour)) {
+		doc.Addf("report_interval", "%s: must be within [10ms, 1h]", c.ReportInterval)
+	}
+	if c.AssignmentTTL != 0 && (c.AssignmentTTL < c.interval() || c.AssignmentTTL > 10*c.interval()) {
+		doc.Addf("assignment_ttl", "%s: must be within [report_interval, 10 × report_interval]", c.AssignmentTTL)
+	}
+	for _, b := range []struct {
+		name string
+		v    int
+	}{{"max_buckets_per_stream", c.MaxBucketsPerStream}, {"max_streams_per_peer", c.MaxStreamsPerPeer}, {"max_usages_per_report", c.MaxUsagesPerReport}} {
+		if b.v < 0 || b.v > 100000 {
+			doc.Addf(b.name, "%d: must be within [1, 100000], or 0 for the default", b.v)
+		}
+	}
+	if len(c.Domains) == 0 {
+		doc.Addf("domains", "at least one domain is required")
+	}
+	seen := map[string]bool{}
+	n := 0
+	for i, d := range c.Domains {
+		p := fmt.Sprintf("domains[%d]", i)
+		if d.Domain == "" {
+			doc.Addf(p+".domain", "domain is required")
+		} else if seen[d.Domain] {
+			doc.Addf(p+".domain", "duplicate domain %q", d.Domain)
+		}
+		seen[d.Domain] = true
+		names := map[string]bool{}
+		for j, pol := range d.Policies {
+			n++
+			pp := fmt.Sprintf("%s.policies[%d]", p, j)
+			if n > maxPolicies {
+				doc.Addf(pp, "more than %d policies", maxPolicies)
+				return
+			}
+			if pol.Name == "" {
+				doc.Addf(pp+".name", "name is required (it labels the policy's metrics)")
+			} else if names[pol.Name] {
+				doc.Addf(pp+".name", "duplicate policy name %q in domain %q", pol.Name, d.Domain)
+			}
+			names[pol.Name] = true
+			if _, err := compile(pol); err != nil {
+				field, msg, _ := strings.Cut(err.Error(), ": ")
+				doc.Addf(pp+"."+field, "%s", msg)
+			}
+		}
+	}
+}
+
+// compile checks one policy; an error reads "field: problem".
+func compile(p Policy) (*policy, error) {
+	if len(p.Match) == 0 {
+		return nil, errors.New("match: at least one bucket id key is required")
+	}
+	if len(p.Match) > MaxBucketIDEntries {
+		return nil, fmt.Errorf("match: more than %d keys", MaxBucketIDEntries)
+	}
+	out := &policy{name: p.Name, denied: p.Denied, algorithm: sluice.GCRA}
+	for _, k := range slices.Sorted(maps.Keys(p.Match)) {
+		if k == "" {
+			return nil, errors.New("match: empty key")
+		}
+		v := p.Match[k]
+		if v == "" {
+			return nil, fmt.Errorf("match: key %q has an empty value; use \"*\" for any value", k)
+		}
+		out.match = append(out.match, kv{k, v})
+	}
+	if p.Denied {
+		if p.RequestsPerUnit != 0 || p.Unit != "" || p.Algorithm != "" {
+			return nil, errors.New("denied: a denied policy takes no requests_per_unit, unit or algorithm")
+		}
+		return out, nil
+	}
+	period, ok := units[strings.ToLower(p.Unit)]
+	if !ok {
+		return nil, fmt.Errorf("unit: %q: must be second, minute, hour or day", p.Unit)
+	}
+	if p.RequestsPerUnit <= 0 {
+		return nil, fmt.Errorf("requests_per_unit: %d: must be positive (or set denied: true)", p.RequestsPerUnit)
+	}
+	if p.Algorithm != "" {
+		a, err := sluice.ParseAlgorithm(p.Algorithm)
+		if err != nil {
+			return nil, fmt.Errorf("algorithm: %v", err)
+		}
+		if a == sluice.Concurrency {
+			return nil, errors.New("algorithm: concurrency cannot be assigned as tokens")
+		}
+		out.algorithm = a
+	}
+	out.limit = sluice.Limit{Rate: p.RequestsPerUnit, Period: period}
+	if problem := algo.LogRateProblem(out.algorithm, out.limit); problem != "" {
+		return nil, fmt.Errorf("requests_per_unit: %s", problem)
+	}
+	if err := out.limit.Validate(); err != nil {
+		return nil, fmt.Errorf("requests_per_unit: %v", err)
+	}
+	return out, nil
+}
+
+// Validate checks the section without a file (configs built in code).
+func (c *Config) Validate() error {
+	doc := yamlconf.New(ErrConfig, "")
+	c.Check(doc)
+	return doc.Err()
+}
+
+func (c *Config) interval() time.Duration {
+	if c.ReportInterval > 0 {
+		return c.ReportInterval
+	}
+	return DefaultReportInterval
+}
+
+func (c *Config) ttl() time.Duration {
+	if c.AssignmentTTL > 0 {
+		return c.AssignmentTTL
+	}
+	return 2 * c.interval()
+}
+
+func orDefault(v, d int) int {
+	if v > 0 {
+		return v
+	}
+	return d
+}
+
+// domainPolicies is a domain's compiled policies.
+type domainPolicies struct {
+	name     string
+	policies []*policy
+}
+
+// lookup returns the first policy matching the bucket id, or nil.
+func (d *domainPolicies) lookup(id map[string]string) *policy {
+	for _, p := range d.policies {
+		ok := true
+		for _, m := range p.match {
+			v, present := id[m.k]
+			if !present || (m.v != "*" && m.v != v) {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return p
+		}
+	}
+	return nil
+}
+
+// compileAll compiles a validated section. A gcra or token_bucket policy's
+// burst is one report interval's tokens (at least 1).
+func (c *Config) compileAll() (map[string]*domainPolicies, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	out := map[string]*domainPolicies{}
+	for _, d := range c.Domains {
+		dp := &domainPolicies{name: d.Domain}
+		for _, p := range d.Policies {
+			cp, err := compile(p)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s: %v", ErrConfig, p.Name, err)
+			}
+			if !cp.denied && (cp.algorithm == sluice.GCRA || cp.algorithm == sluice.TokenBucket) {
+				cp.limit.Burst = max(1, int64(float64(cp.limit.Rate)*float64(c.interval())/float64(cp.limit.Period)))
+				if err := cp.limit.Validate(); err != nil {
+					return nil, fmt.Errorf("%w: %s: %v", ErrConfig, p.Name, err)
+				}
+			}
+			dp.policies = append(dp.policies, cp)
+		}
+		out[d.Domain] = dp
+	}
+	return out, nil
+}

@@ -1,0 +1,78 @@
+package rlqs
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/sluice-io/sluice/internal/yamlconf"
+)
+
+// TestConfigErrors: every problem of a bad section is reported with its
+// file and line, as the rest of sluice's config is.
+func TestConfigErrors(t *testing.T) {
+	data, err := os.ReadFile("testdata/bad.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c Config
+	doc, err := yamlconf.Decode(ErrConfig, "testdata/bad.yaml", data, &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Check(doc)
+	err = doc.Err()
+	if !errors.Is(err, ErrConfig) {
+		t.Fatalf("err = %v, want ErrConfig", err)
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		"testdata/bad.yaml:1: report_interval: 1ms: must be within [10ms, 1h]",
+		"testdata/bad.yaml:2: assignment_ttl: 1h0m0s: must be within [report_interval, 10 × report_interval]",
+		"testdata/bad.yaml:3: max_streams_per_peer: -1",
+		"testdata/bad.yaml:10: domains[0].policies[0].unit: \"fortnight\": must be second, minute, hour or day",
+		"testdata/bad.yaml:11: domains[0].policies[1].name: duplicate policy name \"a\"",
+		"testdata/bad.yaml:12: domains[0].policies[1].match: key \"user\" has an empty value",
+		"testdata/bad.yaml:17: domains[0].policies[2].denied: a denied policy takes no requests_per_unit, unit or algorithm",
+		"testdata/bad.yaml:20: domains[0].policies[3].match: at least one bucket id key is required",
+		"testdata/bad.yaml:23: domains[1].domain: duplicate domain \"envoy\"",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("missing %q in:\n%s", want, msg)
+		}
+	}
+}
+
+func TestConfigLookup(t *testing.T) {
+	c := &Config{Domains: []Domain{{Domain: "d", Policies: []Policy{
+		{Name: "admin", Match: map[string]string{"route": "admin"}, Denied: true},
+		{Name: "user", Match: map[string]string{"route": "*", "user": "*"}, RequestsPerUnit: 5, Unit: "second"},
+		{Name: "route", Match: map[string]string{"route": "*"}, RequestsPerUnit: 50, Unit: "minute"},
+	}}}}
+	ds, err := c.compileAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := ds["d"]
+	for _, tc := range []struct {
+		id   map[string]string
+		want string
+	}{
+		{map[string]string{"route": "admin", "user": "u"}, "admin"},
+		{map[string]string{"route": "api", "user": "u"}, "user"},
+		{map[string]string{"route": "api"}, "route"},
+		{map[string]string{"path": "/"}, ""},
+	} {
+		got := ""
+		if p := d.lookup(tc.id); p != nil {
+			got = p.name
+		}
+		if got != tc.want {
+			t.Errorf("lookup(%v) = %q, want %q", tc.id, got, tc.want)
+		}
+	}
+	if canonical(map[string]string{"a": "b:c"}) == canonical(map[string]string{"a:b": "c"}) {
+		t.Error("canonical ids collide")
+	}
+}
