@@ -241,6 +241,9 @@ type Stats struct {
 	// StarvedLate is the number of late calls and probes not held against
 	// the store because this process was starved of CPU meanwhile.
 	StarvedLate uint64
+	// LateAnswers is the number of calls answered by the store after
+	// Options.Timeout, within Options.LateGrace, instead of by the policy.
+	LateAnswers uint64
 	// Open is the number of nodes whose circuit is open now.
 	Open int
 	// Instances is the number of instances Local divides limits by.
@@ -258,6 +261,8 @@ type NodeStats struct {
 	Node string
 	// Calls, Errors and Openings count as in Stats.
 	Calls, Errors, Openings uint64
+	// Degraded is the number of decisions the policy made for its keys.
+	Degraded uint64
 	// Open reports an open circuit.
 	Open bool
 }
@@ -273,12 +278,12 @@ func (s Stats) DegradedTotal() uint64 {
 
 // Stats returns the guard's counters.
 func (g *Guard) Stats() Stats {
-	st := Stats{Calls: g.calls.Load(), Errors: g.errs.Load(), Busy: g.busy.Load(), Instances: g.Instances(), LostCharges: g.local.lost.Load(), Openings: g.opens.Load(), StarvedLate: g.starvedLate.Load()}
+	st := Stats{Calls: g.calls.Load(), Errors: g.errs.Load(), Busy: g.busy.Load(), Instances: g.Instances(), LostCharges: g.local.lost.Load(), Openings: g.opens.Load(), StarvedLate: g.starvedLate.Load(), LateAnswers: g.lateAnswers.Load()}
 	for p := range st.Degraded {
 		st.Degraded[p] = g.degraded[p].Load()
 	}
 	g.nodes.Range(func(name string, n *node) bool {
-		ns := NodeStats{Node: name, Calls: n.calls.Load(), Errors: n.errs.Load(), Openings: n.opens.Load(), Open: n.state.Load() != closed}
+		ns := NodeStats{Node: name, Calls: n.calls.Load(), Errors: n.errs.Load(), Openings: n.opens.Load(), Degraded: n.degraded.Load(), Open: n.state.Load() != closed}
 		if ns.Open {
 			st.Open++
 		}
