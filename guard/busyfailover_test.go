@@ -156,3 +156,56 @@ func TestLiveMastersExactWhileBusyAndOneDies(t *testing.T) {
 		t.Errorf("the dead master's keys admitted nothing: Local did not answer them")
 	}
 }
+
+// TestSlowLiveNodeAnsweredLate: a node that works (its probe answers) but
+// whose replies come after the call deadline (a proxy delays each 80 ms
+// past the 50 ms Timeout, as a loaded machine reads them late) gets its
+// keys' answers from the store, not from the policy: the call waits up
+// to Options.LateGrace. A black-holed node's keys still get the policy's
+// answer within the store deadline, and once its circuit is open at once.
+func TestSlowLiveNodeAnsweredLate(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Standalone(t)
+	px := redistest.NewProxy(t, srv.Addr)
+	const timeout = 50 * time.Millisecond
+	rs, err := redisstore.New(ctx, redisstore.Options{URL: px.URL(), Timeout: guard.StoreTimeout(timeout, 0), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := guard.New(rs, guard.Options{Timeout: timeout, Instances: 1, ProbeInterval: 20 * time.Millisecond, CloseStore: true, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	waitUntil(t, "ready", 10*time.Second, func() bool { return g.Ready(ctx) == nil })
+	req := sluice.Request{Key: redistest.Prefix(t) + "k", Algorithm: sluice.GCRA, Limit: sluice.PerSecond(1000), Cost: 1}
+	px.Delay.Store(int64(80 * time.Millisecond))
+	for range 10 {
+		d, err := g.Apply(ctx, sluice.OpAllow, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Degraded || !d.Allowed {
+			t.Fatalf("a live node answering in 80 ms, past the 50 ms deadline: %+v; %+v", d, g.Stats())
+		}
+	}
+	if st := g.Stats(); st.LateAnswers == 0 || st.DegradedTotal() != 0 {
+		t.Fatalf("late answers %d, degraded %d: want the store's late answers used", st.LateAnswers, st.DegradedTotal())
+	}
+	px.Delay.Store(0)
+	px.Hold.Store(true)
+	start := time.Now()
+	d, err := g.Apply(ctx, sluice.OpAllow, req)
+	if took := time.Since(start); err != nil || !d.Degraded || took > 2*guard.StoreTimeout(timeout, 0) {
+		t.Fatalf("a black-holed node: %+v, %v after %s", d, err, took)
+	}
+	waitUntil(t, "circuit open on a black hole", 10*time.Second, func() bool { return g.Stats().Open == 1 })
+	start = time.Now()
+	if d, err := g.Apply(ctx, sluice.OpAllow, req); err != nil || !d.Degraded {
+		t.Fatalf("circuit open: %+v, %v", d, err)
+	}
+	if took := time.Since(start); took >= guard.StoreTimeout(timeout, 0) {
+		t.Fatalf("circuit open, answered after %s: an open circuit answers at once", took)
+	}
+	px.Hold.Store(false)
+}
