@@ -207,8 +207,10 @@ type core struct {
 	views   [numPolicies]*Guard
 
 	instances   atomic.Int64
-	lastBeat    atomic.Int64 // the count the last heartbeat read, 0 before
 	beats       atomic.Int64 // heartbeats that read a count
+	beatMu      sync.Mutex   // the heartbeat's reading of the count
+	lowReads    int          // heartbeats in a row that read fewer instances than counted
+	lowMax      int64        // the most they read
 	calls       atomic.Uint64
 	errs        atomic.Uint64
 	busy        atomic.Uint64
