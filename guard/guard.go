@@ -458,7 +458,10 @@ func (g *Guard) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, 
 	if g.timeout > 0 {
 		cctx = g.dls.bound(ctx) // deadline.go
 		sctx = cctx
-		if g.lateDls != nil {
+		if g.lateDls != nil && n.works() {
+			// A late reply is waited for (bounded); decided now, so that
+			// a worker that picks the call up late does not send one whose
+			// caller was answered already.
 			sctx = g.lateDls.bound(ctx)
 		}
 	}
@@ -475,7 +478,7 @@ func (g *Guard) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, 
 	var ds []sluice.Decision
 	var err error
 	if g.timeout > 0 {
-		ds, err = g.bounded(ctx, cctx, sctx, n, op, reqs, one)
+		ds, err = g.bounded(ctx, cctx, sctx, op, reqs, one)
 	} else {
 		ds, err = g.call(cctx, op, reqs, one)
 	}
@@ -528,12 +531,13 @@ func (g *Guard) call(ctx context.Context, op sluice.Op, reqs []sluice.Request, o
 // returns when cctx or the caller's ctx ends, whatever the call is doing:
 // a client may be reconnecting, with a dial or handshake that ignores its
 // context (rueidis redials when a call times out on a stalled server, and
-// the calls behind it wait for that dial). When cctx ends first and node
-// n works (circuit closed, last probe answered), it waits on for the
-// reply until sctx ends (Options.LateGrace): the reply is late because
-// this process is starved or the node slow, not away, and the store's
-// answer is the key's exact one.
-func (g *Guard) bounded(ctx, cctx, sctx context.Context, n *node, op sluice.Op, reqs []sluice.Request, one bool) ([]sluice.Decision, error) {
+// the calls behind it wait for that dial). When cctx ends first and sctx
+// is later (its node worked, circuit closed and last probe answered, as
+// the call started), it waits on for the reply until sctx ends
+// (Options.LateGrace): the reply is late because this process is starved
+// or the node slow, not away, and the store's answer is the key's exact
+// one.
+func (g *Guard) bounded(ctx, cctx, sctx context.Context, op sluice.Op, reqs []sluice.Request, one bool) ([]sluice.Decision, error) {
 	j := g.workers.job() // workers.go
 	j.g, j.ctx, j.op, j.one = g, sctx, op, one
 	j.reqs = append(j.reqs[:0], reqs...) // the caller may reuse reqs after we return
@@ -543,7 +547,7 @@ func (g *Guard) bounded(ctx, cctx, sctx context.Context, n *node, op sluice.Op, 
 		g.workers.done(j) // the worker is done with j: it may serve another call
 		return r.ds, r.err
 	case <-cctx.Done(): // j stays with its worker, which may still use it
-		if sctx == cctx || !n.works() {
+		if sctx == cctx {
 			return nil, cctx.Err()
 		}
 	case <-ctx.Done():
