@@ -32,6 +32,7 @@ type node struct {
 	mu       sync.Mutex // resets buckets, opens and closes
 
 	calls, errs, opens atomic.Uint64
+	degraded           atomic.Uint64 // decisions the policy made for its keys
 	probeFails         atomic.Int32
 	probeErr           atomic.Pointer[string] // last probe error; nil after a success
 	probed             atomic.Bool            // a probe has finished
@@ -138,4 +139,10 @@ func (n *node) shouldLog(now int64, every time.Duration) (bool, int64) {
 		return false, 0
 	}
 	return true, n.suppressed.Swap(0)
+}
+
+// works reports a node whose circuit is closed and whose last probe
+// answered.
+func (n *node) works() bool {
+	return n.state.Load() == closed && n.probed.Load() && n.probeErr.Load() == nil
 }

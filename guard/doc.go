@@ -1,14 +1,17 @@
 // Package guard keeps a rate limit when its store is slow or away. It
 // wraps any sluice.Store (the Redis store, typically) and is one itself:
 //
-//	rs, _ := redisstore.New(ctx, redisstore.Options{URL: url})
+//	rs, _ := redisstore.New(ctx, redisstore.Options{URL: url, Timeout: guard.StoreTimeout(0, 0)})
 //	store, _ := guard.New(rs, guard.Options{}) // Local policy, 50ms deadline
 //	defer store.Close()
 //
 // Around every call it keeps:
 //
 //   - A deadline (Options.Timeout). A call that misses it, or fails, is
-//     answered by the failure Policy: that one call, nothing else. While
+//     answered by the failure Policy: that one call, nothing else. A call
+//     to a node that works (circuit closed, last probe answered) waits on
+//     for its reply up to Options.LateGrace first: a live node's reply read
+//     late on a busy machine is still the key's exact answer. While
 //     its node works, a call that missed the deadline (in the store, or
 //     waiting for its key's slot) is denied under every policy: it says
 //     its key is flooded, and admitting it would let a client past its

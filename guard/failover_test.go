@@ -63,6 +63,8 @@ func TestClusterFailoverWithinBound(t *testing.T) {
 	killed := time.Now()
 	var admitted, fromRedis, local atomic.Int64
 	var recovered atomic.Int64 // ns after the kill of Redis's first answer
+	var minN atomic.Int64      // the fewest instances a guard counted
+	minN.Store(3)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for _, g := range gs {
@@ -75,6 +77,9 @@ func TestClusterFailoverWithinBound(t *testing.T) {
 					default:
 					}
 					d, err := g.Apply(ctx, sluice.OpAllow, req)
+					if n := int64(g.Instances()); n < minN.Load() {
+						minN.Store(n)
+					}
 					if err != nil {
 						t.Error(err)
 						return
@@ -106,6 +111,12 @@ func TestClusterFailoverWithinBound(t *testing.T) {
 	bound := float64(lim.Burst) + float64(lim.Rate)*elapsed.Minutes() + 3
 	t.Logf("admitted %d in %s (%d by local, %d by Redis; Redis first answered %s after the kill); bound %.0f",
 		admitted.Load(), elapsed.Round(time.Millisecond), local.Load(), fromRedis.Load(), time.Duration(recovered.Load()).Round(time.Millisecond), bound)
+	for _, g := range gs {
+		t.Logf("%+v", g.Stats())
+	}
+	if minN.Load() != 3 {
+		t.Errorf("an instance counted %d instances: heartbeats read after the promotion counted only those that renewed so far", minN.Load())
+	}
 	if float64(admitted.Load()) > bound {
 		t.Fatalf("admitted %d, the limit allows %.0f over the run", admitted.Load(), bound)
 	}

@@ -109,6 +109,21 @@ type Options struct {
 	// power of two slots, where a key may take another's place), and the
 	// charges owed to the store. DefaultLocalMaxKeys when zero.
 	LocalMaxKeys int
+	// LateGrace is how long past Timeout a call to a node that works (its
+	// circuit closed, its last probe answered) waits for its reply before
+	// the policy answers it. On a loaded machine the store's replies are
+	// read late although the store answered in time; answered by the
+	// policy, such calls denied (or spent locally) what the store owed the
+	// keys of live nodes: 65-93 % of it during a failover. A call to a node
+	// that is not known to work still gets the policy's answer at Timeout,
+	// and a node whose circuit is open is not called at all: a dead node
+	// slows only the calls sent to it before its circuit opens. The store
+	// call itself gets Timeout + LateGrace as its deadline (StoreTimeout:
+	// give the wrapped store at least that as its own timeout). Zero means
+	// 4 × Timeout (a store call's deadline 5 × Timeout: 250ms by default,
+	// within which redisstore's connection timeout stays 1s); negative
+	// means none.
+	LateGrace time.Duration
 	// MaxInFlightPerKey bounds the calls one key may have in flight to the
 	// store; more wait for a slot until the deadline, then the policy
 	// answers them. DefaultMaxInFlightPerKey (8) when zero.
@@ -185,19 +200,23 @@ type core struct {
 	local   *local
 	workers *workers
 	dls     *deadlines // nil without a timeout
+	lateDls *deadlines // the store calls' deadlines, Timeout + LateGrace; nil without a grace
 	// starved reports whether this process was starved of CPU lately
 	// (cpu.go); tests replace it.
 	starved func() bool
 	views   [numPolicies]*Guard
 
 	instances   atomic.Int64
-	lastBeat    atomic.Int64 // the count the last heartbeat read, 0 before
 	beats       atomic.Int64 // heartbeats that read a count
+	beatMu      sync.Mutex   // the heartbeat's reading of the count
+	lowReads    int          // heartbeats in a row that read fewer instances than counted
+	lowMax      int64        // the most they read
 	calls       atomic.Uint64
 	errs        atomic.Uint64
 	busy        atomic.Uint64
 	opens       atomic.Uint64
 	starvedLate atomic.Uint64 // late calls and probes not held against the store: this process was starved
+	lateAnswers atomic.Uint64 // calls answered by the store after Timeout, within LateGrace
 	degraded    [numPolicies]atomic.Uint64
 	lastProbe   atomic.Int64
 
@@ -250,6 +269,9 @@ func New(store sluice.Store, opts Options) (*Guard, error) {
 	c.workers = newWorkers(c.stop)
 	if c.timeout > 0 {
 		c.dls = newDeadlines(c.timeout)
+		if grace := lateGrace(c.timeout, opts.LateGrace); grace > 0 {
+			c.lateDls = newDeadlines(c.timeout + grace)
+		}
 	}
 	c.starved = opts.starved
 	if c.starved == nil {
@@ -292,6 +314,32 @@ func New(store sluice.Store, opts Options) (*Guard, error) {
 	}
 	go c.run()
 	return c.views[opts.Policy], nil
+}
+
+// lateGrace is Options.LateGrace for a timeout: 4 × timeout when zero,
+// none when negative.
+func lateGrace(timeout, grace time.Duration) time.Duration {
+	switch {
+	case timeout <= 0 || grace < 0:
+		return 0
+	case grace == 0:
+		return 4 * timeout
+	}
+	return grace
+}
+
+// StoreTimeout returns the deadline a guard with these Options.Timeout and
+// Options.LateGrace gives each store call: Timeout + LateGrace (with their
+// defaults, 5 × 50ms). A store with a timeout of its own (redisstore's
+// Options.Timeout) must not end its calls earlier, or a late reply is lost
+// however long the guard waits for it. Zero when the guard has no
+// deadline (a negative timeout).
+func StoreTimeout(timeout, grace time.Duration) time.Duration {
+	timeout = def(timeout, DefaultTimeout)
+	if timeout < 0 {
+		return 0
+	}
+	return timeout + lateGrace(timeout, grace)
 }
 
 func def[T int | time.Duration | float64](v, d T) T {
@@ -406,9 +454,16 @@ func (g *Guard) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, 
 	if n.state.Load() != closed {
 		return g.degrade(ctx, op, reqs, n, ErrCircuitOpen)
 	}
-	cctx := ctx
+	cctx, sctx := ctx, ctx // the call's deadline, and its store call's
 	if g.timeout > 0 {
 		cctx = g.dls.bound(ctx) // deadline.go
+		sctx = cctx
+		if g.lateDls != nil && n.works() {
+			// A late reply is waited for (bounded); decided now, so that
+			// a worker that picks the call up late does not send one whose
+			// caller was answered already.
+			sctx = g.lateDls.bound(ctx)
+		}
 	}
 	gt, ok := g.gates.acquire(ctx, cctx, key)
 	if !ok {
@@ -423,7 +478,7 @@ func (g *Guard) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, 
 	var ds []sluice.Decision
 	var err error
 	if g.timeout > 0 {
-		ds, err = g.bounded(ctx, cctx, op, reqs, one)
+		ds, err = g.bounded(ctx, cctx, sctx, op, reqs, one)
 	} else {
 		ds, err = g.call(cctx, op, reqs, one)
 	}
@@ -472,14 +527,19 @@ func (g *Guard) call(ctx context.Context, op sluice.Op, reqs []sluice.Request, o
 	return g.inner.ApplyAll(ctx, op, reqs)
 }
 
-// bounded runs the call on a worker goroutine with context cctx and
+// bounded runs the call on a worker goroutine with context sctx and
 // returns when cctx or the caller's ctx ends, whatever the call is doing:
 // a client may be reconnecting, with a dial or handshake that ignores its
 // context (rueidis redials when a call times out on a stalled server, and
-// the calls behind it wait for that dial).
-func (g *Guard) bounded(ctx, cctx context.Context, op sluice.Op, reqs []sluice.Request, one bool) ([]sluice.Decision, error) {
+// the calls behind it wait for that dial). When cctx ends first and sctx
+// is later (its node worked, circuit closed and last probe answered, as
+// the call started), it waits on for the reply until sctx ends
+// (Options.LateGrace): the reply is late because this process is starved
+// or the node slow, not away, and the store's answer is the key's exact
+// one.
+func (g *Guard) bounded(ctx, cctx, sctx context.Context, op sluice.Op, reqs []sluice.Request, one bool) ([]sluice.Decision, error) {
 	j := g.workers.job() // workers.go
-	j.g, j.ctx, j.op, j.one = g, cctx, op, one
+	j.g, j.ctx, j.op, j.one = g, sctx, op, one
 	j.reqs = append(j.reqs[:0], reqs...) // the caller may reuse reqs after we return
 	g.workers.run(j)
 	select {
@@ -487,7 +547,21 @@ func (g *Guard) bounded(ctx, cctx context.Context, op sluice.Op, reqs []sluice.R
 		g.workers.done(j) // the worker is done with j: it may serve another call
 		return r.ds, r.err
 	case <-cctx.Done(): // j stays with its worker, which may still use it
-		return nil, cctx.Err()
+		if sctx == cctx {
+			return nil, cctx.Err()
+		}
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	select {
+	case r := <-j.done:
+		g.workers.done(j)
+		if r.err == nil {
+			g.lateAnswers.Add(1)
+		}
+		return r.ds, r.err
+	case <-sctx.Done():
+		return nil, sctx.Err()
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -541,6 +615,7 @@ func (g *Guard) degrade(ctx context.Context, op sluice.Op, reqs []sluice.Request
 		return nil, fmt.Errorf("guard: %s on node %q failed and may have been applied: %w", op, n.name, cause)
 	}
 	g.degraded[g.policy].Add(uint64(len(reqs)))
+	n.degraded.Add(uint64(len(reqs)))
 	// A call whose key is hot (it waited past the deadline for its key's
 	// slot, or for the store) while the node's circuit is closed is denied
 	// under every policy: the key is flooded, the store is not away.
@@ -561,7 +636,7 @@ func (g *Guard) degrade(ctx context.Context, op sluice.Op, reqs []sluice.Request
 	// (circuit closed, last probe answered) is denied: spending locally
 	// would spend what the store is handing out to the other calls at the
 	// same moment.
-	works := n.state.Load() == closed && n.probed.Load() && n.probeErr.Load() == nil
+	works := n.works()
 	// An instance that has not read the instance count yet (a fleet
 	// started while its store was down) does not know its share: counting
 	// itself alone, every instance handed out the whole limit (3 instances,

@@ -398,10 +398,12 @@ func (b *beats) Heartbeat(ctx context.Context, _ string, _ time.Duration) (int, 
 func (b *beats) Leave(context.Context, string) error { return nil }
 
 // TestInstancesDropWhenConfirmed: after Redis was away longer than the
-// heartbeat TTL every instance lapsed, and the first heartbeat back counts
-// one; Local's share must not grow on that reading while the circuit may
-// still be open. A lower count is taken when the next heartbeat confirms
-// it; a higher one at once.
+// heartbeat TTL every instance lapsed, and the first heartbeats back count
+// only those that renewed so far (and after a Cluster failover, each
+// instance's client finds the promoted replica at its own time); Local's
+// share must not grow on such readings while the others may still answer
+// by Local. A lower count is taken after lowerAfter heartbeats in a row
+// read fewer (the most they read); a higher one at once.
 func TestInstancesDropWhenConfirmed(t *testing.T) {
 	m, err := memstore.New(memstore.Options{})
 	if err != nil {
@@ -418,16 +420,23 @@ func TestInstancesDropWhenConfirmed(t *testing.T) {
 	if n := g.Instances(); n != 3 {
 		t.Fatalf("instances %d after the first heartbeat, want 3", n)
 	}
-	steps := []struct{ read, want int }{
+	type step struct{ read, want int }
+	steps := []step{
 		{1, 3}, // back after an outage: the others have not renewed yet
-		{3, 3},
-		{2, 3}, // one left, or lapsed once
-		{2, 2}, // confirmed
-		{1, 2},
-		{4, 4}, // more at once
-		{1, 4},
-		{1, 1},
+		{2, 3},
+		{3, 3}, // all back: the run of lower reads ends
 	}
+	for range lowerAfter - 1 { // one left, or cannot reach the store yet
+		steps = append(steps, step{2, 3})
+	}
+	steps = append(steps,
+		step{1, 2}, // lowerAfter in a row: the most they read
+		step{4, 4}, // more at once
+	)
+	for range lowerAfter - 1 {
+		steps = append(steps, step{1, 4})
+	}
+	steps = append(steps, step{1, 1})
 	for i := range len(steps) + 1 {
 		// The heartbeats run one at a time: once the next one is in, the
 		// last one's count is taken.

@@ -79,7 +79,9 @@ func TestHotKeyNeverDegradesOthers(t *testing.T) {
 // again after the failover.
 func TestClusterOneMasterFails(t *testing.T) {
 	cl := redistest.NewClusterWithReplicas(t)
-	g := guarded(t, cl.URL(), guard.Options{Timeout: 250 * time.Millisecond, ProbeInterval: 100 * time.Millisecond})
+	// A grace (LateGrace) well under the 1.5 s sleep: within it, the
+	// sleeping master's keys get its late, exact answers.
+	g := guarded(t, cl.URL(), guard.Options{Timeout: 250 * time.Millisecond, LateGrace: 250 * time.Millisecond, ProbeInterval: 100 * time.Millisecond})
 	rs := g.Unwrap().(*redisstore.Store)
 	ctx := context.Background()
 	if _, err := rs.Nodes(ctx); err != nil {

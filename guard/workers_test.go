@@ -73,19 +73,21 @@ func TestBoundedCallsAndTheirWorkers(t *testing.T) {
 
 // BenchmarkBounded is the cost of running store calls on workers, so that
 // a caller returns at its deadline, against calling the store directly
-// (Timeout -1), on memstore with 64 callers: b.N calls in each.
+// (Timeout -1), on memstore with 64 callers: b.N calls in each; and
+// without the late grace's second deadline (LateGrace -1).
 func BenchmarkBounded(b *testing.B) {
 	for _, tc := range []struct {
 		name    string
 		timeout time.Duration
-	}{{"direct", -1}, {"bounded", time.Second}} {
+		grace   time.Duration
+	}{{"direct", -1, 0}, {"bounded", time.Second, 0}, {"bounded-nograce", time.Second, -1}} {
 		b.Run(tc.name, func(b *testing.B) {
 			m, err := memstore.New(memstore.Options{})
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer m.Close()
-			g, err := New(m, Options{Policy: FailClosed, Timeout: tc.timeout, Logger: slog.New(slog.DiscardHandler)})
+			g, err := New(m, Options{Policy: FailClosed, Timeout: tc.timeout, LateGrace: tc.grace, Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				b.Fatal(err)
 			}

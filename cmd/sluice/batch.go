@@ -242,7 +242,7 @@ func batchStore(ctx context.Context, f *batchFlags, logger *slog.Logger) (sluice
 	if err != nil {
 		return nil, nil, fmt.Errorf("batch: --redis-policy: %w", err)
 	}
-	rs, err := redisstore.New(ctx, redisstore.Options{URL: f.redisURL, Logger: logger})
+	rs, err := redisstore.New(ctx, redisstore.Options{URL: f.redisURL, Timeout: guard.StoreTimeout(0, 0), Logger: logger})
 	if err != nil {
 		return nil, nil, fmt.Errorf("batch: --redis: %w", err)
 	}

@@ -198,7 +198,9 @@ func TestJSONLogDurations(t *testing.T) {
 
 // TestServeLogsOnlyThroughSlog runs serve with --log-format json against a
 // Redis that is not there: it starts, and every line it writes (the
-// store's, the guard's, gRPC's, the server's) is one JSON object.
+// store's, the guard's, gRPC's, the server's) is one JSON object. With
+// store.instances set, local answers though no heartbeat ever read the
+// instance count (without it, local denies until one does: cold start).
 func TestServeLogsOnlyThroughSlog(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -208,7 +210,7 @@ func TestServeLogsOnlyThroughSlog(t *testing.T) {
 	ln.Close() // nothing listens there now
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "sluice.yaml")
-	if err := os.WriteFile(cfg, []byte("policies:\n  p: {limit: 5/s}\nstore: {url: \"redis://"+dead+"\"}\n"), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte("policies:\n  p: {limit: 5/s}\nstore: {url: \"redis://"+dead+"\", instances: 1}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var logs syncBuf

@@ -110,6 +110,9 @@ type StoreStats struct {
 	// StarvedLate counts late store calls and probes not held against the
 	// store because this process was starved of CPU (guard.Stats).
 	StarvedLate uint64
+	// LateAnswers counts store calls answered by the store after their
+	// deadline, within the guard's late grace.
+	LateAnswers uint64
 	// Circuit is CircuitClosed, CircuitHalfOpen or CircuitOpen.
 	Circuit int
 	// Instances is the number of instances the local failure policy
@@ -152,6 +155,7 @@ var (
 	storeCacheDesc     = prometheus.NewDesc("sluice_store_deny_cache_hits_total", "Denials answered from the local over-limit cache without asking the store.", nil, nil)
 	storeOpensDesc     = prometheus.NewDesc("sluice_store_circuit_opens_total", "Times the store circuit breaker opened.", nil, nil)
 	storeStarvedDesc   = prometheus.NewDesc("sluice_store_late_while_starved_total", "Late store calls and probes not held against the store, because this process was starved of CPU meanwhile.", nil, nil)
+	storeLateDesc      = prometheus.NewDesc("sluice_store_late_answers_total", "Store calls answered by the store after the call deadline, within the guard's late grace, instead of by the failure policy.", nil, nil)
 	storeInstancesDesc = prometheus.NewDesc("sluice_store_instances", "Instances sharing the limits, as the local failure policy counts them (heartbeats in the store, or store.instances).", nil, nil)
 	storeCircuitDesc   = prometheus.NewDesc("sluice_store_circuit_state", "Store circuit breaker: 0 closed, 1 half-open, 2 open (the failure policy answers).", nil, nil)
 	leaseHitsDesc      = prometheus.NewDesc("sluice_lease_hits_total", "Decisions made locally from leased capacity, without the store.", nil, nil)
@@ -172,7 +176,7 @@ var (
 type storeCollector struct{ m *Metrics }
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeStarvedDesc, storeCircuitDesc, storeInstancesDesc, leaseHitsDesc, leaseFetchesDesc, leaseReturnsDesc, plainDesc, plainLateDesc, groupsDesc, groupedDesc, degradedByDesc, nodeCallsDesc, nodeErrorsDesc, nodeOpensDesc, nodeOpenDesc} {
+	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeStarvedDesc, storeLateDesc, storeCircuitDesc, storeInstancesDesc, leaseHitsDesc, leaseFetchesDesc, leaseReturnsDesc, plainDesc, plainLateDesc, groupsDesc, groupedDesc, degradedByDesc, nodeCallsDesc, nodeErrorsDesc, nodeOpensDesc, nodeOpenDesc} {
 		ch <- d
 	}
 }
@@ -188,6 +192,7 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(storeCacheDesc, prometheus.CounterValue, float64(st.CacheHits))
 	ch <- prometheus.MustNewConstMetric(storeOpensDesc, prometheus.CounterValue, float64(st.CircuitOpens))
 	ch <- prometheus.MustNewConstMetric(storeStarvedDesc, prometheus.CounterValue, float64(st.StarvedLate))
+	ch <- prometheus.MustNewConstMetric(storeLateDesc, prometheus.CounterValue, float64(st.LateAnswers))
 	ch <- prometheus.MustNewConstMetric(storeCircuitDesc, prometheus.GaugeValue, float64(st.Circuit))
 	ch <- prometheus.MustNewConstMetric(storeInstancesDesc, prometheus.GaugeValue, float64(st.Instances))
 	ch <- prometheus.MustNewConstMetric(leaseHitsDesc, prometheus.CounterValue, float64(st.LeaseHits))

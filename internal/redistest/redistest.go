@@ -601,3 +601,18 @@ func readReply(r *bufio.Reader) (any, error) {
 	}
 	return nil, fmt.Errorf("redistest: unknown reply %q", line)
 }
+
+// NewClusterPartialCoverage starts three masters without replicas for this
+// test alone, with cluster-require-full-coverage off: while one master is
+// down, the others keep serving their slots (as production should have
+// it) instead of answering CLUSTERDOWN after the node timeout. t.Cleanup
+// stops it.
+func NewClusterPartialCoverage(t testing.TB) *Cluster {
+	t.Helper()
+	c, err := startClusterN(0, "--cluster-require-full-coverage", "no")
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(c.stop)
+	return c
+}

@@ -91,7 +91,7 @@ func (s *storeGuard) ready(ctx context.Context) error { return s.g.Ready(ctx) }
 // store's.
 func (s *storeGuard) stats() metrics.StoreStats {
 	st := s.g.Stats()
-	out := metrics.StoreStats{Calls: st.Calls, Errors: st.Errors, Degraded: st.DegradedTotal(), CircuitOpens: st.Openings, StarvedLate: st.StarvedLate, Instances: st.Instances}
+	out := metrics.StoreStats{Calls: st.Calls, Errors: st.Errors, Degraded: st.DegradedTotal(), CircuitOpens: st.Openings, StarvedLate: st.StarvedLate, LateAnswers: st.LateAnswers, Instances: st.Instances}
 	if st.Open > 0 {
 		out.Circuit = metrics.CircuitOpen
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/guard"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/lease"
 	"github.com/sluice-io/sluice/redisstore"
@@ -19,9 +20,11 @@ import (
 // which leases the requests with UseLease (policies with `lease: true`)
 // and passes the others through.
 func openRedis(ctx context.Context, sc config.StoreSection, log *slog.Logger) (sluice.Store, io.Closer, error) {
+	// The guard's store calls wait past its deadline for a live node's late
+	// reply (guard.Options.LateGrace): the store must not end them first.
 	s, err := redisstore.New(ctx, redisstore.Options{
 		URL:              sc.URL,
-		Timeout:          sc.Timeout,
+		Timeout:          guard.StoreTimeout(sc.Timeout, 0),
 		DisableDenyCache: !sc.LocalCache,
 		PlainWindows:     sc.PlainWindows,
 		Logger:           log,
