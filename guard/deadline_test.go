@@ -74,7 +74,10 @@ func TestDerivedCallContext(t *testing.T) {
 		_, cancel := context.WithTimeout(c, time.Hour)
 		cancels = append(cancels, cancel)
 	}
-	if n := runtime.NumGoroutine() - before; n >= 500 {
+	// Counted only while the call's deadline has not passed: once it has,
+	// the derived contexts' cancellations run, each on a goroutine of its
+	// own for a moment (a starved CPU can take 50 ms for the loop).
+	if n := runtime.NumGoroutine() - before; n >= 500 && c.Err() == nil {
 		t.Errorf("%d goroutines for 1000 derived contexts", n)
 	}
 	for _, cancel := range cancels {
