@@ -249,14 +249,12 @@ func TestChaosEnvoyPause(t *testing.T) {
 			if got := admitted.Load(); got > bound+1 { // +1: the bucket refills one request in 12 s
 				t.Errorf("admitted %d, bound %d (limit %d)", got, bound, chaosLimit)
 			}
-			if policy == "error" && unavailable.Load() == 0 {
-				t.Error("no UNAVAILABLE while Redis was paused under the error policy")
-			}
 			if policy == "local" && unavailable.Load() != 0 {
 				t.Errorf("%d UNAVAILABLE under local", unavailable.Load())
 			}
 
 			// No traffic now: readiness and decisions come back by the probe.
+			starvedAll := true
 			for i, in := range ins {
 				eventually(t, fmt.Sprintf("instance %d ready", i), func() (bool, string) {
 					r := in.get(t, "/readyz")
@@ -288,9 +286,18 @@ func TestChaosEnvoyPause(t *testing.T) {
 					// and then late answers are not held against Redis
 					// (guard/cpu.go), as the guard counted.
 					t.Logf("instance %d: no circuit opening; %d late calls and probes not counted, the process starved of CPU", i, starved)
-				} else if opens < 1 || opens > closes+1 {
+					continue
+				}
+				starvedAll = false
+				if opens < 1 || opens > closes+1 {
 					t.Errorf("instance %d: %d circuit openings, %d closings (probes counted?); circuit log: %s", i, opens, closes, lines)
 				}
+			}
+			// Under the error policy the pause shows as UNAVAILABLE, unless
+			// every instance was starved of CPU through it (their late
+			// answers excused, as counted above).
+			if policy == "error" && unavailable.Load() == 0 && !starvedAll {
+				t.Error("no UNAVAILABLE while Redis was paused under the error policy")
 			}
 		})
 	}
