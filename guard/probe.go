@@ -235,7 +235,8 @@ func (c *core) heartbeat(ctx context.Context) {
 // Ready reports whether the store answers, from what the background probe
 // found, without traffic: nil when every node's circuit is closed, its
 // last probe succeeded and, with a Membership store and no
-// Options.Instances, a heartbeat has read the instance count; else an
+// Options.Instances, the instance count is known as Local needs it (two
+// heartbeats have read it: countKnown); else an
 // error wrapping ErrUnavailable that names what fails.
 func (g *Guard) Ready(ctx context.Context) error {
 	var errs []error
@@ -250,7 +251,7 @@ func (g *Guard) Ready(ctx context.Context) error {
 		}
 		return true
 	})
-	if g.fixedN <= 0 && g.membership != nil && g.beats.Load() == 0 {
+	if !g.countKnown() { // the rule Local denies by: not ready while it does
 		errs = append(errs, ErrInstancesUnknown)
 	}
 	if len(errs) == 0 {
