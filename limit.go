@@ -103,7 +103,7 @@ func (l Limit) Validate() error {
 			return fmt.Errorf("%w: a calendar %s limit needs period %s, not %s", ErrInvalidLimit, l.Calendar.Unit, l.Calendar.Unit.Period(), l.Period)
 		}
 	}
-	if l.CostInterval(l.Capacity()) > int64(maxPeriod)*16 {
+	if l.Tau() > int64(maxPeriod)*16 {
 		return fmt.Errorf("%w: burst %d at %s takes too long to refill", ErrInvalidLimit, l.Capacity(), l)
 	}
 	return nil
@@ -112,6 +112,26 @@ func (l Limit) Validate() error {
 // Interval is the time, in nanoseconds and rounded up, in which one event's
 // worth of capacity comes back: Period / Rate.
 func (l Limit) Interval() int64 { return l.CostInterval(1) }
+
+// Tau is the refill time of the whole burst, in nanoseconds, for GCRA and
+// the token bucket: Capacity × Interval, the interval rounded up as
+// Interval rounds it, so that a full burst of single events (each taking
+// one rounded Interval) fits it exactly. The burst's exact refill time
+// rounded once (CostInterval(Capacity)) is a few nanoseconds shorter when
+// the interval is not whole (7/s: 999,999,999+1 against 7 × 142,857,143),
+// and the last event of a full burst was denied. It is capped at
+// math.MaxInt64; Validate bounds it far below for a valid limit.
+func (l Limit) Tau() int64 {
+	c, iv := l.Capacity(), l.Interval()
+	if c <= 0 || iv <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(c), uint64(iv))
+	if hi != 0 || lo > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(lo)
+}
 
 // CostInterval is the time, in nanoseconds and rounded up, in which cost
 // events' worth of capacity comes back: cost·Period / Rate. It is computed in

@@ -41,7 +41,7 @@ func validMaxWait(a Algorithm, w time.Duration) error {
 // the burst can be, held until the rest of it has refilled.
 func (r *Request) fitsReservation() bool {
 	return r.MaxWait > 0 && Reserves(r.Algorithm) &&
-		r.Limit.CostInterval(r.Cost) <= r.Limit.CostInterval(r.Limit.Capacity())+int64(r.MaxWait)
+		r.Limit.CostInterval(r.Cost) <= r.Limit.Tau()+int64(r.MaxWait)
 }
 
 // Reservation is an admission charged against the future: the store

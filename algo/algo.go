@@ -102,7 +102,7 @@ func Expiry(st *State, req *sluice.Request) int64 {
 	case sluice.GCRA:
 		return st.A
 	case sluice.TokenBucket:
-		return st.B + max(0, req.Limit.CostInterval(req.Capacity())-st.A)
+		return st.B + max(0, req.Limit.Tau()-st.A)
 	case sluice.FixedWindow:
 		if !req.Limit.Calendar.IsZero() {
 			_, end := windowOf(req.Limit, st.A)
@@ -144,6 +144,14 @@ func refundable(req *sluice.Request, back, ahead int64) int64 {
 		return max(0, back-later)
 	}
 	return back
+}
+
+// BucketLeft is what a GCRA or token bucket level of ns nanoseconds of
+// refill holds: CostsIn, at most the burst. A full bucket's level is
+// sluice.Limit.Tau, the burst × the interval rounded up, which for a large
+// burst reads a few events over it.
+func BucketLeft(l sluice.Limit, ns int64) int64 {
+	return min(CostsIn(l, ns), l.Capacity())
 }
 
 // CostsIn is how many events fit in ns nanoseconds of refill:
@@ -218,7 +226,7 @@ func dur(ns int64) time.Duration { return time.Duration(max(ns, 0)) }
 // full burst takes to refill.
 func gcra(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decision, State, error) {
 	l := req.Limit
-	tau := l.CostInterval(l.Capacity())
+	tau := l.Tau()
 	tat := max(st.A, now)
 	d := sluice.Decision{Limit: l}
 	switch op {
@@ -227,7 +235,7 @@ func gcra(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decisio
 		allowAt := tat + inc - tau
 		if allowAt > now {
 			d.RetryAfter = dur(allowAt - now)
-			d.Remaining = max(0, CostsIn(l, now+tau-tat))
+			d.Remaining = max(0, BucketLeft(l, now+tau-tat))
 			d.ResetAfter = dur(tat - now)
 			return d, st, nil
 		}
@@ -248,7 +256,7 @@ func gcra(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decisio
 	if st.A <= now {
 		st.A = 0
 	}
-	d.Remaining = CostsIn(l, now+tau-tat)
+	d.Remaining = BucketLeft(l, now+tau-tat)
 	d.ResetAfter = dur(tat - now)
 	return d, st, nil
 }
@@ -257,7 +265,7 @@ func gcra(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decisio
 // tau, one event takes interval(1). It gives the same answers as gcra.
 func tokenBucket(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decision, State, error) {
 	l := req.Limit
-	tau := l.CostInterval(l.Capacity())
+	tau := l.Tau()
 	level := tau
 	if st.B != 0 {
 		level = min(tau, st.A+max(0, now-st.B))
@@ -268,7 +276,7 @@ func tokenBucket(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 		inc := l.CostInterval(effCost(req.Cost))
 		if level < inc {
 			d.RetryAfter = dur(inc - level)
-			d.Remaining = max(0, CostsIn(l, level))
+			d.Remaining = max(0, BucketLeft(l, level))
 			d.ResetAfter = dur(tau - level)
 			return d, st, nil
 		}
@@ -289,7 +297,7 @@ func tokenBucket(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 			st = State{}
 		}
 	}
-	d.Remaining = CostsIn(l, level)
+	d.Remaining = BucketLeft(l, level)
 	d.ResetAfter = dur(tau - level)
 	return d, st, nil
 }

@@ -26,7 +26,7 @@ func NewGCRAParams(l sluice.Limit) (GCRAParams, error) {
 	if !l.Calendar.IsZero() {
 		return GCRAParams{}, fmt.Errorf("%w: a calendar limit (%s) needs the fixed_window algorithm, not gcra", sluice.ErrInvalidLimit, l)
 	}
-	return GCRAParams{Limit: l, Interval: l.Interval(), Tau: l.CostInterval(l.Capacity())}, nil
+	return GCRAParams{Limit: l, Interval: l.Interval(), Tau: l.Tau()}, nil
 }
 
 // GCRAAllow is the GCRA OpAllow on one key's TAT, for stores that keep the
@@ -51,7 +51,7 @@ func GCRAAllow(tat int64, p *GCRAParams, cost, now int64) (sluice.Decision, int6
 // the TAT by compare-and-swap compute the decision after the swap, to keep
 // the window between read and swap short.
 func GCRAAdmitted(p *GCRAParams, tat, now int64) sluice.Decision {
-	return sluice.Decision{Allowed: true, Limit: p.Limit, Remaining: CostsIn(p.Limit, now+p.Tau-tat), ResetAfter: dur(tat - now)}
+	return sluice.Decision{Allowed: true, Limit: p.Limit, Remaining: BucketLeft(p.Limit, now+p.Tau-tat), ResetAfter: dur(tat - now)}
 }
 
 // GCRADenied is the decision for a denied GCRA request of cost whose
@@ -59,7 +59,7 @@ func GCRAAdmitted(p *GCRAParams, tat, now int64) sluice.Decision {
 func GCRADenied(p *GCRAParams, tat, inc, now int64) sluice.Decision {
 	return sluice.Decision{
 		Limit:      p.Limit,
-		Remaining:  max(0, CostsIn(p.Limit, now+p.Tau-tat)),
+		Remaining:  max(0, BucketLeft(p.Limit, now+p.Tau-tat)),
 		RetryAfter: dur(tat + inc - p.Tau - now),
 		ResetAfter: dur(tat - now),
 	}

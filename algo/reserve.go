@@ -20,7 +20,7 @@ import (
 // guard seeds its local state with the debt.
 func reserve(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decision, State, error) {
 	l := req.Limit
-	tau := l.CostInterval(l.Capacity())
+	tau := l.Tau()
 	w := int64(req.MaxWait)
 	inc := l.CostInterval(effCost(req.Cost))
 	// level is the bucket's content in nanoseconds of refill: tau − (TAT − now).
@@ -36,7 +36,7 @@ func reserve(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Deci
 	wait := inc - level
 	if wait > w {
 		d.RetryAfter = dur(wait - w)
-		d.Remaining = CostsIn(l, level)
+		d.Remaining = BucketLeft(l, level)
 		d.ResetAfter = dur(tau - level)
 		return d, st, nil
 	}
@@ -50,7 +50,7 @@ func reserve(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Deci
 			st = State{A: now + tau - level}
 		}
 	}
-	d.Remaining = CostsIn(l, level)
+	d.Remaining = BucketLeft(l, level)
 	d.ResetAfter = dur(tau - level)
 	return d, st, nil
 }
@@ -73,7 +73,7 @@ func GCRAReserve(tat int64, p *GCRAParams, cost int64, maxWait time.Duration, no
 		d.Allowed, d.Delay = true, dur(wait)
 		tat += inc
 	}
-	d.Remaining = CostsIn(p.Limit, now+p.Tau-tat)
+	d.Remaining = BucketLeft(p.Limit, now+p.Tau-tat)
 	d.ResetAfter = dur(tat - now)
 	return d, tat
 }

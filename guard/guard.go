@@ -32,9 +32,10 @@ var (
 	// ErrDeadline means the store did not answer within Options.Timeout.
 	// It wraps ErrUnavailable.
 	ErrDeadline = fmt.Errorf("%w: deadline exceeded", ErrUnavailable)
-	// ErrInstancesUnknown means no heartbeat has read the instance count
-	// yet (the store was down since start) and Options.Instances is not
-	// set: the Local policy denies until it is read. Ready's error wraps it.
+	// ErrInstancesUnknown means fewer than two heartbeats have read the
+	// instance count (the store was down since start, or just came up) and
+	// Options.Instances is not set: the Local policy denies until two have.
+	// Ready's error wraps it.
 	ErrInstancesUnknown = errors.New("guard: instance count not read yet; the local policy denies until it is (set Instances to the fleet's size to answer meanwhile)")
 )
 

@@ -183,7 +183,8 @@ func (c *core) ping(ctx context.Context, name string) error {
 
 // lowerAfter is how many heartbeats in a row must read fewer instances
 // than counted before the count is lowered: 10 intervals (10 s by default),
-// about three TTLs.
+// about three TTLs, all while every circuit is closed and Local owes the
+// store nothing.
 const lowerAfter = 10
 
 // heartbeat renews this instance's heartbeat and learns the count.
@@ -219,6 +220,13 @@ func (c *core) heartbeat(ctx context.Context) {
 	case read >= c.instances.Load():
 		c.instances.Store(read)
 		c.lowReads = 0
+	case c.partitioned():
+		// A circuit open or Local still owing the store: the fleet may be
+		// split, the others unable to renew or answering by Local, and a
+		// lower count would raise every instance's share while they spend
+		// it. Not lowered; the run of readings starts over once whole
+		// (TestInstancesNotLoweredWhilePartitioned).
+		c.lowReads = 0
 	case c.lowReads == 0:
 		c.lowReads, c.lowMax = 1, read
 	default:
@@ -232,10 +240,23 @@ func (c *core) heartbeat(ctx context.Context) {
 	c.beats.Add(1)
 }
 
+// partitioned reports whether a node's circuit is open or Local owes the
+// store charges: the fleet may be split, and the instance count read
+// meanwhile is not lowered.
+func (c *core) partitioned() bool {
+	open := false
+	c.nodes.Range(func(_ string, n *node) bool {
+		open = n.state.Load() != closed
+		return !open
+	})
+	return open || c.local.pending()
+}
+
 // Ready reports whether the store answers, from what the background probe
 // found, without traffic: nil when every node's circuit is closed, its
 // last probe succeeded and, with a Membership store and no
-// Options.Instances, a heartbeat has read the instance count; else an
+// Options.Instances, the instance count is known as Local needs it (two
+// heartbeats have read it: countKnown); else an
 // error wrapping ErrUnavailable that names what fails.
 func (g *Guard) Ready(ctx context.Context) error {
 	var errs []error
@@ -250,7 +271,7 @@ func (g *Guard) Ready(ctx context.Context) error {
 		}
 		return true
 	})
-	if g.fixedN <= 0 && g.membership != nil && g.beats.Load() == 0 {
+	if !g.countKnown() { // the rule Local denies by: not ready while it does
 		errs = append(errs, ErrInstancesUnknown)
 	}
 	if len(errs) == 0 {

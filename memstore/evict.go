@@ -83,7 +83,7 @@ func (c *cell) value(now int64) int64 {
 func decaySpan(req *sluice.Request) int64 {
 	switch req.Algorithm {
 	case sluice.GCRA, sluice.TokenBucket:
-		return req.Limit.CostInterval(req.Capacity())
+		return req.Limit.Tau()
 	}
 	return 0
 }

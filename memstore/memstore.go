@@ -349,10 +349,13 @@ func (s *Store) cell(key string) *cell {
 	if c, ok := s.cells.Load(key); ok {
 		return c
 	}
-	c := &cell{size: cellBytes(len(key), nil)}
-	c, loaded := s.cells.LoadOrStore(strings.Clone(key), c)
+	// The size is accounted as computed here: once stored, the cell is
+	// another goroutine's to lock and charge, which changes c.size (read
+	// after the store, a charge's growth was accounted twice).
+	size := cellBytes(len(key), nil)
+	c, loaded := s.cells.LoadOrStore(strings.Clone(key), &cell{size: size})
 	if !loaded {
-		s.added(c.size)
+		s.added(size)
 	}
 	return c
 }
@@ -535,12 +538,23 @@ func rollback(c *gcell, committed int64, members []member, order []int) {
 func (s *Store) reset(r sluice.Request) {
 	if r.Algorithm == sluice.GCRA {
 		if c, ok := s.gcra.Load(r.Key); ok {
-			c.tat.Store(0)
+			// Not a cell a sweep removed: brought back to life, it took
+			// charges outside the map.
+			for {
+				v := c.tat.Load()
+				if v == dead || c.tat.CompareAndSwap(v, 0) {
+					break
+				}
+			}
 		}
 		return
 	}
 	if c, ok := s.cells.Load(r.Key); ok {
 		c.mu.Lock()
+		if c.dead { // removed, its bytes freed already
+			c.mu.Unlock()
+			return
+		}
 		c.st = algo.State{}
 		c.expiry.Store(0)
 		c.used.Store(0)

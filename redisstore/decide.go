@@ -27,18 +27,18 @@ func decide(req *sluice.Request, r reply) sluice.Decision {
 	d := sluice.Decision{Limit: l, Allowed: r.ok}
 	switch req.Algorithm {
 	case sluice.GCRA:
-		tau := l.CostInterval(l.Capacity())
+		tau := l.Tau()
 		tat := r.x
-		d.Remaining = algo.CostsIn(l, tau-tat)
+		d.Remaining = algo.BucketLeft(l, tau-tat)
 		d.ResetAfter = dur(tat)
 		if !r.ok {
 			d.RetryAfter = dur(tat + l.CostInterval(eff) - tau)
 			d.Remaining = max(0, d.Remaining)
 		}
 	case sluice.TokenBucket:
-		tau := l.CostInterval(l.Capacity())
+		tau := l.Tau()
 		level := r.x
-		d.Remaining = algo.CostsIn(l, level)
+		d.Remaining = algo.BucketLeft(l, level)
 		d.ResetAfter = dur(tau - level)
 		if !r.ok {
 			d.RetryAfter = dur(l.CostInterval(eff) - level)

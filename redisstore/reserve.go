@@ -18,7 +18,7 @@ import (
 // reserveTau is the tau sent to the scripts for a GCRA or TokenBucket
 // request: the burst's refill time, plus the request's MaxWait.
 func reserveTau(req *sluice.Request) int64 {
-	return req.Limit.CostInterval(req.Limit.Capacity()) + int64(req.MaxWait)
+	return req.Limit.Tau() + int64(req.MaxWait)
 }
 
 // decideOp builds op's Decision for req from the script's reply.
@@ -27,7 +27,7 @@ func decideOp(op sluice.Op, req *sluice.Request, r reply) sluice.Decision {
 		return decide(req, r)
 	}
 	l := req.Limit
-	tau := l.CostInterval(l.Capacity())
+	tau := l.Tau()
 	w := int64(req.MaxWait)
 	// level is the bucket's content after the step, in nanoseconds of
 	// refill: tau − (TAT − now), with the scripts' time at 0.
@@ -35,7 +35,7 @@ func decideOp(op sluice.Op, req *sluice.Request, r reply) sluice.Decision {
 	if req.Algorithm == sluice.TokenBucket {
 		level = r.x - w
 	}
-	d := sluice.Decision{Limit: l, Allowed: r.ok, Remaining: algo.CostsIn(l, level), ResetAfter: dur(tau - level)}
+	d := sluice.Decision{Limit: l, Allowed: r.ok, Remaining: algo.BucketLeft(l, level), ResetAfter: dur(tau - level)}
 	inc := l.CostInterval(max(req.Cost, 1))
 	before := level
 	if r.ok && op == sluice.OpAllow {

@@ -94,7 +94,7 @@ func hugeCharge(h *harness, a sluice.Algorithm) {
 	var wantRemaining int64
 	switch a {
 	case sluice.GCRA, sluice.TokenBucket:
-		wantRemaining = algo.CostsIn(lim, lim.CostInterval(lim.Capacity())-int64(algo.MaxAhead))
+		wantRemaining = algo.CostsIn(lim, lim.Tau()-int64(algo.MaxAhead))
 	case sluice.FixedWindow, sluice.SlidingWindowCounter:
 		wantRemaining = lim.Rate - algo.MaxCount
 	case sluice.SlidingWindowLog:

@@ -16,7 +16,41 @@ const (
 	MaxAllowedHosts = 256
 	// LegacyAdminTokenName names the token of admin_token in audit lines.
 	LegacyAdminTokenName = "admin_token"
+	// EnvAdminTokenName names SLUICE_ADMIN_TOKEN's token in audit lines.
+	EnvAdminTokenName = "SLUICE_ADMIN_TOKEN"
 )
+
+// reservedNames are the names, folded by foldName, that admin_tokens may
+// not use: the built-in tokens' (an operator so named would be taken for
+// them in audit lines, and SLUICE_ADMIN_TOKEN replaces admin_token's
+// entry by name), and the words the logs write where no operator is named
+// (the peer "unknown", the reset sources "api" and "console").
+var reservedNames = map[string]bool{
+	foldName(LegacyAdminTokenName): true,
+	foldName(EnvAdminTokenName):    true,
+	"unknown":                      true,
+	"api":                          true,
+	"console":                      true,
+	"none":                         true,
+	"anonymous":                    true,
+}
+
+// foldName is how admin token names are compared: in lower case, '-' as
+// '_'. Two names that fold alike read alike in an audit line.
+func foldName(name string) string {
+	return strings.ReplaceAll(strings.ToLower(name), "-", "_")
+}
+
+// reservedName reports why name may not name an admin token, or "".
+func reservedName(name string) string {
+	if strings.Trim(name, "._-") == "" {
+		return "is reserved: punctuation only names no one"
+	}
+	if reservedNames[foldName(name)] {
+		return "is reserved: the logs use it for a built-in token or for no operator"
+	}
+	return ""
+}
 
 // AdminTokenSection is one entry of admin_tokens: an operator's token,
 // known by the SHA-256 of it (sluice keys hash --admin NAME).
@@ -50,19 +84,22 @@ func (v *validator) compileAdmin(f *File, cfg *Config) {
 	if n := len(f.AdminTokens); n > MaxAdminTokens {
 		v.addf("admin_tokens", "%d tokens; at most %d", n, MaxAdminTokens)
 	}
-	names := map[string]bool{LegacyAdminTokenName: f.AdminToken != ""}
+	names := map[string]bool{}
 	hashes := map[[sha256.Size]byte]string{}
 	for _, t := range cfg.AdminTokens {
 		hashes[t.Hash] = t.Name
 	}
 	for i, t := range f.AdminTokens {
 		path := fmt.Sprintf("admin_tokens[%d]", i)
-		if !nameRE.MatchString(t.Name) {
+		switch {
+		case !nameRE.MatchString(t.Name):
 			v.addf(path+".name", "a name of 1-64 letters, digits, '_', '-' or '.' is required: it names the operator in audit lines")
-		} else if names[t.Name] {
-			v.addf(path+".name", "%q is named twice", t.Name)
+		case reservedName(t.Name) != "":
+			v.addf(path+".name", "%q %s; name the operator", t.Name, reservedName(t.Name))
+		case names[foldName(t.Name)]:
+			v.addf(path+".name", "%q is named twice (names are compared ignoring case, and - as _)", t.Name)
 		}
-		names[t.Name] = true
+		names[foldName(t.Name)] = true
 		h := strings.ToLower(strings.TrimSpace(t.Hash))
 		var sum [sha256.Size]byte
 		if !hashRE.MatchString(h) {

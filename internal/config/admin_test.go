@@ -88,3 +88,34 @@ func TestAdminTokens(t *testing.T) {
 		t.Fatalf("allowed hosts %q", got)
 	}
 }
+
+// Names that audit lines could not tell from a built-in one, or from
+// another operator's, are refused with a clear error: the built-in token
+// names (admin_token, SLUICE_ADMIN_TOKEN, in any case or with - for _),
+// the words the logs use where no operator is named, names of punctuation
+// only, and names that differ from another only in case.
+func TestAdminTokenNamesReserved(t *testing.T) {
+	h1, h2 := sluice.HashKey("one-9b1f4c7e2a6d03b8"), sluice.HashKey("two-5e9f1a3c7b2d84f0")
+	for _, name := range []string{"admin_token", "ADMIN-TOKEN", "SLUICE_ADMIN_TOKEN", "sluice-admin-token", "unknown", "api", "Console", "none", "-", "...", "_"} {
+		doc := "policies:\n  p: {limit: 1/s}\nadmin_tokens:\n  - {name: \"" + name + "\", hash: " + h1 + "}\n"
+		_, err := Parse("s.yaml", []byte(doc))
+		if err == nil || !strings.Contains(err.Error(), "s.yaml:4: admin_tokens[0].name") || !strings.Contains(err.Error(), "reserved") {
+			t.Errorf("name %q: %v, want it refused as reserved", name, err)
+		}
+	}
+	for _, name := range []string{"", " ", " alice", "al ice", "alice\t"} {
+		doc := "policies:\n  p: {limit: 1/s}\nadmin_tokens:\n  - {name: \"" + name + "\", hash: " + h1 + "}\n"
+		if _, err := Parse("s.yaml", []byte(doc)); err == nil || !strings.Contains(err.Error(), "admin_tokens[0].name: a name of 1-64") {
+			t.Errorf("name %q: %v, want it refused", name, err)
+		}
+	}
+	doc := "policies:\n  p: {limit: 1/s}\nadmin_tokens:\n  - {name: alice, hash: " + h1 + "}\n  - {name: Alice, hash: " + h2 + "}\n"
+	if _, err := Parse("s.yaml", []byte(doc)); err == nil || !strings.Contains(err.Error(), `s.yaml:5: admin_tokens[1].name: "Alice" is named twice`) {
+		t.Errorf("alice and Alice: %v", err)
+	}
+	// Names like the built-ins' but not them are an operator's.
+	doc = "policies:\n  p: {limit: 1/s}\nadmin_tokens:\n  - {name: admin_token_2, hash: " + h1 + "}\n  - {name: api-team, hash: " + h2 + "}\n"
+	if _, err := Parse("s.yaml", []byte(doc)); err != nil {
+		t.Errorf("admin_token_2, api-team: %v", err)
+	}
+}

@@ -39,8 +39,6 @@ const (
 	// maxAdminPeers bounds the clients remembered; past it the one that
 	// failed longest ago is forgotten.
 	maxAdminPeers = 4096
-	// envAdminTokenName names SLUICE_ADMIN_TOKEN's token in audit lines.
-	envAdminTokenName = "SLUICE_ADMIN_TOKEN"
 )
 
 // adminVerdict is what checkAdmin found.
@@ -62,7 +60,7 @@ func (s *Server) adminTokens() []config.AdminToken {
 		return ts
 	}
 	out := make([]config.AdminToken, 0, len(ts)+1)
-	out = append(out, config.AdminToken{Name: envAdminTokenName, Hash: s.adminHash})
+	out = append(out, config.AdminToken{Name: config.EnvAdminTokenName, Hash: s.adminHash})
 	for _, t := range ts {
 		if t.Name != config.LegacyAdminTokenName {
 			out = append(out, t)
