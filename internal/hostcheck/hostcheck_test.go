@@ -119,7 +119,9 @@ func TestGuard(t *testing.T) {
 	next := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { reached++; _, _ = io.WriteString(w, "ok") })
 	h := Guard(next, func() *Policy { return &Policy{Allowed: allowed} },
 		func(r *http.Request) bool { return r.URL.Path == "/exempt" },
-		func(w http.ResponseWriter, r *http.Request) { http.Error(w, Message(r.Host, "allowed_hosts"), http.StatusForbidden) })
+		func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, Message(r.Host, "allowed_hosts"), http.StatusForbidden)
+		})
 	do := func(path, host string, hdr ...string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest("POST", path, nil)
 		r.Host = host
