@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 
 	"github.com/sluice-io/sluice/internal/envoyrls"
+	"github.com/sluice-io/sluice/internal/hostcheck"
 	"github.com/sluice-io/sluice/internal/rlqs"
 	"github.com/sluice-io/sluice/internal/server"
 )
@@ -42,6 +43,14 @@ func envoyComponent(d server.Deps) (server.Component, error) {
 		return nil, err
 	}
 	r := &envoyrls.Runner{Service: svc, GRPCAddr: sec.GRPCAddr, HTTPAddr: sec.HTTPAddr, GRPCOptions: d.Tracing.GRPCServerOptions(), Limits: sec.Limits()}
+	// /json answers browsers by the names the service does: the config's
+	// allowed_hosts (live, as the service reads them), the hosts of
+	// http_addr and listen, this machine's names.
+	own := hostcheck.OwnHosts()
+	r.Hosts = func() *hostcheck.Policy {
+		c := d.Config()
+		return &hostcheck.Policy{Listen: []string{sec.HTTPAddr, c.Listen}, Allowed: c.AllowedHosts, Own: own}
+	}
 	if cfg.File.RLQS != nil {
 		q, err := rlqs.New(rlqs.Options{Store: d.Store, Config: cfg.File.RLQS, Logger: d.Logger, Registerer: d.Metrics.Registry})
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,9 +21,10 @@ import (
 )
 
 // startEnvoyServe runs `sluice serve` with an envoy: section on the
-// deploy/envoy rate-limit files and returns the gRPC and HTTP addresses
+// deploy/envoy rate-limit files, and extra at the config's top level, and
+// returns the gRPC and HTTP addresses
 // from its log.
-func startEnvoyServe(t *testing.T) (grpcAddr, httpAddr string) {
+func startEnvoyServe(t *testing.T, extra string) (grpcAddr, httpAddr string) {
 	t.Helper()
 	// The deploy example's config, with the tenant limit per hour instead of
 	// per second, so that refill during the test cannot admit a 21st call.
@@ -39,7 +41,7 @@ func startEnvoyServe(t *testing.T) (grpcAddr, httpAddr string) {
 		t.Fatal(err)
 	}
 	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	doc := "store:\n  url: memory\nenvoy:\n  grpc_addr: 127.0.0.1:0\n  http_addr: 127.0.0.1:0\n  response_headers: true\n  config_dir: " + dir + "\n"
+	doc := "store:\n  url: memory\nenvoy:\n  grpc_addr: 127.0.0.1:0\n  http_addr: 127.0.0.1:0\n  response_headers: true\n  config_dir: " + dir + "\n" + extra
 	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +94,7 @@ func startEnvoyServe(t *testing.T) (grpcAddr, httpAddr string) {
 // TestServeEnvoy drives `sluice serve` with a real gRPC client, as Envoy
 // would.
 func TestServeEnvoy(t *testing.T) {
-	grpcAddr, httpAddr := startEnvoyServe(t)
+	grpcAddr, httpAddr := startEnvoyServe(t, "")
 	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -140,5 +142,82 @@ func TestServeEnvoy(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(body), `"overallCode":"OVER_LIMIT"`) {
 		t.Fatalf("/json: %d %s", resp.StatusCode, body)
+	}
+}
+
+// TestServeEnvoyHostCheck: DNS rebinding on the /json port. A page on
+// evil.example rebound to the service (Host: evil.example, Origin equal to
+// it, so that the cross-origin check passes) must not spend a descriptor's
+// limit or probe the port; loopback, the config's allowed_hosts and
+// clients that are not browsers are served.
+func TestServeEnvoyHostCheck(t *testing.T) {
+	_, httpAddr := startEnvoyServe(t, "allowed_hosts: [rls.internal.example]\n")
+	_, port, err := net.SplitHostPort(httpAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const spend = `{"domain":"edge","descriptors":[{"entries":[{"key":"tenant","value":"rebind"}]}]}`
+	do := func(method, path, host string, hdr ...string) (int, string) {
+		t.Helper()
+		var body io.Reader
+		if method == "POST" {
+			body = strings.NewReader(spend)
+		}
+		req, err := http.NewRequest(method, "http://"+httpAddr+path, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		req.Header.Set("Content-Type", "application/json")
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, c := range []struct{ method, path, host string }{
+		{"POST", "/json", "evil.example"},
+		{"POST", "/json", "evil.example:" + port},
+		{"GET", "/healthcheck", "evil.example:" + port},
+	} {
+		for _, marks := range [][]string{
+			{"Origin", "http://" + c.host},
+			{"Sec-Fetch-Site", "same-origin", "Sec-Fetch-Mode", "cors"},
+		} {
+			code, body := do(c.method, c.path, c.host, marks...)
+			if code != http.StatusForbidden || !strings.Contains(body, "DNS rebinding") || !strings.Contains(body, "allowed_hosts") {
+				t.Errorf("%s %s Host %s %v: %d %s, want 403 naming allowed_hosts", c.method, c.path, c.host, marks, code, body)
+			}
+		}
+	}
+	passed := 0
+	for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port, "rls.internal.example", "RLS.internal.example.:" + port} {
+		code, body := do("POST", "/json", host, "Origin", "http://"+host, "Sec-Fetch-Site", "same-origin")
+		if code != http.StatusOK {
+			t.Errorf("POST /json Host %s: %d %s, want 200", host, code, body)
+		}
+		passed++
+	}
+	// Not a browser (no Origin, Referer or Sec-Fetch-*): any Host.
+	code, body := do("POST", "/json", "evil.example")
+	if code != http.StatusOK {
+		t.Errorf("POST /json from curl with Host evil.example: %d %s", code, body)
+	}
+	passed++
+	// Only the requests that passed were charged: tenant is 20/h.
+	_, body = do("POST", "/json", "127.0.0.1:"+port)
+	passed++
+	var resp struct {
+		Statuses []struct {
+			LimitRemaining int `json:"limitRemaining"`
+		} `json:"statuses"`
+	}
+	if err := json.Unmarshal([]byte(body), &resp); err != nil || len(resp.Statuses) != 1 || resp.Statuses[0].LimitRemaining != 20-passed {
+		t.Fatalf("after %d charged requests: %s (%v), want %d remaining", passed, body, err, 20-passed)
 	}
 }

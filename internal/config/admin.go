@@ -4,8 +4,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"net/netip"
 	"strings"
+
+	"github.com/sluice-io/sluice/internal/hostcheck"
 )
 
 // Bounds of the admin and host sections.
@@ -13,7 +14,7 @@ const (
 	// MaxAdminTokens bounds admin_tokens.
 	MaxAdminTokens = 64
 	// MaxAllowedHosts bounds allowed_hosts.
-	MaxAllowedHosts = 256
+	MaxAllowedHosts = hostcheck.MaxAllowed
 	// LegacyAdminTokenName names the token of admin_token in audit lines.
 	LegacyAdminTokenName = "admin_token"
 	// EnvAdminTokenName names SLUICE_ADMIN_TOKEN's token in audit lines.
@@ -119,9 +120,9 @@ func (v *validator) compileAdmin(f *File, cfg *Config) {
 		v.addf("allowed_hosts", "%d hosts; at most %d", n, MaxAllowedHosts)
 	}
 	for i, h := range f.AllowedHosts {
-		norm, problem := allowedHost(h)
-		if problem != "" {
-			v.addf(fmt.Sprintf("allowed_hosts[%d]", i), "%q: %s", h, problem)
+		norm, err := hostcheck.Normalize(h)
+		if err != nil {
+			v.addf(fmt.Sprintf("allowed_hosts[%d]", i), "%q: %v", h, err)
 			continue
 		}
 		cfg.AllowedHosts = append(cfg.AllowedHosts, norm)
@@ -133,27 +134,4 @@ func cmpName(name string) string {
 		return "NAME"
 	}
 	return name
-}
-
-// allowedHost normalizes an allowed_hosts entry: a host name (lower
-// case, without a trailing dot), "*." and a domain (its subdomains), an
-// IP address, or "*" (every host: the check is off).
-func allowedHost(h string) (string, string) {
-	h = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(h)), ".")
-	if h == "*" {
-		return h, ""
-	}
-	if a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(h, "["), "]")); err == nil {
-		return a.Unmap().String(), ""
-	}
-	name := strings.TrimPrefix(h, "*.")
-	if name == "" || len(name) > 253 {
-		return "", "want a host name (no port, no scheme), *.domain, an IP address, or *"
-	}
-	for _, label := range strings.Split(name, ".") {
-		if label == "" || len(label) > 63 || strings.Trim(label, "abcdefghijklmnopqrstuvwxyz0123456789-_") != "" {
-			return "", "want a host name (no port, no scheme), *.domain, an IP address, or *"
-		}
-	}
-	return h, ""
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-io/sluice/internal/hostcheck"
 )
 
 // Config is the `envoy:` section of sluice serve's configuration file:
@@ -88,6 +90,27 @@ type Runner struct {
 	// Extras are more services on the gRPC server, such as the quota
 	// service of internal/rlqs.
 	Extras []Extra
+	// Hosts, when set, returns at each request the names the HTTP
+	// listener is known by (package hostcheck): a browser's request to
+	// /json or /healthcheck whose Host is not among them is refused with
+	// 403, as a page that rebinds its name to this address could
+	// otherwise spend any descriptor's limit. Nil means the host of
+	// HTTPAddr and this machine's names (and IP addresses and localhost,
+	// always).
+	Hosts func() *hostcheck.Policy
+}
+
+// httpHandler is the HTTP listener's handler: HTTPHandler behind the
+// Host check.
+func (r *Runner) httpHandler() http.Handler {
+	hosts := r.Hosts
+	if hosts == nil {
+		p := &hostcheck.Policy{Listen: []string{r.HTTPAddr}, Own: hostcheck.OwnHosts()}
+		hosts = func() *hostcheck.Policy { return p }
+	}
+	return hostcheck.Guard(r.Service.HTTPHandler(), hosts, nil, func(w http.ResponseWriter, req *http.Request) {
+		http.Error(w, "envoyrls: "+hostcheck.Message(req.Host, "allowed_hosts"), http.StatusForbidden)
+	})
 }
 
 // Name implements sluice serve's component interface.
@@ -132,7 +155,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.OnListen("http", hl.Addr())
 		}
 		running++
-		go func() { errc <- serveHTTP(ctx, hl, r.Service.HTTPHandler(), log) }()
+		go func() { errc <- serveHTTP(ctx, hl, r.httpHandler(), log) }()
 	}
 	var first error
 	for range running {
