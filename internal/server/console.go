@@ -152,6 +152,7 @@ type policyJSON struct {
 	Name      string `json:"name"`
 	Algorithm string `json:"algorithm"`
 	Limit     string `json:"limit"`
+	Human     string `json:"human"`
 	Shadow    bool   `json:"shadow"`
 	Lease     bool   `json:"lease"`
 }
@@ -162,7 +163,7 @@ func (s *Server) handleOverview(w http.ResponseWriter, r *http.Request) {
 	var ps []policyJSON
 	for _, n := range cfg.PolicyNames() {
 		p := cfg.Policies[n]
-		ps = append(ps, policyJSON{n, p.Algorithm.String(), p.Limit.String(), p.Shadow, p.Lease})
+		ps = append(ps, policyJSON{n, p.Algorithm.String(), p.Limit.String(), console.HumanLimit(p.Algorithm, p.Limit), p.Shadow, p.Lease})
 	}
 	type tierJSON struct {
 		Name     string   `json:"name"`
@@ -261,73 +262,6 @@ func consoleIdentity(cfg *config.Config, id string) (identity string, key *confi
 		return id, cfg.Keys[h], nil
 	}
 	return id, nil, nil
-}
-
-// maxPeekPolicies bounds the policies one look-up peeks.
-const maxPeekPolicies = 64
-
-func (s *Server) handleIdentity(w http.ResponseWriter, r *http.Request) {
-	cfg := s.cfg.Load()
-	q := r.URL.Query().Get("id")
-	identity, key, err := consoleIdentity(cfg, q)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "%v", err)
-		return
-	}
-	names := cfg.PolicyNames()
-	if len(names) > maxPeekPolicies {
-		names = names[:maxPeekPolicies]
-	}
-	var targets []target
-	for _, n := range names {
-		targets = append(targets, newTarget(cfg, cfg.Policies[n], metrics.NoTier, identity, key, 0))
-	}
-	type peekJSON struct {
-		Policy       string `json:"policy"`
-		Rate         int64  `json:"rate"`
-		PeriodMS     int64  `json:"period_ms"`
-		Remaining    int64  `json:"remaining"`
-		Allowed      bool   `json:"allowed"`
-		RetryAfterMS int64  `json:"retry_after_ms"`
-		Overridden   bool   `json:"overridden"`
-		Degraded     bool   `json:"degraded"`
-	}
-	out := map[string]any{"identity": q, "policies": []peekJSON{}}
-	if len(targets) > 0 {
-		configured := make([]sluice.Limit, len(targets))
-		for i := range targets {
-			configured[i] = targets[i].req.Limit
-		}
-		// One peek of every policy: their keys share the identity's hash
-		// tag, so one store call serves, on Cluster too.
-		res, err := s.decide(r, sluice.OpPeek, targets)
-		if err != nil {
-			s.writeDecideError(w, err)
-			return
-		}
-		ps := make([]peekJSON, len(targets))
-		for i, t := range res.targets {
-			d := res.decisions[i]
-			ps[i] = peekJSON{t.policy.Name, d.Limit.Rate, sluice.CeilMillis(d.Limit.Period), d.Remaining, d.Allowed,
-				sluice.CeilMillis(d.RetryAfter), t.req.Limit != configured[i], d.Degraded}
-		}
-		out["policies"] = ps
-	}
-	name := ""
-	if key != nil {
-		name = key.Name
-	}
-	matching := s.ovr.Set().Matching(identity, name)
-	now := s.ovr.Now()
-	ovs := make([]overrideJSON, len(matching))
-	for i, o := range matching {
-		ovs[i] = overrideJSON{o, o.Active(now)}
-	}
-	out["overrides"] = ovs
-	if !s.ovr.Shared() {
-		out["note"] = "overrides on the memory store are this instance's only"
-	}
-	writeAny(w, out)
 }
 
 func (s *Server) handleConsoleReset(w http.ResponseWriter, r *http.Request) {

@@ -71,7 +71,7 @@ func TestConsoleAPI(t *testing.T) {
 		t.Fatal(a.raw)
 	}
 	id := s.do(t, "GET", "/ui/api/identity?id=key_name:demo-free", "")
-	if id.status != 200 || !strings.Contains(id.raw, `"policy":"free","rate":40`) || !strings.Contains(id.raw, `"overridden":true`) || !strings.Contains(id.raw, `"limit":"40/min"`) {
+	if id.status != 200 || !strings.Contains(id.raw, `"policy":"free","algorithm":"token_bucket","rate":40`) || !strings.Contains(id.raw, `"overridden":true`) || !strings.Contains(id.raw, `"limit":"40/min"`) {
 		t.Fatalf("identity: %d %s", id.status, id.raw)
 	}
 	if a := s.do(t, "GET", "/ui/api/identity?id=key_name:nobody", ""); a.status != 400 {

@@ -39,7 +39,19 @@
     if (d < 120000) return "in " + Math.ceil(d / 1000) + "s";
     return "in " + Math.ceil(d / 60000) + "m";
   }
-  function fmtDur(ms) { return ms < 1000 ? ms + "ms" : ms < 120000 ? (ms / 1000) + "s" : (ms / 60000).toFixed(1) + "m"; }
+  // fmtDur writes a duration in its two largest units: 350ms, 1.5s,
+  // 1m30s, 2h5m, 1d (as the server's console.HumanDuration).
+  function fmtDur(ms) {
+    if (ms <= 0) return "0s";
+    if (ms < 1000) return Math.ceil(ms) + "ms";
+    if (ms < 10000) { const t = Math.ceil(ms / 100) / 10; return t + "s"; }
+    let s = Math.ceil(ms / 1000), out = "", n = 0;
+    for (const [u, d] of [["d", 86400], ["h", 3600], ["m", 60], ["s", 1]]) {
+      const q = Math.floor(s / d);
+      if (q > 0 || n > 0) { if (n === 2) break; if (q > 0) out += q + u; s -= q * d; n++; }
+    }
+    return out;
+  }
 
   // chart draws series of [x, y] lines into an SVG of w×h, y from 0.
   function chart(lines, w, h, xmin, xmax) {
@@ -121,7 +133,7 @@
     document.body.classList.toggle("admin", overview.admin);
     $("#mode").textContent = overview.admin ? "admin" : (overview.admin_enabled ? "read-only (enter the admin token to change)" : "read-only");
     $("#mode").className = "badge" + (overview.admin ? " admin" : "");
-    fill($("#policies tbody"), overview.policies.map((p) => row([p.name, p.algorithm, p.limit, [p.shadow ? "shadow" : "", p.lease ? "lease" : ""].filter(Boolean).join(" ")])));
+    fill($("#policies tbody"), overview.policies.map((p) => row([p.name, p.algorithm, p.human, [p.shadow ? "shadow" : "", p.lease ? "lease" : ""].filter(Boolean).join(" ")])));
     fill($("#tiers tbody"), overview.tiers.map((t) => row([t.name, t.policies.join(", ")])));
     fill($("#keys tbody"), overview.keys.map((k) => row([k.name, k.tier])));
     const sel = $("#ov-policy");
@@ -148,7 +160,13 @@
       const r = await api("api/identity?id=" + encodeURIComponent(id));
       $("#lookup").hidden = false;
       $("#lookup").dataset.identity = r.identity;
-      fill($("#peek tbody"), r.policies.map((p) => row([p.policy, p.rate + " per " + fmtDur(p.period_ms) + (p.overridden ? " (override)" : ""), String(p.remaining), el("span", p.allowed ? "passes" : "limited", p.allowed ? "allow" : "deny"), p.retry_after_ms ? fmtDur(p.retry_after_ms) : "–"])));
+      fill($("#peek tbody"), r.policies.map((p) => {
+        const tr = row([p.policy, p.human + (p.overridden ? " (override)" : ""), String(p.remaining), el("span", p.allowed ? "passes" : "limited", p.allowed ? "allow" : "deny"), p.retry_after || "–", p.why.join(", ")]);
+        tr.dataset.policy = p.policy;
+        return tr;
+      }));
+      if (!r.policies.length) fill($("#peek tbody"), [row(["no limit applies to it yet", "", "", "", "", ""])]);
+      $("#peek-others").textContent = r.others ? r.others + " other " + (r.others === 1 ? "policy does" : "policies do") + " not apply to it (not its tier's, no override, no state)" : "";
       const ul = $("#lookup-overrides");
       ul.replaceChildren(...r.overrides.map((o) => {
         const li = el("li", shown(o.identity) + " · " + (o.policy || "every policy") + " · " + (o.limit || (o.scale + "x")) + (o.until ? " until " + o.until : "") + (o.active ? "" : " (expired)") + (o.by ? " · by " + o.by : ""));

@@ -1,0 +1,61 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// This file drives the console's views in a real headless Chromium
+// (browser, in console_browser_test.go): the look-up, the confirmation of
+// destructive actions, the overrides list, the fleet charts, the phone
+// layout and the gateway's spend.
+
+// evalIn evaluates expr in ctx's page, failing t on an error.
+func evalIn[T any](ctx context.Context, t *testing.T, expr string) T {
+	t.Helper()
+	c, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(c, chromedp.Evaluate[T](expr))
+	if err != nil {
+		t.Fatalf("%s: %v", expr, err)
+	}
+	return v
+}
+
+// TestConsoleBrowserLookup: in Chromium, a look-up of an API key lists
+// its tier's policies only, in human units ("3 per day"), with why each
+// applies; a limited one's wait reads as a duration ("6s").
+func TestConsoleBrowserLookup(t *testing.T) {
+	ctx := browser(t)
+	s := startService(t, svcOptions{config: consoleConfig})
+	for range 11 {
+		s.check(t, fmt.Sprintf(`{"api_key":%q}`, freeKey))
+	}
+	run := browserRunner(ctx, t, 20*time.Second)
+	run("look up demo-pro", chromedp.Navigate(s.url+"/ui/"),
+		chromedp.SendKeys(chromedp.CSS("#lookup-id"), "key_name:demo-pro"),
+		chromedp.Click(chromedp.CSS(`#lookup-form button[type="submit"]`)),
+		poll(`document.querySelectorAll("#peek tbody tr[data-policy]").length > 0`))
+	rows := evalIn[[]string](ctx, t, `[...document.querySelectorAll("#peek tbody tr")].map(tr => [...tr.cells].map(td => td.textContent).join("|"))`)
+	want := []string{"daily|3 per day|3|passes|–|tier pro", "pro|100 per minute|100|passes|–|tier pro"}
+	if fmt.Sprint(rows) != fmt.Sprint(want) {
+		t.Errorf("demo-pro's look-up: %q, want %q", rows, want)
+	}
+	if got := evalIn[string](ctx, t, `document.querySelector("#peek-others").textContent`); got == "" {
+		t.Error("the look-up does not say that other policies do not apply")
+	}
+	run("look up demo-free, limited", chromedp.SetValue(chromedp.CSS("#lookup-id"), "key_name:demo-free"),
+		chromedp.Click(chromedp.CSS(`#lookup-form button[type="submit"]`)),
+		poll(`!!document.querySelector('#peek tbody tr[data-policy="free"]')`))
+	rows = evalIn[[]string](ctx, t, `[...document.querySelectorAll("#peek tbody tr")].map(tr => [...tr.cells].map(td => td.textContent).join("|"))`)
+	if want := []string{"free|10 per minute|0|limited|6s|tier free"}; fmt.Sprint(rows) != fmt.Sprint(want) {
+		t.Errorf("demo-free's look-up: %q, want %q", rows, want)
+	}
+	if got := evalIn[string](ctx, t, `[...document.querySelectorAll("#policies tbody tr")].find(tr => tr.cells[0].textContent === "daily").cells[2].textContent`); got != "3 per day" {
+		t.Errorf("the config's daily policy shows as %q", got)
+	}
+}
