@@ -3,10 +3,12 @@ package server
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/sluice-io/sluice"
 )
 
 // This file drives the console's views in a real headless Chromium
@@ -108,5 +110,50 @@ func TestConsoleBrowserConfirm(t *testing.T) {
 		poll(`document.querySelector("#lookup-msg").textContent === "override removed"`))
 	if n := overrides(); n != 0 {
 		t.Fatalf("the confirmed removal did not happen: %d left", n)
+	}
+}
+
+// TestConsoleBrowserOverridesList: in Chromium, with the admin token the
+// page lists the overrides in force: one set in the page with a reason
+// shows who set it, why and until when; one on an API key's identity
+// shows by the key's name and a hash prefix, the whole hash nowhere in
+// the page; one removed from the list (confirmed) is gone from the store.
+func TestConsoleBrowserOverridesList(t *testing.T) {
+	ctx := browser(t)
+	s := startService(t, svcOptions{config: consoleConfig})
+	hash := sluice.HashKey(freeKey)
+	if a := s.do(t, "PUT", "/v1/overrides", `{"identity":"key:`+hash+`","policy":"free","limit":"50/min"}`, bearer...); a.status != 201 {
+		t.Fatal(a.raw)
+	}
+	run := browserRunner(ctx, t, 20*time.Second)
+	run("without the token, no list", chromedp.Navigate(s.url+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#overrides-section .admin-hide")))
+	run("admin token, the list", chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		poll(`document.querySelectorAll("#overrides tbody tr[data-identity]").length === 1`))
+	run("set one with a reason", chromedp.SendKeys(chromedp.CSS("#lookup-id"), "tenant:listed"),
+		chromedp.Click(chromedp.CSS(`#lookup-form button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#peek tbody tr")),
+		chromedp.SetValue(chromedp.CSS("#ov-policy"), "b"),
+		chromedp.SendKeys(chromedp.CSS("#ov-limit"), "20000/day"),
+		chromedp.SendKeys(chromedp.CSS("#ov-ttl"), "2h"),
+		chromedp.SendKeys(chromedp.CSS("#ov-reason"), "launch week"),
+		chromedp.Click(chromedp.CSS(`#override-form button[type="submit"]`)),
+		poll(`document.querySelectorAll("#overrides tbody tr[data-identity]").length === 2`))
+	rows := evalIn[[]string](ctx, t, `[...document.querySelectorAll("#overrides tbody tr")].map(tr => [...tr.cells].slice(0, 5).map(td => td.textContent).join("|") + "|" + tr.cells[5].textContent.includes("(in 2h)"))`)
+	want := []string{ // soonest to expire first
+		"tenant:listed|b|20000 per day|SLUICE_ADMIN_TOKEN|launch week|true",
+		"key_name:demo-free (key:" + hash[:12] + "…)|free|50 per minute|SLUICE_ADMIN_TOKEN|–|false",
+	}
+	if fmt.Sprint(rows) != fmt.Sprint(want) {
+		t.Errorf("the list: %q, want %q", rows, want)
+	}
+	if text := evalIn[string](ctx, t, `document.body.innerText`); strings.Contains(text, hash) {
+		t.Error("the page shows an API key's whole hash")
+	}
+	run("remove, confirmed", chromedp.Click(chromedp.CSS(`#overrides tbody tr[data-identity="tenant:listed"] button`)),
+		chromedp.Click(chromedp.CSS("#overrides .confirm .confirm-yes")),
+		poll(`document.querySelectorAll("#overrides tbody tr[data-identity]").length === 1`))
+	if a := s.do(t, "GET", "/v1/overrides", "", bearer...); a.num("count") != 1 || strings.Contains(a.raw, "tenant:listed") {
+		t.Fatalf("after the removal: %s", a.raw)
 	}
 }

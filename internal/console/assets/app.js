@@ -185,13 +185,10 @@
       $("#peek-others").textContent = r.others ? r.others + " other " + (r.others === 1 ? "policy does" : "policies do") + " not apply to it (not its tier's, no override, no state)" : "";
       const ul = $("#lookup-overrides");
       ul.replaceChildren(...r.overrides.map((o) => {
-        const li = el("li", shown(o.identity) + " · " + (o.policy || "every policy") + " · " + (o.limit || (o.scale + "x")) + (o.until ? " until " + o.until : "") + (o.active ? "" : " (expired)") + (o.by ? " · by " + o.by : ""));
+        const li = el("li", shown(o.identity) + " · " + (o.policy || "every policy") + " · " + (o.limit || (o.scale + "x")) + (o.until ? " until " + new Date(o.until).toLocaleString() : "") + (o.active ? "" : " (expired)") + (o.by ? " · by " + o.by : "") + (o.reason ? " · " + o.reason : ""));
         if (document.body.classList.contains("admin")) {
           const b = el("button", "remove"); b.type = "button";
-          b.addEventListener("click", () => confirmStep(b, "Remove the override of " + shown(o.identity) + " for " + (o.policy || "every policy") + "? Its callers get the configured limit again at once.", "Remove", async () => {
-            try { await api(overridesPath + "?identity=" + encodeURIComponent(o.identity) + "&policy=" + encodeURIComponent(o.policy || ""), { method: "DELETE" }); await lookup($("#lookup").dataset.identity); await loadOverrides(); msg.textContent = "override removed"; }
-            catch (e) { msg.textContent = e.message; }
-          }));
+          b.addEventListener("click", () => removeOverride(b, o, msg));
           li.append(" ", b);
         }
         return li;
@@ -208,6 +205,7 @@
     sessionStorage.setItem("sluice-token", token);
     $("#token").value = "";
     await loadOverview().catch(() => {});
+    await loadOverrides().catch((e) => { $("#overrides-msg").textContent = e.message; });
   });
   $("#override-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
@@ -227,10 +225,13 @@
     if (m) body.scale = parseFloat(m[1]); else body.limit = v;
     const ttl = $("#ov-ttl").value.trim();
     if (ttl) body.ttl = ttl;
+    const reason = $("#ov-reason").value.trim();
+    if (reason) body.reason = reason;
     try {
       await api(overridesPath, { method: "PUT", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
       msg.textContent = "override set";
       await lookup(identity);
+      await loadOverrides().catch(() => {});
       msg.textContent = "override set";
     } catch (e) { msg.textContent = e.message; }
   });
@@ -263,14 +264,44 @@
     } catch (e) { msg.textContent = e.message; }
   });
 
-  // loadOverrides refreshes the list of active overrides (admin only).
-  async function loadOverrides() {}
+  // removeOverride deletes o after a confirmation, then refreshes what
+  // shows it.
+  function removeOverride(anchor, o, msg) {
+    confirmStep(anchor, "Remove the override of " + (o.shown || shown(o.identity)) + " for " + (o.policy || "every policy") + "? Its callers get the configured limit again at once.", "Remove", async () => {
+      try {
+        await api(overridesPath + "?identity=" + encodeURIComponent(o.identity) + "&policy=" + encodeURIComponent(o.policy || ""), { method: "DELETE" });
+        if (!$("#lookup").hidden && $("#lookup").dataset.identity) await lookup($("#lookup").dataset.identity);
+        await loadOverrides();
+        msg.textContent = "override removed";
+      } catch (e) { msg.textContent = e.message; }
+    });
+  }
+
+  // loadOverrides refreshes the list of active overrides (admin only):
+  // who set each, why, until when.
+  async function loadOverrides() {
+    if (!document.body.classList.contains("admin")) return;
+    const r = await api("api/overrides");
+    $("#overrides-scope").textContent = "(" + r.active + (r.shared ? ", every replica's" : ", this instance's") + (r.expired ? "; " + r.expired + " expired, kept until purged" : "") + ")";
+    // A box asking to confirm a removal stays open while it is asked.
+    if (document.querySelector("#overrides .confirm")) return;
+    fill($("#overrides tbody"), r.overrides.map((o) => {
+      const b = el("button", "remove"); b.type = "button";
+      b.addEventListener("click", () => removeOverride(b, o, $("#overrides-msg")));
+      const tr = row([shown(o.shown), o.policy || "every policy", o.human, o.by || "–", o.reason || "–",
+        o.until ? new Date(o.until).toLocaleString() + " (in " + o.expires_in + ")" : "until removed", b]);
+      tr.dataset.identity = o.identity;
+      tr.dataset.policy = o.policy || "";
+      return tr;
+    }));
+    if (!r.overrides.length) fill($("#overrides tbody"), [row(["no override is in force", "", "", "", "", "", ""])]);
+  }
 
   async function tick() {
-    await Promise.all([loadSeries(), loadTop()].map((p) => p.catch(() => {})));
+    await Promise.all([loadSeries(), loadTop(), loadOverrides()].map((p) => p.catch(() => {})));
     setTimeout(tick, refreshMs);
   }
-  loadOverview().catch((e) => { $("#store").textContent = e.message; });
+  loadOverview().then(() => loadOverrides().catch(() => {}), (e) => { $("#store").textContent = e.message; });
   setInterval(() => loadOverview().catch(() => {}), 15000);
   tick();
 })();
