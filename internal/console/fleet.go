@@ -83,12 +83,14 @@ type FleetSeries struct {
 
 // FleetChart is what the console draws for one range.
 type FleetChart struct {
-	Range    string        `json:"range"`
-	BucketMS int64         `json:"bucket_ms"`
-	From     int64         `json:"from"` // Unix ms
-	Now      int64         `json:"now"`  // Unix ms
-	Shared   bool          `json:"shared"`
-	Series   []FleetSeries `json:"series"`
+	Range    string `json:"range"`
+	BucketMS int64  `json:"bucket_ms"`
+	// IntervalMS is how often each replica flushes its counts.
+	IntervalMS int64         `json:"interval_ms"`
+	From       int64         `json:"from"` // Unix ms
+	Now        int64         `json:"now"`  // Unix ms
+	Shared     bool          `json:"shared"`
+	Series     []FleetSeries `json:"series"`
 }
 
 // Fleet sends this replica's decision counts to a FleetSink once an
@@ -160,7 +162,10 @@ func (f *Fleet) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case now := <-t.C:
-			if err := f.Flush(ctx, now); err != nil {
+			fctx, cancel := context.WithTimeout(ctx, f.interval)
+			err := f.Flush(fctx, now)
+			cancel()
+			if err != nil {
 				f.log.Warn("console: flushing the fleet's counts", "err", err)
 			}
 		}
@@ -184,7 +189,7 @@ func (f *Fleet) Chart(ctx context.Context, r Resolution, now time.Time) (FleetCh
 		return FleetChart{}, err
 	}
 	first := bucketOf(now.Add(-r.Range), r.Bucket)
-	out := FleetChart{Range: r.Name, BucketMS: r.Bucket.Milliseconds(), From: now.Add(-r.Range).UnixMilli(), Now: now.UnixMilli(),
+	out := FleetChart{Range: r.Name, BucketMS: r.Bucket.Milliseconds(), IntervalMS: f.interval.Milliseconds(), From: now.Add(-r.Range).UnixMilli(), Now: now.UnixMilli(),
 		Shared: f.sink.Shared(), Series: []FleetSeries{}}
 	for k, ts := range counts {
 		s := FleetSeries{SeriesKey: k, Points: make([]FleetPoint, len(ts))}

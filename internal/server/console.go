@@ -34,16 +34,21 @@ func consoleOf(cfg *config.Config) *console.Config {
 	return cfg.File.Console
 }
 
-// newConsole builds the console's series and top-K for a server whose
-// initial config enables it; sink nil means this instance's own top-K.
-func (s *Server) newConsole(cc *console.Config, sink console.TopSink) {
+// newConsole builds the console's series, fleet charts and top-K for a
+// server whose initial config enables it; sink and fleet nil mean this
+// instance's own top-K and charts.
+func (s *Server) newConsole(cc *console.Config, sink console.TopSink, fleet console.FleetSink) {
 	if cc == nil {
 		return
 	}
 	if sink == nil {
 		sink = console.NewMemoryTop()
 	}
+	if fleet == nil {
+		fleet = console.NewMemoryFleet()
+	}
 	s.series = console.NewSeries(s.decisionTotals, cc.SampleInterval)
+	s.fleet = console.NewFleet(s.decisionTotals, fleet, cc.SampleInterval, s.log)
 	s.top = console.NewTop(sink, cc.TopSample, s.log)
 	s.simulating = make(chan struct{}, 1)
 	static := http.FileServerFS(console.Assets())
@@ -57,6 +62,7 @@ func (s *Server) newConsole(cc *console.Config, sink console.TopSink) {
 	}))
 	s.handle("GET /ui/api/overview", "console", s.consoleOn(s.handleOverview))
 	s.handle("GET /ui/api/series", "console", s.consoleOn(s.handleSeries))
+	s.handle("GET /ui/api/fleet", "console", s.consoleOn(s.handleFleet))
 	s.handle("GET /ui/api/top", "console", s.consoleOn(s.handleTop))
 	s.handle("GET /ui/api/identity", "console", s.consoleOn(s.handleIdentity))
 	s.handle("GET /ui/api/overrides", "console", s.consoleOn(s.handleConsoleOverrides))
@@ -133,6 +139,29 @@ func writeAny(w http.ResponseWriter, v any) {
 
 func (s *Server) handleSeries(w http.ResponseWriter, _ *http.Request) {
 	writeAny(w, map[string]any{"interval_ms": s.series.Interval().Milliseconds(), "series": s.series.Snapshot()})
+}
+
+// handleFleet answers the fleet's charts over ?range= (15m, 1h, 6h, 24h;
+// default 15m).
+func (s *Server) handleFleet(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("range")
+	if name == "" {
+		name = console.Resolutions[0].Name
+	}
+	res, ok := console.ResolutionOf(name)
+	if !ok {
+		writeError(w, http.StatusBadRequest, "range %.16q: valid: 15m, 1h, 6h, 24h", name)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	ch, err := s.fleet.Chart(ctx, res, time.Now())
+	if err != nil {
+		s.log.Warn("console: reading the fleet's counts", "err", err)
+		writeError(w, http.StatusServiceUnavailable, "the store cannot be read now")
+		return
+	}
+	writeAny(w, ch)
 }
 
 func (s *Server) handleTop(w http.ResponseWriter, r *http.Request) {
@@ -396,7 +425,32 @@ func newTopSink(store sluice.Store) console.TopSink {
 	return nil
 }
 
-// consoleComponent samples the charts and flushes the top-K.
+// newFleetSink is the fleet charts' sink on store: Redis when it is, so
+// that the charts are the fleet's; nil (this instance's) otherwise.
+func newFleetSink(store sluice.Store) console.FleetSink {
+	if rs := redisOf(store); rs != nil {
+		return console.NewRedisFleet(rs.Client, "")
+	}
+	return nil
+}
+
+// redisOf finds the Redis store under store (through Unwrap), or nil.
+func redisOf(store sluice.Store) *redisstore.Store {
+	for st := store; st != nil; {
+		if rs, ok := st.(*redisstore.Store); ok {
+			return rs
+		}
+		u, ok := st.(interface{ Unwrap() sluice.Store })
+		if !ok {
+			return nil
+		}
+		st = u.Unwrap()
+	}
+	return nil
+}
+
+// consoleComponent samples the charts and flushes the top-K and the
+// fleet's counts.
 type consoleComponent struct{ s *Server }
 
 func (c consoleComponent) Name() string { return "console" }
@@ -407,7 +461,13 @@ func (c consoleComponent) Run(ctx context.Context) error {
 		defer close(done)
 		_ = c.s.top.Run(ctx)
 	}()
+	fleetDone := make(chan struct{})
+	go func() {
+		defer close(fleetDone)
+		_ = c.s.fleet.Run(ctx)
+	}()
 	err := c.s.series.Run(ctx)
 	<-done
+	<-fleetDone
 	return err
 }

@@ -53,8 +53,9 @@
     return out;
   }
 
-  // chart draws series of [x, y] lines into an SVG of w×h, y from 0.
-  function chart(lines, w, h, xmin, xmax) {
+  // chart draws series of [x, y] lines into an SVG of w×h, y from 0, with
+  // ticks ([x, label]) under the x axis.
+  function chart(lines, w, h, xmin, xmax, ticks) {
     const ns = "http://www.w3.org/2000/svg";
     const svg = document.createElementNS(ns, "svg");
     svg.setAttribute("viewBox", "0 0 " + w + " " + h);
@@ -70,6 +71,14 @@
     const top = document.createElementNS(ns, "text");
     top.setAttribute("x", 2); top.setAttribute("y", 12); top.textContent = fmtRate(ymax / 1.1);
     svg.append(top);
+    for (const [x, label] of ticks || []) {
+      const tx = document.createElementNS(ns, "text");
+      tx.setAttribute("x", Math.min(w - 30, Math.max(pad, X(x) - 14)).toFixed(1)); tx.setAttribute("y", h - 2);
+      tx.setAttribute("class", "tick"); tx.textContent = label;
+      const tl = document.createElementNS(ns, "path");
+      tl.setAttribute("d", "M" + X(x).toFixed(1) + " " + (h - 14) + "v3"); tl.setAttribute("class", "axis");
+      svg.append(tl, tx);
+    }
     for (const l of lines) {
       const pl = document.createElementNS(ns, "polyline");
       pl.setAttribute("class", l.cls);
@@ -79,35 +88,58 @@
     return svg;
   }
 
-  async function loadSeries() {
-    const s = await api("api/series");
-    refreshMs = Math.max(1000, Math.min(5000, s.interval_ms));
-    $("#interval").textContent = "(a point every " + fmtDur(s.interval_ms) + ")";
+  // The fleet charts' range, and the step of their time axis' ticks.
+  let range = "15m";
+  const tickStep = { "15m": 5 * 60e3, "1h": 15 * 60e3, "6h": 3600e3, "24h": 6 * 3600e3 };
+  const hhmm = (ms) => { const d = new Date(ms); return String(d.getHours()).padStart(2, "0") + ":" + String(d.getMinutes()).padStart(2, "0"); };
+
+  // loadFleet draws the fleet's decisions and denials per second over the
+  // range: each point a bucket's counts over its length, the current
+  // bucket's over the time it has run.
+  async function loadFleet() {
+    const f = await api("api/fleet?range=" + range);
+    if (f.range !== range) return; // the range changed meanwhile
+    refreshMs = Math.max(1000, Math.min(5000, f.interval_ms));
+    $("#interval").textContent = "(" + (f.shared ? "every replica" : "this instance") + ", a point every " + fmtDur(f.bucket_ms) + ")";
     const box = $("#charts");
-    if (!s.series.length) return;
-    // The x axis spans the data, up to the 15 minutes kept.
-    let from = Date.now();
-    const now = from;
-    for (const ser of s.series) if (ser.points.length) from = Math.min(from, ser.points[0].t);
-    from = Math.max(from, now - 15 * 60 * 1000);
+    box.dataset.range = f.range;
+    if (!f.series.length) { box.replaceChildren(el("p", "No decisions in this range.", "empty")); return; }
+    const ticks = [];
+    const step = tickStep[f.range] || 3600e3;
+    // Ticks at whole steps of local time (the offset of the zone in force).
+    const off = new Date(f.now).getTimezoneOffset() * 60e3;
+    for (let t = Math.ceil((f.from - off) / step) * step + off; t <= f.now; t += step) ticks.push([t, hhmm(t)]);
+    const secs = (p) => Math.max(1, (Math.min(f.now, p.t + f.bucket_ms) - p.t) / 1000);
     const figs = [];
-    for (const ser of s.series) {
+    for (const ser of f.series) {
       const fig = el("figure");
       fig.dataset.series = ser.policy + "/" + ser.tier;
-      const last = ser.points.length ? ser.points[ser.points.length - 1] : { d: 0, x: 0 };
+      const pts = ser.points.filter((p) => p.t < f.now);
+      // The current rate: the last two buckets, the last partial.
+      const tail = pts.slice(-2);
+      const span = tail.reduce((a, p) => a + secs(p), 0) || 1;
+      const curD = tail.reduce((a, p) => a + p.c, 0) / span, curX = tail.reduce((a, p) => a + p.x, 0) / span;
       const cap = el("figcaption");
       cap.append(el("strong", ser.policy + (ser.tier !== "-" ? " · " + ser.tier : "")));
-      const cur = el("span", fmtRate(last.d) + " /s, " + fmtRate(last.x) + " denied /s", "current");
-      cur.dataset.decisions = String(last.d);
+      const cur = el("span", fmtRate(curD) + " /s, " + fmtRate(curX) + " denied /s", "current");
+      cur.dataset.decisions = String(curD);
       cap.append(cur);
       fig.append(cap);
+      const mid = (p) => Math.min(f.now, p.t + f.bucket_ms / 2);
       fig.append(chart([
-        { cls: "d", points: ser.points.map((p) => [p.t, p.d]) },
-        { cls: "x", points: ser.points.map((p) => [p.t, p.x]) },
-      ], 400, 120, from, now));
+        { cls: "d", points: pts.map((p) => [mid(p), p.c / secs(p)]) },
+        { cls: "x", points: pts.map((p) => [mid(p), p.x / secs(p)]) },
+      ], 400, 130, f.from, f.now, ticks));
       figs.push(fig);
     }
     box.replaceChildren(...figs);
+  }
+  for (const b of document.querySelectorAll("#ranges button")) {
+    b.addEventListener("click", () => {
+      range = b.dataset.range;
+      for (const o of document.querySelectorAll("#ranges button")) o.setAttribute("aria-pressed", String(o === b));
+      loadFleet().catch(() => {});
+    });
   }
 
   async function loadTop() {
@@ -298,7 +330,7 @@
   }
 
   async function tick() {
-    await Promise.all([loadSeries(), loadTop(), loadOverrides()].map((p) => p.catch(() => {})));
+    await Promise.all([loadFleet(), loadTop(), loadOverrides()].map((p) => p.catch(() => {})));
     setTimeout(tick, refreshMs);
   }
   loadOverview().then(() => loadOverrides().catch(() => {}), (e) => { $("#store").textContent = e.message; });
