@@ -34,16 +34,21 @@ func consoleOf(cfg *config.Config) *console.Config {
 	return cfg.File.Console
 }
 
-// newConsole builds the console's series and top-K for a server whose
-// initial config enables it; sink nil means this instance's own top-K.
-func (s *Server) newConsole(cc *console.Config, sink console.TopSink) {
+// newConsole builds the console's series, fleet charts and top-K for a
+// server whose initial config enables it; sink and fleet nil mean this
+// instance's own top-K and charts.
+func (s *Server) newConsole(cc *console.Config, sink console.TopSink, fleet console.FleetSink) {
 	if cc == nil {
 		return
 	}
 	if sink == nil {
 		sink = console.NewMemoryTop()
 	}
+	if fleet == nil {
+		fleet = console.NewMemoryFleet()
+	}
 	s.series = console.NewSeries(s.decisionTotals, cc.SampleInterval)
+	s.fleet = console.NewFleet(s.decisionTotals, fleet, cc.SampleInterval, s.log)
 	s.top = console.NewTop(sink, cc.TopSample, s.log)
 	s.simulating = make(chan struct{}, 1)
 	static := http.FileServerFS(console.Assets())
@@ -57,8 +62,10 @@ func (s *Server) newConsole(cc *console.Config, sink console.TopSink) {
 	}))
 	s.handle("GET /ui/api/overview", "console", s.consoleOn(s.handleOverview))
 	s.handle("GET /ui/api/series", "console", s.consoleOn(s.handleSeries))
+	s.handle("GET /ui/api/fleet", "console", s.consoleOn(s.handleFleet))
 	s.handle("GET /ui/api/top", "console", s.consoleOn(s.handleTop))
 	s.handle("GET /ui/api/identity", "console", s.consoleOn(s.handleIdentity))
+	s.handle("GET /ui/api/overrides", "console", s.consoleOn(s.handleConsoleOverrides))
 	s.handle("POST /ui/api/reset", "console", s.consoleOn(s.sameOrigin(s.handleConsoleReset)))
 	s.handle("POST /ui/api/simulate", "console", s.consoleOn(s.sameOrigin(s.handleSimulate)))
 }
@@ -134,6 +141,29 @@ func (s *Server) handleSeries(w http.ResponseWriter, _ *http.Request) {
 	writeAny(w, map[string]any{"interval_ms": s.series.Interval().Milliseconds(), "series": s.series.Snapshot()})
 }
 
+// handleFleet answers the fleet's charts over ?range= (15m, 1h, 6h, 24h;
+// default 15m).
+func (s *Server) handleFleet(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("range")
+	if name == "" {
+		name = console.Resolutions[0].Name
+	}
+	res, ok := console.ResolutionOf(name)
+	if !ok {
+		writeError(w, http.StatusBadRequest, "range %.16q: valid: 15m, 1h, 6h, 24h", name)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	ch, err := s.fleet.Chart(ctx, res, time.Now())
+	if err != nil {
+		s.log.Warn("console: reading the fleet's counts", "err", err)
+		writeError(w, http.StatusServiceUnavailable, "the store cannot be read now")
+		return
+	}
+	writeAny(w, ch)
+}
+
 func (s *Server) handleTop(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
@@ -152,6 +182,7 @@ type policyJSON struct {
 	Name      string `json:"name"`
 	Algorithm string `json:"algorithm"`
 	Limit     string `json:"limit"`
+	Human     string `json:"human"`
 	Shadow    bool   `json:"shadow"`
 	Lease     bool   `json:"lease"`
 }
@@ -162,7 +193,7 @@ func (s *Server) handleOverview(w http.ResponseWriter, r *http.Request) {
 	var ps []policyJSON
 	for _, n := range cfg.PolicyNames() {
 		p := cfg.Policies[n]
-		ps = append(ps, policyJSON{n, p.Algorithm.String(), p.Limit.String(), p.Shadow, p.Lease})
+		ps = append(ps, policyJSON{n, p.Algorithm.String(), p.Limit.String(), console.HumanLimit(p.Algorithm, p.Limit), p.Shadow, p.Lease})
 	}
 	type tierJSON struct {
 		Name     string   `json:"name"`
@@ -263,82 +294,23 @@ func consoleIdentity(cfg *config.Config, id string) (identity string, key *confi
 	return id, nil, nil
 }
 
-// maxPeekPolicies bounds the policies one look-up peeks.
-const maxPeekPolicies = 64
-
-func (s *Server) handleIdentity(w http.ResponseWriter, r *http.Request) {
-	cfg := s.cfg.Load()
-	q := r.URL.Query().Get("id")
-	identity, key, err := consoleIdentity(cfg, q)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "%v", err)
-		return
-	}
-	names := cfg.PolicyNames()
-	if len(names) > maxPeekPolicies {
-		names = names[:maxPeekPolicies]
-	}
-	var targets []target
-	for _, n := range names {
-		targets = append(targets, newTarget(cfg, cfg.Policies[n], metrics.NoTier, identity, key, 0))
-	}
-	type peekJSON struct {
-		Policy       string `json:"policy"`
-		Rate         int64  `json:"rate"`
-		PeriodMS     int64  `json:"period_ms"`
-		Remaining    int64  `json:"remaining"`
-		Allowed      bool   `json:"allowed"`
-		RetryAfterMS int64  `json:"retry_after_ms"`
-		Overridden   bool   `json:"overridden"`
-		Degraded     bool   `json:"degraded"`
-	}
-	out := map[string]any{"identity": q, "policies": []peekJSON{}}
-	if len(targets) > 0 {
-		configured := make([]sluice.Limit, len(targets))
-		for i := range targets {
-			configured[i] = targets[i].req.Limit
-		}
-		// One peek of every policy: their keys share the identity's hash
-		// tag, so one store call serves, on Cluster too.
-		res, err := s.decide(r, sluice.OpPeek, targets)
-		if err != nil {
-			s.writeDecideError(w, err)
-			return
-		}
-		ps := make([]peekJSON, len(targets))
-		for i, t := range res.targets {
-			d := res.decisions[i]
-			ps[i] = peekJSON{t.policy.Name, d.Limit.Rate, sluice.CeilMillis(d.Limit.Period), d.Remaining, d.Allowed,
-				sluice.CeilMillis(d.RetryAfter), t.req.Limit != configured[i], d.Degraded}
-		}
-		out["policies"] = ps
-	}
-	name := ""
-	if key != nil {
-		name = key.Name
-	}
-	matching := s.ovr.Set().Matching(identity, name)
-	now := s.ovr.Now()
-	ovs := make([]overrideJSON, len(matching))
-	for i, o := range matching {
-		ovs[i] = overrideJSON{o, o.Active(now)}
-	}
-	out["overrides"] = ovs
-	if !s.ovr.Shared() {
-		out["note"] = "overrides on the memory store are this instance's only"
-	}
-	writeAny(w, out)
-}
-
 func (s *Server) handleConsoleReset(w http.ResponseWriter, r *http.Request) {
 	by, ok := s.authorizeAdmin(w, r, "reset")
 	if !ok {
 		return
 	}
 	cfg := s.cfg.Load()
-	identity, key, err := consoleIdentity(cfg, r.URL.Query().Get("id"))
+	q := r.URL.Query()
+	identity, key, err := consoleIdentity(cfg, q.Get("id"))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	// A reset forgets every count of the identity at once: the page asks
+	// first, and the request must say again whom it resets, so that a
+	// stray or replayed click without its confirmation does nothing.
+	if c, ok := q["confirm"]; !ok || len(c) != 1 || c[0] != q.Get("id") {
+		writeError(w, http.StatusPreconditionRequired, "a reset needs confirm=ID, the id again: it forgets every count of the identity")
 		return
 	}
 	var reqs []sluice.Request
@@ -453,7 +425,32 @@ func newTopSink(store sluice.Store) console.TopSink {
 	return nil
 }
 
-// consoleComponent samples the charts and flushes the top-K.
+// newFleetSink is the fleet charts' sink on store: Redis when it is, so
+// that the charts are the fleet's; nil (this instance's) otherwise.
+func newFleetSink(store sluice.Store) console.FleetSink {
+	if rs := redisOf(store); rs != nil {
+		return console.NewRedisFleet(rs.Client, "")
+	}
+	return nil
+}
+
+// redisOf finds the Redis store under store (through Unwrap), or nil.
+func redisOf(store sluice.Store) *redisstore.Store {
+	for st := store; st != nil; {
+		if rs, ok := st.(*redisstore.Store); ok {
+			return rs
+		}
+		u, ok := st.(interface{ Unwrap() sluice.Store })
+		if !ok {
+			return nil
+		}
+		st = u.Unwrap()
+	}
+	return nil
+}
+
+// consoleComponent samples the charts and flushes the top-K and the
+// fleet's counts.
 type consoleComponent struct{ s *Server }
 
 func (c consoleComponent) Name() string { return "console" }
@@ -464,7 +461,13 @@ func (c consoleComponent) Run(ctx context.Context) error {
 		defer close(done)
 		_ = c.s.top.Run(ctx)
 	}()
+	fleetDone := make(chan struct{})
+	go func() {
+		defer close(fleetDone)
+		_ = c.s.fleet.Run(ctx)
+	}()
 	err := c.s.series.Run(ctx)
 	<-done
+	<-fleetDone
 	return err
 }

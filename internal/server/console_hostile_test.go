@@ -142,6 +142,7 @@ func TestConsoleBrowserUnderPrefix(t *testing.T) {
 	}
 	run("remove it from the page",
 		poll(`(() => { const b = document.querySelector("#lookup-overrides li button"); if (!b) return false; b.click(); return true; })()`),
+		chromedp.Click(chromedp.CSS(".confirm .confirm-yes")),
 		poll(`document.querySelector("#lookup-overrides li").textContent === "none"`),
 	)
 	if got := leaked.Load(); got != nil {

@@ -71,7 +71,7 @@ func TestConsoleAPI(t *testing.T) {
 		t.Fatal(a.raw)
 	}
 	id := s.do(t, "GET", "/ui/api/identity?id=key_name:demo-free", "")
-	if id.status != 200 || !strings.Contains(id.raw, `"policy":"free","rate":40`) || !strings.Contains(id.raw, `"overridden":true`) || !strings.Contains(id.raw, `"limit":"40/min"`) {
+	if id.status != 200 || !strings.Contains(id.raw, `"policy":"free","algorithm":"token_bucket","rate":40`) || !strings.Contains(id.raw, `"overridden":true`) || !strings.Contains(id.raw, `"limit":"40/min"`) {
 		t.Fatalf("identity: %d %s", id.status, id.raw)
 	}
 	if a := s.do(t, "GET", "/ui/api/identity?id=key_name:nobody", ""); a.status != 400 {
@@ -80,7 +80,16 @@ func TestConsoleAPI(t *testing.T) {
 	if a := s.do(t, "POST", "/ui/api/reset?id=key_name:demo-free", ""); a.status != 401 {
 		t.Fatalf("reset without token: %d", a.status)
 	}
-	if a := s.do(t, "POST", "/ui/api/reset?id=key_name:demo-free", "", bearer...); a.status != 200 {
+	// Without its confirmation (the id again) a reset does nothing.
+	for _, q := range []string{"", "&confirm=", "&confirm=key_name:demo-pro", "&confirm=key_name:demo-free&confirm=key_name:demo-free"} {
+		if a := s.do(t, "POST", "/ui/api/reset?id=key_name:demo-free"+q, "", bearer...); a.status != 428 {
+			t.Fatalf("reset with %q: %d %s", q, a.status, a.raw)
+		}
+	}
+	if a := s.check(t, fmt.Sprintf(`{"api_key":%q}`, freeKey)); a.status != 429 {
+		t.Fatalf("a reset without confirmation reset: %d %s", a.status, a.raw)
+	}
+	if a := s.do(t, "POST", "/ui/api/reset?id=key_name:demo-free&confirm=key_name:demo-free", "", bearer...); a.status != 200 {
 		t.Fatalf("reset: %d %s", a.status, a.raw)
 	}
 	if a := s.check(t, fmt.Sprintf(`{"api_key":%q}`, freeKey)); a.num("remaining") != 39 {

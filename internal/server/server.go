@@ -72,6 +72,9 @@ type Options struct {
 	// TopSink keeps the console's top limited identities; nil means this
 	// instance's own. Unused unless the config enables the console.
 	TopSink console.TopSink
+	// FleetSink keeps the console's fleet charts; nil means this
+	// instance's own.
+	FleetSink console.FleetSink
 }
 
 // Server serves the HTTP API. It is safe for concurrent use.
@@ -88,6 +91,7 @@ type Server struct {
 	ovr       *overrides.Manager
 	series    *console.Series // nil unless the console is enabled
 	top       *console.Top    // nil unless the console is enabled
+	fleet     *console.Fleet  // nil unless the console is enabled
 	// simulating holds the one console simulation that may run at a time.
 	simulating chan struct{}
 	draining   atomic.Bool
@@ -167,7 +171,7 @@ func New(opts Options) (*Server, error) {
 		writeText(w, http.StatusOK, "ok\n")
 	})
 	s.handle("GET /readyz", "readyz", s.handleReady)
-	s.newConsole(consoleOf(opts.Config), opts.TopSink)
+	s.newConsole(consoleOf(opts.Config), opts.TopSink, opts.FleetSink)
 	s.mux.Handle("GET /metrics", s.m.Handler())
 	s.handle("/", "other", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint %s %s; see docs/API.md", r.Method, r.URL.Path)

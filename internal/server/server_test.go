@@ -724,7 +724,7 @@ func TestResetAudit(t *testing.T) {
 	if a := s.do(t, "POST", "/v1/reset", `{"policy":"b","key":"r"}`, "Authorization", "Bearer "+adminToken); a.status != 200 {
 		t.Fatalf("reset: %d %s", a.status, a.raw)
 	}
-	if a := s.do(t, "POST", "/ui/api/reset?id=q", "", "Authorization", "Bearer "+adminToken); a.status != 200 {
+	if a := s.do(t, "POST", "/ui/api/reset?id=q&confirm=q", "", "Authorization", "Bearer "+adminToken); a.status != 200 {
 		t.Fatalf("console reset: %d %s", a.status, a.raw)
 	}
 	var lines []string

@@ -130,7 +130,7 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 	defer g.Close()
 	m := metrics.New()
 	m.ReloadResult(nil, time.Now())
-	srv, err := New(Options{Store: g, Config: cfg, Metrics: m, Logger: log, AdminToken: opts.AdminToken, Clock: opts.Clock, Overrides: ovr, TopSink: newTopSink(store)})
+	srv, err := New(Options{Store: g, Config: cfg, Metrics: m, Logger: log, AdminToken: opts.AdminToken, Clock: opts.Clock, Overrides: ovr, TopSink: newTopSink(store), FleetSink: newFleetSink(store)})
 	if err != nil {
 		return err
 	}

@@ -39,10 +39,23 @@
     if (d < 120000) return "in " + Math.ceil(d / 1000) + "s";
     return "in " + Math.ceil(d / 60000) + "m";
   }
-  function fmtDur(ms) { return ms < 1000 ? ms + "ms" : ms < 120000 ? (ms / 1000) + "s" : (ms / 60000).toFixed(1) + "m"; }
+  // fmtDur writes a duration in its two largest units: 350ms, 1.5s,
+  // 1m30s, 2h5m, 1d (as the server's console.HumanDuration).
+  function fmtDur(ms) {
+    if (ms <= 0) return "0s";
+    if (ms < 1000) return Math.ceil(ms) + "ms";
+    if (ms < 10000) { const t = Math.ceil(ms / 100) / 10; return t + "s"; }
+    let s = Math.ceil(ms / 1000), out = "", n = 0;
+    for (const [u, d] of [["d", 86400], ["h", 3600], ["m", 60], ["s", 1]]) {
+      const q = Math.floor(s / d);
+      if (q > 0 || n > 0) { if (n === 2) break; if (q > 0) out += q + u; s -= q * d; n++; }
+    }
+    return out;
+  }
 
-  // chart draws series of [x, y] lines into an SVG of w×h, y from 0.
-  function chart(lines, w, h, xmin, xmax) {
+  // chart draws series of [x, y] lines into an SVG of w×h, y from 0, with
+  // ticks ([x, label]) under the x axis.
+  function chart(lines, w, h, xmin, xmax, ticks) {
     const ns = "http://www.w3.org/2000/svg";
     const svg = document.createElementNS(ns, "svg");
     svg.setAttribute("viewBox", "0 0 " + w + " " + h);
@@ -58,6 +71,14 @@
     const top = document.createElementNS(ns, "text");
     top.setAttribute("x", 2); top.setAttribute("y", 12); top.textContent = fmtRate(ymax / 1.1);
     svg.append(top);
+    for (const [x, label] of ticks || []) {
+      const tx = document.createElementNS(ns, "text");
+      tx.setAttribute("x", Math.min(w - 30, Math.max(pad, X(x) - 14)).toFixed(1)); tx.setAttribute("y", h - 2);
+      tx.setAttribute("class", "tick"); tx.textContent = label;
+      const tl = document.createElementNS(ns, "path");
+      tl.setAttribute("d", "M" + X(x).toFixed(1) + " " + (h - 14) + "v3"); tl.setAttribute("class", "axis");
+      svg.append(tl, tx);
+    }
     for (const l of lines) {
       const pl = document.createElementNS(ns, "polyline");
       pl.setAttribute("class", l.cls);
@@ -67,35 +88,58 @@
     return svg;
   }
 
-  async function loadSeries() {
-    const s = await api("api/series");
-    refreshMs = Math.max(1000, Math.min(5000, s.interval_ms));
-    $("#interval").textContent = "(a point every " + fmtDur(s.interval_ms) + ")";
+  // The fleet charts' range, and the step of their time axis' ticks.
+  let range = "15m";
+  const tickStep = { "15m": 5 * 60e3, "1h": 15 * 60e3, "6h": 3600e3, "24h": 6 * 3600e3 };
+  const hhmm = (ms) => { const d = new Date(ms); return String(d.getHours()).padStart(2, "0") + ":" + String(d.getMinutes()).padStart(2, "0"); };
+
+  // loadFleet draws the fleet's decisions and denials per second over the
+  // range: each point a bucket's counts over its length, the current
+  // bucket's over the time it has run.
+  async function loadFleet() {
+    const f = await api("api/fleet?range=" + range);
+    if (f.range !== range) return; // the range changed meanwhile
+    refreshMs = Math.max(1000, Math.min(5000, f.interval_ms));
+    $("#interval").textContent = "(" + (f.shared ? "every replica" : "this instance") + ", a point every " + fmtDur(f.bucket_ms) + ")";
     const box = $("#charts");
-    if (!s.series.length) return;
-    // The x axis spans the data, up to the 15 minutes kept.
-    let from = Date.now();
-    const now = from;
-    for (const ser of s.series) if (ser.points.length) from = Math.min(from, ser.points[0].t);
-    from = Math.max(from, now - 15 * 60 * 1000);
+    box.dataset.range = f.range;
+    if (!f.series.length) { box.replaceChildren(el("p", "No decisions in this range.", "empty")); return; }
+    const ticks = [];
+    const step = tickStep[f.range] || 3600e3;
+    // Ticks at whole steps of local time (the offset of the zone in force).
+    const off = new Date(f.now).getTimezoneOffset() * 60e3;
+    for (let t = Math.ceil((f.from - off) / step) * step + off; t <= f.now; t += step) ticks.push([t, hhmm(t)]);
+    const secs = (p) => Math.max(1, (Math.min(f.now, p.t + f.bucket_ms) - p.t) / 1000);
     const figs = [];
-    for (const ser of s.series) {
+    for (const ser of f.series) {
       const fig = el("figure");
       fig.dataset.series = ser.policy + "/" + ser.tier;
-      const last = ser.points.length ? ser.points[ser.points.length - 1] : { d: 0, x: 0 };
+      const pts = ser.points.filter((p) => p.t < f.now);
+      // The current rate: the last two buckets, the last partial.
+      const tail = pts.slice(-2);
+      const span = tail.reduce((a, p) => a + secs(p), 0) || 1;
+      const curD = tail.reduce((a, p) => a + p.c, 0) / span, curX = tail.reduce((a, p) => a + p.x, 0) / span;
       const cap = el("figcaption");
       cap.append(el("strong", ser.policy + (ser.tier !== "-" ? " · " + ser.tier : "")));
-      const cur = el("span", fmtRate(last.d) + " /s, " + fmtRate(last.x) + " denied /s", "current");
-      cur.dataset.decisions = String(last.d);
+      const cur = el("span", fmtRate(curD) + " /s, " + fmtRate(curX) + " denied /s", "current");
+      cur.dataset.decisions = String(curD);
       cap.append(cur);
       fig.append(cap);
+      const mid = (p) => Math.min(f.now, p.t + f.bucket_ms / 2);
       fig.append(chart([
-        { cls: "d", points: ser.points.map((p) => [p.t, p.d]) },
-        { cls: "x", points: ser.points.map((p) => [p.t, p.x]) },
-      ], 400, 120, from, now));
+        { cls: "d", points: pts.map((p) => [mid(p), p.c / secs(p)]) },
+        { cls: "x", points: pts.map((p) => [mid(p), p.x / secs(p)]) },
+      ], 400, 130, f.from, f.now, ticks));
       figs.push(fig);
     }
     box.replaceChildren(...figs);
+  }
+  for (const b of document.querySelectorAll("#ranges button")) {
+    b.addEventListener("click", () => {
+      range = b.dataset.range;
+      for (const o of document.querySelectorAll("#ranges button")) o.setAttribute("aria-pressed", String(o === b));
+      loadFleet().catch(() => {});
+    });
   }
 
   async function loadTop() {
@@ -121,7 +165,7 @@
     document.body.classList.toggle("admin", overview.admin);
     $("#mode").textContent = overview.admin ? "admin" : (overview.admin_enabled ? "read-only (enter the admin token to change)" : "read-only");
     $("#mode").className = "badge" + (overview.admin ? " admin" : "");
-    fill($("#policies tbody"), overview.policies.map((p) => row([p.name, p.algorithm, p.limit, [p.shadow ? "shadow" : "", p.lease ? "lease" : ""].filter(Boolean).join(" ")])));
+    fill($("#policies tbody"), overview.policies.map((p) => row([p.name, p.algorithm, p.human, [p.shadow ? "shadow" : "", p.lease ? "lease" : ""].filter(Boolean).join(" ")])));
     fill($("#tiers tbody"), overview.tiers.map((t) => row([t.name, t.policies.join(", ")])));
     fill($("#keys tbody"), overview.keys.map((k) => row([k.name, k.tier])));
     const sel = $("#ov-policy");
@@ -139,6 +183,22 @@
     }
   }
 
+  // confirmStep asks before a destructive action: it opens a box after
+  // anchor saying what will happen, and runs action only when its
+  // confirming button is pressed (one box open at a time).
+  function confirmStep(anchor, question, yesLabel, action) {
+    for (const old of document.querySelectorAll(".confirm")) old.remove();
+    const box = el("div", undefined, "confirm");
+    box.setAttribute("role", "alertdialog");
+    const yes = el("button", yesLabel, "confirm-yes danger"); yes.type = "button";
+    const no = el("button", "Cancel", "confirm-no"); no.type = "button";
+    yes.addEventListener("click", async () => { box.remove(); await action(); });
+    no.addEventListener("click", () => box.remove());
+    box.append(el("p", question), yes, " ", no);
+    anchor.after(box);
+    no.focus();
+  }
+
   // lookup shows identity id, by default the one typed in the field.
   async function lookup(id) {
     if (id === undefined) id = $("#lookup-id").value.trim();
@@ -148,16 +208,19 @@
       const r = await api("api/identity?id=" + encodeURIComponent(id));
       $("#lookup").hidden = false;
       $("#lookup").dataset.identity = r.identity;
-      fill($("#peek tbody"), r.policies.map((p) => row([p.policy, p.rate + " per " + fmtDur(p.period_ms) + (p.overridden ? " (override)" : ""), String(p.remaining), el("span", p.allowed ? "passes" : "limited", p.allowed ? "allow" : "deny"), p.retry_after_ms ? fmtDur(p.retry_after_ms) : "–"])));
+      fill($("#peek tbody"), r.policies.map((p) => {
+        const tr = row([p.policy, p.human + (p.overridden ? " (override)" : ""), String(p.remaining), el("span", p.allowed ? "passes" : "limited", p.allowed ? "allow" : "deny"), p.retry_after || "–", p.why.join(", ")]);
+        tr.dataset.policy = p.policy;
+        return tr;
+      }));
+      if (!r.policies.length) fill($("#peek tbody"), [row(["no limit applies to it yet", "", "", "", "", ""])]);
+      $("#peek-others").textContent = r.others ? r.others + " other " + (r.others === 1 ? "policy does" : "policies do") + " not apply to it (not its tier's, no override, no state)" : "";
       const ul = $("#lookup-overrides");
       ul.replaceChildren(...r.overrides.map((o) => {
-        const li = el("li", shown(o.identity) + " · " + (o.policy || "every policy") + " · " + (o.limit || (o.scale + "x")) + (o.until ? " until " + o.until : "") + (o.active ? "" : " (expired)") + (o.by ? " · by " + o.by : ""));
+        const li = el("li", shown(o.identity) + " · " + (o.policy || "every policy") + " · " + (o.limit || (o.scale + "x")) + (o.until ? " until " + new Date(o.until).toLocaleString() : "") + (o.active ? "" : " (expired)") + (o.by ? " · by " + o.by : "") + (o.reason ? " · " + o.reason : ""));
         if (document.body.classList.contains("admin")) {
           const b = el("button", "remove"); b.type = "button";
-          b.addEventListener("click", async () => {
-            try { await api(overridesPath + "?identity=" + encodeURIComponent(o.identity) + "&policy=" + encodeURIComponent(o.policy || ""), { method: "DELETE" }); await lookup($("#lookup").dataset.identity); }
-            catch (e) { msg.textContent = e.message; }
-          });
+          b.addEventListener("click", () => removeOverride(b, o, msg));
           li.append(" ", b);
         }
         return li;
@@ -174,6 +237,7 @@
     sessionStorage.setItem("sluice-token", token);
     $("#token").value = "";
     await loadOverview().catch(() => {});
+    await loadOverrides().catch((e) => { $("#overrides-msg").textContent = e.message; });
   });
   $("#override-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
@@ -193,21 +257,27 @@
     if (m) body.scale = parseFloat(m[1]); else body.limit = v;
     const ttl = $("#ov-ttl").value.trim();
     if (ttl) body.ttl = ttl;
+    const reason = $("#ov-reason").value.trim();
+    if (reason) body.reason = reason;
     try {
       await api(overridesPath, { method: "PUT", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
       msg.textContent = "override set";
       await lookup(identity);
+      await loadOverrides().catch(() => {});
       msg.textContent = "override set";
     } catch (e) { msg.textContent = e.message; }
   });
-  $("#reset").addEventListener("click", async () => {
+  $("#reset").addEventListener("click", () => {
     const msg = $("#lookup-msg");
-    try {
-      const identity = $("#lookup").dataset.identity;
-      const r = await api("api/reset?id=" + encodeURIComponent(identity), { method: "POST" });
-      await lookup(identity);
-      msg.textContent = "reset " + r.reset + " policies";
-    } catch (e) { msg.textContent = e.message; }
+    const identity = $("#lookup").dataset.identity;
+    confirmStep($("#reset"), "Reset the state of " + shown(identity) + " under every policy? Its counts are forgotten: it gets full limits at once, on every replica.", "Reset", async () => {
+      try {
+        const id = encodeURIComponent(identity);
+        const r = await api("api/reset?id=" + id + "&confirm=" + id, { method: "POST" });
+        await lookup(identity);
+        msg.textContent = "reset " + r.reset + " policies";
+      } catch (e) { msg.textContent = e.message; }
+    });
   });
   $("#sim-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
@@ -226,11 +296,44 @@
     } catch (e) { msg.textContent = e.message; }
   });
 
+  // removeOverride deletes o after a confirmation, then refreshes what
+  // shows it.
+  function removeOverride(anchor, o, msg) {
+    confirmStep(anchor, "Remove the override of " + (o.shown || shown(o.identity)) + " for " + (o.policy || "every policy") + "? Its callers get the configured limit again at once.", "Remove", async () => {
+      try {
+        await api(overridesPath + "?identity=" + encodeURIComponent(o.identity) + "&policy=" + encodeURIComponent(o.policy || ""), { method: "DELETE" });
+        if (!$("#lookup").hidden && $("#lookup").dataset.identity) await lookup($("#lookup").dataset.identity);
+        await loadOverrides();
+        msg.textContent = "override removed";
+      } catch (e) { msg.textContent = e.message; }
+    });
+  }
+
+  // loadOverrides refreshes the list of active overrides (admin only):
+  // who set each, why, until when.
+  async function loadOverrides() {
+    if (!document.body.classList.contains("admin")) return;
+    const r = await api("api/overrides");
+    $("#overrides-scope").textContent = "(" + r.active + (r.shared ? ", every replica's" : ", this instance's") + (r.expired ? "; " + r.expired + " expired, kept until purged" : "") + ")";
+    // A box asking to confirm a removal stays open while it is asked.
+    if (document.querySelector("#overrides .confirm")) return;
+    fill($("#overrides tbody"), r.overrides.map((o) => {
+      const b = el("button", "remove"); b.type = "button";
+      b.addEventListener("click", () => removeOverride(b, o, $("#overrides-msg")));
+      const tr = row([shown(o.shown), o.policy || "every policy", o.human, o.by || "–", o.reason || "–",
+        o.until ? new Date(o.until).toLocaleString() + " (in " + o.expires_in + ")" : "until removed", b]);
+      tr.dataset.identity = o.identity;
+      tr.dataset.policy = o.policy || "";
+      return tr;
+    }));
+    if (!r.overrides.length) fill($("#overrides tbody"), [row(["no override is in force", "", "", "", "", "", ""])]);
+  }
+
   async function tick() {
-    await Promise.all([loadSeries(), loadTop()].map((p) => p.catch(() => {})));
+    await Promise.all([loadFleet(), loadTop(), loadOverrides()].map((p) => p.catch(() => {})));
     setTimeout(tick, refreshMs);
   }
-  loadOverview().catch((e) => { $("#store").textContent = e.message; });
+  loadOverview().then(() => loadOverrides().catch(() => {}), (e) => { $("#store").textContent = e.message; });
   setInterval(() => loadOverview().catch(() => {}), 15000);
   tick();
 })();

@@ -1,0 +1,159 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/sluice-io/sluice"
+)
+
+// This file drives the console's views in a real headless Chromium
+// (browser, in console_browser_test.go): the look-up, the confirmation of
+// destructive actions, the overrides list, the fleet charts, the phone
+// layout and the gateway's spend.
+
+// evalIn evaluates expr in ctx's page, failing t on an error.
+func evalIn[T any](ctx context.Context, t *testing.T, expr string) T {
+	t.Helper()
+	c, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(c, chromedp.Evaluate[T](expr))
+	if err != nil {
+		t.Fatalf("%s: %v", expr, err)
+	}
+	return v
+}
+
+// TestConsoleBrowserLookup: in Chromium, a look-up of an API key lists
+// its tier's policies only, in human units ("3 per day"), with why each
+// applies; a limited one's wait reads as a duration ("6s").
+func TestConsoleBrowserLookup(t *testing.T) {
+	ctx := browser(t)
+	s := startService(t, svcOptions{config: consoleConfig})
+	for range 11 {
+		s.check(t, fmt.Sprintf(`{"api_key":%q}`, freeKey))
+	}
+	run := browserRunner(ctx, t, 20*time.Second)
+	run("look up demo-pro", chromedp.Navigate(s.url+"/ui/"),
+		chromedp.SendKeys(chromedp.CSS("#lookup-id"), "key_name:demo-pro"),
+		chromedp.Click(chromedp.CSS(`#lookup-form button[type="submit"]`)),
+		poll(`document.querySelectorAll("#peek tbody tr[data-policy]").length > 0`))
+	rows := evalIn[[]string](ctx, t, `[...document.querySelectorAll("#peek tbody tr")].map(tr => [...tr.cells].map(td => td.textContent).join("|"))`)
+	want := []string{"daily|3 per day|3|passes|–|tier pro", "pro|100 per minute|100|passes|–|tier pro"}
+	if fmt.Sprint(rows) != fmt.Sprint(want) {
+		t.Errorf("demo-pro's look-up: %q, want %q", rows, want)
+	}
+	if got := evalIn[string](ctx, t, `document.querySelector("#peek-others").textContent`); got == "" {
+		t.Error("the look-up does not say that other policies do not apply")
+	}
+	run("look up demo-free, limited", chromedp.SetValue(chromedp.CSS("#lookup-id"), "key_name:demo-free"),
+		chromedp.Click(chromedp.CSS(`#lookup-form button[type="submit"]`)),
+		poll(`!!document.querySelector('#peek tbody tr[data-policy="free"]')`))
+	rows = evalIn[[]string](ctx, t, `[...document.querySelectorAll("#peek tbody tr")].map(tr => [...tr.cells].map(td => td.textContent).join("|"))`)
+	if want := []string{"free|10 per minute|0|limited|6s|tier free"}; fmt.Sprint(rows) != fmt.Sprint(want) {
+		t.Errorf("demo-free's look-up: %q, want %q", rows, want)
+	}
+	if got := evalIn[string](ctx, t, `[...document.querySelectorAll("#policies tbody tr")].find(tr => tr.cells[0].textContent === "daily").cells[2].textContent`); got != "3 per day" {
+		t.Errorf("the config's daily policy shows as %q", got)
+	}
+}
+
+// TestConsoleBrowserConfirm: in Chromium, "Reset its state" and an
+// override's "remove" each open a confirmation first: until its button
+// is pressed nothing changes (Cancel leaves it all), then the reset and
+// the removal happen.
+func TestConsoleBrowserConfirm(t *testing.T) {
+	ctx := browser(t)
+	s := startService(t, svcOptions{config: consoleConfig})
+	const check = `{"policy":"b","key":"tenant:confirm"}`
+	for range 3 {
+		s.check(t, check)
+	}
+	if a := s.do(t, "PUT", "/v1/overrides", `{"identity":"tenant:confirm","policy":"a","limit":"9/s","reason":"load test"}`, bearer...); a.status != 201 {
+		t.Fatal(a.raw)
+	}
+	limited := func() bool {
+		t.Helper()
+		return s.do(t, "GET", "/v1/status?policy=b&key=tenant:confirm", "").num("remaining") == 0
+	}
+	overrides := func() int64 { t.Helper(); return s.do(t, "GET", "/v1/overrides", "", bearer...).num("count") }
+	run := browserRunner(ctx, t, 20*time.Second)
+	run("admin token and look-up", chromedp.Navigate(s.url+"/ui/"),
+		chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		chromedp.WaitReady(chromedp.CSS("body.admin")),
+		chromedp.SendKeys(chromedp.CSS("#lookup-id"), "tenant:confirm"),
+		chromedp.Click(chromedp.CSS(`#lookup-form button[type="submit"]`)),
+		poll(`!!document.querySelector('#peek tbody tr[data-policy="b"]') && !!document.querySelector("#lookup-overrides li button")`))
+	run("reset asks first", chromedp.Click(chromedp.CSS("#reset")), chromedp.WaitVisible(chromedp.CSS(".confirm .confirm-yes")))
+	if !limited() {
+		t.Fatal("the reset happened before it was confirmed")
+	}
+	run("cancel", chromedp.Click(chromedp.CSS(".confirm .confirm-no")), poll(`!document.querySelector(".confirm")`))
+	if !limited() {
+		t.Fatal("a cancelled reset happened")
+	}
+	run("reset, confirmed", chromedp.Click(chromedp.CSS("#reset")), chromedp.Click(chromedp.CSS(".confirm .confirm-yes")),
+		poll(`document.querySelector("#lookup-msg").textContent.startsWith("reset ")`))
+	if limited() {
+		t.Fatal("the confirmed reset did not happen")
+	}
+	run("remove asks first", chromedp.Click(chromedp.CSS("#lookup-overrides li button")), chromedp.WaitVisible(chromedp.CSS(".confirm .confirm-yes")))
+	if n := overrides(); n != 1 {
+		t.Fatalf("the override was removed before it was confirmed: %d left", n)
+	}
+	run("remove, confirmed", chromedp.Click(chromedp.CSS(".confirm .confirm-yes")),
+		poll(`document.querySelector("#lookup-msg").textContent === "override removed"`))
+	if n := overrides(); n != 0 {
+		t.Fatalf("the confirmed removal did not happen: %d left", n)
+	}
+}
+
+// TestConsoleBrowserOverridesList: in Chromium, with the admin token the
+// page lists the overrides in force: one set in the page with a reason
+// shows who set it, why and until when; one on an API key's identity
+// shows by the key's name and a hash prefix, the whole hash nowhere in
+// the page; one removed from the list (confirmed) is gone from the store.
+func TestConsoleBrowserOverridesList(t *testing.T) {
+	ctx := browser(t)
+	s := startService(t, svcOptions{config: consoleConfig})
+	hash := sluice.HashKey(freeKey)
+	if a := s.do(t, "PUT", "/v1/overrides", `{"identity":"key:`+hash+`","policy":"free","limit":"50/min"}`, bearer...); a.status != 201 {
+		t.Fatal(a.raw)
+	}
+	run := browserRunner(ctx, t, 20*time.Second)
+	run("without the token, no list", chromedp.Navigate(s.url+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#overrides-section .admin-hide")))
+	run("admin token, the list", chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		poll(`document.querySelectorAll("#overrides tbody tr[data-identity]").length === 1`))
+	run("set one with a reason", chromedp.SendKeys(chromedp.CSS("#lookup-id"), "tenant:listed"),
+		chromedp.Click(chromedp.CSS(`#lookup-form button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#peek tbody tr")),
+		chromedp.SetValue(chromedp.CSS("#ov-policy"), "b"),
+		chromedp.SendKeys(chromedp.CSS("#ov-limit"), "20000/day"),
+		chromedp.SendKeys(chromedp.CSS("#ov-ttl"), "2h"),
+		chromedp.SendKeys(chromedp.CSS("#ov-reason"), "launch week"),
+		chromedp.Click(chromedp.CSS(`#override-form button[type="submit"]`)),
+		poll(`document.querySelectorAll("#overrides tbody tr[data-identity]").length === 2`))
+	rows := evalIn[[]string](ctx, t, `[...document.querySelectorAll("#overrides tbody tr")].map(tr => [...tr.cells].slice(0, 5).map(td => td.textContent).join("|") + "|" + tr.cells[5].textContent.includes("(in 2h)"))`)
+	want := []string{ // soonest to expire first
+		"tenant:listed|b|20000 per day|SLUICE_ADMIN_TOKEN|launch week|true",
+		"key_name:demo-free (key:" + hash[:12] + "…)|free|50 per minute|SLUICE_ADMIN_TOKEN|–|false",
+	}
+	if fmt.Sprint(rows) != fmt.Sprint(want) {
+		t.Errorf("the list: %q, want %q", rows, want)
+	}
+	if text := evalIn[string](ctx, t, `document.body.innerText`); strings.Contains(text, hash) {
+		t.Error("the page shows an API key's whole hash")
+	}
+	run("remove, confirmed", chromedp.Click(chromedp.CSS(`#overrides tbody tr[data-identity="tenant:listed"] button`)),
+		chromedp.Click(chromedp.CSS("#overrides .confirm .confirm-yes")),
+		poll(`document.querySelectorAll("#overrides tbody tr[data-identity]").length === 1`))
+	if a := s.do(t, "GET", "/v1/overrides", "", bearer...); a.num("count") != 1 || strings.Contains(a.raw, "tenant:listed") {
+		t.Fatalf("after the removal: %s", a.raw)
+	}
+}
