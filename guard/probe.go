@@ -304,6 +304,9 @@ type Stats struct {
 	Open int
 	// Instances is the number of instances Local divides limits by.
 	Instances int
+	// LocalBytes is the heap Local's memory store accounts for its keys,
+	// held to Options.LocalMaxBytes.
+	LocalBytes int64
 	// LostCharges counts Local admissions that could not be remembered
 	// for charging the store, because LocalMaxKeys keys were owed already.
 	LostCharges uint64
@@ -334,7 +337,7 @@ func (s Stats) DegradedTotal() uint64 {
 
 // Stats returns the guard's counters.
 func (g *Guard) Stats() Stats {
-	st := Stats{Calls: g.calls.Load(), Errors: g.errs.Load(), Busy: g.busy.Load(), Instances: g.Instances(), LostCharges: g.local.lost.Load(), Openings: g.opens.Load(), StarvedLate: g.starvedLate.Load(), LateAnswers: g.lateAnswers.Load()}
+	st := Stats{Calls: g.calls.Load(), Errors: g.errs.Load(), Busy: g.busy.Load(), Instances: g.Instances(), LostCharges: g.local.lost.Load(), LocalBytes: g.local.store.Bytes(), Openings: g.opens.Load(), StarvedLate: g.starvedLate.Load(), LateAnswers: g.lateAnswers.Load()}
 	for p := range st.Degraded {
 		st.Degraded[p] = g.degraded[p].Load()
 	}

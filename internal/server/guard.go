@@ -26,7 +26,7 @@ func newGuard(store sluice.Store, sc config.StoreSection, clk clock.Clock, log *
 	if err != nil {
 		return nil, err
 	}
-	o := guard.Options{Policy: policy, Timeout: sc.Timeout, Instances: sc.Instances, LocalMaxKeys: sc.MaxKeys, Logger: log, Clock: clk}
+	o := guard.Options{Policy: policy, Timeout: sc.Timeout, Instances: sc.Instances, LocalMaxKeys: sc.MaxKeys, LocalMaxBytes: sc.MaxBytes, Logger: log, Clock: clk}
 	if sc.IsMemory() {
 		o.Timeout = -1 // memory answers at once; no deadline to keep
 	}
