@@ -255,8 +255,9 @@ func (c *core) partitioned() bool {
 // Ready reports whether the store answers, from what the background probe
 // found, without traffic: nil when every node's circuit is closed, its
 // last probe succeeded and, with a Membership store and no
-// Options.Instances, the instance count is known as Local needs it (two
-// heartbeats have read it: countKnown); else an
+// Options.Instances, under the Local policy (the view's), the instance
+// count is known as Local needs it (two heartbeats have read it:
+// countKnown); else an
 // error wrapping ErrUnavailable that names what fails.
 func (g *Guard) Ready(ctx context.Context) error {
 	var errs []error
@@ -271,7 +272,7 @@ func (g *Guard) Ready(ctx context.Context) error {
 		}
 		return true
 	})
-	if !g.countKnown() { // the rule Local denies by: not ready while it does
+	if g.policy == Local && !g.countKnown() { // the rule Local denies by: not ready while it does
 		errs = append(errs, ErrInstancesUnknown)
 	}
 	if len(errs) == 0 {

@@ -84,8 +84,9 @@ func (s *storeGuard) applyAll(ctx context.Context, op sluice.Op, reqs []sluice.R
 }
 
 // ready reports whether the store answers, from the guard's background
-// probe: correct without traffic.
-func (s *storeGuard) ready(ctx context.Context) error { return s.g.Ready(ctx) }
+// probe: correct without traffic. The served configuration's policy says
+// whether the instance count must be known (local's cold start).
+func (s *storeGuard) ready(ctx context.Context) error { return s.view().Ready(ctx) }
 
 // stats exports the guard's counters, the lease store's and the Redis
 // store's.
