@@ -110,6 +110,13 @@ type Options struct {
 	// power of two slots, where a key may take another's place), and the
 	// charges owed to the store. DefaultLocalMaxKeys when zero.
 	LocalMaxKeys int
+	// LocalMaxBytes bounds the heap Local's memory store takes, as
+	// memstore.Options.MaxBytes does: past it, the store evicts the keys
+	// whose loss admits least, never a used-up key before fresh ones.
+	// Give it the budget of the memory store (serve passes store.max_bytes),
+	// so that a key flood while the store is away is held as one would be
+	// with the memory store. Zero means memstore.DefaultMaxBytes.
+	LocalMaxBytes int64
 	// LateGrace is how long past Timeout a call to a node that works (its
 	// circuit closed, its last probe answered) waits for its reply before
 	// the policy answers it. On a loaded machine the store's replies are
@@ -240,7 +247,7 @@ func New(store sluice.Store, opts Options) (*Guard, error) {
 	if !opts.Policy.Valid() {
 		return nil, fmt.Errorf("guard: unknown policy %d", opts.Policy)
 	}
-	if opts.Instances < 0 || opts.LocalMaxKeys < 0 || opts.MaxInFlightPerKey < 0 || opts.Window < 0 || opts.MinFailures < 0 ||
+	if opts.Instances < 0 || opts.LocalMaxKeys < 0 || opts.LocalMaxBytes < 0 || opts.MaxInFlightPerKey < 0 || opts.Window < 0 || opts.MinFailures < 0 ||
 		opts.MinFailingKeys < 0 || opts.FailureRatio < 0 || opts.FailureRatio > 1 || opts.ProbeInterval < 0 ||
 		opts.MaxProbeFailures < 0 || opts.HeartbeatInterval < 0 || opts.LogEvery < 0 {
 		return nil, errors.New("guard: negative option, or FailureRatio above 1")

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/redistest"
 	"github.com/sluice-io/sluice/memstore"
 )
 
@@ -112,13 +113,7 @@ func req(key string, rate int64) sluice.Request {
 // loaded machine under -race; a passing run never waits this long).
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 30s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	redistest.WaitUntil(t, what, 30*time.Second, cond)
 }
 
 // One slow call is answered by the policy; the circuit stays closed and

@@ -70,7 +70,7 @@ func debtEnd(req *sluice.Request, now int64) int64 {
 }
 
 func newLocal(o *Options) (*local, error) {
-	st, err := memstore.New(memstore.Options{Clock: o.Clock, MaxKeys: o.LocalMaxKeys})
+	st, err := memstore.New(memstore.Options{Clock: o.Clock, MaxKeys: o.LocalMaxKeys, MaxBytes: o.LocalMaxBytes})
 	if err != nil {
 		return nil, err
 	}

@@ -255,8 +255,9 @@ func (c *core) partitioned() bool {
 // Ready reports whether the store answers, from what the background probe
 // found, without traffic: nil when every node's circuit is closed, its
 // last probe succeeded and, with a Membership store and no
-// Options.Instances, the instance count is known as Local needs it (two
-// heartbeats have read it: countKnown); else an
+// Options.Instances, under the Local policy (the view's), the instance
+// count is known as Local needs it (two heartbeats have read it:
+// countKnown); else an
 // error wrapping ErrUnavailable that names what fails.
 func (g *Guard) Ready(ctx context.Context) error {
 	var errs []error
@@ -271,7 +272,7 @@ func (g *Guard) Ready(ctx context.Context) error {
 		}
 		return true
 	})
-	if !g.countKnown() { // the rule Local denies by: not ready while it does
+	if g.policy == Local && !g.countKnown() { // the rule Local denies by: not ready while it does
 		errs = append(errs, ErrInstancesUnknown)
 	}
 	if len(errs) == 0 {
@@ -304,6 +305,9 @@ type Stats struct {
 	Open int
 	// Instances is the number of instances Local divides limits by.
 	Instances int
+	// LocalBytes is the heap Local's memory store accounts for its keys,
+	// held to Options.LocalMaxBytes.
+	LocalBytes int64
 	// LostCharges counts Local admissions that could not be remembered
 	// for charging the store, because LocalMaxKeys keys were owed already.
 	LostCharges uint64
@@ -334,7 +338,7 @@ func (s Stats) DegradedTotal() uint64 {
 
 // Stats returns the guard's counters.
 func (g *Guard) Stats() Stats {
-	st := Stats{Calls: g.calls.Load(), Errors: g.errs.Load(), Busy: g.busy.Load(), Instances: g.Instances(), LostCharges: g.local.lost.Load(), Openings: g.opens.Load(), StarvedLate: g.starvedLate.Load(), LateAnswers: g.lateAnswers.Load()}
+	st := Stats{Calls: g.calls.Load(), Errors: g.errs.Load(), Busy: g.busy.Load(), Instances: g.Instances(), LostCharges: g.local.lost.Load(), LocalBytes: g.local.store.Bytes(), Openings: g.opens.Load(), StarvedLate: g.starvedLate.Load(), LateAnswers: g.lateAnswers.Load()}
 	for p := range st.Degraded {
 		st.Degraded[p] = g.degraded[p].Load()
 	}

@@ -34,6 +34,10 @@ func TestReadyUsesTheColdStartRule(t *testing.T) {
 	if err := g.Ready(ctx); !errors.Is(err, ErrInstancesUnknown) {
 		t.Fatalf("Ready after one heartbeat: %v, want ErrInstancesUnknown (Local still denies)", err)
 	}
+	// The other policies do not divide by the count: ready.
+	if err := g.WithPolicy(FailClosed).Ready(ctx); err != nil {
+		t.Fatalf("fail_closed's Ready after one heartbeat: %v", err)
+	}
 	<-b.entered
 	b.next <- 3
 	<-b.entered // the second heartbeat's count is taken

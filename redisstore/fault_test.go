@@ -18,16 +18,13 @@ import (
 // waitFor polls call until it returns nil, failing after 10s.
 func waitFor(t *testing.T, what string, call func() error) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		err := call()
-		if err == nil {
-			return
-		}
-		if !errors.Is(err, ErrUnavailable) || time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var err error
+	redistest.PollUntil(time.Now().Add(10*time.Second), func() bool {
+		err = call()
+		return err == nil || !errors.Is(err, ErrUnavailable) // done, or failed for good
+	})
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
 }
 

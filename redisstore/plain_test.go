@@ -617,7 +617,7 @@ func untilWindow(t *testing.T, srv *redistest.Server, p, e time.Duration) {
 	if wait < 0 {
 		wait += int64(p)
 	}
-	time.Sleep(time.Duration(wait))
+	time.Sleep(time.Duration(wait)) // the scenario's timing: a point in Redis's window
 }
 
 // Redis is stopped (SIGSTOP) late in a window with calls in flight and
@@ -659,7 +659,7 @@ func testStoppedAcrossBoundary(t *testing.T, dep plainDeploy, rate int64) {
 					t.Fatal(err)
 				}
 				frozen = true
-				time.Sleep(per / 2)
+				time.Sleep(per / 2) // the pause itself, not a synchronisation
 				thawAt = time.Now().UnixNano()
 				if err := srv.Thaw(); err != nil {
 					t.Fatal(err)

@@ -271,7 +271,7 @@ func TestLeaseReport(t *testing.T) {
 				}
 			})
 		}
-		time.Sleep(d)
+		time.Sleep(d) // the run's length, not a synchronisation
 		close(stop)
 		wg.Wait()
 		end := redisTime(t, srv)

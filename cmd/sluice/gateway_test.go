@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-io/sluice/internal/fakeopenai"
 	"github.com/sluice-io/sluice/internal/gateway"
 	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/internal/redistest"
 	"github.com/sluice-io/sluice/internal/server"
 	"github.com/sluice-io/sluice/memstore"
 )
@@ -83,19 +84,16 @@ func TestGatewayCommand(t *testing.T) {
 	// The overhead is observed at settlement, which runs after the
 	// response: wait for it.
 	var metrics []byte
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	if !redistest.PollUntil(time.Now().Add(10*time.Second), func() bool {
 		mres, err := http.Get(metricsURL)
 		if err != nil {
 			t.Fatal(err)
 		}
 		metrics, _ = io.ReadAll(mres.Body)
 		mres.Body.Close()
-		if strings.Contains(string(metrics), `sluice_gateway_overhead_seconds_count{model="gpt-4o-mini",tier="free"} 1`) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no overhead observed within 10s; metrics:\n%s", metrics)
-		}
+		return strings.Contains(string(metrics), `sluice_gateway_overhead_seconds_count{model="gpt-4o-mini",tier="free"} 1`)
+	}) {
+		t.Fatalf("no overhead observed within 10s; metrics:\n%s", metrics)
 	}
 	if strings.Contains(string(metrics), "sk-demo") {
 		t.Fatal("a key in the metrics")

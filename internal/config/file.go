@@ -101,7 +101,8 @@ type StoreSection struct {
 	// MaxKeys bounds the keys held in memory; 0 means the store's default.
 	MaxKeys int `yaml:"max_keys"`
 	// MaxBytes bounds the heap the memory store's keys and their state
-	// take, as it accounts them (memstore.Options.MaxBytes); 0 means its
+	// take, as it accounts them (memstore.Options.MaxBytes), and so the
+	// local failure policy's store with Redis; 0 means its
 	// default, 64 MiB. At least MinStoreMaxBytes.
 	MaxBytes int64 `yaml:"max_bytes"`
 	// PlainWindows keeps Redis fixed-window counts in per-window keys and

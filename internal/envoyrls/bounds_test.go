@@ -13,6 +13,8 @@ import (
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
+
+	"github.com/sluice-io/sluice/internal/redistest"
 )
 
 // The bounds of fairness.go and resetguard.go, one test each; the floods
@@ -326,13 +328,12 @@ func TestWorkBudgetFirstComeFirstServed(t *testing.T) {
 	heavyCtx, giveUp := context.WithCancel(context.Background())
 	heavy, light := make(chan error, 1), make(chan error, 1)
 	go func() { heavy <- b.acquire(heavyCtx, 10) }()
-	for queued := false; !queued; { // the heavy call is waiting
+	if !redistest.PollUntil(time.Now().Add(10*time.Second), func() bool { // the heavy call is waiting
 		b.mu.Lock()
-		queued = b.waiters.Len() == 1
-		b.mu.Unlock()
-		if !queued {
-			time.Sleep(time.Millisecond) // polling a state, not timing
-		}
+		defer b.mu.Unlock()
+		return b.waiters.Len() == 1
+	}) {
+		t.Fatal("the heavy call is not waiting")
 	}
 	go func() { light <- b.acquire(context.Background(), 1) }()
 	select {

@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/guard"
+	"github.com/sluice-io/sluice/internal/redistest"
 )
 
 // downStore fails every call, as an unreachable Redis does.
@@ -55,10 +56,8 @@ func TestDegradedAnswers(t *testing.T) {
 				// Wait for the probe to open the circuit: under local, a
 				// call that fails while its node still counts as working
 				// is denied rather than spent locally.
-				for deadline := time.Now().Add(10 * time.Second); g.Stats().Open == 0; time.Sleep(5 * time.Millisecond) {
-					if time.Now().After(deadline) {
-						t.Fatal("the probe did not open the circuit")
-					}
+				if !redistest.PollUntil(time.Now().Add(10*time.Second), func() bool { return g.Stats().Open != 0 }) {
+					t.Fatal("the probe did not open the circuit")
 				}
 				return g
 			}

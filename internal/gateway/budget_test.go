@@ -941,12 +941,9 @@ func TestExcessChargedAfterCircuitCloses(t *testing.T) {
 		if err := srv.Freeze(); err != nil {
 			t.Error(err)
 		}
-		for deadline := time.Now().Add(10 * time.Second); g.Stats().Open == 0; {
-			if time.Now().After(deadline) {
-				t.Error("the circuit did not open within 10s of stalling Redis")
-				return
-			}
-			time.Sleep(5 * time.Millisecond)
+		if !redistest.PollUntil(time.Now().Add(10*time.Second), func() bool { return g.Stats().Open != 0 }) {
+			t.Error("the circuit did not open within 10s of stalling Redis")
+			return
 		}
 	}}
 	e := newBudgetEnv(t, `
@@ -967,11 +964,8 @@ keys: [{name: one, hash: %[2]s, tier: t}]
 		t.Fatalf("status %d", res.StatusCode)
 	}
 	// The first charge met the open circuit when a retry is counted.
-	for deadline := time.Now().Add(10 * time.Second); testutil.ToFloat64(e.gws[0].metrics.settleRetries) == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("no charge retried within 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !redistest.PollUntil(time.Now().Add(10*time.Second), func() bool { return testutil.ToFloat64(e.gws[0].metrics.settleRetries) != 0 }) {
+		t.Fatal("no charge retried within 10s")
 	}
 	if err := srv.Thaw(); err != nil {
 		t.Fatal(err)

@@ -345,12 +345,8 @@ func (r *leasedRig) send(key string, n int) {
 // waitFills waits until no reservation is being taken in the background.
 func (r *leasedRig) waitFills() {
 	r.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for r.gw.asyncResv.Load() != 0 {
-		if time.Now().After(deadline) {
-			r.t.Fatal("reservations still being taken after 10s")
-		}
-		time.Sleep(time.Millisecond)
+	if !redistest.PollUntil(time.Now().Add(10*time.Second), func() bool { return r.gw.asyncResv.Load() == 0 }) {
+		r.t.Fatal("reservations still being taken after 10s")
 	}
 }
 
@@ -495,12 +491,8 @@ func TestReservationsTakenAheadRedisPaused(t *testing.T) {
 		}
 	}
 	// Every settlement's first attempt times out and is retried.
-	deadline := time.Now().Add(10 * time.Second)
-	for testutil.ToFloat64(r.gw.metrics.settleRetries) < n {
-		if time.Now().After(deadline) {
-			t.Fatal("settlements not retried within 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !redistest.PollUntil(time.Now().Add(10*time.Second), func() bool { return testutil.ToFloat64(r.gw.metrics.settleRetries) >= n }) {
+		t.Fatal("settlements not retried within 10s")
 	}
 	select {
 	case s := <-r.settled:

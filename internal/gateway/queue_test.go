@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/fakeopenai"
+	"github.com/sluice-io/sluice/internal/redistest"
 	"github.com/sluice-io/sluice/memstore"
 )
 
@@ -105,12 +106,8 @@ func (e *qenv) do(ctx context.Context, name string, header http.Header) (*http.R
 // waitFor polls cond until it holds, failing after 10s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
+	if !redistest.PollUntil(time.Now().Add(10*time.Second), cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 

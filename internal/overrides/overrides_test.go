@@ -278,12 +278,8 @@ func testRedisShared(t *testing.T, addrs []string) {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 2s")
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !redistest.PollUntil(time.Now().Add(2*time.Second), cond) {
+		t.Fatal("condition not met within 2s")
 	}
 }
 

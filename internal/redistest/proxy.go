@@ -14,9 +14,10 @@ import (
 // reply by a fixed time, cut every connection, or strand them (black holes
 // for good, never closed).
 type Proxy struct {
-	// Hold, while true, forwards nothing in either direction; what
-	// arrives meanwhile is forwarded, in order, once it is false again.
-	Hold atomic.Bool
+	// Hold, while shut (Store(true)), forwards nothing in either
+	// direction; what arrives meanwhile is forwarded, in order, once it is
+	// open again.
+	Hold Gate
 	// Delay is the ns every reply waits in the proxy after it arrived
 	// from Redis; 0 forwards at once.
 	Delay atomic.Int64
@@ -106,10 +107,9 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn, reply bool) {
 	p.wg.Go(func() {
 		defer func() { _ = dst.Close(); _ = src.Close() }()
 		for c := range ch {
-			for p.Hold.Load() {
-				time.Sleep(time.Millisecond)
-			}
+			p.Hold.Wait()
 			if reply {
+				// the simulated latency itself, not a synchronisation
 				time.Sleep(time.Until(c.at.Add(time.Duration(p.Delay.Load()))))
 			}
 			if l.stranded.Load() {

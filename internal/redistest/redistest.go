@@ -290,16 +290,15 @@ func (s *Server) Restart(t testing.TB) {
 	// The port can be held briefly after SIGKILL, by the clients' redials
 	// too (an outgoing connection may get it as its local port): a loaded
 	// machine took over 1s to free it.
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		if err = s.start(); err == nil {
-			return
+	started := PollUntil(time.Now().Add(10*time.Second), func() bool {
+		if err = s.start(); err != nil && strings.Contains(err.Error(), "in use") {
+			return false // the port is not free yet: ask again
 		}
-		if !strings.Contains(err.Error(), "in use") {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
+		return true // up, or failed for another reason
+	})
+	if !started || err != nil {
+		t.Fatalf("redistest: restart %s: %v", s.Addr, err)
 	}
-	t.Fatalf("redistest: restart %s: %v", s.Addr, err)
 }
 
 // Freeze stops the server with SIGSTOP: it keeps its connections and

@@ -195,7 +195,7 @@ func TestConsoleBrowser(t *testing.T) {
 				applied <- seen{sent}
 				return
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // the rhythm of a client's checks, timed each: when one first saw the change
 		}
 		applied <- seen{}
 	}()

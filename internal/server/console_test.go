@@ -56,14 +56,10 @@ func TestConsoleAPI(t *testing.T) {
 		s.check(t, fmt.Sprintf(`{"api_key":%q}`, freeKey))
 	}
 	var top answer
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	redistest.PollUntil(time.Now().Add(5*time.Second), func() bool {
 		top = s.do(t, "GET", "/ui/api/top", "")
-		if strings.Contains(top.raw, `"identity":"key_name:demo-free"`) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return strings.Contains(top.raw, `"identity":"key_name:demo-free"`)
+	})
 	if !strings.Contains(top.raw, `"identity":"key_name:demo-free","policy":"free","denies":2`) || strings.Contains(top.raw, freeKey) {
 		t.Fatalf("top: %s", top.raw)
 	}
@@ -111,11 +107,10 @@ func TestConsoleAPI(t *testing.T) {
 		}
 	}
 	var ser answer
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if ser = s.do(t, "GET", "/ui/api/series", ""); strings.Contains(ser.raw, `"policy":"free","tier":"free","points":[{`) {
-			break
-		}
-	}
+	redistest.PollUntil(time.Now().Add(5*time.Second), func() bool {
+		ser = s.do(t, "GET", "/ui/api/series", "")
+		return strings.Contains(ser.raw, `"policy":"free","tier":"free","points":[{`)
+	})
 	if !strings.Contains(ser.raw, `"policy":"free","tier":"free","points":[{`) {
 		t.Fatalf("series: %s", ser.raw)
 	}

@@ -273,12 +273,8 @@ func TestDelayModeDisconnectRefunds(t *testing.T) {
 	if err := <-done; err == nil {
 		t.Fatal("the cancelled request was answered")
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for peek() != 100 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the reservation was not refunded: the next would wait %dms, want 100", peek())
-		}
-		time.Sleep(time.Millisecond)
+	if !redistest.PollUntil(time.Now().Add(5*time.Second), func() bool { return peek() == 100 }) {
+		t.Fatalf("the reservation was not refunded: the next would wait %dms, want 100", peek())
 	}
 	if n := s.srv.Waiting(); n != 0 {
 		t.Fatalf("%d still waiting", n)
@@ -473,11 +469,9 @@ func TestDelayModeDisconnectRedisPaused(t *testing.T) {
 	if err := <-done; err == nil {
 		t.Fatal("the cancelled request was answered")
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for s.srv.Waiting() != 0 || !strings.HasSuffix(s.metric(t, `sluice_delay_requests_total{result="abandoned"}`), " 1") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the held request was not let go while Redis is paused: %d waiting", s.srv.Waiting())
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !redistest.PollUntil(time.Now().Add(10*time.Second), func() bool {
+		return s.srv.Waiting() == 0 && strings.HasSuffix(s.metric(t, `sluice_delay_requests_total{result="abandoned"}`), " 1")
+	}) {
+		t.Fatalf("the held request was not let go while Redis is paused: %d waiting", s.srv.Waiting())
 	}
 }

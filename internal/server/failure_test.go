@@ -16,16 +16,13 @@ func eventually(t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()
 	// Generous: a loaded machine running -race can take seconds for what
 	// takes milliseconds alone; a passing run never waits this long.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ok, got := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 30s; last: %s", what, got)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var got string
+	if !redistest.PollUntil(time.Now().Add(30*time.Second), func() bool {
+		var ok bool
+		ok, got = cond()
+		return ok
+	}) {
+		t.Fatalf("%s: not within 30s; last: %s", what, got)
 	}
 }
 

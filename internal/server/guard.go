@@ -26,7 +26,7 @@ func newGuard(store sluice.Store, sc config.StoreSection, clk clock.Clock, log *
 	if err != nil {
 		return nil, err
 	}
-	o := guard.Options{Policy: policy, Timeout: sc.Timeout, Instances: sc.Instances, LocalMaxKeys: sc.MaxKeys, Logger: log, Clock: clk}
+	o := guard.Options{Policy: policy, Timeout: sc.Timeout, Instances: sc.Instances, LocalMaxKeys: sc.MaxKeys, LocalMaxBytes: sc.MaxBytes, Logger: log, Clock: clk}
 	if sc.IsMemory() {
 		o.Timeout = -1 // memory answers at once; no deadline to keep
 	}
@@ -84,8 +84,9 @@ func (s *storeGuard) applyAll(ctx context.Context, op sluice.Op, reqs []sluice.R
 }
 
 // ready reports whether the store answers, from the guard's background
-// probe: correct without traffic.
-func (s *storeGuard) ready(ctx context.Context) error { return s.g.Ready(ctx) }
+// probe: correct without traffic. The served configuration's policy says
+// whether the instance count must be known (local's cold start).
+func (s *storeGuard) ready(ctx context.Context) error { return s.view().Ready(ctx) }
 
 // stats exports the guard's counters, the lease store's and the Redis
 // store's.

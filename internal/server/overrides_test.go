@@ -154,11 +154,8 @@ func TestOverridesRedisReplicas(t *testing.T) {
 		t.Helper()
 		start := time.Now()
 		for _, s := range rs {
-			for !cond(s) {
-				if time.Since(start) > time.Second {
-					t.Fatalf("%s: not applied on every replica within 1s", what)
-				}
-				time.Sleep(10 * time.Millisecond)
+			if !redistest.PollUntil(start.Add(time.Second), func() bool { return cond(s) }) {
+				t.Fatalf("%s: not applied on every replica within 1s", what)
 			}
 		}
 		return time.Since(start)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/internal/redistest"
 	"github.com/sluice-io/sluice/memstore"
 )
 
@@ -96,11 +97,8 @@ func TestReloadWaitsForStableFile(t *testing.T) {
 	// write a real change; the next reload must be that one.
 	r0 := reads.Load()
 	writeAtomic(t, path, half+rest)
-	for deadline := time.Now().Add(10 * time.Second); reads.Load() < r0+2; {
-		if time.Now().After(deadline) {
-			t.Fatal("the rewrite was not read")
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !redistest.PollUntil(time.Now().Add(10*time.Second), func() bool { return reads.Load() >= r0+2 }) {
+		t.Fatal("the rewrite was not read")
 	}
 	writeAtomic(t, path, initial)
 	if c := wait(); len(c.Policies) != 1 || c.Policies["z"] == nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/redistest"
 	"github.com/sluice-io/sluice/memstore"
 )
 
@@ -647,18 +648,14 @@ func TestFailurePolicies(t *testing.T) {
 					t.Fatalf("request %d: %d %s", i, a.status, a.raw)
 				}
 			}
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				m := s.do(t, "GET", "/metrics", "").raw
-				if strings.Contains(m, `sluice_store_circuit_state 2`) && strings.Contains(m, `sluice_store_circuit_opens_total 1`) {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("circuit not open by the probe:\n%s", grep(m, "sluice_store"))
-				}
-				time.Sleep(10 * time.Millisecond)
+			var m string
+			if !redistest.PollUntil(time.Now().Add(10*time.Second), func() bool {
+				m = s.do(t, "GET", "/metrics", "").raw
+				return strings.Contains(m, `sluice_store_circuit_state 2`) && strings.Contains(m, `sluice_store_circuit_opens_total 1`)
+			}) {
+				t.Fatalf("circuit not open by the probe:\n%s", grep(m, "sluice_store"))
 			}
-			m := s.do(t, "GET", "/metrics", "").raw
+			m = s.do(t, "GET", "/metrics", "").raw
 			for _, want := range []string{
 				`sluice_store_errors_total 7`,
 				`sluice_decisions_total{policy="a",result="degraded",tier="-"} 7`,
