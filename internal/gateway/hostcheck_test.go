@@ -144,3 +144,38 @@ func TestConfigAllowedHosts(t *testing.T) {
 		}
 	}
 }
+
+// TestErrorsNotHTMLEscaped: the gateway's error bodies show "<key>" as
+// written, never as \u003ckey\u003e (issue 27), in OpenAI's and
+// Anthropic's forms, with nosniff.
+func TestErrorsNotHTMLEscaped(t *testing.T) {
+	e := newEnv(t, Limits{RPM: 100}, fakeopenai.Options{})
+	for _, c := range []struct{ path, hdr, want string }{
+		{"/v1/chat/completions", "", "Authorization: Bearer <key>."},
+		{"/v1/messages", "x-api-key", "x-api-key: <key>."},
+	} {
+		req, err := http.NewRequest("POST", e.srv.URL+c.path, strings.NewReader(chatBody))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.hdr != "" {
+			req.Header.Set(c.hdr, "sk-wrong")
+			req.Header.Set("anthropic-version", "2023-06-01")
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusUnauthorized || !strings.Contains(string(b), c.want) || strings.Contains(string(b), `\u003c`) {
+			t.Errorf("%s: %d %s, want %q as written", c.path, res.StatusCode, b, c.want)
+		}
+		if res.Header.Get("X-Content-Type-Options") != "nosniff" {
+			t.Errorf("%s: no nosniff", c.path)
+		}
+	}
+	if got := string(marshalJSON(map[string]string{"m": "<a&b>"})); got != `{"m":"<a&b>"}` {
+		t.Errorf("marshalJSON: %s", got)
+	}
+}
