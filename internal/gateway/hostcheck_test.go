@@ -134,8 +134,8 @@ func TestConfigAllowedHosts(t *testing.T) {
 		t.Fatalf("normalized: %s", got)
 	}
 	for doc, want := range map[string]string{
-		"allowed_hosts: [gw.example, \"http://x.example\"]\n":             `g.yaml:3: allowed_hosts[1]: "http://x.example": want a host name`,
-		"allowed_hosts: [\"x.example:8080\"]\n":                           `allowed_hosts[0]: "x.example:8080": want a host name`,
+		"allowed_hosts: [gw.example, \"http://x.example\"]\n":           `g.yaml:3: allowed_hosts[1]: "http://x.example": want a host name`,
+		"allowed_hosts: [\"x.example:8080\"]\n":                         `allowed_hosts[0]: "x.example:8080": want a host name`,
 		"allowed_hosts: [" + strings.Repeat("a.example, ", 257) + "]\n": "allowed_hosts: 257 hosts; at most 256",
 	} {
 		_, err := Parse("g.yaml", []byte(base+doc))
