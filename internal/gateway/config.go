@@ -425,9 +425,9 @@ func (c *Config) Check(doc *yamlconf.Doc) {
 		}
 		if _, ok := c.Tiers[k.Tier]; !ok {
 			if k.Tier == "" {
-				doc.Addf(path+".tier", "required; valid: %s", strings.Join(tierNames, ", "))
+				doc.Addf(path+".tier", "required; %s", yamlconf.Valid("tiers", tierNames))
 			} else {
-				doc.Addf(path+".tier", "unknown tier %q; valid: %s", k.Tier, strings.Join(tierNames, ", "))
+				doc.Addf(path+".tier", "unknown tier %q; %s", k.Tier, yamlconf.Valid("tiers", tierNames))
 			}
 		}
 		if k.Client != "" && !nameRE.MatchString(k.Client) {
