@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/gateway"
+	"github.com/sluice-io/sluice/internal/hostcheck"
 	"github.com/sluice-io/sluice/internal/server"
 	"github.com/sluice-io/sluice/internal/tracing"
 )
@@ -80,7 +82,10 @@ clients': they name tiers, teams, orgs and their spend.`,
 				if mln, err = net.Listen("tcp", f.metricsListen); err != nil {
 					return fmt.Errorf("gateway: metrics listener: %w", err)
 				}
-				msrv := &http.Server{Handler: metricsMux(gw.Metrics()), ReadHeaderTimeout: 5 * time.Second}
+				// The metrics name tiers, teams and their spend: a page
+				// rebound to 127.0.0.1 must not read them either.
+				guard := (&gateway.Server{Gateway: gw, Addr: f.metricsListen}).HostGuard
+				msrv := &http.Server{Handler: guard(metricsMux(gw.Metrics())), ReadHeaderTimeout: 5 * time.Second}
 				go func() { _ = msrv.Serve(mln) }()
 				defer msrv.Close()
 			}
@@ -126,7 +131,16 @@ func gatewayComponent(d server.Deps) (server.Component, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &gateway.Server{Gateway: gw, Addr: cfg.File.Gateway.Listen, Middleware: d.Tracing.Handler}, nil
+	srv := &gateway.Server{Gateway: gw, Addr: cfg.File.Gateway.Listen, Middleware: d.Tracing.Handler, HostsField: "gateway.allowed_hosts"}
+	// Browsers reach it by the names of its own allowed_hosts and of the
+	// service's (live, as the service reads them).
+	own := hostcheck.OwnHosts()
+	sec := cfg.File.Gateway
+	srv.Hosts = func() *hostcheck.Policy {
+		c := d.Config()
+		return &hostcheck.Policy{Listen: []string{sec.Listen, c.Listen}, Allowed: append(slices.Clip(sec.AllowedHosts), c.AllowedHosts...), Own: own}
+	}
+	return srv, nil
 }
 
 // checkGatewayKey refuses a gateway whose upstream key variable is empty,

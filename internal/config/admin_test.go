@@ -119,3 +119,28 @@ func TestAdminTokenNamesReserved(t *testing.T) {
 		t.Errorf("admin_token_2, api-team: %v", err)
 	}
 }
+
+// TestTypoNamesFieldWithoutEmptyLists: one typo (teirs: for tiers:) is
+// named with its line, the closest key and the real valid keys; what it
+// leaves undefined says so, instead of a "valid:" that lists nothing
+// (issue 27).
+func TestTypoNamesFieldWithoutEmptyLists(t *testing.T) {
+	doc := "policies:\n  free: {limit: 10/min}\nteirs:\n  basic:\n    policies: [free]\nkeys:\n  - hash: " + strings.Repeat("a", 64) + "\n    tier: basic\n"
+	_, err := Parse("s.yaml", []byte(doc))
+	if err == nil {
+		t.Fatal("a config with teirs: parsed")
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		"s.yaml:3: teirs: unknown field; did you mean tiers? valid: listen, ",
+		", policies, tiers, keys, ",
+		`s.yaml:8: keys[0].tier: unknown tier "basic"; none: the config defines no tiers`,
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error lacks %q:\n%s", want, msg)
+		}
+	}
+	if strings.Contains(msg, "valid: \n") || strings.HasSuffix(msg, "valid: ") {
+		t.Errorf("an empty valid: list:\n%s", msg)
+	}
+}

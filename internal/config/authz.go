@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/sluice-io/sluice/internal/yamlconf"
 )
 
 // Bounds of the authz section.
@@ -264,7 +266,7 @@ func (v *validator) compileAuthz(a *AuthzSection, cfg *Config, tierNames []strin
 	if a.DefaultTier != "" {
 		t, ok := cfg.Tiers[a.DefaultTier]
 		if !ok {
-			v.addf("authz.default_tier", "unknown tier %q; valid: %s", a.DefaultTier, strings.Join(tierNames, ", "))
+			v.addf("authz.default_tier", "unknown tier %q; %s", a.DefaultTier, yamlconf.Valid("tiers", tierNames))
 		}
 		out.DefaultTier = t
 	}
@@ -291,7 +293,7 @@ func (v *validator) compileAuthz(a *AuthzSection, cfg *Config, tierNames []strin
 		p, ok := cfg.Policies[name]
 		switch {
 		case !ok:
-			v.addf(path, "unknown policy %q; valid: %s", name, strings.Join(policyNames, ", "))
+			v.addf(path, "unknown policy %q; %s", name, yamlconf.Valid("policies", policyNames))
 		case out.Selectable[name] != nil:
 			v.addf(path, "policy %q listed twice", name)
 		default:
@@ -357,14 +359,14 @@ func (v *validator) compileRoute(at string, rs RouteSection, cfg *Config, policy
 		r.Host = h
 	}
 	if len(rs.Policies) == 0 {
-		bad(".policies", "a route adds at least one policy; valid: %s", strings.Join(policyNames, ", "))
+		bad(".policies", "a route adds at least one policy; %s", yamlconf.Valid("policies", policyNames))
 	}
 	seen := map[string]bool{}
 	for j, name := range rs.Policies {
 		p, found := cfg.Policies[name]
 		switch {
 		case !found:
-			bad(fmt.Sprintf(".policies[%d]", j), "unknown policy %q; valid: %s", name, strings.Join(policyNames, ", "))
+			bad(fmt.Sprintf(".policies[%d]", j), "unknown policy %q; %s", name, yamlconf.Valid("policies", policyNames))
 		case seen[name]:
 			bad(fmt.Sprintf(".policies[%d]", j), "policy %q listed twice", name)
 		default:

@@ -284,7 +284,7 @@ func (v *validator) compile(f *File) *Config {
 			v.addf(path, "tier name must be 1-64 letters, digits, '_', '-' or '.'")
 		}
 		if len(t.Policies) == 0 {
-			v.addf(path+".policies", "a tier needs at least one policy; valid: %s", strings.Join(names, ", "))
+			v.addf(path+".policies", "a tier needs at least one policy; %s", yamlconf.Valid("policies", names))
 		}
 		tier := &Tier{Name: name}
 		seen := map[string]bool{}
@@ -292,7 +292,7 @@ func (v *validator) compile(f *File) *Config {
 			p, ok := cfg.Policies[pn]
 			switch {
 			case !ok:
-				v.addf(fmt.Sprintf("%s.policies[%d]", path, i), "unknown policy %q; valid: %s", pn, strings.Join(names, ", "))
+				v.addf(fmt.Sprintf("%s.policies[%d]", path, i), "unknown policy %q; %s", pn, yamlconf.Valid("policies", names))
 			case seen[pn]:
 				v.addf(fmt.Sprintf("%s.policies[%d]", path, i), "policy %q listed twice", pn)
 			default:
@@ -315,7 +315,7 @@ func (v *validator) compile(f *File) *Config {
 		}
 		tier, ok := cfg.Tiers[k.Tier]
 		if !ok {
-			v.addf(path+".tier", "unknown tier %q; valid: %s", k.Tier, strings.Join(tierNames, ", "))
+			v.addf(path+".tier", "unknown tier %q; %s", k.Tier, yamlconf.Valid("tiers", tierNames))
 		}
 		key := &Key{Name: k.Name, Hash: hash, Tier: tier}
 		if key.Name == "" {
@@ -324,7 +324,7 @@ func (v *validator) compile(f *File) *Config {
 		for _, pn := range sortedKeys(k.Overrides) {
 			opath := path + ".overrides." + pn
 			if _, ok := cfg.Policies[pn]; !ok {
-				v.addf(opath, "unknown policy %q; valid: %s", pn, strings.Join(names, ", "))
+				v.addf(opath, "unknown policy %q; %s", pn, yamlconf.Valid("policies", names))
 				continue
 			}
 			l, err := sluice.ParseLimit(k.Overrides[pn])
@@ -353,7 +353,7 @@ func (v *validator) compile(f *File) *Config {
 			v.addf(path+".key", "required, at most %d bytes", MaxKeyLen)
 		}
 		if _, ok := cfg.Policies[o.Policy]; !ok {
-			v.addf(path+".policy", "unknown policy %q; valid: %s", o.Policy, strings.Join(names, ", "))
+			v.addf(path+".policy", "unknown policy %q; %s", o.Policy, yamlconf.Valid("policies", names))
 			continue
 		}
 		l, err := sluice.ParseLimit(o.Limit)

@@ -143,9 +143,10 @@ func writeAnthropicError(w http.ResponseWriter, status int, code, msg string) {
 	if code == "invalid_api_key" {
 		msg = "Incorrect or missing API key. Send your sluice gateway key as: x-api-key: <key>."
 	}
-	b, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": anthropicErrorType(status), "message": msg}})
+	b := marshalJSON(map[string]any{"type": "error", "error": map[string]string{"type": anthropicErrorType(status), "message": msg}})
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Content-Length", strconv.Itoa(len(b)+1))
 	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))

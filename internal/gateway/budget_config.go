@@ -134,7 +134,7 @@ func (c *Config) checkLevels(doc *yamlconf.Doc) {
 			doc.Addf(path, "team name must be 1-128 letters, digits or _.:/-")
 		}
 		if _, ok := c.Orgs[t.Org]; t.Org != "" && !ok {
-			doc.Addf(path+".org", "unknown org %q; valid: %s", t.Org, strings.Join(orgNames, ", "))
+			doc.Addf(path+".org", "unknown org %q; %s", t.Org, yamlconf.Valid("orgs", orgNames))
 		}
 		t.Limits.check(doc, path, c.LeaseTTL)
 		checkBudgets(doc, path+".budgets", t.Budgets)
@@ -146,7 +146,7 @@ func (c *Config) checkLevels(doc *yamlconf.Doc) {
 	for i, k := range c.Keys {
 		path := fmt.Sprintf("keys[%d]", i)
 		if _, ok := c.Teams[k.Team]; k.Team != "" && !ok {
-			doc.Addf(path+".team", "unknown team %q; valid: %s", k.Team, strings.Join(teamNames, ", "))
+			doc.Addf(path+".team", "unknown team %q; %s", k.Team, yamlconf.Valid("teams", teamNames))
 		}
 		checkBudgets(doc, path+".budgets", k.Budgets)
 		// Keys that share a client share its limits, so they must agree on

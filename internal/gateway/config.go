@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/hostcheck"
 	"github.com/sluice-io/sluice/internal/yamlconf"
 )
 
@@ -43,6 +44,13 @@ type Config struct {
 	// Listen is the gateway's address; default ":8090". `sluice serve`
 	// runs the gateway on it too, beside the service's own listener.
 	Listen string `yaml:"listen"`
+	// AllowedHosts are the names, beyond the defaults, by which a browser
+	// may reach the gateway (DNS rebinding protection, package hostcheck):
+	// a browser's request (Origin, Referer or Sec-Fetch-*) whose Host is
+	// not an IP address, localhost, the host of Listen, this machine's name
+	// or one of these is refused with 403. "*.example.com" allows the
+	// subdomains, "*" turns the check off. At most 256.
+	AllowedHosts []string `yaml:"allowed_hosts"`
 	// Upstream is where requests go.
 	Upstream UpstreamConfig `yaml:"upstream"`
 	// Store selects where limiter state lives for `sluice gateway`. Inside
@@ -319,6 +327,17 @@ func (c *Config) Validate() error {
 func (c *Config) Check(doc *yamlconf.Doc) {
 	c.checkTokenWeights(doc)
 	c.ApplyDefaults()
+	if n := len(c.AllowedHosts); n > hostcheck.MaxAllowed {
+		doc.Addf("allowed_hosts", "%d hosts; at most %d", n, hostcheck.MaxAllowed)
+	}
+	for i, h := range c.AllowedHosts {
+		norm, err := hostcheck.Normalize(h)
+		if err != nil {
+			doc.Addf(fmt.Sprintf("allowed_hosts[%d]", i), "%q: %v", hostcheck.Truncate(h, 100), err)
+			continue
+		}
+		c.AllowedHosts[i] = norm
+	}
 	for i, p := range c.Passthrough {
 		field := fmt.Sprintf("passthrough[%d]", i)
 		switch {
@@ -406,9 +425,9 @@ func (c *Config) Check(doc *yamlconf.Doc) {
 		}
 		if _, ok := c.Tiers[k.Tier]; !ok {
 			if k.Tier == "" {
-				doc.Addf(path+".tier", "required; valid: %s", strings.Join(tierNames, ", "))
+				doc.Addf(path+".tier", "required; %s", yamlconf.Valid("tiers", tierNames))
 			} else {
-				doc.Addf(path+".tier", "unknown tier %q; valid: %s", k.Tier, strings.Join(tierNames, ", "))
+				doc.Addf(path+".tier", "unknown tier %q; %s", k.Tier, yamlconf.Valid("tiers", tierNames))
 			}
 		}
 		if k.Client != "" && !nameRE.MatchString(k.Client) {

@@ -33,7 +33,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sluice_gateway_tokens_total", Help: "LLM tokens charged after settlement, by tier, model and kind (prompt or completion).",
 		}, []string{"tier", "model", "kind"}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_gateway_rejections_total", Help: "Requests rejected, by tier, model and reason (the limit, too_large, unauthorized, store_error, upstream_*).",
+			Name: "sluice_gateway_rejections_total", Help: "Requests rejected, by tier, model and reason (the limit, too_large, unauthorized, host_not_allowed, store_error, upstream_*).",
 		}, []string{"tier", "model", "reason"}),
 		upstream: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "sluice_gateway_upstream_seconds", Help: "Time from sending a request upstream to its response headers.",

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -25,12 +26,26 @@ func writeError(w http.ResponseWriter, status int, typ, code, param, msg string)
 	if param != "" {
 		paramVal = param
 	}
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": paramVal, "code": codeVal}})
+	b := marshalJSON(map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": paramVal, "code": codeVal}})
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Content-Length", strconv.Itoa(len(b)+1))
 	w.WriteHeader(status)
 	_, _ = w.Write(append(b, '\n'))
+}
+
+// marshalJSON encodes v as JSON without encoding/json's HTML escapes, so
+// that a message's "<key>" reads as written rather than "\u003ckey\u003e"
+// (the bodies go as application/json with nosniff: no browser renders them
+// as HTML). v must be encodable: the gateway's bodies are maps, strings and
+// numbers.
+func marshalJSON(v any) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 // formatReset writes a duration the way OpenAI's x-ratelimit-reset-*

@@ -1,15 +1,18 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"github.com/sluice-io/sluice/internal/statuswriter"
 	"log/slog"
 	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluice-io/sluice/internal/hostcheck"
+	"github.com/sluice-io/sluice/internal/statuswriter"
 )
 
 // Server serves a Gateway on its own listener until its context ends. It
@@ -29,6 +32,12 @@ type Server struct {
 	OnListen func(net.Addr)
 	// Middleware, when not nil, wraps the handler (tracing).
 	Middleware func(http.Handler) http.Handler
+	// Hosts, when not nil, returns at each request the names a browser
+	// may reach the gateway by (package hostcheck); nil means Policy().
+	Hosts func() *hostcheck.Policy
+	// HostsField names the config field of those names in the refusal;
+	// empty means "allowed_hosts".
+	HostsField string
 
 	// Counts for the summary logged on stop.
 	requests, ok, limited, clientErrs, serverErrs atomic.Int64
@@ -38,11 +47,11 @@ type Server struct {
 func (s *Server) Name() string { return "gateway" }
 
 // Handler returns the mux: /v1/ to the gateway, /healthz, and /metrics
-// when ServeMetrics. Every request is logged at debug level (method, path,
+// when ServeMetrics, behind the Host check (HostGuard). Every request is logged at debug level (method, path,
 // status, duration, request id; never a key) and counted for the summary
 // Run logs on stop.
 func (s *Server) Handler() http.Handler {
-	mux := s.mux()
+	mux := s.HostGuard(s.mux())
 	log := s.Gateway.log
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -59,6 +68,31 @@ func (s *Server) Handler() http.Handler {
 				slog.String("duration", time.Since(start).Round(time.Microsecond).String()),
 				slog.String("request_id", w.Header().Get("x-sluice-request-id")))
 		}
+	})
+}
+
+// Policy returns the names a browser may reach the gateway by when Hosts
+// is nil: the config's allowed_hosts, the hosts of listen and Addr, and
+// this machine's names (with IP addresses and localhost, always).
+func (s *Server) Policy() *hostcheck.Policy {
+	return &hostcheck.Policy{Listen: []string{s.Addr, s.Gateway.cfg.Listen}, Allowed: s.Gateway.cfg.AllowedHosts, Own: hostcheck.OwnHosts()}
+}
+
+// HostGuard refuses, with 403 in OpenAI's error form, a browser's request
+// whose Host is not one the gateway is known by (Hosts): a page that
+// rebinds its name to the gateway's address would otherwise read its
+// status and metrics and, with a key it holds, spend through it under the
+// gateway's name. next gets every other request.
+func (s *Server) HostGuard(next http.Handler) http.Handler {
+	hosts := s.Hosts
+	if hosts == nil {
+		p := s.Policy()
+		hosts = func() *hostcheck.Policy { return p }
+	}
+	field := cmp.Or(s.HostsField, "allowed_hosts")
+	return hostcheck.Guard(next, hosts, nil, func(w http.ResponseWriter, r *http.Request) {
+		s.Gateway.metrics.rejections.WithLabelValues("-", "-", "host_not_allowed").Inc()
+		writeError(w, http.StatusForbidden, "invalid_request_error", "host_not_allowed", "", hostcheck.Message(r.Host, field))
 	})
 }
 

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"strconv"
 	"sync"
@@ -143,8 +142,7 @@ func (g *Gateway) peekStatus(w http.ResponseWriter, r *http.Request, c *call) ([
 				Remaining: max(d.Remaining, 0), ResetSeconds: sluice.CeilSeconds(d.ResetAfter)})
 		}
 	}
-	b, _ := json.Marshal(body)
-	return append(b, '\n'), true
+	return append(marshalJSON(body), '\n'), true
 }
 
 // statusUnavailable answers a status call the store could not serve.

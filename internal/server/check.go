@@ -675,6 +675,7 @@ func appendDecision(b []byte, d sluice.Decision, policy string, alg sluice.Algor
 func writeJSON(w http.ResponseWriter, status int, body []byte) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff") // never rendered as HTML: its <, > and & go unescaped
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
@@ -694,7 +695,21 @@ func writeText(w http.ResponseWriter, status int, msg string) {
 	_, _ = io.WriteString(w, msg)
 }
 
-// appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD.
+// marshalJSON encodes v as JSON and a newline, without encoding/json's
+// HTML escapes: a message's "<key>" reads as written, not as
+// "\u003ckey\u003e" (writeJSON sends it with nosniff).
+func marshalJSON(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, fmt.Errorf("encode JSON: %w", err)
+	}
+	return b.Bytes(), nil
+}
+
+// appendString appends s as a JSON string, without HTML escapes (as
+// marshalJSON). Invalid UTF-8 becomes U+FFFD.
 func appendString(b []byte, s string) []byte {
 	const hex = "0123456789abcdef"
 	b = append(b, '"')
@@ -704,8 +719,6 @@ func appendString(b []byte, s string) []byte {
 			b = append(b, '\\', byte(r))
 		case r < 0x20 || r == 0x7f || r == 0x2028 || r == 0x2029:
 			b = append(b, '\\', 'u', hex[r>>12&0xf], hex[r>>8&0xf], hex[r>>4&0xf], hex[r&0xf])
-		case r == '<' || r == '>' || r == '&':
-			b = append(b, '\\', 'u', '0', '0', hex[r>>4], hex[r&0xf])
 		default:
 			b = utf8.AppendRune(b, r)
 		}

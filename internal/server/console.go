@@ -129,12 +129,12 @@ func (s *Server) decisionTotals() map[console.SeriesKey]console.Totals {
 }
 
 func writeAny(w http.ResponseWriter, v any) {
-	b, err := json.Marshal(v)
+	b, err := marshalJSON(v)
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "encoding: %v", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, append(b, '\n'))
+	writeJSON(w, http.StatusOK, b)
 }
 
 func (s *Server) handleSeries(w http.ResponseWriter, _ *http.Request) {

@@ -137,8 +137,8 @@ func (s *Server) handlePutOverride(w http.ResponseWriter, r *http.Request) {
 	if before == nil {
 		status = http.StatusCreated
 	}
-	b, _ := json.Marshal(map[string]any{"override": overrideJSON{&after, true}, "replaced": before, "shared": s.ovr.Shared()})
-	writeJSON(w, status, append(b, '\n'))
+	b, _ := marshalJSON(map[string]any{"override": overrideJSON{&after, true}, "replaced": before, "shared": s.ovr.Shared()})
+	writeJSON(w, status, b)
 }
 
 func (s *Server) handleDeleteOverride(w http.ResponseWriter, r *http.Request) {
@@ -152,8 +152,8 @@ func (s *Server) handleDeleteOverride(w http.ResponseWriter, r *http.Request) {
 		s.writeOverrideError(w, err)
 		return
 	}
-	b, _ := json.Marshal(map[string]any{"deleted": before})
-	writeJSON(w, http.StatusOK, append(b, '\n'))
+	b, _ := marshalJSON(map[string]any{"deleted": before})
+	writeJSON(w, http.StatusOK, b)
 }
 
 // handleListOverrides lists the overrides this instance applies; with
@@ -192,8 +192,8 @@ func (s *Server) overridesJSON(identity string) []byte {
 	for i, o := range list {
 		out[i] = overrideJSON{o, o.Active(now)}
 	}
-	b, _ := json.Marshal(map[string]any{"overrides": out, "shared": s.ovr.Shared(), "count": len(out)})
-	return append(b, '\n')
+	b, _ := marshalJSON(map[string]any{"overrides": out, "shared": s.ovr.Shared(), "count": len(out)})
+	return b
 }
 
 func (s *Server) writeOverrideError(w http.ResponseWriter, err error) {

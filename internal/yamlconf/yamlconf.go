@@ -319,6 +319,17 @@ func child(n *yaml.Node, parts []string) (key, val *yaml.Node, used int) {
 	return nil, nil, 0
 }
 
+// Valid lists the names a reference may take, for an error message:
+// "valid: a, b", or, when section defines none (it is missing, empty or
+// misspelled), "none: the config defines no <section>", rather than a
+// "valid:" that lists nothing.
+func Valid(section string, names []string) string {
+	if len(names) == 0 {
+		return "none: the config defines no " + section
+	}
+	return "valid: " + strings.Join(names, ", ")
+}
+
 func joinKey(path, key string) string {
 	if path == "" {
 		return key
