@@ -41,9 +41,9 @@ type otlpReceiver struct {
 
 // otlpSpan is what the test reads of an exported span.
 type otlpSpan struct {
-	name   string
-	root   bool
-	attrs  map[string]string
+	name  string
+	root  bool
+	attrs map[string]string
 }
 
 func (o *otlpReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
