@@ -28,6 +28,7 @@ type metrics struct {
 	loads         *prometheus.CounterVec
 	refused       *prometheus.CounterVec // fairness.go, resetguard.go
 	rules         prometheus.Gauge
+	seconds       prometheus.Histogram
 	maxSeries     int
 
 	mu       sync.Mutex
@@ -77,11 +78,16 @@ func newMetrics(reg prometheus.Registerer, maxSeries int) (*metrics, error) {
 			Name: "sluice_envoy_rls_rules",
 			Help: "Rate limits in the loaded configuration.",
 		}),
+		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sluice_envoy_rls_request_duration_seconds",
+			Help:    "Time to answer a ShouldRateLimit call, store calls included.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
+		}),
 		maxSeries: maxSeries,
 		detailed:  map[string]*ruleStats{},
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.hits, m.requests, m.requestErrors, m.loads, m.refused, m.rules} {
+		for _, c := range []prometheus.Collector{m.hits, m.requests, m.requestErrors, m.loads, m.refused, m.rules, m.seconds} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -193,7 +193,9 @@ var errInvalid = errors.New("envoyrls: invalid request")
 
 // ShouldRateLimit implements envoy.service.ratelimit.v3.RateLimitService.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	start := time.Now()
 	resp, err := s.check(ctx, req)
+	s.metrics.seconds.Observe(time.Since(start).Seconds())
 	if err != nil {
 		if errors.Is(err, errInvalid) {
 			return nil, status.Error(codes.InvalidArgument, err.Error())

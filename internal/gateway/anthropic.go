@@ -303,6 +303,7 @@ func (g *Gateway) prepareAnthropic(w http.ResponseWriter, r *http.Request, c *ca
 		return true // no tokens reserved or charged: promptEst and reserved stay 0
 	}
 	c.stream = p.stream
+	c.maxTokens = p.maxTokens
 	if g.wantsUpstreamCount(c) {
 		if n, err := g.upstreamCount(r.Context(), r, body); err != nil {
 			g.log.Warn("gateway: count_tokens failed; reserving the estimate", "request_id", c.id, "err", err)
@@ -373,6 +374,7 @@ func (c *call) applyAnthropicUsage() {
 type anthropicEvent struct {
 	Type    string `json:"type"`
 	Message *struct {
+		Model string     `json:"model"`
 		Usage *usageJSON `json:"usage"`
 	} `json:"message"`
 	Delta *struct {
@@ -392,6 +394,9 @@ func (c *call) inspectAnthropic(data []byte) {
 	}
 	switch ev.Type {
 	case "message_start":
+		if ev.Message != nil && c.respModel == "" {
+			c.respModel = ev.Message.Model
+		}
 		if ev.Message == nil || ev.Message.Usage == nil || ev.Message.Usage.negative() {
 			return
 		}

@@ -161,6 +161,17 @@ var endpoints = map[string]endpoint{
 	"/v1/messages/count_tokens": epCountTokens,
 }
 
+// routedPaths lists the paths the server's mux routes by name: the metered
+// endpoints, the status and the model list.
+func routedPaths() []string {
+	ps := []string{statusPath, modelsPath}
+	for p := range endpoints {
+		ps = append(ps, p)
+	}
+	slices.Sort(ps)
+	return ps
+}
+
 // Gateway is the proxy, an http.Handler for /v1/. It is safe for
 // concurrent use.
 type Gateway struct {
@@ -429,6 +440,8 @@ type call struct {
 	ep          endpoint
 	model       string // metric label
 	rawModel    string // as the client named it
+	maxTokens   int64  // the completion budget the client named, 0 if none (traced)
+	respModel   string // the model the upstream named in its answer (traced)
 	stream      bool
 	wantUsage   bool // the client asked for the usage event itself
 	bud         callBudget
@@ -536,12 +549,19 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !g.prepare(w, r, c) {
 		return
 	}
+	traced := tracing.Recording(r.Context())
+	if traced {
+		traceRequest(r.Context(), c)
+	}
 	if !g.admit(w, r, c) {
 		return
 	}
 	defer g.settleAsync(c) // also when the proxy aborts a broken stream
 	g.startRenewal(c)
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
+	if traced {
+		g.traceResponse(r.Context(), c)
+	}
 	// Hand the client the whole answer now; settling happens off its path.
 	_ = http.NewResponseController(w).Flush()
 }

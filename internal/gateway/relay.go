@@ -310,10 +310,12 @@ type sseEvent struct {
 		Text string `json:"text"`
 	} `json:"choices"`
 	Usage *usageJSON `json:"usage"`
+	Model string     `json:"model"`
 	// The responses API's events.
 	Type     string `json:"type"`
 	Delta    string `json:"delta"`
 	Response *struct {
+		Model string     `json:"model"`
 		Usage *usageJSON `json:"usage"`
 	} `json:"response"`
 }
@@ -361,6 +363,12 @@ func (r *sseReader) inspect(data []byte) bool {
 		return false
 	}
 	c := r.c
+	if c.respModel == "" {
+		c.respModel = ev.Model
+		if ev.Response != nil && c.respModel == "" {
+			c.respModel = ev.Response.Model
+		}
+	}
 	for _, ch := range ev.Choices {
 		d := ch.Delta
 		n := aitoken.Count(d.Content) + aitoken.Count(d.Refusal) + aitoken.Count(d.ReasoningContent) + aitoken.Count(ch.Text)

@@ -433,6 +433,9 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 		c.model = "other"
 	}
 	c.stream = p.stream
+	if p.explicit {
+		c.maxTokens = p.budget
+	}
 	c.promptEst = p.promptEst
 	c.bud.serviceTier = p.serviceTier
 	c.background = p.background

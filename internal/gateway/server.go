@@ -113,6 +113,13 @@ func (s *Server) count(status int) {
 func (s *Server) mux() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", s.Gateway)
+	// The metered paths, the status and the model list are routes of their
+	// own, for a request span named by its route ("POST
+	// /v1/chat/completions") rather than by the subtree ("POST /v1/"). All
+	// go to the same handler, which routes itself.
+	for _, p := range routedPaths() {
+		mux.Handle(p, s.Gateway)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))

@@ -37,8 +37,9 @@ const (
 // Metrics are the service's collectors. Create them with New.
 type Metrics struct {
 	// Registry holds every collector below, and the Go and process
-	// collectors.
-	Registry *prometheus.Registry
+	// collectors; the components running beside the API register theirs
+	// on it too.
+	Registry *Registry
 	// Decisions counts decisions by policy, tier and result.
 	Decisions *prometheus.CounterVec
 	// DecisionSeconds observes the latency of decisions by endpoint,
@@ -59,7 +60,7 @@ type Metrics struct {
 // New returns the metrics, registered on a new private registry.
 func New() *Metrics {
 	m := &Metrics{
-		Registry: prometheus.NewRegistry(),
+		Registry: NewRegistry(),
 		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_decisions_total",
 			Help: "Rate-limit decisions by policy, tier and result (allowed, denied, shadow_denied, degraded).",

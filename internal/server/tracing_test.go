@@ -107,7 +107,7 @@ func TestTracingSpans(t *testing.T) {
 	}
 	stores := 0
 	for _, s := range spans {
-		// Store spans without a parent are the guard's readiness probes.
+		// Only store calls made for a request have spans (no root spans).
 		if strings.HasPrefix(s.Name, "sluice.store ") && s.Parent.IsValid() {
 			stores++
 			if s.Parent.TraceID() != server.SpanContext.TraceID() {

@@ -16,12 +16,18 @@ import (
 // W3C traceparent the request carries. The span is named for the method
 // and the route pattern that served it (never the raw path, which may hold
 // a key) and records the status code; a 429 is the outcome "denied".
-// On a nil *Tracing it returns h.
+// Health checks and scrapes (/healthz, /readyz, /livez, /metrics) get no
+// span: an orchestrator's probes every few seconds would otherwise be most
+// of what an idle service exports. On a nil *Tracing it returns h.
 func (t *Tracing) Handler(h http.Handler) http.Handler {
 	if t == nil {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if untraced[r.URL.Path] {
+			h.ServeHTTP(w, r)
+			return
+		}
 		ctx := t.prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 		ctx, span := t.tracer.Start(ctx, "HTTP "+r.Method, trace.WithSpanKind(trace.SpanKindServer),
 			trace.WithAttributes(attribute.String("http.request.method", r.Method)))
@@ -41,6 +47,9 @@ func (t *Tracing) Handler(h http.Handler) http.Handler {
 		}
 	})
 }
+
+// untraced are the paths of probes and scrapes, which get no span.
+var untraced = map[string]bool{"/healthz": true, "/readyz": true, "/livez": true, "/metrics": true}
 
 // routePath drops the method a ServeMux pattern starts with.
 func routePath(pattern string) string {

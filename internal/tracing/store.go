@@ -17,6 +17,12 @@ import (
 // outcome and the store's latency, which is also put on the calling
 // request's span as sluice.store.latency_ms. Keys are never recorded. On a
 // nil *Tracing it returns s.
+//
+// Only calls made for a traced request get a span: a call whose context
+// carries no span (the guard's probes and heartbeats, background flushes
+// and renewals) is passed through untraced, so that an idle process
+// exports nothing. The wrapper's Unwrap lets the guard find the optional
+// interfaces (Pinger, Sharded, Membership) of the store below.
 func (t *Tracing) Store(s sluice.Store) sluice.Store {
 	if t == nil {
 		return s
@@ -29,8 +35,14 @@ type store struct {
 	next sluice.Store
 }
 
+// Unwrap returns the wrapped store.
+func (s *store) Unwrap() sluice.Store { return s.next }
+
 func (s *store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
 	parent := trace.SpanFromContext(ctx)
+	if !parent.SpanContext().IsValid() {
+		return s.next.Apply(ctx, op, req) // no request to trace: no root span
+	}
 	ctx, span := s.t.tracer.Start(ctx, "sluice.store Apply", trace.WithSpanKind(trace.SpanKindClient))
 	start := time.Now()
 	d, err := s.next.Apply(ctx, op, req)
@@ -40,6 +52,9 @@ func (s *store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 
 func (s *store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
 	parent := trace.SpanFromContext(ctx)
+	if !parent.SpanContext().IsValid() {
+		return s.next.ApplyAll(ctx, op, reqs)
+	}
 	ctx, span := s.t.tracer.Start(ctx, "sluice.store ApplyAll", trace.WithSpanKind(trace.SpanKindClient))
 	start := time.Now()
 	ds, err := s.next.ApplyAll(ctx, op, reqs)

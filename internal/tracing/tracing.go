@@ -41,6 +41,7 @@ type Tracing struct {
 	tracer   trace.Tracer
 	prop     propagation.TextMapPropagator
 	shutdown func(context.Context) error
+	flush    func(context.Context) error
 }
 
 // New traces through tp (tests use an in-memory exporter).
@@ -49,6 +50,7 @@ func New(tp trace.TracerProvider) *Tracing {
 		tracer:   tp.Tracer(ScopeName),
 		prop:     propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
 		shutdown: func(context.Context) error { return nil },
+		flush:    func(context.Context) error { return nil },
 	}
 }
 
@@ -102,8 +104,20 @@ func FromEnv(ctx context.Context, version string) (*Tracing, error) {
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	t := New(tp)
-	t.shutdown = tp.Shutdown
+	t.shutdown, t.flush = tp.Shutdown, tp.ForceFlush
 	return t, nil
+}
+
+// Flush exports the spans that have ended and waits for the exporter. It
+// is safe on a nil *Tracing.
+func (t *Tracing) Flush(ctx context.Context) error {
+	if t == nil {
+		return nil
+	}
+	if err := t.flush(ctx); err != nil {
+		return fmt.Errorf("tracing: flush: %w", err)
+	}
+	return nil
 }
 
 // Shutdown flushes and stops the exporter. It is safe on a nil *Tracing.

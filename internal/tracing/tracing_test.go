@@ -258,7 +258,9 @@ func TestStoreErrorHoldsNoKey(t *testing.T) {
 	defer ms.Close()
 	const secret = "user:alice@example.com"
 	lim, _ := sluice.ParseLimit("1/min")
-	_, err = tr.Store(ms).Apply(context.Background(), sluice.OpAllow, sluice.Request{Key: secret, Algorithm: sluice.GCRA, Limit: lim, Cost: 5})
+	ctx, parent := tr.tracer.Start(context.Background(), "request")
+	_, err = tr.Store(ms).Apply(ctx, sluice.OpAllow, sluice.Request{Key: secret, Algorithm: sluice.GCRA, Limit: lim, Cost: 5})
+	parent.End()
 	if !errors.Is(err, sluice.ErrCostExceedsBurst) || !strings.Contains(err.Error(), secret) {
 		t.Fatalf("the store's error, which names the key, is returned whole: %v", err)
 	}
@@ -267,5 +269,41 @@ func TestStoreErrorHoldsNoKey(t *testing.T) {
 	s := spanByName(t, spans, "sluice.store Apply")
 	if len(s.Events) != 1 || !strings.Contains(fmt.Sprint(s.Events[0].Attributes), sluice.ErrCostExceedsBurst.Error()) {
 		t.Fatalf("the span does not record the error's class: %v", s.Events)
+	}
+}
+
+// TestNoRootSpans: a store call outside a traced request (a probe, a
+// heartbeat, a background flush) and a health check or scrape make no
+// span, and the store wrapper unwraps to the store, so that the guard
+// finds its Ping, Sharded and Membership.
+func TestNoRootSpans(t *testing.T) {
+	tr, exp := newTest(t)
+	ms, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ms.Close()
+	st := tr.Store(ms)
+	if u, ok := st.(interface{ Unwrap() sluice.Store }); !ok || u.Unwrap() != sluice.Store(ms) {
+		t.Error("the traced store does not unwrap to the store")
+	}
+	lim, _ := sluice.ParseLimit("1/s")
+	req := sluice.Request{Key: "k", Algorithm: sluice.GCRA, Limit: lim}
+	if _, err := st.Apply(context.Background(), sluice.OpPeek, req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.ApplyAll(context.Background(), sluice.OpPeek, []sluice.Request{req}); err != nil {
+		t.Fatal(err)
+	}
+	h := tr.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for _, p := range []string{"/healthz", "/readyz", "/livez", "/metrics"} {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", p, nil))
+	}
+	if spans := exp.GetSpans(); len(spans) != 0 {
+		t.Fatalf("%d spans without a request, want 0: %v", len(spans), spans[0].Name)
+	}
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/v1/status", nil))
+	if n := len(exp.GetSpans()); n != 1 {
+		t.Fatalf("%d spans for a request, want 1", n)
 	}
 }
