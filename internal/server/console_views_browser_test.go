@@ -3,12 +3,15 @@ package server
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/redistest"
 )
 
 // This file drives the console's views in a real headless Chromium
@@ -156,4 +159,64 @@ func TestConsoleBrowserOverridesList(t *testing.T) {
 	if a := s.do(t, "GET", "/v1/overrides", "", bearer...); a.num("count") != 1 || strings.Contains(a.raw, "tenant:listed") {
 		t.Fatalf("after the removal: %s", a.raw)
 	}
+}
+
+// TestConsoleBrowserFleetCharts: two replicas on one Redis, traffic on
+// the second only. In Chromium, the first's console charts it (the
+// fleet's counts from the store, not the replica's own), with a time axis
+// of clock labels; the 24 h range reads the 24 h buckets and labels its
+// axis too.
+func TestConsoleBrowserFleetCharts(t *testing.T) {
+	ctx := browser(t)
+	srv := redistest.NewStandalone(t)
+	cfg := redisConfig(srv.URL(), "fail_open") + "console: {enabled: true, sample_interval: 250ms, top_sample: 1}\n"
+	a, b := startService(t, svcOptions{redis: true, config: cfg}), startService(t, svcOptions{redis: true, config: cfg})
+	check := fmt.Sprintf(`{"policy":"b","key":%q}`, "user:"+redistest.Prefix(t))
+	tctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tk := time.NewTicker(25 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-tctx.Done():
+				return
+			case <-tk.C:
+				req, _ := http.NewRequestWithContext(tctx, "POST", b.url+"/v1/check", strings.NewReader(check))
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			}
+		}
+	})
+	t.Cleanup(func() { stop(); wg.Wait() })
+	run := browserRunner(ctx, t, 20*time.Second)
+	const cur = `figure[data-series="b/-"] .current`
+	run("replica a charts replica b's traffic", chromedp.Navigate(a.url+"/ui/"),
+		poll(fmt.Sprintf(`(() => { const c = document.querySelector(%q); return !!c && parseFloat(c.dataset.decisions) > 10; })()`, cur)))
+	ticks := func() []string {
+		return evalIn[[]string](ctx, t, `[...document.querySelectorAll('figure[data-series="b/-"] text.tick')].map(e => e.textContent)`)
+	}
+	if got := ticks(); len(got) < 2 || !clockLabels(got) {
+		t.Errorf("15 min axis labels: %q", got)
+	}
+	if got := evalIn[string](ctx, t, `document.querySelector("#interval").textContent`); !strings.Contains(got, "every replica") {
+		t.Errorf("the charts do not say they are the fleet's: %q", got)
+	}
+	run("24 h", chromedp.Click(chromedp.CSS(`#ranges button[data-range="24h"]`)),
+		poll(`document.querySelector("#charts").dataset.range === "24h" && !!document.querySelector('figure[data-series="b/-"] polyline.d')`))
+	if got := ticks(); len(got) < 3 || !clockLabels(got) {
+		t.Errorf("24 h axis labels: %q", got)
+	}
+}
+
+// clockLabels reports whether every label reads as a time of day, HH:MM.
+func clockLabels(labels []string) bool {
+	for _, l := range labels {
+		var h, m int
+		if n, err := fmt.Sscanf(l, "%02d:%02d", &h, &m); n != 2 || err != nil || len(l) != 5 || h > 23 || m > 59 {
+			return false
+		}
+	}
+	return true
 }
