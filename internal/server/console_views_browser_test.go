@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -219,4 +221,69 @@ func clockLabels(labels []string) bool {
 		}
 	}
 	return true
+}
+
+// overflowing lists the page's elements that reach past the viewport's
+// right edge, or scroll sideways, as "tag#id.class".
+const overflowing = `(() => {
+  const w = document.documentElement.clientWidth, out = [];
+  if (document.documentElement.scrollWidth > w) out.push("document " + document.documentElement.scrollWidth + " > " + w);
+  for (const e of document.querySelectorAll("body *")) {
+    const r = e.getBoundingClientRect();
+    if (r.width === 0 && r.height === 0) continue;
+    if (r.right > w + 0.5 || r.left < -0.5) out.push(e.tagName.toLowerCase() + (e.id ? "#" + e.id : "") + (e.className && typeof e.className === "string" ? "." + e.className.replace(/ /g, ".") : "") + " " + Math.round(r.left) + ".." + Math.round(r.right));
+  }
+  // A control squeezed into a column too narrow for its label wraps it
+  // letter by letter ("re/mo/ve"): every button's label stays on one line.
+  for (const b of document.querySelectorAll("button")) {
+    const r = b.getBoundingClientRect();
+    if (r.width > 0 && r.height > 2.2 * parseFloat(getComputedStyle(b).lineHeight || "20")) out.push("button " + JSON.stringify(b.textContent) + " wraps: " + Math.round(r.height) + "px high");
+  }
+  return out.slice(0, 20);
+})()`
+
+// TestConsoleBrowserPhone: in Chromium at a phone's 390 px width, with
+// every view filled (admin, a look-up with overrides, the overrides list,
+// the charts, the simulator, the gateway), nothing reaches past the right
+// edge or scrolls the page sideways, and no button's label wraps.
+func TestConsoleBrowserPhone(t *testing.T) {
+	ctx := browser(t)
+	s := startService(t, svcOptions{config: consoleConfig})
+	for range 3 {
+		s.check(t, `{"policy":"b","key":"tenant:a-rather-long-identity-of-a-phone-test@example.com"}`)
+	}
+	if a := s.do(t, "PUT", "/v1/overrides", `{"identity":"tenant:a-rather-long-identity-of-a-phone-test@example.com","policy":"b","limit":"20000/day","ttl":"3h","reason":"a reason long enough to wrap on a phone's narrow screen"}`, bearer...); a.status != 201 {
+		t.Fatal(a.raw)
+	}
+	run := browserRunner(ctx, t, 20*time.Second)
+	run("the page at 390 px, every view filled",
+		chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile),
+		chromedp.Navigate(s.url+"/ui/"),
+		chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		poll(`document.querySelectorAll("#overrides tbody tr[data-identity]").length === 1`),
+		poll(`(() => { const td = document.querySelector("#top tbody td.clickable"); if (!td) return false; td.click(); return true; })()`),
+		poll(`!!document.querySelector('#peek tbody tr[data-policy="b"]')`),
+		chromedp.Click(chromedp.CSS(`#sim-form button[type="submit"]`)),
+		poll(`!!document.querySelector("#sim-chart svg")`))
+	run("the chart", poll(`!!document.querySelector('figure[data-series="b/-"]')`))
+	if dir := os.Getenv("SLUICE_UI_ARTIFACTS"); dir != "" {
+		run("screenshot", chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			buf, err := chromedp.FullScreenshot(100)(ctx, tg)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(dir, "phone.png"), buf, 0o644)
+		}))
+	}
+	if got := evalIn[float64](ctx, t, `document.documentElement.clientWidth`); got != 390 {
+		t.Fatalf("viewport %v px wide, want 390", got)
+	}
+	if got := evalIn[[]string](ctx, t, overflowing); len(got) > 0 {
+		t.Errorf("at 390 px, overflowing or wrapped: %q", got)
+	}
+	run("the reset confirmation", chromedp.Click(chromedp.CSS("#reset")), chromedp.WaitVisible(chromedp.CSS(".confirm .confirm-yes")))
+	if got := evalIn[[]string](ctx, t, overflowing); len(got) > 0 {
+		t.Errorf("at 390 px, confirming, overflowing or wrapped: %q", got)
+	}
 }

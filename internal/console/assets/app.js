@@ -6,7 +6,13 @@
   const $ = (s) => document.querySelector(s);
   const el = (tag, text, cls) => { const e = document.createElement(tag); if (text !== undefined) e.textContent = text; if (cls) e.className = cls; return e; };
   const row = (cells) => { const tr = el("tr"); for (const c of cells) { const td = el("td"); if (c instanceof Node) td.append(c); else td.textContent = c; tr.append(td); } return tr; };
-  const fill = (tbody, rows) => { tbody.replaceChildren(...rows); };
+  // fill puts rows in tbody, each cell labelled with its column's heading
+  // (data-label), which the phone layout shows beside it.
+  const fill = (tbody, rows) => {
+    const heads = [...tbody.closest("table").querySelectorAll("thead th")].map((th) => th.textContent);
+    for (const tr of rows) [...tr.cells].forEach((td, i) => { if (heads[i]) td.dataset.label = heads[i]; });
+    tbody.replaceChildren(...rows);
+  };
   // The overrides API, relative to the page (/ui/): behind a proxy that
   // serves sluice under a prefix, an absolute /v1/overrides would send the
   // admin token to whatever the proxy serves at the origin's root.
