@@ -131,6 +131,9 @@ func gatewayComponent(d server.Deps) (server.Component, error) {
 	if err != nil {
 		return nil, err
 	}
+	if d.SetGatewaySpend != nil {
+		d.SetGatewaySpend(func(ctx context.Context) (any, error) { return gw.Spend(ctx, maxSpendClients) })
+	}
 	srv := &gateway.Server{Gateway: gw, Addr: cfg.File.Gateway.Listen, Middleware: d.Tracing.Handler, HostsField: "gateway.allowed_hosts"}
 	// Browsers reach it by the names of its own allowed_hosts and of the
 	// service's (live, as the service reads them).
@@ -142,6 +145,10 @@ func gatewayComponent(d server.Deps) (server.Component, error) {
 	}
 	return srv, nil
 }
+
+// maxSpendClients bounds the clients whose budgets one read of the
+// console's spend view peeks (a store call each).
+const maxSpendClients = 500
 
 // checkGatewayKey refuses a gateway whose upstream key variable is empty,
 // as every request would then reach the upstream without a key, unless the

@@ -1,8 +1,9 @@
 // Package console holds the parts of the operator's console that `sluice
 // serve` shows at /ui: the page itself (HTML, CSS and JavaScript embedded
-// with go:embed, no build step, no external assets), the rate history
-// behind its charts (Series), and the fleet's top limited identities
-// (Top, kept in the store so that every replica's denials count).
+// with go:embed, no build step, no external assets), the fleet's decision
+// counts behind its charts (Fleet, kept in the store per bucket so that
+// every replica's decisions count), this replica's rate history (Series),
+// and the fleet's top limited identities (Top, kept in the store too).
 //
 // The server (internal/server/console.go) serves the page and its JSON
 // API; this package knows nothing of the server.
@@ -40,8 +41,9 @@ const (
 type Config struct {
 	// Enabled serves the console at /ui; it is off by default.
 	Enabled bool `yaml:"enabled"`
-	// SampleInterval is how often the charts get a point; default 5s,
-	// from 100ms to 1m.
+	// SampleInterval is how often the replica's own chart gets a point
+	// and the replica flushes its counts to the fleet charts (Fleet);
+	// default 5s, from 100ms to 1m.
 	SampleInterval time.Duration `yaml:"sample_interval"`
 	// TopSample counts one denial in TopSample towards the top limited
 	// identities (scaled back up); default 16, 1 counts every denial.

@@ -116,7 +116,9 @@ func NewFleet(read func() map[SeriesKey]Totals, sink FleetSink, interval time.Du
 	if log == nil {
 		log = slog.Default()
 	}
-	f := &Fleet{read: read, sink: sink, interval: interval, log: log}
+	// The counters start at zero with the process: its first flush sends
+	// what they counted until then.
+	f := &Fleet{read: read, sink: sink, interval: interval, log: log, last: map[SeriesKey]Totals{}}
 	f.cache.at, f.cache.charts = map[string]time.Time{}, map[string]FleetChart{}
 	return f
 }
@@ -124,17 +126,13 @@ func NewFleet(read func() map[SeriesKey]Totals, sink FleetSink, interval time.Du
 // Sink returns the sink.
 func (f *Fleet) Sink() FleetSink { return f.sink }
 
-// Flush adds the counts since the last flush to the sink. The first only
-// notes where the counters stand; counts a failed Add did not store are
+// Flush adds the counts since the last flush (the first: since the
+// counters started) to the sink; counts a failed Add did not store are
 // sent with the next.
 func (f *Fleet) Flush(ctx context.Context, now time.Time) error {
 	cur := f.read()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.last == nil {
-		f.last = cur
-		return nil
-	}
 	delta := map[SeriesKey]Totals{}
 	for k, t := range cur {
 		p := f.last[k]

@@ -66,6 +66,7 @@ func (s *Server) newConsole(cc *console.Config, sink console.TopSink, fleet cons
 	s.handle("GET /ui/api/top", "console", s.consoleOn(s.handleTop))
 	s.handle("GET /ui/api/identity", "console", s.consoleOn(s.handleIdentity))
 	s.handle("GET /ui/api/overrides", "console", s.consoleOn(s.handleConsoleOverrides))
+	s.handle("GET /ui/api/spend", "console", s.consoleOn(s.handleSpend))
 	s.handle("POST /ui/api/reset", "console", s.consoleOn(s.sameOrigin(s.handleConsoleReset)))
 	s.handle("POST /ui/api/simulate", "console", s.consoleOn(s.sameOrigin(s.handleSimulate)))
 }

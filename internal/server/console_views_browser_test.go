@@ -3,12 +3,17 @@ package server
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/redistest"
 )
 
 // This file drives the console's views in a real headless Chromium
@@ -155,5 +160,130 @@ func TestConsoleBrowserOverridesList(t *testing.T) {
 		poll(`document.querySelectorAll("#overrides tbody tr[data-identity]").length === 1`))
 	if a := s.do(t, "GET", "/v1/overrides", "", bearer...); a.num("count") != 1 || strings.Contains(a.raw, "tenant:listed") {
 		t.Fatalf("after the removal: %s", a.raw)
+	}
+}
+
+// TestConsoleBrowserFleetCharts: two replicas on one Redis, traffic on
+// the second only. In Chromium, the first's console charts it (the
+// fleet's counts from the store, not the replica's own), with a time axis
+// of clock labels; the 24 h range reads the 24 h buckets and labels its
+// axis too.
+func TestConsoleBrowserFleetCharts(t *testing.T) {
+	ctx := browser(t)
+	srv := redistest.NewStandalone(t)
+	cfg := redisConfig(srv.URL(), "fail_open") + "console: {enabled: true, sample_interval: 250ms, top_sample: 1}\n"
+	a, b := startService(t, svcOptions{redis: true, config: cfg}), startService(t, svcOptions{redis: true, config: cfg})
+	check := fmt.Sprintf(`{"policy":"b","key":%q}`, "user:"+redistest.Prefix(t))
+	tctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tk := time.NewTicker(25 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-tctx.Done():
+				return
+			case <-tk.C:
+				req, _ := http.NewRequestWithContext(tctx, "POST", b.url+"/v1/check", strings.NewReader(check))
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			}
+		}
+	})
+	t.Cleanup(func() { stop(); wg.Wait() })
+	run := browserRunner(ctx, t, 20*time.Second)
+	const cur = `figure[data-series="b/-"] .current`
+	run("replica a charts replica b's traffic", chromedp.Navigate(a.url+"/ui/"),
+		poll(fmt.Sprintf(`(() => { const c = document.querySelector(%q); return !!c && parseFloat(c.dataset.decisions) > 10; })()`, cur)))
+	ticks := func() []string {
+		return evalIn[[]string](ctx, t, `[...document.querySelectorAll('figure[data-series="b/-"] text.tick')].map(e => e.textContent)`)
+	}
+	if got := ticks(); len(got) < 2 || !clockLabels(got) {
+		t.Errorf("15 min axis labels: %q", got)
+	}
+	if got := evalIn[string](ctx, t, `document.querySelector("#interval").textContent`); !strings.Contains(got, "every replica") {
+		t.Errorf("the charts do not say they are the fleet's: %q", got)
+	}
+	run("24 h", chromedp.Click(chromedp.CSS(`#ranges button[data-range="24h"]`)),
+		poll(`document.querySelector("#charts").dataset.range === "24h" && !!document.querySelector('figure[data-series="b/-"] polyline.d')`))
+	if got := ticks(); len(got) < 3 || !clockLabels(got) {
+		t.Errorf("24 h axis labels: %q", got)
+	}
+}
+
+// clockLabels reports whether every label reads as a time of day, HH:MM.
+func clockLabels(labels []string) bool {
+	for _, l := range labels {
+		var h, m int
+		if n, err := fmt.Sscanf(l, "%02d:%02d", &h, &m); n != 2 || err != nil || len(l) != 5 || h > 23 || m > 59 {
+			return false
+		}
+	}
+	return true
+}
+
+// overflowing lists the page's elements that reach past the viewport's
+// right edge, or scroll sideways, as "tag#id.class".
+const overflowing = `(() => {
+  const w = document.documentElement.clientWidth, out = [];
+  if (document.documentElement.scrollWidth > w) out.push("document " + document.documentElement.scrollWidth + " > " + w);
+  for (const e of document.querySelectorAll("body *")) {
+    const r = e.getBoundingClientRect();
+    if (r.width === 0 && r.height === 0) continue;
+    if (r.right > w + 0.5 || r.left < -0.5) out.push(e.tagName.toLowerCase() + (e.id ? "#" + e.id : "") + (e.className && typeof e.className === "string" ? "." + e.className.replace(/ /g, ".") : "") + " " + Math.round(r.left) + ".." + Math.round(r.right));
+  }
+  // A control squeezed into a column too narrow for its label wraps it
+  // letter by letter ("re/mo/ve"): every button's label stays on one line.
+  for (const b of document.querySelectorAll("button")) {
+    const r = b.getBoundingClientRect();
+    if (r.width > 0 && r.height > 2.2 * parseFloat(getComputedStyle(b).lineHeight || "20")) out.push("button " + JSON.stringify(b.textContent) + " wraps: " + Math.round(r.height) + "px high");
+  }
+  return out.slice(0, 20);
+})()`
+
+// TestConsoleBrowserPhone: in Chromium at a phone's 390 px width, with
+// every view filled (admin, a look-up with overrides, the overrides list,
+// the charts, the simulator, the gateway), nothing reaches past the right
+// edge or scrolls the page sideways, and no button's label wraps.
+func TestConsoleBrowserPhone(t *testing.T) {
+	ctx := browser(t)
+	s := startService(t, svcOptions{config: consoleConfig})
+	for range 3 {
+		s.check(t, `{"policy":"b","key":"tenant:a-rather-long-identity-of-a-phone-test@example.com"}`)
+	}
+	if a := s.do(t, "PUT", "/v1/overrides", `{"identity":"tenant:a-rather-long-identity-of-a-phone-test@example.com","policy":"b","limit":"20000/day","ttl":"3h","reason":"a reason long enough to wrap on a phone's narrow screen"}`, bearer...); a.status != 201 {
+		t.Fatal(a.raw)
+	}
+	run := browserRunner(ctx, t, 20*time.Second)
+	run("the page at 390 px, every view filled",
+		chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile),
+		chromedp.Navigate(s.url+"/ui/"),
+		chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		poll(`document.querySelectorAll("#overrides tbody tr[data-identity]").length === 1`),
+		poll(`(() => { const td = document.querySelector("#top tbody td.clickable"); if (!td) return false; td.click(); return true; })()`),
+		poll(`!!document.querySelector('#peek tbody tr[data-policy="b"]')`),
+		chromedp.Click(chromedp.CSS(`#sim-form button[type="submit"]`)),
+		poll(`!!document.querySelector("#sim-chart svg")`))
+	run("the chart", poll(`!!document.querySelector('figure[data-series="b/-"]')`))
+	if dir := os.Getenv("SLUICE_UI_ARTIFACTS"); dir != "" {
+		run("screenshot", chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			buf, err := chromedp.FullScreenshot(100)(ctx, tg)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(dir, "phone.png"), buf, 0o644)
+		}))
+	}
+	if got := evalIn[float64](ctx, t, `document.documentElement.clientWidth`); got != 390 {
+		t.Fatalf("viewport %v px wide, want 390", got)
+	}
+	if got := evalIn[[]string](ctx, t, overflowing); len(got) > 0 {
+		t.Errorf("at 390 px, overflowing or wrapped: %q", got)
+	}
+	run("the reset confirmation", chromedp.Click(chromedp.CSS("#reset")), chromedp.WaitVisible(chromedp.CSS(".confirm .confirm-yes")))
+	if got := evalIn[[]string](ctx, t, overflowing); len(got) > 0 {
+		t.Errorf("at 390 px, confirming, overflowing or wrapped: %q", got)
 	}
 }

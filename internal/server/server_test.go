@@ -79,6 +79,8 @@ type svcOptions struct {
 	redis bool
 	// log, if set, receives the service's log lines.
 	log io.Writer
+	// components are run beside the API, as `sluice serve` runs its own.
+	components []ComponentFunc
 }
 
 func startService(t *testing.T, o svcOptions) *svc {
@@ -126,6 +128,7 @@ func startService(t *testing.T, o svcOptions) *svc {
 			OnReload:   func(_ *config.Config, err error) { s.reloads <- err },
 			OnListen:   func(a net.Addr) { listening <- a },
 			OpenStore:  openStore,
+			Components: o.components,
 		})
 	}()
 	select {

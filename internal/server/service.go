@@ -44,6 +44,9 @@ type Deps struct {
 	Logger *slog.Logger
 	// Tracing is nil when tracing is off; its methods are nil-safe.
 	Tracing *tracing.Tracing
+	// SetGatewaySpend gives the console the AI gateway's spend per key,
+	// team and org (console_spend.go).
+	SetGatewaySpend func(SpendFunc)
 }
 
 // ComponentFunc builds a plugged-in component from the shared parts. It
@@ -146,7 +149,7 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 	if srv.top != nil {
 		comps = append(comps, consoleComponent{srv})
 	}
-	deps := Deps{Store: srv.guard.store, Metrics: m, Config: srv.Config, Logger: log, Tracing: opts.Tracing}
+	deps := Deps{Store: srv.guard.store, Metrics: m, Config: srv.Config, Logger: log, Tracing: opts.Tracing, SetGatewaySpend: srv.SetGatewaySpend}
 	for _, build := range opts.Components {
 		c, err := build(deps)
 		if err != nil {

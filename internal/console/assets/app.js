@@ -6,7 +6,13 @@
   const $ = (s) => document.querySelector(s);
   const el = (tag, text, cls) => { const e = document.createElement(tag); if (text !== undefined) e.textContent = text; if (cls) e.className = cls; return e; };
   const row = (cells) => { const tr = el("tr"); for (const c of cells) { const td = el("td"); if (c instanceof Node) td.append(c); else td.textContent = c; tr.append(td); } return tr; };
-  const fill = (tbody, rows) => { tbody.replaceChildren(...rows); };
+  // fill puts rows in tbody, each cell labelled with its column's heading
+  // (data-label), which the phone layout shows beside it.
+  const fill = (tbody, rows) => {
+    const heads = [...tbody.closest("table").querySelectorAll("thead th")].map((th) => th.textContent);
+    for (const tr of rows) [...tr.cells].forEach((td, i) => { if (heads[i]) td.dataset.label = heads[i]; });
+    tbody.replaceChildren(...rows);
+  };
   // The overrides API, relative to the page (/ui/): behind a proxy that
   // serves sluice under a prefix, an absolute /v1/overrides would send the
   // admin token to whatever the proxy serves at the origin's root.
@@ -172,6 +178,7 @@
     if (sel.options.length === 1) for (const p of overview.policies) sel.append(new Option(p.name, p.name));
     const gw = overview.gateway;
     $("#gateway").hidden = !gw;
+    $("#spend-section").hidden = !gw;
     if (gw) {
       fill($("#gw-tiers tbody"), gw.tiers.map((t) => row([t.name, String(t.rpm || "–"), String(t.tpm || "–"), String(t.rpd || "–"), String(t.concurrency || "–"), (t.models || []).join(", ")])));
       $("#gw-models").textContent = "models: " + (gw.models || []).join(", ") + "; keys: " + gw.keys.map((k) => k.name + " (" + k.tier + ")").join(", ");
@@ -238,6 +245,7 @@
     $("#token").value = "";
     await loadOverview().catch(() => {});
     await loadOverrides().catch((e) => { $("#overrides-msg").textContent = e.message; });
+    await loadSpend().catch((e) => { $("#spend-msg").textContent = e.message; });
   });
   $("#override-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
@@ -329,11 +337,29 @@
     if (!r.overrides.length) fill($("#overrides tbody"), [row(["no override is in force", "", "", "", "", "", ""])]);
   }
 
+  // loadSpend shows the gateway's spend per key, team and org against
+  // their budgets (admin only, when a gateway runs in this process).
+  async function loadSpend() {
+    if (!overview || !overview.gateway || !document.body.classList.contains("admin")) return;
+    const r = await api("api/spend");
+    $("#spend-scope").textContent = "(" + r.rows.length + " budgets" + (r.peeked < r.clients ? "; " + (r.clients - r.peeked) + " clients not read" : "") + ")";
+    fill($("#spend tbody"), r.rows.map((b) => {
+      const m = el("meter"); m.min = 0; m.max = 1; m.low = 0.75; m.high = 0.9; m.optimum = 0; m.value = b.spent;
+      const used = el("span"); used.append(m, " " + Math.round(b.spent * 100) + "%");
+      const tr = row([b.level, b.name, "$" + b.limit_usd + " per " + b.window + (b.zone && b.zone !== "UTC" ? " (" + b.zone + ")" : "") + (b.model ? " on " + b.model : ""),
+        "$" + b.spent_usd, used, fmtDur(b.reset_seconds * 1000)]);
+      tr.dataset.level = b.level; tr.dataset.name = b.name;
+      if (b.spent >= 1) tr.className = "over";
+      return tr;
+    }));
+    if (!r.rows.length) fill($("#spend tbody"), [row(["no budget is configured", "", "", "", "", ""])]);
+  }
+
   async function tick() {
-    await Promise.all([loadFleet(), loadTop(), loadOverrides()].map((p) => p.catch(() => {})));
+    await Promise.all([loadFleet(), loadTop(), loadOverrides(), loadSpend()].map((p) => p.catch(() => {})));
     setTimeout(tick, refreshMs);
   }
-  loadOverview().then(() => loadOverrides().catch(() => {}), (e) => { $("#store").textContent = e.message; });
+  loadOverview().then(() => Promise.all([loadOverrides(), loadSpend()].map((p) => p.catch(() => {}))), (e) => { $("#store").textContent = e.message; });
   setInterval(() => loadOverview().catch(() => {}), 15000);
   tick();
 })();
