@@ -63,7 +63,8 @@ func TestConsoleFleetCharts(t *testing.T) {
 
 // TestConsoleFleetNoRedisCallPerRequest: the fleet charts cost Redis one
 // pipeline per replica and flush interval, never a call per decision:
-// with a one-minute interval, hundreds of checks send no HINCRBY.
+// with a one-minute interval, hundreds of checks send at most the one
+// flush's HINCRBY as the console starts.
 func TestConsoleFleetNoRedisCallPerRequest(t *testing.T) {
 	srv := redistest.NewStandalone(t)
 	cfg := redisConfig(srv.URL(), "fail_open") + "console: {enabled: true, sample_interval: 1m, top_sample: 1}\n"
@@ -79,7 +80,10 @@ func TestConsoleFleetNoRedisCallPerRequest(t *testing.T) {
 	if time.Since(start) > 50*time.Second {
 		t.Skip("the checks took longer than the flush interval: a flush may have run")
 	}
-	if n != 0 {
-		t.Fatalf("300 checks within a flush interval sent %d HINCRBY", n)
+	// The flush as the console starts (which may come after the first
+	// checks) writes at most a field of decisions and one of denials per
+	// range for the one series; a call per decision would be 300 or more.
+	if most := int64(2 * len(console.Resolutions)); n > most {
+		t.Fatalf("300 checks within a flush interval sent %d HINCRBY, want at most %d (one flush)", n, most)
 	}
 }

@@ -287,3 +287,51 @@ func TestConsoleBrowserPhone(t *testing.T) {
 		t.Errorf("at 390 px, confirming, overflowing or wrapped: %q", got)
 	}
 }
+
+// TestConsoleBrowserSpend: in Chromium, with a gateway in the process and
+// the admin token, the page shows the gateway's spend per key, team and
+// org against their budgets: a request by alice spends on her key's, her
+// team's and her org's budgets, each with a meter; bob's shows nothing
+// spent; no key or key hash is on the page. At 390 px it fits.
+func TestConsoleBrowserSpend(t *testing.T) {
+	ctx := browser(t)
+	s, gw := gatewayService(t)
+	req, _ := http.NewRequest("POST", gw+"/v1/chat/completions", strings.NewReader(`{"model":"gpt-test","messages":[{"role":"user","content":"hi"}],"max_tokens":10}`))
+	req.Header.Set("Authorization", "Bearer "+aliceKey)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Fatalf("a request through the gateway: %d", res.StatusCode)
+	}
+	run := browserRunner(ctx, t, 20*time.Second)
+	run("without the token, no spend", chromedp.Navigate(s.url+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#spend-section .admin-hide")))
+	run("admin token: the spend", chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		// The settlement follows the answer: the page refreshes until the
+		// team's spend shows.
+		poll(`(() => { const tr = document.querySelector('#spend tbody tr[data-level="team"]'); return !!tr && tr.cells[3].textContent !== "$0.000000"; })()`))
+	rows := evalIn[[]string](ctx, t, `[...document.querySelectorAll("#spend tbody tr")].map(tr => tr.dataset.level + " " + tr.dataset.name + "|" + tr.cells[2].textContent + "|" + (tr.cells[3].textContent !== "$0.000000") + "|" + !!tr.querySelector("meter"))`)
+	want := []string{ // the largest share of its budget first: one request's cost on each
+		"team research|$2.000000 per week|true|true",
+		"key alice|$5.000000 per day|true|true",
+		"org acme|$10.000000 per month|true|true",
+		"key bob|$5.000000 per day|false|true",
+	}
+	if fmt.Sprint(rows) != fmt.Sprint(want) {
+		t.Errorf("spend rows: %q, want %q", rows, want)
+	}
+	text := evalIn[string](ctx, t, `document.body.innerText`)
+	for _, secret := range []string{aliceKey, bobKey, sluice.HashKey(aliceKey)[:12]} {
+		if strings.Contains(text, secret) {
+			t.Fatalf("the page shows %q", secret)
+		}
+	}
+	run("at 390 px", chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile), chromedp.Reload(),
+		poll(`document.querySelectorAll('#spend tbody tr[data-level]').length === 4`))
+	if got := evalIn[[]string](ctx, t, overflowing); len(got) > 0 {
+		t.Errorf("at 390 px, overflowing or wrapped: %q", got)
+	}
+}
