@@ -442,6 +442,7 @@ type call struct {
 	rawModel    string // as the client named it
 	maxTokens   int64  // the completion budget the client named, 0 if none (traced)
 	respModel   string // the model the upstream named in its answer (traced)
+	traced      bool   // the request's span records: the relay reads respModel
 	stream      bool
 	wantUsage   bool // the client asked for the usage event itself
 	bud         callBudget
@@ -551,6 +552,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	traced := tracing.Recording(r.Context())
 	if traced {
+		c.traced = true
 		traceRequest(r.Context(), c)
 	}
 	if !g.admit(w, r, c) {

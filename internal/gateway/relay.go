@@ -310,14 +310,30 @@ type sseEvent struct {
 		Text string `json:"text"`
 	} `json:"choices"`
 	Usage *usageJSON `json:"usage"`
-	Model string     `json:"model"`
 	// The responses API's events.
 	Type     string `json:"type"`
 	Delta    string `json:"delta"`
 	Response *struct {
-		Model string     `json:"model"`
 		Usage *usageJSON `json:"usage"`
 	} `json:"response"`
+}
+
+// eventModel reads the model a streamed event names: a chat or
+// completions chunk's "model", a responses event's "response.model".
+func eventModel(data []byte) string {
+	var ev struct {
+		Model    string `json:"model"`
+		Response *struct {
+			Model string `json:"model"`
+		} `json:"response"`
+	}
+	if json.Unmarshal(data, &ev) != nil {
+		return ""
+	}
+	if ev.Model == "" && ev.Response != nil {
+		return ev.Response.Model
+	}
+	return ev.Model
 }
 
 // keep inspects one line and reports whether to relay it.
@@ -363,11 +379,8 @@ func (r *sseReader) inspect(data []byte) bool {
 		return false
 	}
 	c := r.c
-	if c.respModel == "" {
-		c.respModel = ev.Model
-		if ev.Response != nil && c.respModel == "" {
-			c.respModel = ev.Response.Model
-		}
+	if c.traced && c.respModel == "" {
+		c.respModel = eventModel(data) // for the span; read until found
 	}
 	for _, ch := range ev.Choices {
 		d := ch.Delta
