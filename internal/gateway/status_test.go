@@ -199,3 +199,27 @@ func TestStatusStoreDown(t *testing.T) {
 		t.Fatalf("after the store returned: remaining %d, %d peeks", r, st.peeks.Load())
 	}
 }
+
+// TestStatusConcurrencyInFlight: /v1/status shows a concurrency limit as
+// "2 in flight", never as a rate over the lease TTL ("2/10min", issue 27),
+// with the slots left; a rate limit keeps its form.
+func TestStatusConcurrencyInFlight(t *testing.T) {
+	e := newEnv(t, Limits{RPM: 20, Concurrency: 2}, fakeopenai.Options{})
+	res := e.do("GET", statusPath, "Bearer "+clientKey, "", nil)
+	defer res.Body.Close()
+	raw, _ := io.ReadAll(res.Body)
+	var b statusBody
+	if err := json.Unmarshal(raw, &b); err != nil || res.StatusCode != 200 {
+		t.Fatalf("status %d %v: %s", res.StatusCode, err, raw)
+	}
+	got := map[string]statusLimit{}
+	for _, l := range b.Limits {
+		got[l.Name] = l
+	}
+	if c := got["concurrency"]; c.Limit != "2 in flight" || c.Remaining != 2 {
+		t.Errorf("concurrency: %+v, want 2 in flight, 2 remaining: %s", c, raw)
+	}
+	if r := got["rpm"]; r.Limit != "20/min" {
+		t.Errorf("rpm: %+v: %s", r, raw)
+	}
+}
