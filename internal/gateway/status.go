@@ -138,7 +138,7 @@ func (g *Gateway) peekStatus(w http.ResponseWriter, r *http.Request, c *call) ([
 				})
 				continue
 			}
-			body.Limits = append(body.Limits, statusLimit{Scope: s.scope(), Name: s.name, Model: s.model, Limit: limitText(s),
+			body.Limits = append(body.Limits, statusLimit{Scope: s.scope(), Name: s.name, Model: s.model, Limit: limitText(s.alg, s.limit),
 				Remaining: max(d.Remaining, 0), ResetSeconds: sluice.CeilSeconds(d.ResetAfter)})
 		}
 	}
@@ -156,9 +156,9 @@ func statusUnavailable(w http.ResponseWriter) {
 // limit (its period is only the lease TTL of an abandoned slot, not a
 // window: "2/10min" would read as a rate), else the limit's own form
 // ("20/min", "1000/day burst 50").
-func limitText(s *spec) string {
-	if s.alg == sluice.Concurrency {
-		return strconv.FormatInt(s.limit.Rate, 10) + " in flight"
+func limitText(alg sluice.Algorithm, l sluice.Limit) string {
+	if alg == sluice.Concurrency {
+		return strconv.FormatInt(l.Rate, 10) + " in flight"
 	}
-	return s.limit.String()
+	return l.String()
 }

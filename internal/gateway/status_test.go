@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -221,5 +222,29 @@ func TestStatusConcurrencyInFlight(t *testing.T) {
 	}
 	if r := got["rpm"]; r.Limit != "20/min" {
 		t.Errorf("rpm: %+v: %s", r, raw)
+	}
+}
+
+// TestConcurrencyDenialInFlight: the 429 of a concurrency limit says
+// "limit 1 in flight", not a rate over the lease TTL.
+func TestConcurrencyDenialInFlight(t *testing.T) {
+	hold, held := make(chan struct{}), make(chan struct{})
+	e := newEnv(t, Limits{RPM: 100, Concurrency: 1}, fakeopenai.Options{
+		CompletionTokens: 5, Default: fakeopenai.Fault{HoldAfter: 1, Hold: hold, Held: held},
+	})
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		res := e.do("POST", "/v1/chat/completions", "Bearer "+clientKey, `{"model":"gpt-test","stream":true,`+msgs+`,"max_tokens":5}`, nil)
+		_, _ = io.ReadAll(res.Body)
+		res.Body.Close()
+	}()
+	<-held
+	res := e.do("POST", "/v1/chat/completions", "Bearer "+clientKey, chatBody, nil)
+	ae := decodeError(t, res)
+	close(hold)
+	<-first
+	if res.StatusCode != http.StatusTooManyRequests || !strings.Contains(ae.Error.Message, "limit 1 in flight, 0 left") {
+		t.Fatalf("second call: %d %+v", res.StatusCode, ae)
 	}
 }
