@@ -11,9 +11,11 @@ package httplimit
 //     a unit the draft has not registered (tokens) is sluice-qu. r is what
 //     is left now, t the seconds until more is made available.
 //   - X-RateLimit-Limit, -Remaining and -Reset: the most constraining limit
-//     alone (its rate, what is left, the seconds until it is full again).
+//     alone (its rate, or its burst when that is larger, so that Remaining
+//     never exceeds Limit; what is left; the seconds until it is full).
 //   - OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens}: per
-//     unit, the one limit that binds first, every value from that limit.
+//     unit, the one limit that binds first, every value from that limit,
+//     its limit as X-RateLimit-Limit's.
 //   - Retry-After when a limit denies: the longest wait of the denying
 //     limits, in whole seconds rounded up.
 
@@ -75,6 +77,11 @@ func (q *Quota) capacity() int64 {
 	}
 	return q.Decision.Limit.Rate
 }
+
+// headerLimit is the limit X-RateLimit-Limit and OpenAI's
+// x-ratelimit-limit-* report: the rate per period, or the burst when that
+// is larger (10/s burst 30: 30), so that Remaining never exceeds Limit.
+func (q *Quota) headerLimit() int64 { return max(q.Decision.Limit.Rate, q.capacity()) }
 
 // remaining is the decision's Remaining, never negative.
 func (q *Quota) remaining() int64 { return max(q.Decision.Remaining, 0) }
@@ -346,7 +353,7 @@ func AppendFieldValues(b []byte, qs []Quota) ([]byte, [len(Fields)]int) {
 	b = AppendRateLimit(b, qs, order)
 	ends[1] = len(b)
 	top := &qs[order[0]]
-	b = appendInt(b, top.Decision.Limit.Rate)
+	b = appendInt(b, top.headerLimit())
 	ends[2] = len(b)
 	b = appendInt(b, top.remaining())
 	ends[3] = len(b)
@@ -412,7 +419,7 @@ func AppendOpenAIValues(b []byte, qs []Quota) ([]byte, [len(OpenAIFields)]int) {
 		at := 3 * u
 		if i := Binding(qs, unit); i >= 0 {
 			d := &qs[i].Decision
-			b = appendInt(b, d.Limit.Rate)
+			b = appendInt(b, qs[i].headerLimit())
 			ends[at] = len(b)
 			b = appendInt(b, qs[i].remaining())
 			ends[at+1] = len(b)

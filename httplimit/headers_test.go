@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -51,7 +52,7 @@ func TestHeadersGolden(t *testing.T) {
 		want: http.Header{
 			"Ratelimit-Policy":      {`"api";q=10;w=1;sluice-burst=30`},
 			"Ratelimit":             {`"api";r=29;t=1`},
-			"X-Ratelimit-Limit":     {"10"},
+			"X-Ratelimit-Limit":     {"30"}, // the burst: Remaining never above Limit
 			"X-Ratelimit-Remaining": {"29"},
 			"X-Ratelimit-Reset":     {"1"},
 		},
@@ -247,4 +248,40 @@ func FuzzHeaders(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestRemainingNeverAboveLimit: X-RateLimit-Remaining and OpenAI's
+// remaining never exceed their Limit, whatever the burst beside the rate
+// (issue 27: "X-RateLimit-Remaining: 29" beside "X-RateLimit-Limit: 10"),
+// for every algorithm, fresh and part spent; in the IETF fields r never
+// exceeds the larger of q and sluice-burst.
+func TestRemainingNeverAboveLimit(t *testing.T) {
+	for _, alg := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.FixedWindow, sluice.SlidingWindowLog, sluice.SlidingWindowCounter} {
+		for _, l := range []sluice.Limit{
+			{Rate: 10, Period: time.Second, Burst: 30},
+			{Rate: 100, Period: time.Minute, Burst: 5},
+			{Rate: 7, Period: time.Hour},
+		} {
+			for _, n := range []int{1, 3} {
+				qs := []httplimit.Quota{{Name: "api", Algorithm: alg, Decision: decide(t, alg, l, n)}}
+				h := http.Header{}
+				httplimit.SetHeaders(h, qs)
+				httplimit.SetOpenAIHeaders(h, qs)
+				for _, pair := range [][2]string{{"X-Ratelimit-Limit", "X-Ratelimit-Remaining"}, {"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests"}} {
+					limit, err1 := strconv.ParseInt(h.Get(pair[0]), 10, 64)
+					rem, err2 := strconv.ParseInt(h.Get(pair[1]), 10, 64)
+					if err1 != nil || err2 != nil || rem > limit || limit < l.Rate {
+						t.Errorf("%v %v after %d: %s %s, %s %s", alg, l, n, pair[0], h.Get(pair[0]), pair[1], h.Get(pair[1]))
+					}
+				}
+				ps, ls, err := ratelimittest.Parse(h)
+				if err != nil || len(ps) != 1 || len(ls) != 1 {
+					t.Fatalf("%v %v after %d: IETF fields: %v %v %v", alg, l, n, ps, ls, err)
+				}
+				if most := max(ps[0].Q, ps[0].Burst); ls[0].R > most {
+					t.Errorf("%v %v after %d: r=%d above q and sluice-burst (%d)", alg, l, n, ls[0].R, most)
+				}
+			}
+		}
+	}
 }

@@ -162,8 +162,11 @@ type errorBody struct {
 
 func writeError(w http.ResponseWriter, status int, code, msg string, retryMS int64) {
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(errorBody{Error: code, Message: msg, RetryAfterMS: retryMS})
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false) // "<key>" as written, not \u003ckey\u003e
+	_ = enc.Encode(errorBody{Error: code, Message: msg, RetryAfterMS: retryMS})
 }
 
 // ByHeader keys requests on a header such as X-API-Key, hashed with

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -98,6 +99,15 @@ func TestGatewayCommand(t *testing.T) {
 	if strings.Contains(string(metrics), "sk-demo") {
 		t.Fatal("a key in the metrics")
 	}
+	// A page rebound to the metrics listener does not read them.
+	mreq, _ := http.NewRequest(http.MethodGet, metricsURL, nil)
+	mreq.Host = "evil.example"
+	mreq.Header.Set("Sec-Fetch-Site", "same-origin")
+	if mres, err := http.DefaultClient.Do(mreq); err != nil || mres.StatusCode != http.StatusForbidden {
+		t.Fatalf("rebound GET /metrics: %v %v, want 403", mres, err)
+	} else {
+		mres.Body.Close()
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -146,6 +156,46 @@ func TestGatewayInServe(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != 200 || res.Header.Get("x-ratelimit-limit-requests") != "500" { // rpm 500, not its burst of 50
 		t.Fatalf("status %d headers %v", res.StatusCode, res.Header)
+	}
+	// DNS rebinding: a browser reaches the gateway by the names of its
+	// own allowed_hosts and of the service's (live), never by another.
+	withHosts := strings.Replace("allowed_hosts: [svc.example]\n"+doc, "gateway:\n", "gateway:\n  allowed_hosts: [gw.example]\n", 1)
+	hcfg, err := config.Parse("serve.yaml", []byte(withHosts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live atomic.Pointer[config.Config]
+	live.Store(hcfg)
+	hcomp, err := gatewayComponent(server.Deps{Store: st, Metrics: metrics.New(), Config: live.Load})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hsrv := httptest.NewServer(hcomp.(*gateway.Server).Handler())
+	defer hsrv.Close()
+	healthz := func(host string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, hsrv.URL+"/healthz", nil)
+		req.Host = host
+		req.Header.Set("Origin", "http://"+host)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		return res.StatusCode, string(b)
+	}
+	for host, want := range map[string]int{"gw.example": 200, "svc.example": 200, "localhost": 200, "evil.example": 403} {
+		if code, body := healthz(host); code != want || (want == 403 && !strings.Contains(body, "gateway.allowed_hosts")) {
+			t.Errorf("Host %s: %d %s, want %d", host, code, body, want)
+		}
+	}
+	reloaded, err := config.Parse("serve.yaml", []byte(strings.Replace(withHosts, "[svc.example]", "[svc.example, evil.example]", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	live.Store(reloaded)
+	if code, body := healthz("evil.example"); code != 200 {
+		t.Errorf("after the service's allowed_hosts named it: %d %s", code, body)
 	}
 	// A bad section is reported by the config loader, naming the field.
 	bad := strings.Replace(doc, "tier: pro", "tier: gold", 1)

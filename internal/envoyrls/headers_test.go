@@ -35,7 +35,7 @@ func TestHeadersGolden(t *testing.T) {
 	check("single", e.call("algos", desc("tb", "u")), http.Header{
 		"Ratelimit-Policy":      {`"algos.tb";q=10;w=1;sluice-burst=20`},
 		"Ratelimit":             {`"algos.tb";r=19;t=1`},
-		"X-Ratelimit-Limit":     {"10"},
+		"X-Ratelimit-Limit":     {"20"}, // the burst: Remaining never above Limit
 		"X-Ratelimit-Remaining": {"19"},
 		"X-Ratelimit-Reset":     {"1"},
 	})
@@ -55,7 +55,7 @@ func TestHeadersGolden(t *testing.T) {
 	check("repeated", e.call("algos", desc("tb", "r1"), desc("tb", "r2")), http.Header{
 		"Ratelimit-Policy":      {`"algos.tb";q=10;w=1;sluice-burst=20, "algos.tb#2";q=10;w=1;sluice-burst=20`},
 		"Ratelimit":             {`"algos.tb";r=19;t=1, "algos.tb#2";r=19;t=1`},
-		"X-Ratelimit-Limit":     {"10"},
+		"X-Ratelimit-Limit":     {"20"},
 		"X-Ratelimit-Remaining": {"19"},
 		"X-Ratelimit-Reset":     {"1"},
 	})

@@ -493,6 +493,13 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "", "Unknown request URL: "+r.Method+" "+r.URL.Path+".")
 		return
 	}
+	if !g.served(r) {
+		// Unknown paths are 404 before authentication: a wrong path
+		// with a right key must not read "invalid API key", and the
+		// answer for a path does not depend on the key.
+		unknownURL(w, r)
+		return
+	}
 	cl, two := g.authenticate(r)
 	if two {
 		g.metrics.rejections.WithLabelValues("-", "-", "unauthorized").Inc()
@@ -538,8 +545,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// unmetered.
 		read := (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Header.Get("Upgrade") == "" && underPrefix(canonicalPath(r.URL.Path), modelsPath)
 		if !read && !g.passesThrough(r.URL.Path) {
-			writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "",
-				"Unknown request URL: "+r.Method+" "+r.URL.Path+". The sluice gateway meters "+meteredList+" and passes GET "+modelsPath+" through; other paths pass only when its passthrough setting lists them (their answers are shared by every client of the gateway's upstream key).")
+			unknownURL(w, r)
 			return
 		}
 		g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
@@ -566,6 +572,38 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// Hand the client the whole answer now; settling happens off its path.
 	_ = http.NewResponseController(w).Flush()
+}
+
+// served reports whether the gateway serves r's method and path (for an
+// authenticated client): a metered POST (or a case variant of POST, which
+// gets 405 after authentication), GET of the status, a read of the model
+// list, or a path under a passthrough prefix.
+func (g *Gateway) served(r *http.Request) bool {
+	if endpoints[r.URL.Path] != epNone && strings.EqualFold(r.Method, http.MethodPost) {
+		return true
+	}
+	if r.URL.Path == statusPath && r.Method == http.MethodGet {
+		return true
+	}
+	if (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Header.Get("Upgrade") == "" && underPrefix(canonicalPath(r.URL.Path), modelsPath) {
+		return true
+	}
+	return g.passesThrough(r.URL.Path)
+}
+
+// unknownURL answers 404 for a method and path the gateway does not serve,
+// naming the metered paths, or the metered path that r's path spells
+// another way.
+func unknownURL(w http.ResponseWriter, r *http.Request) {
+	if strings.EqualFold(r.Method, http.MethodPost) {
+		if alias := meteredAlias(r.URL.Path); alias != "" {
+			writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "",
+				"Unknown request URL: "+r.Method+" "+r.URL.Path+". Did you mean "+alias+"?")
+			return
+		}
+	}
+	writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "",
+		"Unknown request URL: "+r.Method+" "+r.URL.Path+". The sluice gateway meters "+meteredList+" and passes GET "+modelsPath+" through; other paths pass only when its passthrough setting lists them (their answers are shared by every client of the gateway's upstream key).")
 }
 
 // settleAsync settles c exactly once, in the background, so that the

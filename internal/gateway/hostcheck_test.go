@@ -179,3 +179,43 @@ func TestErrorsNotHTMLEscaped(t *testing.T) {
 		t.Errorf("marshalJSON: %s", got)
 	}
 }
+
+// TestUnknownPathBeforeAuth: a path the gateway does not serve is 404
+// unknown_url whatever the key (none, a wrong one, a right one), never 401
+// "invalid API key" (issue 27); a served path still needs the key.
+func TestUnknownPathBeforeAuth(t *testing.T) {
+	e := newEnv(t, Limits{RPM: 100}, fakeopenai.Options{})
+	for _, c := range []struct{ method, path string }{
+		{"POST", "/v1/chat/completion"},
+		{"POST", "/v1/chat/completions/"},
+		{"POST", "/v1/images/generations"},
+		{"GET", "/v1/chat/completions"},
+		{"GET", "/v1/files"},
+		{"DELETE", "/v1/models/ft-1"},
+		{"POST", "/v1/status"},
+		{"GET", "/v2/models"},
+	} {
+		for _, auth := range []string{"", "Bearer sk-wrong", "Bearer " + clientKey} {
+			res := e.do(c.method, c.path, auth, "{}", nil)
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode != http.StatusNotFound || !strings.Contains(string(b), `"unknown_url"`) {
+				t.Errorf("%s %s with %q: %d %s, want 404 unknown_url", c.method, c.path, auth, res.StatusCode, b)
+			}
+		}
+	}
+	for _, c := range []struct{ method, path string }{
+		{"POST", "/v1/chat/completions"},
+		{"GET", "/v1/status"},
+		{"GET", "/v1/models"},
+	} {
+		res := e.do(c.method, c.path, "Bearer sk-wrong", "{}", nil)
+		res.Body.Close()
+		if res.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s %s with a wrong key: %d, want 401", c.method, c.path, res.StatusCode)
+		}
+	}
+	if n := e.up.Count(); n != 0 {
+		t.Errorf("the upstream saw %d requests", n)
+	}
+}

@@ -181,7 +181,7 @@ func (g *Gateway) reject(w http.ResponseWriter, c *call, ds []sluice.Decision) {
 	// The limit as rate, period and burst, and what is left of the burst:
 	// "limit 500/min burst 50" never passes the burst off as the rate.
 	msg := fmt.Sprintf("Rate limit reached for %s on tier %s: limit %s, %d left, requested %d. Please try again in %s.",
-		s.describe(), c.client.tier.name, d.Limit, max(d.Remaining, 0), c.reqs[worst].Cost, formatReset(wait))
+		s.describe(), c.client.tier.name, limitText(s.alg, d.Limit), max(d.Remaining, 0), c.reqs[worst].Cost, formatReset(wait))
 	h := w.Header()
 	h.Set("Retry-After", strconv.FormatInt(max(sluice.CeilSeconds(wait), 1), 10))
 	h.Set("retry-after-ms", httplimit.RetryAfterMillis(max(wait, time.Millisecond)))

@@ -138,7 +138,7 @@ func (g *Gateway) peekStatus(w http.ResponseWriter, r *http.Request, c *call) ([
 				})
 				continue
 			}
-			body.Limits = append(body.Limits, statusLimit{Scope: s.scope(), Name: s.name, Model: s.model, Limit: s.limit.String(),
+			body.Limits = append(body.Limits, statusLimit{Scope: s.scope(), Name: s.name, Model: s.model, Limit: limitText(s.alg, s.limit),
 				Remaining: max(d.Remaining, 0), ResetSeconds: sluice.CeilSeconds(d.ResetAfter)})
 		}
 	}
@@ -150,4 +150,15 @@ func statusUnavailable(w http.ResponseWriter) {
 	w.Header().Set("Retry-After", "1")
 	writeError(w, http.StatusServiceUnavailable, "server_error", "rate_limiter_unavailable", "",
 		"The gateway's rate limiter is unavailable; please retry shortly.")
+}
+
+// limitText writes a limit for people: "2 in flight" for a concurrency
+// limit (its period is only the lease TTL of an abandoned slot, not a
+// window: "2/10min" would read as a rate), else the limit's own form
+// ("20/min", "1000/day burst 50").
+func limitText(alg sluice.Algorithm, l sluice.Limit) string {
+	if alg == sluice.Concurrency {
+		return strconv.FormatInt(l.Rate, 10) + " in flight"
+	}
+	return l.String()
 }

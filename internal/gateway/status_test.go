@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -197,5 +198,53 @@ func TestStatusStoreDown(t *testing.T) {
 	mu.Unlock()
 	if r := statusRemaining(t, get()); r != 100 || st.peeks.Load() != 2 {
 		t.Fatalf("after the store returned: remaining %d, %d peeks", r, st.peeks.Load())
+	}
+}
+
+// TestStatusConcurrencyInFlight: /v1/status shows a concurrency limit as
+// "2 in flight", never as a rate over the lease TTL ("2/10min", issue 27),
+// with the slots left; a rate limit keeps its form.
+func TestStatusConcurrencyInFlight(t *testing.T) {
+	e := newEnv(t, Limits{RPM: 20, Concurrency: 2}, fakeopenai.Options{})
+	res := e.do("GET", statusPath, "Bearer "+clientKey, "", nil)
+	defer res.Body.Close()
+	raw, _ := io.ReadAll(res.Body)
+	var b statusBody
+	if err := json.Unmarshal(raw, &b); err != nil || res.StatusCode != 200 {
+		t.Fatalf("status %d %v: %s", res.StatusCode, err, raw)
+	}
+	got := map[string]statusLimit{}
+	for _, l := range b.Limits {
+		got[l.Name] = l
+	}
+	if c := got["concurrency"]; c.Limit != "2 in flight" || c.Remaining != 2 {
+		t.Errorf("concurrency: %+v, want 2 in flight, 2 remaining: %s", c, raw)
+	}
+	if r := got["rpm"]; r.Limit != "20/min" {
+		t.Errorf("rpm: %+v: %s", r, raw)
+	}
+}
+
+// TestConcurrencyDenialInFlight: the 429 of a concurrency limit says
+// "limit 1 in flight", not a rate over the lease TTL.
+func TestConcurrencyDenialInFlight(t *testing.T) {
+	hold, held := make(chan struct{}), make(chan struct{})
+	e := newEnv(t, Limits{RPM: 100, Concurrency: 1}, fakeopenai.Options{
+		CompletionTokens: 5, Default: fakeopenai.Fault{HoldAfter: 1, Hold: hold, Held: held},
+	})
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		res := e.do("POST", "/v1/chat/completions", "Bearer "+clientKey, `{"model":"gpt-test","stream":true,`+msgs+`,"max_tokens":5}`, nil)
+		_, _ = io.ReadAll(res.Body)
+		res.Body.Close()
+	}()
+	<-held
+	res := e.do("POST", "/v1/chat/completions", "Bearer "+clientKey, chatBody, nil)
+	ae := decodeError(t, res)
+	close(hold)
+	<-first
+	if res.StatusCode != http.StatusTooManyRequests || !strings.Contains(ae.Error.Message, "limit 1 in flight, 0 left") {
+		t.Fatalf("second call: %d %+v", res.StatusCode, ae)
 	}
 }

@@ -54,7 +54,7 @@ func TestHeadersGoldenPerDoor(t *testing.T) {
 	want := http.Header{
 		"Ratelimit-Policy":      {singlePolicy},
 		"Ratelimit":             {`"burst";r=29;t=1`},
-		"X-Ratelimit-Limit":     {"10"},
+		"X-Ratelimit-Limit":     {"30"}, // the burst: Remaining never above Limit
 		"X-Ratelimit-Remaining": {"29"},
 		"X-Ratelimit-Reset":     {"1"},
 	}
@@ -105,7 +105,7 @@ func TestHeadersGoldenPerDoor(t *testing.T) {
 	want = http.Header{
 		"Ratelimit-Policy":      {singlePolicy},
 		"Ratelimit":             {`"burst";r=29;t=1`},
-		"X-Ratelimit-Limit":     {"10"},
+		"X-Ratelimit-Limit":     {"30"}, // the burst: Remaining never above Limit
 		"X-Ratelimit-Remaining": {"29"},
 		"X-Ratelimit-Reset":     {"1"},
 	}
