@@ -134,6 +134,9 @@ func gatewayComponent(d server.Deps) (server.Component, error) {
 // upstream is on this machine or upstream.allow_no_key says it needs none;
 // then it logs that no key is sent.
 func checkGatewayKey(cfg *gateway.Config, getenv func(string) string, log *slog.Logger) error {
+	if len(cfg.Upstreams) > 0 {
+		return gateway.CheckKeys(cfg, getenv, os.ReadFile)
+	}
 	env := cfg.Upstream.APIKeyEnv
 	if getenv(env) != "" {
 		return nil

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/upstream"
 	"github.com/sluice-io/sluice/internal/yamlconf"
 )
 
@@ -43,8 +44,17 @@ type Config struct {
 	// Listen is the gateway's address; default ":8090". `sluice serve`
 	// runs the gateway on it too, beside the service's own listener.
 	Listen string `yaml:"listen"`
-	// Upstream is where requests go.
+	// Upstream is where requests go, when Upstreams is empty: a pool of
+	// one upstream without provider limits.
 	Upstream UpstreamConfig `yaml:"upstream"`
+	// Upstreams are the provider accounts and deployments of a pool, each
+	// with its limits per model (package upstream); Routes map each
+	// client-facing model (or alias, or "*") to the upstreams serving it,
+	// with each upstream's model id; Routing chooses among them and bounds
+	// failover (pool.go, docs/gateway.md).
+	Upstreams []upstream.Def               `yaml:"upstreams"`
+	Routes    map[string][]upstream.Target `yaml:"routes"`
+	Routing   upstream.Routing             `yaml:"routing"`
 	// Store selects where limiter state lives for `sluice gateway`. Inside
 	// `sluice serve` the service's store is used instead.
 	Store StoreConfig `yaml:"store"`
@@ -328,8 +338,13 @@ func (c *Config) Check(doc *yamlconf.Doc) {
 			doc.Addf(field, "%q is or holds a metered or refused path (batches), which is never passed through unmetered", p)
 		}
 	}
+	c.checkPool(doc) // pool.go
 	u, err := url.Parse(c.Upstream.BaseURL)
 	switch {
+	case len(c.Upstreams) > 0:
+		if c.Upstream.BaseURL != "" {
+			doc.Addf("upstream", "set upstream: (one upstream) or upstreams: (a pool), not both")
+		}
 	case c.Upstream.BaseURL == "":
 		doc.Addf("upstream.base_url", "required, the OpenAI-compatible base URL with its /v1, such as https://api.openai.com/v1 or http://127.0.0.1:11434/v1")
 	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":

@@ -67,6 +67,7 @@ import (
 	"github.com/sluice-io/sluice/internal/aitoken"
 	"github.com/sluice-io/sluice/internal/pricing"
 	"github.com/sluice-io/sluice/internal/tracing"
+	"github.com/sluice-io/sluice/internal/upstream"
 )
 
 // Options configure a Gateway. Config and Store are required.
@@ -93,6 +94,11 @@ type Options struct {
 	// OnSettled, when not nil, is called after each reservation is
 	// settled, from a goroutine of its own, after the response was sent.
 	OnSettled func(Settlement)
+	// ReadFile reads upstreams' key_file; nil means os.ReadFile.
+	ReadFile func(string) ([]byte, error)
+	// PoolPeriod is the period of the upstreams' provider limits (rpm,
+	// tpm); zero means a minute. Tests shorten it.
+	PoolPeriod time.Duration
 }
 
 // Settlement reports how one request's reservation was settled.
@@ -189,6 +195,7 @@ type Gateway struct {
 	renewEvery   time.Duration    // how often a request's leases are renewed while in flight: LeaseTTL/3 (renew.go)
 	bodyTimeout  time.Duration    // how long a request body may take to arrive: bodyTimeout; tests shorten it
 	onRenew      func()           // when not nil, called after each renewal (tests)
+	pool         *upstream.Pool   // nil with one upstream (pool.go)
 }
 
 // client is what a key resolves to.
@@ -347,6 +354,12 @@ func New(opts Options) (*Gateway, error) {
 	if g.queue, err = g.newQueue(reg); err != nil {
 		return nil, err
 	}
+	if g.pool, err = newPool(Options{Config: cfg, Store: opts.Store, Getenv: getenv, ReadFile: opts.ReadFile, PoolPeriod: opts.PoolPeriod, Registerer: reg}); err != nil {
+		return nil, err
+	}
+	if g.pool != nil {
+		g.upstreamKey = "" // each upstream sends its own
+	}
 	if g.upstreamKey != "" {
 		g.upstreamAuth = []string{"Bearer " + g.upstreamKey}
 	}
@@ -355,10 +368,16 @@ func New(opts Options) (*Gateway, error) {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
 		t.ResponseHeaderTimeout = cfg.Upstream.Timeout
+		if g.pool != nil {
+			t.ResponseHeaderTimeout = cfg.Routing.HeaderTimeout
+		}
 		transport = t
 	}
 	if opts.WrapTransport != nil {
 		transport = opts.WrapTransport(transport)
+	}
+	if g.pool != nil {
+		transport = poolTransport{g: g, next: transport}
 	}
 	if cfg.Upstream.CountTokens {
 		g.counts, g.countClient = newCountCache(countCacheSize), &http.Client{Transport: transport, Timeout: countTokensTimeout}
@@ -458,7 +477,11 @@ type call struct {
 	settled     atomic.Bool
 	reserving   chan struct{}  // closed once a leased tier's reservation is taken (applyLeased)
 	capacity    *capacityGrant // the model's shared capacity charged (queue.go)
-	fair        fairUsage      // what the queue counted for fairness (queue.go)
+	path        string         // the request's path, as received
+	route       *upstream.Route
+	grant       *upstream.Grant // the upstream reservation of the attempt sent last (pool.go)
+	unsent      bool            // refused before any upstream had it: refunded whole
+	fair        fairUsage       // what the queue counted for fairness (queue.go)
 }
 
 type callKey struct{}
@@ -492,7 +515,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"Incorrect or missing API key. Send your sluice gateway key as: Authorization: Bearer <key>.")
 		return
 	}
-	c := &call{id: sluice.NewLeaseID(), start: start, client: cl, model: "-"}
+	c := &call{id: sluice.NewLeaseID(), start: start, client: cl, model: "-", path: r.URL.Path}
 	w.Header().Set("x-sluice-request-id", c.id)
 	ep := endpoints[r.URL.Path]
 	if ep == epNone && strings.EqualFold(r.Method, http.MethodPost) {
@@ -536,10 +559,16 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !g.prepare(w, r, c) {
 		return
 	}
+	if g.pool != nil && !g.routeCall(w, c) {
+		return
+	}
 	if !g.admit(w, r, c) {
 		return
 	}
 	defer g.settleAsync(c) // also when the proxy aborts a broken stream
+	if g.pool != nil && !g.acquire(w, r, c) {
+		return
+	}
 	g.startRenewal(c)
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
 	// Hand the client the whole answer now; settling happens off its path.
@@ -772,6 +801,11 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 		out.Header["Authorization"] = g.upstreamAuth
 	}
 	g.rewriteAnthropic(out, pr.In.URL.Path)
+	if g.pool != nil {
+		// A routed request is pointed at its upstream per attempt
+		// (poolTransport); others go to the first upstream.
+		g.pool.Upstreams()[0].Point(out, pr.In.URL.Path)
+	}
 	if c := callFrom(pr.In.Context()); c != nil && c.body != nil {
 		body := c.body
 		out.Body = io.NopCloser(bytes.NewReader(body))
@@ -898,6 +932,8 @@ func (g *Gateway) settle(c *call) {
 	s := Settlement{RequestID: c.id, Client: c.client.id, Tier: c.client.tier.name, Model: c.model, Status: c.status, Reserved: c.reserved}
 	refundRequests := false
 	switch {
+	case c.unsent:
+		refundRequests = true // no upstream had room: refused before sending
 	case c.usageSeen:
 		s.PromptTokens, s.CompletionTokens, s.UsageReported = c.prompt, c.completion, true
 		s.CacheCreationTokens, s.CacheReadTokens = c.anth.cacheCreation, c.anth.cacheRead
@@ -936,6 +972,13 @@ func (g *Gateway) settle(c *call) {
 		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst
 	}
 	s.Actual = addSat(s.PromptTokens, s.CompletionTokens)
+	if c.grant != nil {
+		gctx, gcancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
+		if _, err := c.grant.Settle(gctx, s.PromptTokens, s.CompletionTokens, refundRequests); err != nil {
+			s.Err = fmt.Errorf("gateway: settle %s: %w", c.id, err)
+		}
+		gcancel()
+	}
 	s.Usage = settledUsage(c, &s)
 	g.settleCost(c, &s)
 	refunds := make([]sluice.Request, 0, len(c.reqs))

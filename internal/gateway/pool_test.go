@@ -1,0 +1,216 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/fakeopenai"
+	"github.com/sluice-io/sluice/internal/upstream"
+	"github.com/sluice-io/sluice/memstore"
+)
+
+// poolConfig routes gpt-test to every server of ups, as model gpt-test-N
+// on upstream upN, each with limits l; the test key's tier has generous
+// limits.
+func poolConfig(t *testing.T, ups []*fakeopenai.Server, l upstream.Limits) *Config {
+	t.Helper()
+	cfg := &Config{
+		Models: []string{"gpt-test"},
+		Store:  StoreConfig{Timeout: 5 * time.Second},
+		Tiers:  map[string]TierConfig{"t": Tier(Limits{RPM: 1_000_000, TPM: 100_000_000})},
+		Keys:   []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t"}},
+		Routes: map[string][]upstream.Target{},
+	}
+	for i, up := range ups {
+		name := fmt.Sprintf("up%d", i)
+		cfg.Upstreams = append(cfg.Upstreams, upstream.Def{Name: name, Kind: upstream.OpenAI, BaseURL: up.URL() + "/v1", KeyEnv: "KEY_" + name,
+			Models: map[string]upstream.Limits{fmt.Sprintf("gpt-test-%d", i): l}})
+		cfg.Routes["gpt-test"] = append(cfg.Routes["gpt-test"], upstream.Target{Upstream: name, Model: fmt.Sprintf("gpt-test-%d", i)})
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// poolGateway starts a gateway on cfg and st; every upstream key is
+// upstreamKey.
+func poolGateway(t *testing.T, cfg *Config, st sluice.Store, period time.Duration, reg prometheus.Registerer) (*Gateway, *httptest.Server) {
+	t.Helper()
+	gw, err := New(Options{Config: cfg, Store: st, Getenv: func(string) string { return upstreamKey }, PoolPeriod: period, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw)
+	t.Cleanup(func() { srv.Close(); _ = gw.Close() })
+	return gw, srv
+}
+
+func postTo(t *testing.T, url, body string) (int, http.Header, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+clientKey)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Error(err)
+		return 0, nil, ""
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, res.Header, string(b)
+}
+
+func memStore(t *testing.T) sluice.Store {
+	st, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
+func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for k, v := range labels {
+				if !hasLabel(m, k, v) {
+					continue next
+				}
+			}
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
+
+func hasLabel(m *dto.Metric, k, v string) bool {
+	for _, lp := range m.GetLabel() {
+		if lp.GetName() == k && lp.GetValue() == v {
+			return true
+		}
+	}
+	return false
+}
+
+// TestPoolRoutesWithUpstreamModel: a request goes to an upstream with
+// that upstream's model id and key, and the client's key stays here.
+func TestPoolRoutesWithUpstreamModel(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey})
+	_, srv := poolGateway(t, poolConfig(t, []*fakeopenai.Server{up}, upstream.Limits{RPM: 100}), memStore(t), 0, nil)
+	status, _, body := postTo(t, srv.URL, chatBody)
+	if status != 200 {
+		t.Fatalf("status %d %s", status, body)
+	}
+	got := up.Requests()[0]
+	if !strings.Contains(string(got.Body), `"model":"gpt-test-0"`) || got.Authorization != "Bearer "+upstreamKey {
+		t.Fatalf("upstream got %s with %q", got.Body, got.Authorization)
+	}
+}
+
+// TestPoolNoRoomRefuses: with every upstream at its provider limit the
+// gateway answers 429 with an honest Retry-After and sends nothing, and
+// the client's own limits are refunded.
+func TestPoolNoRoomRefuses(t *testing.T) {
+	ups := []*fakeopenai.Server{fakeopenai.New(t, fakeopenai.Options{RPM: 2}), fakeopenai.New(t, fakeopenai.Options{RPM: 2})}
+	cfg := poolConfig(t, ups, upstream.Limits{RPM: 2})
+	cfg.Tiers["t"] = Tier(Limits{RPM: 5})
+	st := memStore(t)
+	gw, srv := poolGateway(t, cfg, st, 0, nil)
+	for i := range 4 {
+		if status, _, body := postTo(t, srv.URL, chatBody); status != 200 {
+			t.Fatalf("request %d: %d %s", i, status, body)
+		}
+	}
+	status, h, body := postTo(t, srv.URL, chatBody)
+	if status != 429 || h.Get("Retry-After") == "" || h.Get("Retry-After") == "0" || !strings.Contains(body, "provider limit") {
+		t.Fatalf("5th: %d %v %s", status, h, body)
+	}
+	if n := ups[0].Count() + ups[1].Count(); n != 4 || ups[0].Limited()+ups[1].Limited() != 0 {
+		t.Fatalf("upstreams got %d, limited %d", n, ups[0].Limited()+ups[1].Limited())
+	}
+	// The refused request's rpm came back: one of the client's 5 is left.
+	gw.Close() // settlements done
+	d, err := st.Apply(context.Background(), sluice.OpPeek, sluice.Request{Key: "{gw:" + cfg.Keys[0].Client + "}:rpm", Algorithm: sluice.GCRA,
+		Limit: sluice.Limit{Rate: 5, Period: time.Minute}})
+	if err != nil || d.Remaining != 1 {
+		t.Fatalf("client rpm left %d (%v), want 1: the refused request was charged", d.Remaining, err)
+	}
+}
+
+// TestPoolFailover: a 5xx, 529, 429 or refused connection before the first
+// byte moves the request to another upstream; the client sees 200, and
+// each upstream was sent the request once.
+func TestPoolFailover(t *testing.T) {
+	for _, fault := range []fakeopenai.Fault{{Status: 500}, {Status: 529}, {Status: 429, RetryAfter: "2"}, {Status: 503}} {
+		t.Run(fmt.Sprint(fault.Status), func(t *testing.T) {
+			a, b := fakeopenai.New(t, fakeopenai.Options{}), fakeopenai.New(t, fakeopenai.Options{})
+			a.Enqueue(fault)
+			b.Enqueue(fault)
+			reg := prometheus.NewRegistry()
+			cfg := poolConfig(t, []*fakeopenai.Server{a, b, fakeopenai.New(t, fakeopenai.Options{})}, upstream.Limits{RPM: 100})
+			cfg.Routing.Policy = upstream.PolicyLatency // up0 first: no latency known, stable order
+			_, srv := poolGateway(t, cfg, memStore(t), 0, reg)
+			for _, stream := range []bool{false, true} {
+				body := chatBody
+				if stream {
+					body = strings.Replace(chatBody, `"max_tokens":50`, `"max_tokens":50,"stream":true`, 1)
+				}
+				status, _, resp := postTo(t, srv.URL, body)
+				if status != 200 || (stream && !strings.Contains(resp, "[DONE]")) {
+					t.Fatalf("stream %v: %d %s", stream, status, resp)
+				}
+			}
+			if f := counter(t, reg, "sluice_gateway_upstream_failovers_total", nil); f < 2 {
+				t.Fatalf("failovers %v", f)
+			}
+		})
+	}
+	t.Run("connection refused", func(t *testing.T) {
+		a, b := fakeopenai.New(t, fakeopenai.Options{}), fakeopenai.New(t, fakeopenai.Options{})
+		a.Close()
+		_, srv := poolGateway(t, poolConfig(t, []*fakeopenai.Server{a, b}, upstream.Limits{RPM: 100}), memStore(t), 0, nil)
+		for range 4 {
+			if status, _, body := postTo(t, srv.URL, chatBody); status != 200 {
+				t.Fatalf("%d %s", status, body)
+			}
+		}
+	})
+}
+
+// TestPoolStreamNotReplayed: a stream cut after its first byte is the
+// client's; it is never sent to another upstream.
+func TestPoolStreamNotReplayed(t *testing.T) {
+	a, b := fakeopenai.New(t, fakeopenai.Options{}), fakeopenai.New(t, fakeopenai.Options{})
+	a.Enqueue(fakeopenai.Fault{CutAfter: 2})
+	b.Enqueue(fakeopenai.Fault{CutAfter: 2})
+	_, srv := poolGateway(t, poolConfig(t, []*fakeopenai.Server{a, b}, upstream.Limits{RPM: 100}), memStore(t), 0, nil)
+	body := strings.Replace(chatBody, `"max_tokens":50`, `"max_tokens":50,"stream":true`, 1)
+	status, _, resp := postTo(t, srv.URL, body)
+	if status != 200 || strings.Contains(resp, "[DONE]") {
+		t.Fatalf("%d %s", status, resp)
+	}
+	if a.Count()+b.Count() != 1 {
+		t.Fatalf("sent %d times", a.Count()+b.Count())
+	}
+}
