@@ -198,7 +198,11 @@ func (t poolTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if reason == "" || attempt >= rt.MaxAttempts || time.Now().After(deadline) {
 			return res, err
 		}
-		if reason != "429" {
+		switch {
+		case reason == "error" && !wrote.Load():
+			// Unreachable: the whole fleet leaves it alone for a while.
+			pool.Cooldown(req.Context(), grant.Target, upstream.DefaultCooldown)
+		case reason != "429":
 			pool.MarkDown(grant.Target, upstream.DefaultCooldown) // this replica tries it last for a while
 		}
 		in, outTok := grant.Reserved()

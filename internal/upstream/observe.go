@@ -60,9 +60,12 @@ func (p *Pool) Observe(ctx context.Context, g *Grant, status int, h http.Header,
 		if p.metrics != nil {
 			p.metrics.provider429.WithLabelValues(t.Up.Name, t.Model).Inc()
 		}
-		p.cooldown(ctx, t, retryAfter(h))
+		p.Cooldown(ctx, t, retryAfter(h))
 		return
 	}
+	// The provider counted at most latency ago; the store has refilled
+	// since.
+	reported := p.now().Add(-latency)
 	if rl.any() && t.syncing.CompareAndSwap(false, true) {
 		p.background.Add(1)
 		go func() {
@@ -70,7 +73,7 @@ func (p *Pool) Observe(ctx context.Context, g *Grant, status int, h http.Header,
 			defer t.syncing.Store(false)
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 			defer cancel()
-			p.tighten(sctx, t, rl.remaining)
+			p.tighten(sctx, t, rl.remaining, reported)
 		}()
 	}
 }
@@ -84,8 +87,8 @@ func (l Limits) get(i int) int64 {
 }
 
 // tighten charges each limit of t by how much less the provider reported
-// left than the store holds.
-func (p *Pool) tighten(ctx context.Context, t *TargetState, remaining [4]int64) {
+// left, at about at, than the store holds.
+func (p *Pool) tighten(ctx context.Context, t *TargetState, remaining [4]int64, at time.Time) {
 	var peeks []sluice.Request
 	var reported []int64
 	for i := range 4 {
@@ -93,7 +96,7 @@ func (p *Pool) tighten(ctx context.Context, t *TargetState, remaining [4]int64) 
 		if rate == 0 || remaining[i] < 0 {
 			continue
 		}
-		peeks = append(peeks, sluice.Request{Key: t.keyBase + limNames[i], Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: rate, Period: p.period}})
+		peeks = append(peeks, sluice.Request{Key: t.keyBase + limNames[i], Algorithm: sluice.GCRA, Limit: p.limitOf(rate)})
 		reported = append(reported, remaining[i])
 	}
 	if len(peeks) == 0 {
@@ -104,8 +107,12 @@ func (p *Pool) tighten(ctx context.Context, t *TargetState, remaining [4]int64) 
 		return
 	}
 	var charges []sluice.Request
+	stale := float64(p.now().Sub(at)) / float64(p.period)
 	for i, d := range ds {
-		if over := d.Remaining - reported[i]; over > 0 {
+		// What refilled since the provider counted is not the provider
+		// having less.
+		slack := int64(math.Ceil(stale * float64(peeks[i].Limit.Rate)))
+		if over := d.Remaining - reported[i] - slack; over > 0 {
 			req := peeks[i]
 			req.Cost = over
 			charges = append(charges, req)
@@ -119,10 +126,10 @@ func (p *Pool) tighten(ctx context.Context, t *TargetState, remaining [4]int64) 
 	}
 }
 
-// cooldown empties t's request bucket and charges it for d more, so that
+// Cooldown empties t's request bucket and charges it for d more, so that
 // no replica sends t another request for d: the fleet-wide cooldown, which
-// lapses by itself as the bucket refills.
-func (p *Pool) cooldown(ctx context.Context, t *TargetState, d time.Duration) {
+// lapses by itself as the bucket refills. Observe starts one on a 429.
+func (p *Pool) Cooldown(ctx context.Context, t *TargetState, d time.Duration) {
 	t.retryAt.Store(p.now().Add(d).UnixNano())
 	t.frac.Store(0)
 	t.fracAt.Store(p.now().Add(d).UnixNano())
@@ -134,7 +141,7 @@ func (p *Pool) cooldown(ctx context.Context, t *TargetState, d time.Duration) {
 		// No request limit declared: cool on a bucket of its own.
 		rate = 1 << 20
 	}
-	req := sluice.Request{Key: t.keyBase + "rpm", Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: rate, Period: p.period}}
+	req := sluice.Request{Key: t.keyBase + "rpm", Algorithm: sluice.GCRA, Limit: p.limitOf(rate)}
 	if t.limit(limRPM) == 0 {
 		req.Key = t.keyBase + "cool"
 	}

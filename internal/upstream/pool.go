@@ -132,6 +132,10 @@ func New(opts Options) (*Pool, error) {
 	if p.routing.Deadline <= 0 {
 		p.routing.Deadline = DefaultDeadline
 	}
+	if p.routing.Margin == nil {
+		m := DefaultMargin
+		p.routing.Margin = &m
+	}
 	byName := map[string]*Upstream{}
 	states := map[[2]string]*TargetState{}
 	for _, d := range opts.Upstreams {
@@ -290,16 +294,22 @@ func (p *Pool) requests(t *TargetState, in, out int64) ([]sluice.Request, bool) 
 			continue
 		}
 		cost := [4]int64{1, in + out, in, out}[i]
-		if cost > rate {
+		lim := p.limitOf(rate)
+		if cost > lim.Capacity() {
 			return nil, false
 		}
 		if cost == 0 {
 			continue
 		}
-		reqs = append(reqs, sluice.Request{Key: t.keyBase + limNames[i], Algorithm: sluice.GCRA,
-			Limit: sluice.Limit{Rate: rate, Period: p.period}, Cost: cost})
+		reqs = append(reqs, sluice.Request{Key: t.keyBase + limNames[i], Algorithm: sluice.GCRA, Limit: lim, Cost: cost})
 	}
 	return reqs, true
+}
+
+// limitOf is the store's limit for a provider limit of rate per period:
+// its burst less the margin.
+func (p *Pool) limitOf(rate int64) sluice.Limit {
+	return sluice.Limit{Rate: rate, Period: p.period, Burst: max(rate-int64(float64(rate)**p.routing.Margin), 1)}
 }
 
 // Grant is a reservation admitted on one upstream's model. Settle it

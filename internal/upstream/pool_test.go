@@ -19,6 +19,9 @@ import (
 func testPool(t *testing.T, defs []Def, routes map[string][]Target, r Routing) (*Pool, *clock.Fake) {
 	t.Helper()
 	doc := yamlconf.New(nil, "")
+	if r.Margin == nil {
+		r.Margin = new(float64) // exact limits
+	}
 	Check(doc, defs, routes, &r)
 	if err := doc.Err(); err != nil {
 		t.Fatal(err)
