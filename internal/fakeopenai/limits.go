@@ -19,7 +19,7 @@ type limiter struct {
 	reqs     float64 // requests left
 	toks     float64 // tokens left
 	at       time.Time
-	limited  int
+	limited  []time.Time
 	accepted []time.Time
 }
 
@@ -61,7 +61,7 @@ func (l *limiter) take(w http.ResponseWriter, tokens int) bool {
 		l.toks -= float64(tokens)
 		l.accepted = append(l.accepted, now)
 	} else {
-		l.limited++
+		l.limited = append(l.limited, now)
 	}
 	h := w.Header()
 	if l.rpm > 0 {
@@ -92,7 +92,15 @@ func (l *limiter) take(w http.ResponseWriter, tokens int) bool {
 func (s *Server) Limited() int {
 	s.lim.mu.Lock()
 	defer s.lim.mu.Unlock()
-	return s.lim.limited
+	return len(s.lim.limited)
+}
+
+// LimitedAt returns when each request the server's limits refused
+// arrived, oldest first.
+func (s *Server) LimitedAt() []time.Time {
+	s.lim.mu.Lock()
+	defer s.lim.mu.Unlock()
+	return append([]time.Time(nil), s.lim.limited...)
 }
 
 // Accepted returns when each request the server's limits admitted

@@ -177,3 +177,44 @@ func TestPoolFleetProviderLimits(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolFleetLearnedHeadroom: the upstreams' real limits are half the
+// declared ones. The first answers teach the fleet the real limits
+// (x-ratelimit-limit-*) and what is left (x-ratelimit-remaining-*): past
+// the first provider 429 (and the requests already on their way then),
+// provider 429s stay under 1% of the requests sent.
+func TestPoolFleetLearnedHeadroom(t *testing.T) {
+	const rpm = 12
+	f := newFleet(t, fakeopenai.Options{RPM: rpm, CompletionTokens: 4}, upstream.Limits{RPM: 2 * rpm})
+	statuses, _ := f.load(t, 3*rpm*13/10, 4*fleetPeriod, map[time.Duration]func(){})
+	for i, gw := range f.gws {
+		f.srvs[i].Close()
+		_ = gw.Close()
+	}
+	var first time.Time
+	var all []time.Time
+	sent := 0
+	for _, up := range f.ups {
+		at := up.LimitedAt()
+		all = append(all, at...)
+		sent += up.Count()
+		if len(at) > 0 && (first.IsZero() || at[0].Before(first)) {
+			first = at[0]
+		}
+	}
+	late := 0
+	for _, at := range all {
+		if !first.IsZero() && at.After(first.Add(fleetPeriod/10)) {
+			late++
+		}
+	}
+	t.Logf("client statuses %v; sent %d, provider 429s %d, %d of them past the first's 100 ms", statuses, sent, len(all), late)
+	if late*100 >= sent {
+		t.Errorf("%d provider 429s of %d requests after the first", late, sent)
+	}
+	for i, up := range f.ups {
+		if up.Count() < 3*rpm {
+			t.Errorf("upstream %d sent only %d", i, up.Count())
+		}
+	}
+}
