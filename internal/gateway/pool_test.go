@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -212,5 +214,42 @@ func TestPoolStreamNotReplayed(t *testing.T) {
 	}
 	if a.Count()+b.Count() != 1 {
 		t.Fatalf("sent %d times", a.Count()+b.Count())
+	}
+}
+
+// TestPoolOfficialSDK: the official openai-go SDK, unmodified, against a
+// pool whose first upstream fails: JSON and a stream both arrive whole.
+func TestPoolOfficialSDK(t *testing.T) {
+	a, b := fakeopenai.New(t, fakeopenai.Options{CompletionTokens: 6}), fakeopenai.New(t, fakeopenai.Options{CompletionTokens: 6})
+	a.Enqueue(fakeopenai.Fault{Status: 503})
+	cfg := poolConfig(t, []*fakeopenai.Server{a, b}, upstream.Limits{RPM: 100, TPM: 100000})
+	cfg.Routing.Policy = upstream.PolicyLatency
+	_, srv := poolGateway(t, cfg, memStore(t), 0, nil)
+	client := openai.NewClient(option.WithBaseURL(srv.URL+"/v1/"), option.WithAPIKey(clientKey), option.WithMaxRetries(0))
+	ctx := context.Background()
+	params := chatParams(20)
+	params.StreamOptions.IncludeUsage = openai.Bool(true)
+	stream := client.Chat.Completions.NewStreaming(ctx, params)
+	var acc openai.ChatCompletionAccumulator
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if acc.Choices[0].Message.Content != strings.Repeat("tok ", 6) || acc.Usage.CompletionTokens != 6 {
+		t.Fatalf("stream %+v", acc.ChatCompletion)
+	}
+	resp, err := client.Chat.Completions.New(ctx, chatParams(20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Choices[0].Message.Content != strings.Repeat("tok ", 6) {
+		t.Fatalf("response %+v", resp)
+	}
+	// The stream failed over from a; the JSON request then went to b
+	// first, a being marked down on this replica.
+	if b.Count() != 2 || a.Count() != 1 {
+		t.Fatalf("a got %d, b %d", a.Count(), b.Count())
 	}
 }
