@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -251,5 +252,36 @@ func TestPoolOfficialSDK(t *testing.T) {
 	// first, a being marked down on this replica.
 	if b.Count() != 2 || a.Count() != 1 {
 		t.Fatalf("a got %d, b %d", a.Count(), b.Count())
+	}
+}
+
+// TestPoolStatus: /v1/status shows each upstream model's headroom, and
+// the metrics count what was sent, per upstream and model.
+func TestPoolStatus(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{RPM: 10})
+	reg := prometheus.NewRegistry()
+	_, srv := poolGateway(t, poolConfig(t, []*fakeopenai.Server{up}, upstream.Limits{RPM: 10}), memStore(t), 0, reg)
+	for range 3 {
+		if status, _, body := postTo(t, srv.URL, chatBody); status != 200 {
+			t.Fatalf("%d %s", status, body)
+		}
+	}
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/status", nil)
+	req.Header.Set("Authorization", "Bearer "+clientKey)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var st struct{ Upstreams []upstream.Status }
+	if err := json.NewDecoder(res.Body).Decode(&st); err != nil || len(st.Upstreams) != 1 {
+		t.Fatalf("%v %+v", err, st)
+	}
+	u := st.Upstreams[0]
+	if u.Upstream != "up0" || u.Model != "gpt-test-0" || u.Remaining["rpm"] != 7 || u.ProviderRemainingRequests != 7 || u.Headroom < 0.69 || u.Headroom > 0.71 {
+		t.Fatalf("status %+v", u)
+	}
+	if n := counter(t, reg, "sluice_gateway_upstream_requests_total", map[string]string{"upstream": "up0", "model": "gpt-test-0", "status": "2xx"}); n != 3 {
+		t.Fatalf("sent %v", n)
 	}
 }
