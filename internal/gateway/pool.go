@@ -193,7 +193,9 @@ func (t poolTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if res != nil {
 			status, h = res.StatusCode, res.Header
 		}
-		pool.Observe(req.Context(), grant, status, h, time.Since(sent))
+		octx, ocancel := context.WithTimeout(req.Context(), t.g.cfg.Store.Timeout)
+		pool.Observe(octx, grant, status, h, time.Since(sent))
+		ocancel()
 		reason := failoverReason(req.Context(), status, err)
 		if reason == "" || attempt >= rt.MaxAttempts || time.Now().After(deadline) {
 			return res, err

@@ -40,8 +40,11 @@ func (p *Pool) Observe(ctx context.Context, g *Grant, status int, h http.Header,
 	}
 	rl := readHeaders(h)
 	for i := range 4 {
-		if l := rl.limit[i]; l > 0 && l < t.limits.get(i) {
+		switch l := rl.limit[i]; {
+		case l > 0 && l < t.limits.get(i):
 			t.learned[i].Store(l)
+		case l >= t.limits.get(i):
+			t.learned[i].Store(0) // back to the declared limit, never past it
 		}
 	}
 	if rl.remaining[limRPM] >= 0 {

@@ -149,6 +149,12 @@ func TestCooldownAndLearning(t *testing.T) {
 		t.Fatalf("learned %+v: want rpm 4 and the declared tpm kept", l)
 	}
 	p.Wait() // the tightening runs in the background
+	defer func() {
+		p.Observe(context.Background(), g, 200, http.Header{"X-Ratelimit-Limit-Requests": {"5000"}}, time.Millisecond)
+		if l := g.Target.Limits(); l.RPM != 600 {
+			t.Fatalf("a provider limit above the declared one: rpm %d, want the declared 600", l.RPM)
+		}
+	}()
 	if g2, _, _ := p.Acquire(context.Background(), r, false, 1, 1, nil); g2 != nil {
 		t.Fatal("remaining 0 reported, yet admitted")
 	}
