@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/fakeanthropic"
 	"github.com/sluice-io/sluice/internal/fakeopenai"
 	"github.com/sluice-io/sluice/internal/upstream"
 	"github.com/sluice-io/sluice/memstore"
@@ -283,5 +284,54 @@ func TestPoolStatus(t *testing.T) {
 	}
 	if n := counter(t, reg, "sluice_gateway_upstream_requests_total", map[string]string{"upstream": "up0", "model": "gpt-test-0", "status": "2xx"}); n != 3 {
 		t.Fatalf("sent %v", n)
+	}
+}
+
+// TestPoolAnthropicUpstream: /v1/messages goes to the route's anthropic
+// upstream, with its x-api-key and model id, and OpenAI's paths to the
+// route's OpenAI upstream.
+func TestPoolAnthropicUpstream(t *testing.T) {
+	ant := fakeanthropic.New(t, fakeanthropic.Options{APIKey: "sk-ant-pool"})
+	oa := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey})
+	cfg := &Config{
+		Models: []string{"claude-test"},
+		Store:  StoreConfig{Timeout: 5 * time.Second},
+		Tiers:  map[string]TierConfig{"t": Tier(Limits{RPM: 1000, TPM: 1_000_000})},
+		Keys:   []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t"}},
+		Upstreams: []upstream.Def{
+			{Name: "ant", Kind: upstream.Anthropic, BaseURL: ant.URL() + "/v1", KeyEnv: "ANT", Models: map[string]upstream.Limits{"claude-test-20250101": {RPM: 10}}},
+			{Name: "oa", Kind: upstream.OpenAICompatible, BaseURL: oa.URL() + "/v1", KeyEnv: "OA", Models: map[string]upstream.Limits{"claude-test": {RPM: 10}}},
+		},
+		Routes: map[string][]upstream.Target{"claude-test": {{Upstream: "ant", Model: "claude-test-20250101"}, {Upstream: "oa"}}},
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]string{"ANT": "sk-ant-pool", "OA": upstreamKey}
+	gw, err := New(Options{Config: cfg, Store: memStore(t), Getenv: func(k string) string { return keys[k] }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw)
+	t.Cleanup(func() { srv.Close(); _ = gw.Close() })
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/messages", strings.NewReader(messagesBody))
+	req.Header.Set("x-api-key", clientKey)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || ant.Count() != 1 || oa.Count() != 0 {
+		t.Fatalf("messages: %d %s; anthropic got %d, openai %d", res.StatusCode, b, ant.Count(), oa.Count())
+	}
+	got := ant.Requests()[0]
+	if !strings.Contains(string(got.Body), `"model":"claude-test-20250101"`) || got.Header.Get("Authorization") != "" || got.Header.Get("Anthropic-Version") == "" {
+		t.Fatalf("anthropic got %s %v", got.Body, got.Header)
+	}
+	chat := strings.Replace(chatBody, "gpt-test", "claude-test", 1)
+	if status, _, body := postTo(t, srv.URL, chat); status != 200 || oa.Count() != 1 || ant.Count() != 1 {
+		t.Fatalf("chat: %d %s", status, body)
 	}
 }
