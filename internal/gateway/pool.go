@@ -109,7 +109,7 @@ func (g *Gateway) acquire(w http.ResponseWriter, r *http.Request, c *call) bool 
 	}
 	for {
 		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Store.Timeout)
-		grant, wait, err := g.pool.Acquire(ctx, c.route, c.ep.anthropic(), in, out, nil)
+		grant, wait, err := g.pool.AcquireSticky(ctx, c.route, c.ep.anthropic(), in, out, nil, affinity(r))
 		cancel()
 		switch {
 		case err != nil:
@@ -149,6 +149,20 @@ func (g *Gateway) acquire(w http.ResponseWriter, r *http.Request, c *call) bool 
 			"Every upstream serving model "+c.rawModel+" is at its provider limit. Please try again in "+formatReset(wait)+".")
 		return false
 	}
+}
+
+// AffinityHeader is the request header whose value (a conversation's id)
+// sends a client's requests to the same upstream of their route while it
+// has room: the provider's prompt cache then holds their common prefix.
+const AffinityHeader = "X-Sluice-Affinity"
+
+// affinity returns r's affinity key, bounded.
+func affinity(r *http.Request) string {
+	a := r.Header.Get(AffinityHeader)
+	if len(a) > 256 {
+		a = a[:256]
+	}
+	return a
 }
 
 // poolTransport sends a routed request to its grant's upstream and, on a

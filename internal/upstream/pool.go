@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"math/rand/v2"
 	"net/url"
@@ -330,6 +331,14 @@ type Grant struct {
 // Retry-After; zero when no target can ever take the request). Store
 // errors are returned as they are.
 func (p *Pool) Acquire(ctx context.Context, r *Route, anthropic bool, in, out int64, tried []*TargetState) (*Grant, time.Duration, error) {
+	return p.AcquireSticky(ctx, r, anthropic, in, out, tried, "")
+}
+
+// AcquireSticky is Acquire with an affinity key (a conversation's id): the
+// same key prefers the same upstream of the route while it has room and
+// is not cooling, for the provider's prompt cache; the policy orders the
+// rest. An empty key is Acquire.
+func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, out int64, tried []*TargetState, affinity string) (*Grant, time.Duration, error) {
 	now := p.now()
 	var cands [MaxRouteTargets]*TargetState
 	n := 0
@@ -341,6 +350,25 @@ func (p *Pool) Acquire(ctx context.Context, r *Route, anthropic bool, in, out in
 		n++
 	}
 	order := p.order(cands[:n], now)
+	if affinity != "" && n > 1 {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(affinity))
+		// The preferred target by its place in the route, so that every
+		// replica prefers the same one.
+		var pref *TargetState
+		k := h.Sum64() % uint64(len(r.Targets))
+		for i := range r.Targets {
+			if t := r.Targets[(int(k)+i)%len(r.Targets)]; slices.Contains(order, t) {
+				pref = t
+				break
+			}
+		}
+		if pref != nil && pref.retryAt.Load() <= now.UnixNano() {
+			i := slices.Index(order, pref)
+			copy(order[1:i+1], order[:i])
+			order[0] = pref
+		}
+	}
 	wait := time.Duration(-1)
 	for _, t := range order {
 		reqs, fits := p.requests(t, in, out)

@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -204,4 +205,34 @@ func TestObserveConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// TestSticky: one affinity key goes to one upstream while it has room,
+// then to the others; different keys spread.
+func TestSticky(t *testing.T) {
+	defs, routes := twoUpstreams()
+	defs[0].Models["m-a"] = Limits{RPM: 5}
+	defs[1].Models["m-b"] = Limits{RPM: 5}
+	p, _ := testPool(t, defs, routes, Routing{})
+	r := p.Route("m", "")
+	first, _, _ := p.AcquireSticky(context.Background(), r, false, 1, 1, nil, "conversation-1")
+	for range 4 {
+		g, _, _ := p.AcquireSticky(context.Background(), r, false, 1, 1, nil, "conversation-1")
+		if g.Target != first.Target {
+			t.Fatalf("moved to %s while %s had room", g.Target.Up.Name, first.Target.Up.Name)
+		}
+	}
+	g, _, _ := p.AcquireSticky(context.Background(), r, false, 1, 1, nil, "conversation-1")
+	if g == nil || g.Target == first.Target {
+		t.Fatal("a full upstream kept its conversation")
+	}
+	seen := map[string]bool{}
+	for i := range 8 {
+		p2, _ := testPool(t, defs, routes, Routing{})
+		g, _, _ := p2.AcquireSticky(context.Background(), p2.Route("m", ""), false, 1, 1, nil, fmt.Sprint("c", i))
+		seen[g.Target.Up.Name] = true
+	}
+	if len(seen) != 2 {
+		t.Fatalf("8 keys all on %v", seen)
+	}
 }
