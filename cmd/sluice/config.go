@@ -115,8 +115,12 @@ func checkConfig(out, errOut io.Writer, path string, kind config.Kind) bool {
 			report(errOut, path, kind, err)
 			return false
 		}
-		fmt.Fprintf(out, "%s: ok: %s: %d tiers, %d keys, upstream %s, store %s\n",
-			path, kind, len(cfg.Tiers), len(cfg.Keys), redactedURL(cfg.Upstream.BaseURL), storeName(cfg.Store.URL))
+		if err := gateway.CheckKeys(cfg, os.Getenv, os.ReadFile); err != nil {
+			report(errOut, path, kind, err)
+			return false
+		}
+		fmt.Fprintf(out, "%s: ok: %s: %d tiers, %d keys, %s, store %s\n",
+			path, kind, len(cfg.Tiers), len(cfg.Keys), upstreamSummary(cfg), storeName(cfg.Store.URL))
 		return true
 	}
 	cfg, err := config.Parse(path, data)
@@ -131,7 +135,11 @@ func checkConfig(out, errOut io.Writer, path string, kind config.Kind) bool {
 	}
 	ok := true
 	if gw := cfg.File.Gateway; gw != nil {
-		fmt.Fprintf(out, "%s: ok: gateway section: %d tiers, %d keys, upstream %s\n", path, len(gw.Tiers), len(gw.Keys), redactedURL(gw.Upstream.BaseURL))
+		fmt.Fprintf(out, "%s: ok: gateway section: %d tiers, %d keys, %s\n", path, len(gw.Tiers), len(gw.Keys), upstreamSummary(gw))
+		if err := gateway.CheckKeys(gw, os.Getenv, os.ReadFile); err != nil {
+			report(errOut, path, config.KindServe, err)
+			ok = false
+		}
 	}
 	if sec := cfg.File.Envoy; sec != nil {
 		dir := sec.ConfigDir
@@ -201,4 +209,12 @@ func storeName(url string) string {
 		return "memory"
 	}
 	return "redis"
+}
+
+// upstreamSummary describes a gateway's upstreams for config check.
+func upstreamSummary(cfg *gateway.Config) string {
+	if len(cfg.Upstreams) > 0 {
+		return fmt.Sprintf("%d upstreams, %d routes", len(cfg.Upstreams), len(cfg.Routes))
+	}
+	return "upstream " + redactedURL(cfg.Upstream.BaseURL)
 }

@@ -155,6 +155,9 @@ const maxSpendClients = 500
 // upstream is on this machine or upstream.allow_no_key says it needs none;
 // then it logs that no key is sent.
 func checkGatewayKey(cfg *gateway.Config, getenv func(string) string, log *slog.Logger) error {
+	if len(cfg.Upstreams) > 0 {
+		return gateway.CheckKeys(cfg, getenv, os.ReadFile)
+	}
 	env := cfg.Upstream.APIKeyEnv
 	if getenv(env) != "" {
 		return nil

@@ -64,6 +64,16 @@ type Options struct {
 	// MaxRecorded bounds how many requests are kept for Requests; the
 	// oldest are dropped beyond it. Zero means 10000.
 	MaxRecorded int
+	// RPM and TPM, when positive, are the server's own rate limits, per
+	// Period (default a minute), enforced as OpenAI does (limits.go): a
+	// bucket of each that holds the limit and refills continuously; a
+	// request takes 1 request and its prompt plus completion tokens when
+	// it arrives; one that does not fit gets 429 with Retry-After,
+	// retry-after-ms and x-ratelimit-* headers, which every answer carries.
+	RPM, TPM int
+	Period   time.Duration
+	// Now is the limits' clock; nil means time.Now.
+	Now func() time.Time
 }
 
 // Fault scripts how one request is answered. The zero Fault answers
@@ -118,6 +128,7 @@ type Server struct {
 	count    int
 	// produced counts the token events of every streamed answer written.
 	produced int
+	lim      limiter
 }
 
 // New starts a Server on a loopback port. When t is not nil the server is
@@ -133,6 +144,7 @@ func New(t testing.TB, opts Options) *Server {
 		opts.MaxRecorded = 10000
 	}
 	s := &Server{opts: opts}
+	s.lim.init(opts)
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
 	if t != nil {
 		t.Cleanup(s.Close)
@@ -268,6 +280,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	completion := s.opts.CompletionTokens
 	if m := req.maxTokens(); m > 0 && m < completion {
 		completion = m
+	}
+	if !s.lim.take(w, prompt+completion) {
+		return
 	}
 	switch r.URL.Path {
 	case "/v1/chat/completions", "/v1/completions":

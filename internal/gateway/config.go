@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/hostcheck"
+	"github.com/sluice-io/sluice/internal/upstream"
 	"github.com/sluice-io/sluice/internal/yamlconf"
 )
 
@@ -51,8 +52,17 @@ type Config struct {
 	// or one of these is refused with 403. "*.example.com" allows the
 	// subdomains, "*" turns the check off. At most 256.
 	AllowedHosts []string `yaml:"allowed_hosts"`
-	// Upstream is where requests go.
+	// Upstream is where requests go, when Upstreams is empty: a pool of
+	// one upstream without provider limits.
 	Upstream UpstreamConfig `yaml:"upstream"`
+	// Upstreams are the provider accounts and deployments of a pool, each
+	// with its limits per model (package upstream); Routes map each
+	// client-facing model (or alias, or "*") to the upstreams serving it,
+	// with each upstream's model id; Routing chooses among them and bounds
+	// failover (pool.go, docs/gateway.md).
+	Upstreams []upstream.Def               `yaml:"upstreams"`
+	Routes    map[string][]upstream.Target `yaml:"routes"`
+	Routing   upstream.Routing             `yaml:"routing"`
 	// Store selects where limiter state lives for `sluice gateway`. Inside
 	// `sluice serve` the service's store is used instead.
 	Store StoreConfig `yaml:"store"`
@@ -347,8 +357,13 @@ func (c *Config) Check(doc *yamlconf.Doc) {
 			doc.Addf(field, "%q is or holds a metered or refused path (batches), which is never passed through unmetered", p)
 		}
 	}
+	c.checkPool(doc) // pool.go
 	u, err := url.Parse(c.Upstream.BaseURL)
 	switch {
+	case len(c.Upstreams) > 0:
+		if c.Upstream.BaseURL != "" {
+			doc.Addf("upstream", "set upstream: (one upstream) or upstreams: (a pool), not both")
+		}
 	case c.Upstream.BaseURL == "":
 		doc.Addf("upstream.base_url", "required, the OpenAI-compatible base URL with its /v1, such as https://api.openai.com/v1 or http://127.0.0.1:11434/v1")
 	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":

@@ -40,21 +40,16 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"os"
 	"path"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,10 +58,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-io/sluice"
-	"github.com/sluice-io/sluice/guard"
 	"github.com/sluice-io/sluice/internal/aitoken"
 	"github.com/sluice-io/sluice/internal/pricing"
 	"github.com/sluice-io/sluice/internal/tracing"
+	"github.com/sluice-io/sluice/internal/upstream"
 )
 
 // Options configure a Gateway. Config and Store are required.
@@ -93,6 +88,11 @@ type Options struct {
 	// OnSettled, when not nil, is called after each reservation is
 	// settled, from a goroutine of its own, after the response was sent.
 	OnSettled func(Settlement)
+	// ReadFile reads upstreams' key_file; nil means os.ReadFile.
+	ReadFile func(string) ([]byte, error)
+	// PoolPeriod is the period of the upstreams' provider limits (rpm,
+	// tpm); zero means a minute. Tests shorten it.
+	PoolPeriod time.Duration
 }
 
 // Settlement reports how one request's reservation was settled.
@@ -200,6 +200,7 @@ type Gateway struct {
 	renewEvery   time.Duration    // how often a request's leases are renewed while in flight: LeaseTTL/3 (renew.go)
 	bodyTimeout  time.Duration    // how long a request body may take to arrive: bodyTimeout; tests shorten it
 	onRenew      func()           // when not nil, called after each renewal (tests)
+	pool         *upstream.Pool   // nil with one upstream (pool.go)
 }
 
 // client is what a key resolves to.
@@ -358,6 +359,12 @@ func New(opts Options) (*Gateway, error) {
 	if g.queue, err = g.newQueue(reg); err != nil {
 		return nil, err
 	}
+	if g.pool, err = newPool(Options{Config: cfg, Store: opts.Store, Getenv: getenv, ReadFile: opts.ReadFile, PoolPeriod: opts.PoolPeriod, Registerer: reg}); err != nil {
+		return nil, err
+	}
+	if g.pool != nil {
+		g.upstreamKey = "" // each upstream sends its own
+	}
 	if g.upstreamKey != "" {
 		g.upstreamAuth = []string{"Bearer " + g.upstreamKey}
 	}
@@ -366,10 +373,16 @@ func New(opts Options) (*Gateway, error) {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
 		t.ResponseHeaderTimeout = cfg.Upstream.Timeout
+		if g.pool != nil {
+			t.ResponseHeaderTimeout = cfg.Routing.HeaderTimeout
+		}
 		transport = t
 	}
 	if opts.WrapTransport != nil {
 		transport = opts.WrapTransport(transport)
+	}
+	if g.pool != nil {
+		transport = poolTransport{g: g, next: transport}
 	}
 	if cfg.Upstream.CountTokens {
 		g.counts, g.countClient = newCountCache(countCacheSize), &http.Client{Transport: transport, Timeout: countTokensTimeout}
@@ -472,7 +485,11 @@ type call struct {
 	settled     atomic.Bool
 	reserving   chan struct{}  // closed once a leased tier's reservation is taken (applyLeased)
 	capacity    *capacityGrant // the model's shared capacity charged (queue.go)
-	fair        fairUsage      // what the queue counted for fairness (queue.go)
+	path        string         // the request's path, as received
+	route       *upstream.Route
+	grant       *upstream.Grant // the upstream reservation of the attempt sent last (pool.go)
+	unsent      bool            // refused before any upstream had it: refunded whole
+	fair        fairUsage       // what the queue counted for fairness (queue.go)
 }
 
 type callKey struct{}
@@ -513,7 +530,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"Incorrect or missing API key. Send your sluice gateway key as: Authorization: Bearer <key>.")
 		return
 	}
-	c := &call{id: sluice.NewLeaseID(), start: start, client: cl, model: "-"}
+	c := &call{id: sluice.NewLeaseID(), start: start, client: cl, model: "-", path: r.URL.Path}
 	w.Header().Set("x-sluice-request-id", c.id)
 	ep := endpoints[r.URL.Path]
 	if ep == epNone && strings.EqualFold(r.Method, http.MethodPost) {
@@ -561,10 +578,16 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		c.traced = true
 		traceRequest(r.Context(), c)
 	}
+	if g.pool != nil && !g.routeCall(w, c) {
+		return
+	}
 	if !g.admit(w, r, c) {
 		return
 	}
 	defer g.settleAsync(c) // also when the proxy aborts a broken stream
+	if g.pool != nil && !g.acquire(w, r, c) {
+		return
+	}
 	g.startRenewal(c)
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
 	if traced {
@@ -724,436 +747,4 @@ func metersUnder(prefix string) bool {
 func canonicalPath(p string) string {
 	canon, _, _ := strings.Cut(strings.ToLower(p), ";")
 	return strings.TrimRight(path.Clean(canon), "/.")
-}
-
-// applies reports whether s limits requests on model: a limit on a model
-// covers its dated snapshots too ("gpt-4o" covers "gpt-4o-2024-08-06"),
-// as the model's price does (pricing.Table.Lookup), or a client could
-// escape a model's limits and budgets by naming a snapshot the upstream
-// serves as the same model.
-func (s *spec) applies(model string) bool {
-	return s.model == "" || s.model == model || s.model == modelBase(model)
-}
-
-// modelBase is model without a trailing dated snapshot suffix, by the rule
-// of pricing.Table.Lookup.
-func modelBase(model string) string { return pricing.SnapshotBase(model) }
-
-// admit reserves every limit of the request in one ApplyAll. It answers
-// the client itself and reports false when the request may not proceed.
-func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
-	t := c.client.tier
-	model := c.rawModel
-	c.specs = make([]*spec, 0, len(t.specs))
-	c.reqs = make([]sluice.Request, 0, len(t.specs))
-	for i := range t.specs {
-		s := &t.specs[i]
-		if !s.applies(model) {
-			continue
-		}
-		req := sluice.Request{Key: c.client.specKeys[i], Algorithm: s.alg, Limit: s.limit, Cost: 1, UseLease: t.lease}
-		switch s.kind {
-		case kindTokens:
-			if c.ep == epCountTokens {
-				continue // reserves no tokens
-			}
-			req.Cost = g.tokenCost(c, s)
-			if req.Cost > s.limit.Capacity() {
-				if tracing.Recording(r.Context()) {
-					traceAdmit(r.Context(), c, "too_large", nil)
-				}
-				g.tooLarge(w, c, s)
-				return false
-			}
-		case kindConcurrency, kindReservation:
-			req.Lease, req.UseLease = c.id, false
-		}
-		c.specs = append(c.specs, s)
-		c.reqs = append(c.reqs, req)
-	}
-	if !g.admitLevels(w, r, c) {
-		return false
-	}
-	if len(c.reqs) == 0 {
-		return true
-	}
-	ds, err := g.applyAdmit(r.Context(), w, c)
-	if errors.Is(err, errAnswered) {
-		return false
-	}
-	if err != nil {
-		if tracing.Recording(r.Context()) {
-			traceAdmit(r.Context(), c, "store_error", nil)
-		}
-		g.metrics.rejections.WithLabelValues(t.name, c.model, "store_error").Inc()
-		g.log.Error("gateway: store unavailable", "request_id", c.id, "client", c.client.id, "err", err)
-		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, "server_error", "rate_limiter_unavailable", "",
-			"The gateway's rate limiter is unavailable; please retry shortly.")
-		return false
-	}
-	g.setLimitHeaders(w.Header(), c, ds)
-	g.setBudgetHeaders(w.Header(), c, ds)
-	if c.ep.anthropic() {
-		setAnthropicHeaders(w.Header(), c, ds, time.Now())
-	}
-	allowed := sluice.Combine(ds).Allowed
-	if tracing.Recording(r.Context()) {
-		outcome := "admitted"
-		if !allowed {
-			outcome = "limited"
-		}
-		traceAdmit(r.Context(), c, outcome, ds)
-	}
-	if !allowed {
-		g.reject(w, c, ds)
-		return false
-	}
-	return true
-}
-
-// rewrite turns the client's request into the upstream's.
-func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
-	out := pr.Out
-	out.URL.Scheme = g.upstream.Scheme
-	out.URL.Host = g.upstream.Host
-	out.URL.Path = g.upstreamPath + strings.TrimPrefix(pr.In.URL.Path, "/v1")
-	out.URL.RawPath = ""
-	out.Host = g.upstream.Host
-	// The client's credentials and identities stay here; the upstream
-	// sees the gateway's key only.
-	// Method overrides are dropped: the upstream must see the method the
-	// gateway metered.
-	for _, h := range []string{"Authorization", "Api-Key", "X-Api-Key", "Openai-Organization", "Openai-Project", "Cookie", "Accept-Encoding",
-		"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"} {
-		out.Header.Del(h)
-	}
-	if g.upstreamAuth != nil {
-		out.Header["Authorization"] = g.upstreamAuth
-	}
-	g.rewriteAnthropic(out, pr.In.URL.Path)
-	if c := callFrom(pr.In.Context()); c != nil && c.body != nil {
-		body := c.body
-		out.Body = io.NopCloser(bytes.NewReader(body))
-		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-		out.ContentLength = int64(len(body))
-		out.Header["Content-Length"] = []string{strconv.Itoa(len(body))}
-		// The gateway read the body as JSON: the upstream must too, not
-		// as a form whose fields a JSON string could carry
-		// ("content":"&max_tokens=100000&").
-		out.Header["Content-Type"] = jsonContentType
-	}
-}
-
-// jsonContentType is the Content-Type of every metered request sent
-// upstream.
-var jsonContentType = []string{"application/json"}
-
-// timedTransport notes when the upstream round trip starts.
-type timedTransport struct{ next http.RoundTripper }
-
-func (t timedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if c := callFrom(req.Context()); c != nil {
-		c.sent = time.Now()
-		if c.ep != epNone {
-			// Whether the upstream got the request decides, if it does
-			// not answer, whether the request is refunded (settle).
-			req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
-				WroteRequest: func(info httptrace.WroteRequestInfo) {
-					if info.Err == nil {
-						c.wrote.Store(true)
-					}
-				},
-			}))
-		}
-	}
-	return t.next.RoundTrip(req)
-}
-
-// modifyResponse records the upstream's answer and wraps its body to read
-// usage as it is relayed.
-func (g *Gateway) modifyResponse(res *http.Response) error {
-	c := callFrom(res.Request.Context())
-	if c == nil {
-		return nil
-	}
-	c.headersAt = time.Now()
-	c.status = res.StatusCode
-	// Our limits, not the upstream account's, are the client's: whatever
-	// the status, the client sees one set of limit headers, ours.
-	for k := range res.Header { // keys are canonical: the client parsed them
-		if strings.HasPrefix(k, "X-Ratelimit-") || strings.HasPrefix(k, "Anthropic-Ratelimit-") || k == "Ratelimit" || k == "Ratelimit-Policy" {
-			res.Header.Del(k)
-		}
-	}
-	if c.ep == epNone {
-		return nil
-	}
-	tierName := c.client.tier.name
-	if res.StatusCode == http.StatusTooManyRequests || res.StatusCode >= 500 {
-		// Passed through with the upstream's Retry-After; refunded at settle.
-		c.rejected = true
-		g.metrics.rejections.WithLabelValues(tierName, c.model, "upstream_"+strconv.Itoa(res.StatusCode)).Inc()
-		return nil
-	}
-	if res.StatusCode/100 != 2 {
-		return nil
-	}
-	if encodedBody(res.Header) != "" {
-		// Encoded past what the transport decodes (it asks for gzip
-		// only): its usage cannot be read; settle keeps the reservation.
-		c.unread = true
-		return nil
-	}
-	if strings.HasPrefix(strings.ToLower(res.Header.Get("Content-Type")), "text/event-stream") {
-		res.Body = newSSEReader(res.Body, c)
-	} else {
-		res.Body = newCaptureReader(res.Body, c, res.ContentLength, defaultMaxResponseBytes)
-	}
-	return nil
-}
-
-// observeTimes records the upstream's time to headers and the gateway's
-// overhead before it, from settle: off the client's path.
-func (g *Gateway) observeTimes(c *call) {
-	if c.sent.IsZero() || c.headersAt.IsZero() {
-		return
-	}
-	tierName := c.client.tier.name
-	g.metrics.upstream.WithLabelValues(tierName, c.model).Observe(c.headersAt.Sub(c.sent).Seconds())
-	g.metrics.overhead.WithLabelValues(tierName, c.model).Observe(c.sent.Sub(c.start).Seconds())
-}
-
-// upstreamError answers when the upstream could not be reached or the
-// response could not be relayed.
-func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
-	c := callFrom(r.Context())
-	if r.Context().Err() != nil {
-		// The client went away; there is nobody to answer.
-		if c != nil {
-			c.canceled = true
-		}
-		return
-	}
-	if c != nil {
-		c.unreachable = true
-		var ne net.Error
-		c.timedOut = errors.As(err, &ne) && ne.Timeout()
-		if c.ep != epNone {
-			g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_unreachable").Inc()
-		}
-		g.log.Warn("gateway: upstream unreachable", "request_id", c.id, "client", c.client.id, "err", err)
-	}
-	writeError(w, http.StatusBadGateway, "server_error", "upstream_unreachable", "", "The gateway could not reach the upstream API; please retry.")
-}
-
-// settle settles c's reservation; settleAsync makes sure it runs once.
-func (g *Gateway) settle(c *call) {
-	c.renewal.stop() // before the leases are released: a renewal after would take them again
-	c.readCapturedUsage()
-	g.observeTimes(c)
-	if c.reserving != nil {
-		<-c.reserving
-	}
-	s := Settlement{RequestID: c.id, Client: c.client.id, Tier: c.client.tier.name, Model: c.model, Status: c.status, Reserved: c.reserved}
-	refundRequests := false
-	switch {
-	case c.usageSeen:
-		s.PromptTokens, s.CompletionTokens, s.UsageReported = c.prompt, c.completion, true
-		s.CacheCreationTokens, s.CacheReadTokens = c.anth.cacheCreation, c.anth.cacheRead
-	case c.rejected:
-		// The upstream answered 429 or 5xx: it generated nothing, but it
-		// had the request, which counts. Refunding it let a client send
-		// requests without bound while the upstream refused them, keeping
-		// a shared upstream account throttled for every other key.
-	case c.unreachable && !c.wrote.Load():
-		refundRequests = true // the upstream never had the request
-	case c.background && (c.status == 0 || c.status/100 == 2):
-		// A background response runs on after its request returned or its
-		// client left, and its usage is read with GET, which does not
-		// pass here: keep the reservation (its cap was forwarded).
-		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst
-	case c.unreachable && c.timedOut:
-		// No headers within upstream.timeout: the upstream may still be
-		// generating, and bill it. Keep the reservation, the best bound
-		// known (a request made to outlast the timeout is not free).
-		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst
-	case c.unreachable:
-		s.PromptTokens = c.promptEst // the upstream had the prompt, and failed
-	case c.canceled && c.status == 0:
-		s.PromptTokens = c.promptEst // the upstream may have read the prompt
-	case c.status/100 != 2:
-		// An upstream 4xx: nothing was generated.
-	case c.stream:
-		s.PromptTokens, s.CompletionTokens = c.promptEst, c.produced
-		if c.unread {
-			// The usage may have been in the event too long to read:
-			// keep at least the reservation, the best bound known.
-			s.CompletionTokens = max(s.CompletionTokens, c.reserved-c.promptEst)
-		}
-	default:
-		// A 2xx without usage: keep the reservation, the best bound known.
-		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst
-	}
-	s.Actual = addSat(s.PromptTokens, s.CompletionTokens)
-	s.Usage = settledUsage(c, &s)
-	g.settleCost(c, &s)
-	refunds := make([]sluice.Request, 0, len(c.reqs))
-	var charges []sluice.Request
-	for i, req := range c.reqs {
-		switch c.specs[i].kind {
-		case kindConcurrency, kindReservation:
-			refunds = append(refunds, req)
-		case kindTokens, kindBudget:
-			var actual int64
-			if c.specs[i].kind == kindBudget {
-				actual = budgetCharge(s.Cost)
-			} else {
-				actual = g.tokenActual(c, c.specs[i], &s)
-			}
-			if d := req.Cost - actual; d > 0 {
-				req.Cost = d
-				refunds = append(refunds, req)
-			} else if d < 0 {
-				req.Cost = -d
-				charges = append(charges, req)
-			}
-		case kindRequests:
-			if refundRequests {
-				refunds = append(refunds, req)
-			}
-		}
-	}
-	// The refunds carry the request's lease, and the store applies a refund
-	// batch only while its lease is held: of all the gateway instances,
-	// only the first settlement of this request id refunds, and only then
-	// are excess tokens charged. A lease that lapsed (a settlement later
-	// than Options' LeaseTTL) leaves the reservation charged as it was.
-	// That same rule makes a refund safe to retry while the store is
-	// unreachable (refundHeld): an attempt that was applied after all
-	// leaves the lease released, and the next attempt changes nothing.
-	held := true
-	if len(refunds) > 0 {
-		ds, retried, err := g.refundHeld(refunds)
-		if err != nil {
-			// Whether the lease is still held is unknown: charging now
-			// could charge twice after a peer's settlement.
-			held = false
-			s.Err = fmt.Errorf("gateway: settle %s: refund: %w", c.id, err)
-		}
-		for i, d := range ds {
-			if refunds[i].Algorithm == sluice.Concurrency && !d.Allowed && !retried {
-				held = false
-				s.Err = fmt.Errorf("gateway: settle %s: %w", c.id, ErrAlreadySettled)
-			}
-		}
-		// After a retry a released lease is this settlement's own earlier
-		// attempt, which the store ran after all (a stalled Redis runs
-		// what it had received when it resumes): the refund is done.
-	}
-	if len(charges) > 0 && held {
-		if err := g.chargeUnsent(charges); err != nil {
-			s.Err = errors.Join(s.Err, fmt.Errorf("gateway: settle %s: charge: %w", c.id, err))
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
-	defer cancel()
-	if err := g.queue.settle(ctx, g.store, c, s.Actual, refundRequests, held); err != nil { // and wakes the queue
-		s.Err = errors.Join(s.Err, err)
-	}
-	m := g.metrics
-	m.requests.WithLabelValues(s.Tier, s.Model, statusLabel(c)).Inc()
-	m.tokens.WithLabelValues(s.Tier, s.Model, "prompt").Add(float64(s.PromptTokens))
-	m.tokens.WithLabelValues(s.Tier, s.Model, "completion").Add(float64(s.CompletionTokens))
-	g.countSpend(c, &s)
-	level := slog.LevelDebug
-	if s.Err != nil {
-		level = slog.LevelError
-	}
-	if g.log.Enabled(ctx, level) { // else the arguments' boxing is a score of allocations per request for nothing
-		g.log.Log(ctx, level, "gateway: request settled", "request_id", s.RequestID, "client", s.Client, "tier", s.Tier,
-			"model", s.Model, "status", s.Status, "reserved", s.Reserved, "actual", s.Actual, "usage_reported", s.UsageReported, "err", s.Err)
-	}
-	c.client.status.touch()
-	if g.onSettled != nil {
-		g.onSettled(s)
-	}
-}
-
-// Settlement retries: the first retry after settleRetryMin, doubling up to
-// settleRetryMax, until the request's lease would have lapsed (LeaseTTL) or
-// the Gateway closes.
-const (
-	settleRetryMin = 100 * time.Millisecond
-	settleRetryMax = 2 * time.Second
-)
-
-// refundHeld applies a settlement's refund batch, retrying while the store
-// is unavailable (sluice.ErrUnavailable, or no answer in Store.Timeout),
-// so that a Redis that paused or
-// failed over while requests finished gives back their concurrency slots
-// and unused tokens when it returns, not a LeaseTTL later. Retrying is
-// safe because the batch is applied only while the request's lease is
-// held: once an attempt has applied, the lease is released and later ones
-// are refused whole (their lease member comes back not Allowed). retried
-// reports that an earlier attempt failed, so such a refusal may be its
-// doing.
-func (g *Gateway) refundHeld(refunds []sluice.Request) ([]sluice.Decision, bool, error) {
-	return g.settleRetrying(sluice.OpRefund, refunds, func(err error) bool {
-		// The attempt's own deadline passing is the store not answering
-		// in time too (stores report a caller's deadline as it is).
-		return errors.Is(err, sluice.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
-	})
-}
-
-// chargeUnsent applies a settlement's excess charges (usage above the
-// reservation), retrying as refundHeld does, but only while the store
-// certainly did not receive the batch: the failure detector's circuit was
-// open or the key's calls were all in flight (guard.ErrCircuitOpen,
-// guard.ErrBusy). A charge is not idempotent, so a call that may have
-// reached the store (a deadline: a stalled Redis runs it when it resumes)
-// is not sent again. Without the retry, excess tokens or dollars used
-// while the circuit was open were never charged: the key got them free.
-func (g *Gateway) chargeUnsent(charges []sluice.Request) error {
-	_, _, err := g.settleRetrying(sluice.OpCharge, charges, func(err error) bool {
-		return errors.Is(err, guard.ErrCircuitOpen) || errors.Is(err, guard.ErrBusy)
-	})
-	return err
-}
-
-// settleRetrying applies op to reqs, each attempt bounded by Store.Timeout,
-// and tries again with backoff (settleRetryMin doubling to settleRetryMax)
-// while retry says the failure allows it, until LeaseTTL has passed or the
-// gateway closes. retried reports that an earlier attempt failed.
-func (g *Gateway) settleRetrying(op sluice.Op, reqs []sluice.Request, retry func(error) bool) (ds []sluice.Decision, retried bool, err error) {
-	giveUp := time.Now().Add(g.cfg.LeaseTTL)
-	wait := settleRetryMin
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
-		ds, err = g.store.ApplyAll(ctx, op, reqs)
-		cancel()
-		if err == nil || !retry(err) || time.Now().Add(wait).After(giveUp) {
-			return ds, retried, err
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-g.closing:
-			t.Stop()
-			return ds, retried, err
-		case <-t.C:
-		}
-		retried = true
-		g.metrics.settleRetries.Inc()
-		wait = min(2*wait, settleRetryMax)
-	}
-}
-
-func statusLabel(c *call) string {
-	switch {
-	case c.unreachable:
-		return "502"
-	case c.canceled && c.status == 0:
-		return "canceled"
-	}
-	return strconv.Itoa(c.status)
 }

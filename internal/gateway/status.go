@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/pricing"
+	"github.com/sluice-io/sluice/internal/upstream"
 )
 
 // statusBody is GET /v1/status's answer: the calling key's limits and
@@ -21,6 +22,8 @@ type statusBody struct {
 	Org     string         `json:"org,omitempty"`
 	Limits  []statusLimit  `json:"limits"`
 	Budgets []statusBudget `json:"budgets"`
+	// Upstreams is each upstream model's headroom, with a pool (pool.go).
+	Upstreams []upstream.Status `json:"upstreams,omitempty"`
 }
 
 type statusLimit struct {
@@ -141,6 +144,17 @@ func (g *Gateway) peekStatus(w http.ResponseWriter, r *http.Request, c *call) ([
 			body.Limits = append(body.Limits, statusLimit{Scope: s.scope(), Name: s.name, Model: s.model, Limit: limitText(s.alg, s.limit),
 				Remaining: max(d.Remaining, 0), ResetSeconds: sluice.CeilSeconds(d.ResetAfter)})
 		}
+	}
+	if g.pool != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Store.Timeout)
+		ups, err := g.pool.Status(ctx)
+		cancel()
+		if err != nil {
+			g.log.Error("gateway: store unavailable", "request_id", c.id, "client", cl.id, "err", err)
+			statusUnavailable(w)
+			return nil, false
+		}
+		body.Upstreams = ups
 	}
 	return append(marshalJSON(body), '\n'), true
 }

@@ -1,0 +1,43 @@
+package fakeopenai
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/clock"
+)
+
+// TestOwnLimits: the server admits its RPM and TPM buckets' worth, then
+// answers 429 with OpenAI's headers, and refills continuously.
+func TestOwnLimits(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	s := New(t, Options{RPM: 3, TPM: 100, Period: time.Second, Now: clk.Time, PromptTokens: 10, CompletionTokens: 5})
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	for i := range 3 {
+		res := post(t, s.URL()+"/v1/chat/completions", "k", body)
+		if res.StatusCode != 200 || res.Header.Get("x-ratelimit-remaining-requests") != []string{"2", "1", "0"}[i] ||
+			res.Header.Get("x-ratelimit-limit-tokens") != "100" || res.Header.Get("x-ratelimit-remaining-tokens") != []string{"85", "70", "55"}[i] {
+			t.Fatalf("request %d: status %d headers %v", i, res.StatusCode, res.Header)
+		}
+	}
+	res := post(t, s.URL()+"/v1/chat/completions", "k", body)
+	if res.StatusCode != 429 || res.Header.Get("Retry-After") != "1" || res.Header.Get("retry-after-ms") != "334" {
+		t.Fatalf("over the limit: status %d headers %v", res.StatusCode, res.Header)
+	}
+	clk.Advance(time.Second / 3)
+	clk.Advance(time.Millisecond)
+	if res := post(t, s.URL()+"/v1/chat/completions", "k", body); res.StatusCode != 200 {
+		t.Fatalf("after a third of the period: %d", res.StatusCode)
+	}
+	if s.Limited() != 1 || len(s.Accepted()) != 4 {
+		t.Fatalf("limited %d accepted %d", s.Limited(), len(s.Accepted()))
+	}
+	// Tokens bind too: 20 per second, 15 a request.
+	s2 := New(t, Options{RPM: 100, TPM: 20, Period: time.Second, Now: clk.Time, PromptTokens: 10, CompletionTokens: 5})
+	if res := post(t, s2.URL()+"/v1/chat/completions", "k", body); res.StatusCode != 200 {
+		t.Fatalf("first: %d", res.StatusCode)
+	}
+	if res := post(t, s2.URL()+"/v1/chat/completions", "k", body); res.StatusCode != 429 || res.Header.Get("retry-after-ms") != "500" {
+		t.Fatalf("second: %d %v", res.StatusCode, res.Header)
+	}
+}

@@ -1,0 +1,100 @@
+package gateway
+
+// The limits stage: every limit of the request (its key's, its model's,
+// its team's and org's, its budgets) reserved in one ApplyAll.
+
+import (
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/pricing"
+	"github.com/sluice-io/sluice/internal/tracing"
+)
+
+// applies reports whether s limits requests on model: a limit on a model
+// covers its dated snapshots too ("gpt-4o" covers "gpt-4o-2024-08-06"),
+// as the model's price does (pricing.Table.Lookup), or a client could
+// escape a model's limits and budgets by naming a snapshot the upstream
+// serves as the same model.
+func (s *spec) applies(model string) bool {
+	return s.model == "" || s.model == model || s.model == modelBase(model)
+}
+
+// modelBase is model without a trailing dated snapshot suffix, by the rule
+// of pricing.Table.Lookup.
+func modelBase(model string) string { return pricing.SnapshotBase(model) }
+
+// admit reserves every limit of the request in one ApplyAll. It answers
+// the client itself and reports false when the request may not proceed.
+func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
+	t := c.client.tier
+	model := c.rawModel
+	c.specs = make([]*spec, 0, len(t.specs))
+	c.reqs = make([]sluice.Request, 0, len(t.specs))
+	for i := range t.specs {
+		s := &t.specs[i]
+		if !s.applies(model) {
+			continue
+		}
+		req := sluice.Request{Key: c.client.specKeys[i], Algorithm: s.alg, Limit: s.limit, Cost: 1, UseLease: t.lease}
+		switch s.kind {
+		case kindTokens:
+			if c.ep == epCountTokens {
+				continue // reserves no tokens
+			}
+			req.Cost = g.tokenCost(c, s)
+			if req.Cost > s.limit.Capacity() {
+				if tracing.Recording(r.Context()) {
+					traceAdmit(r.Context(), c, "too_large", nil)
+				}
+				g.tooLarge(w, c, s)
+				return false
+			}
+		case kindConcurrency, kindReservation:
+			req.Lease, req.UseLease = c.id, false
+		}
+		c.specs = append(c.specs, s)
+		c.reqs = append(c.reqs, req)
+	}
+	if !g.admitLevels(w, r, c) {
+		return false
+	}
+	if len(c.reqs) == 0 {
+		return true
+	}
+	ds, err := g.applyAdmit(r.Context(), w, c)
+	if errors.Is(err, errAnswered) {
+		return false
+	}
+	if err != nil {
+		if tracing.Recording(r.Context()) {
+			traceAdmit(r.Context(), c, "store_error", nil)
+		}
+		g.metrics.rejections.WithLabelValues(t.name, c.model, "store_error").Inc()
+		g.log.Error("gateway: store unavailable", "request_id", c.id, "client", c.client.id, "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, "server_error", "rate_limiter_unavailable", "",
+			"The gateway's rate limiter is unavailable; please retry shortly.")
+		return false
+	}
+	g.setLimitHeaders(w.Header(), c, ds)
+	g.setBudgetHeaders(w.Header(), c, ds)
+	if c.ep.anthropic() {
+		setAnthropicHeaders(w.Header(), c, ds, time.Now())
+	}
+	allowed := sluice.Combine(ds).Allowed
+	if tracing.Recording(r.Context()) {
+		outcome := "admitted"
+		if !allowed {
+			outcome = "limited"
+		}
+		traceAdmit(r.Context(), c, outcome, ds)
+	}
+	if !allowed {
+		g.reject(w, c, ds)
+		return false
+	}
+	return true
+}

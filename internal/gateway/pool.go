@@ -1,0 +1,290 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-io/sluice/httplimit"
+	"github.com/sluice-io/sluice/internal/upstream"
+	"github.com/sluice-io/sluice/internal/yamlconf"
+)
+
+// Pools: with `upstreams:` and `routes:` in the config, a request goes to
+// one of its model's upstreams, chosen among those whose provider limits
+// have room for its reservation (package upstream), after the client's own
+// limits admitted it:
+//
+//	route (before admit: an unrouted model is refused, nothing charged)
+//	admit (the client's limits, as with one upstream)
+//	acquire (the provider's limits; none with room: the queue's wait, or 429)
+//	relay (poolTransport: failover before the first response byte)
+//	settle (the client's limits once; each upstream's for what it was sent)
+
+// checkPool records the problems of the pool's configuration, and of
+// models the gateway names (tiers' models, models:, queue capacity) that
+// no route serves.
+func (c *Config) checkPool(doc *yamlconf.Doc) {
+	if len(c.Upstreams) == 0 && len(c.Routes) == 0 {
+		return
+	}
+	upstream.Check(doc, c.Upstreams, c.Routes, &c.Routing)
+	if len(c.Routes) == 0 {
+		return
+	}
+	if _, all := c.Routes["*"]; all {
+		return
+	}
+	for _, m := range c.allModels() {
+		if _, ok := c.Routes[m]; !ok {
+			if _, ok := c.Routes[modelBase(m)]; !ok {
+				doc.Addf("routes", "model %s (named under tiers, models or queue.capacity) has no route: add routes: {%s: [{upstream: NAME, model: ID}]}, or a * route", m, m)
+			}
+		}
+	}
+}
+
+// CheckKeys reads every upstream key of cfg (the single upstream's
+// variable is checked by `sluice gateway` itself) and returns an error
+// naming each upstream whose key is missing.
+func CheckKeys(cfg *Config, getenv func(string) string, readFile func(string) ([]byte, error)) error {
+	var errs []error
+	for _, d := range cfg.Upstreams {
+		if _, err := upstream.ReadKey(d, getenv, readFile); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// newPool builds the pool of opts' config, nil without upstreams.
+func newPool(opts Options) (*upstream.Pool, error) {
+	cfg := opts.Config
+	if len(cfg.Upstreams) == 0 {
+		return nil, nil
+	}
+	reg := opts.Registerer
+	m, err := upstream.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	p, err := upstream.New(upstream.Options{Upstreams: cfg.Upstreams, Routes: cfg.Routes, Routing: cfg.Routing, Store: opts.Store,
+		Getenv: opts.Getenv, ReadFile: opts.ReadFile, Period: opts.PoolPeriod, Metrics: m})
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	return p, nil
+}
+
+// routeCall finds c's route; it answers 404 model_not_found itself and
+// returns false when there is none. Nothing is charged.
+func (g *Gateway) routeCall(w http.ResponseWriter, c *call) bool {
+	c.route = g.pool.Route(c.rawModel, modelBase(c.rawModel))
+	if c.route != nil {
+		return true
+	}
+	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "no_route").Inc()
+	writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
+		"The model "+strconv.Quote(c.rawModel)+" is not served by this gateway.")
+	return false
+}
+
+// acquire reserves c's request on one of its route's upstreams. With none
+// that has room it waits, up to queue.max_wait, for the first to have
+// room; then, or without a queue, it answers 429 with the wait as
+// Retry-After, and c settles as never sent (its client limits refunded).
+func (g *Gateway) acquire(w http.ResponseWriter, r *http.Request, c *call) bool {
+	in, out := c.promptEst, max(c.reserved-c.promptEst, 0)
+	var giveUp time.Time
+	if g.queue != nil && g.cfg.Queue.MaxWait > 0 {
+		giveUp = time.Now().Add(g.cfg.Queue.MaxWait)
+	}
+	for {
+		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Store.Timeout)
+		grant, wait, err := g.pool.AcquireSticky(ctx, c.route, c.ep.anthropic(), in, out, nil, affinity(r))
+		cancel()
+		switch {
+		case err != nil:
+			c.unsent = true
+			g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "store_error").Inc()
+			g.log.Error("gateway: store unavailable", "request_id", c.id, "client", c.client.id, "err", err)
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, "server_error", "rate_limiter_unavailable", "",
+				"The gateway's rate limiter is unavailable; please retry shortly.")
+			return false
+		case grant != nil:
+			c.grant = grant
+			return true
+		}
+		if wait > 0 && !giveUp.IsZero() && time.Now().Add(wait).Before(giveUp) {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+				continue
+			case <-r.Context().Done():
+				t.Stop()
+				c.unsent, c.canceled = true, true
+				return false
+			}
+		}
+		c.unsent = true
+		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_capacity").Inc()
+		if wait <= 0 {
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "request_too_large", "",
+				"The request's "+strconv.FormatInt(in+out, 10)+" tokens exceed every upstream's limit for model "+c.rawModel+".")
+			return false
+		}
+		h := w.Header()
+		h.Set("Retry-After", strconv.FormatInt(int64(max((wait+time.Second-1)/time.Second, 1)), 10))
+		h.Set("retry-after-ms", httplimit.RetryAfterMillis(max(wait, time.Millisecond)))
+		writeError(w, http.StatusTooManyRequests, "requests", "rate_limit_exceeded", "",
+			"Every upstream serving model "+c.rawModel+" is at its provider limit. Please try again in "+formatReset(wait)+".")
+		return false
+	}
+}
+
+// AffinityHeader is the request header whose value (a conversation's id)
+// sends a client's requests to the same upstream of their route while it
+// has room: the provider's prompt cache then holds their common prefix.
+const AffinityHeader = "X-Sluice-Affinity"
+
+// affinity returns r's affinity key, bounded.
+func affinity(r *http.Request) string {
+	a := r.Header.Get(AffinityHeader)
+	if len(a) > 256 {
+		a = a[:256]
+	}
+	return a
+}
+
+// poolTransport sends a routed request to its grant's upstream and, on a
+// connection error, timeout, 5xx, 529 or 429 before the first response
+// byte, to the route's next upstream with room, within routing's attempts
+// and deadline. A response whose headers came is the client's, whatever
+// its body does: a stream is never replayed.
+type poolTransport struct {
+	g    *Gateway
+	next http.RoundTripper
+}
+
+func (t poolTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	c := callFrom(req.Context())
+	if c == nil || c.grant == nil {
+		return t.next.RoundTrip(req)
+	}
+	pool := t.g.pool
+	rt := pool.Routing()
+	deadline := c.start.Add(rt.Deadline)
+	tried := make([]*upstream.TargetState, 0, rt.MaxAttempts)
+	for attempt := 1; ; attempt++ {
+		grant := c.grant
+		tried = append(tried, grant.Target)
+		var wrote atomic.Bool
+		out := req.Clone(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			WroteRequest: func(info httptrace.WroteRequestInfo) {
+				if info.Err == nil {
+					wrote.Store(true)
+				}
+			},
+		}))
+		body := grant.Target.Rewrite(out, c.path, c.body, c.rawModel)
+		out.Body = io.NopCloser(bytes.NewReader(body))
+		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		out.ContentLength = int64(len(body))
+		out.Header["Content-Length"] = []string{strconv.Itoa(len(body))}
+		sent := time.Now()
+		res, err := t.next.RoundTrip(out)
+		status := 0
+		var h http.Header
+		if res != nil {
+			status, h = res.StatusCode, res.Header
+		}
+		octx, ocancel := context.WithTimeout(req.Context(), t.g.cfg.Store.Timeout)
+		pool.Observe(octx, grant, status, h, time.Since(sent))
+		ocancel()
+		reason := failoverReason(req.Context(), status, err)
+		if reason == "" || attempt >= rt.MaxAttempts || time.Now().After(deadline) {
+			return res, err
+		}
+		switch {
+		case reason == "error" && !wrote.Load():
+			// Unreachable: the whole fleet leaves it alone for a while.
+			pool.Cooldown(req.Context(), grant.Target, upstream.DefaultCooldown)
+		case reason != "429":
+			pool.MarkDown(grant.Target, upstream.DefaultCooldown) // this replica tries it last for a while
+		}
+		in, outTok := grant.Reserved()
+		next := t.nextGrant(req.Context(), c, in, outTok, tried, deadline)
+		if next == nil {
+			return res, err
+		}
+		if res != nil {
+			_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 64<<10))
+			_ = res.Body.Close()
+		}
+		// The failed upstream is charged what it was sent: the request,
+		// and on a timeout the reservation (it may still be generating).
+		keepIn, keepOut := int64(0), int64(0)
+		if reason == "timeout" {
+			keepIn, keepOut = in, outTok
+		}
+		sctx, scancel := context.WithTimeout(context.WithoutCancel(req.Context()), t.g.cfg.Store.Timeout)
+		_, _ = grant.Settle(sctx, keepIn, keepOut, !wrote.Load() && err != nil)
+		scancel()
+		pool.Failover(grant.Target, reason)
+		c.grant = next
+	}
+}
+
+// nextGrant reserves the request on another upstream of c's route, not
+// in tried, waiting for one to have room until deadline; nil when none
+// does by then.
+func (t poolTransport) nextGrant(ctx context.Context, c *call, in, out int64, tried []*upstream.TargetState, deadline time.Time) *upstream.Grant {
+	for {
+		actx, cancel := context.WithTimeout(ctx, t.g.cfg.Store.Timeout)
+		next, wait, err := t.g.pool.Acquire(actx, c.route, c.ep.anthropic(), in, out, tried)
+		cancel()
+		if err != nil || next != nil || wait <= 0 || time.Now().Add(wait).After(deadline) {
+			return next
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		}
+	}
+}
+
+// failoverReason says why a request should move to another upstream, or
+// "" when its answer is the client's.
+func failoverReason(ctx context.Context, status int, err error) string {
+	if err != nil {
+		if ctx.Err() != nil {
+			return "" // the client left
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return "timeout"
+		}
+		return "error"
+	}
+	switch {
+	case status == http.StatusTooManyRequests:
+		return "429"
+	case status == 529:
+		return "529"
+	case status >= 500:
+		return "5xx"
+	}
+	return ""
+}

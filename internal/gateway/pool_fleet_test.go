@@ -1,0 +1,220 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-io/sluice/internal/fakeopenai"
+	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/internal/upstream"
+	"github.com/sluice-io/sluice/redisstore"
+)
+
+// fleetPeriod stands for the providers' minute: the limits below are per
+// fleetPeriod, so that a run of a few periods takes seconds.
+const fleetPeriod = time.Second
+
+// fleet is three gateway replicas on one real Redis in front of ups.
+type fleet struct {
+	ups  []*fakeopenai.Server
+	srvs []*httptest.Server
+	gws  []*Gateway
+	reg  []*prometheus.Registry
+}
+
+// newFleet starts ups fake upstreams enforcing real (per fleetPeriod) and
+// three gateways declaring declared on each, on one Redis.
+func newFleet(t *testing.T, real fakeopenai.Options, declared upstream.Limits) *fleet {
+	t.Helper()
+	url := redistest.Standalone(t).URL()
+	f := &fleet{}
+	real.Period = fleetPeriod
+	for range 3 {
+		f.ups = append(f.ups, fakeopenai.New(t, real))
+	}
+	cfg := poolConfig(t, f.ups, declared)
+	// Keys of their own on the shared Redis: upstream names unique to the test.
+	tag := strings.NewReplacer(":", "", "/", "", "{", "", "}", "").Replace(redistest.Prefix(t))
+	for i := range cfg.Upstreams {
+		old := cfg.Upstreams[i].Name
+		cfg.Upstreams[i].Name = fmt.Sprintf("%s-%s", tag[max(len(tag)-20, 0):], old)
+		for j := range cfg.Routes["gpt-test"] {
+			if cfg.Routes["gpt-test"][j].Upstream == old {
+				cfg.Routes["gpt-test"][j].Upstream = cfg.Upstreams[i].Name
+			}
+		}
+	}
+	cfg.Keys[0].Client = tag[max(len(tag)-20, 0):] + "c"
+	// 5 of 20 requests: 250 ms of jitter between a replica's admission
+	// and the upstream's count, on a loaded machine under -race.
+	margin := 0.25
+	cfg.Routing.Margin = &margin
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		st, err := redisstore.New(context.Background(), redisstore.Options{URL: url, DisableDenyCache: true, Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = st.Close() })
+		reg := prometheus.NewRegistry()
+		gw, srv := poolGateway(t, cfg, st, fleetPeriod, reg)
+		f.gws, f.srvs, f.reg = append(f.gws, gw), append(f.srvs, srv), append(f.reg, reg)
+	}
+	return f
+}
+
+// load offers rate requests per fleetPeriod, round robin over the
+// replicas, for d; at each of the events' times it calls the event. It
+// returns the statuses the clients saw, and the periods (by index from
+// the start) in which the load itself was starved of CPU: a tick over
+// 30 ms late.
+func (f *fleet) load(t *testing.T, rate int, d time.Duration, events map[time.Duration]func()) (map[int]int, map[int]bool) {
+	t.Helper()
+	var (
+		mu       sync.Mutex
+		statuses = map[int]int{}
+		wg       sync.WaitGroup
+	)
+	tick := time.NewTicker(fleetPeriod / time.Duration(rate))
+	defer tick.Stop()
+	start := time.Now()
+	starved := map[int]bool{}
+	for sent := 0; ; {
+		now := <-tick.C
+		el := now.Sub(start)
+		if late := time.Since(now); late > 30*time.Millisecond {
+			starved[int(el/fleetPeriod)] = true
+		}
+		if el >= d {
+			break
+		}
+		for at, ev := range events {
+			if el >= at {
+				ev()
+				delete(events, at)
+			}
+		}
+		// Every request due by now: a late tick sends what it missed.
+		for due := int(el * time.Duration(rate) / fleetPeriod); sent < due; sent++ {
+			srv := f.srvs[sent%len(f.srvs)]
+			wg.Go(func() {
+				status, _, body := postTo(t, srv.URL, chatBody)
+				mu.Lock()
+				statuses[status]++
+				mu.Unlock()
+				if status != 200 && status != 429 {
+					t.Errorf("client saw %d: %s", status, body)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return statuses, starved
+}
+
+// accepted counts what up admitted in [from, to).
+func accepted(up *fakeopenai.Server, from, to time.Time) int {
+	n := 0
+	for _, at := range up.Accepted() {
+		if !at.Before(from) && at.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestPoolFleetProviderLimits: three replicas on one Redis in front of
+// three upstreams that enforce their own limits as OpenAI does, offered
+// 1.3x the pooled capacity: no provider 429, at least 95% of the pooled
+// capacity used in every steady period, each upstream within its limit.
+// Then one upstream dies: no client sees an error, and its share moves to
+// the others within a period.
+func TestPoolFleetProviderLimits(t *testing.T) {
+	const rpm = 12 // per fleetPeriod, per upstream
+	f := newFleet(t, fakeopenai.Options{RPM: rpm, CompletionTokens: 4}, upstream.Limits{RPM: rpm})
+	start := time.Now()
+	kill := 3 * fleetPeriod
+	statuses, starved := f.load(t, 3*rpm*13/10, 5*fleetPeriod, map[time.Duration]func(){kill: f.ups[2].Close})
+	for i, gw := range f.gws {
+		f.srvs[i].Close() // waits for the handlers
+		_ = gw.Close()
+	}
+	limited := 0
+	for _, up := range f.ups {
+		limited += up.Limited()
+	}
+	t.Logf("client statuses %v; upstreams accepted %d %d %d", statuses, len(f.ups[0].Accepted()), len(f.ups[1].Accepted()), len(f.ups[2].Accepted()))
+	if limited != 0 {
+		t.Errorf("providers answered 429 %d times", limited)
+	}
+	// Steady periods: the second and third (the first spends the initial
+	// buckets), then the fifth, a period after the kill.
+	for _, p := range []struct {
+		from time.Duration
+		ups  []int
+	}{{fleetPeriod, []int{0, 1, 2}}, {2 * fleetPeriod, []int{0, 1, 2}}, {kill + fleetPeriod, []int{0, 1}}} {
+		got := 0
+		for _, i := range p.ups {
+			n := accepted(f.ups[i], start.Add(p.from), start.Add(p.from+fleetPeriod))
+			if n > 2*rpm { // a full bucket and a period's refill
+				t.Errorf("upstream %d took %d in one period", i, n)
+			}
+			got += n
+		}
+		if want := len(p.ups) * rpm * 95 / 100; got < want && starved[int(p.from/fleetPeriod)] {
+			t.Logf("period from %s: upstreams %v admitted %d of %d, with the load generator starved of CPU", p.from, p.ups, got, len(p.ups)*rpm)
+		} else if got < want {
+			t.Errorf("period from %s: upstreams %v admitted %d, want >= %d (95%% of %d)", p.from, p.ups, got, want, len(p.ups)*rpm)
+		}
+	}
+}
+
+// TestPoolFleetLearnedHeadroom: the upstreams' real limits are half the
+// declared ones. The first answers teach the fleet the real limits
+// (x-ratelimit-limit-*) and what is left (x-ratelimit-remaining-*): past
+// the first provider 429 (and the requests already on their way then),
+// provider 429s stay under 1% of the requests sent.
+func TestPoolFleetLearnedHeadroom(t *testing.T) {
+	const rpm = 12
+	f := newFleet(t, fakeopenai.Options{RPM: rpm, CompletionTokens: 4}, upstream.Limits{RPM: 2 * rpm})
+	statuses, _ := f.load(t, 3*rpm*13/10, 4*fleetPeriod, map[time.Duration]func(){})
+	for i, gw := range f.gws {
+		f.srvs[i].Close()
+		_ = gw.Close()
+	}
+	var first time.Time
+	var all []time.Time
+	sent := 0
+	for _, up := range f.ups {
+		at := up.LimitedAt()
+		all = append(all, at...)
+		sent += up.Count()
+		if len(at) > 0 && (first.IsZero() || at[0].Before(first)) {
+			first = at[0]
+		}
+	}
+	late := 0
+	for _, at := range all {
+		if !first.IsZero() && at.After(first.Add(fleetPeriod/10)) {
+			late++
+		}
+	}
+	t.Logf("client statuses %v; sent %d, provider 429s %d, %d of them past the first's 100 ms", statuses, sent, len(all), late)
+	if late*100 >= sent {
+		t.Errorf("%d provider 429s of %d requests after the first", late, sent)
+	}
+	for i, up := range f.ups {
+		if up.Count() < 3*rpm {
+			t.Errorf("upstream %d sent only %d", i, up.Count())
+		}
+	}
+}

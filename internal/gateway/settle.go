@@ -1,0 +1,237 @@
+package gateway
+
+// The settlement stage: a request's reservation settled exactly once
+// against its usage, off the client's path, with retries while the store
+// is unavailable.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/guard"
+)
+
+// settle settles c's reservation; settleAsync makes sure it runs once.
+func (g *Gateway) settle(c *call) {
+	c.renewal.stop() // before the leases are released: a renewal after would take them again
+	c.readCapturedUsage()
+	g.observeTimes(c)
+	if c.reserving != nil {
+		<-c.reserving
+	}
+	s := Settlement{RequestID: c.id, Client: c.client.id, Tier: c.client.tier.name, Model: c.model, Status: c.status, Reserved: c.reserved}
+	refundRequests := false
+	switch {
+	case c.unsent:
+		refundRequests = true // no upstream had room: refused before sending
+	case c.usageSeen:
+		s.PromptTokens, s.CompletionTokens, s.UsageReported = c.prompt, c.completion, true
+		s.CacheCreationTokens, s.CacheReadTokens = c.anth.cacheCreation, c.anth.cacheRead
+	case c.rejected:
+		// The upstream answered 429 or 5xx: it generated nothing, but it
+		// had the request, which counts. Refunding it let a client send
+		// requests without bound while the upstream refused them, keeping
+		// a shared upstream account throttled for every other key.
+	case c.unreachable && !c.wrote.Load():
+		refundRequests = true // the upstream never had the request
+	case c.background && (c.status == 0 || c.status/100 == 2):
+		// A background response runs on after its request returned or its
+		// client left, and its usage is read with GET, which does not
+		// pass here: keep the reservation (its cap was forwarded).
+		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst
+	case c.unreachable && c.timedOut:
+		// No headers within upstream.timeout: the upstream may still be
+		// generating, and bill it. Keep the reservation, the best bound
+		// known (a request made to outlast the timeout is not free).
+		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst
+	case c.unreachable:
+		s.PromptTokens = c.promptEst // the upstream had the prompt, and failed
+	case c.canceled && c.status == 0:
+		s.PromptTokens = c.promptEst // the upstream may have read the prompt
+	case c.status/100 != 2:
+		// An upstream 4xx: nothing was generated.
+	case c.stream:
+		s.PromptTokens, s.CompletionTokens = c.promptEst, c.produced
+		if c.unread {
+			// The usage may have been in the event too long to read:
+			// keep at least the reservation, the best bound known.
+			s.CompletionTokens = max(s.CompletionTokens, c.reserved-c.promptEst)
+		}
+	default:
+		// A 2xx without usage: keep the reservation, the best bound known.
+		s.PromptTokens, s.CompletionTokens = c.promptEst, c.reserved-c.promptEst
+	}
+	s.Actual = addSat(s.PromptTokens, s.CompletionTokens)
+	if c.grant != nil {
+		gctx, gcancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
+		if _, err := c.grant.Settle(gctx, s.PromptTokens, s.CompletionTokens, refundRequests); err != nil {
+			s.Err = fmt.Errorf("gateway: settle %s: %w", c.id, err)
+		}
+		gcancel()
+	}
+	s.Usage = settledUsage(c, &s)
+	g.settleCost(c, &s)
+	refunds := make([]sluice.Request, 0, len(c.reqs))
+	var charges []sluice.Request
+	for i, req := range c.reqs {
+		switch c.specs[i].kind {
+		case kindConcurrency, kindReservation:
+			refunds = append(refunds, req)
+		case kindTokens, kindBudget:
+			var actual int64
+			if c.specs[i].kind == kindBudget {
+				actual = budgetCharge(s.Cost)
+			} else {
+				actual = g.tokenActual(c, c.specs[i], &s)
+			}
+			if d := req.Cost - actual; d > 0 {
+				req.Cost = d
+				refunds = append(refunds, req)
+			} else if d < 0 {
+				req.Cost = -d
+				charges = append(charges, req)
+			}
+		case kindRequests:
+			if refundRequests {
+				refunds = append(refunds, req)
+			}
+		}
+	}
+	// The refunds carry the request's lease, and the store applies a refund
+	// batch only while its lease is held: of all the gateway instances,
+	// only the first settlement of this request id refunds, and only then
+	// are excess tokens charged. A lease that lapsed (a settlement later
+	// than Options' LeaseTTL) leaves the reservation charged as it was.
+	// That same rule makes a refund safe to retry while the store is
+	// unreachable (refundHeld): an attempt that was applied after all
+	// leaves the lease released, and the next attempt changes nothing.
+	held := true
+	if len(refunds) > 0 {
+		ds, retried, err := g.refundHeld(refunds)
+		if err != nil {
+			// Whether the lease is still held is unknown: charging now
+			// could charge twice after a peer's settlement.
+			held = false
+			s.Err = fmt.Errorf("gateway: settle %s: refund: %w", c.id, err)
+		}
+		for i, d := range ds {
+			if refunds[i].Algorithm == sluice.Concurrency && !d.Allowed && !retried {
+				held = false
+				s.Err = fmt.Errorf("gateway: settle %s: %w", c.id, ErrAlreadySettled)
+			}
+		}
+		// After a retry a released lease is this settlement's own earlier
+		// attempt, which the store ran after all (a stalled Redis runs
+		// what it had received when it resumes): the refund is done.
+	}
+	if len(charges) > 0 && held {
+		if err := g.chargeUnsent(charges); err != nil {
+			s.Err = errors.Join(s.Err, fmt.Errorf("gateway: settle %s: charge: %w", c.id, err))
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
+	defer cancel()
+	if err := g.queue.settle(ctx, g.store, c, s.Actual, refundRequests, held); err != nil { // and wakes the queue
+		s.Err = errors.Join(s.Err, err)
+	}
+	m := g.metrics
+	m.requests.WithLabelValues(s.Tier, s.Model, statusLabel(c)).Inc()
+	m.tokens.WithLabelValues(s.Tier, s.Model, "prompt").Add(float64(s.PromptTokens))
+	m.tokens.WithLabelValues(s.Tier, s.Model, "completion").Add(float64(s.CompletionTokens))
+	g.countSpend(c, &s)
+	level := slog.LevelDebug
+	if s.Err != nil {
+		level = slog.LevelError
+	}
+	if g.log.Enabled(ctx, level) { // else the arguments' boxing is a score of allocations per request for nothing
+		g.log.Log(ctx, level, "gateway: request settled", "request_id", s.RequestID, "client", s.Client, "tier", s.Tier,
+			"model", s.Model, "status", s.Status, "reserved", s.Reserved, "actual", s.Actual, "usage_reported", s.UsageReported, "err", s.Err)
+	}
+	c.client.status.touch()
+	if g.onSettled != nil {
+		g.onSettled(s)
+	}
+}
+
+// Settlement retries: the first retry after settleRetryMin, doubling up to
+// settleRetryMax, until the request's lease would have lapsed (LeaseTTL) or
+// the Gateway closes.
+const (
+	settleRetryMin = 100 * time.Millisecond
+	settleRetryMax = 2 * time.Second
+)
+
+// refundHeld applies a settlement's refund batch, retrying while the store
+// is unavailable (sluice.ErrUnavailable, or no answer in Store.Timeout),
+// so that a Redis that paused or
+// failed over while requests finished gives back their concurrency slots
+// and unused tokens when it returns, not a LeaseTTL later. Retrying is
+// safe because the batch is applied only while the request's lease is
+// held: once an attempt has applied, the lease is released and later ones
+// are refused whole (their lease member comes back not Allowed). retried
+// reports that an earlier attempt failed, so such a refusal may be its
+// doing.
+func (g *Gateway) refundHeld(refunds []sluice.Request) ([]sluice.Decision, bool, error) {
+	return g.settleRetrying(sluice.OpRefund, refunds, func(err error) bool {
+		// The attempt's own deadline passing is the store not answering
+		// in time too (stores report a caller's deadline as it is).
+		return errors.Is(err, sluice.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded)
+	})
+}
+
+// chargeUnsent applies a settlement's excess charges (usage above the
+// reservation), retrying as refundHeld does, but only while the store
+// certainly did not receive the batch: the failure detector's circuit was
+// open or the key's calls were all in flight (guard.ErrCircuitOpen,
+// guard.ErrBusy). A charge is not idempotent, so a call that may have
+// reached the store (a deadline: a stalled Redis runs it when it resumes)
+// is not sent again. Without the retry, excess tokens or dollars used
+// while the circuit was open were never charged: the key got them free.
+func (g *Gateway) chargeUnsent(charges []sluice.Request) error {
+	_, _, err := g.settleRetrying(sluice.OpCharge, charges, func(err error) bool {
+		return errors.Is(err, guard.ErrCircuitOpen) || errors.Is(err, guard.ErrBusy)
+	})
+	return err
+}
+
+// settleRetrying applies op to reqs, each attempt bounded by Store.Timeout,
+// and tries again with backoff (settleRetryMin doubling to settleRetryMax)
+// while retry says the failure allows it, until LeaseTTL has passed or the
+// gateway closes. retried reports that an earlier attempt failed.
+func (g *Gateway) settleRetrying(op sluice.Op, reqs []sluice.Request, retry func(error) bool) (ds []sluice.Decision, retried bool, err error) {
+	giveUp := time.Now().Add(g.cfg.LeaseTTL)
+	wait := settleRetryMin
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
+		ds, err = g.store.ApplyAll(ctx, op, reqs)
+		cancel()
+		if err == nil || !retry(err) || time.Now().Add(wait).After(giveUp) {
+			return ds, retried, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-g.closing:
+			t.Stop()
+			return ds, retried, err
+		case <-t.C:
+		}
+		retried = true
+		g.metrics.settleRetries.Inc()
+		wait = min(2*wait, settleRetryMax)
+	}
+}
+
+func statusLabel(c *call) string {
+	switch {
+	case c.unreachable:
+		return "502"
+	case c.canceled && c.status == 0:
+		return "canceled"
+	}
+	return strconv.Itoa(c.status)
+}

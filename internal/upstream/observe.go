@@ -1,0 +1,262 @@
+package upstream
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluice-io/sluice"
+)
+
+// DefaultCooldown is how long a provider 429 without Retry-After cools
+// its upstream's model.
+const DefaultCooldown = time.Second
+
+// maxCooldown bounds a Retry-After a provider sends.
+const maxCooldown = 10 * time.Minute
+
+// Observe learns from an upstream's answer to g: its time to headers, the
+// limits and remaining capacity its rate-limit headers report, and, for a
+// 429, a fleet-wide cooldown of g's target for the Retry-After it asked.
+// Tightening the shared state on a reported remaining below the store's
+// runs in the background; the cooldown before Observe returns, so that a
+// failover does not pick the same target. It never loosens a limit past
+// the declared one.
+func (p *Pool) Observe(ctx context.Context, g *Grant, status int, h http.Header, latency time.Duration) {
+	t := g.Target
+	if latency > 0 {
+		us := latency.Microseconds()
+		if old := t.latency.Load(); old == 0 {
+			t.latency.Store(us)
+		} else {
+			t.latency.Store(old + (us-old)/8)
+		}
+	}
+	if p.metrics != nil {
+		p.metrics.sent.WithLabelValues(t.Up.Name, t.Model, statusClass(status)).Inc()
+	}
+	rl := readHeaders(h)
+	for i := range 4 {
+		switch l := rl.limit[i]; {
+		case l > 0 && l < t.limits.get(i):
+			t.learned[i].Store(l)
+		case l >= t.limits.get(i):
+			t.learned[i].Store(0) // back to the declared limit, never past it
+		}
+	}
+	if rl.remaining[limRPM] >= 0 {
+		t.lastRemaining[0].Store(rl.remaining[limRPM])
+	}
+	if rl.remaining[limTPM] >= 0 {
+		t.lastRemaining[1].Store(rl.remaining[limTPM])
+		if p.metrics != nil {
+			p.metrics.remaining.WithLabelValues(t.Up.Name, t.Model, "tokens").Set(float64(rl.remaining[limTPM]))
+		}
+	}
+	if rl.remaining[limRPM] >= 0 && p.metrics != nil {
+		p.metrics.remaining.WithLabelValues(t.Up.Name, t.Model, "requests").Set(float64(rl.remaining[limRPM]))
+	}
+	if status == http.StatusTooManyRequests {
+		if p.metrics != nil {
+			p.metrics.provider429.WithLabelValues(t.Up.Name, t.Model).Inc()
+		}
+		p.Cooldown(ctx, t, retryAfter(h))
+		return
+	}
+	// The provider counted at most latency ago; the store has refilled
+	// since.
+	reported := p.now().Add(-latency)
+	if rl.any() && t.syncing.CompareAndSwap(false, true) {
+		p.background.Add(1)
+		go func() {
+			defer p.background.Done()
+			defer t.syncing.Store(false)
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			defer cancel()
+			p.tighten(sctx, t, rl.remaining, reported)
+		}()
+	}
+}
+
+func (l Limits) get(i int) int64 {
+	v := [4]int64{l.RPM, l.TPM, l.ITPM, l.OTPM}[i]
+	if v == 0 {
+		return math.MaxInt64
+	}
+	return v
+}
+
+// tighten charges each limit of t by how much less the provider reported
+// left, at about at, than the store holds.
+func (p *Pool) tighten(ctx context.Context, t *TargetState, remaining [4]int64, at time.Time) {
+	var peeks []sluice.Request
+	var reported []int64
+	for i := range 4 {
+		rate := t.limit(i)
+		if rate == 0 || remaining[i] < 0 {
+			continue
+		}
+		peeks = append(peeks, sluice.Request{Key: t.keyBase + limNames[i], Algorithm: sluice.GCRA, Limit: p.limitOf(rate)})
+		reported = append(reported, remaining[i])
+	}
+	if len(peeks) == 0 {
+		return
+	}
+	ds, err := p.store.ApplyAll(ctx, sluice.OpPeek, peeks)
+	if err != nil {
+		return
+	}
+	var charges []sluice.Request
+	stale := float64(p.now().Sub(at)) / float64(p.period)
+	for i, d := range ds {
+		// What refilled since the provider counted is not the provider
+		// having less.
+		slack := int64(math.Ceil(stale * float64(peeks[i].Limit.Rate)))
+		if over := d.Remaining - reported[i] - slack; over > 0 {
+			req := peeks[i]
+			req.Cost = over
+			charges = append(charges, req)
+		}
+	}
+	if len(charges) == 0 {
+		return
+	}
+	if _, err := p.store.ApplyAll(ctx, sluice.OpCharge, charges); err == nil && p.metrics != nil {
+		p.metrics.tightened.WithLabelValues(t.Up.Name, t.Model).Inc()
+	}
+}
+
+// Cooldown empties t's request bucket and charges it for d more, so that
+// no replica sends t another request for d: the fleet-wide cooldown, which
+// lapses by itself as the bucket refills. Observe starts one on a 429.
+func (p *Pool) Cooldown(ctx context.Context, t *TargetState, d time.Duration) {
+	t.retryAt.Store(p.now().Add(d).UnixNano())
+	t.frac.Store(0)
+	t.fracAt.Store(p.now().Add(d).UnixNano())
+	if p.metrics != nil {
+		p.metrics.cooldowns.WithLabelValues(t.Up.Name, t.Model).Inc()
+	}
+	rate := t.limit(limRPM)
+	if rate == 0 {
+		// No request limit declared: cool on a bucket of its own.
+		rate = 1 << 20
+	}
+	req := sluice.Request{Key: t.keyBase + "rpm", Algorithm: sluice.GCRA, Limit: p.limitOf(rate)}
+	if t.limit(limRPM) == 0 {
+		req.Key = t.keyBase + "cool"
+	}
+	d0, err := p.store.Apply(ctx, sluice.OpPeek, req)
+	if err != nil {
+		return
+	}
+	// An empty bucket admits its next request one interval on: d later
+	// takes d less that interval in debt.
+	debt := int64(math.Ceil(float64(rate)*float64(d)/float64(p.period))) - 1
+	if req.Cost = max(d0.Remaining, 0) + max(debt, 0); req.Cost > 0 {
+		_, _ = p.store.Apply(ctx, sluice.OpCharge, req)
+	}
+}
+
+// Failover counts a request moved from t to another upstream.
+func (p *Pool) Failover(t *TargetState, reason string) {
+	if p.metrics != nil {
+		p.metrics.failovers.WithLabelValues(t.Up.Name, t.Model, reason).Inc()
+	}
+}
+
+// retryAfter reads a 429's Retry-After (seconds or an HTTP date) or
+// retry-after-ms, bounded; DefaultCooldown when it has none.
+func retryAfter(h http.Header) time.Duration {
+	if ms := h.Get("Retry-After-Ms"); ms != "" {
+		if v, err := strconv.ParseFloat(ms, 64); err == nil && v > 0 {
+			return min(time.Duration(v*float64(time.Millisecond)), maxCooldown)
+		}
+	}
+	if s := h.Get("Retry-After"); s != "" {
+		if v, err := strconv.ParseFloat(s, 64); err == nil && v > 0 {
+			return min(time.Duration(v*float64(time.Second)), maxCooldown)
+		}
+		if at, err := http.ParseTime(s); err == nil {
+			if d := time.Until(at); d > 0 {
+				return min(d, maxCooldown)
+			}
+		}
+	}
+	return DefaultCooldown
+}
+
+// rateHeaders are the limits and remainders a provider reported, -1 where
+// it reported none, indexed as Limits' kinds.
+type rateHeaders struct {
+	limit, remaining [4]int64
+}
+
+func (r rateHeaders) any() bool {
+	for _, v := range r.remaining {
+		if v >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// readHeaders reads OpenAI's and Azure's x-ratelimit-* and Anthropic's
+// anthropic-ratelimit-* headers.
+func readHeaders(h http.Header) rateHeaders {
+	r := rateHeaders{limit: [4]int64{-1, -1, -1, -1}, remaining: [4]int64{-1, -1, -1, -1}}
+	num := func(name string) int64 {
+		vs := h[name]
+		if len(vs) == 0 {
+			return -1
+		}
+		v, err := strconv.ParseInt(strings.TrimSpace(vs[0]), 10, 64)
+		if err != nil || v < 0 {
+			return -1
+		}
+		return v
+	}
+	set := func(dst *int64, v int64) {
+		if v >= 0 {
+			*dst = v
+		}
+	}
+	set(&r.limit[limRPM], num("X-Ratelimit-Limit-Requests"))
+	set(&r.limit[limTPM], num("X-Ratelimit-Limit-Tokens"))
+	set(&r.remaining[limRPM], num("X-Ratelimit-Remaining-Requests"))
+	set(&r.remaining[limTPM], num("X-Ratelimit-Remaining-Tokens"))
+	set(&r.limit[limRPM], num("Anthropic-Ratelimit-Requests-Limit"))
+	set(&r.limit[limTPM], num("Anthropic-Ratelimit-Tokens-Limit"))
+	set(&r.limit[limITPM], num("Anthropic-Ratelimit-Input-Tokens-Limit"))
+	set(&r.limit[limOTPM], num("Anthropic-Ratelimit-Output-Tokens-Limit"))
+	set(&r.remaining[limRPM], num("Anthropic-Ratelimit-Requests-Remaining"))
+	set(&r.remaining[limTPM], num("Anthropic-Ratelimit-Tokens-Remaining"))
+	set(&r.remaining[limITPM], num("Anthropic-Ratelimit-Input-Tokens-Remaining"))
+	set(&r.remaining[limOTPM], num("Anthropic-Ratelimit-Output-Tokens-Remaining"))
+	return r
+}
+
+// statusClass is a bounded metric label for a status.
+func statusClass(s int) string {
+	switch {
+	case s == 0:
+		return "error"
+	case s == http.StatusTooManyRequests || s == 529:
+		return strconv.Itoa(s)
+	case s >= 100 && s < 600:
+		return strconv.Itoa(s/100) + "xx"
+	}
+	return "other"
+}
+
+// Wait waits for the learning Observe started in the background.
+func (p *Pool) Wait() { p.background.Wait() }
+
+// MarkDown has this replica try t after the route's other targets for d:
+// a local circuit for an upstream that failed (a connection error, a
+// timeout, a 5xx). The fleet-wide cooldown is for a provider's 429.
+func (p *Pool) MarkDown(t *TargetState, d time.Duration) {
+	t.retryAt.Store(p.now().Add(d).UnixNano())
+}

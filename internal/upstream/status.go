@@ -1,0 +1,60 @@
+package upstream
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sluice-io/sluice"
+)
+
+// Status is one upstream model's headroom, as GET /v1/status shows it.
+type Status struct {
+	Upstream string `json:"upstream"`
+	Region   string `json:"region,omitempty"`
+	Kind     Kind   `json:"kind"`
+	Model    string `json:"model"`
+	// Declared are the configured limits; Limits those in force, tightened
+	// by what the provider reported.
+	Declared Limits `json:"declared"`
+	Limits   Limits `json:"limits"`
+	// Remaining is what the shared store has left of each limit in force
+	// (-1 for a limit not set), and Headroom the smallest fraction left.
+	Remaining map[string]int64 `json:"remaining"`
+	Headroom  float64          `json:"headroom"`
+	// ProviderRemainingRequests and ProviderRemainingTokens are what the
+	// provider last reported left, -1 when it never did.
+	ProviderRemainingRequests int64 `json:"provider_remaining_requests"`
+	ProviderRemainingTokens   int64 `json:"provider_remaining_tokens"`
+}
+
+// Status peeks every upstream model's limits in the store, changing
+// nothing.
+func (p *Pool) Status(ctx context.Context) ([]Status, error) {
+	var out []Status
+	for _, t := range p.Targets() {
+		s := Status{Upstream: t.Up.Name, Region: t.Up.Region, Kind: t.Up.Kind, Model: t.Model, Declared: t.limits, Limits: t.Limits(),
+			Remaining: map[string]int64{}, Headroom: 1}
+		s.ProviderRemainingRequests, s.ProviderRemainingTokens = t.LastRemaining()
+		var reqs []sluice.Request
+		var names []string
+		for i := range 4 {
+			if rate := t.limit(i); rate > 0 {
+				reqs = append(reqs, sluice.Request{Key: t.keyBase + limNames[i], Algorithm: sluice.GCRA, Limit: p.limitOf(rate)})
+				names = append(names, limNames[i])
+			}
+		}
+		if len(reqs) > 0 {
+			ds, err := p.store.ApplyAll(ctx, sluice.OpPeek, reqs)
+			if err != nil {
+				return nil, fmt.Errorf("upstream %s model %s: status: %w", t.Up.Name, t.Model, err)
+			}
+			for i, d := range ds {
+				left := max(d.Remaining, 0)
+				s.Remaining[names[i]] = left
+				s.Headroom = min(s.Headroom, float64(left)/float64(reqs[i].Limit.Capacity()))
+			}
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
