@@ -392,6 +392,17 @@ func (b *beats) Heartbeat(ctx context.Context, _ string, _ time.Duration) (int, 
 
 func (b *beats) Leave(context.Context, string) error { return nil }
 
+// newBeats is a beats around m whose first heartbeat (New's own) reads
+// first; the test answers the later ones on b.next.
+func newBeats(m *memstore.Store, first int) *beats {
+	b := &beats{Store: m, entered: make(chan struct{}), next: make(chan int)}
+	go func() {
+		<-b.entered
+		b.next <- first
+	}()
+	return b
+}
+
 // TestInstancesDropWhenConfirmed: after Redis was away longer than the
 // heartbeat TTL every instance lapsed, and the first heartbeats back count
 // only those that renewed so far (and after a Cluster failover, each
@@ -405,11 +416,7 @@ func TestInstancesDropWhenConfirmed(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	b := &beats{Store: m, entered: make(chan struct{}), next: make(chan int)}
-	go func() { // New's own heartbeat
-		<-b.entered
-		b.next <- 3
-	}()
+	b := newBeats(m, 3)
 	// The heartbeat's deadline is twice Timeout: far beyond the test.
 	g := newGuard(t, b, Options{Timeout: time.Minute, HeartbeatInterval: time.Millisecond})
 	if n := g.Instances(); n != 3 {

@@ -26,11 +26,7 @@ func TestInstancesNotLoweredWhilePartitioned(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	b := &beats{Store: m, entered: make(chan struct{}), next: make(chan int)}
-	go func() { // New's own heartbeat
-		<-b.entered
-		b.next <- 3
-	}()
+	b := newBeats(m, 3)
 	// No background probe: the test opens and closes the circuit, and
 	// settles, itself.
 	g := newGuard(t, b, Options{Clock: clk, Timeout: time.Minute, ProbeInterval: time.Hour, HeartbeatInterval: time.Millisecond})

@@ -22,11 +22,7 @@ func TestReadyUsesTheColdStartRule(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	b := &beats{Store: m, entered: make(chan struct{}), next: make(chan int)}
-	go func() { // New's own heartbeat
-		<-b.entered
-		b.next <- 1 // the first to renew counts itself alone
-	}()
+	b := newBeats(m, 1) // the first to renew counts itself alone
 	g := newGuard(t, b, Options{Timeout: time.Minute, HeartbeatInterval: time.Millisecond})
 	if g.countKnown() {
 		t.Fatal("one heartbeat read: Local takes the count as known")
@@ -49,11 +45,7 @@ func TestReadyUsesTheColdStartRule(t *testing.T) {
 	}
 
 	// Instances given: ready whatever the heartbeats read.
-	fb := &beats{Store: m, entered: make(chan struct{}), next: make(chan int)}
-	go func() {
-		<-fb.entered
-		fb.next <- 1
-	}()
+	fb := newBeats(m, 1)
 	fixed := newGuard(t, fb, Options{Timeout: time.Minute, Instances: 3, HeartbeatInterval: time.Hour})
 	if err := fixed.Ready(ctx); err != nil {
 		t.Fatalf("Ready with Instances set, one heartbeat read: %v", err)
