@@ -376,4 +376,13 @@ func TestConsoleBrowserUpstreams(t *testing.T) {
 	if got := evalIn[[]string](ctx, t, overflowing); len(got) > 0 {
 		t.Errorf("at 390 px, overflowing or wrapped: %q", got)
 	}
+	if dir := os.Getenv("SLUICE_UI_ARTIFACTS"); dir != "" {
+		run("screenshot", chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			buf, err := chromedp.Screenshot(chromedp.CSS("#upstreams-section"))(ctx, tg)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(dir, "upstreams-phone.png"), buf, 0o644)
+		}))
+	}
 }
