@@ -134,6 +134,9 @@ func gatewayComponent(d server.Deps) (server.Component, error) {
 	if d.SetGatewaySpend != nil {
 		d.SetGatewaySpend(func(ctx context.Context) (any, error) { return gw.Spend(ctx, maxSpendClients) })
 	}
+	if d.SetGatewayUpstreams != nil {
+		d.SetGatewayUpstreams(func(ctx context.Context) (any, error) { return gw.Upstreams(ctx) })
+	}
 	srv := &gateway.Server{Gateway: gw, Addr: cfg.File.Gateway.Listen, Middleware: d.Tracing.Handler, HostsField: "gateway.allowed_hosts"}
 	// Browsers reach it by the names of its own allowed_hosts and of the
 	// service's (live, as the service reads them).

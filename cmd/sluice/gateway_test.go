@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -140,9 +141,19 @@ func TestGatewayInServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	comp, err := gatewayComponent(server.Deps{Store: st, Metrics: metrics.New(), Config: func() *config.Config { return cfg }})
+	var upstreams server.SpendFunc
+	comp, err := gatewayComponent(server.Deps{Store: st, Metrics: metrics.New(), Config: func() *config.Config { return cfg },
+		SetGatewayUpstreams: func(f server.SpendFunc) { upstreams = f }})
 	if err != nil || comp == nil || comp.Name() != "gateway" {
 		t.Fatalf("component %v, %v", comp, err)
+	}
+	// The console's upstreams view is given the gateway's headroom: none
+	// to show with one upstream (no pool).
+	if upstreams == nil {
+		t.Fatal("the console was not given the gateway's upstreams")
+	}
+	if v, err := upstreams(context.Background()); err != nil || fmt.Sprintf("%+v", v) != "{Pool:false Upstreams:[]}" {
+		t.Fatalf("upstreams view: %+v, %v", v, err)
 	}
 	gs := comp.(*gateway.Server)
 	srv := httptest.NewServer(gs.Handler())

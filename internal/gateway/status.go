@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 	"sync"
@@ -175,4 +176,34 @@ func limitText(alg sluice.Algorithm, l sluice.Limit) string {
 		return strconv.FormatInt(l.Rate, 10) + " in flight"
 	}
 	return l.String()
+}
+
+// UpstreamsReport is the console's view of the pool's headroom (GET
+// /ui/api/upstreams in `sluice serve`): the same rows as /v1/status's
+// upstreams, which name upstreams and model ids from the config, never a
+// key.
+type UpstreamsReport struct {
+	// Pool is false when the gateway has one upstream (`upstream:`), which
+	// has no provider limits of its own.
+	Pool      bool              `json:"pool"`
+	Upstreams []upstream.Status `json:"upstreams"`
+}
+
+// Upstreams peeks every upstream model's headroom, changing nothing.
+func (g *Gateway) Upstreams(ctx context.Context) (UpstreamsReport, error) {
+	rep := UpstreamsReport{Upstreams: []upstream.Status{}}
+	if g.pool == nil {
+		return rep, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.Store.Timeout)
+	defer cancel()
+	ups, err := g.pool.Status(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("gateway: upstream headroom: %w", err)
+	}
+	rep.Pool = true
+	if ups != nil {
+		rep.Upstreams = ups
+	}
+	return rep, nil
 }

@@ -67,6 +67,7 @@ func (s *Server) newConsole(cc *console.Config, sink console.TopSink, fleet cons
 	s.handle("GET /ui/api/identity", "console", s.consoleOn(s.handleIdentity))
 	s.handle("GET /ui/api/overrides", "console", s.consoleOn(s.handleConsoleOverrides))
 	s.handle("GET /ui/api/spend", "console", s.consoleOn(s.handleSpend))
+	s.handle("GET /ui/api/upstreams", "console", s.consoleOn(s.handleUpstreams))
 	s.handle("POST /ui/api/reset", "console", s.consoleOn(s.sameOrigin(s.handleConsoleReset)))
 	s.handle("POST /ui/api/simulate", "console", s.consoleOn(s.sameOrigin(s.handleSimulate)))
 }
@@ -272,7 +273,8 @@ func gatewaySummary(cfg *config.Config) any {
 	for _, k := range gw.Keys {
 		ks = append(ks, key{k.Name, k.Tier})
 	}
-	return map[string]any{"tiers": ts, "models": gw.Models, "keys": ks, "default_max_tokens": gw.DefaultMaxTokens}
+	// pool: the console's upstreams view (console_upstreams.go) applies.
+	return map[string]any{"tiers": ts, "models": gw.Models, "keys": ks, "default_max_tokens": gw.DefaultMaxTokens, "pool": len(gw.Upstreams) > 0}
 }
 
 // consoleIdentity resolves what the page names: "key_name:NAME" is that

@@ -23,45 +23,55 @@ type SpendFunc func(ctx context.Context) (any, error)
 // callers: a read peeks every client's budgets, a store call each.
 const spendReuse = 5 * time.Second
 
-// spendSource is the gateway's spend, read at most once a spendReuse.
-type spendSource struct {
-	mu   sync.Mutex
-	read SpendFunc
-	at   time.Time
-	last any
+// gatewaySource is one of the gateway's views, read at most once a reuse
+// whatever the number of consoles polling it.
+type gatewaySource struct {
+	mu    sync.Mutex
+	read  SpendFunc
+	reuse time.Duration
+	at    time.Time
+	last  any
+}
+
+// set gives the source its reader.
+func (g *gatewaySource) set(f SpendFunc, reuse time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.read, g.reuse, g.last = f, reuse, nil
+}
+
+// serve answers the view (what names it in the log and the errors), read
+// anew when the last read is older than reuse.
+func (g *gatewaySource) serve(s *Server, w http.ResponseWriter, r *http.Request, what string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.read == nil {
+		writeError(w, http.StatusNotFound, "no gateway runs in this process: the %s view needs a gateway: section in this config", what)
+		return
+	}
+	now := time.Now()
+	if g.last == nil || now.Sub(g.at) >= g.reuse || now.Before(g.at) {
+		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+		v, err := g.read(ctx)
+		cancel()
+		if err != nil {
+			s.log.Warn("console: reading the gateway's "+what, "err", err)
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, "the store cannot be read now")
+			return
+		}
+		g.last, g.at = v, now
+	}
+	writeAny(w, g.last)
 }
 
 // SetGatewaySpend gives the console the gateway's spend; `sluice serve`
 // calls it (through Deps) when its config runs the gateway.
-func (s *Server) SetGatewaySpend(f SpendFunc) {
-	s.spend.mu.Lock()
-	defer s.spend.mu.Unlock()
-	s.spend.read, s.spend.last = f, nil
-}
+func (s *Server) SetGatewaySpend(f SpendFunc) { s.spend.set(f, spendReuse) }
 
 func (s *Server) handleSpend(w http.ResponseWriter, r *http.Request) {
 	if _, ok := s.authorizeAdmin(w, r, "spend"); !ok {
 		return
 	}
-	sp := &s.spend
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
-	if sp.read == nil {
-		writeError(w, http.StatusNotFound, "no gateway runs in this process: the spend view needs a gateway: section in this config")
-		return
-	}
-	now := time.Now()
-	if sp.last == nil || now.Sub(sp.at) >= spendReuse || now.Before(sp.at) {
-		ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-		v, err := sp.read(ctx)
-		cancel()
-		if err != nil {
-			s.log.Warn("console: reading the gateway's spend", "err", err)
-			w.Header().Set("Retry-After", "1")
-			writeError(w, http.StatusServiceUnavailable, "the store cannot be read now")
-			return
-		}
-		sp.last, sp.at = v, now
-	}
-	writeAny(w, sp.last)
+	s.spend.serve(s, w, r, "spend")
 }

@@ -335,3 +335,54 @@ func TestConsoleBrowserSpend(t *testing.T) {
 		t.Errorf("at 390 px, overflowing or wrapped: %q", got)
 	}
 }
+
+// TestConsoleBrowserUpstreams: in Chromium, with a pooled gateway in the
+// process and the admin token, the page lists each upstream model with
+// its declared limits and those in force (east's rpm learned), a meter per
+// limit of what the store has left, what the provider reported, and its
+// state: west, answering 429, cooling. No upstream key is on the page. At
+// 390 px it fits.
+func TestConsoleBrowserUpstreams(t *testing.T) {
+	ctx := browser(t)
+	s := poolService(t)
+	run := browserRunner(ctx, t, 20*time.Second)
+	run("without the token, no headroom", chromedp.Navigate(s.url+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#upstreams-section .admin-hide")))
+	run("admin token: the headroom", chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		poll(`document.querySelectorAll('#upstreams tbody tr[data-upstream]').length === 2`))
+	rows := evalIn[[]string](ctx, t, `[...document.querySelectorAll("#upstreams tbody tr")].map(tr => [tr.dataset.upstream, tr.dataset.model, tr.cells[2].textContent, tr.cells[3].textContent,
+		[...tr.querySelectorAll("meter")].map(m => m.dataset.kind).join(","), tr.cells[5].textContent, tr.cells[6].textContent !== "–", tr.dataset.state].join("|"))`)
+	want := []string{
+		"east|gpt-test-e|rpm 100 · tpm 100000|rpm 50 · tpm 100000 (learned)|rpm,tpm|requests 48|false|up",
+		"west|gpt-test-w|rpm 100|rpm 100|rpm|not reported|true|cooling",
+	}
+	if fmt.Sprint(rows) != fmt.Sprint(want) {
+		t.Errorf("upstream rows: %q, want %q", rows, want)
+	}
+	if v := evalIn[float64](ctx, t, `document.querySelector('#upstreams tr[data-upstream="west"] meter').value`); v != 0 {
+		t.Errorf("west's rpm meter at %v, want 0 while cooling", v)
+	}
+	if v := evalIn[float64](ctx, t, `document.querySelector('#upstreams tr[data-upstream="east"] meter').value`); v < 0.9 || v > 0.97 {
+		t.Errorf("east's rpm meter at %v, want about 48 of 50", v)
+	}
+	html := evalIn[string](ctx, t, `document.documentElement.outerHTML`)
+	for _, secret := range []string{eastUpstreamKey, westUpstreamKey, eastUpstreamKey[:12], "SLUICE_TEST_EAST_KEY"} {
+		if strings.Contains(html, secret) {
+			t.Fatalf("the page shows %q", secret)
+		}
+	}
+	run("at 390 px", chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile), chromedp.Reload(),
+		poll(`document.querySelectorAll('#upstreams tbody tr[data-upstream]').length === 2`))
+	if got := evalIn[[]string](ctx, t, overflowing); len(got) > 0 {
+		t.Errorf("at 390 px, overflowing or wrapped: %q", got)
+	}
+	if dir := os.Getenv("SLUICE_UI_ARTIFACTS"); dir != "" {
+		run("screenshot", chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			buf, err := chromedp.Screenshot(chromedp.CSS("#upstreams-section"))(ctx, tg)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(dir, "upstreams-phone.png"), buf, 0o644)
+		}))
+	}
+}

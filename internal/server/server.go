@@ -92,7 +92,8 @@ type Server struct {
 	series    *console.Series // nil unless the console is enabled
 	top       *console.Top    // nil unless the console is enabled
 	fleet     *console.Fleet  // nil unless the console is enabled
-	spend     spendSource     // the gateway's spend (console_spend.go)
+	spend     gatewaySource   // the gateway's spend (console_spend.go)
+	upstreams gatewaySource   // the gateway's upstream headroom (console_upstreams.go)
 	// simulating holds the one console simulation that may run at a time.
 	simulating chan struct{}
 	draining   atomic.Bool

@@ -47,6 +47,9 @@ type Deps struct {
 	// SetGatewaySpend gives the console the AI gateway's spend per key,
 	// team and org (console_spend.go).
 	SetGatewaySpend func(SpendFunc)
+	// SetGatewayUpstreams gives the console the AI gateway's headroom per
+	// upstream and model (console_upstreams.go).
+	SetGatewayUpstreams func(SpendFunc)
 }
 
 // ComponentFunc builds a plugged-in component from the shared parts. It
@@ -149,7 +152,7 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 	if srv.top != nil {
 		comps = append(comps, consoleComponent{srv})
 	}
-	deps := Deps{Store: srv.guard.store, Metrics: m, Config: srv.Config, Logger: log, Tracing: opts.Tracing, SetGatewaySpend: srv.SetGatewaySpend}
+	deps := Deps{Store: srv.guard.store, Metrics: m, Config: srv.Config, Logger: log, Tracing: opts.Tracing, SetGatewaySpend: srv.SetGatewaySpend, SetGatewayUpstreams: srv.SetGatewayUpstreams}
 	for _, build := range opts.Components {
 		c, err := build(deps)
 		if err != nil {

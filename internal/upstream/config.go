@@ -102,10 +102,10 @@ type Def struct {
 // a limit out. Each is per minute, and admits up to its rate at once, as
 // the providers' do.
 type Limits struct {
-	RPM  int64 `yaml:"rpm"`
-	TPM  int64 `yaml:"tpm"`
-	ITPM int64 `yaml:"itpm"`
-	OTPM int64 `yaml:"otpm"`
+	RPM  int64 `yaml:"rpm" json:"rpm,omitempty"`
+	TPM  int64 `yaml:"tpm" json:"tpm,omitempty"`
+	ITPM int64 `yaml:"itpm" json:"itpm,omitempty"`
+	OTPM int64 `yaml:"otpm" json:"otpm,omitempty"`
 }
 
 // Target is one entry of a route: an upstream and its id of the model.

@@ -134,6 +134,7 @@ func (p *Pool) tighten(ctx context.Context, t *TargetState, remaining [4]int64, 
 // lapses by itself as the bucket refills. Observe starts one on a 429.
 func (p *Pool) Cooldown(ctx context.Context, t *TargetState, d time.Duration) {
 	t.retryAt.Store(p.now().Add(d).UnixNano())
+	t.coolUntil.Store(p.now().Add(d).UnixNano())
 	t.frac.Store(0)
 	t.fracAt.Store(p.now().Add(d).UnixNano())
 	if p.metrics != nil {
@@ -259,4 +260,5 @@ func (p *Pool) Wait() { p.background.Wait() }
 // timeout, a 5xx). The fleet-wide cooldown is for a provider's 429.
 func (p *Pool) MarkDown(t *TargetState, d time.Duration) {
 	t.retryAt.Store(p.now().Add(d).UnixNano())
+	t.downUntil.Store(p.now().Add(d).UnixNano())
 }

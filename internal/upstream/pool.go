@@ -90,6 +90,10 @@ type TargetState struct {
 	// frac is the remaining fraction (×1e6) the last decision saw, at
 	// fracAt (unix nanos); retryAt (unix nanos) when it next has room.
 	frac, fracAt, retryAt atomic.Int64
+	// coolUntil and downUntil (unix nanos) are when this replica's last
+	// cooldown (a provider 429) and circuit (a failure) end, for
+	// /v1/status.
+	coolUntil, downUntil atomic.Int64
 	// latency is an EWMA of the time to response headers, in µs.
 	latency atomic.Int64
 	// syncing is set while a learned-remaining check runs.

@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/sluice-io/sluice"
 )
@@ -25,16 +26,26 @@ type Status struct {
 	// provider last reported left, -1 when it never did.
 	ProviderRemainingRequests int64 `json:"provider_remaining_requests"`
 	ProviderRemainingTokens   int64 `json:"provider_remaining_tokens"`
+	// Up is false while the upstream model is cooling after a provider
+	// 429 this replica saw (until CooldownUntil; the cooldown itself is
+	// fleet-wide, in the store) or marked down after a failure (this
+	// replica's circuit, until DownUntil). The times are absent when past.
+	Up            bool       `json:"up"`
+	CooldownUntil *time.Time `json:"cooldown_until,omitempty"`
+	DownUntil     *time.Time `json:"down_until,omitempty"`
 }
 
 // Status peeks every upstream model's limits in the store, changing
 // nothing.
 func (p *Pool) Status(ctx context.Context) ([]Status, error) {
 	var out []Status
+	now := p.now()
 	for _, t := range p.Targets() {
 		s := Status{Upstream: t.Up.Name, Region: t.Up.Region, Kind: t.Up.Kind, Model: t.Model, Declared: t.limits, Limits: t.Limits(),
 			Remaining: map[string]int64{}, Headroom: 1}
 		s.ProviderRemainingRequests, s.ProviderRemainingTokens = t.LastRemaining()
+		s.CooldownUntil, s.DownUntil = future(t.coolUntil.Load(), now), future(t.downUntil.Load(), now)
+		s.Up = s.CooldownUntil == nil && s.DownUntil == nil
 		var reqs []sluice.Request
 		var names []string
 		for i := range 4 {
@@ -57,4 +68,13 @@ func (p *Pool) Status(ctx context.Context) ([]Status, error) {
 		out = append(out, s)
 	}
 	return out, nil
+}
+
+// future returns the time at unix nanos, nil when it is not after now.
+func future(at int64, now time.Time) *time.Time {
+	if at <= now.UnixNano() {
+		return nil
+	}
+	t := time.Unix(0, at).UTC()
+	return &t
 }

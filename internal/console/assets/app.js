@@ -179,6 +179,7 @@
     const gw = overview.gateway;
     $("#gateway").hidden = !gw;
     $("#spend-section").hidden = !gw;
+    $("#upstreams-section").hidden = !(gw && gw.pool);
     if (gw) {
       fill($("#gw-tiers tbody"), gw.tiers.map((t) => row([t.name, String(t.rpm || "–"), String(t.tpm || "–"), String(t.rpd || "–"), String(t.concurrency || "–"), (t.models || []).join(", ")])));
       $("#gw-models").textContent = "models: " + (gw.models || []).join(", ") + "; keys: " + gw.keys.map((k) => k.name + " (" + k.tier + ")").join(", ");
@@ -246,6 +247,7 @@
     await loadOverview().catch(() => {});
     await loadOverrides().catch((e) => { $("#overrides-msg").textContent = e.message; });
     await loadSpend().catch((e) => { $("#spend-msg").textContent = e.message; });
+    await loadUpstreams().catch((e) => { $("#upstreams-msg").textContent = e.message; });
   });
   $("#override-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
@@ -355,11 +357,48 @@
     if (!r.rows.length) fill($("#spend tbody"), [row(["no budget is configured", "", "", "", "", ""])]);
   }
 
+  // limitKinds are the provider limits an upstream model may declare.
+  const limitKinds = ["rpm", "tpm", "itpm", "otpm"];
+  const limitsText = (l) => limitKinds.filter((k) => l && l[k]).map((k) => k + " " + l[k]).join(" · ") || "none";
+
+  // loadUpstreams shows the gateway pool's headroom per upstream and
+  // model (admin only, when a gateway with upstreams: runs here): the
+  // limits declared and in force, a meter of what the store has left of
+  // each, what the provider last reported, and whether it is cooling.
+  async function loadUpstreams() {
+    if (!overview || !overview.gateway || !overview.gateway.pool || !document.body.classList.contains("admin")) return;
+    const r = await api("api/upstreams");
+    const down = r.upstreams.filter((u) => !u.up).length;
+    $("#upstreams-scope").textContent = "(" + r.upstreams.length + " upstream models" + (down ? "; " + down + " not up" : "") + ")";
+    fill($("#upstreams tbody"), r.upstreams.map((u) => {
+      const left = el("span", undefined, "meters");
+      for (const k of limitKinds) {
+        const lim = u.limits[k];
+        if (!lim) continue;
+        const rem = Math.max(0, u.remaining[k] ?? 0);
+        const m = el("meter"); m.min = 0; m.max = 1; m.low = 0.1; m.high = 0.25; m.optimum = 1; m.value = rem / lim;
+        m.dataset.kind = k;
+        const one = el("span"); one.append(m, " " + k + " " + rem + " of " + lim);
+        left.append(one);
+      }
+      if (!left.childElementCount) left.textContent = "no limit";
+      const learned = limitKinds.some((k) => (u.limits[k] || 0) !== (u.declared[k] || 0));
+      const prov = [u.provider_remaining_requests >= 0 ? "requests " + u.provider_remaining_requests : "", u.provider_remaining_tokens >= 0 ? "tokens " + u.provider_remaining_tokens : ""].filter(Boolean).join(" · ") || "not reported";
+      const until = u.cooldown_until || u.down_until;
+      const state = u.cooldown_until ? "cooling" : u.down_until ? "down" : "up";
+      const tr = row([u.upstream + (u.region ? " (" + u.region + ")" : ""), u.model, limitsText(u.declared), limitsText(u.limits) + (learned ? " (learned)" : ""),
+        left, prov, until ? new Date(until).toLocaleTimeString() + " (" + fmtWhen(Date.parse(until)) + ")" : "–", el("span", state, state === "up" ? "allow" : "deny")]);
+      tr.dataset.upstream = u.upstream; tr.dataset.model = u.model; tr.dataset.state = state;
+      return tr;
+    }));
+    if (!r.upstreams.length) fill($("#upstreams tbody"), [row(["no upstream is configured", "", "", "", "", "", "", ""])]);
+  }
+
   async function tick() {
-    await Promise.all([loadFleet(), loadTop(), loadOverrides(), loadSpend()].map((p) => p.catch(() => {})));
+    await Promise.all([loadFleet(), loadTop(), loadOverrides(), loadSpend(), loadUpstreams()].map((p) => p.catch(() => {})));
     setTimeout(tick, refreshMs);
   }
-  loadOverview().then(() => Promise.all([loadOverrides(), loadSpend()].map((p) => p.catch(() => {}))), (e) => { $("#store").textContent = e.message; });
+  loadOverview().then(() => Promise.all([loadOverrides(), loadSpend(), loadUpstreams()].map((p) => p.catch(() => {}))), (e) => { $("#store").textContent = e.message; });
   setInterval(() => loadOverview().catch(() => {}), 15000);
   tick();
 })();
