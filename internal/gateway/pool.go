@@ -211,15 +211,21 @@ func (t poolTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		pool.Observe(octx, grant, status, h, time.Since(sent))
 		ocancel()
 		reason := failoverReason(req.Context(), status, err)
-		if reason == "" || attempt >= rt.MaxAttempts || time.Now().After(deadline) {
-			return res, err
-		}
 		switch {
+		case reason == "" || reason == "429":
+			// An answer, or a 429 Observe cooled fleet-wide.
 		case reason == "error" && !wrote.Load():
 			// Unreachable: the whole fleet leaves it alone for a while.
 			pool.Cooldown(req.Context(), grant.Target, upstream.DefaultCooldown)
-		case reason != "429":
-			pool.MarkDown(grant.Target, upstream.DefaultCooldown) // this replica tries it last for a while
+		default:
+			// A 5xx, 529 or timeout: this replica tries it last for a
+			// while, and enough of them across the fleet cool it for all.
+			fctx, fcancel := context.WithTimeout(req.Context(), t.g.cfg.Store.Timeout)
+			pool.Fail(fctx, grant.Target)
+			fcancel()
+		}
+		if reason == "" || attempt >= rt.MaxAttempts || time.Now().After(deadline) {
+			return res, err
 		}
 		in, outTok := grant.Reserved()
 		next := t.nextGrant(req.Context(), c, in, outTok, tried, deadline)

@@ -255,8 +255,34 @@ func statusClass(s int) string {
 func (p *Pool) Wait() { p.background.Wait() }
 
 // MarkDown has this replica try t after the route's other targets for d:
-// a local circuit for an upstream that failed (a connection error, a
-// timeout, a 5xx). The fleet-wide cooldown is for a provider's 429.
+// a local circuit for an upstream that failed.
 func (p *Pool) MarkDown(t *TargetState, d time.Duration) {
 	t.retryAt.Store(p.now().Add(d).UnixNano())
+}
+
+// The fleet-wide circuit: the store counts an upstream model's failures
+// (5xx, 529, timeouts) across the replicas in a bucket of FailThreshold-1
+// that refills FailThreshold per FailWindow; the failure it cannot take
+// (the FailThreshold-th in quick succession) cools the upstream model on
+// every replica for FailCooldown. Then a request probes it: as less than
+// one failure refills during a cooldown, a failing probe cools it again.
+const (
+	FailThreshold = 3
+	FailWindow    = 10 * time.Second
+	FailCooldown  = 3 * time.Second
+)
+
+// Fail records a failure of t (a 5xx, a 529, a timeout): this replica
+// tries it after the route's other targets for DefaultCooldown, and the
+// failure counts in the store toward the fleet-wide circuit (FailThreshold).
+// A store error leaves only the local circuit.
+func (p *Pool) Fail(ctx context.Context, t *TargetState) {
+	p.MarkDown(t, DefaultCooldown)
+	req := sluice.Request{Key: t.keyBase + "fail", Algorithm: sluice.GCRA,
+		Limit: sluice.Limit{Rate: FailThreshold, Period: FailWindow, Burst: FailThreshold - 1}, Cost: 1}
+	d, err := p.store.Apply(ctx, sluice.OpAllow, req)
+	if err != nil || d.Allowed {
+		return
+	}
+	p.Cooldown(ctx, t, FailCooldown)
 }
