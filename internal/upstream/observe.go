@@ -281,7 +281,8 @@ const (
 	FailCooldown  = 3 * time.Second
 )
 
-// Fail records a failure of t (a 5xx, a 529, a timeout): this replica
+// Fail records a failure of t (a 5xx, a 529, a timeout, a connection
+// lost after the request was sent): this replica
 // tries it after the route's other targets for DefaultCooldown, and the
 // failure counts in the store toward the fleet-wide circuit (FailThreshold).
 // A store error leaves only the local circuit.
