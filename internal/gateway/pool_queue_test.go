@@ -26,7 +26,7 @@ func TestPoolWaitInQueueClasses(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	const period = 500 * time.Millisecond // one request per period
+	const period = time.Second // one request per period: time enough for both to queue
 	gw, srv := poolGateway(t, cfg, memStore(t), period, nil)
 	post := func(key, who string) {
 		body := strings.Replace(chatBody, "say something nice", who, 1)
