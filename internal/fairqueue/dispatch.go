@@ -175,7 +175,7 @@ func (q *Queue) Submit(ctx context.Context, it *Item) (*Waiter, error) {
 		q.noteUsage(w)
 		return q.finished(w, w.res.Outcome), nil
 	}
-	if hopeless || q.o.MaxWait == 0 || blockedFor > q.o.MaxWait {
+	if hopeless || q.o.MaxWait == 0 || blockedFor > q.o.MaxWait || gateWait(w, q.clk.Now()) > q.o.MaxWait {
 		return q.finished(w, Denied), nil
 	}
 	q.mu.Lock()
@@ -207,6 +207,9 @@ func (q *Queue) Submit(ctx context.Context, it *Item) (*Waiter, error) {
 	q.perGroup[it.Group]++
 	if w.capacity != nil {
 		q.perCap[w.capacity]++
+	}
+	if it.Gate != nil {
+		q.perGate[it.Gate]++
 	}
 	q.total++
 	w.class.depth.Add(1)
@@ -261,7 +264,7 @@ func (q *Queue) aheadLocked(w *Waiter) bool {
 	if q.perKey[w.item.Key] > 0 {
 		return true
 	}
-	return w.capacity != nil && q.perCap[w.capacity] > 0
+	return (w.capacity != nil && q.perCap[w.capacity] > 0) || (w.item.Gate != nil && q.perGate[w.item.Gate] > 0)
 }
 
 // try runs w's options in order, one ApplyAll each, until one admits it.
@@ -270,6 +273,9 @@ func (q *Queue) aheadLocked(w *Waiter) bool {
 // help (a cost beyond every option's burst).
 func (q *Queue) try(ctx context.Context, w *Waiter) (blockedFor time.Duration, hopeless bool) {
 	it := &w.item
+	if it.Try != nil {
+		return q.tryFunc(ctx, w)
+	}
 	opts := w.opts
 	if w.capacity == nil {
 		opts = []*option{nil}
@@ -337,6 +343,39 @@ func (q *Queue) try(ctx context.Context, w *Waiter) (blockedFor time.Duration, h
 		return q.peekOwn(ctx, w)
 	}
 	return 0, !fitsAny
+}
+
+// tryFunc is try for an item with a Try: a denial closes its Gate until
+// the time it reported.
+func (q *Queue) tryFunc(ctx context.Context, w *Waiter) (blockedFor time.Duration, hopeless bool) {
+	it := &w.item
+	now := q.clk.Now()
+	ok, retry, err := it.Try(ctx)
+	switch {
+	case err != nil:
+		w.res.Outcome, w.res.Err = Failed, fmt.Errorf("fairqueue: try: %w", err)
+		return 0, false
+	case ok:
+		w.res.Outcome, w.res.At = Admitted, now
+		return 0, false
+	case retry <= 0:
+		return 0, true
+	}
+	if it.Gate != nil {
+		until := now + int64(retry)
+		for old := it.Gate.until.Load(); old < until && !it.Gate.until.CompareAndSwap(old, until); old = it.Gate.until.Load() {
+		}
+		return 0, false
+	}
+	return retry, false
+}
+
+// gateWait is how long w's gate stays closed after now; 0 when open.
+func gateWait(w *Waiter, now int64) time.Duration {
+	if g := w.item.Gate; g != nil {
+		return time.Duration(max(g.until.Load()-now, 0))
+	}
+	return 0
 }
 
 // peekOwn asks the store, changing nothing, whether w's own limits would
@@ -461,6 +500,11 @@ func (q *Queue) finishLocked(w *Waiter, o Outcome, now int64) {
 					delete(q.perCap, w.capacity)
 				}
 			}
+			if g := w.item.Gate; g != nil {
+				if q.perGate[g]--; q.perGate[g] == 0 {
+					delete(q.perGate, g)
+				}
+			}
 			q.total--
 			q.bytes -= w.item.Bytes
 			w.class.depth.Add(-1)
@@ -523,6 +567,11 @@ func (q *Queue) Dispatch(ctx context.Context) int64 {
 			q.finishLocked(w, Denied, now)
 		default:
 			w.state.Store(stWaiting)
+			if now+int64(gateWait(w, now)) > w.deadline {
+				// Its gate opens only after its deadline.
+				q.finishLocked(w, Timeout, now)
+				break
+			}
 			kq := w.class.keys[w.item.Key]
 			if blockedFor > 0 || (len(w.res.Decisions) > 0 && !sluice.Combine(w.res.Decisions).Allowed) {
 				if blockedFor == 0 {
@@ -560,7 +609,7 @@ func (q *Queue) ready(kq *keyQueue, now int64) bool {
 		return false
 	}
 	w := kq.waiting[0]
-	if w.state.Load() != stWaiting {
+	if w.state.Load() != stWaiting || gateWait(w, now) > 0 {
 		return false
 	}
 	if w.capacity == nil {
@@ -623,6 +672,9 @@ func (q *Queue) nextLocked(now int64) int64 {
 			if kq.blocked > now {
 				at(kq.blocked)
 				continue
+			}
+			if g := kq.waiting[0].item.Gate; g != nil {
+				at(g.until.Load())
 			}
 			soonest := int64(0)
 			for _, o := range kq.waiting[0].opts {

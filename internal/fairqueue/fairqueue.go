@@ -36,6 +36,7 @@
 package fairqueue
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -164,7 +165,20 @@ type Item struct {
 	// Reqs are the item's own limits, charged with the capacity in one
 	// ApplyAll.
 	Reqs []sluice.Request
+	// Try, when not nil, admits the item instead of Reqs and Capacity
+	// (leave those empty): it reports whether it admitted the item, else
+	// when it may (zero: never), or an error (the Failed outcome). It is
+	// called by one goroutine at a time per item; what it admitted the
+	// caller gives back itself when the outcome is not Admitted. Items
+	// with the same Gate wait together: a denial closes the gate until
+	// then, and they are tried, in class and fair order, once it opens.
+	Try  func(ctx context.Context) (admitted bool, retry time.Duration, err error)
+	Gate *Gate
 }
+
+// Gate is what items with a Try wait on together (the gateway: the
+// upstreams of one route): closed until a time a denial reported.
+type Gate struct{ until atomic.Int64 }
 
 // Outcome is how an item left the queue.
 type Outcome uint8
@@ -329,6 +343,7 @@ type Queue struct {
 	perKey   map[string]int
 	perGroup map[string]int
 	perCap   map[*capacity]int
+	perGate  map[*Gate]int
 	bytes    int64 // Bytes of the waiting items
 	// split is set once the store refused a batch across hash slots:
 	// own limits and capacity are then charged in two calls (apply).
@@ -374,7 +389,7 @@ func New(opts Options) (*Queue, error) {
 	}
 	q := &Queue{
 		o: opts, clk: opts.Clock, byName: map[string]*class{}, caps: map[string]*capacity{},
-		kick: make(chan struct{}, 1), usage: map[string]*usage{}, perKey: map[string]int{}, perGroup: map[string]int{}, perCap: map[*capacity]int{},
+		kick: make(chan struct{}, 1), usage: map[string]*usage{}, perKey: map[string]int{}, perGroup: map[string]int{}, perCap: map[*capacity]int{}, perGate: map[*Gate]int{},
 		rng: rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
 	}
 	sum := 0

@@ -201,6 +201,7 @@ type Gateway struct {
 	bodyTimeout  time.Duration    // how long a request body may take to arrive: bodyTimeout; tests shorten it
 	onRenew      func()           // when not nil, called after each renewal (tests)
 	pool         *upstream.Pool   // nil with one upstream (pool.go)
+	roomGates    sync.Map         // *upstream.Route → *fairqueue.Gate: the queue's waits for upstream room (pool.go)
 }
 
 // client is what a key resolves to.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/httplimit"
+	"github.com/sluice-io/sluice/internal/fairqueue"
 	"github.com/sluice-io/sluice/internal/upstream"
 	"github.com/sluice-io/sluice/internal/yamlconf"
 )
@@ -98,57 +99,110 @@ func (g *Gateway) routeCall(w http.ResponseWriter, c *call) bool {
 }
 
 // acquire reserves c's request on one of its route's upstreams. With none
-// that has room it waits, up to queue.max_wait, for the first to have
-// room; then, or without a queue, it answers 429 with the wait as
-// Retry-After, and c settles as never sent (its client limits refunded).
+// that has room it waits, with a queue and queue.max_wait, in the fair
+// queue in c's class (waitRoom); then, or without a queue, it answers 429
+// with the wait as Retry-After, and c settles as never sent (its client
+// limits refunded).
 func (g *Gateway) acquire(w http.ResponseWriter, r *http.Request, c *call) bool {
 	in, out := c.promptEst, max(c.reserved-c.promptEst, 0)
-	var giveUp time.Time
-	if g.queue != nil && g.cfg.Queue.MaxWait > 0 {
-		giveUp = time.Now().Add(g.cfg.Queue.MaxWait)
+	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Store.Timeout)
+	grant, wait, err := g.pool.AcquireSticky(ctx, c.route, c.ep.anthropic(), in, out, nil, affinity(r))
+	cancel()
+	if err == nil && grant == nil && wait > 0 && g.queue != nil && g.cfg.Queue.MaxWait > 0 {
+		var answered bool
+		grant, wait, answered, err = g.waitRoom(w, r, c, in, out)
+		if answered {
+			return false
+		}
 	}
-	for {
-		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Store.Timeout)
-		grant, wait, err := g.pool.AcquireSticky(ctx, c.route, c.ep.anthropic(), in, out, nil, affinity(r))
-		cancel()
-		switch {
-		case err != nil:
-			c.unsent = true
-			g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "store_error").Inc()
-			g.log.Error("gateway: store unavailable", "request_id", c.id, "client", c.client.id, "err", err)
-			w.Header().Set("Retry-After", "1")
-			writeError(w, http.StatusServiceUnavailable, "server_error", "rate_limiter_unavailable", "",
-				"The gateway's rate limiter is unavailable; please retry shortly.")
-			return false
-		case grant != nil:
-			c.grant = grant
-			return true
-		}
-		if wait > 0 && !giveUp.IsZero() && time.Now().Add(wait).Before(giveUp) {
-			t := time.NewTimer(wait)
-			select {
-			case <-t.C:
-				continue
-			case <-r.Context().Done():
-				t.Stop()
-				c.unsent, c.canceled = true, true
-				return false
-			}
-		}
+	switch {
+	case err != nil:
 		c.unsent = true
-		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_capacity").Inc()
-		if wait <= 0 {
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "request_too_large", "",
-				"The request's "+strconv.FormatInt(in+out, 10)+" tokens exceed every upstream's limit for model "+c.rawModel+".")
-			return false
-		}
-		h := w.Header()
-		h.Set("Retry-After", strconv.FormatInt(int64(max((wait+time.Second-1)/time.Second, 1)), 10))
-		h.Set("retry-after-ms", httplimit.RetryAfterMillis(max(wait, time.Millisecond)))
-		writeError(w, http.StatusTooManyRequests, "requests", "rate_limit_exceeded", "",
-			"Every upstream serving model "+c.rawModel+" is at its provider limit. Please try again in "+formatReset(wait)+".")
+		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "store_error").Inc()
+		g.log.Error("gateway: store unavailable", "request_id", c.id, "client", c.client.id, "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, "server_error", "rate_limiter_unavailable", "",
+			"The gateway's rate limiter is unavailable; please retry shortly.")
+		return false
+	case grant != nil:
+		c.grant = grant
+		return true
+	}
+	c.unsent = true
+	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_capacity").Inc()
+	if wait <= 0 {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "request_too_large", "",
+			"The request's "+strconv.FormatInt(in+out, 10)+" tokens exceed every upstream's limit for model "+c.rawModel+".")
 		return false
 	}
+	h := w.Header()
+	h.Set("Retry-After", strconv.FormatInt(int64(max((wait+time.Second-1)/time.Second, 1)), 10))
+	h.Set("retry-after-ms", httplimit.RetryAfterMillis(max(wait, time.Millisecond)))
+	writeError(w, http.StatusTooManyRequests, "requests", "rate_limit_exceeded", "",
+		"Every upstream serving model "+c.rawModel+" is at its provider limit. Please try again in "+formatReset(wait)+".")
+	return false
+}
+
+// waitRoom waits for room on c's route in the fair queue, in c's class
+// and by its fair share: the waits of one route share a gate, so that
+// when an upstream has room again the highest class waiting takes it,
+// and a request arriving then queues behind those waiting. It returns the
+// grant, or the last wait for room (for Retry-After), or a store error;
+// answered when the client is gone or the gateway closing (answered).
+func (g *Gateway) waitRoom(w http.ResponseWriter, r *http.Request, c *call, in, out int64) (grant *upstream.Grant, wait time.Duration, answered bool, err error) {
+	q := g.queue
+	qc := q.class[c.client]
+	gate, _ := g.roomGates.LoadOrStore(c.route, &fairqueue.Gate{})
+	aff := affinity(r)
+	it := fairqueue.Item{
+		Key: c.client.id, Group: c.client.tier.name, Class: qc.name, Weight: qc.weight, Bytes: int64(len(c.body)),
+		Usage: 1e-9, // the request counted in its fair share when admitted
+		Gate:  gate.(*fairqueue.Gate),
+		// Called by the dispatcher, one try at a time: grant and wait are
+		// read after the queue is done with the item.
+		Try: func(ctx context.Context) (bool, time.Duration, error) {
+			actx, cancel := context.WithTimeout(ctx, g.cfg.Store.Timeout)
+			defer cancel()
+			gr, wt, err := g.pool.AcquireSticky(actx, c.route, c.ep.anthropic(), in, out, nil, aff)
+			grant, wait = gr, wt
+			return gr != nil, wt, err
+		},
+	}
+	res, qerr := q.fq.Admit(r.Context(), &it)
+	if qerr != nil {
+		return nil, 0, false, fmt.Errorf("gateway: queue: %w", qerr)
+	}
+	if res.Queued {
+		w.Header().Set("x-sluice-queued-ms", strconv.FormatInt(res.Waited.Milliseconds(), 10))
+	}
+	if res.Outcome != fairqueue.Admitted && grant != nil {
+		// Admitted as the client left: give the upstream its room back.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), g.cfg.Store.Timeout)
+		_, _ = grant.Settle(sctx, 0, 0, true)
+		cancel()
+		grant = nil
+	}
+	switch res.Outcome {
+	case fairqueue.Admitted:
+		return grant, 0, false, nil
+	case fairqueue.Failed:
+		return nil, 0, false, res.Err
+	case fairqueue.Canceled:
+		c.unsent = true
+		if r.Context().Err() != nil {
+			c.canceled = true
+			return nil, 0, true, nil
+		}
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "", "The gateway is shutting down; please retry.")
+		return nil, 0, true, nil
+	case fairqueue.Full:
+		return nil, time.Second, false, nil
+	case fairqueue.Timeout:
+		return nil, max(wait, time.Millisecond), false, nil
+	}
+	// Denied: no room within queue.max_wait, or (wait 0) never.
+	return nil, wait, false, nil
 }
 
 // AffinityHeader is the request header whose value (a conversation's id)
@@ -211,15 +265,21 @@ func (t poolTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		pool.Observe(octx, grant, status, h, time.Since(sent))
 		ocancel()
 		reason := failoverReason(req.Context(), status, err)
-		if reason == "" || attempt >= rt.MaxAttempts || time.Now().After(deadline) {
-			return res, err
-		}
 		switch {
+		case reason == "" || reason == "429":
+			// An answer, or a 429 Observe cooled fleet-wide.
 		case reason == "error" && !wrote.Load():
 			// Unreachable: the whole fleet leaves it alone for a while.
 			pool.Cooldown(req.Context(), grant.Target, upstream.DefaultCooldown)
-		case reason != "429":
-			pool.MarkDown(grant.Target, upstream.DefaultCooldown) // this replica tries it last for a while
+		default:
+			// A 5xx, 529 or timeout: this replica tries it last for a
+			// while, and enough of them across the fleet cool it for all.
+			fctx, fcancel := context.WithTimeout(req.Context(), t.g.cfg.Store.Timeout)
+			pool.Fail(fctx, grant.Target)
+			fcancel()
+		}
+		if reason == "" || attempt >= rt.MaxAttempts || time.Now().After(deadline) {
+			return res, err
 		}
 		in, outTok := grant.Reserved()
 		next := t.nextGrant(req.Context(), c, in, outTok, tried, deadline)

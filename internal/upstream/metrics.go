@@ -28,7 +28,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		provider429: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gateway_upstream_429_total",
 			Help: "429 answers of each upstream and model: the provider refused what the pool sent."}, []string{"upstream", "model"}),
 		cooldowns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gateway_upstream_cooldowns_total",
-			Help: "Fleet-wide cooldowns started on each upstream and model (a provider 429)."}, []string{"upstream", "model"}),
+			Help: "Fleet-wide cooldowns started on each upstream and model (a provider 429, a refused connection, repeated 5xx, 529 or timeouts)."}, []string{"upstream", "model"}),
 		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gateway_upstream_failovers_total",
 			Help: "Requests moved from each upstream and model to another, by reason (error, timeout, 429, 5xx, 529)."}, []string{"upstream", "model", "reason"}),
 		tightened: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gateway_upstream_tightened_total",

@@ -133,6 +133,12 @@ func (p *Pool) tighten(ctx context.Context, t *TargetState, remaining [4]int64, 
 // no replica sends t another request for d: the fleet-wide cooldown, which
 // lapses by itself as the bucket refills. Observe starts one on a 429.
 func (p *Pool) Cooldown(ctx context.Context, t *TargetState, d time.Duration) {
+	p.cooldown(ctx, t, d)
+}
+
+// cooldown is Cooldown; it returns how long the cooldown lasts: d, or
+// the request limit's interval when that is longer.
+func (p *Pool) cooldown(ctx context.Context, t *TargetState, d time.Duration) time.Duration {
 	t.retryAt.Store(p.now().Add(d).UnixNano())
 	t.coolUntil.Store(p.now().Add(d).UnixNano())
 	t.frac.Store(0)
@@ -149,16 +155,18 @@ func (p *Pool) Cooldown(ctx context.Context, t *TargetState, d time.Duration) {
 	if t.limit(limRPM) == 0 {
 		req.Key = t.keyBase + "cool"
 	}
-	d0, err := p.store.Apply(ctx, sluice.OpPeek, req)
-	if err != nil {
-		return
-	}
 	// An empty bucket admits its next request one interval on: d later
 	// takes d less that interval in debt.
-	debt := int64(math.Ceil(float64(rate)*float64(d)/float64(p.period))) - 1
-	if req.Cost = max(d0.Remaining, 0) + max(debt, 0); req.Cost > 0 {
+	debt := max(int64(math.Ceil(float64(rate)*float64(d)/float64(p.period)))-1, 0)
+	lasts := time.Duration(float64(debt+1) * float64(p.period) / float64(rate))
+	d0, err := p.store.Apply(ctx, sluice.OpPeek, req)
+	if err != nil {
+		return lasts
+	}
+	if req.Cost = max(d0.Remaining, 0) + debt; req.Cost > 0 {
 		_, _ = p.store.Apply(ctx, sluice.OpCharge, req)
 	}
+	return lasts
 }
 
 // Failover counts a request moved from t to another upstream.
@@ -256,9 +264,41 @@ func statusClass(s int) string {
 func (p *Pool) Wait() { p.background.Wait() }
 
 // MarkDown has this replica try t after the route's other targets for d:
-// a local circuit for an upstream that failed (a connection error, a
-// timeout, a 5xx). The fleet-wide cooldown is for a provider's 429.
+// a local circuit for an upstream that failed.
 func (p *Pool) MarkDown(t *TargetState, d time.Duration) {
 	t.retryAt.Store(p.now().Add(d).UnixNano())
 	t.downUntil.Store(p.now().Add(d).UnixNano())
+}
+
+// The fleet-wide circuit: the store counts an upstream model's failures
+// (5xx, 529, timeouts) across the replicas in a bucket of FailThreshold-1
+// that refills FailThreshold per FailWindow; the failure it cannot take
+// (the FailThreshold-th in quick succession) cools the upstream model on
+// every replica for FailCooldown (or the request limit's interval, when
+// longer). Then a request probes it: the count is held empty until the
+// cooldown ends, so that a probe failing right away cools it again.
+const (
+	FailThreshold = 3
+	FailWindow    = 10 * time.Second
+	FailCooldown  = 3 * time.Second
+)
+
+// Fail records a failure of t (a 5xx, a 529, a timeout, a connection
+// lost after the request was sent): this replica
+// tries it after the route's other targets for DefaultCooldown, and the
+// failure counts in the store toward the fleet-wide circuit (FailThreshold).
+// A store error leaves only the local circuit.
+func (p *Pool) Fail(ctx context.Context, t *TargetState) {
+	p.MarkDown(t, DefaultCooldown)
+	req := sluice.Request{Key: t.keyBase + "fail", Algorithm: sluice.GCRA,
+		Limit: sluice.Limit{Rate: FailThreshold, Period: FailWindow, Burst: FailThreshold - 1}, Cost: 1}
+	d, err := p.store.Apply(ctx, sluice.OpAllow, req)
+	if err != nil || d.Allowed {
+		return
+	}
+	lasts := p.cooldown(ctx, t, FailCooldown)
+	// Hold the count empty until the cooldown ends, so that the probe's
+	// failure, and not a new series of them, cools it again.
+	req.Cost = int64(math.Ceil(float64(lasts) * FailThreshold / float64(FailWindow)))
+	_, _ = p.store.Apply(ctx, sluice.OpCharge, req)
 }
