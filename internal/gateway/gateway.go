@@ -94,51 +94,6 @@ type Options struct {
 	PoolPeriod time.Duration
 }
 
-// Settlement reports how one request's reservation was settled.
-type Settlement struct {
-	// RequestID is the gateway's id of the request, also sent to the client
-	// as x-sluice-request-id and used as the concurrency lease.
-	RequestID string
-	// Client is the client id of the key (never the key).
-	Client string
-	// Tier and Model are the request's.
-	Tier, Model string
-	// Status is the status the upstream answered, 0 when unreachable.
-	Status int
-	// Reserved is the tokens reserved before forwarding; Actual what was
-	// finally charged for them.
-	Reserved, Actual int64
-	// PromptTokens and CompletionTokens are the usage the charge is based
-	// on: reported by the upstream when UsageReported, else estimated.
-	// For an Anthropic request PromptTokens weighs cached input as
-	// Anthropic bills it: input_tokens + ⌈1.25·CacheCreationTokens⌉ (2·
-	// for the part written for an hour) + ⌈0.1·CacheReadTokens⌉. Usage is the same split into disjoint kinds
-	// (cached input and reasoning reported by the upstream), which token
-	// limits weigh by the model's token_weights.
-	PromptTokens, CompletionTokens int64
-	UsageReported                  bool
-	Usage                          pricing.Usage
-	// Team is the key's team, "" when it has none.
-	Team string
-	// CachedTokens and ReasoningTokens are the parts of PromptTokens and
-	// CompletionTokens the upstream reported as cached and as reasoning.
-	CachedTokens, ReasoningTokens int64
-	// ReservedCost is the maximum cost reserved on the request's dollar
-	// budgets, Cost what was finally charged to them; both zero when no
-	// budget applies (budget.go).
-	ReservedCost, Cost pricing.Micros
-	// CacheCreationTokens and CacheReadTokens are an Anthropic upstream's
-	// cache_creation_input_tokens and cache_read_input_tokens.
-	CacheCreationTokens, CacheReadTokens int64
-	// Err is the store's error, if settling failed.
-	Err error
-}
-
-// ErrAlreadySettled means a request's reservation lease was no longer held
-// when the gateway settled it: another settlement came first, or the lease
-// lapsed. Nothing was refunded or charged.
-var ErrAlreadySettled = errors.New("gateway: reservation already settled or lapsed")
-
 // Gateway is the proxy, an http.Handler for /v1/. It is safe for
 // concurrent use.
 type Gateway struct {
@@ -317,61 +272,6 @@ func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
 // and 404 otherwise.
 func (g *Gateway) Metrics() http.Handler { return g.metrics.handler }
 
-// call is one request's state through the proxy. Its fields are written
-// and read by the request's goroutine only.
-type call struct {
-	id          string
-	start       time.Time
-	client      *client
-	ep          endpoint
-	model       string // metric label
-	rawModel    string // as the client named it
-	maxTokens   int64  // the completion budget the client named, 0 if none (traced)
-	respModel   string // the model the upstream named in its answer (traced)
-	traced      bool   // the request's span records: the relay reads respModel
-	stream      bool
-	wantUsage   bool // the client asked for the usage event itself
-	bud         callBudget
-	body        []byte
-	captured    []byte // the JSON response body, read whole (captureReader)
-	promptEst   int64
-	reserved    int64
-	defaultCap  int64 // completion tokens per choice reserved when the client set none (forwardCap)
-	specs       []*spec
-	reqs        []sluice.Request
-	sent        time.Time // upstream round trip started
-	headersAt   time.Time
-	status      int
-	unreachable bool        // no upstream response
-	wrote       atomic.Bool // the whole request was written to the upstream (set by the transport)
-	timedOut    bool        // unreachable: no response headers within upstream.timeout
-	rejected    bool        // upstream answered 429 or 5xx
-	canceled    bool        // the client went away before the response
-	usageSeen   bool
-	prompt      int64
-	completion  int64
-	produced    int64         // completion tokens relayed in a stream
-	unread      bool          // a streamed event too long to read was relayed (relay.go): it may have held the usage
-	background  bool          // a responses request run in the background: it runs on when the client leaves
-	renewal     *leaseRenewal // renews the leases while in flight (renew.go); read by settle once the handler returned
-	anth        anthropicUsage
-	settled     atomic.Bool
-	reserving   chan struct{}  // closed once a leased tier's reservation is taken (applyLeased)
-	capacity    *capacityGrant // the model's shared capacity charged (queue.go)
-	path        string         // the request's path, as received
-	route       *upstream.Route
-	grant       *upstream.Grant // the upstream reservation of the attempt sent last (pool.go)
-	unsent      bool            // refused before any upstream had it: refunded whole
-	fair        fairUsage       // what the queue counted for fairness (queue.go)
-}
-
-type callKey struct{}
-
-func callFrom(ctx context.Context) *call {
-	c, _ := ctx.Value(callKey{}).(*call)
-	return c
-}
-
 // ServeHTTP implements http.Handler.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
@@ -468,20 +368,6 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// Hand the client the whole answer now; settling happens off its path.
 	_ = http.NewResponseController(w).Flush()
-}
-
-// settleAsync settles c exactly once, in the background, so that the
-// store round trips stay off the client's path (a keep-alive connection's
-// next request waits for this handler to return). Close waits for it.
-func (g *Gateway) settleAsync(c *call) {
-	if !c.settled.CompareAndSwap(false, true) {
-		return
-	}
-	g.pending.Add(1)
-	go func() {
-		defer g.pending.Done()
-		g.settle(c)
-	}()
 }
 
 // Close waits for the settlements in progress. The Gateway must not serve
