@@ -1,5 +1,7 @@
 package gateway
 
+// A request's state as it passes the stages, from ingress to settlement.
+
 import (
 	"context"
 	"sync/atomic"

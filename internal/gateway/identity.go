@@ -1,5 +1,8 @@
 package gateway
 
+// The identity stage: a client key authenticated by its hash, and its
+// tier's limits turned into the specs the limits stage reserves (admit.go).
+
 import (
 	"net/http"
 	"strings"

@@ -1,5 +1,8 @@
 package gateway
 
+// The ingress stage: which paths the gateway meters, serves, passes
+// through or answers 404 (ServeHTTP in gateway.go runs the stages).
+
 import (
 	"net/http"
 	"path"
