@@ -48,7 +48,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"path"
 	"slices"
 	"strings"
 	"sync"
@@ -95,83 +94,6 @@ type Options struct {
 	PoolPeriod time.Duration
 }
 
-// Settlement reports how one request's reservation was settled.
-type Settlement struct {
-	// RequestID is the gateway's id of the request, also sent to the client
-	// as x-sluice-request-id and used as the concurrency lease.
-	RequestID string
-	// Client is the client id of the key (never the key).
-	Client string
-	// Tier and Model are the request's.
-	Tier, Model string
-	// Status is the status the upstream answered, 0 when unreachable.
-	Status int
-	// Reserved is the tokens reserved before forwarding; Actual what was
-	// finally charged for them.
-	Reserved, Actual int64
-	// PromptTokens and CompletionTokens are the usage the charge is based
-	// on: reported by the upstream when UsageReported, else estimated.
-	// For an Anthropic request PromptTokens weighs cached input as
-	// Anthropic bills it: input_tokens + ⌈1.25·CacheCreationTokens⌉ (2·
-	// for the part written for an hour) + ⌈0.1·CacheReadTokens⌉. Usage is the same split into disjoint kinds
-	// (cached input and reasoning reported by the upstream), which token
-	// limits weigh by the model's token_weights.
-	PromptTokens, CompletionTokens int64
-	UsageReported                  bool
-	Usage                          pricing.Usage
-	// Team is the key's team, "" when it has none.
-	Team string
-	// CachedTokens and ReasoningTokens are the parts of PromptTokens and
-	// CompletionTokens the upstream reported as cached and as reasoning.
-	CachedTokens, ReasoningTokens int64
-	// ReservedCost is the maximum cost reserved on the request's dollar
-	// budgets, Cost what was finally charged to them; both zero when no
-	// budget applies (budget.go).
-	ReservedCost, Cost pricing.Micros
-	// CacheCreationTokens and CacheReadTokens are an Anthropic upstream's
-	// cache_creation_input_tokens and cache_read_input_tokens.
-	CacheCreationTokens, CacheReadTokens int64
-	// Err is the store's error, if settling failed.
-	Err error
-}
-
-// endpoint is a path whose requests are limited.
-type endpoint uint8
-
-const (
-	epNone endpoint = iota
-	epChat
-	epCompletions
-	epEmbeddings
-	epResponses
-)
-
-// ErrAlreadySettled means a request's reservation lease was no longer held
-// when the gateway settled it: another settlement came first, or the lease
-// lapsed. Nothing was refunded or charged.
-var ErrAlreadySettled = errors.New("gateway: reservation already settled or lapsed")
-
-var endpoints = map[string]endpoint{
-	"/v1/chat/completions": epChat,
-	"/v1/completions":      epCompletions,
-	"/v1/embeddings":       epEmbeddings,
-	"/v1/responses":        epResponses,
-	// Anthropic's Messages API (anthropic.go).
-	"/v1/messages":              epMessages,
-	"/v1/messages/count_tokens": epCountTokens,
-}
-
-// routedPaths lists the paths the server's mux routes by name: the metered
-// endpoints, the status and the model list.
-func routedPaths() []string {
-	ps := []string{statusPath, modelsPath}
-	for p := range endpoints {
-		ps = append(ps, p)
-	}
-	slices.Sort(ps)
-	return ps
-}
-
 // Gateway is the proxy, an http.Handler for /v1/. It is safe for
 // concurrent use.
 type Gateway struct {
@@ -202,74 +124,6 @@ type Gateway struct {
 	onRenew      func()           // when not nil, called after each renewal (tests)
 	pool         *upstream.Pool   // nil with one upstream (pool.go)
 	roomGates    sync.Map         // *upstream.Route → *fairqueue.Gate: the queue's waits for upstream room (pool.go)
-}
-
-// client is what a key resolves to.
-type client struct {
-	id     string
-	name   string
-	tier   *tier
-	prefix string // "{gw:<id>}:", one Redis Cluster slot per client
-	// specKeys[i] is the store key of tier.specs[i]: prefix + suffix.
-	specKeys []string
-	// levels are the client's budgets and its team's and org's limits
-	// (levels.go); nil when it has none.
-	levels *levels
-	// status is the client's last GET /v1/status answer (status.go).
-	status statusMemo
-	// resv holds reservations taken ahead for a leased tier (lease.go).
-	resv resvPool
-}
-
-type kind uint8
-
-const (
-	kindRequests kind = iota + 1
-	kindTokens
-	kindConcurrency
-	// kindReservation is a lease keyed by request id with no limit of its
-	// own, for tiers without a concurrency limit: it makes settlement
-	// idempotent across gateway instances and lapses if a gateway crashes.
-	kindReservation
-)
-
-// spec is one limit of a tier.
-type spec struct {
-	kind   kind
-	name   string // rpm, rpd, tpm, concurrency
-	model  string // "" for the whole tier
-	suffix string // key suffix
-	alg    sluice.Algorithm
-	limit  sluice.Limit
-	// level is "" for a limit of the key's own, else "team" or "org",
-	// and levelName the team's or org's name (levels.go).
-	level, levelName string
-	// window is a budget's window, such as "month" (budget.go).
-	window, zone string
-	// sel is the kinds of token a token limit counts (tokenkinds.go).
-	sel tokenSel
-}
-
-func (s *spec) describe() string {
-	names := map[string]string{"rpm": "requests per minute", "rpd": "requests per day", "tpm": "tokens per minute", "concurrency": "concurrent requests",
-		"itpm": "input tokens per minute", "otpm": "output tokens per minute"}
-	d := names[s.name] + " (" + s.name + ")"
-	if s.model != "" {
-		d += " on model " + s.model
-	}
-	if s.level != "" {
-		d += " of " + s.level + " " + s.levelName
-	}
-	return d
-}
-
-type tier struct {
-	name  string
-	lease bool // rpm, rpd and tpm are leased (Config.Lease, TierConfig.Lease)
-	specs []spec
-	// policies is the RateLimit-Policy field for a request on each model
-	// that has limits of its own; policies[""] for every other model.
-	policies map[string]string
 }
 
 // New validates opts and returns a Gateway.
@@ -414,91 +268,9 @@ var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return 
 func (bufferPool) Get() []byte  { return *copyBuffers.Get().(*[]byte) }
 func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
 
-func appendSpecs(specs []spec, l Limits, model string, leaseTTL time.Duration) []spec {
-	add := func(k kind, name string, alg sluice.Algorithm, lim sluice.Limit) {
-		if lim.Rate == 0 {
-			return
-		}
-		suffix := name
-		if model != "" {
-			suffix += ":m:" + model
-		}
-		specs = append(specs, spec{kind: k, name: name, model: model, suffix: suffix, alg: alg, limit: lim})
-	}
-	add(kindRequests, "rpm", sluice.GCRA, sluice.Limit{Rate: l.RPM, Period: time.Minute, Burst: l.RPMBurst})
-	rpdAlg, rpd := l.rpd() // calendar.go
-	add(kindRequests, "rpd", rpdAlg, rpd)
-	add(kindTokens, "tpm", sluice.GCRA, sluice.Limit{Rate: l.TPM, Period: time.Minute, Burst: l.TPMBurst})
-	if n := len(specs); l.ITPM > 0 { // tokenkinds.go
-		add(kindTokens, "itpm", sluice.GCRA, sluice.Limit{Rate: l.ITPM, Period: time.Minute, Burst: l.ITPMBurst})
-		specs[n].sel = selInput
-	}
-	if n := len(specs); l.OTPM > 0 {
-		add(kindTokens, "otpm", sluice.GCRA, sluice.Limit{Rate: l.OTPM, Period: time.Minute, Burst: l.OTPMBurst})
-		specs[n].sel = selOutput
-	}
-	add(kindConcurrency, "concurrency", sluice.Concurrency, sluice.Limit{Rate: l.Concurrency, Period: leaseTTL})
-	return specs
-}
-
 // Metrics serves the gateway's metrics when Options.Registerer was nil,
 // and 404 otherwise.
 func (g *Gateway) Metrics() http.Handler { return g.metrics.handler }
-
-// call is one request's state through the proxy. Its fields are written
-// and read by the request's goroutine only.
-type call struct {
-	id          string
-	start       time.Time
-	client      *client
-	ep          endpoint
-	model       string // metric label
-	rawModel    string // as the client named it
-	maxTokens   int64  // the completion budget the client named, 0 if none (traced)
-	respModel   string // the model the upstream named in its answer (traced)
-	traced      bool   // the request's span records: the relay reads respModel
-	stream      bool
-	wantUsage   bool // the client asked for the usage event itself
-	bud         callBudget
-	body        []byte
-	captured    []byte // the JSON response body, read whole (captureReader)
-	promptEst   int64
-	reserved    int64
-	defaultCap  int64 // completion tokens per choice reserved when the client set none (forwardCap)
-	specs       []*spec
-	reqs        []sluice.Request
-	sent        time.Time // upstream round trip started
-	headersAt   time.Time
-	status      int
-	unreachable bool        // no upstream response
-	wrote       atomic.Bool // the whole request was written to the upstream (set by the transport)
-	timedOut    bool        // unreachable: no response headers within upstream.timeout
-	rejected    bool        // upstream answered 429 or 5xx
-	canceled    bool        // the client went away before the response
-	usageSeen   bool
-	prompt      int64
-	completion  int64
-	produced    int64         // completion tokens relayed in a stream
-	unread      bool          // a streamed event too long to read was relayed (relay.go): it may have held the usage
-	background  bool          // a responses request run in the background: it runs on when the client leaves
-	renewal     *leaseRenewal // renews the leases while in flight (renew.go); read by settle once the handler returned
-	anth        anthropicUsage
-	settled     atomic.Bool
-	reserving   chan struct{}  // closed once a leased tier's reservation is taken (applyLeased)
-	capacity    *capacityGrant // the model's shared capacity charged (queue.go)
-	path        string         // the request's path, as received
-	route       *upstream.Route
-	grant       *upstream.Grant // the upstream reservation of the attempt sent last (pool.go)
-	unsent      bool            // refused before any upstream had it: refunded whole
-	fair        fairUsage       // what the queue counted for fairness (queue.go)
-}
-
-type callKey struct{}
-
-func callFrom(ctx context.Context) *call {
-	c, _ := ctx.Value(callKey{}).(*call)
-	return c
-}
 
 // ServeHTTP implements http.Handler.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -598,52 +370,6 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = http.NewResponseController(w).Flush()
 }
 
-// served reports whether the gateway serves r's method and path (for an
-// authenticated client): a metered POST (or a case variant of POST, which
-// gets 405 after authentication), GET of the status, a read of the model
-// list, or a path under a passthrough prefix.
-func (g *Gateway) served(r *http.Request) bool {
-	if endpoints[r.URL.Path] != epNone && strings.EqualFold(r.Method, http.MethodPost) {
-		return true
-	}
-	if r.URL.Path == statusPath && r.Method == http.MethodGet {
-		return true
-	}
-	if (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Header.Get("Upgrade") == "" && underPrefix(canonicalPath(r.URL.Path), modelsPath) {
-		return true
-	}
-	return g.passesThrough(r.URL.Path)
-}
-
-// unknownURL answers 404 for a method and path the gateway does not serve,
-// naming the metered paths, or the metered path that r's path spells
-// another way.
-func unknownURL(w http.ResponseWriter, r *http.Request) {
-	if strings.EqualFold(r.Method, http.MethodPost) {
-		if alias := meteredAlias(r.URL.Path); alias != "" {
-			writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "",
-				"Unknown request URL: "+r.Method+" "+r.URL.Path+". Did you mean "+alias+"?")
-			return
-		}
-	}
-	writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "",
-		"Unknown request URL: "+r.Method+" "+r.URL.Path+". The sluice gateway meters "+meteredList+" and passes GET "+modelsPath+" through; other paths pass only when its passthrough setting lists them (their answers are shared by every client of the gateway's upstream key).")
-}
-
-// settleAsync settles c exactly once, in the background, so that the
-// store round trips stay off the client's path (a keep-alive connection's
-// next request waits for this handler to return). Close waits for it.
-func (g *Gateway) settleAsync(c *call) {
-	if !c.settled.CompareAndSwap(false, true) {
-		return
-	}
-	g.pending.Add(1)
-	go func() {
-		defer g.pending.Done()
-		g.settle(c)
-	}()
-}
-
 // Close waits for the settlements in progress. The Gateway must not serve
 // requests after it.
 func (g *Gateway) Close() error {
@@ -652,100 +378,4 @@ func (g *Gateway) Close() error {
 	g.pending.Wait()
 	g.releaseReservations() // lease.go
 	return nil
-}
-
-// authenticate maps the bearer key to its client, by hash. The scheme is
-// case-insensitive (RFC 9110, 11.1). The first Authorization line decides,
-// else the first x-api-key; a wrong key there is not rescued by a valid one
-// elsewhere. A request that also carries a different valid key (in another
-// Authorization or x-api-key line) is refused (two is true): which of two
-// clients it is would depend on which header was read.
-func (g *Gateway) authenticate(r *http.Request) (cl *client, two bool) {
-	var keys []string
-	for _, v := range r.Header.Values("Authorization") {
-		if strings.TrimSpace(v) == "" {
-			continue
-		}
-		scheme, key, ok := strings.Cut(strings.TrimSpace(v), " ")
-		if key = strings.TrimSpace(key); ok && strings.EqualFold(scheme, "Bearer") && key != "" {
-			keys = append(keys, key)
-		} else if len(keys) == 0 {
-			keys = append(keys, "") // the first line decides: no key
-		}
-	}
-	for _, v := range r.Header.Values("X-Api-Key") {
-		if key := strings.TrimSpace(v); key != "" {
-			keys = append(keys, key)
-		}
-	}
-	if len(keys) == 0 || keys[0] == "" {
-		return nil, false
-	}
-	cl = g.keys[sluice.HashKey(keys[0])]
-	if cl == nil {
-		return nil, false
-	}
-	for _, k := range keys[1:] {
-		if k != keys[0] && g.keys[sluice.HashKey(k)] != nil {
-			return nil, true
-		}
-	}
-	return cl, false
-}
-
-// meteredAlias returns the metered path that p is another spelling of
-// (canonicalPath), or "".
-func meteredAlias(p string) string {
-	canon := canonicalPath(p)
-	if _, ok := endpoints[canon]; ok && canon != p {
-		return canon
-	}
-	return ""
-}
-
-// meteredList names the metered paths for error messages.
-const meteredList = "POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/messages and /v1/messages/count_tokens"
-
-// passesThrough reports whether p, canonically, is under one of the
-// configured passthrough prefixes.
-func (g *Gateway) passesThrough(p string) bool {
-	if len(g.cfg.Passthrough) == 0 {
-		return false
-	}
-	canon := canonicalPath(p)
-	for _, pre := range g.cfg.Passthrough {
-		if underPrefix(canon, pre) {
-			return true
-		}
-	}
-	return false
-}
-
-// modelsPath is the one path whose reads pass through without a
-// passthrough setting: the model list, the same for every client.
-const modelsPath = "/v1/models"
-
-// underPrefix reports whether the canonical path canon is pre or under it,
-// on a segment boundary.
-func underPrefix(canon, pre string) bool {
-	return canon == pre || strings.HasPrefix(canon, pre+"/")
-}
-
-// metersUnder reports whether prefix is a metered path or holds one.
-func metersUnder(prefix string) bool {
-	for m := range endpoints {
-		if m == prefix || strings.HasPrefix(m, prefix+"/") {
-			return true
-		}
-	}
-	return false
-}
-
-// canonicalPath is the path a lenient upstream or proxy may route p to:
-// lower case, without ;parameters, dot segments, repeated slashes and
-// trailing slashes or dots. gateway.Server's mux redirects the unclean
-// spellings itself; a Gateway mounted on another router sees them.
-func canonicalPath(p string) string {
-	canon, _, _ := strings.Cut(strings.ToLower(p), ";")
-	return strings.TrimRight(path.Clean(canon), "/.")
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/guard"
+	"github.com/sluice-io/sluice/internal/pricing"
 )
 
 // settle settles c's reservation; settleAsync makes sure it runs once.
@@ -234,4 +235,63 @@ func statusLabel(c *call) string {
 		return "canceled"
 	}
 	return strconv.Itoa(c.status)
+}
+
+// Settlement reports how one request's reservation was settled.
+type Settlement struct {
+	// RequestID is the gateway's id of the request, also sent to the client
+	// as x-sluice-request-id and used as the concurrency lease.
+	RequestID string
+	// Client is the client id of the key (never the key).
+	Client string
+	// Tier and Model are the request's.
+	Tier, Model string
+	// Status is the status the upstream answered, 0 when unreachable.
+	Status int
+	// Reserved is the tokens reserved before forwarding; Actual what was
+	// finally charged for them.
+	Reserved, Actual int64
+	// PromptTokens and CompletionTokens are the usage the charge is based
+	// on: reported by the upstream when UsageReported, else estimated.
+	// For an Anthropic request PromptTokens weighs cached input as
+	// Anthropic bills it: input_tokens + ⌈1.25·CacheCreationTokens⌉ (2·
+	// for the part written for an hour) + ⌈0.1·CacheReadTokens⌉. Usage is the same split into disjoint kinds
+	// (cached input and reasoning reported by the upstream), which token
+	// limits weigh by the model's token_weights.
+	PromptTokens, CompletionTokens int64
+	UsageReported                  bool
+	Usage                          pricing.Usage
+	// Team is the key's team, "" when it has none.
+	Team string
+	// CachedTokens and ReasoningTokens are the parts of PromptTokens and
+	// CompletionTokens the upstream reported as cached and as reasoning.
+	CachedTokens, ReasoningTokens int64
+	// ReservedCost is the maximum cost reserved on the request's dollar
+	// budgets, Cost what was finally charged to them; both zero when no
+	// budget applies (budget.go).
+	ReservedCost, Cost pricing.Micros
+	// CacheCreationTokens and CacheReadTokens are an Anthropic upstream's
+	// cache_creation_input_tokens and cache_read_input_tokens.
+	CacheCreationTokens, CacheReadTokens int64
+	// Err is the store's error, if settling failed.
+	Err error
+}
+
+// ErrAlreadySettled means a request's reservation lease was no longer held
+// when the gateway settled it: another settlement came first, or the lease
+// lapsed. Nothing was refunded or charged.
+var ErrAlreadySettled = errors.New("gateway: reservation already settled or lapsed")
+
+// settleAsync settles c exactly once, in the background, so that the
+// store round trips stay off the client's path (a keep-alive connection's
+// next request waits for this handler to return). Close waits for it.
+func (g *Gateway) settleAsync(c *call) {
+	if !c.settled.CompareAndSwap(false, true) {
+		return
+	}
+	g.pending.Add(1)
+	go func() {
+		defer g.pending.Done()
+		g.settle(c)
+	}()
 }

@@ -1,0 +1,67 @@
+package gateway
+
+// A request's state as it passes the stages, from ingress to settlement.
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/upstream"
+)
+
+// call is one request's state through the proxy. Its fields are written
+// and read by the request's goroutine only.
+type call struct {
+	id          string
+	start       time.Time
+	client      *client
+	ep          endpoint
+	model       string // metric label
+	rawModel    string // as the client named it
+	maxTokens   int64  // the completion budget the client named, 0 if none (traced)
+	respModel   string // the model the upstream named in its answer (traced)
+	traced      bool   // the request's span records: the relay reads respModel
+	stream      bool
+	wantUsage   bool // the client asked for the usage event itself
+	bud         callBudget
+	body        []byte
+	captured    []byte // the JSON response body, read whole (captureReader)
+	promptEst   int64
+	reserved    int64
+	defaultCap  int64 // completion tokens per choice reserved when the client set none (forwardCap)
+	specs       []*spec
+	reqs        []sluice.Request
+	sent        time.Time // upstream round trip started
+	headersAt   time.Time
+	status      int
+	unreachable bool        // no upstream response
+	wrote       atomic.Bool // the whole request was written to the upstream (set by the transport)
+	timedOut    bool        // unreachable: no response headers within upstream.timeout
+	rejected    bool        // upstream answered 429 or 5xx
+	canceled    bool        // the client went away before the response
+	usageSeen   bool
+	prompt      int64
+	completion  int64
+	produced    int64         // completion tokens relayed in a stream
+	unread      bool          // a streamed event too long to read was relayed (relay.go): it may have held the usage
+	background  bool          // a responses request run in the background: it runs on when the client leaves
+	renewal     *leaseRenewal // renews the leases while in flight (renew.go); read by settle once the handler returned
+	anth        anthropicUsage
+	settled     atomic.Bool
+	reserving   chan struct{}  // closed once a leased tier's reservation is taken (applyLeased)
+	capacity    *capacityGrant // the model's shared capacity charged (queue.go)
+	path        string         // the request's path, as received
+	route       *upstream.Route
+	grant       *upstream.Grant // the upstream reservation of the attempt sent last (pool.go)
+	unsent      bool            // refused before any upstream had it: refunded whole
+	fair        fairUsage       // what the queue counted for fairness (queue.go)
+}
+
+type callKey struct{}
+
+func callFrom(ctx context.Context) *call {
+	c, _ := ctx.Value(callKey{}).(*call)
+	return c
+}
