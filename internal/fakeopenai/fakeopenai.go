@@ -66,12 +66,16 @@ type Options struct {
 	MaxRecorded int
 	// RPM and TPM, when positive, are the server's own rate limits, per
 	// Period (default a minute), enforced as OpenAI does (limits.go): a
-	// bucket of each that holds the limit and refills continuously; a
-	// request takes 1 request and its prompt plus completion tokens when
-	// it arrives; one that does not fit gets 429 with Retry-After,
-	// retry-after-ms and x-ratelimit-* headers, which every answer carries.
+	// bucket of each that holds the limit and refills continuously, unless
+	// Window says otherwise; a request takes 1 request and its prompt
+	// plus its max_tokens (or, without one, its completion) tokens when it
+	// arrives, as OpenAI counts; one that does not fit gets 429 with
+	// Retry-After, retry-after-ms and x-ratelimit-* headers, which every
+	// answer carries.
 	RPM, TPM int
 	Period   time.Duration
+	// Window is how RPM and TPM are counted; the zero value is Bucket.
+	Window Window
 	// Now is the limits' clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -277,11 +281,11 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if prompt <= 0 {
 		prompt = CountPromptTokens(body)
 	}
-	completion := s.opts.CompletionTokens
-	if m := req.maxTokens(); m > 0 && m < completion {
-		completion = m
+	completion, counted := s.opts.CompletionTokens, s.opts.CompletionTokens
+	if m := req.maxTokens(); m > 0 {
+		completion, counted = min(m, completion), m
 	}
-	if !s.lim.take(w, prompt+completion) {
+	if !s.lim.take(w, prompt+counted) {
 		return
 	}
 	switch r.URL.Path {

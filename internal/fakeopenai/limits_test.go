@@ -41,3 +41,32 @@ func TestOwnLimits(t *testing.T) {
 		t.Fatalf("second: %d %v", res.StatusCode, res.Header)
 	}
 }
+
+// TestWindows: Sliding frees a request a period after it arrived, Fixed at
+// the window's end; both count max_tokens as OpenAI does.
+func TestWindows(t *testing.T) {
+	body := `{"model":"m","max_tokens":20,"messages":[{"role":"user","content":"hi"}]}`
+	for _, c := range []struct {
+		w    Window
+		back time.Duration // after the third request, when one fits again
+	}{{Sliding, time.Second}, {Fixed, 500 * time.Millisecond}} {
+		start := time.Unix(1_700_000_000, 0).Add(500 * time.Millisecond) // mid-window
+		clk := clock.NewFake(start)
+		s := New(t, Options{RPM: 3, TPM: 1000, Window: c.w, Period: time.Second, Now: clk.Time, PromptTokens: 10, CompletionTokens: 5})
+		for i := range 3 {
+			res := post(t, s.URL()+"/v1/chat/completions", "k", body)
+			if res.StatusCode != 200 || res.Header.Get("x-ratelimit-remaining-tokens") != []string{"970", "940", "910"}[i] {
+				t.Fatalf("window %d request %d: %d %v", c.w, i, res.StatusCode, res.Header)
+			}
+			clk.Advance(50 * time.Millisecond)
+		}
+		clk.Set(start.Add(c.back - time.Millisecond))
+		if res := post(t, s.URL()+"/v1/chat/completions", "k", body); res.StatusCode != 429 {
+			t.Fatalf("window %d: admitted before %s", c.w, c.back)
+		}
+		clk.Set(start.Add(c.back))
+		if res := post(t, s.URL()+"/v1/chat/completions", "k", body); res.StatusCode != 200 {
+			t.Fatalf("window %d: refused at %s: %d", c.w, c.back, res.StatusCode)
+		}
+	}
+}

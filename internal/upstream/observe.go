@@ -99,7 +99,7 @@ func (p *Pool) tighten(ctx context.Context, t *TargetState, remaining [4]int64, 
 		if rate == 0 || remaining[i] < 0 {
 			continue
 		}
-		peeks = append(peeks, sluice.Request{Key: t.keyBase + limNames[i], Algorithm: sluice.GCRA, Limit: p.limitOf(rate)})
+		peeks = append(peeks, p.logReq(t, i, rate, 0))
 		reported = append(reported, remaining[i])
 	}
 	if len(peeks) == 0 {
@@ -129,44 +129,32 @@ func (p *Pool) tighten(ctx context.Context, t *TargetState, remaining [4]int64, 
 	}
 }
 
-// Cooldown empties t's request bucket and charges it for d more, so that
-// no replica sends t another request for d: the fleet-wide cooldown, which
-// lapses by itself as the bucket refills. Observe starts one on a 429.
+// Cooldown charges t's cooldown key d into debt, so that no replica
+// sends t another request for d: the fleet-wide cooldown, which lapses by
+// itself. Observe starts one on a 429.
 func (p *Pool) Cooldown(ctx context.Context, t *TargetState, d time.Duration) {
 	p.cooldown(ctx, t, d)
 }
 
-// cooldown is Cooldown; it returns how long the cooldown lasts: d, or
-// the request limit's interval when that is longer.
-func (p *Pool) cooldown(ctx context.Context, t *TargetState, d time.Duration) time.Duration {
-	t.retryAt.Store(p.now().Add(d).UnixNano())
-	t.coolUntil.Store(p.now().Add(d).UnixNano())
+func (p *Pool) cooldown(ctx context.Context, t *TargetState, d time.Duration) {
+	now := p.now()
+	t.retryAt.Store(now.Add(d).UnixNano())
+	t.coolUntil.Store(now.Add(d).UnixNano())
 	t.frac.Store(0)
-	t.fracAt.Store(p.now().Add(d).UnixNano())
+	t.fracAt.Store(now.Add(d).UnixNano())
 	if p.metrics != nil {
 		p.metrics.cooldowns.WithLabelValues(t.Up.Name, t.Model).Inc()
 	}
-	rate := t.limit(limRPM)
-	if rate == 0 {
-		// No request limit declared: cool on a bucket of its own.
-		rate = 1 << 20
-	}
-	req := sluice.Request{Key: t.keyBase + "rpm", Algorithm: sluice.GCRA, Limit: p.limitOf(rate)}
-	if t.limit(limRPM) == 0 {
-		req.Key = t.keyBase + "cool"
-	}
-	// An empty bucket admits its next request one interval on: d later
-	// takes d less that interval in debt.
-	debt := max(int64(math.Ceil(float64(rate)*float64(d)/float64(p.period)))-1, 0)
-	lasts := time.Duration(float64(debt+1) * float64(p.period) / float64(rate))
+	// One unit per microsecond: an empty bucket admits its next request
+	// one unit on, so d later takes d less that unit in debt.
+	req := p.coolReq(t, 0)
 	d0, err := p.store.Apply(ctx, sluice.OpPeek, req)
 	if err != nil {
-		return lasts
+		return
 	}
-	if req.Cost = max(d0.Remaining, 0) + debt; req.Cost > 0 {
+	if req.Cost = max(d0.Remaining, 0) + max(int64(d/time.Microsecond)-1, 0); req.Cost > 0 {
 		_, _ = p.store.Apply(ctx, sluice.OpCharge, req)
 	}
-	return lasts
 }
 
 // Failover counts a request moved from t to another upstream.
@@ -296,9 +284,9 @@ func (p *Pool) Fail(ctx context.Context, t *TargetState) {
 	if err != nil || d.Allowed {
 		return
 	}
-	lasts := p.cooldown(ctx, t, FailCooldown)
+	p.cooldown(ctx, t, FailCooldown)
 	// Hold the count empty until the cooldown ends, so that the probe's
 	// failure, and not a new series of them, cools it again.
-	req.Cost = int64(math.Ceil(float64(lasts) * FailThreshold / float64(FailWindow)))
+	req.Cost = int64(math.Ceil(float64(FailCooldown) * FailThreshold / float64(FailWindow)))
 	_, _ = p.store.Apply(ctx, sluice.OpCharge, req)
 }

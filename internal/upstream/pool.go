@@ -290,31 +290,55 @@ func (t *TargetState) LastRemaining() (requests, tokens int64) {
 }
 
 // requests returns the store requests of a reservation of in input and
-// out output tokens on t, and false if it can never fit.
+// out output tokens on t, and false if it can never fit: one request and
+// the tokens on each declared limit's log, and one on the cooldown key.
 func (p *Pool) requests(t *TargetState, in, out int64) ([]sluice.Request, bool) {
-	reqs := make([]sluice.Request, 0, 4)
+	reqs := make([]sluice.Request, 0, 5)
 	for i := range 4 {
 		rate := t.limit(i)
 		if rate == 0 {
 			continue
 		}
 		cost := [4]int64{1, in + out, in, out}[i]
-		lim := p.limitOf(rate)
-		if cost > lim.Capacity() {
+		if cost > p.limitOf(rate).Rate {
 			return nil, false
 		}
 		if cost == 0 {
 			continue
 		}
-		reqs = append(reqs, sluice.Request{Key: t.keyBase + limNames[i], Algorithm: sluice.GCRA, Limit: lim, Cost: cost})
+		reqs = append(reqs, p.logReq(t, i, rate, cost))
 	}
-	return reqs, true
+	return append(reqs, p.coolReq(t, 1)), true
+}
+
+// coolReq is t's cooldown key: a GCRA bucket of one unit per microsecond,
+// far above any provider's rate, from which every admission takes 1 and
+// which a cooldown charges into debt (Cooldown), so that only a cooldown
+// ever denies there.
+func (p *Pool) coolReq(t *TargetState, cost int64) sluice.Request {
+	return sluice.Request{Key: t.keyBase + "cool", Algorithm: sluice.GCRA,
+		Limit: sluice.Limit{Rate: p.coolRate(), Period: p.period}, Cost: cost}
+}
+
+// coolRate is the cooldown key's rate: one per microsecond.
+func (p *Pool) coolRate() int64 { return max(int64(p.period/time.Microsecond), 1) }
+
+// logReq is the store request of cost on t's limit of kind i, of rate.
+func (p *Pool) logReq(t *TargetState, i int, rate, cost int64) sluice.Request {
+	return sluice.Request{Key: t.keyBase + limNames[i], Algorithm: sluice.SlidingWindowLog, Limit: p.limitOf(rate), Cost: cost}
 }
 
 // limitOf is the store's limit for a provider limit of rate per period:
-// its burst less the margin.
+// a sliding window log of the rate less the margin. A log holds at most
+// its rate in any window of one period, which no provider refuses
+// whether it counts in a bucket refilling continuously (OpenAI,
+// Anthropic), in fixed windows or in sliding ones; a token bucket or
+// GCRA of the same rate would let twice the rate through in the first
+// period, a bucket's worth and its refill. Admissions are stamped at the
+// end of a slot of period/200 (Limit.Granularity), so that a log holds
+// at most about 200 runs at any rate.
 func (p *Pool) limitOf(rate int64) sluice.Limit {
-	return sluice.Limit{Rate: rate, Period: p.period, Burst: max(rate-int64(float64(rate)**p.routing.Margin), 1)}
+	return sluice.Limit{Rate: max(rate-int64(float64(rate)**p.routing.Margin), 1), Period: p.period}
 }
 
 // Grant is a reservation admitted on one upstream's model. Settle it
@@ -384,7 +408,7 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 			return nil, 0, fmt.Errorf("upstream %s model %s: %w", t.Up.Name, t.Model, err)
 		}
 		d := sluice.Combine(ds)
-		t.note(reqs, ds, p.now())
+		p.note(t, reqs, ds, p.now())
 		if d.Allowed {
 			return &Grant{Target: t, pool: p, reqs: reqs, in: in, out: out}, 0, nil
 		}
@@ -396,11 +420,11 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 }
 
 // note records the headroom a decision showed.
-func (t *TargetState) note(reqs []sluice.Request, ds []sluice.Decision, now time.Time) {
+func (p *Pool) note(t *TargetState, reqs []sluice.Request, ds []sluice.Decision, now time.Time) {
 	f := 1.0
 	var ra time.Duration
 	for i, d := range ds {
-		if c := reqs[i].Limit.Rate; c > 0 {
+		if c := reqs[i].Limit.Rate; c > 0 && c != p.coolRate() {
 			f = math.Min(f, float64(d.Remaining)/float64(c))
 		}
 		ra = max(ra, d.RetryAfter)
@@ -457,49 +481,46 @@ func (p *Pool) order(cands []*TargetState, now time.Time) []*TargetState {
 	return cands
 }
 
-// Settle settles the grant once: the token reservation is refunded down
-// to, or charged up to, in and out actual tokens; the request itself stays
-// charged unless unsent says the upstream never received it. Later calls
-// do nothing and return false.
+// Settle settles the grant once with in and out actual tokens. The
+// provider limits keep the reservation, as the provider does (OpenAI
+// counts a request's prompt and max_tokens when it arrives, and
+// Anthropic its input then), and are charged what the usage took beyond
+// it; nothing is refunded, not even for a request the upstream never
+// received (unsent): a log's refund takes back its newest units, not the
+// grant's, and would free capacity a period too early. Later calls do
+// nothing and return false.
 func (g *Grant) Settle(ctx context.Context, in, out int64, unsent bool) (bool, error) {
 	if g == nil || !g.settled.CompareAndSwap(false, true) {
 		return false, nil
 	}
-	var refunds, charges []sluice.Request
+	if unsent {
+		return true, nil
+	}
+	var charges []sluice.Request
 	for _, req := range g.reqs {
 		var actual int64
 		switch {
-		case strings.HasSuffix(req.Key, ":rpm"):
-			if !unsent {
-				continue
-			}
 		case strings.HasSuffix(req.Key, ":itpm"):
 			actual = in
 		case strings.HasSuffix(req.Key, ":otpm"):
 			actual = out
-		default:
+		case strings.HasSuffix(req.Key, ":tpm"):
 			actual = in + out
+		default: // the request and the cooldown key
+			continue
 		}
-		if d := req.Cost - actual; d > 0 {
+		if d := actual - req.Cost; d > 0 {
 			req.Cost = d
-			refunds = append(refunds, req)
-		} else if d < 0 {
-			req.Cost = -d
 			charges = append(charges, req)
 		}
 	}
-	var errs []error
-	if len(refunds) > 0 {
-		if _, err := g.pool.store.ApplyAll(ctx, sluice.OpRefund, refunds); err != nil {
-			errs = append(errs, fmt.Errorf("upstream %s: refund: %w", g.Target.Up.Name, err))
-		}
+	if len(charges) == 0 {
+		return true, nil
 	}
-	if len(charges) > 0 {
-		if _, err := g.pool.store.ApplyAll(ctx, sluice.OpCharge, charges); err != nil {
-			errs = append(errs, fmt.Errorf("upstream %s: charge: %w", g.Target.Up.Name, err))
-		}
+	if _, err := g.pool.store.ApplyAll(ctx, sluice.OpCharge, charges); err != nil {
+		return true, fmt.Errorf("upstream %s: charge: %w", g.Target.Up.Name, err)
 	}
-	return true, errors.Join(errs...)
+	return true, nil
 }
 
 // Reserved returns the input and output tokens reserved.

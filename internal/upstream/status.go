@@ -50,7 +50,7 @@ func (p *Pool) Status(ctx context.Context) ([]Status, error) {
 		var names []string
 		for i := range 4 {
 			if rate := t.limit(i); rate > 0 {
-				reqs = append(reqs, sluice.Request{Key: t.keyBase + limNames[i], Algorithm: sluice.GCRA, Limit: p.limitOf(rate)})
+				reqs = append(reqs, p.logReq(t, i, rate, 0))
 				names = append(names, limNames[i])
 			}
 		}
