@@ -4,7 +4,7 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: all build test lint vet staticcheck bench run tools deps fuzz flood static image image-test
+.PHONY: all build test lint vet staticcheck bench run tools deps fuzz flood soak-pool static image image-test
 
 all: build
 
@@ -75,6 +75,7 @@ bench:
 	$(GO) test -run '^$$' -bench OverheadRatio -benchtime 5x ./internal/batch/
 	$(GO) test -run '^$$' -bench Memory100k -benchtime 1x ./internal/batch/
 	$(GO) test -run '^$$' -bench PauseOverAdmission -benchtime 3x ./guard/
+	$(GO) test -run '^$$' -bench PoolRouting -benchtime 2000x -count 3 ./internal/gateway/
 
 # flood sends 10,000,000 distinct keys through a memory store at its default
 # bounds and prints the RSS and heap against store.max_bytes every million
@@ -82,6 +83,14 @@ bench:
 # SLUICE_FLOOD_MAX_BYTES sets another bound.
 flood:
 	SLUICE_FLOOD_KEYS=10000000 $(GO) test -count=1 -v -timeout 60m -run '^TestFloodRSS$$' ./memstore/
+
+# soak-pool is #29's run at a real minute: three fake upstreams enforcing
+# their own RPM (a bucket as OpenAI, a sliding and a fixed window), three
+# gateway replicas on one Redis at the default routing margin, 1.3x the
+# pooled capacity for 60 s; it prints what each upstream took and fails on
+# any provider 429, any minute over a limit or under 95% of the capacity.
+soak-pool:
+	SLUICE_SOAK=1 $(GO) test -race -count=1 -v -timeout 10m -run '^TestPoolFleetSoak$$' ./internal/gateway/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseLimit -fuzztime 30s .
