@@ -130,11 +130,10 @@ type Routing struct {
 	// HeaderTimeout bounds the wait for an upstream's response headers,
 	// after which the next upstream is tried; zero means none.
 	HeaderTimeout time.Duration `yaml:"header_timeout"`
-	// Margin is the fraction of each provider limit's burst left unused
-	// (default DefaultMargin): a request admitted here reaches the provider
-	// a little later, and not in the order of admission, and the margin
-	// absorbs that jitter (at 5000 rpm, 2% is 100 requests, 1.2 s of it).
-	// The rate is not reduced.
+	// Margin is the fraction of each provider limit left unused (default
+	// DefaultMargin): a request admitted here reaches the provider a
+	// little later, and not in the order of admission, and the margin
+	// absorbs that jitter (2% of a minute is 1.2 s of it).
 	Margin *float64 `yaml:"margin"`
 }
 
