@@ -24,10 +24,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sync"
 	"time"
 
 	"github.com/sluice-io/sluice/internal/aitoken"
+	"github.com/sluice-io/sluice/internal/upstream"
 )
 
 const (
@@ -38,6 +40,9 @@ const (
 	// maxCountAnswer bounds the count_tokens answer read.
 	maxCountAnswer = 4 << 10
 )
+
+// countPath is the path of Anthropic's count_tokens.
+const countPath = "/v1/messages/count_tokens"
 
 // countFields are the members of a Messages body that count_tokens takes.
 var countFields = []string{"model", "system", "messages", "tools", "tool_choice", "thinking"}
@@ -97,6 +102,13 @@ func (g *Gateway) wantsUpstreamCount(c *call) bool {
 	if c.client.levels != nil {
 		return true
 	}
+	if g.pool != nil {
+		if r := g.pool.Route(c.rawModel, modelBase(c.rawModel)); r != nil {
+			if t := g.pool.CountTarget(r); t != nil && t.CountsTokens() {
+				return true
+			}
+		}
+	}
 	for i := range c.client.tier.specs {
 		if s := &c.client.tier.specs[i]; s.kind == kindTokens && s.applies(c.rawModel) {
 			return true
@@ -106,8 +118,9 @@ func (g *Gateway) wantsUpstreamCount(c *call) bool {
 }
 
 // upstreamCount returns the upstream's input_tokens for body, a
-// /v1/messages body, from the cache or from count_tokens.
-func (g *Gateway) upstreamCount(ctx context.Context, r *http.Request, body []byte) (int64, error) {
+// /v1/messages body for model, from the cache or from count_tokens: the
+// single upstream's, or a pool's Anthropic upstream of model's route.
+func (g *Gateway) upstreamCount(ctx context.Context, r *http.Request, body []byte, model string) (int64, error) {
 	var all map[string]json.RawMessage
 	if err := json.Unmarshal(body, &all); err != nil {
 		return 0, fmt.Errorf("gateway: count_tokens: %w", err)
@@ -122,15 +135,24 @@ func (g *Gateway) upstreamCount(ctx context.Context, r *http.Request, body []byt
 	if err != nil {
 		return 0, fmt.Errorf("gateway: count_tokens: %w", err)
 	}
+	var target *upstream.TargetState
+	if g.pool != nil {
+		if rt := g.pool.Route(model, modelBase(model)); rt != nil {
+			target = g.pool.CountTarget(rt)
+		}
+		if target == nil {
+			return 0, fmt.Errorf("gateway: count_tokens: no anthropic upstream serves %s", model)
+		}
+		// The upstream's own model id: one cache entry per upstream model.
+		cb = target.Rewrite(&http.Request{URL: &url.URL{}, Header: http.Header{}}, countPath, cb, model)
+	}
 	key := sha256.Sum256(cb)
 	if n, ok := g.counts.get(key); ok {
 		return n, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, countTokensTimeout)
 	defer cancel()
-	u := *g.upstream
-	u.Path = g.upstreamPath + "/messages/count_tokens"
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(cb))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://count.invalid/", bytes.NewReader(cb))
 	if err != nil {
 		return 0, fmt.Errorf("gateway: count_tokens: %w", err)
 	}
@@ -139,11 +161,18 @@ func (g *Gateway) upstreamCount(ctx context.Context, r *http.Request, body []byt
 	if b := r.Header.Values("anthropic-beta"); len(b) > 0 {
 		req.Header["Anthropic-Beta"] = b
 	}
-	if g.upstreamKey != "" {
-		if g.cfg.Upstream.API == APIAnthropic {
-			req.Header.Set("x-api-key", g.upstreamKey)
-		} else {
-			req.Header["Authorization"] = g.upstreamAuth
+	if target != nil {
+		target.Rewrite(req, countPath, nil, model) // its URL and key only
+	} else {
+		u := *g.upstream
+		u.Path = g.upstreamPath + "/messages/count_tokens"
+		req.URL, req.Host = &u, u.Host
+		if g.upstreamKey != "" {
+			if g.cfg.Upstream.API == APIAnthropic {
+				req.Header.Set("x-api-key", g.upstreamKey)
+			} else {
+				req.Header["Authorization"] = g.upstreamAuth
+			}
 		}
 	}
 	res, err := g.countClient.Do(req)

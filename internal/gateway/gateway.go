@@ -239,7 +239,7 @@ func New(opts Options) (*Gateway, error) {
 	if g.pool != nil {
 		transport = poolTransport{g: g, next: transport}
 	}
-	if cfg.Upstream.CountTokens {
+	if cfg.Upstream.CountTokens || (g.pool != nil && cfg.Routing.CountTokens) {
 		g.counts, g.countClient = newCountCache(countCacheSize), &http.Client{Transport: transport, Timeout: countTokensTimeout}
 	}
 	g.proxy = &httputil.ReverseProxy{

@@ -3,8 +3,8 @@ package gateway
 import (
 	"context"
 	"fmt"
-	"os"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -28,10 +28,10 @@ const fleetMargin = 0.25
 // fleet is three gateway replicas on one real Redis in front of ups.
 type fleet struct {
 	period time.Duration
-	ups  []*fakeopenai.Server
-	srvs []*httptest.Server
-	gws  []*Gateway
-	reg  []*prometheus.Registry
+	ups    []*fakeopenai.Server
+	srvs   []*httptest.Server
+	gws    []*Gateway
+	reg    []*prometheus.Registry
 }
 
 // newFleet starts three fake upstreams enforcing real (per fleetPeriod),

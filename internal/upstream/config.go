@@ -135,6 +135,12 @@ type Routing struct {
 	// little later, and not in the order of admission, and the margin
 	// absorbs that jitter (2% of a minute is 1.2 s of it).
 	Margin *float64 `yaml:"margin"`
+	// CountTokens has a /v1/messages request for a model the gateway
+	// cannot count exactly counted by an Anthropic upstream of its route
+	// (POST /v1/messages/count_tokens, with that upstream's key and model
+	// id), when a token limit applies to it, the client's or the
+	// provider's; the larger of that count and the estimate is reserved.
+	CountTokens bool `yaml:"count_tokens"`
 }
 
 // DefaultMargin is Routing.Margin's default.

@@ -226,6 +226,30 @@ func (p *Pool) Route(model, base string) *Route {
 	return p.routes["*"]
 }
 
+// CountTarget returns the Anthropic target of r that count_tokens asks:
+// the first not cooling or down, else the first; nil when r has none.
+func (p *Pool) CountTarget(r *Route) *TargetState {
+	var first *TargetState
+	now := p.now().UnixNano()
+	for _, t := range r.Targets {
+		if t.Up.Kind != Anthropic {
+			continue
+		}
+		if t.retryAt.Load() <= now {
+			return t
+		}
+		if first == nil {
+			first = t
+		}
+	}
+	return first
+}
+
+// CountsTokens reports whether t limits tokens.
+func (t *TargetState) CountsTokens() bool {
+	return t.limit(limTPM) > 0 || t.limit(limITPM) > 0 || t.limit(limOTPM) > 0
+}
+
 // Upstreams returns the pool's upstreams in configuration order.
 func (p *Pool) Upstreams() []*Upstream { return p.upstreams }
 
