@@ -141,6 +141,10 @@ type Routing struct {
 	// id), when a token limit applies to it, the client's or the
 	// provider's; the larger of that count and the estimate is reserved.
 	CountTokens bool `yaml:"count_tokens"`
+	// Lease, default true, has a replica lease a chunk of a hot upstream
+	// model's limits and hand it out until the chunk's slot ends
+	// (lease.go); false sends every admission to the store.
+	Lease *bool `yaml:"lease"`
 }
 
 // DefaultMargin is Routing.Margin's default.

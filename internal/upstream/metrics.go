@@ -17,6 +17,7 @@ type Metrics struct {
 	failovers   *prometheus.CounterVec
 	tightened   *prometheus.CounterVec
 	remaining   *prometheus.GaugeVec
+	chunks      *prometheus.CounterVec
 }
 
 // NewMetrics registers a pool's metrics with reg. A metric registered
@@ -35,6 +36,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Times the provider's rate-limit headers reported less left than the store held, and the store was charged the difference."}, []string{"upstream", "model"}),
 		remaining: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_gateway_upstream_remaining",
 			Help: "What each upstream and model last reported left, by kind (requests, tokens)."}, []string{"upstream", "model", "kind"}),
+		chunks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gateway_upstream_chunks_total",
+			Help: "Chunks of a hot upstream model's limits this replica leased, each handed out by the replica until its slot ended."}, []string{"upstream", "model"}),
 	}
 	var err error
 	m.sent, err = register(reg, m.sent)
@@ -52,6 +55,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	if err == nil {
 		m.remaining, err = register(reg, m.remaining)
+	}
+	if err == nil {
+		m.chunks, err = register(reg, m.chunks)
 	}
 	if err != nil {
 		return nil, err

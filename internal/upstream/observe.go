@@ -124,6 +124,7 @@ func (p *Pool) tighten(ctx context.Context, t *TargetState, remaining [4]int64, 
 	if len(charges) == 0 {
 		return
 	}
+	t.drop()
 	if _, err := p.store.ApplyAll(ctx, sluice.OpCharge, charges); err == nil && p.metrics != nil {
 		p.metrics.tightened.WithLabelValues(t.Up.Name, t.Model).Inc()
 	}
@@ -137,6 +138,7 @@ func (p *Pool) Cooldown(ctx context.Context, t *TargetState, d time.Duration) {
 }
 
 func (p *Pool) cooldown(ctx context.Context, t *TargetState, d time.Duration) {
+	t.drop()
 	now := p.now()
 	t.retryAt.Store(now.Add(d).UnixNano())
 	t.coolUntil.Store(now.Add(d).UnixNano())
@@ -277,6 +279,7 @@ const (
 // failure counts in the store toward the fleet-wide circuit (FailThreshold).
 // A store error leaves only the local circuit.
 func (p *Pool) Fail(ctx context.Context, t *TargetState) {
+	t.drop()
 	p.MarkDown(t, DefaultCooldown)
 	req := sluice.Request{Key: t.keyBase + "fail", Algorithm: sluice.GCRA,
 		Limit: sluice.Limit{Rate: FailThreshold, Period: FailWindow, Burst: FailThreshold - 1}, Cost: 1}

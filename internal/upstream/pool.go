@@ -101,7 +101,8 @@ type TargetState struct {
 	// lastRemaining is the provider's last reported remaining requests
 	// and tokens, -1 when none (for /v1/status).
 	lastRemaining [2]atomic.Int64
-	// shared is the route names sharing this state (one per upstream and model).
+	// chunk is this replica's lease on the limits, when hot (lease.go).
+	chunk chunk
 }
 
 // limit kinds, in the order of learned.
@@ -249,6 +250,9 @@ func (p *Pool) CountTarget(r *Route) *TargetState {
 func (t *TargetState) CountsTokens() bool {
 	return t.limit(limTPM) > 0 || t.limit(limITPM) > 0 || t.limit(limOTPM) > 0
 }
+
+// leasing reports whether hot upstream models are leased (lease.go).
+func (p *Pool) leasing() bool { return p.routing.Lease == nil || *p.routing.Lease }
 
 // Upstreams returns the pool's upstreams in configuration order.
 func (p *Pool) Upstreams() []*Upstream { return p.upstreams }
@@ -426,6 +430,18 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 		reqs, fits := p.requests(t, in, out)
 		if !fits {
 			continue
+		}
+		if p.leasing() {
+			ok, n := p.fromChunk(t, in, out, now)
+			if !ok && n > 1 {
+				var err error
+				if ok, err = p.fetchChunk(ctx, t, in, out, n); err != nil {
+					return nil, 0, err
+				}
+			}
+			if ok {
+				return &Grant{Target: t, pool: p, reqs: reqs, in: in, out: out}, 0, nil
+			}
 		}
 		ds, err := p.store.ApplyAll(ctx, sluice.OpAllow, reqs)
 		if err != nil {
