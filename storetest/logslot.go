@@ -20,6 +20,7 @@ func logSlotScenarios() []scenario {
 	return []scenario{
 		{"sliding_window_log/GranularityRoundsUp", logSlotRoundsUp},
 		{"sliding_window_log/GranularityEpochAligned", logSlotEpochAligned},
+		{"sliding_window_log/GranularityDropped", logSlotDropped},
 		{"sliding_window_log/GranularityRandomArrivals", logSlotRandomArrivals},
 		{"sliding_window_log/GranularityErrors", logSlotErrors},
 	}
@@ -74,6 +75,24 @@ func logSlotEpochAligned(h *harness) {
 		allow(0, 1, false, 0, left-1+70*ms, left-1+70*ms),
 		peek(left-1+70*ms-1, 1, false, 0, 1, 1),
 		peek(1, 1, true, 1, 0, 0),
+	})
+}
+
+// logSlotDropped: a key whose limit loses its granularity keeps its
+// stamps, and a unit admitted behind the newest stamp joins that run, so
+// the log stays ascending (the oldest unit frees first).
+func logSlotDropped(h *harness) {
+	lim := sluice.Limit{Rate: 3, Period: s, Granularity: 100 * ms}
+	r := sluice.Request{Key: h.key("slotdrop"), Algorithm: sluice.SlidingWindowLog, Limit: lim}
+	h.steps(r, []step{
+		allow(10*ms, 1, true, 2, 0, 1090*ms), // stamped 100ms
+	})
+	r.Limit.Granularity = 0
+	h.steps(r, []step{
+		allow(10*ms, 1, true, 1, 0, 1080*ms), // t=20ms: joins the 100ms run
+		allow(200*ms, 1, true, 0, 0, s),      // t=220ms: exact
+		allow(0, 1, false, 0, 880*ms, s),
+		refund(0, 2, 2, 880*ms), // the 220ms unit and one of the 100ms run
 	})
 }
 
