@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/algo"
 	"github.com/sluice-io/sluice/clock"
 )
 
@@ -22,6 +23,7 @@ func logSlotScenarios() []scenario {
 		{"sliding_window_log/GranularityEpochAligned", logSlotEpochAligned},
 		{"sliding_window_log/GranularityDropped", logSlotDropped},
 		{"sliding_window_log/GranularityRandomArrivals", logSlotRandomArrivals},
+		{"sliding_window_log/GranularityMatchesAlgo", logSlotMatchesAlgo},
 		{"sliding_window_log/GranularityErrors", logSlotErrors},
 	}
 }
@@ -155,6 +157,47 @@ func logSlotRandomArrivals(h *harness) {
 	h.t.Logf("admitted %d units in %d windows, %d retries", total, len(admitted), retries)
 	if want := int64(18 * rate * (period - g) / period); total < want-rate || retries == 0 {
 		h.t.Fatalf("admitted %d units (want ≥ %d), %d retries", total, want-rate, retries)
+	}
+}
+
+// logSlotMatchesAlgo runs random ops (allow, peek, charge, refund; costs
+// 1 to 4; gaps from 0 to 40ms, some of a nanosecond) on logs with several
+// granularities, one key each, and checks every decision against package
+// algo's for the same ops on the same clock: the store (a Redis script
+// included) stamps, merges, expires and answers as algo does.
+func logSlotMatchesAlgo(h *harness) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(5, 6))
+	ops := []sluice.Op{sluice.OpAllow, sluice.OpAllow, sluice.OpAllow, sluice.OpPeek, sluice.OpCharge, sluice.OpRefund}
+	for _, g := range []time.Duration{ms, 7 * ms, 40 * ms, 250 * ms} {
+		req := sluice.Request{Key: h.key("slotalgo" + g.String()), Algorithm: sluice.SlidingWindowLog,
+			Limit: sluice.Limit{Rate: 8, Period: 250 * ms, Granularity: g}}
+		var st algo.State
+		for i := range 300 {
+			if rng.IntN(5) == 0 {
+				h.clk.Advance(time.Duration(rng.Int64N(3)))
+			} else {
+				h.clk.Advance(time.Duration(rng.Int64N(int64(40 * ms))))
+			}
+			op := ops[rng.IntN(len(ops))]
+			r := req
+			r.Cost = 1 + rng.Int64N(4)
+			got, err := h.store.Apply(ctx, op, r)
+			if err != nil {
+				h.t.Fatalf("granularity %s, step %d: %v", g, i, err)
+			}
+			want, next, err := algo.Apply(op, st, r, h.clk.Now())
+			if err != nil {
+				h.t.Fatal(err)
+			}
+			if op != sluice.OpPeek && want.Allowed {
+				st = next
+			}
+			got.Source = 0
+			if got != want {
+				h.t.Fatalf("granularity %s, step %d (t=%s, %s cost %d):\n got %+v\nwant %+v", g, i, h.since(), op, r.Cost, got, want)
+			}
+		}
 	}
 }
 
