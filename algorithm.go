@@ -22,7 +22,10 @@ const (
 	// SlidingWindowLog keeps the events admitted in the last Period, one
 	// timestamp and count per instant that admitted any: exact, but its
 	// memory per key grows with the distinct instants (bounded by Rate).
-	// Prefer SlidingWindowCounter for large limits.
+	// A Limit.Granularity g stamps admissions at the end of their g-long
+	// slot instead, bounding a key to Period/g + 1 entries at any rate,
+	// still never more than Rate in any Period. Prefer
+	// SlidingWindowCounter for large limits without a granularity.
 	SlidingWindowLog
 	// SlidingWindowCounter weighs the previous fixed window's count by how
 	// much of it still overlaps the sliding window: two integers per key.

@@ -106,6 +106,9 @@ func (r *Request) Validate(op Op) error {
 	if !r.Limit.Calendar.IsZero() && r.Algorithm != FixedWindow {
 		return fmt.Errorf("%w: key %q: a calendar limit (%s) needs the fixed_window algorithm, not %s", ErrInvalidLimit, r.Key, r.Limit, r.Algorithm)
 	}
+	if r.Limit.Granularity != 0 && r.Algorithm != SlidingWindowLog {
+		return fmt.Errorf("%w: key %q: granularity %s is for the sliding_window_log algorithm, not %s", ErrInvalidLimit, r.Key, r.Limit.Granularity, r.Algorithm)
+	}
 	if r.Cost < 0 || (r.Cost == 0 && op != OpPeek) {
 		return fmt.Errorf("%w: %d for key %q", ErrInvalidCost, r.Cost, r.Key)
 	}

@@ -139,3 +139,24 @@ func ExamplePerCalendar() {
 	// false 0 4h0m0s
 	// 3/day in Europe/Berlin 23h0m0s
 }
+
+// An upstream's 10,000 requests per minute kept as a sliding window log in
+// 300ms slots: never more than 10,000 in any minute, with at most 201
+// entries per key however busy it is. A request admitted 100ms into a slot
+// counts until that slot's end plus a minute.
+func ExampleLimit_granularity() {
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	store, _ := memstore.New(memstore.Options{Clock: clk})
+	defer store.Close()
+	limit := sluice.Limit{Rate: 10_000, Period: time.Minute, Granularity: time.Minute / 200}
+	req := sluice.Request{Key: "upstream:rpm", Algorithm: sluice.SlidingWindowLog, Limit: limit, Cost: 10_000}
+	clk.Advance(100 * time.Millisecond)
+	d, _ := store.Apply(context.Background(), sluice.OpAllow, req)
+	fmt.Println(d.Allowed, d.ResetAfter)
+	req.Cost = 1
+	d, _ = store.Apply(context.Background(), sluice.OpAllow, req)
+	fmt.Println(d.Allowed, d.RetryAfter)
+	// Output:
+	// true 1m0.2s
+	// false 1m0.2s
+}

@@ -57,6 +57,21 @@ type Limit struct {
 	// Calendar, when set, makes the windows calendar windows in a time
 	// zone rather than Period-long windows aligned to the Unix epoch.
 	Calendar Calendar
+	// Granularity is used by the SlidingWindowLog algorithm only, and
+	// Request.Validate rejects it for any other. Zero, the default, keeps
+	// the log exact: one entry per distinct admission instant. A positive
+	// Granularity g stamps every admission (OpAllow and OpCharge) at the
+	// end of the g-long slot, aligned to the Unix epoch, that holds it:
+	// the admission time rounded up to a multiple of g. Admissions in one
+	// slot share one entry, so a key keeps at most Period/g + 1 entries
+	// whatever the rate, and each decision reads and writes that many.
+	// Rounding up errs on the safe side: a unit counts from its true
+	// admission until at least that time + Period (at most g longer), so
+	// the log still admits at most Rate in any Period-long window of true
+	// admission times; the cost is that the freed capacity comes back up
+	// to g late, a utilisation at most g/Period lower. It must be a whole
+	// number of milliseconds, positive, and at most Period.
+	Granularity time.Duration
 }
 
 // PerSecond returns a Limit of rate events per second with a burst of rate.
@@ -95,6 +110,9 @@ func (l Limit) Validate() error {
 	case l.Burst > maxRate:
 		return fmt.Errorf("%w: burst %d exceeds %d", ErrInvalidLimit, l.Burst, int64(maxRate))
 	}
+	if err := l.validGranularity(); err != nil {
+		return err
+	}
 	if !l.Calendar.IsZero() {
 		if err := l.Calendar.Validate(); err != nil {
 			return err
@@ -105,6 +123,24 @@ func (l Limit) Validate() error {
 	}
 	if l.Tau() > int64(maxPeriod)*16 {
 		return fmt.Errorf("%w: burst %d at %s takes too long to refill", ErrInvalidLimit, l.Capacity(), l)
+	}
+	return nil
+}
+
+// validGranularity checks Granularity against the rules its doc states.
+func (l Limit) validGranularity() error {
+	g := l.Granularity
+	switch {
+	case g == 0:
+		return nil
+	case g < 0:
+		return fmt.Errorf("%w: granularity %s must not be negative", ErrInvalidLimit, g)
+	case g%time.Millisecond != 0:
+		return fmt.Errorf("%w: granularity %s must be a whole number of milliseconds", ErrInvalidLimit, g)
+	case g > l.Period:
+		return fmt.Errorf("%w: granularity %s exceeds the period %s", ErrInvalidLimit, g, l.Period)
+	case !l.Calendar.IsZero():
+		return fmt.Errorf("%w: a calendar limit (%s) takes no granularity", ErrInvalidLimit, l)
 	}
 	return nil
 }

@@ -69,9 +69,41 @@ func TestLimitValidate(t *testing.T) {
 		{Rate: 1 << 50, Period: time.Second},
 		{Rate: 1, Period: 1000 * 24 * time.Hour},
 		{Rate: 1, Period: 300 * 24 * time.Hour, Burst: 1 << 39},
+		{Rate: 1, Period: time.Second, Granularity: -time.Millisecond},
+		{Rate: 1, Period: time.Second, Granularity: time.Millisecond + 1},
+		{Rate: 1, Period: time.Second, Granularity: 999 * time.Microsecond},
+		{Rate: 1, Period: time.Second, Granularity: time.Second + time.Millisecond},
+		{Rate: 1, Period: time.Minute, Granularity: 2 * time.Minute},
+		{Rate: 1, Period: 24 * time.Hour, Granularity: time.Hour, Calendar: sluice.Calendar{Unit: sluice.Day}},
 	} {
 		if err := l.Validate(); !errors.Is(err, sluice.ErrInvalidLimit) {
 			t.Errorf("%+v.Validate() = %v, want ErrInvalidLimit", l, err)
+		}
+	}
+	for _, l := range []sluice.Limit{
+		{Rate: 1, Period: time.Second, Granularity: time.Millisecond},
+		{Rate: 1, Period: time.Second, Granularity: time.Second},
+		{Rate: 1, Period: time.Second, Granularity: 7 * time.Millisecond},
+	} {
+		if err := l.Validate(); err != nil {
+			t.Errorf("%+v.Validate() = %v, want nil", l, err)
+		}
+	}
+}
+
+// A granularity is for the sliding window log only: a request of another
+// algorithm with one is invalid, whatever the op but a reset.
+func TestRequestGranularityNeedsLog(t *testing.T) {
+	l := sluice.Limit{Rate: 10, Period: time.Second, Granularity: 100 * time.Millisecond}
+	for _, a := range sluice.Algorithms() {
+		r := sluice.Request{Key: "k", Algorithm: a, Limit: l, Cost: 1, Lease: "x"}
+		err := r.Validate(sluice.OpAllow)
+		if a == sluice.SlidingWindowLog {
+			if err != nil {
+				t.Errorf("%s: %v", a, err)
+			}
+		} else if !errors.Is(err, sluice.ErrInvalidLimit) {
+			t.Errorf("%s with a granularity: %v, want ErrInvalidLimit", a, err)
 		}
 	}
 }

@@ -34,7 +34,7 @@ type Lease struct {
 //	TokenBucket           A = level, in nanoseconds of refill; B = last refill
 //	FixedWindow           A = window start (calendar or epoch-aligned); B = count
 //	SlidingWindowCounter  A = current window start; B = its count; C = previous window's count
-//	SlidingWindowLog      Log = the admitted units, one Run per instant, ascending
+//	SlidingWindowLog      Log = the admitted units, one Run per instant (per slot with a Granularity), ascending
 //	Concurrency           Leases
 //
 // Apply never modifies the slices of the State it is given, so a caller may
@@ -48,7 +48,8 @@ type State struct {
 // Run is N units of a SlidingWindowLog admitted at one instant, as the
 // Redis script keeps them ("T*N"): a cost of N takes one Run, not N
 // entries, so a key's log takes one Run per distinct instant, at most
-// Rate of them.
+// Rate of them, or, with a Limit.Granularity g, one per g-long slot, at
+// most Period/g + 1 of them.
 type Run struct {
 	// At is when the units were admitted, in Unix nanoseconds.
 	At int64
@@ -426,7 +427,9 @@ func SlidingReset(p, e, prev, curr int64) int64 {
 }
 
 // slidingLog keeps the admitted units in runs, one per instant; a unit
-// counts while its instant+Period > now. At most Rate units are kept.
+// counts while its instant+Period > now. At most Rate units are kept. With
+// a Granularity the instant is the admission time rounded up to it
+// (SlotEnd), so the admissions of one slot share a run.
 func slidingLog(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decision, State, error) {
 	l := req.Limit
 	p := int64(l.Period)
@@ -449,13 +452,13 @@ func slidingLog(op sluice.Op, st State, req sluice.Request, now int64) (sluice.D
 		}
 		d.Allowed = true
 		if op == sluice.OpAllow {
-			log = appendRun(log, now, req.Cost, l.Rate)
+			log = appendRun(log, SlotEnd(now, l.Granularity), req.Cost, l.Rate)
 		}
 	case sluice.OpRefund:
 		log = dropNewest(log, req.Cost)
 		d.Allowed = true
 	case sluice.OpCharge:
-		log = appendRun(log, now, req.Cost, l.Rate)
+		log = appendRun(log, SlotEnd(now, l.Granularity), req.Cost, l.Rate)
 		d.Allowed = true
 	}
 	if op != sluice.OpPeek {
@@ -491,13 +494,36 @@ func unitAt(log []Run, k int64) int64 {
 	return math.MaxInt64
 }
 
+// SlotEnd is the instant a SlidingWindowLog with granularity g stamps an
+// admission at now (Unix ns): now rounded up to a multiple of g since the
+// Unix epoch, the end of the g-long slot that holds it; now itself when g
+// is zero.
+func SlotEnd(now int64, g time.Duration) int64 {
+	if g <= 0 {
+		return now
+	}
+	r := now % int64(g)
+	switch {
+	case r > 0:
+		if now > math.MaxInt64-(int64(g)-r) {
+			return math.MaxInt64
+		}
+		return now + int64(g) - r
+	case r < 0: // before the epoch, truncation already rounds up
+		return now - r
+	}
+	return now
+}
+
 // appendRun returns a new log: log with n units at t, keeping at most
-// limit units (the newest).
+// limit units (the newest). Units stamped no later than the newest run
+// join it, so the log stays ascending when the clock steps back or the
+// granularity changes, counting them the longer, as the Redis script does.
 func appendRun(log []Run, t, n, limit int64) []Run {
 	n = min(n, limit)
 	out := make([]Run, 0, len(log)+1)
 	out = append(out, log...)
-	if k := len(out); k > 0 && out[k-1].At == t {
+	if k := len(out); k > 0 && out[k-1].At >= t {
 		out[k-1].N += n
 	} else {
 		out = append(out, Run{At: t, N: n})

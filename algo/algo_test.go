@@ -230,3 +230,61 @@ func TestCostsInSaturates(t *testing.T) {
 		}
 	}
 }
+
+func TestSlotEnd(t *testing.T) {
+	const g = 100 * time.Millisecond
+	ms := int64(time.Millisecond)
+	for _, c := range []struct {
+		now  int64
+		g    time.Duration
+		want int64
+	}{
+		{1234, 0, 1234},
+		{0, g, 0},
+		{1, g, 100 * ms},
+		{100 * ms, g, 100 * ms},
+		{100*ms + 1, g, 200 * ms},
+		{-1, g, 0},
+		{-100*ms - 1, g, -100 * ms},
+		// 1e18 is 1ms past a multiple of 7ms: epoch-aligned, not now-aligned
+		{1e18 + 5*ms, 7 * time.Millisecond, 1e18 + 6*ms},
+		{math.MaxInt64 - 1, time.Second, math.MaxInt64},
+	} {
+		if got := algo.SlotEnd(c.now, c.g); got != c.want {
+			t.Errorf("SlotEnd(%d, %s) = %d, want %d", c.now, c.g, got, c.want)
+		}
+	}
+}
+
+// A log with a granularity stamps its units at the slot's end, one run per
+// slot; units stamped behind the newest run (a clock that stepped back, a
+// granularity changed or dropped) join it, so the runs stay ascending.
+func TestSlidingLogSlots(t *testing.T) {
+	ms := int64(time.Millisecond)
+	lim := sluice.Limit{Rate: 100, Period: time.Second, Granularity: 100 * time.Millisecond}
+	req := sluice.Request{Key: "k", Algorithm: sluice.SlidingWindowLog, Limit: lim, Cost: 1}
+	var st algo.State
+	apply := func(op sluice.Op, at int64) {
+		t.Helper()
+		d, next, err := algo.Apply(op, st, req, at)
+		if err != nil || !d.Allowed {
+			t.Fatalf("%s at %d: %+v %v", op, at, d, err)
+		}
+		st = next
+	}
+	apply(sluice.OpAllow, 10*ms)
+	apply(sluice.OpCharge, 99*ms)
+	apply(sluice.OpAllow, 100*ms)
+	apply(sluice.OpAllow, 101*ms)
+	apply(sluice.OpAllow, 150*ms) // joins the 200ms run
+	apply(sluice.OpAllow, 50*ms)  // the clock stepped back: joins it too
+	req.Limit.Granularity = 0
+	apply(sluice.OpAllow, 180*ms) // exact now, still behind the newest run
+	want := []algo.Run{{At: 100 * ms, N: 3}, {At: 200 * ms, N: 4}}
+	if len(st.Log) != len(want) || st.Log[0] != want[0] || st.Log[1] != want[1] {
+		t.Fatalf("log %+v, want %+v", st.Log, want)
+	}
+	if got := algo.Expiry(&st, &req); got != 1200*ms {
+		t.Fatalf("expiry %d, want %d", got, 1200*ms)
+	}
+}

@@ -26,6 +26,9 @@ func NewGCRAParams(l sluice.Limit) (GCRAParams, error) {
 	if !l.Calendar.IsZero() {
 		return GCRAParams{}, fmt.Errorf("%w: a calendar limit (%s) needs the fixed_window algorithm, not gcra", sluice.ErrInvalidLimit, l)
 	}
+	if l.Granularity != 0 {
+		return GCRAParams{}, fmt.Errorf("%w: granularity %s is for the sliding_window_log algorithm, not gcra", sluice.ErrInvalidLimit, l.Granularity)
+	}
 	return GCRAParams{Limit: l, Interval: l.Interval(), Tau: l.Tau()}, nil
 }
 

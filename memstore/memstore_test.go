@@ -19,3 +19,9 @@ func newStore(t *testing.T, clk *clock.Fake) sluice.Store {
 }
 
 func TestConformance(t *testing.T) { storetest.Run(t, newStore) }
+
+func TestLogRuns(t *testing.T) {
+	storetest.RunLogRuns(t, newStore, func(t *testing.T, s sluice.Store, key string) int {
+		return s.(*memstore.Store).LogRuns(key)
+	})
+}

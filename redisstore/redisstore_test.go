@@ -71,3 +71,18 @@ func conformancePlain(t *testing.T, url string) {
 		t.Fatalf("%d plain calls: the plain path was not taken", plain)
 	}
 }
+
+// The runs of a sliding window log are the entries of its Redis list.
+func TestLogRuns(t *testing.T) {
+	url := redistest.Standalone(t).URL()
+	storetest.RunLogRuns(t, func(t *testing.T, clk *clock.Fake) sluice.Store {
+		return newStore(t, Options{URL: url, Clock: clk})
+	}, func(t *testing.T, s sluice.Store, key string) int {
+		c := s.(*Store).Client()
+		n, err := c.Do(context.Background(), c.B().Llen().Key(key).Build()).AsInt64()
+		if err != nil {
+			t.Fatalf("LLEN %s: %v", key, err)
+		}
+		return int(n)
+	})
+}

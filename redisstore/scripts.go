@@ -246,11 +246,16 @@ func appendArgs(args []string, req *sluice.Request, hint int64) ([]string, error
 	}
 	eff := max(req.Cost, 1)
 	tau := int64(0)
-	if req.Algorithm == sluice.GCRA || req.Algorithm == sluice.TokenBucket {
+	switch req.Algorithm {
+	case sluice.GCRA, sluice.TokenBucket:
 		tau = reserveTau(req) // reserve.go
+	case sluice.SlidingWindowLog:
+		// the log has no tau: the slot carries its granularity in whole
+		// milliseconds (main.lua, slidinglog.lua)
+		tau = int64(l.Granularity / time.Millisecond)
 	}
 	inc, chg := l.CostInterval(eff), l.CostInterval(req.Cost)
-	if req.ReservedAhead > 0 && tau > 0 {
+	if req.ReservedAhead > 0 && (req.Algorithm == sluice.GCRA || req.Algorithm == sluice.TokenBucket) {
 		// a refund of a reservation: the inc slot, unused by refunds,
 		// carries its reserved-ahead time, negated (gcra.lua, tokenbucket.lua)
 		inc = -int64(req.ReservedAhead)

@@ -2,12 +2,28 @@
 -- "T*N": N admitted units (default 1) at Unix-ns time T. A run counts while
 -- T + period > now; at most Rate units are kept. Runs keep the memory per
 -- key at O(distinct instants), at most O(Rate), and make a cost of N one
--- entry. The key expires when its newest run slides out.
+-- entry. The key expires when its newest run slides out. With a
+-- granularity of q.g milliseconds, units are stamped at the end of their
+-- q.g-long slot (algo.SlotEnd), so a slot's units share a run and a key
+-- holds at most period/q.g + 1 runs.
 -- Reply: allowed, count, retry-after, reset-after.
 local function logtotal(runs)
   local n = 0
   for i = 1, #runs do n = n + runs[i][2] end
   return n
+end
+
+-- slotend is the stamp of a unit admitted now, relative to now (so 0 for
+-- an exact log): now rounded up to a multiple of g ms since the Unix
+-- epoch. Now in whole ms, NS·1000 + floor(NN/1e6), is exact in a double
+-- (below 2^53), and so is the stamp's offset from NS·1000 ms.
+local function slotend(g)
+  if g <= 0 then return 0 end
+  local m = NS * 1000 + math.floor(NN / 1e6)
+  local sub = NN % 1e6
+  local e = m - m % g
+  if e < m or sub > 0 then e = e + g end
+  return (e - NS * 1000) * 1e6 - NN
 end
 ALGOS[3] = {
   load = function(k, q)
@@ -57,11 +73,15 @@ ALGOS[3] = {
         end
       end
     else
+      -- Units stamped no later than the newest run join it (algo's
+      -- appendRun): a stamp in the same slot, or behind a clock that
+      -- stepped back, so the runs stay ascending.
+      local t = slotend(q.g)
       local r = out[#out]
-      if r and r[1] == 0 then
-        out[#out] = { 0, r[2] + q.cost }
+      if r and r[1] >= t then
+        out[#out] = { r[1], r[2] + q.cost }
       else
-        out[#out + 1] = { 0, q.cost }
+        out[#out + 1] = { t, q.cost }
       end
       local over = logtotal(out) - q.rate
       local drop = 0
