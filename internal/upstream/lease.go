@@ -32,7 +32,7 @@ import (
 // slot is the provider logs' granularity: 1/200 of the period, in whole
 // milliseconds (Limit.Granularity).
 func (p *Pool) slot() time.Duration {
-	return max((p.period/200).Truncate(time.Millisecond), time.Millisecond)
+	return max((p.period / 200).Truncate(time.Millisecond), time.Millisecond)
 }
 
 // hotPerSlot is how many admissions on one upstream model this replica

@@ -366,7 +366,7 @@ func (p *Pool) logReq(t *TargetState, i int, rate, cost int64) sluice.Request {
 // end of a slot of period/200 (Limit.Granularity), so that a log holds
 // at most about 200 runs at any rate.
 func (p *Pool) limitOf(rate int64) sluice.Limit {
-	return sluice.Limit{Rate: max(rate-int64(float64(rate)**p.routing.Margin), 1), Period: p.period}
+	return sluice.Limit{Rate: max(rate-int64(float64(rate)**p.routing.Margin), 1), Period: p.period, Granularity: p.slot()}
 }
 
 // Grant is a reservation admitted on one upstream's model. Settle it
