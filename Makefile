@@ -76,6 +76,7 @@ bench:
 	$(GO) test -run '^$$' -bench Memory100k -benchtime 1x ./internal/batch/
 	$(GO) test -run '^$$' -bench PauseOverAdmission -benchtime 3x ./guard/
 	$(GO) test -run '^$$' -bench PoolRouting -benchtime 2000x -count 3 ./internal/gateway/
+	$(GO) test -run '^$$' -bench PoolLease -benchtime 20000x -count 2 ./internal/upstream/
 
 # flood sends 10,000,000 distinct keys through a memory store at its default
 # bounds and prints the RSS and heap against store.max_bytes every million
