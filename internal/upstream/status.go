@@ -27,9 +27,10 @@ type Status struct {
 	ProviderRemainingRequests int64 `json:"provider_remaining_requests"`
 	ProviderRemainingTokens   int64 `json:"provider_remaining_tokens"`
 	// Up is false while the upstream model is cooling after a provider
-	// 429 this replica saw (until CooldownUntil; the cooldown itself is
-	// fleet-wide, in the store) or marked down after a failure (this
-	// replica's circuit, until DownUntil). The times are absent when past.
+	// 429 or repeated failures any replica saw (until CooldownUntil, read
+	// from the store's cooldown key: fleet-wide) or marked down after a
+	// failure (this replica's circuit, until DownUntil). The times are
+	// absent when past.
 	Up            bool       `json:"up"`
 	CooldownUntil *time.Time `json:"cooldown_until,omitempty"`
 	DownUntil     *time.Time `json:"down_until,omitempty"`
@@ -54,16 +55,28 @@ func (p *Pool) Status(ctx context.Context) ([]Status, error) {
 				names = append(names, limNames[i])
 			}
 		}
-		if len(reqs) > 0 {
-			ds, err := p.store.ApplyAll(ctx, sluice.OpPeek, reqs)
-			if err != nil {
-				return nil, fmt.Errorf("upstream %s model %s: status: %w", t.Up.Name, t.Model, err)
+		// The cooldown key last: while it is in debt the upstream model
+		// has no room on any replica, whatever its limits hold.
+		reqs = append(reqs, p.coolReq(t, 1))
+		ds, err := p.store.ApplyAll(ctx, sluice.OpPeek, reqs)
+		if err != nil {
+			return nil, fmt.Errorf("upstream %s model %s: status: %w", t.Up.Name, t.Model, err)
+		}
+		cool := ds[len(ds)-1]
+		for i, d := range ds[:len(ds)-1] {
+			left := max(d.Remaining, 0)
+			if !cool.Allowed {
+				left = 0
 			}
-			for i, d := range ds {
-				left := max(d.Remaining, 0)
-				s.Remaining[names[i]] = left
-				s.Headroom = min(s.Headroom, float64(left)/float64(reqs[i].Limit.Capacity()))
+			s.Remaining[names[i]] = left
+			s.Headroom = min(s.Headroom, float64(left)/float64(reqs[i].Limit.Capacity()))
+		}
+		if !cool.Allowed {
+			s.Headroom = 0
+			if until := now.Add(cool.RetryAfter).UTC(); s.CooldownUntil == nil || until.After(*s.CooldownUntil) {
+				s.CooldownUntil = &until
 			}
+			s.Up = false
 		}
 		out = append(out, s)
 	}
