@@ -12,9 +12,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/fakeopenai"
 	"github.com/sluice-io/sluice/internal/redistest"
 	"github.com/sluice-io/sluice/internal/upstream"
+	"github.com/sluice-io/sluice/lease"
 	"github.com/sluice-io/sluice/redisstore"
 )
 
@@ -28,6 +30,14 @@ const fleetMargin = 0.25
 // fleet is three gateway replicas on one real Redis in front of ups.
 type fleet struct {
 	period time.Duration
+	// unavailableOK admits 503 (the store did not answer) as a client's
+	// status.
+	unavailableOK bool
+	// timeout is the replicas' store timeout; zero means 5s.
+	timeout time.Duration
+	// leaseClients leases the client's own limits (package lease), as
+	// gateway.OpenStore does for lease: true.
+	leaseClients bool
 	ups    []*fakeopenai.Server
 	srvs   []*httptest.Server
 	gws    []*Gateway
@@ -45,15 +55,20 @@ func newFleet(t *testing.T, real fakeopenai.Options, declared upstream.Limits) *
 	// is a quarter of the shortened period (at a real minute, the default
 	// 2% covers 1.2 s of it; make soak-pool).
 	margin := fleetMargin
-	return newFleetWith(t, real, declared, fleetPeriod, &margin)
+	return newFleetWith(t, redistest.Standalone(t).URL(), real, declared, fleetPeriod, &margin)
 }
 
-// newFleetWith is newFleet with limits per period and a routing margin
-// (nil: the default).
-func newFleetWith(t *testing.T, real fakeopenai.Options, declared upstream.Limits, period time.Duration, margin *float64) *fleet {
+// newFleetWith is newFleet on the Redis at url, with limits per period
+// and a routing margin (nil: the default).
+func newFleetWith(t *testing.T, url string, real fakeopenai.Options, declared upstream.Limits, period time.Duration, margin *float64) *fleet {
 	t.Helper()
-	url := redistest.Standalone(t).URL()
-	f := &fleet{period: period}
+	return newFleetOf(t, &fleet{period: period}, url, real, declared, margin)
+}
+
+// newFleetOf starts f (its period and timeout set) as newFleetWith does.
+func newFleetOf(t *testing.T, f *fleet, url string, real fakeopenai.Options, declared upstream.Limits, margin *float64) *fleet {
+	t.Helper()
+	period := f.period
 	real.Period = period
 	for _, w := range []fakeopenai.Window{fakeopenai.Bucket, fakeopenai.Sliding, fakeopenai.Fixed} {
 		real.Window = w
@@ -73,17 +88,32 @@ func newFleetWith(t *testing.T, real fakeopenai.Options, declared upstream.Limit
 	}
 	cfg.Keys[0].Client = tag[max(len(tag)-20, 0):] + "c"
 	cfg.Routing.Margin = margin
+	timeout := 5 * time.Second
+	if f.timeout > 0 {
+		timeout = f.timeout
+	}
+	cfg.Store.Timeout = timeout
+	cfg.Lease = f.leaseClients
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	for range 3 {
-		st, err := redisstore.New(context.Background(), redisstore.Options{URL: url, DisableDenyCache: true, Timeout: 5 * time.Second})
+		st, err := redisstore.New(context.Background(), redisstore.Options{URL: url, DisableDenyCache: true, Timeout: timeout})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = st.Close() })
+		var store sluice.Store = st
+		if f.leaseClients {
+			l, err := lease.New(lease.Options{Store: st, CallTimeout: timeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = l.Close() })
+			store = l
+		}
 		reg := prometheus.NewRegistry()
-		gw, srv := poolGateway(t, cfg, st, period, reg)
+		gw, srv := poolGateway(t, cfg, store, period, reg)
 		f.gws, f.srvs, f.reg = append(f.gws, gw), append(f.srvs, srv), append(f.reg, reg)
 	}
 	return f
@@ -128,7 +158,7 @@ func (f *fleet) load(t *testing.T, rate int, d time.Duration, events map[time.Du
 				mu.Lock()
 				statuses[status]++
 				mu.Unlock()
-				if status != 200 && status != 429 {
+				if status != 200 && status != 429 && (status != 503 || !f.unavailableOK) {
 					t.Errorf("client saw %d: %s", status, body)
 				}
 			})
@@ -265,7 +295,7 @@ func TestPoolFleetSoak(t *testing.T) {
 		t.Skip("a minute long: make soak-pool")
 	}
 	const rpm = 300
-	f := newFleetWith(t, fakeopenai.Options{RPM: rpm, CompletionTokens: 4}, upstream.Limits{RPM: rpm}, time.Minute, nil)
+	f := newFleetWith(t, redistest.Standalone(t).URL(), fakeopenai.Options{RPM: rpm, CompletionTokens: 4}, upstream.Limits{RPM: rpm}, time.Minute, nil)
 	statuses, _ := f.load(t, 3*rpm*13/10, time.Minute, map[time.Duration]func(){})
 	for i, gw := range f.gws {
 		f.srvs[i].Close()
@@ -286,5 +316,47 @@ func TestPoolFleetSoak(t *testing.T) {
 	}
 	if got < 3*rpm*95/100 {
 		t.Errorf("admitted %d in the minute, want >= %d (95%% of %d)", got, 3*rpm*95/100, 3*rpm)
+	}
+}
+
+// TestPoolFleetRedisPause: the fleet's Redis pauses (CLIENT PAUSE) for 1.5
+// periods mid-run, the replicas' store timeout a fifth of a period, the
+// clients' own limits leased (so that requests reach the pool while Redis
+// does not answer).
+// Admissions time out (503, never sent), and Redis runs the queued calls
+// when the pause ends, admitting for requests that were never sent; what
+// was admitted before, during and after still never takes an upstream
+// past its limit in any window, and no provider answers 429.
+func TestPoolFleetRedisPause(t *testing.T) {
+	const rpm = 12
+	srv := redistest.NewStandalone(t)
+	margin := fleetMargin
+	f := newFleetOf(t, &fleet{period: fleetPeriod, timeout: fleetPeriod / 5, unavailableOK: true, leaseClients: true}, srv.URL(),
+		fakeopenai.Options{RPM: rpm, CompletionTokens: 4}, upstream.Limits{RPM: rpm}, &margin)
+	pause := func() {
+		if _, err := srv.Do(context.Background(), "CLIENT", "PAUSE", fmt.Sprint((fleetPeriod * 3 / 2).Milliseconds()), "ALL"); err != nil {
+			t.Error(err)
+		}
+	}
+	statuses, _ := f.load(t, 3*rpm*13/10, 5*fleetPeriod, map[time.Duration]func(){3 * fleetPeriod / 2: pause})
+	for i, gw := range f.gws {
+		f.srvs[i].Close()
+		_ = gw.Close()
+	}
+	limited := 0
+	for i, up := range f.ups {
+		limited += up.Limited()
+		if n := maxInWindow(up, fleetPeriod); n > rpm {
+			t.Errorf("upstream %d took %d in one period, limit %d", i, n, rpm)
+		}
+	}
+	t.Logf("client statuses %v; upstreams accepted %d %d %d", statuses, len(f.ups[0].Accepted()), len(f.ups[1].Accepted()), len(f.ups[2].Accepted()))
+	if limited != 0 {
+		t.Errorf("providers answered 429 %d times", limited)
+	}
+	// 5 periods less the pause and the period the calls queued during
+	// it hold: 2.5 periods' worth of what the margin leaves; at least 2.
+	if usable := 3 * (rpm - int(rpm*fleetMargin)); statuses[200] < 2*usable || statuses[503] == 0 {
+		t.Errorf("%d served in 5 periods around a pause of 1.5, want >= %d, and some 503s", statuses[200], 2*usable)
 	}
 }
