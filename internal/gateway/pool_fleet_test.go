@@ -38,10 +38,10 @@ type fleet struct {
 	// leaseClients leases the client's own limits (package lease), as
 	// gateway.OpenStore does for lease: true.
 	leaseClients bool
-	ups    []*fakeopenai.Server
-	srvs   []*httptest.Server
-	gws    []*Gateway
-	reg    []*prometheus.Registry
+	ups          []*fakeopenai.Server
+	srvs         []*httptest.Server
+	gws          []*Gateway
+	reg          []*prometheus.Registry
 }
 
 // newFleet starts three fake upstreams enforcing real (per fleetPeriod),
