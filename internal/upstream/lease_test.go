@@ -190,3 +190,28 @@ func TestLeaseDroppedOnCooldown(t *testing.T) {
 		t.Fatalf("after a 429: grant %v, wait %s", g2, wait)
 	}
 }
+
+// TestLeaseDroppedOnLowerLimit: a provider reporting a limit below the
+// one a chunk was taken under drops the chunk.
+func TestLeaseDroppedOnLowerLimit(t *testing.T) {
+	p, _, advance := hotPool(t, 600_000, 0, true)
+	r := p.Route("m", "")
+	var g *Grant
+	held := func() bool {
+		c := &g.Target.chunk
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.left[0] > 0 && p.now().Before(c.until)
+	}
+	for i := 0; g == nil || !held(); i++ {
+		if i == 3000 {
+			t.Fatal("no chunk held")
+		}
+		advance(time.Millisecond)
+		g, _, _ = p.Acquire(context.Background(), r, false, 1, 1, nil)
+	}
+	p.Observe(context.Background(), g, 200, http.Header{"X-Ratelimit-Limit-Requests": {"1000"}}, time.Millisecond)
+	if held() {
+		t.Fatal("a chunk taken under 600000 rpm kept after the provider said 1000")
+	}
+}

@@ -42,7 +42,9 @@ func (p *Pool) Observe(ctx context.Context, g *Grant, status int, h http.Header,
 	for i := range 4 {
 		switch l := rl.limit[i]; {
 		case l > 0 && l < t.limits.get(i):
-			t.learned[i].Store(l)
+			if old := t.learned[i].Swap(l); old == 0 || l < old {
+				t.drop() // a chunk taken under the higher limit
+			}
 		case l >= t.limits.get(i):
 			t.learned[i].Store(0) // back to the declared limit, never past it
 		}
