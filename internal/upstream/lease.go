@@ -131,7 +131,7 @@ func (p *Pool) fetchChunk(ctx context.Context, t *TargetState, in, out, n int64)
 	if err != nil {
 		return false, fmt.Errorf("upstream %s model %s: chunk: %w", t.Up.Name, t.Model, err)
 	}
-	p.note(t, reqs, ds, p.now())
+	t.note(reqs, ds, p.now())
 	if !sluice.Combine(ds).Allowed {
 		return false, nil
 	}

@@ -448,7 +448,7 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 			return nil, 0, fmt.Errorf("upstream %s model %s: %w", t.Up.Name, t.Model, err)
 		}
 		d := sluice.Combine(ds)
-		p.note(t, reqs, ds, p.now())
+		t.note(reqs, ds, p.now())
 		if d.Allowed {
 			return &Grant{Target: t, pool: p, reqs: reqs, in: in, out: out}, 0, nil
 		}
@@ -460,11 +460,11 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 }
 
 // note records the headroom a decision showed.
-func (p *Pool) note(t *TargetState, reqs []sluice.Request, ds []sluice.Decision, now time.Time) {
+func (t *TargetState) note(reqs []sluice.Request, ds []sluice.Decision, now time.Time) {
 	f := 1.0
 	var ra time.Duration
 	for i, d := range ds {
-		if c := reqs[i].Limit.Rate; c > 0 && c != p.coolRate() {
+		if c := reqs[i].Limit.Rate; reqs[i].Algorithm == sluice.SlidingWindowLog && c > 0 { // not the cooldown key
 			f = math.Min(f, float64(d.Remaining)/float64(c))
 		}
 		ra = max(ra, d.RetryAfter)
