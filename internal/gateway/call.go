@@ -55,6 +55,7 @@ type call struct {
 	path        string         // the request's path, as received
 	route       *upstream.Route
 	grant       *upstream.Grant // the upstream reservation of the attempt sent last (pool.go)
+	cacheKey    string          // the body's prompt_cache_key, a pool's affinity (pool.go)
 	unsent      bool            // refused before any upstream had it: refunded whole
 	fair        fairUsage       // what the queue counted for fairness (queue.go)
 }

@@ -106,7 +106,7 @@ func (g *Gateway) routeCall(w http.ResponseWriter, c *call) bool {
 func (g *Gateway) acquire(w http.ResponseWriter, r *http.Request, c *call) bool {
 	in, out := c.promptEst, max(c.reserved-c.promptEst, 0)
 	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Store.Timeout)
-	grant, wait, err := g.pool.AcquireSticky(ctx, c.route, c.ep.anthropic(), in, out, nil, affinity(r))
+	grant, wait, err := g.pool.AcquireSticky(ctx, c.route, c.ep.anthropic(), in, out, nil, affinity(r, c))
 	cancel()
 	if err == nil && grant == nil && wait > 0 && g.queue != nil && g.cfg.Queue.MaxWait > 0 {
 		var answered bool
@@ -153,7 +153,7 @@ func (g *Gateway) waitRoom(w http.ResponseWriter, r *http.Request, c *call, in, 
 	q := g.queue
 	qc := q.class[c.client]
 	gate, _ := g.roomGates.LoadOrStore(c.route, &fairqueue.Gate{})
-	aff := affinity(r)
+	aff := affinity(r, c)
 	it := fairqueue.Item{
 		Key: c.client.id, Group: c.client.tier.name, Class: qc.name, Weight: qc.weight, Bytes: int64(len(c.body)),
 		Usage: 1e-9, // the request counted in its fair share when admitted
@@ -210,9 +210,14 @@ func (g *Gateway) waitRoom(w http.ResponseWriter, r *http.Request, c *call, in, 
 // has room: the provider's prompt cache then holds their common prefix.
 const AffinityHeader = "X-Sluice-Affinity"
 
-// affinity returns r's affinity key, bounded.
-func affinity(r *http.Request) string {
+// affinity returns c's affinity key, bounded: the X-Sluice-Affinity
+// header of r, else the body's prompt_cache_key (OpenAI's own hint for
+// the same locality).
+func affinity(r *http.Request, c *call) string {
 	a := r.Header.Get(AffinityHeader)
+	if a == "" {
+		a = c.cacheKey
+	}
 	if len(a) > 256 {
 		a = a[:256]
 	}

@@ -65,6 +65,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 		c.model = "other"
 	}
 	c.stream = p.stream
+	c.cacheKey = p.cacheKey
 	if p.explicit {
 		c.maxTokens = p.budget
 	}

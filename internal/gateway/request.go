@@ -45,6 +45,7 @@ var readFields = []string{
 	"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "best_of",
 	"messages", "prompt", "input", "instructions", "tools", "functions",
 	"response_format", "text", "prediction", "suffix", "service_tier", "background", "modalities", "audio",
+	"prompt_cache_key",
 }
 
 // budgetFields are the completion budgets; the reservation uses the largest.
@@ -92,6 +93,9 @@ type wireBody struct {
 	// Audio output, billed at audio prices the table does not know.
 	Modalities []string        `json:"modalities"`
 	Audio      json.RawMessage `json:"audio"`
+	// PromptCacheKey is OpenAI's prompt-cache routing hint: a pool's
+	// affinity key when the client sends no X-Sluice-Affinity.
+	PromptCacheKey *string `json:"prompt_cache_key"`
 }
 
 // rawInputTokens estimates the tokens of members that reach the model
@@ -135,6 +139,8 @@ type parsedBody struct {
 	background bool
 	// audio is a request with audio input or output.
 	audio bool
+	// cacheKey is the prompt_cache_key, "" when none.
+	cacheKey string
 }
 
 // parseBody reads a request body for endpoint ep.
@@ -176,6 +182,9 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 		p.serviceTier = *w.ServiceTier
 	}
 	p.background = w.Background && ep == epResponses
+	if w.PromptCacheKey != nil {
+		p.cacheKey = *w.PromptCacheKey
+	}
 	// An input_audio part. Unescaped, these bytes are a member name, a
 	// part type, or a string that is exactly input_audio: a rare refusal
 	// of a text request under a budget, on the safe side.
