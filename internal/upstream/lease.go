@@ -49,6 +49,9 @@ type chunk struct {
 	// of it per limit kind (rpm, tpm, itpm, otpm).
 	until time.Time
 	left  [4]int64
+	// sent is when the chunk's store call was sent: its grants' refunds
+	// take back units admitted at least that long ago.
+	sent time.Time
 	// slot (unix nanos / slot) and its admissions, and the previous
 	// slot's, for the heat.
 	slot, seen, prev int64
@@ -66,10 +69,10 @@ func (t *TargetState) drop() {
 func costs(in, out int64) [4]int64 { return [4]int64{1, in + out, in, out} }
 
 // fromChunk admits a reservation from t's chunk, counting the admission
-// toward t's heat; it reports whether the chunk had room, and when not,
-// how many reservations of this size a new chunk should hold (0: t is
-// not hot).
-func (p *Pool) fromChunk(t *TargetState, in, out int64, now time.Time) (bool, int64) {
+// toward t's heat; it reports whether the chunk had room, and then when
+// the chunk's store call was sent, and when not, how many reservations of
+// this size a new chunk should hold (0: t is not hot).
+func (p *Pool) fromChunk(t *TargetState, in, out int64, now time.Time) (bool, time.Time, int64) {
 	c := &t.chunk
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -94,21 +97,22 @@ func (p *Pool) fromChunk(t *TargetState, in, out int64, now time.Time) (bool, in
 			for i, v := range cost {
 				c.left[i] -= v
 			}
-			return true, 0
+			return true, c.sent, 0
 		}
 	}
 	if c.prev < hotPerSlot {
-		return false, 0
+		return false, time.Time{}, 0
 	}
 	// The previous slot's pace, for what is left of this one.
 	left := p.slot() - time.Duration(now.UnixNano()%int64(p.slot()))
-	return false, max(int64(math.Ceil(float64(c.prev)*float64(left)/float64(p.slot()))), 2)
+	return false, time.Time{}, max(int64(math.Ceil(float64(c.prev)*float64(left)/float64(p.slot()))), 2)
 }
 
 // fetchChunk takes a chunk of n reservations of in and out tokens (the
 // first of them the caller's) on t in one store call. It reports whether
-// the store granted it; when not, the caller admits its reservation alone.
-func (p *Pool) fetchChunk(ctx context.Context, t *TargetState, in, out, n int64) (bool, error) {
+// the store granted it, and when the call was sent; when not, the caller
+// admits its reservation alone.
+func (p *Pool) fetchChunk(ctx context.Context, t *TargetState, in, out, n int64) (bool, time.Time, error) {
 	cost := costs(in, out)
 	reqs := make([]sluice.Request, 0, 5)
 	var take [4]int64
@@ -123,23 +127,23 @@ func (p *Pool) fetchChunk(ctx context.Context, t *TargetState, in, out, n int64)
 		reqs = append(reqs, p.logReq(t, i, rate, k))
 	}
 	if len(reqs) == 0 {
-		return false, nil
+		return false, time.Time{}, nil
 	}
 	reqs = append(reqs, p.coolReq(t, 1))
 	sent := p.now()
 	ds, err := p.store.ApplyAll(ctx, sluice.OpAllow, reqs)
 	if err != nil {
-		return false, fmt.Errorf("upstream %s model %s: chunk: %w", t.Up.Name, t.Model, err)
+		return false, time.Time{}, fmt.Errorf("upstream %s model %s: chunk: %w", t.Up.Name, t.Model, err)
 	}
 	t.note(reqs, ds, p.now())
 	if !sluice.Combine(ds).Allowed {
-		return false, nil
+		return false, time.Time{}, nil
 	}
 	// The chunk's slot ends ResetAfter less a period after the store
 	// decided, which was after it was sent.
 	slotLeft := ds[0].ResetAfter - p.period
 	if slotLeft <= 0 {
-		return true, nil // the caller's reservation only
+		return true, sent, nil // the caller's reservation only
 	}
 	c := &t.chunk
 	c.mu.Lock()
@@ -147,9 +151,9 @@ func (p *Pool) fetchChunk(ctx context.Context, t *TargetState, in, out, n int64)
 	for i := range 4 {
 		c.left[i] = max(take[i]-cost[i], 0)
 	}
-	c.until = sent.Add(slotLeft)
+	c.until, c.sent = sent.Add(slotLeft), sent
 	if p.metrics != nil {
 		p.metrics.chunks.WithLabelValues(t.Up.Name, t.Model).Inc()
 	}
-	return true, nil
+	return true, sent, nil
 }

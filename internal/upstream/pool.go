@@ -376,6 +376,9 @@ type Grant struct {
 	pool    *Pool
 	reqs    []sluice.Request
 	in, out int64
+	// sent is when the store call that admitted the grant's units was
+	// sent (its chunk's, for a grant from a chunk).
+	sent    time.Time
 	settled atomic.Bool
 }
 
@@ -432,17 +435,18 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 			continue
 		}
 		if p.leasing() {
-			ok, n := p.fromChunk(t, in, out, now)
+			ok, sent, n := p.fromChunk(t, in, out, now)
 			if !ok && n > 1 {
 				var err error
-				if ok, err = p.fetchChunk(ctx, t, in, out, n); err != nil {
+				if ok, sent, err = p.fetchChunk(ctx, t, in, out, n); err != nil {
 					return nil, 0, err
 				}
 			}
 			if ok {
-				return &Grant{Target: t, pool: p, reqs: reqs, in: in, out: out}, 0, nil
+				return &Grant{Target: t, pool: p, reqs: reqs, in: in, out: out, sent: sent}, 0, nil
 			}
 		}
+		sent := p.now()
 		ds, err := p.store.ApplyAll(ctx, sluice.OpAllow, reqs)
 		if err != nil {
 			return nil, 0, fmt.Errorf("upstream %s model %s: %w", t.Up.Name, t.Model, err)
@@ -450,7 +454,7 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 		d := sluice.Combine(ds)
 		t.note(reqs, ds, p.now())
 		if d.Allowed {
-			return &Grant{Target: t, pool: p, reqs: reqs, in: in, out: out}, 0, nil
+			return &Grant{Target: t, pool: p, reqs: reqs, in: in, out: out, sent: sent}, 0, nil
 		}
 		if wait < 0 || d.RetryAfter < wait {
 			wait = d.RetryAfter
