@@ -17,7 +17,9 @@ const (
 	// A Cost of zero reports the state alone, Allowed if any capacity is left.
 	OpPeek
 	// OpRefund gives back Cost that was charged but not used, never beyond
-	// a full bucket. For Concurrency it releases the request's lease, and
+	// a full bucket. A SlidingWindowLog gives back its newest units, or
+	// with Request.AdmittedAgo units of that admission or older ones. For
+	// Concurrency it releases the request's lease, and
 	// reports Allowed false when the lease was not held (released already,
 	// or lapsed). A refund batch in ApplyAll is all or nothing too: when one
 	// of its leases is not held, nothing in the batch is refunded. Keyed by

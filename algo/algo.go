@@ -429,7 +429,9 @@ func SlidingReset(p, e, prev, curr int64) int64 {
 // slidingLog keeps the admitted units in runs, one per instant; a unit
 // counts while its instant+Period > now. At most Rate units are kept. With
 // a Granularity the instant is the admission time rounded up to it
-// (SlotEnd), so the admissions of one slot share a run.
+// (SlotEnd), so the admissions of one slot share a run. A refund takes
+// the newest units, or with req.AdmittedAgo the newest stamped at or
+// before RefundBound.
 func slidingLog(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decision, State, error) {
 	l := req.Limit
 	p := int64(l.Period)
