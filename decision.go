@@ -84,7 +84,11 @@ type Request struct {
 	// from the admission they were taken by, or from older ones, never
 	// from later ones: it is how long ago the refunded admission was
 	// made, at least (the time since the caller sent it, measured on its
-	// own clock, so no skew between clocks matters). With it positive,
+	// own clock, so no skew between clocks matters). The store subtracts
+	// it from its own time when it applies the refund, so a refund that
+	// takes longer on its way to a remote store than the admission took
+	// reaches that much later: add a margin for it (such as the store's
+	// call timeout) where being exact matters. With it positive,
 	// the refund removes up to Cost units from the newest runs stamped at
 	// or before T = now − AdmittedAgo, T rounded up to its slot's end when
 	// the limit has a Granularity (as admissions are stamped, so T is no
