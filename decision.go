@@ -17,7 +17,9 @@ const (
 	// A Cost of zero reports the state alone, Allowed if any capacity is left.
 	OpPeek
 	// OpRefund gives back Cost that was charged but not used, never beyond
-	// a full bucket. For Concurrency it releases the request's lease, and
+	// a full bucket. A SlidingWindowLog gives back its newest units, or
+	// with Request.AdmittedAgo units of that admission or older ones. For
+	// Concurrency it releases the request's lease, and
 	// reports Allowed false when the lease was not held (released already,
 	// or lapsed). A refund batch in ApplyAll is all or nothing too: when one
 	// of its leases is not held, nothing in the batch is refunded. Keyed by
@@ -78,6 +80,30 @@ type Request struct {
 	// queue while the ones between keep theirs. Zero refunds the whole
 	// cost. Reservation.Cancel sets it.
 	ReservedAhead time.Duration
+	// AdmittedAgo makes OpRefund on a SlidingWindowLog give units back
+	// from the admission they were taken by, or from older ones, never
+	// from later ones: it is how long ago the refunded admission was
+	// made, at least (the time since the caller sent it, measured on its
+	// own clock, so no skew between clocks matters). The store subtracts
+	// it from its own time when it applies the refund, so a refund that
+	// takes longer on its way to a remote store than the admission took
+	// reaches that much later: add a margin for it (such as the store's
+	// call timeout) where being exact matters. With it positive,
+	// the refund removes up to Cost units from the newest runs stamped at
+	// or before T = now − AdmittedAgo, T rounded up to its slot's end when
+	// the limit has a Granularity (as admissions are stamped, so T is no
+	// later than the refunded admission's stamp); runs stamped after T
+	// are never touched. Removing an older unit while a newer one stays
+	// makes the log count more than it holds for a while, never less:
+	// the zero value's newest-first refund, when later admissions came
+	// between, frees their units instead and hands capacity back up to
+	// the time between the two stamps too early. When fewer than Cost
+	// units are stamped at or before T (some slid out of the window), the
+	// refund removes those there are and no more; an AdmittedAgo of
+	// Period + Granularity or more thus removes nothing. Zero refunds the
+	// newest units. Only OpRefund on SlidingWindowLog takes it; it must
+	// not be negative.
+	AdmittedAgo time.Duration
 }
 
 // Validate checks the request for op. Errors wrap ErrInvalidRequest,
@@ -94,6 +120,11 @@ func (r *Request) Validate(op Op) error {
 	}
 	if r.ReservedAhead != 0 && (op != OpRefund || r.ReservedAhead < 0 || r.ReservedAhead > maxReservedAhead) {
 		return fmt.Errorf("%w: key %q: reserved ahead %s: only a refund takes it, within [0, %s]", ErrInvalidRequest, r.Key, r.ReservedAhead, maxReservedAhead)
+	}
+	if r.AdmittedAgo != 0 {
+		if err := r.validAdmittedAgo(op); err != nil {
+			return err
+		}
 	}
 	if r.MaxWait != 0 {
 		if err := validMaxWait(r.Algorithm, r.MaxWait); err != nil {
@@ -117,6 +148,20 @@ func (r *Request) Validate(op Op) error {
 	}
 	if (op == OpAllow || op == OpPeek) && r.Cost > r.capacity() && !r.fitsReservation() {
 		return fmt.Errorf("%w: cost %d, burst %d for key %q", ErrCostExceedsBurst, r.Cost, r.capacity(), r.Key)
+	}
+	return nil
+}
+
+// validAdmittedAgo checks a non-zero AdmittedAgo against the rules its doc
+// states. The error wraps ErrInvalidRequest.
+func (r *Request) validAdmittedAgo(op Op) error {
+	switch {
+	case r.AdmittedAgo < 0:
+		return fmt.Errorf("%w: key %q: admitted ago %s must not be negative", ErrInvalidRequest, r.Key, r.AdmittedAgo)
+	case r.Algorithm != SlidingWindowLog:
+		return fmt.Errorf("%w: key %q: admitted ago %s: only a sliding_window_log keeps admission times to refund by, not %s", ErrInvalidRequest, r.Key, r.AdmittedAgo, r.Algorithm)
+	case op != OpRefund:
+		return fmt.Errorf("%w: key %q: admitted ago %s: only a refund takes it, not %s", ErrInvalidRequest, r.Key, r.AdmittedAgo, op)
 	}
 	return nil
 }

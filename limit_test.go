@@ -184,3 +184,25 @@ func FuzzParseLimit(f *testing.F) {
 		}
 	})
 }
+
+// AdmittedAgo is for a sliding window log's refund only, and not negative.
+func TestRequestAdmittedAgo(t *testing.T) {
+	l := sluice.Limit{Rate: 10, Period: time.Second}
+	for _, a := range sluice.Algorithms() {
+		for _, op := range []sluice.Op{sluice.OpAllow, sluice.OpPeek, sluice.OpRefund, sluice.OpCharge} {
+			r := sluice.Request{Key: "k", Algorithm: a, Limit: l, Cost: 1, Lease: "x", AdmittedAgo: time.Millisecond}
+			err := r.Validate(op)
+			if a == sluice.SlidingWindowLog && op == sluice.OpRefund {
+				if err != nil {
+					t.Errorf("%s %s: %v", a, op, err)
+				}
+			} else if !errors.Is(err, sluice.ErrInvalidRequest) {
+				t.Errorf("%s %s with an age: %v, want ErrInvalidRequest", a, op, err)
+			}
+		}
+	}
+	r := sluice.Request{Key: "k", Algorithm: sluice.SlidingWindowLog, Limit: l, Cost: 1, AdmittedAgo: -1}
+	if err := r.Validate(sluice.OpRefund); !errors.Is(err, sluice.ErrInvalidRequest) {
+		t.Errorf("negative age: %v, want ErrInvalidRequest", err)
+	}
+}

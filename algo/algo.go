@@ -429,7 +429,9 @@ func SlidingReset(p, e, prev, curr int64) int64 {
 // slidingLog keeps the admitted units in runs, one per instant; a unit
 // counts while its instant+Period > now. At most Rate units are kept. With
 // a Granularity the instant is the admission time rounded up to it
-// (SlotEnd), so the admissions of one slot share a run.
+// (SlotEnd), so the admissions of one slot share a run. A refund takes
+// the newest units, or with req.AdmittedAgo the newest stamped at or
+// before RefundBound.
 func slidingLog(op sluice.Op, st State, req sluice.Request, now int64) (sluice.Decision, State, error) {
 	l := req.Limit
 	p := int64(l.Period)
@@ -455,7 +457,11 @@ func slidingLog(op sluice.Op, st State, req sluice.Request, now int64) (sluice.D
 			log = appendRun(log, SlotEnd(now, l.Granularity), req.Cost, l.Rate)
 		}
 	case sluice.OpRefund:
-		log = dropNewest(log, req.Cost)
+		if req.AdmittedAgo > 0 {
+			log = dropUpTo(log, RefundBound(now, &req), req.Cost)
+		} else {
+			log = dropNewest(log, req.Cost)
+		}
 		d.Allowed = true
 	case sluice.OpCharge:
 		log = appendRun(log, SlotEnd(now, l.Granularity), req.Cost, l.Rate)
@@ -555,6 +561,43 @@ func dropNewest(log []Run, n int64) []Run {
 		out = out[:len(out)-1]
 	}
 	return out
+}
+
+// RefundBound is the newest stamp a SlidingWindowLog refund with a
+// positive req.AdmittedAgo takes units from, at now (Unix ns): now −
+// AdmittedAgo rounded up to its slot's end (SlotEnd). An AdmittedAgo past
+// Period + Granularity is taken as that much, which already reaches
+// behind every unit the log still counts, so that the bound stays far
+// from overflowing.
+func RefundBound(now int64, req *sluice.Request) int64 {
+	a := min(int64(req.AdmittedAgo), MaxAdmittedAgo(req.Limit))
+	return SlotEnd(now-a, req.Limit.Granularity)
+}
+
+// MaxAdmittedAgo is the AdmittedAgo from which a refund of a log under
+// limit l finds no unit it still counts: Period + Granularity. Stores
+// cap it there.
+func MaxAdmittedAgo(l sluice.Limit) int64 { return int64(l.Period) + int64(l.Granularity) }
+
+// dropUpTo returns a new log without the n newest of its units stamped
+// at or before t (fewer if it holds fewer); the runs after t stay.
+func dropUpTo(log []Run, t, n int64) []Run {
+	out := append([]Run(nil), log...)
+	j := len(out)
+	for j > 0 && out[j-1].At > t {
+		j--
+	}
+	k := j // out[k:j] go; out[k-1] may lose some of its units
+	for n > 0 && k > 0 {
+		r := &out[k-1]
+		if r.N > n {
+			r.N -= n
+			break
+		}
+		n -= r.N
+		k--
+	}
+	return append(out[:k], out[j:]...)
 }
 
 // concurrency holds up to Rate slots in leases that lapse after Period.

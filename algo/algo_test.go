@@ -2,6 +2,7 @@ package algo_test
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -63,10 +64,18 @@ func FuzzLimitInvariant(f *testing.F) {
 func TestApplyDoesNotAliasState(t *testing.T) {
 	req := sluice.Request{Key: "k", Algorithm: sluice.SlidingWindowLog, Limit: sluice.PerSecond(5), Cost: 2}
 	_, st, _ := algo.Apply(sluice.OpAllow, algo.State{}, req, 1e18)
+	_, st, _ = algo.Apply(sluice.OpAllow, st, req, 1e18+5)
 	before := append([]algo.Run(nil), st.Log...)
 	for _, op := range []sluice.Op{sluice.OpAllow, sluice.OpRefund, sluice.OpCharge} {
-		_, _, _ = algo.Apply(op, st, req, 1e18) // the same instant's run grows
-		_, _, _ = algo.Apply(op, st, req, 1e18+1)
+		_, _, _ = algo.Apply(op, st, req, 1e18+5) // the same instant's run grows
+		_, _, _ = algo.Apply(op, st, req, 1e18+6)
+	}
+	for _, ago := range []time.Duration{1, 5, 6} { // by age: one run, or both
+		r := req
+		r.AdmittedAgo, r.Cost = ago, 3
+		if _, next, err := algo.Apply(sluice.OpRefund, st, r, 1e18+6); err != nil || len(next.Log) == 0 {
+			t.Fatalf("refund by age %s: %+v %v", ago, next, err)
+		}
 	}
 	for i := range before {
 		if st.Log[i] != before[i] || len(st.Log) != len(before) {
@@ -286,5 +295,36 @@ func TestSlidingLogSlots(t *testing.T) {
 	}
 	if got := algo.Expiry(&st, &req); got != 1200*ms {
 		t.Fatalf("expiry %d, want %d", got, 1200*ms)
+	}
+}
+
+// A refund by age takes units from the newest runs stamped at or before
+// now − AdmittedAgo (rounded up to its slot), across runs, and leaves the
+// later runs whole.
+func TestSlidingLogRefundByAge(t *testing.T) {
+	ms := int64(time.Millisecond)
+	for _, c := range []struct {
+		g    time.Duration
+		ago  time.Duration
+		cost int64
+		want []algo.Run
+	}{
+		{0, 0, 3, []algo.Run{{10 * ms, 2}, {20 * ms, 2}, {40 * ms, 1}}}, // newest first
+		{0, 25 * time.Millisecond, 3, []algo.Run{{10 * ms, 1}, {40 * ms, 4}}},
+		{0, 30 * time.Millisecond, 1, []algo.Run{{10 * ms, 2}, {20 * ms, 1}, {40 * ms, 4}}},
+		{0, 31 * time.Millisecond, 9, []algo.Run{{20 * ms, 2}, {40 * ms, 4}}}, // fewer than the cost
+		{0, 41 * time.Millisecond, 1, []algo.Run{{10 * ms, 2}, {20 * ms, 2}, {40 * ms, 4}}},
+		{10 * time.Millisecond, 40 * time.Millisecond, 1, []algo.Run{{10 * ms, 1}, {20 * ms, 2}, {40 * ms, 4}}},   // T on a slot's end
+		{10 * time.Millisecond, 40*time.Millisecond - 1, 1, []algo.Run{{10 * ms, 2}, {20 * ms, 1}, {40 * ms, 4}}}, // rounded up to 20ms
+		{10 * time.Millisecond, 31 * time.Millisecond, 1, []algo.Run{{10 * ms, 2}, {20 * ms, 1}, {40 * ms, 4}}},
+		{10 * time.Millisecond, time.Hour, 1, []algo.Run{{10 * ms, 2}, {20 * ms, 2}, {40 * ms, 4}}},
+	} {
+		lim := sluice.Limit{Rate: 100, Period: time.Second, Granularity: c.g}
+		req := sluice.Request{Key: "k", Algorithm: sluice.SlidingWindowLog, Limit: lim, Cost: c.cost, AdmittedAgo: c.ago}
+		st := algo.State{Log: []algo.Run{{10 * ms, 2}, {20 * ms, 2}, {40 * ms, 4}}}
+		_, next, err := algo.Apply(sluice.OpRefund, st, req, 50*ms)
+		if err != nil || !slices.Equal(next.Log, c.want) {
+			t.Errorf("granularity %s, refund %d by age %s: %+v %v, want %+v", c.g, c.cost, c.ago, next.Log, err, c.want)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/algo"
 )
 
 //go:embed lua/*.lua
@@ -255,6 +256,12 @@ func appendArgs(args []string, req *sluice.Request, hint int64) ([]string, error
 		tau = int64(l.Granularity / time.Millisecond)
 	}
 	inc, chg := l.CostInterval(eff), l.CostInterval(req.Cost)
+	if req.Algorithm == sluice.SlidingWindowLog {
+		// the log has no interval: the inc slot carries a refund's
+		// AdmittedAgo in ns, capped as algo caps it (main.lua,
+		// slidinglog.lua); 0 refunds the newest units
+		inc = min(max(int64(req.AdmittedAgo), 0), algo.MaxAdmittedAgo(l))
+	}
 	if req.ReservedAhead > 0 && (req.Algorithm == sluice.GCRA || req.Algorithm == sluice.TokenBucket) {
 		// a refund of a reservation: the inc slot, unused by refunds,
 		// carries its reserved-ahead time, negated (gcra.lua, tokenbucket.lua)

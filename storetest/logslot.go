@@ -160,20 +160,24 @@ func logSlotRandomArrivals(h *harness) {
 	}
 }
 
-// logSlotMatchesAlgo runs random ops (allow, peek, charge, refund; costs
-// 1 to 4; gaps from 0 to 40ms, some of a nanosecond) on logs with several
-// granularities, one key each, and checks every decision against package
-// algo's for the same ops on the same clock: the store (a Redis script
-// included) stamps, merges, expires and answers as algo does.
+// logSlotMatchesAlgo runs random ops (allow, peek, charge, refund
+// newest first and by age; costs 1 to 4; gaps from 0 to 40ms, some of a
+// nanosecond) on logs with several granularities and an exact one, one
+// key each, and checks every decision against package algo's for the same
+// ops on the same clock: the store (a Redis script included) stamps,
+// merges, expires, refunds and answers as algo does. A refund's age is
+// an earlier admission's, to the nanosecond or a little more, or random
+// (sub-millisecond parts, past Period + Granularity).
 func logSlotMatchesAlgo(h *harness) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(5, 6))
-	ops := []sluice.Op{sluice.OpAllow, sluice.OpAllow, sluice.OpAllow, sluice.OpPeek, sluice.OpCharge, sluice.OpRefund}
-	for _, g := range []time.Duration{ms, 7 * ms, 40 * ms, 250 * ms} {
+	ops := []sluice.Op{sluice.OpAllow, sluice.OpAllow, sluice.OpAllow, sluice.OpPeek, sluice.OpCharge, sluice.OpRefund, sluice.OpRefund}
+	for _, g := range []time.Duration{ms, 7 * ms, 40 * ms, 250 * ms, 0} {
 		req := sluice.Request{Key: h.key("slotalgo" + g.String()), Algorithm: sluice.SlidingWindowLog,
 			Limit: sluice.Limit{Rate: 8, Period: 250 * ms, Granularity: g}}
 		var st algo.State
-		for i := range 300 {
+		var admitted []int64
+		for i := range 400 {
 			if rng.IntN(5) == 0 {
 				h.clk.Advance(time.Duration(rng.Int64N(3)))
 			} else {
@@ -182,6 +186,9 @@ func logSlotMatchesAlgo(h *harness) {
 			op := ops[rng.IntN(len(ops))]
 			r := req
 			r.Cost = 1 + rng.Int64N(4)
+			if op == sluice.OpRefund && rng.IntN(3) > 0 {
+				r.AdmittedAgo = refundAge(rng, h.clk.Now(), admitted)
+			}
 			got, err := h.store.Apply(ctx, op, r)
 			if err != nil {
 				h.t.Fatalf("granularity %s, step %d: %v", g, i, err)
@@ -192,13 +199,30 @@ func logSlotMatchesAlgo(h *harness) {
 			}
 			if op != sluice.OpPeek && want.Allowed {
 				st = next
+				if op != sluice.OpRefund {
+					admitted = append(admitted, h.clk.Now())
+				}
 			}
 			got.Source = 0
 			if got != want {
-				h.t.Fatalf("granularity %s, step %d (t=%s, %s cost %d):\n got %+v\nwant %+v", g, i, h.since(), op, r.Cost, got, want)
+				h.t.Fatalf("granularity %s, step %d (t=%s, %s cost %d ago %s):\n got %+v\nwant %+v", g, i, h.since(), op, r.Cost, r.AdmittedAgo, got, want)
 			}
 		}
 	}
+}
+
+// refundAge is a random Request.AdmittedAgo at now: the age of one of the
+// last admissions (Unix ns), exact or a little more, or a random one.
+func refundAge(rng *rand.Rand, now int64, admitted []int64) time.Duration {
+	switch k := rng.IntN(8); {
+	case k < 5 && len(admitted) > 0:
+		at := admitted[len(admitted)-1-rng.IntN(min(len(admitted), 6))]
+		extra := []int64{0, 0, 1, rng.Int64N(int64(ms)), rng.Int64N(int64(30 * ms))}[rng.IntN(5)]
+		return time.Duration(max(now-at+extra, 1))
+	case k == 5:
+		return time.Duration(1 + rng.Int64N(int64(time.Hour)))
+	}
+	return time.Duration(1 + rng.Int64N(int64(400*ms)))
 }
 
 // since is the scenario's time since T0.

@@ -135,7 +135,8 @@ func scenarios() []scenario {
 	out = append(out, calendarScenarios()...)
 	out = append(out, slidingCounterScenarios()...)
 	out = append(out, slidingLogScenarios()...)
-	out = append(out, logSlotScenarios()...) // logslot.go
+	out = append(out, logSlotScenarios()...)   // logslot.go
+	out = append(out, logRefundScenarios()...) // logrefund.go
 	out = append(out, concurrencyScenarios()...)
 	out = append(out, allowAllScenarios()...)
 	out = append(out, errorScenarios()...)

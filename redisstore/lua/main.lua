@@ -5,7 +5,9 @@
 -- time), interval of the effective cost, interval of the cost, effective
 -- cost (at least 1), cost, lease id. Durations are in nanoseconds. The
 -- sliding window log has no tau: its tau slot carries the limit's
--- granularity in whole milliseconds (0 for an exact log), read as q.g.
+-- granularity in whole milliseconds (0 for an exact log), read as q.g,
+-- and its interval slot a refund's Request.AdmittedAgo in nanoseconds (0
+-- refunds the newest units), kept as the decimal string q.age.
 --
 -- The reply holds 4 numbers per key: allowed (1 or 0) and three that
 -- depend on the algorithm, from which the client computes the Decision
@@ -29,7 +31,7 @@ for i = 1, n do
     eff = tonumber(ARGV[b + 8]), cost = math.min(tonumber(ARGV[b + 9]), MAXCOUNT), lease = ARGV[b + 10],
   }
   if id == 4 or id == 5 then q.e = elapsed(q.p, q.ps) end
-  if id == 3 then q.g, q.tau = q.tau, 0 end
+  if id == 3 then q.g, q.tau, q.age = q.tau, 0, ARGV[b + 6] end
   -- A calendar window outside Redis's time: nothing is written yet.
   if A.prep and not A.prep(q) then return { -2, NS, NN } end
   qs[i] = q

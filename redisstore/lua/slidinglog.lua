@@ -13,17 +13,50 @@ local function logtotal(runs)
   return n
 end
 
--- slotend is the stamp of a unit admitted now, relative to now (so 0 for
--- an exact log): now rounded up to a multiple of g ms since the Unix
--- epoch. Now in whole ms, NS·1000 + floor(NN/1e6), is exact in a double
--- (below 2^53), and so is the stamp's offset from NS·1000 ms.
-local function slotend(g)
-  if g <= 0 then return 0 end
-  local m = NS * 1000 + math.floor(NN / 1e6)
-  local sub = NN % 1e6
-  local e = m - m % g
-  if e < m or sub > 0 then e = e + g end
-  return (e - NS * 1000) * 1e6 - NN
+-- slotend is the stamp of a unit admitted a ns ago, relative to now (so
+-- 0 for an exact log and a of 0): now − a rounded up to a multiple of g
+-- ms since the Unix epoch. a comes as a decimal string of ns, split into
+-- whole ms and the rest as text, so that it is exact at any size. Now − a
+-- in whole ms, NS·1000 + floor(NN/1e6) − floor(a/1e6), borrowing one for
+-- a negative rest, is exact in a double (below 2^53), and so is the
+-- stamp's offset from NS·1000 ms.
+local function slotend(g, a)
+  if g <= 0 and a == '0' then return 0 end
+  local am, ar = 0, tonumber(a)
+  local l = #a
+  if l > 6 then am, ar = tonumber(string.sub(a, 1, l - 6)), tonumber(string.sub(a, l - 5)) end
+  local m = NS * 1000 + math.floor(NN / 1e6) - am
+  local sub = NN % 1e6 - ar
+  if sub < 0 then m, sub = m - 1, sub + 1e6 end
+  local e = m
+  if g > 0 then
+    e = m - m % g
+    if e < m or sub > 0 then e, sub = e + g, 0 end
+  end
+  return (e - NS * 1000) * 1e6 + sub - NN
+end
+
+-- dropupto removes up to c units from the newest runs of out stamped at
+-- or before t, in place (algo's dropUpTo); the runs after t stay.
+local function dropupto(out, t, c)
+  local j = #out
+  while j > 0 and out[j][1] > t do j = j - 1 end
+  local k, left = j, c
+  while left > 0 and k > 0 do
+    local r = out[k]
+    if r[2] <= left then
+      left = left - r[2]
+      k = k - 1
+    else
+      out[k] = { r[1], r[2] - left }
+      left = 0
+    end
+  end
+  if k == j then return out end
+  local kept = {}
+  for i = 1, k do kept[#kept + 1] = out[i] end
+  for i = j + 1, #out do kept[#kept + 1] = out[i] end
+  return kept
 end
 ALGOS[3] = {
   load = function(k, q)
@@ -61,22 +94,17 @@ ALGOS[3] = {
     local out = {}
     for i = 1, #runs do out[i] = runs[i] end
     if op == 3 then
-      local left = q.cost
-      while left > 0 and #out > 0 do
-        local r = out[#out]
-        if r[2] <= left then
-          left = left - r[2]
-          out[#out] = nil
-        else
-          out[#out] = { r[1], r[2] - left }
-          left = 0
-        end
-      end
+      -- A refund takes the newest units, or with an age the newest
+      -- stamped at or before the slot end of now − age (algo's
+      -- RefundBound), never a later admission's.
+      local t = math.huge
+      if q.age ~= '0' then t = slotend(q.g, q.age) end
+      out = dropupto(out, t, q.cost)
     else
       -- Units stamped no later than the newest run join it (algo's
       -- appendRun): a stamp in the same slot, or behind a clock that
       -- stepped back, so the runs stay ascending.
-      local t = slotend(q.g)
+      local t = slotend(q.g, '0')
       local r = out[#out]
       if r and r[1] >= t then
         out[#out] = { r[1], r[2] + q.cost }
