@@ -49,9 +49,10 @@ type chunk struct {
 	// of it per limit kind (rpm, tpm, itpm, otpm).
 	until time.Time
 	left  [4]int64
-	// sent is when the chunk's store call was sent: its grants' refunds
-	// take back units admitted at least that long ago.
+	// sent is when the chunk's store call was sent and rtt how long it
+	// took: its grants' refunds take back units admitted that long ago.
 	sent time.Time
+	rtt  time.Duration
 	// slot (unix nanos / slot) and its admissions, and the previous
 	// slot's, for the heat.
 	slot, seen, prev int64
@@ -72,7 +73,7 @@ func costs(in, out int64) [4]int64 { return [4]int64{1, in + out, in, out} }
 // toward t's heat; it reports whether the chunk had room, and then when
 // the chunk's store call was sent, and when not, how many reservations of
 // this size a new chunk should hold (0: t is not hot).
-func (p *Pool) fromChunk(t *TargetState, in, out int64, now time.Time) (bool, time.Time, int64) {
+func (p *Pool) fromChunk(t *TargetState, in, out int64, now time.Time) (bool, time.Time, time.Duration, int64) {
 	c := &t.chunk
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -97,22 +98,22 @@ func (p *Pool) fromChunk(t *TargetState, in, out int64, now time.Time) (bool, ti
 			for i, v := range cost {
 				c.left[i] -= v
 			}
-			return true, c.sent, 0
+			return true, c.sent, c.rtt, 0
 		}
 	}
 	if c.prev < hotPerSlot {
-		return false, time.Time{}, 0
+		return false, time.Time{}, 0, 0
 	}
 	// The previous slot's pace, for what is left of this one.
 	left := p.slot() - time.Duration(now.UnixNano()%int64(p.slot()))
-	return false, time.Time{}, max(int64(math.Ceil(float64(c.prev)*float64(left)/float64(p.slot()))), 2)
+	return false, time.Time{}, 0, max(int64(math.Ceil(float64(c.prev)*float64(left)/float64(p.slot()))), 2)
 }
 
 // fetchChunk takes a chunk of n reservations of in and out tokens (the
 // first of them the caller's) on t in one store call. It reports whether
 // the store granted it, and when the call was sent; when not, the caller
 // admits its reservation alone.
-func (p *Pool) fetchChunk(ctx context.Context, t *TargetState, in, out, n int64) (bool, time.Time, error) {
+func (p *Pool) fetchChunk(ctx context.Context, t *TargetState, in, out, n int64) (bool, time.Time, time.Duration, error) {
 	cost := costs(in, out)
 	reqs := make([]sluice.Request, 0, 5)
 	var take [4]int64
@@ -127,23 +128,25 @@ func (p *Pool) fetchChunk(ctx context.Context, t *TargetState, in, out, n int64)
 		reqs = append(reqs, p.logReq(t, i, rate, k))
 	}
 	if len(reqs) == 0 {
-		return false, time.Time{}, nil
+		return false, time.Time{}, 0, nil
 	}
 	reqs = append(reqs, p.coolReq(t, 1))
 	sent := p.now()
 	ds, err := p.store.ApplyAll(ctx, sluice.OpAllow, reqs)
 	if err != nil {
-		return false, time.Time{}, fmt.Errorf("upstream %s model %s: chunk: %w", t.Up.Name, t.Model, err)
+		return false, time.Time{}, 0, fmt.Errorf("upstream %s model %s: chunk: %w", t.Up.Name, t.Model, err)
 	}
-	t.note(reqs, ds, p.now())
+	answered := p.now()
+	t.note(reqs, ds, answered)
+	rtt := answered.Sub(sent)
 	if !sluice.Combine(ds).Allowed {
-		return false, time.Time{}, nil
+		return false, time.Time{}, 0, nil
 	}
 	// The chunk's slot ends ResetAfter less a period after the store
 	// decided, which was after it was sent.
 	slotLeft := ds[0].ResetAfter - p.period
 	if slotLeft <= 0 {
-		return true, sent, nil // the caller's reservation only
+		return true, sent, rtt, nil // the caller's reservation only
 	}
 	c := &t.chunk
 	c.mu.Lock()
@@ -151,9 +154,9 @@ func (p *Pool) fetchChunk(ctx context.Context, t *TargetState, in, out, n int64)
 	for i := range 4 {
 		c.left[i] = max(take[i]-cost[i], 0)
 	}
-	c.until, c.sent = sent.Add(slotLeft), sent
+	c.until, c.sent, c.rtt = sent.Add(slotLeft), sent, rtt
 	if p.metrics != nil {
 		p.metrics.chunks.WithLabelValues(t.Up.Name, t.Model).Inc()
 	}
-	return true, sent, nil
+	return true, sent, rtt, nil
 }

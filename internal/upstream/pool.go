@@ -377,8 +377,10 @@ type Grant struct {
 	reqs    []sluice.Request
 	in, out int64
 	// sent is when the store call that admitted the grant's units was
-	// sent (its chunk's, for a grant from a chunk).
+	// sent (its chunk's, for a grant from a chunk), and rtt how long it
+	// took to answer.
 	sent    time.Time
+	rtt     time.Duration
 	settled atomic.Bool
 }
 
@@ -435,15 +437,15 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 			continue
 		}
 		if p.leasing() {
-			ok, sent, n := p.fromChunk(t, in, out, now)
+			ok, sent, rtt, n := p.fromChunk(t, in, out, now)
 			if !ok && n > 1 {
 				var err error
-				if ok, sent, err = p.fetchChunk(ctx, t, in, out, n); err != nil {
+				if ok, sent, rtt, err = p.fetchChunk(ctx, t, in, out, n); err != nil {
 					return nil, 0, err
 				}
 			}
 			if ok {
-				return &Grant{Target: t, pool: p, reqs: reqs, in: in, out: out, sent: sent}, 0, nil
+				return &Grant{Target: t, pool: p, reqs: reqs, in: in, out: out, sent: sent, rtt: rtt}, 0, nil
 			}
 		}
 		sent := p.now()
@@ -452,9 +454,10 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 			return nil, 0, fmt.Errorf("upstream %s model %s: %w", t.Up.Name, t.Model, err)
 		}
 		d := sluice.Combine(ds)
-		t.note(reqs, ds, p.now())
+		answered := p.now()
+		t.note(reqs, ds, answered)
 		if d.Allowed {
-			return &Grant{Target: t, pool: p, reqs: reqs, in: in, out: out, sent: sent}, 0, nil
+			return &Grant{Target: t, pool: p, reqs: reqs, in: in, out: out, sent: sent, rtt: answered.Sub(sent)}, 0, nil
 		}
 		if wait < 0 || d.RetryAfter < wait {
 			wait = d.RetryAfter
@@ -525,46 +528,61 @@ func (p *Pool) order(cands []*TargetState, now time.Time) []*TargetState {
 	return cands
 }
 
-// Settle settles the grant once with in and out actual tokens. The
-// provider limits keep the reservation, as the provider does (OpenAI
-// counts a request's prompt and max_tokens when it arrives, and
-// Anthropic its input then), and are charged what the usage took beyond
-// it; nothing is refunded, not even for a request the upstream never
-// received (unsent): a log's refund takes back its newest units, not the
-// grant's, and would free capacity a period too early. Later calls do
+// Settle settles the grant once with in and out actual tokens. A request
+// no upstream received (unsent) gives its request and tokens back. An
+// Anthropic upstream gives unused tokens back when a request ends, and so
+// does the grant; OpenAI and Azure count a request's prompt and max_tokens
+// when it arrives and keep them, and so does the grant. Usage beyond the
+// reservation is charged. Refunds take units back from the grant's own
+// admission or older ones (Request.AdmittedAgo), never from a later one,
+// which would free capacity up to a period too early. Later calls do
 // nothing and return false.
 func (g *Grant) Settle(ctx context.Context, in, out int64, unsent bool) (bool, error) {
 	if g == nil || !g.settled.CompareAndSwap(false, true) {
 		return false, nil
 	}
-	if unsent {
-		return true, nil
-	}
-	var charges []sluice.Request
+	// The store subtracts the age from its own time when it runs the
+	// refund: the admission's round trip stands for the refund's transit.
+	age := max(g.pool.now().Sub(g.sent)+g.rtt, time.Nanosecond)
+	giveBack := unsent || g.Target.Up.Kind == Anthropic
+	var refunds, charges []sluice.Request
 	for _, req := range g.reqs {
+		if req.Algorithm != sluice.SlidingWindowLog {
+			continue // the cooldown key
+		}
 		var actual int64
 		switch {
+		case unsent:
+		case strings.HasSuffix(req.Key, ":rpm"):
+			continue
 		case strings.HasSuffix(req.Key, ":itpm"):
 			actual = in
 		case strings.HasSuffix(req.Key, ":otpm"):
 			actual = out
-		case strings.HasSuffix(req.Key, ":tpm"):
+		default:
 			actual = in + out
-		default: // the request and the cooldown key
-			continue
 		}
-		if d := actual - req.Cost; d > 0 {
-			req.Cost = d
+		switch d := req.Cost - actual; {
+		case d > 0 && giveBack:
+			req.Cost, req.AdmittedAgo = d, age
+			refunds = append(refunds, req)
+		case d < 0:
+			req.Cost = -d
 			charges = append(charges, req)
 		}
 	}
-	if len(charges) == 0 {
-		return true, nil
+	var errs []error
+	if len(refunds) > 0 {
+		if _, err := g.pool.store.ApplyAll(ctx, sluice.OpRefund, refunds); err != nil {
+			errs = append(errs, fmt.Errorf("upstream %s: refund: %w", g.Target.Up.Name, err))
+		}
 	}
-	if _, err := g.pool.store.ApplyAll(ctx, sluice.OpCharge, charges); err != nil {
-		return true, fmt.Errorf("upstream %s: charge: %w", g.Target.Up.Name, err)
+	if len(charges) > 0 {
+		if _, err := g.pool.store.ApplyAll(ctx, sluice.OpCharge, charges); err != nil {
+			errs = append(errs, fmt.Errorf("upstream %s: charge: %w", g.Target.Up.Name, err))
+		}
 	}
-	return true, nil
+	return true, errors.Join(errs...)
 }
 
 // Reserved returns the input and output tokens reserved.
