@@ -19,8 +19,9 @@ import (
 // the store gave the chunk, and counts in the store for at least a period
 // from its own admission, as if it had gone to the store itself. Nothing
 // of a chunk is used past its slot's end; what is left then is stranded
-// (counted, unused) rather than refunded, since a log's refund takes back
-// its newest entries, which may be another replica's later ones.
+// (counted, unused until its minute is over): a chunk is sized at the
+// previous slot's pace for what is left of this one, so little is, and
+// giving it back would cost a store call per chunk.
 //
 // The slot's end comes from the store's answer, as a duration (the log's
 // ResetAfter less a period), measured from when the fetch was sent: a

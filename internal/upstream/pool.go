@@ -322,12 +322,13 @@ func (t *TargetState) LastRemaining() (requests, tokens int64) {
 // the tokens on each declared limit's log, and one on the cooldown key.
 func (p *Pool) requests(t *TargetState, in, out int64) ([]sluice.Request, bool) {
 	reqs := make([]sluice.Request, 0, 5)
+	cs := costs(in, out)
 	for i := range 4 {
 		rate := t.limit(i)
 		if rate == 0 {
 			continue
 		}
-		cost := [4]int64{1, in + out, in, out}[i]
+		cost := cs[i]
 		if cost > p.limitOf(rate).Rate {
 			return nil, false
 		}
