@@ -46,8 +46,9 @@ func TestLoadPoolBad(t *testing.T) {
 		"upstreams[0].key_env: required",
 		"6: upstreams[0].models.gpt-4o.rpm: -1 must be in",
 		"7: upstreams[0].models.gpt-4o-mini: no route uses this model",
-		`10: routes.gpt-4o[0].upstream: unknown upstream "west"; valid: east`,
-		`11: routes.gpt-4o[1].model: upstream east declares no model "gpt-5"`,
+		"8: upstreams[0].pace: 50ms must be whole milliseconds from 100ms to 30s",
+		`11: routes.gpt-4o[0].upstream: unknown upstream "west"; valid: east`,
+		`12: routes.gpt-4o[1].model: upstream east declares no model "gpt-5"`,
 		"routes: model o3 (named under tiers, models or queue.capacity) has no route",
 	} {
 		if !strings.Contains(msg, want) {

@@ -96,11 +96,18 @@ type Def struct {
 	// Models are the upstream's models (Azure: deployments) by the
 	// upstream's own id, with the provider's limits on each.
 	Models map[string]Limits `yaml:"models"`
+	// Pace, when set, also holds each model's request limit to its share
+	// of every window of this length (rpm × pace / minute, at least one):
+	// for a provider that enforces a minute's requests over shorter
+	// windows, as Azure OpenAI evaluates RPM over 1 or 10 s and OpenAI
+	// says it may. Token limits are not paced. Whole milliseconds, 100ms
+	// to 30s; zero means none.
+	Pace time.Duration `yaml:"pace"`
 }
 
 // Limits are a provider's limits on one model of one upstream; zero leaves
-// a limit out. Each is per minute, and admits up to its rate at once, as
-// the providers' do.
+// a limit out. Each is per minute: the pool sends at most that many in any
+// minute, wherever the minute starts.
 type Limits struct {
 	RPM  int64 `yaml:"rpm" json:"rpm,omitempty"`
 	TPM  int64 `yaml:"tpm" json:"tpm,omitempty"`
@@ -200,6 +207,9 @@ func Check(doc *yamlconf.Doc, defs []Def, routes map[string][]Target, r *Routing
 		}
 		if d.Weight < 0 || d.Weight > 1e6 || d.Weight != d.Weight {
 			doc.Addf(path+".weight", "%v must be in (0, 1e6]", d.Weight)
+		}
+		if d.Pace != 0 && (d.Pace < 100*time.Millisecond || d.Pace > 30*time.Second || d.Pace%time.Millisecond != 0) {
+			doc.Addf(path+".pace", "%s must be whole milliseconds from 100ms to 30s, such as 1s or 10s (the windows Azure OpenAI evaluates RPM over)", d.Pace)
 		}
 		if d.APIVersion != "" && (d.Kind != Azure || !versionRE.MatchString(d.APIVersion)) {
 			doc.Addf(path+".api_version", "only an azure-openai upstream takes an api_version, such as %s", DefaultAzureAPIVersion)

@@ -30,10 +30,13 @@ import (
 // replica's chunk; another replica's cooldown reaches it when its chunk's
 // slot ends, at most one slot later.
 
-// slot is the provider logs' granularity: 1/200 of the period, in whole
+// slot is the provider logs' granularity.
+func (p *Pool) slot() time.Duration { return slotOf(p.period) }
+
+// slotOf is the granularity of a log of period d: 1/200 of it, in whole
 // milliseconds (Limit.Granularity).
-func (p *Pool) slot() time.Duration {
-	return max((p.period / 200).Truncate(time.Millisecond), time.Millisecond)
+func slotOf(d time.Duration) time.Duration {
+	return max((d / 200).Truncate(time.Millisecond), time.Millisecond)
 }
 
 // hotPerSlot is how many admissions on one upstream model this replica
@@ -116,22 +119,16 @@ func (p *Pool) fromChunk(t *TargetState, in, out int64, now time.Time) (bool, ti
 // admits its reservation alone.
 func (p *Pool) fetchChunk(ctx context.Context, t *TargetState, in, out, n int64) (bool, time.Time, time.Duration, error) {
 	cost := costs(in, out)
-	reqs := make([]sluice.Request, 0, 5)
-	var take [4]int64
-	for i := range 4 {
-		rate := t.limit(i)
-		if rate == 0 || cost[i] == 0 {
-			continue
-		}
-		lim := p.limitOf(rate)
-		k := min(n*cost[i], max(lim.Rate/maxChunkShare, cost[i]))
-		take[i] = k
-		reqs = append(reqs, p.logReq(t, i, rate, k))
-	}
-	if len(reqs) == 0 {
+	reqs, kinds, fits := p.requests(t, in, out, n)
+	if !fits || len(reqs) == 1 { // nothing but the cooldown key
 		return false, time.Time{}, 0, nil
 	}
-	reqs = append(reqs, p.coolReq(t, 1))
+	var take [4]int64
+	for j, k := range kinds {
+		if k >= 0 {
+			take[k] = reqs[j].Cost
+		}
+	}
 	sent := p.now()
 	ds, err := p.store.ApplyAll(ctx, sluice.OpAllow, reqs)
 	if err != nil {
@@ -143,9 +140,15 @@ func (p *Pool) fetchChunk(ctx context.Context, t *TargetState, in, out, n int64)
 	if !sluice.Combine(ds).Allowed {
 		return false, time.Time{}, 0, nil
 	}
-	// The chunk's slot ends ResetAfter less a period after the store
-	// decided, which was after it was sent.
-	slotLeft := ds[0].ResetAfter - p.period
+	// Each log's slot ends its ResetAfter less its period after the store
+	// decided, which was after it was sent; the chunk lasts until the
+	// first ends.
+	slotLeft := time.Duration(math.MaxInt64)
+	for j, k := range kinds {
+		if k >= 0 {
+			slotLeft = min(slotLeft, ds[j].ResetAfter-reqs[j].Limit.Period)
+		}
+	}
 	if slotLeft <= 0 {
 		return true, sent, rtt, nil // the caller's reservation only
 	}

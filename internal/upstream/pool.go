@@ -51,6 +51,7 @@ type Upstream struct {
 	basePath     string
 	apiVersion   string
 	auth         authHeader
+	pace         time.Duration
 }
 
 type authHeader struct {
@@ -154,7 +155,7 @@ func New(opts Options) (*Pool, error) {
 			return nil, fmt.Errorf("upstream %s: base_url: %w", d.Name, err)
 		}
 		u := &Upstream{Name: d.Name, Region: d.Region, Kind: d.Kind, Weight: max(d.Weight, 1e-9), base: base,
-			basePath: strings.TrimSuffix(base.Path, "/"), apiVersion: d.APIVersion}
+			basePath: strings.TrimSuffix(base.Path, "/"), apiVersion: d.APIVersion, pace: d.Pace}
 		if key != "" {
 			switch d.Kind {
 			case Azure:
@@ -317,11 +318,14 @@ func (t *TargetState) LastRemaining() (requests, tokens int64) {
 	return t.lastRemaining[0].Load(), t.lastRemaining[1].Load()
 }
 
-// requests returns the store requests of a reservation of in input and
-// out output tokens on t, and false if it can never fit: one request and
-// the tokens on each declared limit's log, and one on the cooldown key.
-func (p *Pool) requests(t *TargetState, in, out int64) ([]sluice.Request, bool) {
-	reqs := make([]sluice.Request, 0, 5)
+// requests returns the store requests of n reservations of in input and
+// out output tokens on t (n > 1: a chunk, bounded to a share of each
+// limit), the limit kind of each (-1: the cooldown key), and false if one
+// reservation can never fit: per declared limit its log, and its pace's
+// log when the upstream has one, then the cooldown key.
+func (p *Pool) requests(t *TargetState, in, out, n int64) ([]sluice.Request, []int8, bool) {
+	reqs := make([]sluice.Request, 0, 9)
+	kinds := make([]int8, 0, 9)
 	cs := costs(in, out)
 	for i := range 4 {
 		rate := t.limit(i)
@@ -329,15 +333,43 @@ func (p *Pool) requests(t *TargetState, in, out int64) ([]sluice.Request, bool) 
 			continue
 		}
 		cost := cs[i]
-		if cost > p.limitOf(rate).Rate {
-			return nil, false
+		lim := p.limitOf(rate)
+		if cost > lim.Rate {
+			return nil, nil, false
 		}
 		if cost == 0 {
 			continue
 		}
-		reqs = append(reqs, p.logReq(t, i, rate, cost))
+		take := cost
+		if n > 1 {
+			take = min(n*cost, max(lim.Rate/maxChunkShare, cost))
+		}
+		pace, paced := p.paceOf(t, i, rate)
+		if paced {
+			take = min(take, pace.Rate)
+		}
+		reqs = append(reqs, p.logReq(t, i, rate, take))
+		kinds = append(kinds, int8(i))
+		if paced {
+			reqs = append(reqs, sluice.Request{Key: t.keyBase + limNames[i] + ":pace", Algorithm: sluice.SlidingWindowLog, Limit: pace, Cost: take})
+			kinds = append(kinds, int8(i))
+		}
 	}
-	return append(reqs, p.coolReq(t, 1)), true
+	return append(reqs, p.coolReq(t, 1)), append(kinds, -1), true
+}
+
+// paceOf is the limit of t's pace on its limit of kind i, of rate per
+// period: the request limit's share of a pace-long window (what the
+// margin leaves of it, at least one request); false when t has no pace,
+// or for a token limit, which is not paced (a request larger than a
+// window's share of tokens could never go while others do).
+func (p *Pool) paceOf(t *TargetState, i int, rate int64) (sluice.Limit, bool) {
+	pace := t.Up.pace
+	if pace <= 0 || pace >= p.period || i != limRPM {
+		return sluice.Limit{}, false
+	}
+	share := p.limitOf(rate).Rate * int64(pace) / int64(p.period)
+	return sluice.Limit{Rate: max(share, 1), Period: pace, Granularity: slotOf(pace)}, true
 }
 
 // coolReq is t's cooldown key: a GCRA bucket of one unit per microsecond,
@@ -367,7 +399,7 @@ func (p *Pool) logReq(t *TargetState, i int, rate, cost int64) sluice.Request {
 // end of a slot of period/200 (Limit.Granularity), so that a log holds
 // at most about 200 runs at any rate.
 func (p *Pool) limitOf(rate int64) sluice.Limit {
-	return sluice.Limit{Rate: max(rate-int64(float64(rate)**p.routing.Margin), 1), Period: p.period, Granularity: p.slot()}
+	return sluice.Limit{Rate: max(rate-int64(float64(rate)**p.routing.Margin), 1), Period: p.period, Granularity: slotOf(p.period)}
 }
 
 // Grant is a reservation admitted on one upstream's model. Settle it
@@ -376,6 +408,7 @@ type Grant struct {
 	Target  *TargetState
 	pool    *Pool
 	reqs    []sluice.Request
+	kinds   []int8 // of reqs, as requests returns them
 	in, out int64
 	// sent is when the store call that admitted the grant's units was
 	// sent (its chunk's, for a grant from a chunk), and rtt how long it
@@ -433,7 +466,7 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 	}
 	wait := time.Duration(-1)
 	for _, t := range order {
-		reqs, fits := p.requests(t, in, out)
+		reqs, kinds, fits := p.requests(t, in, out, 1)
 		if !fits {
 			continue
 		}
@@ -446,7 +479,7 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 				}
 			}
 			if ok {
-				return &Grant{Target: t, pool: p, reqs: reqs, in: in, out: out, sent: sent, rtt: rtt}, 0, nil
+				return &Grant{Target: t, pool: p, reqs: reqs, kinds: kinds, in: in, out: out, sent: sent, rtt: rtt}, 0, nil
 			}
 		}
 		sent := p.now()
@@ -458,7 +491,7 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 		answered := p.now()
 		t.note(reqs, ds, answered)
 		if d.Allowed {
-			return &Grant{Target: t, pool: p, reqs: reqs, in: in, out: out, sent: sent, rtt: answered.Sub(sent)}, 0, nil
+			return &Grant{Target: t, pool: p, reqs: reqs, kinds: kinds, in: in, out: out, sent: sent, rtt: answered.Sub(sent)}, 0, nil
 		}
 		if wait < 0 || d.RetryAfter < wait {
 			wait = d.RetryAfter
@@ -547,21 +580,19 @@ func (g *Grant) Settle(ctx context.Context, in, out int64, unsent bool) (bool, e
 	age := max(g.pool.now().Sub(g.sent)+g.rtt, time.Nanosecond)
 	giveBack := unsent || g.Target.Up.Kind == Anthropic
 	var refunds, charges []sluice.Request
-	for _, req := range g.reqs {
-		if req.Algorithm != sluice.SlidingWindowLog {
-			continue // the cooldown key
-		}
+	for j, req := range g.reqs {
 		var actual int64
-		switch {
-		case unsent:
-		case strings.HasSuffix(req.Key, ":rpm"):
-			continue
-		case strings.HasSuffix(req.Key, ":itpm"):
-			actual = in
-		case strings.HasSuffix(req.Key, ":otpm"):
-			actual = out
+		switch g.kinds[j] {
+		case -1:
+			continue // the cooldown key
+		case limRPM:
+			if !unsent {
+				continue
+			}
 		default:
-			actual = in + out
+			if !unsent {
+				actual = costs(in, out)[g.kinds[j]]
+			}
 		}
 		switch d := req.Cost - actual; {
 		case d > 0 && giveBack:
