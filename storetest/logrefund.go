@@ -79,12 +79,16 @@ func logRefundByAge(h *harness) {
 		{19 * ms, sluice.OpPeek, 0, 0, 8, ms},
 		{ms, sluice.OpPeek, 0, 0, 10, 0},
 	})
-	// An age past Period + Granularity reaches no unit the log counts.
-	h.ageSteps(r, []ageStep{
-		{0, sluice.OpAllow, 4, 0, 6, s},
-		{s - 1, sluice.OpRefund, 4, time.Duration(1 << 62), 6, 1},
-		{0, sluice.OpRefund, 4, s, 6, 1},
-		{0, sluice.OpRefund, 1, s - 1, 7, 1},
+	// An age past Period + Granularity reaches no unit the log counts. A
+	// key of its own, a minute long: Redis expires a log's key by its own
+	// clock, a period after its newest run, and a second of real time can
+	// pass between two steps on a loaded machine.
+	m := sluice.Request{Key: h.key("ageexact-min"), Algorithm: sluice.SlidingWindowLog, Limit: sluice.Limit{Rate: 10, Period: time.Minute}}
+	h.ageSteps(m, []ageStep{
+		{0, sluice.OpAllow, 4, 0, 6, time.Minute},
+		{time.Minute - 1, sluice.OpRefund, 4, time.Duration(1 << 62), 6, 1},
+		{0, sluice.OpRefund, 4, time.Minute, 6, 1},
+		{0, sluice.OpRefund, 1, time.Minute - 1, 7, 1},
 	})
 }
 
