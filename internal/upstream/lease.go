@@ -58,8 +58,13 @@ type chunk struct {
 	sent time.Time
 	rtt  time.Duration
 	// slot (unix nanos / slot) and its admissions, and the previous
-	// slot's, for the heat.
-	slot, seen, prev int64
+	// slot's, for the heat; refused is the last slot the store refused a
+	// chunk in (no other is asked for in it).
+	slot, seen, prev, refused int64
+	// phase is where the store's slots end on this host's clock (unix
+	// nanos modulo the slot), learned from the last chunk: the two
+	// clocks differ.
+	phase int64
 }
 
 // drop empties t's chunk: a cooldown, failure or tightening happened.
@@ -105,12 +110,17 @@ func (p *Pool) fromChunk(t *TargetState, in, out int64, now time.Time) (bool, ti
 			return true, c.sent, c.rtt, 0
 		}
 	}
-	if c.prev < hotPerSlot {
+	if c.prev < hotPerSlot || c.refused == c.slot {
 		return false, time.Time{}, 0, 0
 	}
-	// The previous slot's pace, for what is left of this one.
-	left := p.slot() - time.Duration(now.UnixNano()%int64(p.slot()))
-	return false, time.Time{}, 0, max(int64(math.Ceil(float64(c.prev)*float64(left)/float64(p.slot()))), 2)
+	// The previous slot's pace, for what is left of the store's slot; at
+	// its very end, nothing.
+	slot := int64(p.slot())
+	left := ((c.phase-now.UnixNano())%slot + slot) % slot
+	if left == 0 {
+		return false, time.Time{}, 0, 0
+	}
+	return false, time.Time{}, 0, max(int64(math.Ceil(float64(c.prev)*float64(left)/float64(slot))), 2)
 }
 
 // fetchChunk takes a chunk of n reservations of in and out tokens (the
@@ -138,6 +148,12 @@ func (p *Pool) fetchChunk(ctx context.Context, t *TargetState, in, out, n int64)
 	t.note(reqs, ds, answered)
 	rtt := answered.Sub(sent)
 	if !sluice.Combine(ds).Allowed {
+		// Full: single admissions until the next slot, not a refused
+		// chunk and then a call each.
+		c := &t.chunk
+		c.mu.Lock()
+		c.refused = c.slot
+		c.mu.Unlock()
 		return false, time.Time{}, 0, nil
 	}
 	// Each log's slot ends its ResetAfter less its period after the store
@@ -149,12 +165,13 @@ func (p *Pool) fetchChunk(ctx context.Context, t *TargetState, in, out, n int64)
 			slotLeft = min(slotLeft, ds[j].ResetAfter-reqs[j].Limit.Period)
 		}
 	}
-	if slotLeft <= 0 {
-		return true, sent, rtt, nil // the caller's reservation only
-	}
 	c := &t.chunk
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.phase = sent.UnixNano() + int64(max(slotLeft, 0))
+	if slotLeft <= 0 {
+		return true, sent, rtt, nil // the caller's reservation only
+	}
 	for i := range 4 {
 		c.left[i] = max(take[i]-cost[i], 0)
 	}

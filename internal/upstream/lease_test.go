@@ -215,3 +215,35 @@ func TestLeaseDroppedOnLowerLimit(t *testing.T) {
 		t.Fatal("a chunk taken under 600000 rpm kept after the provider said 1000")
 	}
 }
+
+// TestLeaseSaturatedNoExtraCalls: a hot upstream model offered twice its
+// limit for 150 s, held full from the first half minute on. With leases it
+// admits what it admits without (a chunk taken at the end of a slot would
+// strand its units, and a chunk refused at every request would double the
+// store calls: a replica refused one asks for none until the next slot),
+// in fewer store calls.
+func TestLeaseSaturatedNoExtraCalls(t *testing.T) {
+	run := func(lease bool) (admitted int, calls int64) {
+		p, cs, advance := hotPool(t, 6000, 0, lease) // 100 a second
+		r := p.Route("m", "")
+		for range 30_000 { // 200 a second
+			advance(5 * time.Millisecond)
+			if g, _, _ := p.Acquire(context.Background(), r, false, 1, 1, nil); g != nil {
+				admitted++
+			}
+		}
+		return admitted, cs.calls.Load()
+	}
+	base, baseCalls := run(false)
+	got, calls := run(true)
+	t.Logf("without leases %d admitted in %d store calls; with leases %d in %d", base, baseCalls, got, calls)
+	if got < base*99/100 {
+		t.Fatalf("leases admitted %d, without %d", got, base)
+	}
+	// Half the run is unsaturated, served from chunks; in the other half
+	// every admission is a call, as without leases (a refused chunk and a
+	// call each would make it 25000).
+	if calls*2 > baseCalls {
+		t.Fatalf("leases took %d store calls, without %d: want at most half", calls, baseCalls)
+	}
+}

@@ -88,3 +88,13 @@ func TestPaceHoldsShortWindows(t *testing.T) {
 		t.Fatalf("without a pace only %d in a second: the bursts do not test the pace", s)
 	}
 }
+
+// TestPaceShareLargeLimits: the largest limit the config takes, paced at
+// the longest pace, gets its share, not an overflow.
+func TestPaceShareLargeLimits(t *testing.T) {
+	p, r, _ := pacedPool(t, Limits{RPM: 1 << 40}, 30*time.Second, false)
+	lim, ok := p.paceOf(r.Targets[0], limRPM, 1<<40)
+	if want := int64(1<<40) / 2; !ok || lim.Rate < want*99/100 || lim.Rate > want {
+		t.Fatalf("pace share %d, want about %d", lim.Rate, want)
+	}
+}

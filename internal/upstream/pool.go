@@ -340,15 +340,18 @@ func (p *Pool) requests(t *TargetState, in, out, n int64) ([]sluice.Request, []i
 		if cost == 0 {
 			continue
 		}
+		pace, paced := p.paceOf(t, i, rate)
 		take := cost
 		if n > 1 {
-			take = min(n*cost, max(lim.Rate/maxChunkShare, cost))
+			// Whole reservations, at most a share of the limit (and of
+			// the pace's window), at least one: no product to overflow.
+			most := lim.Rate / maxChunkShare
+			if paced {
+				most = min(most, pace.Rate)
+			}
+			take = cost * min(n, max(most/cost, 1))
 		}
-		pace, paced := p.paceOf(t, i, rate)
-		if paced {
-			take = min(take, pace.Rate)
-		}
-		reqs = append(reqs, p.logReq(t, i, rate, take))
+		reqs = append(reqs, sluice.Request{Key: t.keyBase + limNames[i], Algorithm: sluice.SlidingWindowLog, Limit: lim, Cost: take})
 		kinds = append(kinds, int8(i))
 		if paced {
 			reqs = append(reqs, sluice.Request{Key: t.keyBase + limNames[i] + ":pace", Algorithm: sluice.SlidingWindowLog, Limit: pace, Cost: take})
@@ -368,7 +371,9 @@ func (p *Pool) paceOf(t *TargetState, i int, rate int64) (sluice.Limit, bool) {
 	if pace <= 0 || pace >= p.period || i != limRPM {
 		return sluice.Limit{}, false
 	}
-	share := p.limitOf(rate).Rate * int64(pace) / int64(p.period)
+	// In floating point: rate × pace in nanoseconds overflows an int64
+	// for the largest limits.
+	share := int64(float64(p.limitOf(rate).Rate) * float64(pace) / float64(p.period))
 	return sluice.Limit{Rate: max(share, 1), Period: pace, Granularity: slotOf(pace)}, true
 }
 
