@@ -41,6 +41,51 @@ const (
 	maxCountAnswer = 4 << 10
 )
 
+// errCountBusy means the client, or the gateway, has as many count_tokens
+// calls in flight as it may.
+var errCountBusy = errors.New("gateway: count_tokens: calls in flight at their bound")
+
+// The bounds of count_tokens calls in flight.
+const (
+	countPerClient = 4
+	countTotal     = 64
+)
+
+// countGate bounds the count_tokens calls in flight, per client and in
+// all. Its map holds only clients with a call in flight: at most
+// countTotal. The zero countGate is ready.
+type countGate struct {
+	mu     sync.Mutex
+	total  int
+	client map[string]int
+}
+
+// enter takes a slot for client, or reports false when it or the gateway
+// has none left.
+func (cg *countGate) enter(client string) bool {
+	cg.mu.Lock()
+	defer cg.mu.Unlock()
+	if cg.total >= countTotal || cg.client[client] >= countPerClient {
+		return false
+	}
+	if cg.client == nil {
+		cg.client = map[string]int{}
+	}
+	cg.total++
+	cg.client[client]++
+	return true
+}
+
+// leave gives client's slot back.
+func (cg *countGate) leave(client string) {
+	cg.mu.Lock()
+	defer cg.mu.Unlock()
+	cg.total--
+	if cg.client[client]--; cg.client[client] <= 0 {
+		delete(cg.client, client)
+	}
+}
+
 // countPath is the path of Anthropic's count_tokens.
 const countPath = "/v1/messages/count_tokens"
 
@@ -120,7 +165,7 @@ func (g *Gateway) wantsUpstreamCount(c *call) bool {
 // upstreamCount returns the upstream's input_tokens for body, a
 // /v1/messages body for model, from the cache or from count_tokens: the
 // single upstream's, or a pool's Anthropic upstream of model's route.
-func (g *Gateway) upstreamCount(ctx context.Context, r *http.Request, body []byte, model string) (int64, error) {
+func (g *Gateway) upstreamCount(ctx context.Context, r *http.Request, body []byte, model, client string) (int64, error) {
 	var all map[string]json.RawMessage
 	if err := json.Unmarshal(body, &all); err != nil {
 		return 0, fmt.Errorf("gateway: count_tokens: %w", err)
@@ -150,6 +195,13 @@ func (g *Gateway) upstreamCount(ctx context.Context, r *http.Request, body []byt
 	if n, ok := g.counts.get(key); ok {
 		return n, nil
 	}
+	// A count runs before the client's limits are checked: one client's
+	// flood of new prompts gets countPerClient calls at a time, the
+	// gateway countTotal, and the rest reserve the estimate.
+	if !g.countGate.enter(client) {
+		return 0, errCountBusy
+	}
+	defer g.countGate.leave(client)
 	ctx, cancel := context.WithTimeout(ctx, countTokensTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://count.invalid/", bytes.NewReader(cb))

@@ -118,6 +118,7 @@ type Gateway struct {
 	tokenCache   *aitoken.Cache   // exact counts of large messages, resent turn after turn
 	counts       *countCache      // upstream count_tokens answers; nil without upstream.count_tokens (anthropic_count.go)
 	countClient  *http.Client     // sends count_tokens calls
+	countGate    countGate        // bounds them in flight
 	now          func() time.Time // time.Now; tests replace it
 	renewEvery   time.Duration    // how often a request's leases are renewed while in flight: LeaseTTL/3 (renew.go)
 	bodyTimeout  time.Duration    // how long a request body may take to arrive: bodyTimeout; tests shorten it

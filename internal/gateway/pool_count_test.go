@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -80,5 +81,62 @@ func TestPoolCountTokens(t *testing.T) {
 				t.Fatalf("%d sent to the upstream, want %d (statuses %v)", sent, wantSent, statuses)
 			}
 		})
+	}
+}
+
+// TestCountTokensBoundedPerClient: counts run before the client's limits
+// are checked, so one client's burst of new prompts gets at most
+// countPerClient count_tokens calls in flight; the rest reserve their
+// estimate and go on, none of them refused for it.
+func TestCountTokensBoundedPerClient(t *testing.T) {
+	a := fakeanthropic.New(t, fakeanthropic.Options{APIKey: upstreamKey, OutputTokens: 6,
+		Default: fakeanthropic.Fault{Delay: 900 * time.Millisecond}}) // each count in flight a while
+	cfg := &Config{
+		Models: []string{"claude-test"},
+		Store:  StoreConfig{Timeout: 5 * time.Second},
+		Tiers:  map[string]TierConfig{"t": Tier(Limits{RPM: 1000})},
+		Keys:   []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t"}},
+		Upstreams: []upstream.Def{{Name: "ant", Kind: upstream.Anthropic, BaseURL: a.URL() + "/v1", KeyEnv: "KEY_ANT",
+			Models: map[string]upstream.Limits{"claude-test-2025": {ITPM: 1_000_000}}}},
+		Routes: map[string][]upstream.Target{"claude-test": {{Upstream: "ant", Model: "claude-test-2025"}}},
+	}
+	cfg.Routing.CountTokens = true
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	_, srv := poolGateway(t, cfg, memStore(t), 0, nil)
+	const burst = 12
+	var wg sync.WaitGroup
+	statuses := make([]int, burst)
+	for i := range burst {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"model":"claude-test","max_tokens":50,"messages":[{"role":"user","content":"prompt number %d"}]}`, i)
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/messages", strings.NewReader(body))
+			req.Header.Set("x-api-key", clientKey)
+			req.Header.Set("anthropic-version", "2023-06-01")
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			statuses[i] = res.StatusCode
+		})
+	}
+	wg.Wait()
+	calls := 0
+	for _, r := range a.Requests() {
+		if r.Path == "/v1/messages/count_tokens" {
+			calls++
+		}
+	}
+	for i, s := range statuses {
+		if s != 200 {
+			t.Fatalf("request %d: %d", i, s)
+		}
+	}
+	if calls > countPerClient {
+		t.Fatalf("%d count_tokens calls for one client's burst of %d, bound %d", calls, burst, countPerClient)
 	}
 }
