@@ -463,7 +463,7 @@ keys: [{name: one, hash: %[2]s, tier: t, team: research}]
 	}
 	sres := e.do(0, "GET", "/v1/status", clientKey, "")
 	raw, _ := io.ReadAll(sres.Body)
-	var st1 statusBody
+	var st1 Status
 	if err := json.Unmarshal(raw, &st1); err != nil || sres.StatusCode != 200 {
 		t.Fatal(sres.StatusCode, err)
 	}
@@ -542,7 +542,7 @@ keys: [{name: one, hash: %[2]s, tier: t, team: research}, {name: two, hash: %[3]
 	// The refused request charged neither the org's rpm nor its budget,
 	// nor the key's own rpm.
 	sres := e.do(0, "GET", "/v1/status", clientKey2, "")
-	var body2 statusBody
+	var body2 Status
 	if err := json.NewDecoder(sres.Body).Decode(&body2); err != nil {
 		t.Fatal(err)
 	}

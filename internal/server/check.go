@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -444,8 +445,8 @@ func (s *Server) decide(r *http.Request, op sluice.Op, targets []target) (*outco
 				result = metrics.ShadowDenied
 			case !d.Allowed:
 				result = metrics.Denied
-				if s.top != nil && s.top.Sampled() {
-					s.observeDenied(&targets[i], d)
+				if s.top != nil {
+					s.top.Observe(t.identity, t.policy.Name, time.Now().Add(d.RetryAfter).UnixMilli())
 				}
 			}
 			k := decisionLabels{t.policy.Name, t.tier, result}

@@ -49,7 +49,7 @@ func (s *Server) newConsole(cc *console.Config, sink console.TopSink, fleet cons
 	}
 	s.series = console.NewSeries(s.decisionTotals, cc.SampleInterval)
 	s.fleet = console.NewFleet(s.decisionTotals, fleet, cc.SampleInterval, s.log)
-	s.top = console.NewTop(sink, cc.TopSample, s.log)
+	s.top = console.NewTop(sink, console.TopOptions{Exact: cc.TopExact, Sample: cc.TopSample, Display: s.shownIdentity, Log: s.log})
 	s.simulating = make(chan struct{}, 1)
 	static := http.FileServerFS(console.Assets())
 	s.handle("GET /ui", "console", func(w http.ResponseWriter, r *http.Request) {
@@ -84,14 +84,14 @@ func (s *Server) consoleOn(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// observeDenied counts a sampled denial towards the top limited
-// identities. An API key shows as its configured name, or its hash.
-func (s *Server) observeDenied(t *target, d sluice.Decision) {
-	id := t.identity
+// shownIdentity is how the top list shows a denied identity: an API key
+// as its configured name, or its hash. Top calls it at each flush, off
+// the decision path.
+func (s *Server) shownIdentity(id string) string {
 	if name := keyNameOf(s.cfg.Load(), id); name != "" {
-		id = overrides.KeyNamePrefix + name
+		return overrides.KeyNamePrefix + name
 	}
-	s.top.Observe(id, t.policy.Name, time.Now().Add(d.RetryAfter).UnixMilli())
+	return id
 }
 
 // decisionTotals reads sluice_decisions_total by policy and tier.
@@ -127,6 +127,7 @@ func (s *Server) decisionTotals() map[console.SeriesKey]console.Totals {
 			out[k] = t
 		}
 	}
+	s.gwCounts.addTo(out)
 	return out
 }
 
