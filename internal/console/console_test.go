@@ -64,10 +64,10 @@ func testTop(t *testing.T, sinks ...TopSink) {
 	for i, s := range sinks {
 		tops := NewTop(s, TopOptions{Sample: 1})
 		for j := range 5 {
-			tops.Observe("user:"+strconv.Itoa(j), "api", now.UnixMilli()+int64(i))
+			tops.Observe("user:"+strconv.Itoa(j), "api", time.Duration(i)*time.Millisecond)
 		}
 		for range 10 {
-			tops.Observe("tenant:hot", "api", now.UnixMilli()+5000)
+			tops.Observe("tenant:hot", "api", 5*time.Second)
 		}
 		if err := tops.Flush(ctx, now.Add(time.Duration(i)*time.Minute)); err != nil {
 			t.Fatal(err)
@@ -78,7 +78,7 @@ func testTop(t *testing.T, sinks ...TopSink) {
 		t.Fatal(err)
 	}
 	want := float64(10 * len(sinks))
-	if len(top) != 3 || top[0].Identity != "tenant:hot" || top[0].Denies != want || top[0].RetryAt != now.UnixMilli()+5000 || top[1].Denies != float64(len(sinks)) {
+	if len(top) != 3 || top[0].Identity != "tenant:hot" || top[0].Denies != want || top[0].RetryAt != now.Add(time.Duration(len(sinks)-1)*time.Minute+5*time.Second).UnixMilli() || top[1].Denies != float64(len(sinks)) {
 		t.Fatalf("top: %+v", top)
 	}
 	if top[0].Sampled || top[1].Sampled {

@@ -34,7 +34,9 @@ type Hit struct {
 	// window the identity was denied more than Top's exact threshold, and
 	// the denials past it were sampled (and scaled back up).
 	Sampled bool `json:"sampled"`
-	// RetryAt is when its last denial's Retry-After ends, Unix ms.
+	// RetryAt is when its last denial's Retry-After ends, Unix ms: its
+	// Retry-After from the flush that sent it (at most FlushInterval
+	// after the denial; the decision path reads no clock for it).
 	RetryAt int64 `json:"retry_at"`
 }
 
@@ -90,8 +92,9 @@ type TopOptions struct {
 // times counts Exact + Sample x Binomial(m-Exact, 1/Sample): unbiased,
 // with a standard deviation of sqrt((m-Exact)(Sample-1)), at most
 // sqrt(Sample/(m-Exact)) of the count past Exact. Observe costs a read
-// lock, a map look-up and an atomic add per denial; a write lock only for
-// an identity's first denial of an interval.
+// lock, a map look-up and two atomic operations per denial, and reads no
+// clock (157 ns on a VM's clock source, more than all the rest); a write
+// lock only for an identity's first denial of an interval.
 type Top struct {
 	sink    TopSink
 	exact   int64
@@ -117,7 +120,7 @@ type Top struct {
 type pendingHit struct {
 	seen    atomic.Int64 // every denial observed
 	sampled atomic.Int64 // the denials past exact that the sample kept
-	retryAt atomic.Int64
+	retry   atomic.Int64 // the last denial's Retry-After, ns
 }
 
 // NewTop counts denials into sink.
@@ -155,13 +158,13 @@ func (t *Top) Read(ctx context.Context, n int, now time.Time) ([]Hit, error) {
 	return slices.Clone(hits), nil
 }
 
-// Observe records a denial of identity under policy, passing again at
-// retryAt (Unix ms).
-func (t *Top) Observe(identity, policy string, retryAt int64) {
+// Observe records a denial of identity under policy, which asked it to
+// retry after retry.
+func (t *Top) Observe(identity, policy string, retry time.Duration) {
 	k := hitKey{policy, identity}
 	t.mu.RLock()
 	if h := t.pending[k]; h != nil {
-		t.count(h, retryAt)
+		t.count(h, retry)
 		t.mu.RUnlock()
 		return
 	}
@@ -177,20 +180,15 @@ func (t *Top) Observe(identity, policy string, retryAt int64) {
 		h = &pendingHit{}
 		t.pending[k] = h
 	}
-	t.count(h, retryAt)
+	t.count(h, retry)
 }
 
 // count adds one denial to h: exactly up to t.exact, then one in t.sample.
-func (t *Top) count(h *pendingHit, retryAt int64) {
+func (t *Top) count(h *pendingHit, retry time.Duration) {
 	if h.seen.Add(1) > t.exact && (t.sample <= 1 || rand.Uint32N(t.sample) == 0) {
 		h.sampled.Add(1)
 	}
-	for {
-		old := h.retryAt.Load()
-		if retryAt <= old || h.retryAt.CompareAndSwap(old, retryAt) {
-			return
-		}
-	}
+	h.retry.Store(int64(retry))
 }
 
 // Flush sends the pending hits.
@@ -204,7 +202,7 @@ func (t *Top) Flush(ctx context.Context, now time.Time) error {
 	for k, h := range t.pending {
 		seen, sampled := h.seen.Load(), h.sampled.Load()
 		exact := min(seen, t.exact)
-		hits = append(hits, Hit{Identity: k.identity, Policy: k.policy, RetryAt: h.retryAt.Load(),
+		hits = append(hits, Hit{Identity: k.identity, Policy: k.policy, RetryAt: now.Add(time.Duration(h.retry.Load())).UnixMilli(),
 			Denies: float64(exact) + float64(sampled)*float64(t.sample), Sampled: seen > t.exact && t.sample > 1})
 	}
 	clear(t.pending)

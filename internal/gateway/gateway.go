@@ -115,7 +115,7 @@ type Gateway struct {
 	metrics      *metrics
 	log          *slog.Logger
 	onSettled    func(Settlement)
-	onOutcome    func(Outcome) // nil unless a console counts the gateway (console.go)
+	onOutcome    func(Outcome)  // nil unless a console counts the gateway (console.go)
 	pending      sync.WaitGroup // settlements in progress
 	closing      chan struct{}  // closed by Close: settlements stop retrying
 	closeOnce    sync.Once

@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -446,7 +445,7 @@ func (s *Server) decide(r *http.Request, op sluice.Op, targets []target) (*outco
 			case !d.Allowed:
 				result = metrics.Denied
 				if s.top != nil {
-					s.top.Observe(t.identity, t.policy.Name, time.Now().Add(d.RetryAfter).UnixMilli())
+					s.top.Observe(t.identity, t.policy.Name, d.RetryAfter)
 				}
 			}
 			k := decisionLabels{t.policy.Name, t.tier, result}

@@ -86,7 +86,7 @@ func (g *gatewayCounts) addTo(out map[console.SeriesKey]console.Totals) {
 func (s *Server) gatewayOutcome(o gateway.Outcome) {
 	s.gwCounts.add(o.Tier, o.Limited)
 	if o.Limited {
-		s.top.Observe(o.Identity, gatewayPolicyPrefix+o.Limit, time.Now().Add(o.RetryAfter).UnixMilli())
+		s.top.Observe(o.Identity, gatewayPolicyPrefix+o.Limit, o.RetryAfter)
 	}
 }
 

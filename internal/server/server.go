@@ -95,7 +95,7 @@ type Server struct {
 	spend     gatewaySource   // the gateway's spend (console_spend.go)
 	gwCounts  gatewayCounts   // the gateway's decisions (console_gateway.go)
 	gwLookup  atomic.Pointer[LookupFunc]
-	upstreams gatewaySource   // the gateway's upstream headroom (console_upstreams.go)
+	upstreams gatewaySource // the gateway's upstream headroom (console_upstreams.go)
 	// simulating holds the one console simulation that may run at a time.
 	simulating chan struct{}
 	draining   atomic.Bool
