@@ -39,6 +39,8 @@ func consoleOf(cfg *config.Config) *console.Config {
 // instance's own top-K and charts.
 func (s *Server) newConsole(cc *console.Config, sink console.TopSink, fleet console.FleetSink) {
 	if cc == nil {
+		s.handle("GET /ui", "console", s.consoleDisabled)
+		s.handle("GET /ui/", "console", s.consoleDisabled)
 		return
 	}
 	if sink == nil {
@@ -72,16 +74,53 @@ func (s *Server) newConsole(cc *console.Config, sink console.TopSink, fleet cons
 	s.handle("POST /ui/api/simulate", "console", s.consoleOn(s.sameOrigin(s.handleSimulate)))
 }
 
-// consoleOn answers 404 while a reload has turned the console off.
+// consoleOn answers as consoleDisabled while a reload has turned the
+// console off.
 func (s *Server) consoleOn(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if consoleOf(s.cfg.Load()) == nil {
-			writeError(w, http.StatusNotFound, "the console is disabled: set console: {enabled: true}")
+			s.consoleDisabled(w, r)
 			return
 		}
 		w.Header().Set("Cache-Control", "no-store")
 		h(w, r)
 	}
+}
+
+// consoleDisabledHelp says how to turn the console on.
+const consoleDisabledHelp = "the console is disabled: set console: {enabled: true} in the config file and restart sluice serve " +
+	"(a reload does not start it); see docs/API.md, \"The operator's console: /ui\""
+
+// consoleDisabledPage is what a browser gets at /ui when the console is
+// off: no script, no style, nothing from the config.
+const consoleDisabledPage = `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>sluice console: disabled</title></head>
+<body>
+<h1>The sluice console is disabled</h1>
+<p>Turn it on in the config file of <code>sluice serve</code>, then restart it (a reload does not start the console):</p>
+<pre>console:
+  enabled: true</pre>
+<p>Its settings, and what it shows, are in <code>docs/API.md</code> of sluice's source and release archives,
+section &ldquo;The operator's console: /ui&rdquo;.</p>
+</body></html>
+`
+
+// consoleDisabled answers 404 at /ui when the console is off, saying how
+// to turn it on: a short page to a browser (Accept: text/html), the JSON
+// error to anything else.
+func (s *Server) consoleDisabled(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Cache-Control", "no-store")
+	if !strings.Contains(r.Header.Get("Accept"), "text/html") {
+		writeError(w, http.StatusNotFound, consoleDisabledHelp)
+		return
+	}
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusNotFound)
+	_, _ = io.WriteString(w, consoleDisabledPage)
 }
 
 // shownIdentity is how the top list shows a denied identity: an API key
