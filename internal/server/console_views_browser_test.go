@@ -267,15 +267,18 @@ func TestConsoleBrowserPhone(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`#sim-form button[type="submit"]`)),
 		poll(`!!document.querySelector("#sim-chart svg")`))
 	run("the chart", poll(`!!document.querySelector('figure[data-series="b/-"]')`))
-	if dir := os.Getenv("SLUICE_UI_ARTIFACTS"); dir != "" {
-		run("screenshot", chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			buf, err := chromedp.FullScreenshot(100)(ctx, tg)
-			if err != nil {
-				return err
-			}
-			return os.WriteFile(filepath.Join(dir, "phone.png"), buf, 0o644)
-		}))
+	shot := func(name string) {
+		if dir := os.Getenv("SLUICE_UI_ARTIFACTS"); dir != "" {
+			run("screenshot", chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+				buf, err := chromedp.FullScreenshot(100)(ctx, tg)
+				if err != nil {
+					return err
+				}
+				return os.WriteFile(filepath.Join(dir, name), buf, 0o644)
+			}))
+		}
 	}
+	shot("phone.png")
 	if got := evalIn[float64](ctx, t, `document.documentElement.clientWidth`); got != 390 {
 		t.Fatalf("viewport %v px wide, want 390", got)
 	}
@@ -286,7 +289,39 @@ func TestConsoleBrowserPhone(t *testing.T) {
 	if got := evalIn[[]string](ctx, t, overflowing); len(got) > 0 {
 		t.Errorf("at 390 px, confirming, overflowing or wrapped: %q", got)
 	}
+	// The removal's confirmation opens inside the overrides list's card
+	// (a cell laid out as a row), and in the look-up's list of overrides:
+	// its buttons keep their labels whole ("re/m/ov/e" was the bug).
+	for _, where := range []string{"#overrides tbody tr[data-identity] button", "#lookup-overrides li button"} {
+		run("the removal's confirmation in "+where, chromedp.Click(chromedp.CSS(where)), chromedp.WaitVisible(chromedp.CSS(".confirm .confirm-yes")))
+		if got := evalIn[[]string](ctx, t, overflowing); len(got) > 0 {
+			t.Errorf("at 390 px, confirming a removal in %s, overflowing or wrapped: %q", where, got)
+		}
+		if got := evalIn[[]string](ctx, t, narrowButtons); len(got) > 0 {
+			t.Errorf("at 390 px, confirming a removal in %s, buttons narrower than their label: %q", where, got)
+		}
+		shot("phone-remove-" + strings.Fields(where)[0][1:] + ".png")
+		run("cancel", chromedp.Click(chromedp.CSS(".confirm .confirm-no")))
+	}
 }
+
+// narrowButtons lists the visible buttons whose box is narrower than
+// their label on one line (the label's scrollWidth, or the width of its
+// text measured with the button's font): a squeezed button wraps its
+// label, letter by letter at worst.
+const narrowButtons = `(() => {
+  const out = [], ctx = document.createElement("canvas").getContext("2d");
+  for (const b of document.querySelectorAll("button")) {
+    const r = b.getBoundingClientRect();
+    if (r.width === 0) continue;
+    const cs = getComputedStyle(b);
+    ctx.font = cs.font;
+    const pad = parseFloat(cs.paddingLeft) + parseFloat(cs.paddingRight) + parseFloat(cs.borderLeftWidth) + parseFloat(cs.borderRightWidth);
+    const need = ctx.measureText(b.textContent.trim()).width + pad;
+    if (r.width + 0.5 < need) out.push(JSON.stringify(b.textContent) + " " + Math.round(r.width) + "px < " + Math.round(need) + "px");
+  }
+  return out.slice(0, 20);
+})()`
 
 // TestConsoleBrowserSpend: in Chromium, with a gateway in the process and
 // the admin token, the page shows the gateway's spend per key, team and
