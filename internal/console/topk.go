@@ -137,6 +137,13 @@ type hitKey struct{ policy, identity string }
 // Sink returns the sink.
 func (t *Top) Sink() TopSink { return t.sink }
 
+// Exact is how many denials of an identity under a policy count one by
+// one each FlushInterval; Sample is the sampling rate past them.
+func (t *Top) Exact() int { return int(t.exact) }
+
+// Sample is the sampling rate past Exact: one denial in Sample counts.
+func (t *Top) Sample() int { return int(t.sample) }
+
 // Read returns the n identities with the most denials at now, as the
 // sink's Top, reading the sink at most once a FlushInterval: callers at
 // once wait for one read, and later ones within the interval get its

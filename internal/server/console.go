@@ -217,7 +217,9 @@ func (s *Server) handleTop(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "the store cannot be read now")
 		return
 	}
-	writeAny(w, map[string]any{"top": top, "shared": s.top.Sink().Shared()})
+	// exact and sample say how far the counts are exact: a hit marked
+	// sampled was denied more than exact times in a second somewhere.
+	writeAny(w, map[string]any{"top": top, "shared": s.top.Sink().Shared(), "exact": s.top.Exact(), "sample": s.top.Sample()})
 }
 
 type policyJSON struct {

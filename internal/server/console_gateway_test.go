@@ -25,8 +25,12 @@ const (
 // after it is a 429. carol's key has a name; dave's has none, so the
 // console names it by its client id.
 func limitedGatewayConfig(upstream string) string {
-	return testConfig + fmt.Sprintf(`console: {enabled: true, sample_interval: 100ms}
-gateway:
+	return testConfig + "console: {enabled: true, sample_interval: 100ms}\n" + limitedGateway(upstream)
+}
+
+// limitedGateway is limitedGatewayConfig's gateway: section.
+func limitedGateway(upstream string) string {
+	return fmt.Sprintf(`gateway:
   listen: 127.0.0.1:0
   upstream: {base_url: %s/v1, allow_no_key: true}
   tiers: {small: {rpm: 2}}
@@ -59,7 +63,7 @@ func gatewayChat(t *testing.T, gw, key string) int {
 // a key or its hash.
 func TestConsoleGatewayFeed(t *testing.T) {
 	up := fakeopenai.New(t, fakeopenai.Options{})
-	s, gw := gatewayServiceWith(t, limitedGatewayConfig(up.URL()))
+	s, gw := gatewayServiceWith(t, svcOptions{config: limitedGatewayConfig(up.URL())})
 	var codes []int
 	for range 7 {
 		codes = append(codes, gatewayChat(t, gw, carolKey))
