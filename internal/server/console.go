@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/console"
+	"github.com/sluice-io/sluice/internal/gateway"
 	"github.com/sluice-io/sluice/internal/metrics"
 	"github.com/sluice-io/sluice/internal/overrides"
 	"github.com/sluice-io/sluice/internal/simulate"
@@ -313,7 +314,13 @@ func gatewaySummary(cfg *config.Config) any {
 	}
 	ks := []key{}
 	for _, k := range gw.Keys {
-		ks = append(ks, key{k.Name, k.Tier})
+		// As the top list and the look-up name it: a key without a name
+		// by its client id (never its hash).
+		name := k.Name
+		if name == "" {
+			name = gateway.ClientPrefix + k.Client
+		}
+		ks = append(ks, key{name, k.Tier})
 	}
 	// pool: the console's upstreams view (console_upstreams.go) applies.
 	return map[string]any{"tiers": ts, "models": gw.Models, "keys": ks, "default_max_tokens": gw.DefaultMaxTokens, "pool": len(gw.Upstreams) > 0}
