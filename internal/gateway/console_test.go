@@ -61,6 +61,9 @@ keys:
 	if fmt.Sprint(codes) != "[200 200 429 429 401 200]" {
 		t.Fatalf("answers %v", codes)
 	}
+	// Every handler has returned (a 429's outcome is reported after its
+	// answer is written), then every settlement.
+	srv.Close()
 	gw.Close()
 	want := []string{
 		"gw_key:alice t limited=false  wait=false",
