@@ -128,7 +128,7 @@ func gatewayComponent(d server.Deps) (server.Component, error) {
 		return nil, err
 	}
 	gw, err := gateway.New(gateway.Options{Config: cfg.File.Gateway, Store: d.Store, Logger: d.Logger, Registerer: d.Metrics.Registry, WrapTransport: d.Tracing.Transport,
-		OnOutcome: d.GatewayOutcome})
+		OnOutcome: d.GatewayOutcome, OnSettled: d.GatewaySettled})
 	if err != nil {
 		return nil, err
 	}

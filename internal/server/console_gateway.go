@@ -17,15 +17,23 @@ import (
 // This file feeds the console from the AI gateway that runs in the same
 // process (a gateway: section): each of its decisions (gateway.Outcome)
 // counts in the charts, as the series "gateway:requests" per gateway
-// tier, and each of its 429s in the top limited identities, as the key's
+// tier, the dollars its settled requests charged their budgets as the
+// series "gateway:spend" (micro-dollars) per tier, and each of its 429s
+// in the top limited identities, as the key's
 // name ("gw_key:NAME", or "gw_client:ID" for a key without one) under the
 // policy "gateway:" and the limit ("gateway:rpm", "gateway:budget"); a
 // look-up of such an identity peeks the key's limits (and, with the admin
 // token, its budgets) as its GET /v1/status does.
 
-// GatewaySeries is the charts' policy name of the gateway's decisions; a
-// config's policy names cannot hold ':'.
-const GatewaySeries = "gateway:requests"
+// The charts' policy names of the gateway's series; a config's policy
+// names cannot hold ':'.
+const (
+	// GatewaySeries counts the gateway's decisions and 429s.
+	GatewaySeries = "gateway:requests"
+	// GatewaySpendSeries counts, as its decisions, the micro-dollars the
+	// gateway's settled requests charged their budgets (no denials).
+	GatewaySpendSeries = "gateway:spend"
+)
 
 // gatewayPolicyPrefix starts the top list's policy of a gateway denial.
 const gatewayPolicyPrefix = "gateway:"
@@ -40,9 +48,18 @@ type gatewayCounts struct {
 	tiers map[string]*gatewayCount
 }
 
-type gatewayCount struct{ decisions, denials atomic.Int64 }
+type gatewayCount struct{ decisions, denials, micros atomic.Int64 }
 
 func (g *gatewayCounts) add(tier string, limited bool) {
+	c := g.of(tier)
+	c.decisions.Add(1)
+	if limited {
+		c.denials.Add(1)
+	}
+}
+
+// of returns tier's counts, made on first use.
+func (g *gatewayCounts) of(tier string) *gatewayCount {
 	g.mu.RLock()
 	c := g.tiers[tier]
 	g.mu.RUnlock()
@@ -62,10 +79,7 @@ func (g *gatewayCounts) add(tier string, limited bool) {
 		}
 		g.mu.Unlock()
 	}
-	c.decisions.Add(1)
-	if limited {
-		c.denials.Add(1)
-	}
+	return c
 }
 
 // addTo adds the counts to out as the series GatewaySeries per tier.
@@ -78,6 +92,20 @@ func (g *gatewayCounts) addTo(out map[console.SeriesKey]console.Totals) {
 		t.Decisions += float64(c.decisions.Load())
 		t.Denials += float64(c.denials.Load())
 		out[k] = t
+		if m := c.micros.Load(); m > 0 {
+			k := console.SeriesKey{Policy: GatewaySpendSeries, Tier: tier}
+			t := out[k]
+			t.Decisions += float64(m)
+			out[k] = t
+		}
+	}
+}
+
+// gatewaySettled counts what a settled gateway request charged its
+// budgets (Deps.GatewaySettled): nothing without a budget.
+func (s *Server) gatewaySettled(st gateway.Settlement) {
+	if st.Cost > 0 {
+		s.gwCounts.of(st.Tier).micros.Add(int64(st.Cost))
 	}
 }
 

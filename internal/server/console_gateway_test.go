@@ -170,3 +170,41 @@ func chartSum(ch console.FleetChart, k console.SeriesKey) (c, x float64) {
 	}
 	return c, x
 }
+
+// TestConsoleGatewaySpendChart: what the gateway's settled requests
+// charged their budgets is charted as the series gateway:spend of the
+// tier, in micro-dollars: after one request of alice's, the chart's sum is
+// what the spend view says her key's budget spent.
+func TestConsoleGatewaySpendChart(t *testing.T) {
+	s, gw := gatewayService(t)
+	if code := gatewayChat(t, gw, aliceKey); code != 200 {
+		t.Fatalf("a request through the gateway: %d", code)
+	}
+	var micros float64
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var fleet console.FleetChart
+		if err := json.Unmarshal([]byte(s.do(t, "GET", "/ui/api/fleet?range=15m", "").raw), &fleet); err != nil {
+			t.Fatal(err)
+		}
+		if micros, _ = chartSum(fleet, console.SeriesKey{Policy: GatewaySpendSeries, Tier: "t"}); micros > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			var keys []console.SeriesKey
+			for _, ser := range fleet.Series {
+				keys = append(keys, ser.SeriesKey)
+			}
+			t.Fatalf("no spend charted; series %v", keys)
+		}
+		time.Sleep(100 * time.Millisecond) // the next flush
+	}
+	var spent string
+	for _, r := range spendRows(t, s) {
+		if rest, ok := strings.CutPrefix(r, "key alice: "); ok {
+			spent, _, _ = strings.Cut(rest, " ")
+		}
+	}
+	if want := fmt.Sprintf("%.6f", micros/1e6); spent != want {
+		t.Fatalf("charted $%s, the spend view says alice spent $%s", want, spent)
+	}
+}

@@ -47,7 +47,7 @@ func gatewayServiceWith(t *testing.T, o svcOptions) (*svc, string) {
 	t.Helper()
 	addr := make(chan net.Addr, 1)
 	o.components = append(o.components, func(d Deps) (Component, error) {
-		gw, err := gateway.New(gateway.Options{Config: d.Config().File.Gateway, Store: d.Store, Logger: d.Logger, OnOutcome: d.GatewayOutcome})
+		gw, err := gateway.New(gateway.Options{Config: d.Config().File.Gateway, Store: d.Store, Logger: d.Logger, OnOutcome: d.GatewayOutcome, OnSettled: d.GatewaySettled})
 		if err != nil {
 			return nil, err
 		}

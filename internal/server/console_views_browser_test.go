@@ -348,6 +348,8 @@ func TestConsoleBrowserSpend(t *testing.T) {
 		// The settlement follows the answer: the page refreshes until the
 		// team's spend shows.
 		poll(`(() => { const tr = document.querySelector('#spend tbody tr[data-level="team"]'); return !!tr && tr.cells[3].textContent !== "$0.000000"; })()`))
+	// The spend is charted too, in dollars a minute.
+	run("the spend chart", poll(`(() => { const f = document.querySelector('figure[data-series="gateway:spend/t"]'); return !!f && Number(f.dataset.decisions) > 0 && f.querySelector(".current").textContent.startsWith("$"); })()`))
 	rows := evalIn[[]string](ctx, t, `[...document.querySelectorAll("#spend tbody tr")].map(tr => tr.dataset.level + " " + tr.dataset.name + "|" + tr.cells[2].textContent + "|" + (tr.cells[3].textContent !== "$0.000000") + "|" + !!tr.querySelector("meter"))`)
 	want := []string{ // the largest share of its budget first: one request's cost on each
 		"team research|$2.000000 per week|true|true",

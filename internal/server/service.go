@@ -55,6 +55,9 @@ type Deps struct {
 	// charts and top list (console_gateway.go); nil when the console is
 	// off (gateway.Options.OnOutcome).
 	GatewayOutcome func(gateway.Outcome)
+	// GatewaySettled counts the AI gateway's spend in the console's
+	// charts; nil when the console is off (gateway.Options.OnSettled).
+	GatewaySettled func(gateway.Settlement)
 	// SetGatewayLookup gives the console the AI gateway's look-up of a
 	// key by its name (console_gateway.go).
 	SetGatewayLookup func(LookupFunc)
@@ -163,7 +166,7 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 	deps := Deps{Store: srv.guard.store, Metrics: m, Config: srv.Config, Logger: log, Tracing: opts.Tracing, SetGatewaySpend: srv.SetGatewaySpend, SetGatewayUpstreams: srv.SetGatewayUpstreams,
 		SetGatewayLookup: srv.SetGatewayLookup}
 	if srv.top != nil {
-		deps.GatewayOutcome = srv.gatewayOutcome
+		deps.GatewayOutcome, deps.GatewaySettled = srv.gatewayOutcome, srv.gatewaySettled
 	}
 	for _, build := range opts.Components {
 		c, err := build(deps)

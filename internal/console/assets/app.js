@@ -37,7 +37,7 @@
   // "tenant:acme " and "tenant:acme" are two callers.
   const shown = (id) => id !== id.trim() || /[\u0000-\u001f\u007f-\u009f\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]/.test(id) ? JSON.stringify(id) : id;
 
-  function fmtRate(v) { return v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2); }
+  function fmtRate(v) { return v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v >= 0.01 || v === 0 ? v.toFixed(2) : v.toPrecision(2); }
   function fmtWhen(ms) {
     const d = ms - Date.now();
     if (!ms || d <= 0) return "now";
@@ -130,12 +130,14 @@
       fig.dataset.denials = String(pts.reduce((a, p) => a + p.x, 0));
       const cap = el("figcaption");
       cap.append(el("strong", ser.policy + (ser.tier !== "-" ? " · " + ser.tier : "")));
-      const cur = el("span", fmtRate(curD) + " /s, " + fmtRate(curX) + " denied /s", "current");
+      // The gateway's spend counts micro-dollars: drawn as dollars a minute.
+      const spend = ser.policy === "gateway:spend";
+      const cur = el("span", spend ? "$" + (curD * 60 / 1e6).toFixed(4) + " /min" : fmtRate(curD) + " /s, " + fmtRate(curX) + " denied /s", "current");
       cur.dataset.decisions = String(curD);
       cap.append(cur);
       fig.append(cap);
       const mid = (p) => Math.min(f.now, p.t + f.bucket_ms / 2);
-      fig.append(chart([
+      fig.append(chart(spend ? [{ cls: "d", points: pts.map((p) => [mid(p), p.c * 60 / 1e6 / secs(p)]) }] : [
         { cls: "d", points: pts.map((p) => [mid(p), p.c / secs(p)]) },
         { cls: "x", points: pts.map((p) => [mid(p), p.x / secs(p)]) },
       ], 400, 130, f.from, f.now, ticks));
