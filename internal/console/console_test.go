@@ -46,10 +46,10 @@ func TestSeries(t *testing.T) {
 
 func TestConfigBounds(t *testing.T) {
 	c := Config{Enabled: true}
-	if err := c.Validate(); err != nil || c.SampleInterval != DefaultSampleInterval || c.TopSample != DefaultTopSample {
+	if err := c.Validate(); err != nil || c.SampleInterval != DefaultSampleInterval || c.TopSample != DefaultTopSample || c.TopExact != DefaultTopExact {
 		t.Fatalf("defaults: %+v %v", c, err)
 	}
-	for _, bad := range []Config{{SampleInterval: time.Millisecond}, {SampleInterval: time.Hour}, {TopSample: -1}, {TopSample: 1 << 21}} {
+	for _, bad := range []Config{{SampleInterval: time.Millisecond}, {SampleInterval: time.Hour}, {TopSample: -1}, {TopSample: 1 << 21}, {TopExact: -1}, {TopExact: 1 << 21}} {
 		if err := bad.Validate(); err == nil {
 			t.Errorf("%+v accepted", bad)
 		}

@@ -423,3 +423,25 @@ func TestConsoleBrowserUpstreams(t *testing.T) {
 		}))
 	}
 }
+
+// TestConsoleBrowserDisabled: in Chromium, /ui of a service without the
+// console is a short page saying how to enable it, which fits at 1280 and
+// 390 px.
+func TestConsoleBrowserDisabled(t *testing.T) {
+	ctx := browser(t)
+	s := startService(t, svcOptions{})
+	run := browserRunner(ctx, t, 20*time.Second)
+	for _, w := range []struct {
+		width, height int64
+		opts          []chromedp.EmulateViewportOption
+	}{{1280, 900, nil}, {390, 844, []chromedp.EmulateViewportOption{chromedp.EmulateMobile}}} {
+		run(fmt.Sprintf("%d px", w.width), chromedp.EmulateViewport(w.width, w.height, w.opts...), chromedp.Navigate(s.url+"/ui"),
+			chromedp.WaitVisible(chromedp.CSS("pre")))
+		if text := evalIn[string](ctx, t, `document.body.innerText`); !strings.Contains(text, "console:\n  enabled: true") || !strings.Contains(text, "docs/API.md") {
+			t.Fatalf("at %d px the page reads %q", w.width, text)
+		}
+		if got := evalIn[[]string](ctx, t, overflowing); len(got) > 0 {
+			t.Errorf("at %d px, overflowing: %q", w.width, got)
+		}
+	}
+}
