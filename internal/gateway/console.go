@@ -4,8 +4,9 @@ package gateway
 // console (internal/server): each metered request's outcome, admitted or
 // limited (Options.OnOutcome, for the charts and the top limited
 // identities), and a key's limits looked up by the name the console shows
-// (LookUp). A key is named by its configured name or its client id, never
-// by the key or its hash.
+// (LookUp). A key is named by its configured name, or without one by its
+// client id (keys[].client, by default the first 16 hex digits of its
+// hash, as the logs name it): never by the key or its whole hash.
 
 import (
 	"context"
@@ -76,8 +77,8 @@ var ErrNoKey = errors.New("gateway: no key has this name")
 
 // LookUp peeks the limits and budgets of the key the console names
 // identity (KeyNamePrefix NAME or ClientPrefix ID), changing nothing: the
-// answer of the key's GET /v1/status, and its Identity. With several keys
-// of one name, the first in the config's order answers. It returns
+// answer of the key's GET /v1/status. With several keys of one name, the
+// first in the config's order answers. It returns
 // ErrNoKey when no key has the identity.
 func (g *Gateway) LookUp(ctx context.Context, identity string) (Status, error) {
 	if !strings.HasPrefix(identity, KeyNamePrefix) && !strings.HasPrefix(identity, ClientPrefix) {
