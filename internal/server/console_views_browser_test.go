@@ -445,3 +445,26 @@ func TestConsoleBrowserDisabled(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleBrowserTopEstimated: in Chromium, a top-list count that was
+// sampled shows as an estimate ("≈N"), and the page says how it was
+// sampled; an exact one shows bare. With top_exact 1, an identity denied
+// many times within a second is past it (98 denials: however a flush
+// splits them, one side holds more than one), one denied once is not.
+func TestConsoleBrowserTopEstimated(t *testing.T) {
+	ctx := browser(t)
+	s := startService(t, svcOptions{config: testConfig + "console: {enabled: true, sample_interval: 100ms, top_exact: 1, top_sample: 16}\n"})
+	for range 100 {
+		s.check(t, `{"policy":"b","key":"tenant:flood"}`)
+	}
+	for range 3 {
+		s.check(t, `{"policy":"b","key":"tenant:once"}`)
+	}
+	run := browserRunner(ctx, t, 20*time.Second)
+	run("the estimate", chromedp.Navigate(s.url+"/ui/"),
+		poll(`(() => { const f = document.querySelector('#top tbody tr[data-identity="tenant:flood"] span.estimated'), o = document.querySelector('#top tbody tr[data-identity="tenant:once"] span.exact');
+		   return !!f && f.textContent.startsWith("≈") && !!o && o.textContent === "1"; })()`))
+	if note := evalIn[string](ctx, t, `document.querySelector("#top-note").textContent`); !strings.Contains(note, "past 1 denial of an identity") || !strings.Contains(note, "one in 16") {
+		t.Errorf("the note on estimates reads %q", note)
+	}
+}

@@ -159,7 +159,7 @@
     // Counts are exact up to t.exact denials of an identity a second on a
     // replica; past that one in t.sample counts, scaled up: "≈".
     const estimated = t.top.some((h) => h.sampled);
-    $("#top-note").textContent = estimated ? "≈ estimated: past " + t.exact + " denials of an identity a second, one in " + t.sample + " is counted (and scaled up); smaller counts are exact." : "";
+    $("#top-note").textContent = estimated ? "≈ estimated: past " + t.exact + (t.exact === 1 ? " denial" : " denials") + " of an identity a second, one in " + t.sample + " is counted (and scaled up); smaller counts are exact." : "";
     fill($("#top tbody"), t.top.map((h) => {
       const id = el("td", shown(h.identity), "clickable");
       id.title = "look up";
