@@ -8,6 +8,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/sluice-io/sluice/internal/mcpgate"
 	"github.com/sluice-io/sluice/internal/upstream"
 	"github.com/sluice-io/sluice/internal/yamlconf"
 )
@@ -116,6 +117,10 @@ type Config struct {
 	// Without it, a request on an unpriced model that a budget applies to
 	// is refused (400 model_not_priced).
 	DefaultPrice *PriceConfig `yaml:"default_price"`
+	// MCPServers are the MCP servers the gateway proxies at
+	// /mcp/<name> (MCP's Streamable HTTP transport), metering every
+	// tools/call per client key × server × tool (package mcpgate).
+	MCPServers []mcpgate.ServerConfig `yaml:"mcp_servers"`
 }
 
 // UpstreamConfig is the `upstream:` section.

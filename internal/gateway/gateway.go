@@ -58,6 +58,7 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/aitoken"
+	"github.com/sluice-io/sluice/internal/mcpgate"
 	"github.com/sluice-io/sluice/internal/pricing"
 	"github.com/sluice-io/sluice/internal/tracing"
 	"github.com/sluice-io/sluice/internal/upstream"
@@ -113,7 +114,8 @@ type Gateway struct {
 	pending      sync.WaitGroup // settlements in progress
 	closing      chan struct{}  // closed by Close: settlements stop retrying
 	closeOnce    sync.Once
-	queue        *queue // nil without a queue section (queue.go)
+	queue        *queue           // nil without a queue section (queue.go)
+	mcp          *mcpgate.Handler // nil without mcp_servers
 	prices       *pricing.Table
 	tokenCache   *aitoken.Cache   // exact counts of large messages, resent turn after turn
 	counts       *countCache      // upstream count_tokens answers; nil without upstream.count_tokens (anthropic_count.go)
@@ -258,6 +260,20 @@ func New(opts Options) (*Gateway, error) {
 		ErrorHandler:   g.upstreamError,
 		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	if len(cfg.MCPServers) > 0 {
+		g.mcp, err = mcpgate.New(mcpgate.Options{Servers: cfg.MCPServers, Store: opts.Store, Getenv: getenv,
+			Auth: func(r *http.Request) (string, bool) {
+				cl, two := g.authenticate(r)
+				if cl == nil || two {
+					return "", false
+				}
+				return cl.id, true
+			},
+			LeaseTTL: cfg.LeaseTTL, Registerer: reg, Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+	}
 	return g, nil
 }
 
@@ -275,6 +291,10 @@ func (g *Gateway) Metrics() http.Handler { return g.metrics.handler }
 
 // ServeHTTP implements http.Handler.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if g.mcp != nil && strings.HasPrefix(r.URL.Path, "/mcp/") {
+		g.mcp.ServeHTTP(w, r)
+		return
+	}
 	start := time.Now()
 	var done bool
 	if w, done = ingress(w, r); done {
