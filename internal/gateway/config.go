@@ -227,6 +227,9 @@ type TierConfig struct {
 	ITPMBurst int64 `yaml:"itpm_burst"`
 	OTPM      int64 `yaml:"otpm"`
 	OTPMBurst int64 `yaml:"otpm_burst"`
+	// Session is a budget per session (agent run) of each key of the tier,
+	// named by the client in X-Sluice-Session (session.go).
+	Session *SessionConfig `yaml:"session"`
 }
 
 // Tier returns a TierConfig with the limits l for the whole tier.

@@ -185,7 +185,8 @@ func New(opts Options) (*Gateway, error) {
 	tiers := map[string]*tier{}
 	for _, name := range sortedKeys(cfg.Tiers) {
 		tc := cfg.Tiers[name]
-		t := &tier{name: name, lease: cfg.Lease}
+		t := &tier{name: name, lease: cfg.Lease, session: sessionSpecs(tc.Session)}
+		t.sessionRequired = tc.Session != nil && tc.Session.Required
 		if tc.Lease != nil {
 			t.lease = *tc.Lease
 		}
@@ -262,12 +263,12 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if len(cfg.MCPServers) > 0 {
 		g.mcp, err = mcpgate.New(mcpgate.Options{Servers: cfg.MCPServers, Store: opts.Store, Getenv: getenv,
-			Auth: func(r *http.Request) (string, bool) {
+			Auth: func(r *http.Request) (mcpgate.Client, bool) {
 				cl, two := g.authenticate(r)
 				if cl == nil || two {
-					return "", false
+					return nil, false
 				}
-				return cl.id, true
+				return mcpClient{g, cl}, true
 			},
 			LeaseTTL: cfg.LeaseTTL, Registerer: reg, Logger: log})
 		if err != nil {

@@ -19,6 +19,8 @@ import (
 	"net/url"
 	"regexp"
 	"time"
+
+	"github.com/sluice-io/sluice/internal/pricing"
 )
 
 // ErrInvalidConfig means an mcp_servers section is malformed.
@@ -72,9 +74,19 @@ type ToolLimits struct {
 	RPD int64 `yaml:"rpd"`
 	// Concurrency bounds the calls in flight; zero means none.
 	Concurrency int64 `yaml:"concurrency"`
+	// CostUSD is what one call costs in dollars, such as "0.01", charged
+	// at admission against the key's, team's and org's budgets and the
+	// session's (the gateway's Client.Charges); empty costs nothing.
+	CostUSD string `yaml:"cost_usd"`
 }
 
-func (l ToolLimits) any() bool { return l.RPM > 0 || l.RPD > 0 || l.Concurrency > 0 }
+func (l ToolLimits) any() bool { return l.RPM > 0 || l.RPD > 0 || l.Concurrency > 0 || l.CostUSD != "" }
+
+// cost is CostUSD in micro-dollars; Validate checked it.
+func (l ToolLimits) cost() int64 {
+	m, _ := pricing.ParseUSD(l.CostUSD)
+	return int64(m)
+}
 
 // Validate checks the servers, their URLs and their limits.
 func Validate(servers []ServerConfig) error {
@@ -106,7 +118,12 @@ func Validate(servers []ServerConfig) error {
 				return fmt.Errorf("%w: %s (%s).tools.%s: limits must not be negative", ErrInvalidConfig, where, s.Name, tool)
 			}
 			if !l.any() {
-				return fmt.Errorf("%w: %s (%s).tools.%s: sets no limit (rpm, rpd or concurrency)", ErrInvalidConfig, where, s.Name, tool)
+				return fmt.Errorf("%w: %s (%s).tools.%s: sets no limit (rpm, rpd, concurrency or cost_usd)", ErrInvalidConfig, where, s.Name, tool)
+			}
+			if l.CostUSD != "" {
+				if m, err := pricing.ParseUSD(l.CostUSD); err != nil || m < 0 {
+					return fmt.Errorf("%w: %s (%s).tools.%s.cost_usd %q: a dollar amount such as 0.01", ErrInvalidConfig, where, s.Name, tool, l.CostUSD)
+				}
 			}
 		}
 		for h := range s.HeadersEnv {

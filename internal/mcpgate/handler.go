@@ -27,10 +27,9 @@ type Options struct {
 	// Store keeps the counters; share one among gateway replicas so that
 	// a key's limits hold across them.
 	Store sluice.Store
-	// Auth maps a request to its client's id (never the key itself), or
-	// ok false when the request carries no valid key; two is true when it
-	// carries two different valid keys.
-	Auth func(r *http.Request) (id string, ok bool)
+	// Auth maps a request to its client, or ok false when the request
+	// carries no valid key.
+	Auth func(r *http.Request) (c Client, ok bool)
 	// Getenv reads the servers' credential variables; nil means none are
 	// set.
 	Getenv func(string) string
@@ -48,11 +47,27 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// Client is an authenticated caller.
+type Client interface {
+	// ID names the client in logs and in its sessions' ids; never the
+	// key itself.
+	ID() string
+	// Prefix is the start of the client's store keys, with its hash tag:
+	// the calls' counters join Charges in one atomic ApplyAll, on one
+	// Redis Cluster slot.
+	Prefix() string
+	// Charges are further requests the tool calls of r add to their
+	// limits, all or nothing: calls tools/call of a total cost (in
+	// micro-dollars) against the client's budgets and its session's. An
+	// error refuses the request as invalid, with its message.
+	Charges(r *http.Request, calls int, cost int64) ([]sluice.Request, error)
+}
+
 // Handler serves /mcp/{server}. It is safe for concurrent use.
 type Handler struct {
 	servers  map[string]*server
 	store    sluice.Store
-	auth     func(*http.Request) (string, bool)
+	auth     func(*http.Request) (Client, bool)
 	client   *http.Client
 	maxBody  int64
 	leaseTTL time.Duration
@@ -147,12 +162,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeRPCError(w, http.StatusNotFound, nil, codeInvalid, fmt.Sprintf("no MCP server %q is configured at this gateway", truncate(name)), nil)
 		return
 	}
-	id, ok := h.auth(r)
+	cl, ok := h.auth(r)
 	if !ok {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
 		writeRPCError(w, http.StatusUnauthorized, nil, codeUnauthorized, "a valid gateway key is required (Authorization: Bearer <key>)", nil)
 		return
 	}
+	id := cl.ID()
 	sid := ""
 	if v := r.Header.Get("Mcp-Session-Id"); v != "" {
 		owner, upstreamID, found := strings.Cut(v, sessionSep)
@@ -166,7 +182,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch r.Method {
 	case http.MethodPost:
-		h.post(w, r, srv, id, sid)
+		h.post(w, r, srv, cl, sid)
 	case http.MethodGet, http.MethodDelete:
 		h.forward(w, r, srv, id, sid, nil, nil)
 	default:
@@ -193,7 +209,8 @@ type call struct {
 	lim   ToolLimits
 }
 
-func (h *Handler) post(w http.ResponseWriter, r *http.Request, srv *server, client, sid string) {
+func (h *Handler) post(w http.ResponseWriter, r *http.Request, srv *server, cl Client, sid string) {
+	client := cl.ID()
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.maxBody))
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -227,7 +244,19 @@ func (h *Handler) post(w http.ResponseWriter, r *http.Request, srv *server, clie
 		}
 		calls = append(calls, c)
 	}
-	reqs := h.requests(srv, client, calls)
+	reqs := h.requests(srv, cl.Prefix(), calls)
+	if len(calls) > 0 {
+		var cost int64
+		for _, c := range calls {
+			cost += c.lim.cost()
+		}
+		more, err := cl.Charges(r, len(calls), cost)
+		if err != nil {
+			writeRPCError(w, http.StatusOK, calls[0].id, codeInvalid, err.Error(), nil)
+			return
+		}
+		reqs = append(reqs, more...)
+	}
 	if len(reqs) > 0 {
 		ds, err := h.store.ApplyAll(r.Context(), sluice.OpAllow, reqs)
 		if err != nil {
@@ -259,12 +288,13 @@ func (h *Handler) post(w http.ResponseWriter, r *http.Request, srv *server, clie
 }
 
 // requests builds the store requests of the calls: one per limit, on keys
-// of one hash tag per client (one Redis Cluster slot, one atomic batch).
+// under the client's prefix (its hash tag: one Redis Cluster slot, one
+// atomic batch with its budgets).
 // A concurrency slot is leased to a fresh id, released when the answer is
 // relayed (or lapses after LeaseTTL).
-func (h *Handler) requests(srv *server, client string, calls []call) []sluice.Request {
+func (h *Handler) requests(srv *server, clientPrefix string, calls []call) []sluice.Request {
 	var reqs []sluice.Request
-	prefix := "{mcp:" + client + "}:" + srv.cfg.Name + ":"
+	prefix := clientPrefix + "mcp:" + srv.cfg.Name + ":"
 	for _, c := range calls {
 		if c.key == "" {
 			continue

@@ -73,9 +73,18 @@ func newToolServer(t *testing.T) *toolServer {
 
 var testKeys = map[string]string{"key-a": "client-a", "key-b": "client-b"}
 
-func auth(r *http.Request) (string, bool) {
+// testClient is a client with no budgets: its tool calls add nothing.
+type testClient string
+
+func (c testClient) ID() string     { return string(c) }
+func (c testClient) Prefix() string { return "{t:" + string(c) + "}:" }
+func (c testClient) Charges(*http.Request, int, int64) ([]sluice.Request, error) {
+	return nil, nil
+}
+
+func auth(r *http.Request) (mcpgate.Client, bool) {
 	id, ok := testKeys[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]
-	return id, ok
+	return testClient(id), ok
 }
 
 // gateway starts one replica of the ingress on store.
