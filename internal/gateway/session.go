@@ -107,6 +107,7 @@ func sessionSpecs(s *SessionConfig) []spec {
 }
 
 // sessionOf reads the request's session id: X-Sluice-Session, else empty.
+// (An MCP tool call without it counts against its MCP session: toolCharges.)
 func sessionOf(r *http.Request) (string, error) {
 	vs := r.Header.Values(SessionHeader)
 	switch {
@@ -200,6 +201,9 @@ func (g *Gateway) toolCharges(r *http.Request, cl *client, calls int, cost int64
 	sid, err := sessionOf(r)
 	if err != nil {
 		return nil, err
+	}
+	if v := r.Header.Get("Mcp-Session-Id"); sid == "" && sessionRE.MatchString(v) {
+		sid = v // the MCP session is the agent's run
 	}
 	if sid == "" {
 		if t.sessionRequired {

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -126,6 +127,28 @@ func sessionHardStop(t *testing.T, stores ...sluice.Store) {
 	}
 	if key := e.spent(clientKey, "key", "month"); key != spent {
 		t.Fatalf("the key's monthly budget was charged %s, the session %s", key, spent)
+	}
+	// GET /v1/status with the session names it and shows what it spent.
+	req, _ := http.NewRequest(http.MethodGet, e.urls[0]+"/v1/status", nil)
+	req.Header.Set("Authorization", "Bearer "+clientKey)
+	req.Header.Set(SessionHeader, "run-42")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st statusBody
+	if err := json.NewDecoder(res.Body).Decode(&st); err != nil || st.Session != "run-42" {
+		t.Fatalf("status: %v %+v", err, st)
+	}
+	res.Body.Close()
+	found := false
+	for _, b := range st.Budgets {
+		if b.Scope == "session" {
+			found = b.SpentUSD == spent.String() && b.LimitUSD == "1.000000"
+		}
+	}
+	if !found {
+		t.Fatalf("status budgets %+v: no session row spent %s", st.Budgets, spent)
 	}
 	// Another session of the same key starts fresh.
 	if res := e.doSession(0, clientKey, "run-43", body); res.StatusCode != 200 {
