@@ -121,6 +121,8 @@ type Config struct {
 	// /mcp/<name> (MCP's Streamable HTTP transport), metering every
 	// tools/call per client key × server × tool (package mcpgate).
 	MCPServers []mcpgate.ServerConfig `yaml:"mcp_servers"`
+	// Batches serves OpenAI's Batch API under quotas (batches.go).
+	Batches BatchConfig `yaml:"batches"`
 }
 
 // UpstreamConfig is the `upstream:` section.

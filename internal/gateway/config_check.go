@@ -44,6 +44,7 @@ func (c *Config) Check(doc *yamlconf.Doc) {
 	}
 	c.checkPool(doc) // pool.go
 	c.checkSessions(doc)
+	c.checkBatches(doc)
 	if err := mcpgate.Validate(c.MCPServers); err != nil {
 		doc.Addf("mcp_servers", "%s", strings.TrimPrefix(err.Error(), mcpgate.ErrInvalidConfig.Error()+": "))
 	}

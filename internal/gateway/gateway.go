@@ -116,6 +116,7 @@ type Gateway struct {
 	closeOnce    sync.Once
 	queue        *queue           // nil without a queue section (queue.go)
 	mcp          *mcpgate.Handler // nil without mcp_servers
+	batches      *batchAPI        // nil without batches.enabled
 	prices       *pricing.Table
 	tokenCache   *aitoken.Cache   // exact counts of large messages, resent turn after turn
 	counts       *countCache      // upstream count_tokens answers; nil without upstream.count_tokens (anthropic_count.go)
@@ -240,6 +241,9 @@ func New(opts Options) (*Gateway, error) {
 	if opts.WrapTransport != nil {
 		transport = opts.WrapTransport(transport)
 	}
+	if cfg.Batches.Enabled {
+		g.batches = newBatchAPI(g, transport)
+	}
 	if g.pool != nil {
 		transport = poolTransport{g: g, next: transport}
 	}
@@ -298,8 +302,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	var done bool
-	if w, done = ingress(w, r); done {
-		return
+	if g.batches == nil || !isBatchPath(r.URL.Path) {
+		if w, done = ingress(w, r); done {
+			return
+		}
 	}
 	if !strings.HasPrefix(r.URL.Path, "/v1/") {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "", "Unknown request URL: "+r.Method+" "+r.URL.Path+".")
@@ -323,6 +329,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.metrics.rejections.WithLabelValues("-", "-", "unauthorized").Inc()
 		writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "",
 			"Incorrect or missing API key. Send your sluice gateway key as: Authorization: Bearer <key>.")
+		return
+	}
+	if g.batches != nil && isBatchPath(r.URL.Path) {
+		g.batches.serve(w, r, cl)
 		return
 	}
 	c := &call{id: sluice.NewLeaseID(), start: start, client: cl, model: "-", path: r.URL.Path}

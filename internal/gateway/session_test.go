@@ -28,8 +28,8 @@ prices:
 tiers:
   t: {rpm: 100000, budgets: [{usd: 100, per: month}], session: {usd: 1.00, ttl: 1h}}
 keys:
-  - {name: one, hash: %[2]s, tier: t, client: c1}
-  - {name: two, hash: %[3]s, tier: t, client: c2}
+  - {name: one, hash: %[2]s, tier: t, client: CLIENT1}
+  - {name: two, hash: %[3]s, tier: t, client: CLIENT2}
 mcp_servers:
   - {name: tools, url: "MCPURL", tools: {"*": {cost_usd: "0.02"}}}
 `
@@ -68,7 +68,7 @@ func (e *budgetEnv) sessionSpent(key, sid string) pricing.Micros {
 func sessionHardStop(t *testing.T, stores ...sluice.Store) {
 	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, PromptTokens: 5, CompletionTokens: 1000})
 	mcpURL, toolCalls := countingMCP(t)
-	e := newBudgetEnv(t, strings.Replace(sessionDoc, "MCPURL", mcpURL, 1), up, stores...)
+	e := newBudgetEnv(t, uniqueClients(t, strings.Replace(sessionDoc, "MCPURL", mcpURL, 1)), up, stores...)
 	body := `{"model":"gpt-test","messages":[{"role":"user","content":"plan the next step"}],"max_tokens":1000}`
 	price, _ := e.gws[0].prices.Lookup("gpt-test")
 	each := price.Cost(pricing.OpenAIUsage(5, 0, 1000, 0))
@@ -183,7 +183,7 @@ func TestSessionBudgetRedisCluster(t *testing.T) {
 func TestSessionHeaderChecked(t *testing.T) {
 	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey})
 	doc := strings.Replace(sessionDoc, "ttl: 1h}", "ttl: 1h, required: true}", 1)
-	e := newBudgetEnv(t, strings.Replace(doc, "MCPURL", "http://127.0.0.1:9", 1), up, fakeClockStore(t))
+	e := newBudgetEnv(t, uniqueClients(t, strings.Replace(doc, "MCPURL", "http://127.0.0.1:9", 1)), up, fakeClockStore(t))
 	body := `{"model":"gpt-test","messages":[{"role":"user","content":"hi"}],"max_tokens":10}`
 	for _, tc := range []struct {
 		sid  []string
@@ -215,4 +215,12 @@ func TestSessionHeaderChecked(t *testing.T) {
 	if res := e.doSession(0, clientKey, "ok-1", body); res.StatusCode != 200 {
 		t.Fatalf("a named session: %d", res.StatusCode)
 	}
+}
+
+// uniqueClients names doc's clients CLIENT1 and CLIENT2 uniquely for this
+// test and run: tests share a Redis and a fixed fake clock, so a budget's
+// window is the same for all of them.
+func uniqueClients(t *testing.T, doc string) string {
+	n := uniqueName(t)
+	return strings.NewReplacer("CLIENT1", n+"a", "CLIENT2", n+"b").Replace(doc)
 }
