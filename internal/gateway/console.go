@@ -72,6 +72,15 @@ func (g *Gateway) report(c *call, admitted bool) {
 	g.onOutcome(Outcome{Identity: c.client.shown, Tier: c.client.tier.name, Limited: !admitted, Limit: c.limitedBy, RetryAfter: c.retry})
 }
 
+// reportClient tells the console how a request of cl that has no call
+// (a batch's creation, batches.go) was decided: admitted when limit is
+// "", else answered 429 by that limit with a wait of retry.
+func (g *Gateway) reportClient(cl *client, limit string, retry time.Duration) {
+	if g.onOutcome != nil {
+		g.onOutcome(Outcome{Identity: cl.shown, Tier: cl.tier.name, Limited: limit != "", Limit: limit, RetryAfter: retry})
+	}
+}
+
 // ErrNoKey means that no key of the gateway has the identity looked up.
 var ErrNoKey = errors.New("gateway: no key has this name")
 
@@ -94,7 +103,7 @@ func (g *Gateway) LookUp(ctx context.Context, identity string) (Status, error) {
 	if cl == nil {
 		return Status{}, ErrNoKey
 	}
-	st, err := g.peekClient(ctx, cl)
+	st, err := g.peekClient(ctx, cl, "")
 	if err != nil {
 		return Status{}, fmt.Errorf("gateway: look-up: %w", err)
 	}
