@@ -395,7 +395,7 @@ func (p *Pool) logReq(t *TargetState, i int, rate, cost int64) sluice.Request {
 }
 
 // limitOf is the store's limit for a provider limit of rate per period:
-// a sliding window log of the rate less the margin. A log holds at most
+// a sliding window log of the rate less the margin (marginOf). A log holds at most
 // its rate in any window of one period, which no provider refuses
 // whether it counts in a bucket refilling continuously (OpenAI,
 // Anthropic), in fixed windows or in sliding ones; a token bucket or
@@ -404,7 +404,19 @@ func (p *Pool) logReq(t *TargetState, i int, rate, cost int64) sluice.Request {
 // end of a slot of period/200 (Limit.Granularity), so that a log holds
 // at most about 200 runs at any rate.
 func (p *Pool) limitOf(rate int64) sluice.Limit {
-	return sluice.Limit{Rate: max(rate-int64(float64(rate)**p.routing.Margin), 1), Period: p.period, Granularity: slotOf(p.period)}
+	return sluice.Limit{Rate: max(rate-marginOf(rate, *p.routing.Margin), 1), Period: p.period, Granularity: slotOf(p.period)}
+}
+
+// marginOf is what a margin m leaves unused of a limit of rate: rate × m
+// rounded up, so that 2% of 30 keeps 1 back, not 0. A product that is a
+// whole number but for floating point's error (7% of 100 is
+// 7.000000000000001) is that number.
+func marginOf(rate int64, m float64) int64 {
+	x := float64(rate) * m
+	if r := math.Round(x); math.Abs(x-r) <= 1e-9*math.Max(1, x) {
+		return int64(r)
+	}
+	return int64(math.Ceil(x))
 }
 
 // Grant is a reservation admitted on one upstream's model. Settle it
