@@ -92,6 +92,10 @@ type Options struct {
 	// PoolPeriod is the period of the upstreams' provider limits (rpm,
 	// tpm); zero means a minute. Tests shorten it.
 	PoolPeriod time.Duration
+	// ProbeMin and ProbeMax bound the backoff of the probes of an
+	// unreachable upstream; zero means upstream.DefaultProbeMin and
+	// DefaultProbeMax. Tests shorten them.
+	ProbeMin, ProbeMax time.Duration
 }
 
 // Gateway is the proxy, an http.Handler for /v1/. It is safe for
@@ -215,7 +219,21 @@ func New(opts Options) (*Gateway, error) {
 	if g.queue, err = g.newQueue(reg); err != nil {
 		return nil, err
 	}
-	if g.pool, err = newPool(Options{Config: cfg, Store: opts.Store, Getenv: getenv, ReadFile: opts.ReadFile, PoolPeriod: opts.PoolPeriod, Registerer: reg}); err != nil {
+	transport := opts.Transport
+	if transport == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
+		t.ResponseHeaderTimeout = cfg.Upstream.Timeout
+		if len(cfg.Upstreams) > 0 {
+			t.ResponseHeaderTimeout = cfg.Routing.HeaderTimeout
+		}
+		transport = t
+	}
+	if opts.WrapTransport != nil {
+		transport = opts.WrapTransport(transport)
+	}
+	if g.pool, err = newPool(Options{Config: cfg, Store: opts.Store, Getenv: getenv, ReadFile: opts.ReadFile, PoolPeriod: opts.PoolPeriod, Registerer: reg,
+		Transport: transport, ProbeMin: opts.ProbeMin, ProbeMax: opts.ProbeMax}); err != nil {
 		return nil, err
 	}
 	if g.pool != nil {
@@ -223,19 +241,6 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if g.upstreamKey != "" {
 		g.upstreamAuth = []string{"Bearer " + g.upstreamKey}
-	}
-	transport := opts.Transport
-	if transport == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
-		t.ResponseHeaderTimeout = cfg.Upstream.Timeout
-		if g.pool != nil {
-			t.ResponseHeaderTimeout = cfg.Routing.HeaderTimeout
-		}
-		transport = t
-	}
-	if opts.WrapTransport != nil {
-		transport = opts.WrapTransport(transport)
 	}
 	if g.pool != nil {
 		transport = poolTransport{g: g, next: transport}
@@ -378,5 +383,8 @@ func (g *Gateway) Close() error {
 	g.queue.close()
 	g.pending.Wait()
 	g.releaseReservations() // lease.go
+	if g.pool != nil {
+		_ = g.pool.Close() // the probes of unreachable upstreams
+	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -40,6 +41,12 @@ type Options struct {
 	Metrics *Metrics
 	// Now is the clock of the pool's local estimates; nil means time.Now.
 	Now func() time.Time
+	// Prober sends the probes of unreachable upstreams (probe.go); nil
+	// means http.DefaultTransport.
+	Prober http.RoundTripper
+	// ProbeMin and ProbeMax bound the probes' backoff; zero means
+	// DefaultProbeMin and DefaultProbeMax.
+	ProbeMin, ProbeMax time.Duration
 }
 
 // Upstream is one provider account or deployment.
@@ -52,6 +59,8 @@ type Upstream struct {
 	apiVersion   string
 	auth         authHeader
 	pace         time.Duration
+	healthPath   string
+	health       health
 }
 
 type authHeader struct {
@@ -70,6 +79,13 @@ type Pool struct {
 	now       func() time.Time
 	// background counts the tightenings in flight (Observe, Wait).
 	background sync.WaitGroup
+	// The probes of unreachable upstreams (probe.go): their transport
+	// and backoff, those running, and Close's signal.
+	prober             http.RoundTripper
+	probeMin, probeMax time.Duration
+	probing            sync.WaitGroup
+	closing            chan struct{}
+	closeOnce          sync.Once
 }
 
 // Route is the upstreams serving one client-facing model.
@@ -126,7 +142,17 @@ func New(opts Options) (*Pool, error) {
 	if readFile == nil {
 		readFile = os.ReadFile
 	}
-	p := &Pool{routes: map[string]*Route{}, routing: opts.Routing, store: opts.Store, period: opts.Period, metrics: opts.Metrics, now: opts.Now}
+	p := &Pool{routes: map[string]*Route{}, routing: opts.Routing, store: opts.Store, period: opts.Period, metrics: opts.Metrics, now: opts.Now,
+		prober: opts.Prober, probeMin: opts.ProbeMin, probeMax: opts.ProbeMax, closing: make(chan struct{})}
+	if p.prober == nil {
+		p.prober = http.DefaultTransport
+	}
+	if p.probeMin <= 0 {
+		p.probeMin = DefaultProbeMin
+	}
+	if p.probeMax < p.probeMin {
+		p.probeMax = max(DefaultProbeMax, p.probeMin)
+	}
 	if p.period <= 0 {
 		p.period = time.Minute
 	}
@@ -155,7 +181,7 @@ func New(opts Options) (*Pool, error) {
 			return nil, fmt.Errorf("upstream %s: base_url: %w", d.Name, err)
 		}
 		u := &Upstream{Name: d.Name, Region: d.Region, Kind: d.Kind, Weight: max(d.Weight, 1e-9), base: base,
-			basePath: strings.TrimSuffix(base.Path, "/"), apiVersion: d.APIVersion, pace: d.Pace}
+			basePath: strings.TrimSuffix(base.Path, "/"), apiVersion: d.APIVersion, pace: d.Pace, healthPath: d.HealthPath}
 		if key != "" {
 			switch d.Kind {
 			case Azure:
@@ -440,8 +466,10 @@ type Grant struct {
 // tried and those whose API is not the request's (anthropic says the
 // request came to /v1/messages). With no target that has room it returns
 // a nil Grant and when the first may have room again (an honest
-// Retry-After; zero when no target can ever take the request). Store
-// errors are returned as they are.
+// Retry-After; zero when no target can ever take the request). Targets
+// whose upstream is unreachable (probe.go) are skipped; when they are all
+// that is left, the error wraps ErrUnreachable. Store errors are returned
+// as they are.
 func (p *Pool) Acquire(ctx context.Context, r *Route, anthropic bool, in, out int64, tried []*TargetState) (*Grant, time.Duration, error) {
 	return p.AcquireSticky(ctx, r, anthropic, in, out, tried, "")
 }
@@ -453,13 +481,20 @@ func (p *Pool) Acquire(ctx context.Context, r *Route, anthropic bool, in, out in
 func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, out int64, tried []*TargetState, affinity string) (*Grant, time.Duration, error) {
 	now := p.now()
 	var cands [MaxRouteTargets]*TargetState
-	n := 0
+	n, dead := 0, 0
 	for _, t := range r.Targets {
 		if (t.Up.Kind == Anthropic) != anthropic || slices.Contains(tried, t) {
 			continue
 		}
+		if !t.Up.Reachable() {
+			dead++ // never a client's request: probes bring it back
+			continue
+		}
 		cands[n] = t
 		n++
+	}
+	if n == 0 && dead > 0 {
+		return nil, 0, fmt.Errorf("upstream: route %s: %w", r.Name, ErrUnreachable)
 	}
 	order := p.order(cands[:n], now)
 	if affinity != "" && n > 1 {
