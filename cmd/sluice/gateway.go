@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -79,8 +81,8 @@ clients': they name tiers, teams, orgs and their spend.`,
 			out := cmd.OutOrStdout()
 			var mln net.Listener
 			if f.metricsListen != "" {
-				if mln, err = net.Listen("tcp", f.metricsListen); err != nil {
-					return fmt.Errorf("gateway: metrics listener: %w", err)
+				if mln, err = listenMetrics(f.metricsListen); err != nil {
+					return err
 				}
 				// The metrics name tiers, teams and their spend: a page
 				// rebound to 127.0.0.1 must not read them either.
@@ -106,6 +108,20 @@ clients': they name tiers, teams, orgs and their spend.`,
 	fl.StringVar(&f.logFormat, "log-format", cmp.Or(os.Getenv("SLUICE_LOG_FORMAT"), "text"), "log format: text or json (env SLUICE_LOG_FORMAT)")
 	fl.StringVar(&f.logLevel, "log-level", cmp.Or(os.Getenv("SLUICE_LOG_LEVEL"), "info"), "log level: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
 	return cmd
+}
+
+// listenMetrics listens on addr for the gateway's metrics. A port in use
+// (most often another replica on the same host, on the default
+// 127.0.0.1:9464) is an error naming the setting and what to set.
+func listenMetrics(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err == nil {
+		return ln, nil
+	}
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, fmt.Errorf("gateway: metrics listener %s is in use (another gateway replica on this host?): give each replica its own --metrics-listen (env SLUICE_GATEWAY_METRICS_LISTEN), such as 127.0.0.1:9465, or set it empty for none: %w", addr, err)
+	}
+	return nil, fmt.Errorf("gateway: metrics listener %s (--metrics-listen, env SLUICE_GATEWAY_METRICS_LISTEN): %w", addr, err)
 }
 
 // metricsMux serves h at GET /metrics, and nothing else.

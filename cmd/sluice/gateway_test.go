@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -241,5 +242,33 @@ func TestGatewayRefusesEmptyUpstreamKey(t *testing.T) {
 		if err != nil && (!strings.Contains(err.Error(), c.env+" is empty") || !strings.Contains(err.Error(), "allow_no_key")) {
 			t.Errorf("%+v: error does not say what to do: %v", c, err)
 		}
+	}
+}
+
+// TestGatewayMetricsPortInUse: a second replica on one host, on the
+// default metrics address another holds, fails at start with an error
+// naming the setting and what to set, before serving anything.
+func TestGatewayMetricsPortInUse(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: "sk-up"})
+	t.Setenv("OPENAI_API_KEY", "sk-up")
+	example, err := os.ReadFile("../../examples/gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := strings.Replace(string(example), "https://api.openai.com/v1", up.URL()+"/v1", 1)
+	path := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	held, err := net.Listen("tcp", "127.0.0.1:0") // the first replica's
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = run(ctx, []string{"gateway", "--config", path, "--listen", "127.0.0.1:0", "--metrics-listen", held.Addr().String(), "--log-level", "warn"}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "--metrics-listen") || !strings.Contains(err.Error(), "in use") || !strings.Contains(err.Error(), "SLUICE_GATEWAY_METRICS_LISTEN") {
+		t.Fatalf("got %v, want a start-up error naming --metrics-listen", err)
 	}
 }
