@@ -87,11 +87,25 @@ func newPool(opts Options) (*upstream.Pool, error) {
 }
 
 // routeCall finds c's route; it answers 404 model_not_found itself and
-// returns false when there is none. Nothing is charged.
+// returns false when there is none, and 400 model_not_on_this_path when
+// the route has no upstream of the path's API. Nothing is charged.
 func (g *Gateway) routeCall(w http.ResponseWriter, c *call) bool {
 	c.route = g.pool.Route(c.rawModel, modelBase(c.rawModel))
-	if c.route != nil {
+	if c.route != nil && c.route.Serves(c.ep.anthropic()) {
 		return true
+	}
+	if c.route != nil {
+		// A Claude model on OpenAI's paths, or an OpenAI model on
+		// /v1/messages: a routing error, not one of size or capacity.
+		api, other, otherPath := "OpenAI's API", "Anthropic's Messages API", "/v1/messages"
+		if c.ep.anthropic() {
+			api, other, otherPath = "Anthropic's Messages API", "OpenAI's API", "/v1/chat/completions"
+		}
+		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "no_route").Inc()
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "model_not_on_this_path", "model",
+			"The model "+strconv.Quote(c.rawModel)+" is served by route "+strconv.Quote(c.route.Name)+", which has no upstream speaking "+api+
+				" (the path "+c.path+"); its upstreams speak "+other+": send the request to "+otherPath+".")
+		return false
 	}
 	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "no_route").Inc()
 	writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "model",

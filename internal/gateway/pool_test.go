@@ -337,3 +337,61 @@ func TestPoolAnthropicUpstream(t *testing.T) {
 		t.Fatalf("chat: %d %s", status, body)
 	}
 }
+
+// TestPoolRouteWrongPath: a Claude model on OpenAI's path, whose route has
+// only an Anthropic upstream (or an OpenAI model on /v1/messages), gets a
+// routing error naming the route and the path to use, not 400
+// request_too_large (which it got: no upstream of the path's kind fitted
+// "its" reservation); nothing is sent or charged.
+func TestPoolRouteWrongPath(t *testing.T) {
+	ant := fakeanthropic.New(t, fakeanthropic.Options{})
+	oa := fakeopenai.New(t, fakeopenai.Options{})
+	cfg := &Config{
+		Models: []string{"claude-test", "gpt-test"},
+		Store:  StoreConfig{Timeout: 5 * time.Second},
+		Tiers:  map[string]TierConfig{"t": Tier(Limits{RPM: 1000, TPM: 1_000_000})},
+		Keys:   []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t"}},
+		Upstreams: []upstream.Def{
+			{Name: "ant", Kind: upstream.Anthropic, BaseURL: ant.URL() + "/v1", KeyEnv: "K", Models: map[string]upstream.Limits{"claude-test": {RPM: 10}}},
+			{Name: "oa", Kind: upstream.OpenAI, BaseURL: oa.URL() + "/v1", KeyEnv: "K", Models: map[string]upstream.Limits{"gpt-test": {RPM: 10}}},
+		},
+		Routes: map[string][]upstream.Target{"claude-test": {{Upstream: "ant"}}, "gpt-test": {{Upstream: "oa"}}},
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	st := memStore(t)
+	gw, err := New(Options{Config: cfg, Store: st, Getenv: func(string) string { return "k" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw)
+	t.Cleanup(func() { srv.Close(); _ = gw.Close() })
+	chat := strings.Replace(chatBody, "gpt-test", "claude-test", 1)
+	status, _, body := postTo(t, srv.URL, chat)
+	if status != 400 || !strings.Contains(body, "model_not_on_this_path") || !strings.Contains(body, `route \"claude-test\"`) || !strings.Contains(body, "/v1/messages") {
+		t.Fatalf("claude on /v1/chat/completions: %d %s", status, body)
+	}
+	msg := strings.Replace(messagesBody, "claude-test", "gpt-test", 1)
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/messages", strings.NewReader(msg))
+	req.Header.Set("x-api-key", clientKey)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 400 || !strings.Contains(string(b), `route \"gpt-test\"`) || !strings.Contains(string(b), "/v1/chat/completions") {
+		t.Fatalf("gpt on /v1/messages: %d %s", res.StatusCode, b)
+	}
+	if ant.Count()+oa.Count() != 0 {
+		t.Fatalf("sent %d", ant.Count()+oa.Count())
+	}
+	_ = gw.Close()
+	d, err := st.Apply(context.Background(), sluice.OpPeek, sluice.Request{Key: "{gw:" + cfg.Keys[0].Client + "}:rpm", Algorithm: sluice.GCRA,
+		Limit: sluice.Limit{Rate: 1000, Period: time.Minute}})
+	if err != nil || d.Remaining != 1000 {
+		t.Fatalf("client rpm left %d (%v): a routing error was charged", d.Remaining, err)
+	}
+}

@@ -254,6 +254,17 @@ func (p *Pool) Route(model, base string) *Route {
 	return p.routes["*"]
 }
 
+// Serves reports whether r has an upstream of the API a request came to:
+// Anthropic's Messages API (anthropic) or OpenAI's.
+func (r *Route) Serves(anthropic bool) bool {
+	for _, t := range r.Targets {
+		if (t.Up.Kind == Anthropic) == anthropic {
+			return true
+		}
+	}
+	return false
+}
+
 // CountTarget returns the Anthropic target of r that count_tokens asks:
 // the first not cooling or down, else the first; nil when r has none.
 func (p *Pool) CountTarget(r *Route) *TargetState {
