@@ -143,7 +143,8 @@ func gatewayComponent(d server.Deps) (server.Component, error) {
 	if err := checkGatewayKey(cfg.File.Gateway, os.Getenv, d.Logger); err != nil {
 		return nil, err
 	}
-	gw, err := gateway.New(gateway.Options{Config: cfg.File.Gateway, Store: d.Store, Logger: d.Logger, Registerer: d.Metrics.Registry, WrapTransport: d.Tracing.Transport})
+	gw, err := gateway.New(gateway.Options{Config: cfg.File.Gateway, Store: d.Store, Logger: d.Logger, Registerer: d.Metrics.Registry, WrapTransport: d.Tracing.Transport,
+		Admin: d.IsAdmin})
 	if err != nil {
 		return nil, err
 	}

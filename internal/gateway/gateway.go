@@ -96,6 +96,10 @@ type Options struct {
 	// unreachable upstream; zero means upstream.DefaultProbeMin and
 	// DefaultProbeMax. Tests shorten them.
 	ProbeMin, ProbeMax time.Duration
+	// Admin, when not nil, reports whether a request that carries no
+	// client key carries an admin token; GET /v1/status with one shows
+	// the pool's upstreams (serveAdminStatus). Nil: no request does.
+	Admin func(*http.Request) bool
 }
 
 // Gateway is the proxy, an http.Handler for /v1/. It is safe for
@@ -119,16 +123,17 @@ type Gateway struct {
 	closeOnce    sync.Once
 	queue        *queue // nil without a queue section (queue.go)
 	prices       *pricing.Table
-	tokenCache   *aitoken.Cache   // exact counts of large messages, resent turn after turn
-	counts       *countCache      // upstream count_tokens answers; nil without upstream.count_tokens (anthropic_count.go)
-	countClient  *http.Client     // sends count_tokens calls
-	countGate    countGate        // bounds them in flight
-	now          func() time.Time // time.Now; tests replace it
-	renewEvery   time.Duration    // how often a request's leases are renewed while in flight: LeaseTTL/3 (renew.go)
-	bodyTimeout  time.Duration    // how long a request body may take to arrive: bodyTimeout; tests shorten it
-	onRenew      func()           // when not nil, called after each renewal (tests)
-	pool         *upstream.Pool   // nil with one upstream (pool.go)
-	roomGates    sync.Map         // *upstream.Route → *fairqueue.Gate: the queue's waits for upstream room (pool.go)
+	tokenCache   *aitoken.Cache           // exact counts of large messages, resent turn after turn
+	counts       *countCache              // upstream count_tokens answers; nil without upstream.count_tokens (anthropic_count.go)
+	countClient  *http.Client             // sends count_tokens calls
+	countGate    countGate                // bounds them in flight
+	now          func() time.Time         // time.Now; tests replace it
+	admin        func(*http.Request) bool // Options.Admin
+	renewEvery   time.Duration            // how often a request's leases are renewed while in flight: LeaseTTL/3 (renew.go)
+	bodyTimeout  time.Duration            // how long a request body may take to arrive: bodyTimeout; tests shorten it
+	onRenew      func()                   // when not nil, called after each renewal (tests)
+	pool         *upstream.Pool           // nil with one upstream (pool.go)
+	roomGates    sync.Map                 // *upstream.Route → *fairqueue.Gate: the queue's waits for upstream room (pool.go)
 }
 
 // New validates opts and returns a Gateway.
@@ -161,6 +166,7 @@ func New(opts Options) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{
+		admin:        opts.Admin,
 		cfg:          cfg,
 		store:        opts.Store,
 		upstream:     up,
@@ -301,6 +307,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.metrics.rejections.WithLabelValues("-", "-", "unauthorized").Inc()
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "ambiguous_api_key", "",
 			"Two different valid API keys (in Authorization and x-api-key, or in two lines of one): send one key.")
+		return
+	}
+	if cl == nil && r.URL.Path == statusPath && r.Method == http.MethodGet && g.admin != nil && g.admin(r) {
+		g.serveAdminStatus(w, r)
 		return
 	}
 	if cl == nil {

@@ -257,31 +257,52 @@ func TestPoolOfficialSDK(t *testing.T) {
 	}
 }
 
-// TestPoolStatus: /v1/status shows each upstream model's headroom, and
-// the metrics count what was sent, per upstream and model.
+// TestPoolStatus: /v1/status shows each upstream model's headroom to an
+// admin token only: a client key sees its own limits, never the pool's
+// upstream names, limits or remaining capacity; and the metrics count
+// what was sent, per upstream and model.
 func TestPoolStatus(t *testing.T) {
 	up := fakeopenai.New(t, fakeopenai.Options{RPM: 10})
 	reg := prometheus.NewRegistry()
-	_, srv := poolGateway(t, poolConfig(t, []*fakeopenai.Server{up}, upstream.Limits{RPM: 10}), memStore(t), 0, reg)
+	const adminToken = "admin-token-for-the-test"
+	gw, err := New(Options{Config: poolConfig(t, []*fakeopenai.Server{up}, upstream.Limits{RPM: 10}), Store: memStore(t), Getenv: func(string) string { return upstreamKey },
+		Registerer: reg, Admin: func(r *http.Request) bool { return r.Header.Get("Authorization") == "Bearer "+adminToken }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw)
+	t.Cleanup(func() { srv.Close(); _ = gw.Close() })
 	for range 3 {
 		if status, _, body := postTo(t, srv.URL, chatBody); status != 200 {
 			t.Fatalf("%d %s", status, body)
 		}
 	}
-	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/status", nil)
-	req.Header.Set("Authorization", "Bearer "+clientKey)
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	get := func(token string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/v1/status", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
 	}
-	defer res.Body.Close()
+	status, body := get(clientKey)
+	if status != 200 || strings.Contains(body, "upstream") || strings.Contains(body, "up0") || strings.Contains(body, "gpt-test-0") {
+		t.Fatalf("a client key's status shows the pool: %d %s", status, body)
+	}
+	if status, body := get("not-the-admin-token"); status != 401 || strings.Contains(body, "up0") {
+		t.Fatalf("a wrong token: %d %s", status, body)
+	}
+	status, body = get(adminToken)
 	var st struct{ Upstreams []upstream.Status }
-	if err := json.NewDecoder(res.Body).Decode(&st); err != nil || len(st.Upstreams) != 1 {
-		t.Fatalf("%v %+v", err, st)
+	if err := json.Unmarshal([]byte(body), &st); status != 200 || err != nil || len(st.Upstreams) != 1 {
+		t.Fatalf("admin: %d %v %s", status, err, body)
 	}
 	u := st.Upstreams[0]
 	// The store holds 9 of 10: the 2% margin keeps 1 back, by ceiling.
-	if u.Upstream != "up0" || u.Model != "gpt-test-0" || u.Remaining["rpm"] != 6 || u.ProviderRemainingRequests != 7 || u.Headroom < 0.66 || u.Headroom > 0.67 {
+	if u.Upstream != "up0" || u.Model != "gpt-test-0" || u.Remaining["rpm"] != 6 || u.ProviderRemainingRequests != 7 || u.Headroom < 0.66 || u.Headroom > 0.67 || !u.Up || u.Unreachable != nil {
 		t.Fatalf("status %+v", u)
 	}
 	if n := counter(t, reg, "sluice_gateway_upstream_requests_total", map[string]string{"upstream": "up0", "model": "gpt-test-0", "status": "2xx"}); n != 3 {

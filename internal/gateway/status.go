@@ -23,8 +23,13 @@ type statusBody struct {
 	Org     string         `json:"org,omitempty"`
 	Limits  []statusLimit  `json:"limits"`
 	Budgets []statusBudget `json:"budgets"`
-	// Upstreams is each upstream model's headroom, with a pool (pool.go).
-	Upstreams []upstream.Status `json:"upstreams,omitempty"`
+}
+
+// adminStatusBody is GET /v1/status's answer to an admin token: the
+// pool's topology (upstream names, limits, what is left of each), which
+// a client key never sees (serveAdminStatus).
+type adminStatusBody struct {
+	Upstreams []upstream.Status `json:"upstreams"`
 }
 
 type statusLimit struct {
@@ -146,18 +151,32 @@ func (g *Gateway) peekStatus(w http.ResponseWriter, r *http.Request, c *call) ([
 				Remaining: max(d.Remaining, 0), ResetSeconds: sluice.CeilSeconds(d.ResetAfter)})
 		}
 	}
+	return append(marshalJSON(body), '\n'), true
+}
+
+// serveAdminStatus answers GET /v1/status with an admin token (Options.Admin):
+// every upstream model's limits and headroom, empty without a pool. A
+// client key's status never shows them: the upstreams' names, limits and
+// remaining capacity are the operator's, not every tenant's.
+func (g *Gateway) serveAdminStatus(w http.ResponseWriter, r *http.Request) {
+	body := adminStatusBody{Upstreams: []upstream.Status{}}
 	if g.pool != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Store.Timeout)
 		ups, err := g.pool.Status(ctx)
 		cancel()
 		if err != nil {
-			g.log.Error("gateway: store unavailable", "request_id", c.id, "client", cl.id, "err", err)
+			g.log.Error("gateway: store unavailable", "err", err)
 			statusUnavailable(w)
-			return nil, false
+			return
 		}
 		body.Upstreams = ups
 	}
-	return append(marshalJSON(body), '\n'), true
+	b := append(marshalJSON(body), '\n')
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	h.Set("Cache-Control", "no-store")
+	_, _ = w.Write(b)
 }
 
 // statusUnavailable answers a status call the store could not serve.

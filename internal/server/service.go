@@ -50,6 +50,10 @@ type Deps struct {
 	// SetGatewayUpstreams gives the console the AI gateway's headroom per
 	// upstream and model (console_upstreams.go).
 	SetGatewayUpstreams func(SpendFunc)
+	// IsAdmin reports whether a request carries a good admin token (a
+	// wrong one counts toward its client's backoff, as on the admin
+	// endpoints): the AI gateway's /v1/status shows its pool to one.
+	IsAdmin func(*http.Request) bool
 }
 
 // ComponentFunc builds a plugged-in component from the shared parts. It
@@ -152,7 +156,8 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 	if srv.top != nil {
 		comps = append(comps, consoleComponent{srv})
 	}
-	deps := Deps{Store: srv.guard.store, Metrics: m, Config: srv.Config, Logger: log, Tracing: opts.Tracing, SetGatewaySpend: srv.SetGatewaySpend, SetGatewayUpstreams: srv.SetGatewayUpstreams}
+	deps := Deps{Store: srv.guard.store, Metrics: m, Config: srv.Config, Logger: log, Tracing: opts.Tracing, SetGatewaySpend: srv.SetGatewaySpend, SetGatewayUpstreams: srv.SetGatewayUpstreams,
+		IsAdmin: srv.isAdmin}
 	for _, build := range opts.Components {
 		c, err := build(deps)
 		if err != nil {
