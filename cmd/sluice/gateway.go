@@ -3,6 +3,8 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -41,7 +43,10 @@ request and settled against the response's usage, streams included.
 The upstream key is read from the environment variable that
 upstream.api_key_env names (default OPENAI_API_KEY). The same gateway runs
 inside 'sluice serve' when its config has a 'gateway:' section.
-GET /healthz is liveness. Prometheus metrics are served on their own
+GET /healthz is liveness. GET /v1/status shows a key its own limits, and
+a pool's upstreams to the admin token in SLUICE_ADMIN_TOKEN (as
+Authorization: Bearer; make one with: openssl rand -hex 32). Prometheus
+metrics are served on their own
 listener (--metrics-listen, 127.0.0.1:9464 by default), not on the
 clients': they name tiers, teams, orgs and their spend.`,
 		Example: "  OPENAI_API_KEY=sk-... sluice gateway --config examples/gateway.yaml",
@@ -74,7 +79,11 @@ clients': they name tiers, teams, orgs and their spend.`,
 				return err
 			}
 			defer func() { _ = tr.Shutdown(context.WithoutCancel(cmd.Context())) }()
-			gw, err := gateway.New(gateway.Options{Config: cfg, Store: tr.Store(store), Logger: log, WrapTransport: tr.Transport})
+			admin, err := gatewayAdmin(os.Getenv("SLUICE_ADMIN_TOKEN"))
+			if err != nil {
+				return err
+			}
+			gw, err := gateway.New(gateway.Options{Config: cfg, Store: tr.Store(store), Logger: log, WrapTransport: tr.Transport, Admin: admin})
 			if err != nil {
 				return err
 			}
@@ -108,6 +117,30 @@ clients': they name tiers, teams, orgs and their spend.`,
 	fl.StringVar(&f.logFormat, "log-format", cmp.Or(os.Getenv("SLUICE_LOG_FORMAT"), "text"), "log format: text or json (env SLUICE_LOG_FORMAT)")
 	fl.StringVar(&f.logLevel, "log-level", cmp.Or(os.Getenv("SLUICE_LOG_LEVEL"), "info"), "log level: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
 	return cmd
+}
+
+// gatewayAdmin is a standalone gateway's admin check: whether a request
+// carries token (SLUICE_ADMIN_TOKEN) as Authorization: Bearer, compared
+// as SHA-256 digests in constant time; GET /v1/status with it shows the
+// pool's upstreams. Without a token none is admin. A token too easy to
+// guess is refused (there is no backoff of wrong tokens here, so only a
+// strong one is safe).
+func gatewayAdmin(token string) (func(*http.Request) bool, error) {
+	if token == "" {
+		return nil, nil
+	}
+	if weak := config.WeakToken(token); weak != "" {
+		return nil, fmt.Errorf("gateway: SLUICE_ADMIN_TOKEN is too weak (%s): make one with: %s", weak, config.MakeAdminToken)
+	}
+	want := sha256.Sum256([]byte(token))
+	return func(r *http.Request) bool {
+		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") {
+			return false
+		}
+		sum := sha256.Sum256([]byte(strings.TrimSpace(got)))
+		return subtle.ConstantTimeCompare(sum[:], want[:]) == 1
+	}, nil
 }
 
 // listenMetrics listens on addr for the gateway's metrics. A port in use

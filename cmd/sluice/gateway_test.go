@@ -272,3 +272,27 @@ func TestGatewayMetricsPortInUse(t *testing.T) {
 		t.Fatalf("got %v, want a start-up error naming --metrics-listen", err)
 	}
 }
+
+// TestGatewayAdminToken: a standalone gateway's admin token comes from
+// SLUICE_ADMIN_TOKEN: a weak one is refused at start, saying how to make
+// one; a strong one matches only itself, as a Bearer token.
+func TestGatewayAdminToken(t *testing.T) {
+	if admin, err := gatewayAdmin(""); admin != nil || err != nil {
+		t.Fatalf("no token: %v %v", admin != nil, err)
+	}
+	if _, err := gatewayAdmin("password123"); err == nil || !strings.Contains(err.Error(), "SLUICE_ADMIN_TOKEN is too weak") || !strings.Contains(err.Error(), "openssl rand -hex 32") {
+		t.Fatalf("weak token: %v", err)
+	}
+	const token = "3f9c2a7e8b1d4f60a5c9e2b7d1f8a3c6e0b4d7f2a9c5e1b8d3f6a0c4e7b2d9f1"
+	admin, err := gatewayAdmin(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for auth, want := range map[string]bool{"Bearer " + token: true, "bearer " + token: true, "Bearer " + token[:63]: false, token: false, "Bearer sk-client": false, "": false} {
+		r := httptest.NewRequest(http.MethodGet, "/v1/status", nil)
+		r.Header.Set("Authorization", auth)
+		if got := admin(r); got != want {
+			t.Errorf("Authorization %q: admin %v, want %v", auth, got, want)
+		}
+	}
+}

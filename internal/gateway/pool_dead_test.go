@@ -1,8 +1,10 @@
 package gateway
 
 import (
+	"encoding/json"
 	"io"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
@@ -115,7 +117,8 @@ func deadPoolLimits(t *testing.T, fronts []*killable, ls []upstream.Limits, dead
 	}
 	reg := prometheus.NewRegistry()
 	gw, err := New(Options{Config: cfg, Store: memStore(t), Getenv: func(string) string { return upstreamKey }, Registerer: reg,
-		ProbeMin: 20 * time.Millisecond, ProbeMax: 80 * time.Millisecond})
+		ProbeMin: 20 * time.Millisecond, ProbeMax: 80 * time.Millisecond,
+		Admin: func(r *http.Request) bool { return r.Header.Get("Authorization") == "Bearer "+deadAdmin }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,6 +156,9 @@ func TestPoolDeadUpstreamProbed(t *testing.T) {
 	if a.Count() != 0 {
 		t.Fatalf("the dead upstream received %d requests", a.Count())
 	}
+	if s := deadStatus(t, srv.URL)[0]; s.Upstream != "up0" || s.Up || s.Unreachable == nil || s.Unreachable.Probes < 2 {
+		t.Fatalf("the dead upstream's status: %+v %+v", s, s.Unreachable)
+	}
 	fa.start()
 	waitFor(t, "a probe answered", func() bool {
 		return counter(t, reg, "sluice_gateway_upstream_probes_total", map[string]string{"upstream": "up0", "result": "up"}) == 1
@@ -182,6 +188,28 @@ func TestPoolDeadUpstreamProbed(t *testing.T) {
 	if n := counter(t, reg, "sluice_gateway_upstream_failovers_total", nil); n != 1 {
 		t.Fatalf("%v failovers, want the 1 of the request that found the upstream dead", n)
 	}
+	if s := deadStatus(t, srv.URL)[0]; s.Unreachable != nil {
+		t.Fatalf("the revived upstream's status: %+v", s.Unreachable)
+	}
+}
+
+const deadAdmin = "admin-of-the-dead-pool"
+
+// deadStatus reads the pool's status with the admin token.
+func deadStatus(t *testing.T, url string) []upstream.Status {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url+"/v1/status", nil)
+	req.Header.Set("Authorization", "Bearer "+deadAdmin)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var st struct{ Upstreams []upstream.Status }
+	if err := json.NewDecoder(res.Body).Decode(&st); err != nil || len(st.Upstreams) == 0 {
+		t.Fatalf("status: %d %v", res.StatusCode, err)
+	}
+	return st.Upstreams
 }
 
 // TestPoolDeadUpstreamNoRoom429: one upstream dies with room left while

@@ -266,12 +266,13 @@ func (r *Route) Serves(anthropic bool) bool {
 }
 
 // CountTarget returns the Anthropic target of r that count_tokens asks:
-// the first not cooling or down, else the first; nil when r has none.
+// the first not cooling, down or unreachable, else the first reachable
+// one; nil when r has none reachable.
 func (p *Pool) CountTarget(r *Route) *TargetState {
 	var first *TargetState
 	now := p.now().UnixNano()
 	for _, t := range r.Targets {
-		if t.Up.Kind != Anthropic {
+		if t.Up.Kind != Anthropic || !t.Up.Reachable() {
 			continue
 		}
 		if t.retryAt.Load() <= now {
