@@ -88,7 +88,7 @@ func TestConfigCheckBadFixtures(t *testing.T) {
 		},
 		"gateway.bad.yaml": {
 			dir + "gateway.bad.yaml: invalid sluice gateway config, 4 problems:",
-			dir + "gateway.bad.yaml:6: tiers.free.rpmm: unknown field; did you mean rpm? valid: rpm, rpm_burst, tpm, tpm_burst, rpd, concurrency, timezone, lease, models, class, weight, budgets, itpm, itpm_burst, otpm, otpm_burst",
+			dir + "gateway.bad.yaml:6: tiers.free.rpmm: unknown field; did you mean rpm? valid: rpm, rpm_burst, tpm, tpm_burst, rpd, concurrency, timezone, lease, models, class, weight, budgets, itpm, itpm_burst, otpm, otpm_burst, session",
 			dir + "gateway.bad.yaml:7: tiers.free.tpm: -1 must not be negative",
 			dir + `gateway.bad.yaml:11: keys[0].tier: unknown tier "gold"; valid: free`,
 			dir + `gateway.bad.yaml:12: allowed_hosts[1]: "gw.example:8090": want a host name (no port, no scheme), *.domain, an IP address, or *`,
