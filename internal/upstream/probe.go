@@ -32,11 +32,15 @@ import (
 // back at any known time.
 var ErrUnreachable = errors.New("upstream: every upstream of the route is unreachable")
 
-// Probe backoff defaults: the first probe ProbeMin after the failure (with
-// jitter), each next one twice as late, at most ProbeMax apart.
+// Probe backoff defaults: the first probe DefaultProbeMin after the
+// failure (with jitter), each next one twice as late, at most
+// DefaultProbeMax apart: an upstream that is back (or a network that is
+// back after an outage that cut every upstream) returns to rotation within
+// about DefaultProbeMax, at the cost of one cheap GET per upstream that
+// often while it is down.
 const (
 	DefaultProbeMin = 500 * time.Millisecond
-	DefaultProbeMax = 30 * time.Second
+	DefaultProbeMax = 10 * time.Second
 	probeTimeout    = 5 * time.Second
 	// maxProbeBody bounds what is read of a probe's answer.
 	maxProbeBody = 64 << 10
