@@ -98,6 +98,14 @@ type Options struct {
 	// PoolPeriod is the period of the upstreams' provider limits (rpm,
 	// tpm); zero means a minute. Tests shorten it.
 	PoolPeriod time.Duration
+	// ProbeMin and ProbeMax bound the backoff of the probes of an
+	// unreachable upstream; zero means upstream.DefaultProbeMin and
+	// DefaultProbeMax. Tests shorten them.
+	ProbeMin, ProbeMax time.Duration
+	// Admin, when not nil, reports whether a request that carries no
+	// client key carries an admin token; GET /v1/status with one shows
+	// the pool's upstreams (serveAdminStatus). Nil: no request does.
+	Admin func(*http.Request) bool
 }
 
 // Gateway is the proxy, an http.Handler for /v1/. It is safe for
@@ -124,16 +132,17 @@ type Gateway struct {
 	mcp          *mcpgate.Handler // nil without mcp_servers
 	batches      *batchAPI        // nil without batches.enabled
 	prices       *pricing.Table
-	tokenCache   *aitoken.Cache   // exact counts of large messages, resent turn after turn
-	counts       *countCache      // upstream count_tokens answers; nil without upstream.count_tokens (anthropic_count.go)
-	countClient  *http.Client     // sends count_tokens calls
-	countGate    countGate        // bounds them in flight
-	now          func() time.Time // time.Now; tests replace it
-	renewEvery   time.Duration    // how often a request's leases are renewed while in flight: LeaseTTL/3 (renew.go)
-	bodyTimeout  time.Duration    // how long a request body may take to arrive: bodyTimeout; tests shorten it
-	onRenew      func()           // when not nil, called after each renewal (tests)
-	pool         *upstream.Pool   // nil with one upstream (pool.go)
-	roomGates    sync.Map         // *upstream.Route → *fairqueue.Gate: the queue's waits for upstream room (pool.go)
+	tokenCache   *aitoken.Cache           // exact counts of large messages, resent turn after turn
+	counts       *countCache              // upstream count_tokens answers; nil without upstream.count_tokens (anthropic_count.go)
+	countClient  *http.Client             // sends count_tokens calls
+	countGate    countGate                // bounds them in flight
+	now          func() time.Time         // time.Now; tests replace it
+	admin        func(*http.Request) bool // Options.Admin
+	renewEvery   time.Duration            // how often a request's leases are renewed while in flight: LeaseTTL/3 (renew.go)
+	bodyTimeout  time.Duration            // how long a request body may take to arrive: bodyTimeout; tests shorten it
+	onRenew      func()                   // when not nil, called after each renewal (tests)
+	pool         *upstream.Pool           // nil with one upstream (pool.go)
+	roomGates    sync.Map                 // *upstream.Route → *fairqueue.Gate: the queue's waits for upstream room (pool.go)
 }
 
 // New validates opts and returns a Gateway.
@@ -166,6 +175,7 @@ func New(opts Options) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{
+		admin:        opts.Admin,
 		cfg:          cfg,
 		store:        opts.Store,
 		upstream:     up,
@@ -226,7 +236,21 @@ func New(opts Options) (*Gateway, error) {
 	if g.queue, err = g.newQueue(reg); err != nil {
 		return nil, err
 	}
-	if g.pool, err = newPool(Options{Config: cfg, Store: opts.Store, Getenv: getenv, ReadFile: opts.ReadFile, PoolPeriod: opts.PoolPeriod, Registerer: reg}); err != nil {
+	transport := opts.Transport
+	if transport == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
+		t.ResponseHeaderTimeout = cfg.Upstream.Timeout
+		if len(cfg.Upstreams) > 0 {
+			t.ResponseHeaderTimeout = cfg.Routing.HeaderTimeout
+		}
+		transport = t
+	}
+	if opts.WrapTransport != nil {
+		transport = opts.WrapTransport(transport)
+	}
+	if g.pool, err = newPool(Options{Config: cfg, Store: opts.Store, Getenv: getenv, ReadFile: opts.ReadFile, PoolPeriod: opts.PoolPeriod, Registerer: reg,
+		Transport: transport, ProbeMin: opts.ProbeMin, ProbeMax: opts.ProbeMax}); err != nil {
 		return nil, err
 	}
 	if g.pool != nil {
@@ -234,19 +258,6 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if g.upstreamKey != "" {
 		g.upstreamAuth = []string{"Bearer " + g.upstreamKey}
-	}
-	transport := opts.Transport
-	if transport == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
-		t.ResponseHeaderTimeout = cfg.Upstream.Timeout
-		if g.pool != nil {
-			t.ResponseHeaderTimeout = cfg.Routing.HeaderTimeout
-		}
-		transport = t
-	}
-	if opts.WrapTransport != nil {
-		transport = opts.WrapTransport(transport)
 	}
 	if cfg.Batches.Enabled {
 		g.batches = newBatchAPI(g, transport)
@@ -330,6 +341,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.metrics.rejections.WithLabelValues("-", "-", "unauthorized").Inc()
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "ambiguous_api_key", "",
 			"Two different valid API keys (in Authorization and x-api-key, or in two lines of one): send one key.")
+		return
+	}
+	if cl == nil && r.URL.Path == statusPath && r.Method == http.MethodGet && g.admin != nil && g.admin(r) {
+		g.serveAdminStatus(w, r)
 		return
 	}
 	if cl == nil {
@@ -419,5 +434,8 @@ func (g *Gateway) Close() error {
 	g.queue.close()
 	g.pending.Wait()
 	g.releaseReservations() // lease.go
+	if g.pool != nil {
+		_ = g.pool.Close() // the probes of unreachable upstreams
+	}
 	return nil
 }

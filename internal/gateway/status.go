@@ -27,8 +27,13 @@ type Status struct {
 	Session string         `json:"session,omitempty"`
 	Limits  []StatusLimit  `json:"limits"`
 	Budgets []StatusBudget `json:"budgets"`
-	// Upstreams is each upstream model's headroom, with a pool (pool.go).
-	Upstreams []upstream.Status `json:"upstreams,omitempty"`
+}
+
+// adminStatusBody is GET /v1/status's answer to an admin token: the
+// pool's topology (upstream names, limits, what is left of each), which
+// a client key never sees (serveAdminStatus).
+type adminStatusBody struct {
+	Upstreams []upstream.Status `json:"upstreams"`
 }
 
 // StatusLimit is one rate or concurrency limit of a Status.
@@ -139,8 +144,7 @@ func (g *Gateway) peekStatus(w http.ResponseWriter, r *http.Request, c *call, si
 }
 
 // peekClient peeks cl's limits and budgets (with a session id sid, the
-// session's too), and with a pool every upstream model's headroom,
-// changing nothing.
+// session's too), changing nothing.
 func (g *Gateway) peekClient(ctx context.Context, cl *client, sid string) (Status, error) {
 	body := Status{Tier: cl.tier.name, Limits: []StatusLimit{}, Budgets: []StatusBudget{}}
 	var specs []*spec
@@ -188,16 +192,27 @@ func (g *Gateway) peekClient(ctx context.Context, cl *client, sid string) (Statu
 				Remaining: max(d.Remaining, 0), ResetSeconds: sluice.CeilSeconds(d.ResetAfter)})
 		}
 	}
+	return body, nil
+}
+
+// serveAdminStatus answers GET /v1/status with an admin token (Options.Admin):
+// every upstream model's limits and headroom, empty without a pool. A
+// client key's status never shows them: the upstreams' names, limits and
+// remaining capacity are the operator's, not every tenant's.
+func (g *Gateway) serveAdminStatus(w http.ResponseWriter, r *http.Request) {
+	body := adminStatusBody{Upstreams: []upstream.Status{}}
 	if g.pool != nil {
-		ctx, cancel := context.WithTimeout(ctx, g.cfg.Store.Timeout)
+		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Store.Timeout)
 		ups, err := g.pool.Status(ctx)
 		cancel()
 		if err != nil {
-			return Status{}, err
+			g.log.Error("gateway: store unavailable", "err", err)
+			statusUnavailable(w)
+			return
 		}
 		body.Upstreams = ups
 	}
-	return body, nil
+	writeStatus(w, append(marshalJSON(body), '\n'))
 }
 
 // statusUnavailable answers a status call the store could not serve.

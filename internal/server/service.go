@@ -61,6 +61,10 @@ type Deps struct {
 	// SetGatewayLookup gives the console the AI gateway's look-up of a
 	// key by its name (console_gateway.go).
 	SetGatewayLookup func(LookupFunc)
+	// IsAdmin reports whether a request carries a good admin token (a
+	// wrong one counts toward its client's backoff, as on the admin
+	// endpoints): the AI gateway's /v1/status shows its pool to one.
+	IsAdmin func(*http.Request) bool
 }
 
 // ComponentFunc builds a plugged-in component from the shared parts. It
@@ -164,7 +168,7 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 		comps = append(comps, consoleComponent{srv})
 	}
 	deps := Deps{Store: srv.guard.store, Metrics: m, Config: srv.Config, Logger: log, Tracing: opts.Tracing, SetGatewaySpend: srv.SetGatewaySpend, SetGatewayUpstreams: srv.SetGatewayUpstreams,
-		SetGatewayLookup: srv.SetGatewayLookup}
+		SetGatewayLookup: srv.SetGatewayLookup, IsAdmin: srv.isAdmin}
 	if srv.top != nil {
 		deps.GatewayOutcome, deps.GatewaySettled = srv.gatewayOutcome, srv.gatewaySettled
 	}
