@@ -71,7 +71,9 @@ type Options struct {
 	// is marked by sluice.WaitForReply (a lease's chunk fetch), has that
 	// one instead, even a later one: Redis applies it whether or not its reply comes in
 	// time, so a caller that can wait learns that it was applied rather
-	// than sending it again (the guard settles Local's charges so). Wrap the
+	// than sending it again (the guard settles Local's charges so). A call
+	// with context.Background shares a context with the others made at
+	// about the same time, and so may wait up to 9/8 of Timeout. Wrap the
 	// store in package guard for a failure policy, a circuit per node and
 	// a hard deadline while the client reconnects.
 	Timeout time.Duration
