@@ -20,7 +20,7 @@ BENCHTIME=${BENCHTIME:-100ms}
 BENCHSTAT=${BENCHSTAT:-go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da}
 # core, Redis store (on a redis-server of its own), lease and Envoy paths;
 # bench/redis is the bench module's redis_rate comparison.
-PKGS=${PKGS:-"algo:GCRAAllow|Apply$ memstore:AllowSingleKey|Allow100k|BytesPerKey|Algorithms|AllowAll3 redisstore:GroupCommit|PlainAllow internal/envoyrls:Service bench/core:. bench/redis:GCRA64|Redis64|LeaseHot"}
+PKGS=${PKGS:-"algo:GCRAAllow|Apply$ memstore:AllowSingleKey|Allow100k|BytesPerKey|Algorithms|AllowAll3 redisstore:GroupCommit|PlainAllow internal/envoyrls:Service lease:LeasedHotKey bench/core:. bench/redis:GCRA64|Redis64|LeaseHot"}
 
 root=$(git rev-parse --show-toplevel)
 base=$(git -C "$root" rev-parse --verify "$BASE^{commit}")
