@@ -51,9 +51,7 @@ func BenchmarkLeasedHotKey(b *testing.B) {
 			}
 		})
 	})
-	st := s.Stats()
-	b.Logf("%+v", st)
-	if st.Hits == 0 {
+	if st := s.Stats(); st.Hits == 0 {
 		b.Fatalf("no decision from a lease: %+v", st)
 	}
 }
