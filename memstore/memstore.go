@@ -160,15 +160,13 @@ func (s *Store) Len() int { return int(s.count.Load()) }
 
 // Apply implements sluice.Store.
 func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (d sluice.Decision, err error) {
-	if req.Algorithm == sluice.GCRA && op == sluice.OpAllow && req.MaxWait != 0 {
-		return s.gcraReserve(req) // reserve.go
-	}
-	if req.Algorithm == sluice.GCRA && op == sluice.OpAllow {
+	if req.Algorithm == sluice.GCRA && op == sluice.OpAllow && req.MaxWait == 0 && req.Cost == 1 {
 		// The hot path: a cost of 1 on a key held, under the limit seen
 		// last, with one clock read, one table lookup and one
 		// compare-and-swap; the decision's arithmetic comes after the
-		// swap, written straight into the result.
-		if p := s.params.Load(); p != nil && req.Cost == 1 && p.Limit == req.Limit {
+		// swap, written straight into the result. Everything else is in
+		// apply1, so that this frame stays small.
+		if p := s.params.Load(); p != nil && p.Limit == req.Limit {
 			if c, _ := s.gcra.load(req.Key); c != nil {
 				now := s.now()
 				for {
@@ -188,15 +186,25 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (d 
 				}
 			}
 		}
-		return s.gcraAllow(req)
+	}
+	return s.apply1(op, &req)
+}
+
+// apply1 is Apply off its hot path.
+func (s *Store) apply1(op sluice.Op, req *sluice.Request) (sluice.Decision, error) {
+	if req.Algorithm == sluice.GCRA && op == sluice.OpAllow {
+		if req.MaxWait != 0 {
+			return s.gcraReserve(*req) // reserve.go
+		}
+		return s.gcraAllow(*req)
 	}
 	if err := req.Validate(op); err != nil {
 		return sluice.Decision{}, fmt.Errorf("memstore: %w", err)
 	}
 	if req.Algorithm != sluice.GCRA && op != sluice.OpReset {
-		return s.applyCell(op, req), nil
+		return s.applyCell(op, *req), nil
 	}
-	ds, err := s.apply(op, []sluice.Request{req})
+	ds, err := s.apply(op, []sluice.Request{*req})
 	if err != nil {
 		return sluice.Decision{}, err
 	}
