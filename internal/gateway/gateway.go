@@ -88,6 +88,11 @@ type Options struct {
 	// OnSettled, when not nil, is called after each reservation is
 	// settled, from a goroutine of its own, after the response was sent.
 	OnSettled func(Settlement)
+	// OnOutcome, when not nil, is called once per metered request the
+	// gateway decides, admitted or answered 429 by one of its limits, on
+	// the request's goroutine before it goes upstream: the console's
+	// counts (`sluice serve`). It must be quick.
+	OnOutcome func(Outcome)
 	// ReadFile reads upstreams' key_file; nil means os.ReadFile.
 	ReadFile func(string) ([]byte, error)
 	// PoolPeriod is the period of the upstreams' provider limits (rpm,
@@ -111,6 +116,7 @@ type Gateway struct {
 	metrics      *metrics
 	log          *slog.Logger
 	onSettled    func(Settlement)
+	onOutcome    func(Outcome)  // nil unless a console counts the gateway (console.go)
 	pending      sync.WaitGroup // settlements in progress
 	closing      chan struct{}  // closed by Close: settlements stop retrying
 	closeOnce    sync.Once
@@ -170,6 +176,7 @@ func New(opts Options) (*Gateway, error) {
 		metrics:      m,
 		log:          log,
 		onSettled:    opts.OnSettled,
+		onOutcome:    opts.OnOutcome,
 		prices:       cfg.priceTable(),
 		tokenCache:   aitoken.NewCache(0),
 		now:          time.Now,
@@ -209,7 +216,7 @@ func New(opts Options) (*Gateway, error) {
 		tiers[name] = t
 	}
 	for _, k := range cfg.Keys {
-		cl := &client{id: k.Client, name: k.Name, tier: tiers[k.Tier], prefix: "{gw:" + k.Client + "}:"}
+		cl := &client{id: k.Client, name: k.Name, tier: tiers[k.Tier], prefix: "{gw:" + k.Client + "}:", shown: consoleIdentity(k)}
 		g.attachLevels(cl, k)
 		for _, s := range cl.tier.specs {
 			cl.specKeys = append(cl.specKeys, cl.prefix+s.suffix)
@@ -387,12 +394,15 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !g.admit(w, r, c) {
+		g.report(c, false)
 		return
 	}
 	defer g.settleAsync(c) // also when the proxy aborts a broken stream
 	if g.pool != nil && !g.acquire(w, r, c) {
+		g.report(c, false)
 		return
 	}
+	g.report(c, true)
 	g.startRenewal(c)
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
 	if traced {
