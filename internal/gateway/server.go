@@ -78,11 +78,15 @@ func (s *Server) Policy() *hostcheck.Policy {
 	return &hostcheck.Policy{Listen: []string{s.Addr, s.Gateway.cfg.Listen}, Allowed: s.Gateway.cfg.AllowedHosts, Own: hostcheck.OwnHosts()}
 }
 
-// HostGuard refuses, with 403 in OpenAI's error form, a browser's request
-// whose Host is not one the gateway is known by (Hosts): a page that
-// rebinds its name to the gateway's address would otherwise read its
-// status and metrics and, with a key it holds, spend through it under the
-// gateway's name. next gets every other request.
+// HostGuard refuses, with 403 in OpenAI's error form, a request whose
+// Host is not one the gateway is known by (Hosts): a page that rebinds
+// its name to the gateway's address would otherwise read its status, its
+// model list and metrics and, with a key it holds, spend through it under
+// the gateway's name. Every GET and HEAD is checked, browser marks or not
+// (a rebound page's same-origin GET may carry none); the other methods,
+// which SDKs send with Hosts of their own, when they carry a browser's
+// marks, which a browser always adds to them (hostcheck.ByMethod);
+// /healthz never. next gets every other request.
 func (s *Server) HostGuard(next http.Handler) http.Handler {
 	hosts := s.Hosts
 	if hosts == nil {
@@ -90,7 +94,13 @@ func (s *Server) HostGuard(next http.Handler) http.Handler {
 		hosts = func() *hostcheck.Policy { return p }
 	}
 	field := cmp.Or(s.HostsField, "allowed_hosts")
-	return hostcheck.Guard(next, hosts, nil, func(w http.ResponseWriter, r *http.Request) {
+	rule := func(r *http.Request) hostcheck.Check {
+		if r.URL.Path == "/healthz" {
+			return hostcheck.IfBrowser
+		}
+		return hostcheck.ByMethod(r)
+	}
+	return hostcheck.Guard(next, hosts, rule, func(w http.ResponseWriter, r *http.Request) {
 		s.Gateway.metrics.rejections.WithLabelValues("-", "-", "host_not_allowed").Inc()
 		writeError(w, http.StatusForbidden, "invalid_request_error", "host_not_allowed", "", hostcheck.Message(r.Host, field))
 	})

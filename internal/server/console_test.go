@@ -147,7 +147,9 @@ func TestConsoleSimulateOneAtATime(t *testing.T) {
 	const body = `{"limit":"10/s","pattern":"steady","rps":20,"duration":"10s","algorithms":["gcra"]}`
 	simulate := func() *httptest.ResponseRecorder {
 		w := httptest.NewRecorder()
-		srv.Handler().ServeHTTP(w, httptest.NewRequest("POST", "/ui/api/simulate", strings.NewReader(body)))
+		r := httptest.NewRequest("POST", "/ui/api/simulate", strings.NewReader(body))
+		r.Host = "127.0.0.1:8080" // httptest's example.com is no name sluice is known by
+		srv.Handler().ServeHTTP(w, r)
 		return w
 	}
 	srv.simulating <- struct{}{} // a simulation is running
