@@ -19,7 +19,7 @@ import (
 	"github.com/sluice-io/sluice/memstore"
 )
 
-const consoleConfig = testConfig + "console: {enabled: true, sample_interval: 100ms, top_sample: 1}\n"
+const consoleConfig = testConfig + "console: {enabled: true, sample_interval: 100ms, top_sample: 1, public_read: true}\n"
 
 // TestConsoleAPI: the console's JSON API on the memory store: config
 // without secrets, the top list from denials (key names, never keys),
@@ -171,7 +171,7 @@ func TestConsoleSimulateOneAtATime(t *testing.T) {
 // and 0.4 s when callers had filled the list) every caller could repeat.
 func TestConsoleTopReadsShared(t *testing.T) {
 	srv := redistest.NewStandalone(t)
-	cfg := redisConfig(srv.URL(), "local") + "console: {enabled: true, sample_interval: 1s, top_sample: 1}\n"
+	cfg := redisConfig(srv.URL(), "local") + "console: {enabled: true, sample_interval: 1s, top_sample: 1, public_read: true}\n"
 	s := startService(t, svcOptions{redis: true, config: cfg})
 	ctx := context.Background()
 	reads := func() int64 {

@@ -22,7 +22,7 @@ import (
 func TestHostCheck(t *testing.T) {
 	s := "_host"
 	cfg := strings.NewReplacer("{S}", s, "{FREE}", sluice.HashKey(bypassFree), "{ENT}", sluice.HashKey(bypassEnt)).Replace(bypassConfig) +
-		"console: {enabled: true}\nallowed_hosts: [sluice.internal.example, \"*.corp.example\"]\n"
+		"console: {enabled: true, public_read: true}\nallowed_hosts: [sluice.internal.example, \"*.corp.example\"]\n"
 	svc := startService(t, svcOptions{config: cfg})
 	u, _ := url.Parse(svc.url)
 	port := u.Port()

@@ -103,6 +103,8 @@ type Server struct {
 	// ownHosts are the names the service is known by without config
 	// (hostcheck.OwnHosts), read once.
 	ownHosts []string
+	// sessions are the console's admin sessions (console_session.go).
+	sessions consoleSessions
 	// decisions caches the children of m.Decisions.
 	decisions counterCache[decisionLabels]
 	// waiting counts the delay-mode requests being held (delay.go).
