@@ -134,3 +134,37 @@ func TestHostCheck(t *testing.T) {
 		t.Fatalf("with allowed_hosts *: %d %s", a.status, a.raw)
 	}
 }
+
+// TestAuthzBrowserUserHeader: 127.0.0.1 is a trusted proxy (as in
+// examples/sluice.yaml), and a browser runs on the same machine. A page
+// whose name is rebound to 127.0.0.1 sends X-User-ID itself: its request
+// carries a Host sluice is not known by, or a browser's marks (Origin,
+// Referer, Sec-Fetch-*; a same-origin no-referrer GET over http carries
+// none, so the Host decides). Such a request is charged as its peer, not
+// as the user it names; a proxy's request (its own Host, no browser
+// header: NGINX's proxy_pass with proxy_pass_request_headers off,
+// Traefik's authRequestHeaders) is charged as the user.
+func TestAuthzBrowserUserHeader(t *testing.T) {
+	s := startService(t, svcOptions{})
+	u, _ := url.Parse(s.url)
+	port := u.Port()
+	for _, c := range []struct {
+		name string
+		hdr  []string
+		want string
+	}{
+		{"proxy", []string{"Host", "127.0.0.1:" + port}, "user:alice"},
+		{"proxy by localhost", []string{"Host", "localhost:" + port}, "user:alice"},
+		{"rebound page, no mark", []string{"Host", "evil.test:" + port}, "ip:127.0.0.1"},
+		{"rebound page, Origin", []string{"Host", "evil.test:" + port, "Origin", "http://evil.test:" + port}, "ip:127.0.0.1"},
+		{"page at 127.0.0.1, Sec-Fetch-Site", []string{"Host", "127.0.0.1:" + port, "Sec-Fetch-Site", "same-origin"}, "ip:127.0.0.1"},
+		{"page at 127.0.0.1, Referer", []string{"Host", "127.0.0.1:" + port, "Referer", "http://127.0.0.1:" + port + "/"}, "ip:127.0.0.1"},
+		{"page at 127.0.0.1, Origin", []string{"Host", "127.0.0.1:" + port, "Origin", "http://127.0.0.1:" + port}, "ip:127.0.0.1"},
+	} {
+		a := s.do(t, "GET", "/v1/authz", "", append([]string{"X-User-ID", "alice"}, c.hdr...)...)
+		// anon allows 2/min: the later ones answer 429, charged all the same.
+		if got := a.header.Get("X-Sluice-Identity"); (a.status != 200 && a.status != 429) || got != c.want {
+			t.Errorf("%s: %d, charged %q, want %q", c.name, a.status, got, c.want)
+		}
+	}
+}
