@@ -38,8 +38,9 @@ func chromiumPath() (string, error) {
 }
 
 // browser starts a headless Chromium with the flags this sandbox needs: no
-// background networking (the network is closed), a fresh profile.
-func browser(t *testing.T) context.Context {
+// background networking (the network is closed), a fresh profile; extra
+// adds flags of a test's own.
+func browser(t *testing.T, extra ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	path, err := chromiumPath()
 	if err != nil {
@@ -59,6 +60,7 @@ func browser(t *testing.T) context.Context {
 		chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(1280, 900),
 	}
+	opts = append(opts, extra...)
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelB := chromedp.NewContext(actx)
 	t.Cleanup(func() { cancelB(); cancelA() })
