@@ -148,7 +148,19 @@ func TestConsoleBrowser(t *testing.T) {
 		return v.Value
 	}
 	chartSel := `figure[data-series="b/-"] polyline.d`
-	run("load /ui and see the chart", 15*time.Second,
+	// The data takes an admin session: sign in on the page, then forget
+	// the token (sessionStorage) and reload: the charts load with the
+	// session's cookie alone, which the page's scripts cannot read.
+	run("sign in", 15*time.Second,
+		chromedp.Navigate(a.url+"/ui/"),
+		chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		chromedp.WaitReady(chromedp.CSS("body.admin")),
+	)
+	if js := evalIn[string](ctx, t, `sessionStorage.clear(), document.cookie`); strings.Contains(js, sessionCookie) {
+		t.Fatalf("the page's scripts read the session cookie: %q", js)
+	}
+	run("load /ui with the session alone and see the chart", 15*time.Second,
 		chromedp.Navigate(a.url+"/ui/"),
 		chromedp.WaitVisible(chromedp.CSS(chartSel)),
 	)
