@@ -168,3 +168,34 @@ func TestAuthzBrowserUserHeader(t *testing.T) {
 		}
 	}
 }
+
+// TestHostCheckKubernetes: with the chart's environment, what Kubernetes
+// sends passes with no browser header: Prometheus's pod targets and the
+// kubelet's probes (Host: the pod's IP and port), clients by the
+// Service's names (short, namespaced, .svc, the cluster domain's), the
+// pod's own name; a name that only ends like one of them does not.
+func TestHostCheckKubernetes(t *testing.T) {
+	t.Setenv("SLUICE_K8S_SERVICE", "rl-sluice")
+	t.Setenv("SLUICE_K8S_NAMESPACE", "prod")
+	s := startService(t, svcOptions{config: testConfig + "console: {enabled: true, public_read: true}\n"})
+	for _, c := range []struct {
+		path, host string
+		want       int
+	}{
+		{"/metrics", "10.244.1.7:8080", 200},
+		{"/metrics", "[fd00:10:244::7]:8080", 200},
+		{"/readyz", "10.244.1.7:8080", 200},
+		{"/healthz", "10.244.1.7:8080", 200},
+		{"/v1/status?policy=a&key=k", "rl-sluice:8080", 200},
+		{"/v1/status?policy=a&key=k", "rl-sluice.prod:8080", 200},
+		{"/v1/status?policy=a&key=k", "rl-sluice.prod.svc:8080", 200},
+		{"/ui/api/top", "rl-sluice.prod.svc.cluster.local:8080", 200},
+		{"/ui/api/top", "rl-sluice.prod.svc.cluster.local.evil.test:8080", 403},
+		{"/ui/api/top", "rl-sluice.other:8080", 403},
+		{"/metrics", "sluice.evil.test", 403},
+	} {
+		if a := s.do(t, "GET", c.path, "", "Host", c.host); a.status != c.want {
+			t.Errorf("GET %s Host %s: %d %s, want %d", c.path, c.host, a.status, a.raw, c.want)
+		}
+	}
+}
