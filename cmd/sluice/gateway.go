@@ -104,12 +104,12 @@ clients': they name tiers, teams, orgs and their spend.`,
 				// names and the metrics are those of the config of the
 				// moment.
 				metricsAddr := f.metricsListen
-				guard := (&gateway.Server{Gateway: gw, Addr: metricsAddr, Hosts: func() *hostcheck.Policy {
+				hosts := func() *hostcheck.Policy {
 					p := srv.Policy()
 					p.Listen = append(p.Listen, metricsAddr)
 					return p
-				}}).HostGuard
-				msrv := &http.Server{Handler: guard(metricsMux(srv.MetricsHandler())), ReadHeaderTimeout: 5 * time.Second}
+				}
+				msrv := &http.Server{Handler: srv.GuardWith(hosts, metricsMux(srv.MetricsHandler())), ReadHeaderTimeout: 5 * time.Second}
 				go func() { _ = msrv.Serve(mln) }()
 				defer msrv.Close()
 			}

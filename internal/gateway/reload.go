@@ -3,6 +3,7 @@ package gateway
 import (
 	"net/http"
 	"sync"
+	"sync/atomic"
 
 	"github.com/sluice-io/sluice/internal/hostcheck"
 )
@@ -17,12 +18,17 @@ import (
 // forgets nothing; the gateway's metrics are the new Gateway's (counters
 // start over, which Prometheus's rate() reads as a reset).
 
-// generation is one Gateway and the requests it is serving.
+// generation is one Gateway and the requests it is serving. Counting is
+// lock-free (two atomic adds a request): a request counts itself in, then
+// backs out if it finds the generation retired; retire marks it, then
+// closes idle when nothing is counted. Whichever of the two sees the
+// other's write last closes idle, once; a request counted in before the
+// mark is served whole by this generation.
 type generation struct {
 	*Gateway
-	mu       sync.Mutex
-	inFlight int
-	retired  bool
+	inFlight atomic.Int64
+	retired  atomic.Bool
+	idleOnce sync.Once
 	idle     chan struct{} // closed once retired with nothing in flight
 }
 
@@ -32,29 +38,24 @@ func newGeneration(g *Gateway) *generation {
 
 // enter counts a request in, unless the generation was retired.
 func (g *generation) enter() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.retired {
+	g.inFlight.Add(1)
+	if g.retired.Load() {
+		g.leave()
 		return false
 	}
-	g.inFlight++
 	return true
 }
 
 func (g *generation) leave() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.inFlight--; g.inFlight == 0 && g.retired {
-		close(g.idle)
+	if g.inFlight.Add(-1) == 0 && g.retired.Load() {
+		g.idleOnce.Do(func() { close(g.idle) })
 	}
 }
 
 func (g *generation) retire() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.retired = true
-	if g.inFlight == 0 {
-		close(g.idle)
+	g.retired.Store(true)
+	if g.inFlight.Load() == 0 {
+		g.idleOnce.Do(func() { close(g.idle) })
 	}
 }
 
@@ -70,12 +71,16 @@ func (s *Server) current() *generation {
 
 // serveGateway hands r to the Gateway being served.
 func (s *Server) serveGateway(w http.ResponseWriter, r *http.Request) {
+	g := s.enterCurrent()
+	defer g.leave()
+	g.ServeHTTP(w, r)
+}
+
+// enterCurrent counts a request in the generation being served.
+func (s *Server) enterCurrent() *generation {
 	for {
-		g := s.current()
-		if g.enter() {
-			defer g.leave()
-			g.ServeHTTP(w, r)
-			return
+		if g := s.current(); g.enter() {
+			return g
 		}
 		// Retired between the load and the count: the next one is in.
 	}
@@ -125,6 +130,13 @@ func (s *Server) stop() *generation {
 
 // waitRetired waits until every replaced Gateway is closed.
 func (s *Server) waitRetired() { s.retiring.Wait() }
+
+// GuardWith is HostGuard by the names hosts returns, for another listener
+// of the same gateway (sluice gateway's metrics listener): refusals are
+// counted in the metrics of the Gateway being served.
+func (s *Server) GuardWith(hosts func() *hostcheck.Policy, next http.Handler) http.Handler {
+	return s.guard(hosts, next)
+}
 
 // ownHosts returns this machine's names, read once.
 func (s *Server) ownHosts() []string {

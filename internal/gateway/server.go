@@ -104,6 +104,10 @@ func (s *Server) HostGuard(next http.Handler) http.Handler {
 	if hosts == nil {
 		hosts = s.Policy // the config of the moment: a reload applies
 	}
+	return s.guard(hosts, next)
+}
+
+func (s *Server) guard(hosts func() *hostcheck.Policy, next http.Handler) http.Handler {
 	field := cmp.Or(s.HostsField, "allowed_hosts")
 	rule := func(r *http.Request) hostcheck.Check {
 		if r.URL.Path == "/healthz" {

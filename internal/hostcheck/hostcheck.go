@@ -162,7 +162,9 @@ func Guard(next http.Handler, policy func() *Policy, rule func(*http.Request) Ch
 		if rule != nil {
 			c = rule(r)
 		}
-		if policy().Refused(r, c) {
+		// The policy (built per request, from the config of the moment)
+		// only when the rule checks this request at all.
+		if (c == Always || (c == IfBrowser && FromBrowser(r.Header))) && !policy().Allows(r.Host) {
 			refuse(w, r)
 			return
 		}
