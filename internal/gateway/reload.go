@@ -30,6 +30,8 @@ type generation struct {
 	retired  atomic.Bool
 	idleOnce sync.Once
 	idle     chan struct{} // closed once retired with nothing in flight
+	// policy caches the Server's Policy for this generation's config.
+	policy atomic.Pointer[hostcheck.Policy]
 }
 
 func newGeneration(g *Gateway) *generation {

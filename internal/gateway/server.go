@@ -86,8 +86,13 @@ func (s *Server) Handler() http.Handler {
 // is nil: the config's allowed_hosts, the hosts of listen and Addr, and
 // this machine's names (with IP addresses and localhost, always).
 func (s *Server) Policy() *hostcheck.Policy {
-	cfg := s.current().cfg
-	return &hostcheck.Policy{Listen: []string{s.Addr, cfg.Listen}, Allowed: cfg.AllowedHosts, Own: s.ownHosts()}
+	g := s.current()
+	if p := g.policy.Load(); p != nil {
+		return p
+	}
+	p := &hostcheck.Policy{Listen: []string{s.Addr, g.cfg.Listen}, Allowed: g.cfg.AllowedHosts, Own: s.ownHosts()}
+	g.policy.Store(p)
+	return p
 }
 
 // HostGuard refuses, with 403 in OpenAI's error form, a request whose

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/hostcheck"
 )
 
@@ -24,7 +25,19 @@ import (
 // of the moment.
 func (s *Server) hostPolicy() *hostcheck.Policy {
 	cfg := s.cfg.Load()
-	return &hostcheck.Policy{Listen: []string{cfg.Listen}, Allowed: cfg.AllowedHosts, Own: s.ownHosts}
+	if c := s.hostPol.Load(); c != nil && c.cfg == cfg {
+		return c.policy
+	}
+	p := &hostcheck.Policy{Listen: []string{cfg.Listen}, Allowed: cfg.AllowedHosts, Own: s.ownHosts}
+	s.hostPol.Store(&hostPolicy{cfg: cfg, policy: p})
+	return p
+}
+
+// hostPolicy is the policy of one config, built once per config (a
+// reload's config builds its own at its first request).
+type hostPolicy struct {
+	cfg    *config.Config
+	policy *hostcheck.Policy
 }
 
 // hostGuard refuses, with 403, a request that hostRule checks and whose

@@ -103,6 +103,9 @@ type Server struct {
 	// ownHosts are the names the service is known by without config
 	// (hostcheck.OwnHosts), read once.
 	ownHosts []string
+	// hostPol caches the Host policy of the config being served
+	// (hostcheck.go).
+	hostPol atomic.Pointer[hostPolicy]
 	// sessions are the console's admin sessions (console_session.go).
 	sessions consoleSessions
 	// decisions caches the children of m.Decisions.
