@@ -167,6 +167,19 @@ func TestAuthzBrowserUserHeader(t *testing.T) {
 			t.Errorf("%s: %d, charged %q, want %q", c.name, a.status, got, c.want)
 		}
 	}
+	// The documented proxies still key their clients by address, whatever
+	// Host they send: Traefik's is its address's ("sluice:8080", a Compose
+	// service name), Caddy's and Envoy's the site's, with a browser's
+	// headers passed on; X-Forwarded-For from a trusted peer is believed.
+	for _, hdr := range [][]string{
+		{"Host", "sluice:" + port},
+		{"Host", "api.example.com", "Referer", "https://api.example.com/app", "Sec-Fetch-Site", "same-origin"},
+	} {
+		a := s.do(t, "GET", "/v1/authz", "", append([]string{"X-Forwarded-For", "203.0.113.7"}, hdr...)...)
+		if got := a.header.Get("X-Sluice-Identity"); got != "ip:203.0.113.7" {
+			t.Errorf("a proxy's request %v: %d, charged %q, want ip:203.0.113.7", hdr, a.status, got)
+		}
+	}
 }
 
 // TestHostCheckKubernetes: with the chart's environment, what Kubernetes
