@@ -43,6 +43,9 @@ request and settled against the response's usage, streams included.
 The upstream key is read from the environment variable that
 upstream.api_key_env names (default OPENAI_API_KEY). The same gateway runs
 inside 'sluice serve' when its config has a 'gateway:' section.
+The config file is watched, and reloaded on SIGHUP, as serve's is: a
+file that is whole and valid is applied whole, any other refused whole
+(listen and store take a restart), with a log line either way.
 GET /healthz is liveness. Prometheus metrics are served on their own
 listener (--metrics-listen, 127.0.0.1:9464 by default), not on the
 clients': they name tiers, teams, orgs and their spend.`,
