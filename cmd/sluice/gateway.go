@@ -158,7 +158,8 @@ func gatewayComponent(d server.Deps) (server.Component, error) {
 	if err := checkGatewayKey(cfg.File.Gateway, os.Getenv, d.Logger); err != nil {
 		return nil, err
 	}
-	gw, err := gateway.New(gateway.Options{Config: cfg.File.Gateway, Store: d.Store, Logger: d.Logger, Registerer: d.Metrics.Registry, WrapTransport: d.Tracing.Transport})
+	gw, err := gateway.New(gateway.Options{Config: cfg.File.Gateway, Store: d.Store, Logger: d.Logger, Registerer: d.Metrics.Registry, WrapTransport: d.Tracing.Transport,
+		OnOutcome: d.GatewayOutcome, OnSettled: d.GatewaySettled})
 	if err != nil {
 		return nil, err
 	}
@@ -167,6 +168,9 @@ func gatewayComponent(d server.Deps) (server.Component, error) {
 	}
 	if d.SetGatewayUpstreams != nil {
 		d.SetGatewayUpstreams(func(ctx context.Context) (any, error) { return gw.Upstreams(ctx) })
+	}
+	if d.SetGatewayLookup != nil {
+		d.SetGatewayLookup(gw.LookUp)
 	}
 	srv := &gateway.Server{Gateway: gw, Addr: cfg.File.Gateway.Listen, Middleware: d.Tracing.Handler, HostsField: "gateway.allowed_hosts"}
 	// Browsers reach it by the names of its own allowed_hosts and of the

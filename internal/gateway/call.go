@@ -58,6 +58,8 @@ type call struct {
 	cacheKey    string          // the body's prompt_cache_key, a pool's affinity (pool.go)
 	unsent      bool            // refused before any upstream had it: refunded whole
 	fair        fairUsage       // what the queue counted for fairness (queue.go)
+	limitedBy   string          // the limit the gateway answered 429 by, "" if none (console.go)
+	retry       time.Duration   // its Retry-After
 }
 
 type callKey struct{}

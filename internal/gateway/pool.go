@@ -129,12 +129,13 @@ func (g *Gateway) acquire(w http.ResponseWriter, r *http.Request, c *call) bool 
 		return true
 	}
 	c.unsent = true
-	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_capacity").Inc()
 	if wait <= 0 {
+		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_capacity").Inc()
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "request_too_large", "",
 			"The request's "+strconv.FormatInt(in+out, 10)+" tokens exceed every upstream's limit for model "+c.rawModel+".")
 		return false
 	}
+	g.limited(c, "upstream_capacity", wait)
 	h := w.Header()
 	h.Set("Retry-After", strconv.FormatInt(int64(max((wait+time.Second-1)/time.Second, 1)), 10))
 	h.Set("retry-after-ms", httplimit.RetryAfterMillis(max(wait, time.Millisecond)))
