@@ -13,7 +13,7 @@ import (
 )
 
 // BenchmarkReport is the server's work for one bucket's usage report on
-// the memory store (refund, demand count, peek, take, the action), against
+// the memory store (one ApplyAll of its demand and its share, the action), against
 // the baseline of one store decision (BenchmarkStoreAllow): the ratio is
 // what one report costs in decisions. go test -bench 'Report|StoreAllow' ./internal/rlqs
 func BenchmarkReport(b *testing.B) {
@@ -22,21 +22,21 @@ func BenchmarkReport(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	s, err := New(Options{Store: st, Config: &Config{ReportInterval: 100 * time.Millisecond, Domains: []Domain{{Domain: "d", Policies: []Policy{
+	s, err := New(Options{Store: st, Config: &Config{ReportInterval: time.Second, MaxReportsPerPeer: 100000, Domains: []Domain{{Domain: "d", Policies: []Policy{
 		{Name: "p", Match: map[string]string{"route": "*"}, RequestsPerUnit: 1 << 30, Unit: "second"},
 	}}}}})
 	if err != nil {
 		b.Fatal(err)
 	}
-	dom := s.domains["d"]
-	bk := &bucket{policy: dom.policies[0], key: "rlqs:d:p:{x}"}
-	u := &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"route": "api"}},
-		TimeElapsed: durationpb.New(100 * time.Millisecond), NumRequestsAllowed: 50, NumRequestsDenied: 5}
+	msg := &rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"route": "api"}},
+		TimeElapsed: durationpb.New(time.Second), NumRequestsAllowed: 50, NumRequestsDenied: 5}}}
+	st2 := &stream{id: "bench", buckets: map[[16]byte]*bucket{}}
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		if a := s.act(ctx, "d", bk, u); a == nil {
-			b.Fatal("no action")
+		r, err := s.report(ctx, st2, msg)
+		if err != nil || len(r.GetBucketAction()) != 1 {
+			b.Fatal("no action", err)
 		}
 	}
 }
