@@ -66,7 +66,6 @@ import (
 	"github.com/sluice-io/sluice/clock"
 )
 
-
 // demandRate is the demand key's slots: far above any demand, so that its
 // take always sets the stream's lease and its slots used are the sum.
 const demandRate = 1 << 40
