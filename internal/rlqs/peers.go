@@ -174,6 +174,14 @@ func (t *peerTable) newBucket(host string) outcome {
 	return ok
 }
 
+// untilNext is the time until the next interval's budgets.
+func (t *peerTable) untilNext() time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.clk.Now()
+	return time.Duration(t.interval - now%t.interval)
+}
+
 func (t *peerTable) held() Held {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -70,6 +70,9 @@ import (
 // take always sets the stream's lease and its slots used are the sum.
 const demandRate = 1 << 40
 
+// chunkBuckets is the most buckets of one report in one store call.
+const chunkBuckets = 16
+
 // stickiness is the change of a stream's share below which its last
 // assignment is kept: an unchanged assignment keeps the Envoy's token
 // bucket (Envoy's global_client_impl.cc, shouldReplaceTokenBucket), a
@@ -321,6 +324,22 @@ func (s *Server) StreamRateLimitQuotas(gs grpc.BidiStreamingServer[rlqsv3.RateLi
 		if err != nil {
 			return err
 		}
+		if resp == nil {
+			// Over the client's budget: nothing more is read from this
+			// stream until the next interval, so that gRPC's flow control
+			// holds the client's sends, at no cost to the server.
+			wait := time.NewTimer(s.peers.untilNext())
+			select {
+			case <-wait.C:
+			case <-s.done:
+				wait.Stop()
+				return errDraining
+			case <-ctx.Done():
+				wait.Stop()
+				return status.FromContextError(ctx.Err()).Err()
+			}
+			continue
+		}
 		if len(resp.GetBucketAction()) == 0 {
 			continue
 		}
@@ -340,7 +359,8 @@ type pending struct {
 }
 
 // report answers one message: the actions of its buckets, or an error
-// that ends the stream.
+// that ends the stream; nil and no error when the client is over its
+// budget.
 func (s *Server) report(ctx context.Context, st *stream, msg *rlqsv3.RateLimitQuotaUsageReports) (*rlqsv3.RateLimitQuotaResponse, error) {
 	cfg := s.config()
 	if st.dom == nil {
@@ -367,8 +387,8 @@ func (s *Server) report(ctx context.Context, st *stream, msg *rlqsv3.RateLimitQu
 	// work, and the Envoy keeps its assignments until their TTL.
 	if !s.peers.spend(st.host, len(usages)) {
 		s.m.dropped.WithLabelValues("peer_reports").Add(float64(len(usages)))
-		s.warn.log("peer_reports", "rlqs: client over its report budget; reports dropped", "peer", hashPeer(st.host))
-		return &rlqsv3.RateLimitQuotaResponse{}, nil
+		s.warn.log("peer_reports", "rlqs: client over its report budget; reports dropped, its streams read again next interval", "peer", hashPeer(st.host))
+		return nil, nil
 	}
 	now := s.clock.Now()
 	resp := &rlqsv3.RateLimitQuotaResponse{}
@@ -475,7 +495,30 @@ func (s *Server) take(ctx context.Context, cfg *compiled, st *stream, work []pen
 	}
 	sctx, cancel := context.WithTimeout(ctx, cfg.interval/2)
 	defer cancel()
-	ds, err := s.store.ApplyAll(sctx, sluice.OpTake, reqs)
+	// Chunks of a few buckets, sent together (one round trip: the store
+	// pipelines calls in flight at once), so that a report of many
+	// buckets never holds Redis for long in one script: other clients'
+	// calls run between the chunks.
+	ds := make([]sluice.Decision, len(reqs))
+	var err error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for lo := 0; lo < len(reqs); lo += 2 * chunkBuckets {
+		hi := min(len(reqs), lo+2*chunkBuckets)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got, e := s.store.ApplyAll(sctx, sluice.OpTake, reqs[lo:hi])
+			mu.Lock()
+			defer mu.Unlock()
+			if e != nil {
+				err = e
+				return
+			}
+			copy(ds[lo:hi], got)
+		}()
+	}
+	wg.Wait()
 	if err == nil {
 		for i := range ds {
 			if ds[i].Degraded {
