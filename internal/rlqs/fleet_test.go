@@ -255,4 +255,3 @@ func rotate(s []string, i int) []string {
 	out := append([]string(nil), s[i%len(s):]...)
 	return append(out, s[:i%len(s)]...)
 }
-
