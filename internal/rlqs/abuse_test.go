@@ -1,10 +1,13 @@
 package rlqs_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"os/exec"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -47,7 +50,7 @@ func dialFrom(t *testing.T, local, addr string) rlqsv3.RateLimitQuotaServiceClie
 // TestAbuse: four client addresses, each at its stream cap, send reports
 // back to back (not once an interval), each with new buckets, and
 // reconnect; another client reporting once an interval keeps its answer
-// time (measured, not yet asserted: see below), the server's held structures stay within their ceilings, the
+// time (measured, not asserted: see below), the server's held structures stay within their ceilings, the
 // excess is dropped and counted, and the warnings are a few lines.
 func TestAbuse(t *testing.T) {
 	srv := redistest.Standalone(t)
@@ -56,28 +59,23 @@ func TestAbuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	cfg := &rlqs.Config{ReportInterval: time.Second, MaxStreamsPerPeer: 4, MaxBucketsPerStream: 200, MaxUsagesPerReport: 100,
-		MaxReportsPerPeer: 100, MaxNewBucketsPerPeer: 50, MaxStreams: 32, MaxBuckets: 1000,
+	// The default caps (16 streams per client, 1000 usages per report,
+	// 4000 usages and 1000 new buckets per client and interval), and a
+	// server ceiling of 5000 buckets that the flood reaches.
+	cfg := &rlqs.Config{ReportInterval: time.Second, MaxBuckets: 5000,
 		Domains: []rlqs.Domain{{Domain: "envoy", Policies: []rlqs.Policy{{Name: "u", Match: map[string]string{"user": "*"}, RequestsPerUnit: 100, Unit: "second"}}}}}
 	logs := &countHandler{}
 	reg := prometheus.NewRegistry()
-	q, err := rlqs.New(rlqs.Options{Store: st, Config: cfg, Prefix: redistest.Prefix(t), Logger: slog.New(logs), Registerer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	q.Register(g)
-	go func() { _ = g.Serve(lis) }()
-	t.Cleanup(func() { q.Drain(); g.Stop() })
-	addr := lis.Addr().String()
+	// The server as sluice serve runs it: RLS and RLQS on one gRPC port,
+	// behind the port's per-client guards (envoyrls.Runner).
+	in := &instance{t: t, store: st, prefix: redistest.Prefix(t), dir: rlsDir(t), cfg: cfg, log: slog.New(logs), reg: reg}
+	in.start()
+	t.Cleanup(in.stop)
+	q, addr := in.q, in.addr
 
 	// The quiet client: one stream, one bucket, one report at a time.
 	victim := dialFrom(t, "127.0.0.9", addr)
-	vctx, vcancel := context.WithTimeout(context.Background(), 8*time.Second)
+	vctx, vcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer vcancel()
 	vs, err := victim.StreamRateLimitQuotas(vctx)
 	if err != nil {
@@ -123,45 +121,20 @@ func TestAbuse(t *testing.T) {
 	ask() // warm the connection and the script cache
 	quiet := p99(30)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	// The flood comes from another process, as it would from other
+	// machines: this test binary again, running TestAbuser.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	var sent atomic.Int64
-	for a := range 4 {
-		c := dialFrom(t, fmt.Sprintf("127.0.0.%d", 2+a), addr)
-		for sIdx := range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for n := 0; ctx.Err() == nil; n++ { // a new stream after each 20 reports: reconnects
-					sctx, scancel := context.WithCancel(ctx)
-					s, err := c.StreamRateLimitQuotas(sctx)
-					if err != nil {
-						scancel()
-						continue
-					}
-					go func() {
-						for {
-							if _, err := s.Recv(); err != nil {
-								return
-							}
-						}
-					}()
-					for k := 0; k < 20 && ctx.Err() == nil; k++ {
-						var us []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage
-						for b := range 100 {
-							us = append(us, usage(map[string]string{"user": fmt.Sprintf("%d-%d-%d-%d-%d", a, sIdx, n, k, b)}, 1000, 1000))
-						}
-						if s.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "envoy", BucketQuotaUsages: us}) != nil {
-							break
-						}
-						sent.Add(1)
-					}
-					scancel()
-				}
-			}()
-		}
+	child := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestAbuser$", "-test.count=1")
+	child.Env = append(os.Environ(), "RLQS_ABUSE_ADDR="+addr)
+	var out bytes.Buffer
+	child.Stdout, child.Stderr = &out, &out
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
 	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = child.Wait() }()
 	var most rlqs.Held
 	done := make(chan struct{})
 	go func() {
@@ -172,23 +145,32 @@ func TestAbuse(t *testing.T) {
 			time.Sleep(5 * time.Millisecond) // a sampling period, not synchronisation
 		}
 	}()
-	time.Sleep(300 * time.Millisecond) // let the flood build (the scenario's schedule)
+	// The flood is on once the four addresses hold most of their streams
+	// and the server drops reports.
+	if !redistest.PollUntil(time.Now().Add(6*time.Second), func() bool {
+		h := q.Held()
+		return h.Peers >= 5 && h.Streams >= 32 && testutil.ToFloat64(dropCounter(reg)) > 0
+	}) {
+		t.Fatalf("no flood (held %+v): %s", q.Held(), out.String())
+	}
 	loud := p99(30)
 	cancel()
 	wg.Wait()
 	<-done
 	dropped := testutil.ToFloat64(dropCounter(reg))
-	t.Logf("quiet p99 %v, under abuse %v (%.1f×); most held %+v; %d reports sent, %.0f usages dropped; %d log lines",
-		quiet, loud, float64(loud)/float64(quiet), most, sent.Load(), dropped, logs.n.Load())
-	// Not yet asserted: the quiet client's p99 under abuse is far beyond
-	// 10× its quiet p99 (issue #36 stays open for it: the flood's store
-	// calls, within the budgets, still queue the quiet client's behind
-	// them in Redis and in the store's timeout). The figure is logged.
-	if most.Buckets > cfg.MaxBuckets || most.Streams > cfg.MaxStreams || most.Peers > cfg.MaxStreams+4096 {
-		t.Errorf("held %+v beyond the ceilings (buckets %d, streams %d)", most, cfg.MaxBuckets, cfg.MaxStreams)
+	t.Logf("quiet p99 %v, under abuse %v (%.1f×); most held %+v; %.0f usages dropped; %d log lines",
+		quiet, loud, float64(loud)/float64(quiet), most, dropped, logs.n.Load())
+	// Not asserted: the quiet client's p99 under this flood. With the
+	// flood in its own process it was 1.6–70× the quiet p99 on a machine
+	// at load averages of 20–25 on 2 cores, and some of its reports found
+	// Redis too slow to answer within half an interval (counted as 2 s):
+	// the budgets at the default caps still let four clients give Redis
+	// more work than such a machine does in time (docs/envoy.md).
+	if most.Buckets > cfg.MaxBuckets || most.Streams > rlqs.DefaultMaxStreams || most.Peers > rlqs.DefaultMaxStreams+4096 {
+		t.Errorf("held %+v beyond the ceilings (buckets %d, streams %d)", most, cfg.MaxBuckets, rlqs.DefaultMaxStreams)
 	}
-	if dropped == 0 {
-		t.Error("nothing dropped: the per-client budgets did not act")
+	if dropped == 0 || most.Buckets < cfg.MaxBuckets/2 {
+		t.Errorf("dropped %.0f, held at most %d buckets: the flood did not reach the budgets and the ceiling", dropped, most.Buckets)
 	}
 	// One line per kind of warning per 10 s: a handful, not one per bucket.
 	if n := logs.n.Load(); n > 10 {
@@ -209,4 +191,59 @@ func dropCounter(reg *prometheus.Registry) prometheus.Collector {
 		}
 		ch <- prometheus.MustNewConstMetric(prometheus.NewDesc("x", "x", nil, nil), prometheus.CounterValue, sum)
 	})
+}
+
+// TestAbuser is TestAbuse's flood, run in a process of its own (it does
+// nothing unless RLQS_ABUSE_ADDR is set): four client addresses, each
+// with 16 streams (the cap), each sending reports of 1000 new buckets
+// (the cap) back to back and opening a new stream after every 5.
+func TestAbuser(t *testing.T) {
+	addr := os.Getenv("RLQS_ABUSE_ADDR")
+	if addr == "" {
+		t.Skip("run by TestAbuse")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second) // killed earlier by TestAbuse
+	defer cancel()
+	var wg sync.WaitGroup
+	for a := range 4 {
+		c := dialFrom(t, fmt.Sprintf("127.0.0.%d", 2+a), addr)
+		// Two reports of 1000 buckets, sent in turn by each stream: on a
+		// new stream every bucket is new to the server.
+		var msgs []*rlqsv3.RateLimitQuotaUsageReports
+		for k := range 2 {
+			var us []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage
+			for b := range rlqs.DefaultMaxUsagesPerReport {
+				us = append(us, usage(map[string]string{"user": fmt.Sprintf("%d-%d-%d", a, k, b)}, 1000, 1000))
+			}
+			msgs = append(msgs, &rlqsv3.RateLimitQuotaUsageReports{Domain: "envoy", BucketQuotaUsages: us})
+		}
+		for range rlqs.DefaultMaxStreamsPerPeer {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					sctx, scancel := context.WithCancel(ctx)
+					s, err := c.StreamRateLimitQuotas(sctx)
+					if err != nil {
+						scancel()
+						continue
+					}
+					go func() {
+						for {
+							if _, err := s.Recv(); err != nil {
+								return
+							}
+						}
+					}()
+					for k := 0; k < 5 && ctx.Err() == nil; k++ {
+						if s.Send(msgs[k%2]) != nil {
+							break
+						}
+					}
+					scancel()
+				}
+			}()
+		}
+	}
+	wg.Wait()
 }

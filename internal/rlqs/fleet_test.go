@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/envoyrls"
 	"github.com/sluice-io/sluice/internal/redistest"
@@ -45,6 +47,10 @@ type instance struct {
 	store  sluice.Store
 	prefix string
 	dir    string
+	cfg    *rlqs.Config          // default fleetConfig()
+	log    *slog.Logger          // default discarded
+	reg    prometheus.Registerer // default none
+	q      *rlqs.Server          // the running quota server
 	addr   string
 	cancel context.CancelFunc
 	done   chan error
@@ -56,10 +62,18 @@ func (in *instance) start() {
 	if err != nil {
 		in.t.Fatal(err)
 	}
-	q, err := rlqs.New(rlqs.Options{Store: in.store, Config: fleetConfig(), Prefix: in.prefix, Logger: slog.New(slog.DiscardHandler)})
+	cfg, log := in.cfg, in.log
+	if cfg == nil {
+		cfg = fleetConfig()
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	q, err := rlqs.New(rlqs.Options{Store: in.store, Config: cfg, Prefix: in.prefix, Logger: log, Registerer: in.reg})
 	if err != nil {
 		in.t.Fatal(err)
 	}
+	in.q = q
 	addr := in.addr
 	if addr == "" {
 		addr = "127.0.0.1:0"

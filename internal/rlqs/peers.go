@@ -22,6 +22,11 @@ import (
 // (max_usages_per_report usages), and two goroutines; the server holds at
 // most max_streams streams and max_buckets buckets in all.
 
+// peerCalls is how many store calls one client's reports may have in
+// flight at a time, over all its streams: a client's large reports queue
+// behind each other, not in Redis in front of every other client's.
+const peerCalls = 2
+
 // maxIdlePeers bounds the entries of clients without a stream, kept for
 // their spent budget: beyond it, the oldest interval's are forgotten.
 const maxIdlePeers = 4096
@@ -36,6 +41,7 @@ const (
 )
 
 type peerState struct {
+	calls   chan struct{} // its store calls in flight (peerCalls)
 	streams int
 	buckets int   // buckets of its open streams
 	window  int64 // the report interval its spending counts in
@@ -87,7 +93,7 @@ func (t *peerTable) get(host string) *peerState {
 		if len(t.peers) >= t.maxStreams+maxIdlePeers {
 			t.forgetIdle(w)
 		}
-		p = &peerState{window: w}
+		p = &peerState{window: w, calls: make(chan struct{}, peerCalls)}
 		t.peers[host] = p
 	}
 	if p.window != w {
@@ -154,6 +160,15 @@ func (t *peerTable) spend(host string, n int) bool {
 	}
 	p.reports += n
 	return true
+}
+
+// callSlots returns host's semaphore of store calls (peerCalls). The
+// entry stays while host has a stream, so the channel is the one other
+// streams of host use.
+func (t *peerTable) callSlots(host string) chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.get(host).calls
 }
 
 // newBucket counts a new bucket of host against its budget and the

@@ -495,20 +495,39 @@ func (s *Server) take(ctx context.Context, cfg *compiled, st *stream, work []pen
 	}
 	sctx, cancel := context.WithTimeout(ctx, cfg.interval/2)
 	defer cancel()
-	// Chunks of a few buckets, sent together (one round trip: the store
-	// pipelines calls in flight at once), so that a report of many
-	// buckets never holds Redis for long in one script: other clients'
-	// calls run between the chunks.
+	// Chunks of a few buckets, so that a report of many buckets never
+	// holds Redis for long in one script: other clients' calls run between
+	// the chunks. A client has at most peerCalls chunks in flight, sent
+	// together (the store pipelines calls in flight at once): a report of
+	// up to 2 × chunkBuckets buckets takes one round trip.
 	ds := make([]sluice.Decision, len(reqs))
 	var err error
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	slots := s.peers.callSlots(st.host)
 	for lo := 0; lo < len(reqs); lo += 2 * chunkBuckets {
 		hi := min(len(reqs), lo+2*chunkBuckets)
+		select {
+		case slots <- struct{}{}:
+		case <-sctx.Done():
+			mu.Lock()
+			err = fmt.Errorf("rlqs: waiting for the client's store calls: %w", sctx.Err())
+			mu.Unlock()
+		}
+		if sctx.Err() != nil {
+			break
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer func() { <-slots }()
 			got, e := s.store.ApplyAll(sctx, sluice.OpTake, reqs[lo:hi])
+			// A take sets the lease, so sending it again is harmless: a
+			// call the store did not answer in its timeout (Redis slow for
+			// a moment) is tried again while the report's time lasts.
+			for e != nil && errors.Is(e, sluice.ErrUnavailable) && sctx.Err() == nil {
+				got, e = s.store.ApplyAll(sctx, sluice.OpTake, reqs[lo:hi])
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if e != nil {
