@@ -114,6 +114,7 @@ type fleetCase struct {
 	phase  func(i int) time.Duration // when envoy i first reports, from the start
 	demand float64                   // the fleet's demand, × the limit
 	faults bool                      // a stream cut and an instance restart at 4 s
+	move   bool                      // at 3 s the 60 % moves from envoy 0 to envoy 1
 }
 
 var fleetCases = []fleetCase{
@@ -122,6 +123,7 @@ var fleetCases = []fleetCase{
 	{name: "coincident/4x", phase: func(int) time.Duration { return 0 }, demand: 4},
 	{name: "coincident/1.5x", phase: func(int) time.Duration { return 0 }, demand: 1.5},
 	{name: "staggered/4x", phase: func(i int) time.Duration { return time.Duration(i) * fleetInterval / fleetEnvoys }, demand: 4},
+	{name: "staggered/4x/moved", phase: func(i int) time.Duration { return time.Duration(i) * fleetInterval / fleetEnvoys }, demand: 4, move: true},
 	{name: "staggered/4x/faults", phase: func(i int) time.Duration { return time.Duration(i) * fleetInterval / fleetEnvoys }, demand: 4, faults: true},
 	{name: "random/1.5x", phase: func(i int) time.Duration {
 		return time.Duration(rand.New(rand.NewPCG(36, uint64(i))).Int64N(int64(fleetInterval)))
@@ -200,8 +202,19 @@ func runFleet(t *testing.T, fc fleetCase, addrs []string, restart func()) {
 		}
 		envoys[i] = &simEnvoy{addrs: rotate(addrs, i), domain: "envoy", id: map[string]string{"route": "api"}, interval: fleetInterval, record: record, starved: rec.markStarved}
 		d := share * fc.demand * fleetLimit
+		demand := func() float64 { return d }
+		if fc.move && i <= 1 {
+			// envoy 0 and 1 swap their demands at 3 s
+			other := (0.7 - share) * fc.demand * fleetLimit
+			demand = func() float64 {
+				if time.Since(start) >= 3*time.Second {
+					return other
+				}
+				return d
+			}
+		}
 		wg.Add(1)
-		go func() { defer wg.Done(); envoys[i].run(ctx, start, fc.phase(i), func() float64 { return d }) }()
+		go func() { defer wg.Done(); envoys[i].run(ctx, start, fc.phase(i), demand) }()
 	}
 	defer func() { cancel(); wg.Wait() }()
 	if fc.faults && restart != nil {
@@ -213,6 +226,18 @@ func runFleet(t *testing.T, fc fleetCase, addrs []string, restart func()) {
 	cancel()
 	wg.Wait()
 
+	if fc.move {
+		// Two report intervals after the move, envoy 1 (now 60 % of the
+		// demand) holds at least half of the capacity, envoy 0 (now 10 %)
+		// at most a fifth.
+		at := start.Add(5*time.Second + 50*time.Millisecond)
+		g1, err1 := envoys[1].lastAssigned(at)
+		g0, err0 := envoys[0].lastAssigned(at)
+		t.Logf("%s: two intervals after the move, envoy 1 holds %d, envoy 0 %d of %d tokens per second", fc.name, g1, g0, fleetLimit)
+		if err1 != nil || err0 != nil || g1 < fleetLimit/2 || g0 > fleetLimit/5 {
+			t.Errorf("%s: not rebalanced within two report intervals: envoy 1 %d, envoy 0 %d (%v, %v)", fc.name, g1, g0, err1, err0)
+		}
+	}
 	bound := fleetBound(time.Second)
 	var worst int64
 	var at time.Duration
@@ -232,6 +257,9 @@ func runFleet(t *testing.T, fc fleetCase, addrs []string, restart func()) {
 		if fc.faults && from >= 4*time.Second {
 			continue // the cut stream's and the restarted instance's shares return within the TTL: bound only
 		}
+		if fc.move && from < 5*time.Second {
+			continue // rebalancing: checked above
+		}
 		n := rec.between(from, from+time.Second)
 		b := big.between(from, from+time.Second)
 		t.Logf("%s [%v, %v): admitted %d (%.3f of the limit), the large envoy %d", fc.name, from, from+time.Second, n, float64(n)/fleetLimit, b)
@@ -244,7 +272,7 @@ func runFleet(t *testing.T, fc fleetCase, addrs []string, restart func()) {
 		}
 		// Shares by demand: the large Envoy wants 60 %; it gets at least
 		// half of the limit once the shares have settled.
-		if b < fleetLimit/2 {
+		if b < fleetLimit/2 && !fc.move {
 			t.Errorf("%s [%v, %v): the large envoy admitted %d < half the limit", fc.name, from, from+time.Second, b)
 		}
 	}

@@ -354,7 +354,8 @@ func (s *Server) StreamRateLimitQuotas(gs grpc.BidiStreamingServer[rlqsv3.RateLi
 type pending struct {
 	u      *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage
 	b      *bucket
-	demand int64
+	mine   int64 // demand per fill
+	demand int64 // as set in the store (at least 1)
 	want   int64
 }
 
@@ -469,17 +470,27 @@ func (s *Server) plan(cfg *compiled, b *bucket, u *rlqsv3.RateLimitQuotaUsageRep
 	// The fleet's demand with this stream's own part as it is now.
 	fleet := max(mine, b.fleet-b.demand+mine)
 	b.demand = mine
+	want := shareOf(c, mine, fleet, b.assigned)
+	return pending{u: u, b: b, mine: mine, demand: max(1, mine), want: want}
+}
+
+// shareOf is what a stream whose demand is mine asks of a capacity c when
+// the fleet's demand is fleet, its current share being assigned: its part
+// of c by demand when the fleet wants more than c, else its demand and
+// half again (room to grow until the next report); its current share if
+// that is within stickiness of it.
+func shareOf(c, mine, fleet, assigned int64) int64 {
 	var want int64
 	if fleet > c {
 		want = int64(math.Ceil(float64(c) * float64(mine) / float64(fleet)))
 	} else {
-		want = mine + mine/2 + 1 // room to grow until the next report
+		want = mine + mine/2 + 1
 	}
 	want = max(1, min(want, c))
-	if a := b.assigned; a > 0 && math.Abs(float64(want-a)) <= stickiness*float64(a) {
-		want = a // keep the Envoy's bucket
+	if assigned > 0 && math.Abs(float64(want-assigned)) <= stickiness*float64(assigned) {
+		want = assigned // keep the Envoy's bucket
 	}
-	return pending{u: u, b: b, demand: max(1, mine), want: want}
+	return want
 }
 
 // take asks the store for every bucket of a report in one round trip and
@@ -495,6 +506,66 @@ func (s *Server) take(ctx context.Context, cfg *compiled, st *stream, work []pen
 	}
 	sctx, cancel := context.WithTimeout(ctx, cfg.interval/2)
 	defer cancel()
+	ds, err := s.apply(sctx, st, reqs)
+	if err != nil {
+		for _, w := range work {
+			s.m.storeErrors.WithLabelValues(st.dom.name, w.b.policy.name).Inc()
+		}
+		s.warn.log("store", "rlqs: store: report left without new assignments", "domain", st.dom.name, "buckets", len(work), "err", err.Error())
+		return
+	}
+	// The share was asked with the fleet's demand of the last report; the
+	// answer has it as it is now. Where that share is larger than what was
+	// taken and capacity is free (the fleet's demand moved), it is taken
+	// at once: a second round trip, only while shares move.
+	var again []sluice.Request
+	var which []int
+	for i, w := range work {
+		fresh := demandRate - ds[2*i].Remaining
+		if want := shareOf(w.b.policy.capacity, w.mine, fresh, w.b.assigned); want > ds[2*i+1].Taken && ds[2*i+1].Remaining > 0 {
+			r := reqs[2*i+1]
+			r.Cost = want
+			again = append(again, r)
+			which = append(which, i)
+		}
+	}
+	if len(again) > 0 {
+		if ds2, err := s.apply(sctx, st, again); err == nil {
+			for k, i := range which {
+				if ds2[k].Taken > ds[2*i+1].Taken {
+					ds[2*i+1] = ds2[k]
+				}
+			}
+		}
+	}
+	for i, w := range work {
+		b, p := w.b, w.b.policy
+		b.fleet = demandRate - ds[2*i].Remaining
+		got := ds[2*i+1].Taken
+		if b.assigned > 0 && got != b.assigned {
+			s.m.rebalances.WithLabelValues(st.dom.name, p.name).Inc()
+		}
+		b.assigned = got
+		var a *rlqsv3.RateLimitQuotaResponse_BucketAction
+		if got == 0 {
+			s.m.assignments.WithLabelValues(st.dom.name, p.name, "deny").Inc()
+			a = blanket(cfg.ttl, typev3.RateLimitStrategy_DENY_ALL)
+		} else {
+			s.m.assignments.WithLabelValues(st.dom.name, p.name, "tokens").Inc()
+			a = &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
+				QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+					AssignmentTimeToLive: durationpb.New(cfg.ttl),
+					RateLimitStrategy:    TokenBucketFor(got, p.fill),
+				}}}
+		}
+		a.BucketId = w.u.GetBucketId()
+		resp.BucketAction = append(resp.BucketAction, a)
+	}
+}
+
+// apply runs OpTake on reqs in chunks (see take), and reports an error if
+// any chunk failed or answered from a failure policy.
+func (s *Server) apply(sctx context.Context, st *stream, reqs []sluice.Request) ([]sluice.Decision, error) {
 	// Chunks of a few buckets, so that a report of many buckets never
 	// holds Redis for long in one script: other clients' calls run between
 	// the chunks. A client has at most peerCalls chunks in flight, sent
@@ -547,35 +618,9 @@ func (s *Server) take(ctx context.Context, cfg *compiled, st *stream, work []pen
 		}
 	}
 	if err != nil {
-		for _, w := range work {
-			s.m.storeErrors.WithLabelValues(st.dom.name, w.b.policy.name).Inc()
-		}
-		s.warn.log("store", "rlqs: store: report left without new assignments", "domain", st.dom.name, "buckets", len(work), "err", err.Error())
-		return
+		return nil, err
 	}
-	for i, w := range work {
-		b, p := w.b, w.b.policy
-		b.fleet = demandRate - ds[2*i].Remaining
-		got := ds[2*i+1].Taken
-		if b.assigned > 0 && got != b.assigned {
-			s.m.rebalances.WithLabelValues(st.dom.name, p.name).Inc()
-		}
-		b.assigned = got
-		var a *rlqsv3.RateLimitQuotaResponse_BucketAction
-		if got == 0 {
-			s.m.assignments.WithLabelValues(st.dom.name, p.name, "deny").Inc()
-			a = blanket(cfg.ttl, typev3.RateLimitStrategy_DENY_ALL)
-		} else {
-			s.m.assignments.WithLabelValues(st.dom.name, p.name, "tokens").Inc()
-			a = &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
-				QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
-					AssignmentTimeToLive: durationpb.New(cfg.ttl),
-					RateLimitStrategy:    TokenBucketFor(got, p.fill),
-				}}}
-		}
-		a.BucketId = w.u.GetBucketId()
-		resp.BucketAction = append(resp.BucketAction, a)
-	}
+	return ds, nil
 }
 
 // TokenBucketFor is the strategy of a share of g tokens per fill interval:
