@@ -576,6 +576,27 @@ func (s *Server) apply(sctx context.Context, st *stream, reqs []sluice.Request) 
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	slots := s.peers.callSlots(st.host)
+	if len(reqs) <= 2*chunkBuckets { // one chunk: no goroutine
+		select {
+		case slots <- struct{}{}:
+		case <-sctx.Done():
+			return nil, fmt.Errorf("rlqs: waiting for the client's store calls: %w", sctx.Err())
+		}
+		defer func() { <-slots }()
+		ds, err := s.store.ApplyAll(sctx, sluice.OpTake, reqs)
+		for err != nil && errors.Is(err, sluice.ErrUnavailable) && sctx.Err() == nil {
+			ds, err = s.store.ApplyAll(sctx, sluice.OpTake, reqs)
+		}
+		if err != nil {
+			return nil, err
+		}
+		for i := range ds {
+			if ds[i].Degraded {
+				return nil, ErrDegraded
+			}
+		}
+		return ds, nil
+	}
 	for lo := 0; lo < len(reqs); lo += 2 * chunkBuckets {
 		hi := min(len(reqs), lo+2*chunkBuckets)
 		select {
