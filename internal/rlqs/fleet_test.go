@@ -113,7 +113,7 @@ type fleetCase struct {
 	name   string
 	phase  func(i int) time.Duration // when envoy i first reports, from the start
 	demand float64                   // the fleet's demand, × the limit
-	faults bool                      // a stream cut and an instance restart at 4 s
+	faults bool                      // a stream cut and an instance restart at 4 s, Redis paused 2 s at 4.2 s
 	move   bool                      // at 3 s the 60 % moves from envoy 0 to envoy 1
 }
 
@@ -143,6 +143,10 @@ func TestFleetRedis(t *testing.T) {
 	for _, fc := range fleetCases {
 		t.Run(fc.name, func(t *testing.T) {
 			t.Parallel()
+			srv := srv
+			if fc.faults {
+				srv = redistest.NewStandalone(t) // its own, to pause
+			}
 			prefix := redistest.Prefix(t)
 			var ins []*instance
 			var addrs []string
@@ -161,6 +165,10 @@ func TestFleetRedis(t *testing.T) {
 			runFleet(t, fc, addrs, func() {
 				ins[0].stop()
 				ins[0].start()
+				time.Sleep(200 * time.Millisecond) // the scenario's schedule
+				if _, err := srv.Do(context.Background(), "CLIENT", "PAUSE", "2000", "ALL"); err != nil {
+					t.Error(err)
+				}
 			})
 		})
 	}
@@ -182,7 +190,7 @@ func TestFleetMemory(t *testing.T) {
 
 // runFleet drives five Envoys for 6.5 s and checks the bound and the
 // utilization.
-func runFleet(t *testing.T, fc fleetCase, addrs []string, restart func()) {
+func runFleet(t *testing.T, fc fleetCase, addrs []string, faults func()) {
 	t.Helper()
 	const length = 6500 * time.Millisecond
 	start := time.Now().Add(200 * time.Millisecond)
@@ -217,10 +225,10 @@ func runFleet(t *testing.T, fc fleetCase, addrs []string, restart func()) {
 		go func() { defer wg.Done(); envoys[i].run(ctx, start, fc.phase(i), demand) }()
 	}
 	defer func() { cancel(); wg.Wait() }()
-	if fc.faults && restart != nil {
+	if fc.faults && faults != nil {
 		time.Sleep(time.Until(start.Add(4 * time.Second))) // the scenario's schedule, not synchronisation
 		envoys[2].cut()
-		restart()
+		faults()
 	}
 	time.Sleep(time.Until(start.Add(length)))
 	cancel()
