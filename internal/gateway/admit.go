@@ -58,7 +58,7 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 		c.specs = append(c.specs, s)
 		c.reqs = append(c.reqs, req)
 	}
-	if !g.admitLevels(w, r, c) {
+	if !g.admitLevels(w, r, c) || !g.admitSession(w, c, r) {
 		return false
 	}
 	if len(c.reqs) == 0 {
