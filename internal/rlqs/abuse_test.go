@@ -110,11 +110,13 @@ func TestAbuse(t *testing.T) {
 			return 2 * time.Second
 		}
 	}
+	var loudAll []time.Duration
 	p99 := func(n int) time.Duration {
 		var ds []time.Duration
 		for range n {
 			ds = append(ds, ask())
 		}
+		loudAll = ds
 		slices.Sort(ds)
 		return ds[len(ds)*99/100]
 	}
@@ -160,12 +162,15 @@ func TestAbuse(t *testing.T) {
 	dropped := testutil.ToFloat64(dropCounter(reg))
 	t.Logf("quiet p99 %v, under abuse %v (%.1f×); most held %+v; %.0f usages dropped; %d log lines",
 		quiet, loud, float64(loud)/float64(quiet), most, dropped, logs.n.Load())
-	// Not asserted: the quiet client's p99 under this flood. With the
-	// flood in its own process it was 1.6–70× the quiet p99 on a machine
-	// at load averages of 20–25 on 2 cores, and some of its reports found
-	// Redis too slow to answer within half an interval (counted as 2 s):
-	// the budgets at the default caps still let four clients give Redis
-	// more work than such a machine does in time (docs/envoy.md).
+	// The goal is 10× the quiet p99: measured 0.5–39× on a 2-core machine
+	// at load averages of 20–25, but with the race detector (this binary
+	// and the flood's, instrumented) one or two of the 30 reports at times
+	// found Redis too slow to answer within half an interval. Asserted:
+	// most are answered (before the fair store slots, the quiet client's
+	// reports went unanswered for seconds); the p99 is logged.
+	if unanswered := countAtLeast(loudAll, 2*time.Second); unanswered > 3 {
+		t.Errorf("%d of %d of the quiet client's reports unanswered under abuse", unanswered, len(loudAll))
+	}
 	if most.Buckets > cfg.MaxBuckets || most.Streams > rlqs.DefaultMaxStreams || most.Peers > rlqs.DefaultMaxStreams+4096 {
 		t.Errorf("held %+v beyond the ceilings (buckets %d, streams %d)", most, cfg.MaxBuckets, rlqs.DefaultMaxStreams)
 	}
@@ -246,4 +251,14 @@ func TestAbuser(t *testing.T) {
 		}
 	}
 	wg.Wait()
+}
+
+func countAtLeast(ds []time.Duration, d time.Duration) int {
+	n := 0
+	for _, x := range ds {
+		if x >= d {
+			n++
+		}
+	}
+	return n
 }

@@ -252,3 +252,90 @@ func (r *rateLog) log(kind, msg string, args ...any) {
 	r.mu.Unlock()
 	r.out.Warn(msg, append(args, "suppressed_since_last", n)...)
 }
+
+// storeSlots is how many store calls the quota service has in flight at
+// a time, over all clients.
+const storeSlots = 4
+
+// fairSlots hands out the service's store calls in flight (storeSlots):
+// when all are busy, the next free one goes to the waiting call of the
+// client that has reported least in the current interval, so that a
+// client reporting at its caps waits behind its own calls, and a client
+// reporting once an interval waits for at most the calls in flight.
+type fairSlots struct {
+	mu      sync.Mutex
+	free    int
+	seq     uint64
+	waiting []*slotWaiter
+}
+
+type slotWaiter struct {
+	spent int
+	seq   uint64
+	ready chan struct{}
+}
+
+func newFairSlots(n int) *fairSlots { return &fairSlots{free: n} }
+
+// acquire takes a slot for a client that has reported spent usages in
+// this interval, or returns ctx's error.
+func (f *fairSlots) acquire(done <-chan struct{}, spent int) bool {
+	f.mu.Lock()
+	if f.free > 0 {
+		f.free--
+		f.mu.Unlock()
+		return true
+	}
+	f.seq++
+	w := &slotWaiter{spent: spent, seq: f.seq, ready: make(chan struct{})}
+	f.waiting = append(f.waiting, w)
+	f.mu.Unlock()
+	select {
+	case <-w.ready:
+		return true
+	case <-done:
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for i, x := range f.waiting {
+			if x == w {
+				f.waiting = append(f.waiting[:i], f.waiting[i+1:]...)
+				return false
+			}
+		}
+		// handed a slot meanwhile: give it on
+		f.handOn()
+		return false
+	}
+}
+
+// release gives a slot back, to the waiting call that comes first.
+func (f *fairSlots) release() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.handOn()
+}
+
+// handOn passes a slot to the first waiter, or frees it. f.mu is held.
+func (f *fairSlots) handOn() {
+	if len(f.waiting) == 0 {
+		f.free++
+		return
+	}
+	best := 0
+	for i, w := range f.waiting {
+		b := f.waiting[best]
+		if w.spent < b.spent || (w.spent == b.spent && w.seq < b.seq) {
+			best = i
+		}
+	}
+	w := f.waiting[best]
+	f.waiting = append(f.waiting[:best], f.waiting[best+1:]...)
+	close(w.ready)
+}
+
+// spent is host's usages reported in the current interval.
+func (t *peerTable) spent(host string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.get(host).reports
+}

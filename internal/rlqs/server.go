@@ -119,6 +119,7 @@ type Server struct {
 	cfg   atomic.Pointer[compiled]
 
 	peers *peerTable
+	slots *fairSlots // the store calls in flight, over all clients
 
 	done     chan struct{} // closed by Drain
 	drainOne sync.Once
@@ -181,6 +182,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.warn = newRateLog(s.log, s.clock, logPeriod)
 	s.peers = newPeerTable(s.clock, opts.Config)
+	s.slots = newFairSlots(storeSlots)
 	return s, nil
 }
 
@@ -563,6 +565,22 @@ func (s *Server) take(ctx context.Context, cfg *compiled, st *stream, work []pen
 	}
 }
 
+// call is one store call of a client's report, in one of the service's
+// slots (fairSlots), retried while the report's time lasts when the store
+// was late: a take sets the lease, so sending it again is harmless.
+func (s *Server) call(sctx context.Context, spent int, reqs []sluice.Request) ([]sluice.Decision, error) {
+	for {
+		if !s.slots.acquire(sctx.Done(), spent) {
+			return nil, fmt.Errorf("rlqs: waiting for a store slot: %w", sctx.Err())
+		}
+		ds, err := s.store.ApplyAll(sctx, sluice.OpTake, reqs)
+		s.slots.release() // a retry waits its turn again
+		if err == nil || !errors.Is(err, sluice.ErrUnavailable) || sctx.Err() != nil {
+			return ds, err
+		}
+	}
+}
+
 // apply runs OpTake on reqs in chunks (see take), and reports an error if
 // any chunk failed or answered from a failure policy.
 func (s *Server) apply(sctx context.Context, st *stream, reqs []sluice.Request) ([]sluice.Decision, error) {
@@ -576,6 +594,7 @@ func (s *Server) apply(sctx context.Context, st *stream, reqs []sluice.Request) 
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	slots := s.peers.callSlots(st.host)
+	spent := s.peers.spent(st.host)
 	if len(reqs) <= 2*chunkBuckets { // one chunk: no goroutine
 		select {
 		case slots <- struct{}{}:
@@ -583,10 +602,7 @@ func (s *Server) apply(sctx context.Context, st *stream, reqs []sluice.Request) 
 			return nil, fmt.Errorf("rlqs: waiting for the client's store calls: %w", sctx.Err())
 		}
 		defer func() { <-slots }()
-		ds, err := s.store.ApplyAll(sctx, sluice.OpTake, reqs)
-		for err != nil && errors.Is(err, sluice.ErrUnavailable) && sctx.Err() == nil {
-			ds, err = s.store.ApplyAll(sctx, sluice.OpTake, reqs)
-		}
+		ds, err := s.call(sctx, spent, reqs)
 		if err != nil {
 			return nil, err
 		}
@@ -613,13 +629,7 @@ func (s *Server) apply(sctx context.Context, st *stream, reqs []sluice.Request) 
 		go func() {
 			defer wg.Done()
 			defer func() { <-slots }()
-			got, e := s.store.ApplyAll(sctx, sluice.OpTake, reqs[lo:hi])
-			// A take sets the lease, so sending it again is harmless: a
-			// call the store did not answer in its timeout (Redis slow for
-			// a moment) is tried again while the report's time lasts.
-			for e != nil && errors.Is(e, sluice.ErrUnavailable) && sctx.Err() == nil {
-				got, e = s.store.ApplyAll(sctx, sluice.OpTake, reqs[lo:hi])
-			}
+			got, e := s.call(sctx, spent, reqs[lo:hi])
 			mu.Lock()
 			defer mu.Unlock()
 			if e != nil {
