@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -15,6 +18,7 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/fakeopenai"
+	"github.com/sluice-io/sluice/internal/nodesdk"
 	"github.com/sluice-io/sluice/internal/pricing"
 	"github.com/sluice-io/sluice/internal/redistest"
 )
@@ -216,4 +220,34 @@ func TestBatchFileChecked(t *testing.T) {
 		t.Fatal("a forged id was served")
 	}
 	_ = sluice.HashKey
+}
+
+// TestBatchAPINodeSDK: the official OpenAI Node SDK on the Batch API
+// through the gateway (testdata/nodesdk/batch.mjs).
+func TestBatchAPINodeSDK(t *testing.T) {
+	node, dir := nodeSDKDir(t)
+	up := fakeopenai.NewBatches(t, fakeopenai.BatchOptions{APIKey: upstreamKey})
+	e := newBudgetEnv(t, uniqueClients(t, batchDoc), up, fakeClockStore(t))
+	script, err := os.ReadFile(filepath.Join("testdata", "nodesdk", "batch.mjs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := nodesdk.Run(t, node, dir, script, "SLUICE_BASE_URL="+e.urls[0]+"/v1", "SLUICE_API_KEY="+clientKey, "SLUICE_API_KEY_2="+clientKey2)
+	var res struct {
+		File, Batch, Got, Status    string
+		Listed                      []string
+		OtherRetrieve, OtherContent int
+		OtherList                   int
+		Cancelled                   string
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("batch.mjs printed %q: %v", out, err)
+	}
+	if res.Got != res.Batch || res.Status != "validating" || len(res.Listed) != 1 || res.Listed[0] != res.Batch ||
+		res.OtherRetrieve != 404 || res.OtherContent != 404 || res.OtherList != 0 || res.Cancelled != "cancelling" || up.Count() != 1 {
+		t.Fatalf("node saw %+v; the provider has %d batches", res, up.Count())
+	}
+	if e.spent(clientKey, "key", "month") <= 0 {
+		t.Fatal("the batch reserved nothing")
+	}
 }

@@ -154,23 +154,17 @@ func (g *Gateway) admitSession(w http.ResponseWriter, c *call, r *http.Request) 
 	for i := range t.session {
 		s := &t.session[i]
 		req := sluice.Request{Key: prefix + s.suffix, Algorithm: s.alg, Limit: s.limit, Cost: 1}
+		var ok bool
 		switch s.kind {
 		case kindTokens:
 			if c.ep == epCountTokens {
 				continue
 			}
-			req.Cost = g.tokenCost(c, s)
-			if req.Cost > s.limit.Rate {
-				g.tooLarge(w, c, s)
+			if req.Cost, ok = g.tokenReservation(w, r, c, s); !ok {
 				return false
 			}
 		case kindBudget:
-			if !c.bud.priced && !g.priceCall(w, c) {
-				return false
-			}
-			req.Cost = int64(max(c.bud.reserved, 1))
-			if req.Cost > s.limit.Rate {
-				g.budgetTooLarge(w, c, s)
+			if req.Cost, ok = g.budgetReservation(w, c, s); !ok {
 				return false
 			}
 		}
