@@ -144,6 +144,7 @@ func TestAbuse(t *testing.T) {
 		for ctx.Err() == nil {
 			h := q.Held()
 			most.Streams, most.Buckets, most.Peers = max(most.Streams, h.Streams), max(most.Buckets, h.Buckets), max(most.Peers, h.Peers)
+			most.PendingBytes = max(most.PendingBytes, h.PendingBytes)
 			time.Sleep(5 * time.Millisecond) // a sampling period, not synchronisation
 		}
 	}()
@@ -171,7 +172,7 @@ func TestAbuse(t *testing.T) {
 	if unanswered := countAtLeast(loudAll, 2*time.Second); unanswered > 3 {
 		t.Errorf("%d of %d of the quiet client's reports unanswered under abuse", unanswered, len(loudAll))
 	}
-	if most.Buckets > cfg.MaxBuckets || most.Streams > rlqs.DefaultMaxStreams || most.Peers > rlqs.DefaultMaxStreams+4096 {
+	if most.Buckets > cfg.MaxBuckets || most.Streams > rlqs.DefaultMaxStreams || most.Peers > rlqs.DefaultMaxStreams+4096 || most.PendingBytes > rlqs.MaxPendingBytes {
 		t.Errorf("held %+v beyond the ceilings (buckets %d, streams %d)", most, cfg.MaxBuckets, rlqs.DefaultMaxStreams)
 	}
 	if dropped == 0 || most.Buckets < cfg.MaxBuckets/2 {

@@ -33,7 +33,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rlqs_refused_total",
 			Help: "Streams ended by a bound: streams_per_peer, streams, usages_per_report, buckets_per_stream, bucket_id, unknown_domain."}, []string{"reason"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rlqs_dropped_total",
-			Help: "Bucket usages answered with nothing, the Envoy keeping its assignment: peer_reports (over the client's report budget), peer_new_buckets (over its new-bucket budget), buckets (the server at max_buckets)."}, []string{"reason"}),
+			Help: "Bucket usages answered with nothing, the Envoy keeping its assignment: peer_reports (over the client's report budget), peer_new_buckets (over its new-bucket budget), buckets (the server at max_buckets), pending (the server holding MaxPendingBytes of reports)."}, []string{"reason"}),
 	}
 	if reg == nil {
 		return m, nil

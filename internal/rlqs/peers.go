@@ -339,3 +339,32 @@ func (t *peerTable) spent(host string) int {
 	defer t.mu.Unlock()
 	return t.get(host).reports
 }
+
+// MaxPendingBytes bounds the reports, in their wire bytes, that the
+// server holds read and not yet answered, over all streams: a report
+// decoded takes a few times its wire size.
+const MaxPendingBytes = 16 << 20
+
+// budget is a count of bytes that can be taken and given back.
+type budget struct {
+	mu   sync.Mutex
+	left int64
+}
+
+// take takes n if that much is left.
+func (b *budget) take(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n > b.left {
+		return false
+	}
+	b.left -= n
+	return true
+}
+
+// give gives n back.
+func (b *budget) give(n int64) {
+	b.mu.Lock()
+	b.left += n
+	b.mu.Unlock()
+}

@@ -59,6 +59,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -118,7 +119,8 @@ type Server struct {
 	cfgMu sync.Mutex
 	cfg   atomic.Pointer[compiled]
 
-	peers *peerTable
+	peers   *peerTable
+	pending *budget // bytes of the reports read and not yet answered
 	slots *fairSlots // the store calls in flight, over all clients
 
 	done     chan struct{} // closed by Drain
@@ -183,6 +185,7 @@ func New(opts Options) (*Server, error) {
 	s.warn = newRateLog(s.log, s.clock, logPeriod)
 	s.peers = newPeerTable(s.clock, opts.Config)
 	s.slots = newFairSlots(storeSlots)
+	s.pending = &budget{left: MaxPendingBytes}
 	return s, nil
 }
 
@@ -226,13 +229,20 @@ func (s *Server) Drain() { s.drainOne.Do(func() { close(s.done) }) }
 // Held is what a Server holds for its clients, the structures its memory
 // ceiling bounds.
 type Held struct {
-	Streams int // open streams
-	Buckets int // buckets of all streams
-	Peers   int // client IPs with a budget or a stream
+	Streams      int   // open streams
+	Buckets      int   // buckets of all streams
+	Peers        int   // client IPs with a budget or a stream
+	PendingBytes int64 // reports read and not yet answered, in wire bytes
 }
 
 // Held returns what the server holds now.
-func (s *Server) Held() Held { return s.peers.held() }
+func (s *Server) Held() Held {
+	h := s.peers.held()
+	s.pending.mu.Lock()
+	h.PendingBytes = MaxPendingBytes - s.pending.left
+	s.pending.mu.Unlock()
+	return h
+}
 
 // ErrDegraded means the store answered without its backend (a guard's
 // failure policy): no capacity is assigned from such an answer.
@@ -286,8 +296,9 @@ func (s *Server) StreamRateLimitQuotas(gs grpc.BidiStreamingServer[rlqsv3.RateLi
 		}
 	}()
 	type recv struct {
-		msg *rlqsv3.RateLimitQuotaUsageReports
-		err error
+		msg  *rlqsv3.RateLimitQuotaUsageReports
+		err  error
+		size int64 // taken from the pending budget
 	}
 	// Recv runs on its own so that Drain can end the stream; it ends when
 	// the handler returns, as that cancels the stream. It reads the next
@@ -297,9 +308,22 @@ func (s *Server) StreamRateLimitQuotas(gs grpc.BidiStreamingServer[rlqsv3.RateLi
 	go func() {
 		for {
 			msg, err := gs.Recv()
+			var size int64
+			if err == nil {
+				// The reports held, server-wide, are bounded in bytes: a
+				// report beyond the budget is dropped as soon as it is
+				// read, unanswered (the Envoy keeps its assignments).
+				size = int64(proto.Size(msg))
+				if !s.pending.take(size) {
+					s.m.dropped.WithLabelValues("pending").Add(float64(len(msg.GetBucketQuotaUsages())))
+					s.warn.log("pending", "rlqs: reports held at max_pending_bytes; reports dropped")
+					continue
+				}
+			}
 			select {
-			case msgs <- recv{msg, err}:
+			case msgs <- recv{msg, err, size}:
 			case <-ctx.Done():
+				s.pending.give(size)
 				return
 			}
 			if err != nil {
@@ -323,6 +347,7 @@ func (s *Server) StreamRateLimitQuotas(gs grpc.BidiStreamingServer[rlqsv3.RateLi
 			return r.err
 		}
 		resp, err := s.report(ctx, st, r.msg)
+		s.pending.give(r.size)
 		if err != nil {
 			return err
 		}
