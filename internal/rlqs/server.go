@@ -120,8 +120,8 @@ type Server struct {
 	cfg   atomic.Pointer[compiled]
 
 	peers   *peerTable
-	pending *budget // bytes of the reports read and not yet answered
-	slots *fairSlots // the store calls in flight, over all clients
+	pending *budget    // bytes of the reports read and not yet answered
+	slots   *fairSlots // the store calls in flight, over all clients
 
 	done     chan struct{} // closed by Drain
 	drainOne sync.Once
