@@ -61,6 +61,7 @@ type simEnvoy struct {
 	filled    time.Time
 	allowed   uint64
 	denied    uint64
+	decided   uint64 // requests decided, over the whole run
 	reported  time.Time
 	assigned  []assignment // token assignments received, in order
 	reconnect int
@@ -76,6 +77,7 @@ func (e *simEnvoy) admit(now time.Time) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	ok := e.decide(now)
+	e.decided++
 	if ok {
 		e.allowed++
 		e.record(now)
