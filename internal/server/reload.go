@@ -175,6 +175,11 @@ func restartOnly(running, next *config.Config) []string {
 		if !reflect.DeepEqual(running.File.Gateway, next.File.Gateway) {
 			out = append(out, "gateway")
 		}
+		// The quota service's section is applied live; adding or removing
+		// it adds or removes a service of the gRPC server.
+		if (running.File.RLQS == nil) != (next.File.RLQS == nil) {
+			out = append(out, "rlqs (added or removed)")
+		}
 	}
 	return out
 }
