@@ -207,10 +207,13 @@ func (s *Store) noteFetch(ns int64) {
 // lets the store decide: many callers may drain one small chunk at once.
 const maxAttempts = 8
 
-// take admits cost from e's lease, fetching a chunk if needed (waiting for
-// one in flight), or reports that the store is out of chunks (a local
-// denial) or that the store must decide. gen identifies the units taken,
-// for putBack.
+// take admits cost from e's lease (waiting for a fetch in flight when the
+// lease is short), or reports that the store is out of chunks (a local
+// denial) or that the store must decide. When the lease is short and no
+// fetch is in flight, it fetches a chunk: in the background, letting the
+// store decide this request, when the key is far from its limit
+// (farFromLimit); else it waits for the chunk. gen identifies the units
+// taken, for putBack.
 func (s *Store) take(ctx context.Context, e *entry, cost int64) (sluice.Decision, uint64, outcome, error) {
 	for attempt := 0; ; attempt++ {
 		// The clock is read under the lock: a goroutine paused between the
@@ -272,10 +275,34 @@ func (s *Store) take(ctx context.Context, e *entry, cost int64) (sluice.Decision
 			return sluice.Decision{}, 0, toStore, nil
 		}
 		e.fetching, e.done = true, make(chan struct{})
+		far := s.farFromLimit(e, chunk, cost)
 		e.mu.Unlock()
 		s.returnAsync(e, expired)
+		if far {
+			// Far from the limit, the chunk is fetched in the background
+			// and the store decides this request meanwhile, in the same
+			// round trip as the batch's other members: the request waits
+			// for no fetch, and a batch whose leases are all empty costs
+			// one round trip, not one per member, after it (the leased
+			// gateway's tail at 64 connections, docs/BENCHMARKS.md).
+			if !s.async(func() { s.fetch(e, chunk) }) {
+				s.fetchDone(e)
+			}
+			return sluice.Decision{}, 0, toStore, nil
+		}
 		s.fetch(e, chunk)
 	}
+}
+
+// farFromLimit reports whether the store had so much of e's key left at
+// the last fetch or direct decision that a chunk and cost taken side by
+// side, in two calls, cannot deny each other: together at most a quarter
+// of it. Near the limit the request waits for the chunk instead, so that
+// the two calls do not race for the last units (the direct call denied
+// while the chunk took them, or the chunk denied and the key starved for
+// a RetryAfter while the store had the cost). e.mu is held.
+func (s *Store) farFromLimit(e *entry, chunk, cost int64) bool {
+	return e.storeRemaining > 0 && chunk+cost <= e.storeRemaining/4
 }
 
 // putBack returns units taken by take for a batch the store then denied.
