@@ -27,8 +27,8 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/binary"
-	"hash/crc32"
 	"encoding/json"
+	"hash/crc32"
 	"image"
 	_ "image/gif"  // DecodeConfig of data URLs
 	_ "image/jpeg" // DecodeConfig of data URLs

@@ -104,6 +104,9 @@ type TargetState struct {
 	lastRemaining [2]atomic.Int64
 	// chunk is this replica's lease on the limits, when hot (lease.go).
 	chunk chunk
+	// ratio is the learned ratio of the provider's input count to the
+	// reserved (units.go).
+	ratio ratioState
 }
 
 // limit kinds, in the order of learned.
@@ -415,6 +418,12 @@ type Grant struct {
 	reqs    []sluice.Request
 	kinds   []int8 // of reqs, as requests returns them
 	in, out int64
+	// units is the request's size as the caller gave it, base its input
+	// on Target before the learned ratio (units.go).
+	units Units
+	base  int64
+	// refusal is what Judge made of the provider's 429, if any.
+	refusal Refusal
 	// sent is when the store call that admitted the grant's units was
 	// sent (its chunk's, for a grant from a chunk), and rtt how long it
 	// took to answer.
@@ -439,6 +448,13 @@ func (p *Pool) Acquire(ctx context.Context, r *Route, anthropic bool, in, out in
 // is not cooling, for the provider's prompt cache; the policy orders the
 // rest. An empty key is Acquire.
 func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, out int64, tried []*TargetState, affinity string) (*Grant, time.Duration, error) {
+	return p.AcquireUnits(ctx, r, anthropic, Units{In: in, Out: out}, tried, affinity)
+}
+
+// AcquireUnits is AcquireSticky of a request whose size u gives as each
+// kind of upstream counts it: each target reserves its own units, times
+// its learned ratio (units.go).
+func (p *Pool) AcquireUnits(ctx context.Context, r *Route, anthropic bool, u Units, tried []*TargetState, affinity string) (*Grant, time.Duration, error) {
 	now := p.now()
 	var cands [MaxRouteTargets]*TargetState
 	n := 0
@@ -471,6 +487,9 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 	}
 	wait := time.Duration(-1)
 	for _, t := range order {
+		p.refreshRatio(ctx, t, now)
+		base, out := t.baseIn(u), u.Out
+		in := t.inputOf(u)
 		reqs, kinds, fits := p.requests(t, in, out, 1)
 		if !fits {
 			continue
@@ -484,7 +503,7 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 				}
 			}
 			if ok {
-				return &Grant{Target: t, pool: p, reqs: reqs, kinds: kinds, in: in, out: out, sent: sent, rtt: rtt}, 0, nil
+				return &Grant{Target: t, pool: p, reqs: reqs, kinds: kinds, in: in, out: out, units: u, base: base, sent: sent, rtt: rtt}, 0, nil
 			}
 		}
 		sent := p.now()
@@ -496,7 +515,7 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 		answered := p.now()
 		t.note(reqs, ds, answered)
 		if d.Allowed {
-			return &Grant{Target: t, pool: p, reqs: reqs, kinds: kinds, in: in, out: out, sent: sent, rtt: answered.Sub(sent)}, 0, nil
+			return &Grant{Target: t, pool: p, reqs: reqs, kinds: kinds, in: in, out: out, units: u, base: base, sent: sent, rtt: answered.Sub(sent)}, 0, nil
 		}
 		if wait < 0 || d.RetryAfter < wait {
 			wait = d.RetryAfter
@@ -624,3 +643,20 @@ func (g *Grant) Settle(ctx context.Context, in, out int64, unsent bool) (bool, e
 
 // Reserved returns the input and output tokens reserved.
 func (g *Grant) Reserved() (in, out int64) { return g.in, g.out }
+
+// Counted records the input tokens the provider reported counting for
+// g's request, when they are what its limits count (Anthropic's usage:
+// input and cache writes): a sample of the learned ratio (units.go).
+func (g *Grant) Counted(ctx context.Context, in int64) {
+	if g == nil || g.Target.Up.Kind != Anthropic || in <= 0 {
+		return
+	}
+	g.pool.sample(ctx, g.Target, in, g.base, false)
+}
+
+// Units returns the request's size as the caller gave it to Acquire.
+func (g *Grant) Units() Units { return g.units }
+
+// Refused returns what Judge made of the provider's 429 to g:
+// RefusalGeneral when none was judged.
+func (g *Grant) Refused() Refusal { return g.refusal }
