@@ -37,6 +37,7 @@ type limiter struct {
 	recent   []arrival // Sliding and Fixed: what counts, oldest first
 	limited  []time.Time
 	accepted []time.Time
+	tokens   []int // of each accepted request, as counted
 }
 
 type arrival struct {
@@ -127,6 +128,7 @@ func (l *limiter) take(w http.ResponseWriter, model string, tokens int) bool {
 		l.reqs--
 		l.toks -= float64(tokens)
 		l.accepted = append(l.accepted, now)
+		l.tokens = append(l.tokens, tokens)
 		if l.window != Bucket {
 			l.recent = append(l.recent, arrival{now, tokens})
 		}
@@ -206,6 +208,14 @@ func (s *Server) Accepted() []time.Time {
 	s.lim.mu.Lock()
 	defer s.lim.mu.Unlock()
 	return append([]time.Time(nil), s.lim.accepted...)
+}
+
+// AcceptedTokens returns the tokens the server's limits counted for each
+// request they admitted, in the order of Accepted.
+func (s *Server) AcceptedTokens() []int {
+	s.lim.mu.Lock()
+	defer s.lim.mu.Unlock()
+	return append([]int(nil), s.lim.tokens...)
 }
 
 // reset is the x-ratelimit-reset-* value: the time until the limit is

@@ -20,11 +20,12 @@ import (
 // (limit − remaining) / limit of the period, and refills limit × Δt /
 // period, which is added; a window (Azure's minute, a sliding window)
 // reports another time and frees nothing until a request leaves it,
-// which also shows in the requests left. Pairs further apart than a
-// request's refill (period / rpm) are not used: a refilled request would
-// hide a second arrival. A pair still mixes two arrivals when one request
-// left a sliding window between them; the sums over a period smooth such
-// samples, and the ratio stays within [minRatio, maxRatio].
+// which also shows in the requests left. Of a bucket, pairs further apart
+// than a request's refill (period / rpm) are not used: a refilled request
+// would hide a second arrival. Of a window, a pair may mix k+1 arrivals
+// and k departures, a sample as large on average as one request; the sums
+// over a period smooth such samples, and the ratio stays within
+// [minRatio, maxRatio].
 
 // lastAnswer is the remaining counts of the last answer this replica saw
 // from one target.
@@ -51,11 +52,14 @@ func (p *Pool) observeDelta(ctx context.Context, g *Grant, rl rateHeaders, h htt
 	rs.last = lastAnswer{req: req, tok: tok, at: now.UnixNano()}
 	rs.mu.Unlock()
 	dt := time.Duration(now.UnixNano() - prev.at)
-	if prev.at == 0 || prev.req-req != 1 || tok == 0 || prev.tok == 0 || dt < 0 || dt > p.period/time.Duration(lreq) {
+	if prev.at == 0 || prev.req-req != 1 || tok == 0 || prev.tok == 0 || dt < 0 {
 		return
 	}
 	cost := prev.tok - tok
 	if bucketLike(h, ltok, tok, p.period) {
+		if dt > p.period/time.Duration(lreq) {
+			return // a refilled request may hide a second arrival
+		}
 		cost += int64(float64(ltok) * float64(dt) / float64(p.period))
 	}
 	if in := cost - g.out; in > 0 {
