@@ -40,10 +40,10 @@ type fleet struct {
 	leaseClients bool
 	// body is what the load sends; empty means chatBody.
 	body string
-	ups          []*fakeopenai.Server
-	srvs         []*httptest.Server
-	gws          []*Gateway
-	reg          []*prometheus.Registry
+	ups  []*fakeopenai.Server
+	srvs []*httptest.Server
+	gws  []*Gateway
+	reg  []*prometheus.Registry
 }
 
 // newFleet starts three fake upstreams enforcing real (per fleetPeriod),
