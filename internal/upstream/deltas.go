@@ -72,7 +72,9 @@ func (p *Pool) observeDelta(ctx context.Context, g *Grant, rl rateHeaders, h htt
 // period, within a tenth or 20 ms.
 func bucketLike(h http.Header, limit, remaining int64, period time.Duration) bool {
 	v := strings.TrimSpace(h.Get("X-Ratelimit-Reset-Tokens"))
-	if v == "" || len(v) > 32 {
+	if v == "" || len(v) > 32 || v == strings.TrimSpace(h.Get("X-Ratelimit-Reset-Requests")) {
+		// Both limits whole again at once: a window's end (a bucket's
+		// requests and tokens refill apart).
 		return false
 	}
 	reset, err := time.ParseDuration(v)

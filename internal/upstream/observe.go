@@ -71,10 +71,11 @@ func (p *Pool) Observe(ctx context.Context, g *Grant, status int, h http.Header,
 			// Not the request's own size (Judge): the upstream's
 			// limit, reached for everyone.
 			p.Cooldown(ctx, t, retryAfter(h))
+			return
 		}
-		return
-	}
-	if status/100 == 2 {
+		// The request's own: what the provider reports left still
+		// tightens the shared state, below.
+	} else if status/100 == 2 {
 		p.observeDelta(ctx, g, rl, h, p.now())
 	}
 	// The provider counted at most latency ago; the store has refilled
