@@ -72,8 +72,8 @@ type ratioState struct {
 	// value is the ratio ×1e6, 0 when none was learned (1); at (unix
 	// nanos) when it was last read from the store.
 	value, at atomic.Int64
-	// busy is set while a store call on the sums runs.
-	busy atomic.Bool
+	// busy is held while a store call on the sums runs.
+	busy sync.Mutex
 	mu   sync.Mutex
 	// prov and base are the samples since the last flush.
 	prov, base int64
@@ -154,15 +154,18 @@ func (p *Pool) refreshRatio(ctx context.Context, t *TargetState, now time.Time) 
 
 // syncRatio adds this replica's pending samples to t's sums in the store
 // (a peek when there are none) and sets the ratio from what they hold:
-// in the background, or before returning when wait.
+// in the background, skipped while another call runs, or, when wait,
+// after that call and before returning.
 func (p *Pool) syncRatio(ctx context.Context, t *TargetState, wait bool) {
 	rs := &t.ratio
-	if !rs.busy.CompareAndSwap(false, true) {
+	if wait {
+		rs.busy.Lock() // after the call in flight: its samples may predate ours
+	} else if !rs.busy.TryLock() {
 		return
 	}
 	rs.at.Store(p.now().UnixNano())
 	run := func(ctx context.Context) {
-		defer rs.busy.Store(false)
+		defer rs.busy.Unlock()
 		rs.mu.Lock()
 		prov, base := rs.prov, rs.base
 		rs.prov, rs.base = 0, 0
