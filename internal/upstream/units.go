@@ -128,8 +128,8 @@ func (p *Pool) ratioReqs(t *TargetState, prov, base int64) []sluice.Request {
 // whose base input was base. Samples go to the store at most once a slot
 // per replica, now when urgent (a provider refusal), in the background.
 func (p *Pool) sample(ctx context.Context, t *TargetState, prov, base int64, urgent bool) {
-	if prov <= 0 || base <= 0 {
-		return
+	if prov <= 0 || base <= 0 || !t.CountsTokens() {
+		return // a target without token limits has no use for a ratio
 	}
 	prov, base = min(prov, ratioLogRate/1024), min(base, ratioLogRate/1024)
 	rs := &t.ratio
@@ -144,9 +144,11 @@ func (p *Pool) sample(ctx context.Context, t *TargetState, prov, base int64, urg
 }
 
 // refreshRatio reads t's ratio from the store when this replica last read
-// it more than a twentieth of a period ago.
+// it more than a twentieth of a period ago (in the background: at most 20
+// store calls a period per upstream model and replica), when t limits
+// tokens.
 func (p *Pool) refreshRatio(ctx context.Context, t *TargetState, now time.Time) {
-	if now.UnixNano()-t.ratio.at.Load() < int64(p.period/20) {
+	if now.UnixNano()-t.ratio.at.Load() < int64(p.period/20) || !t.CountsTokens() {
 		return
 	}
 	p.syncRatio(ctx, t, false)
