@@ -245,10 +245,11 @@ const maxRefusalBody = 16 << 10
 // reservation is RefusalUndercount, and its count a sample of the ratio,
 // sent to the store before Judge returns. Without a count (Anthropic's
 // rate_limit_error, https://docs.anthropic.com/en/api/errors, names no
-// number), a refusal though the provider reported at least the
-// reservation left (x-ratelimit-remaining-tokens,
-// anthropic-ratelimit-*-remaining) is the request's own size:
-// RefusalUndercount, and more than that left a lower bound of its count.
+// number), a refusal though every token limit the provider reported
+// (x-ratelimit-remaining-tokens, anthropic-ratelimit-*-remaining) had at
+// least the reservation's part of it left is the request's own size:
+// RefusalUndercount, and more than the input left a lower bound of its
+// count.
 // A refusal on requests (error.type "requests"), or with less left than
 // the reservation, is RefusalGeneral. Judge sets g's refusal, which
 // Observe reads.
@@ -281,16 +282,30 @@ func (p *Pool) Judge(ctx context.Context, g *Grant, h http.Header, body []byte) 
 			p.sample(ctx, t, n-g.out, baseIn, true)
 		}
 	default:
+		// Every token limit the provider reports had room for the
+		// reservation's part of it: the input was counted above it.
 		rl := readHeaders(h)
-		left := int64(-1)
-		for _, i := range []int{limTPM, limITPM} {
-			if rl.remaining[i] >= 0 && (left < 0 || rl.remaining[i] < left) {
-				left = rl.remaining[i]
+		cs := costs(g.in, g.out)
+		reported, fits := false, true
+		inLeft := int64(math.MaxInt64)
+		for _, i := range []int{limTPM, limITPM, limOTPM} {
+			if rl.remaining[i] < 0 {
+				continue
+			}
+			reported = true
+			fits = fits && rl.remaining[i] >= cs[i]
+			switch i {
+			case limTPM:
+				inLeft = min(inLeft, rl.remaining[i]-g.out)
+			case limITPM:
+				inLeft = min(inLeft, rl.remaining[i])
 			}
 		}
-		if left >= 0 && left >= g.in+g.out && g.in+g.out > 0 {
+		if reported && fits && g.in+g.out > 0 {
 			kind = RefusalUndercount
-			p.sample(ctx, t, left+1-g.out, baseIn, true)
+			if inLeft < math.MaxInt64 {
+				p.sample(ctx, t, inLeft+1, baseIn, true)
+			}
 		}
 	}
 	g.refusal = kind

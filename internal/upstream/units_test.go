@@ -57,6 +57,10 @@ func TestJudge(t *testing.T) {
 			http.Header{"X-Ratelimit-Remaining-Tokens": {"500"}}, RefusalUndercount},
 		{"no room", []byte(`{"type":"error","error":{"type":"rate_limit_error","message":"over"}}`),
 			http.Header{"X-Ratelimit-Remaining-Tokens": {"50"}}, RefusalGeneral},
+		{"no output room", []byte(`{"type":"error","error":{"type":"rate_limit_error","message":"over"}}`),
+			http.Header{"Anthropic-Ratelimit-Input-Tokens-Remaining": {"5000"}, "Anthropic-Ratelimit-Output-Tokens-Remaining": {"5"}}, RefusalGeneral},
+		{"input over", []byte(`{"type":"error","error":{"type":"rate_limit_error","message":"over"}}`),
+			http.Header{"Anthropic-Ratelimit-Input-Tokens-Remaining": {"5000"}, "Anthropic-Ratelimit-Output-Tokens-Remaining": {"500"}}, RefusalUndercount},
 		{"garbage", []byte(`<html>`), nil, RefusalGeneral},
 	} {
 		defs, routes := twoUpstreams()
