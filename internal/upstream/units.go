@@ -229,8 +229,6 @@ const (
 	RefusalTooLarge
 )
 
-// maxRefusalBody bounds the 429 body read to judge it.
-const maxRefusalBody = 16 << 10
 
 // Judge tells whose a provider's 429 answer to g is, from its body and
 // headers, and learns from it. OpenAI and Azure word a token refusal with
