@@ -591,7 +591,8 @@ func (p *Pool) order(cands []*TargetState, now time.Time) []*TargetState {
 // Anthropic upstream gives unused tokens back when a request ends, and so
 // does the grant; OpenAI and Azure count a request's prompt and max_tokens
 // when it arrives and keep them, and so does the grant. Usage beyond the
-// reservation is charged. Refunds take units back from the grant's own
+// reservation is charged, but for the input of OpenAI and Azure, whose
+// limits counted their estimate (the reservation's units), not the usage. Refunds take units back from the grant's own
 // admission or older ones (Request.AdmittedAgo), never from a later one,
 // which would free capacity up to a period too early. Later calls do
 // nothing and return false.
@@ -603,6 +604,11 @@ func (g *Grant) Settle(ctx context.Context, in, out int64, unsent bool) (bool, e
 	// refund: the admission's round trip stands for the refund's transit.
 	age := max(g.pool.now().Sub(g.sent)+g.rtt, time.Nanosecond)
 	giveBack := unsent || g.Target.Up.Kind == Anthropic
+	if k := g.Target.Up.Kind; k == OpenAI || k == Azure {
+		// Their limits counted the input as estimated on arrival, in
+		// the units reserved (units.go), not the usage's tokens.
+		in = min(in, g.in)
+	}
 	var refunds, charges []sluice.Request
 	for j, req := range g.reqs {
 		var actual int64

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/sluice-io/sluice"
 )
 
 // TestUnitsPerKind: an OpenAI or Azure target reserves the larger of the
@@ -123,8 +125,20 @@ func TestRatioLearnedFleetWide(t *testing.T) {
 	for range 3 {
 		p.sample(ctx, p.Targets()[0], 70, 100, true)
 	}
-	if in, _ := acquire(p).Reserved(); in != 70 {
+	g := acquire(p)
+	if in, _ := g.Reserved(); in != 70 {
 		t.Fatalf("after lower counts: %d reserved, want 70 (ratio %.3f)", in, p.Targets()[0].Ratio())
+	}
+	// The usage's 100 prompt tokens (the tokenizer's) are not what the
+	// provider's limit counted: the input is not charged past the 70.
+	tg := p.Targets()[0]
+	before, _ := p.store.Apply(ctx, sluice.OpPeek, p.logReq(tg, limTPM, tg.limit(limTPM), 0))
+	if _, err := g.Settle(ctx, 100, 10, false); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := p.store.Apply(ctx, sluice.OpPeek, p.logReq(tg, limTPM, tg.limit(limTPM), 0))
+	if after.Remaining != before.Remaining {
+		t.Fatalf("settling charged the tpm log %d more", before.Remaining-after.Remaining)
 	}
 	// Nothing more for a period: the samples leave the window.
 	clk.Advance(2 * time.Minute)
