@@ -229,7 +229,6 @@ const (
 	RefusalTooLarge
 )
 
-
 // Judge tells whose a provider's 429 answer to g is, from its body and
 // headers, and learns from it. OpenAI and Azure word a token refusal with
 // the request's own count (their 429 bodies, error.type "tokens", code
