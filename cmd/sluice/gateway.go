@@ -3,6 +3,9 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -12,6 +15,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -39,7 +43,10 @@ request and settled against the response's usage, streams included.
 The upstream key is read from the environment variable that
 upstream.api_key_env names (default OPENAI_API_KEY). The same gateway runs
 inside 'sluice serve' when its config has a 'gateway:' section.
-GET /healthz is liveness. Prometheus metrics are served on their own
+GET /healthz is liveness. GET /v1/status shows a key its own limits, and
+a pool's upstreams to the admin token in SLUICE_ADMIN_TOKEN (as
+Authorization: Bearer; make one with: openssl rand -hex 32). Prometheus
+metrics are served on their own
 listener (--metrics-listen, 127.0.0.1:9464 by default), not on the
 clients': they name tiers, teams, orgs and their spend.`,
 		Example: "  OPENAI_API_KEY=sk-... sluice gateway --config examples/gateway.yaml",
@@ -72,15 +79,19 @@ clients': they name tiers, teams, orgs and their spend.`,
 				return err
 			}
 			defer func() { _ = tr.Shutdown(context.WithoutCancel(cmd.Context())) }()
-			gw, err := gateway.New(gateway.Options{Config: cfg, Store: tr.Store(store), Logger: log, WrapTransport: tr.Transport})
+			admin, err := gatewayAdmin(os.Getenv("SLUICE_ADMIN_TOKEN"))
+			if err != nil {
+				return err
+			}
+			gw, err := gateway.New(gateway.Options{Config: cfg, Store: tr.Store(store), Logger: log, WrapTransport: tr.Transport, Admin: admin})
 			if err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
 			var mln net.Listener
 			if f.metricsListen != "" {
-				if mln, err = net.Listen("tcp", f.metricsListen); err != nil {
-					return fmt.Errorf("gateway: metrics listener: %w", err)
+				if mln, err = listenMetrics(f.metricsListen); err != nil {
+					return err
 				}
 				// The metrics name tiers, teams and their spend: a page
 				// rebound to 127.0.0.1 must not read them either.
@@ -108,6 +119,44 @@ clients': they name tiers, teams, orgs and their spend.`,
 	return cmd
 }
 
+// gatewayAdmin is a standalone gateway's admin check: whether a request
+// carries token (SLUICE_ADMIN_TOKEN) as Authorization: Bearer, compared
+// as SHA-256 digests in constant time; GET /v1/status with it shows the
+// pool's upstreams. Without a token none is admin. A token too easy to
+// guess is refused (there is no backoff of wrong tokens here, so only a
+// strong one is safe).
+func gatewayAdmin(token string) (func(*http.Request) bool, error) {
+	if token == "" {
+		return nil, nil
+	}
+	if weak := config.WeakToken(token); weak != "" {
+		return nil, fmt.Errorf("gateway: SLUICE_ADMIN_TOKEN is too weak (%s): make one with: %s", weak, config.MakeAdminToken)
+	}
+	want := sha256.Sum256([]byte(token))
+	return func(r *http.Request) bool {
+		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") {
+			return false
+		}
+		sum := sha256.Sum256([]byte(strings.TrimSpace(got)))
+		return subtle.ConstantTimeCompare(sum[:], want[:]) == 1
+	}, nil
+}
+
+// listenMetrics listens on addr for the gateway's metrics. A port in use
+// (most often another replica on the same host, on the default
+// 127.0.0.1:9464) is an error naming the setting and what to set.
+func listenMetrics(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err == nil {
+		return ln, nil
+	}
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, fmt.Errorf("gateway: metrics listener %s is in use (another gateway replica on this host?): give each replica its own --metrics-listen (env SLUICE_GATEWAY_METRICS_LISTEN), such as 127.0.0.1:9465, or set it empty for none: %w", addr, err)
+	}
+	return nil, fmt.Errorf("gateway: metrics listener %s (--metrics-listen, env SLUICE_GATEWAY_METRICS_LISTEN): %w", addr, err)
+}
+
 // metricsMux serves h at GET /metrics, and nothing else.
 func metricsMux(h http.Handler) http.Handler {
 	mux := http.NewServeMux()
@@ -127,7 +176,8 @@ func gatewayComponent(d server.Deps) (server.Component, error) {
 	if err := checkGatewayKey(cfg.File.Gateway, os.Getenv, d.Logger); err != nil {
 		return nil, err
 	}
-	gw, err := gateway.New(gateway.Options{Config: cfg.File.Gateway, Store: d.Store, Logger: d.Logger, Registerer: d.Metrics.Registry, WrapTransport: d.Tracing.Transport})
+	gw, err := gateway.New(gateway.Options{Config: cfg.File.Gateway, Store: d.Store, Logger: d.Logger, Registerer: d.Metrics.Registry, WrapTransport: d.Tracing.Transport,
+		OnOutcome: d.GatewayOutcome, OnSettled: d.GatewaySettled, Admin: d.IsAdmin})
 	if err != nil {
 		return nil, err
 	}
@@ -136,6 +186,9 @@ func gatewayComponent(d server.Deps) (server.Component, error) {
 	}
 	if d.SetGatewayUpstreams != nil {
 		d.SetGatewayUpstreams(func(ctx context.Context) (any, error) { return gw.Upstreams(ctx) })
+	}
+	if d.SetGatewayLookup != nil {
+		d.SetGatewayLookup(gw.LookUp)
 	}
 	srv := &gateway.Server{Gateway: gw, Addr: cfg.File.Gateway.Listen, Middleware: d.Tracing.Handler, HostsField: "gateway.allowed_hosts"}
 	// Browsers reach it by the names of its own allowed_hosts and of the

@@ -88,6 +88,10 @@ func configuredPolicies(cfg *config.Config, identity string, key *config.Key) ma
 func (s *Server) handleIdentity(w http.ResponseWriter, r *http.Request) {
 	cfg := s.cfg.Load()
 	q := r.URL.Query().Get("id")
+	if isGatewayIdentity(q) && len(q) <= config.MaxKeyLen {
+		s.handleGatewayIdentity(w, r, q)
+		return
+	}
 	identity, key, err := consoleIdentity(cfg, q)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "%v", err)

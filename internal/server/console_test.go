@@ -116,14 +116,26 @@ func TestConsoleAPI(t *testing.T) {
 	}
 }
 
-// TestConsoleOff: without console.enabled, /ui is not served.
+// TestConsoleOff: without console.enabled, /ui serves no console, and
+// says how to enable it rather than a bare 404: a browser (which sends
+// Accept: text/html on a navigation) gets a short page with the setting
+// and where to read more, under a CSP that runs nothing; an API client
+// gets the JSON error with the same.
 func TestConsoleOff(t *testing.T) {
 	s := startService(t, svcOptions{})
-	if a := s.do(t, "GET", "/ui/", ""); a.status != 404 {
-		t.Fatalf("/ui/: %d", a.status)
+	for _, path := range []string{"/ui", "/ui/", "/ui/index.html"} {
+		a := s.do(t, "GET", path, "", "Accept", "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8")
+		if a.status != 404 || a.header.Get("Content-Type") != "text/html; charset=utf-8" ||
+			!strings.Contains(a.raw, "console:\n  enabled: true") || !strings.Contains(a.raw, "docs/API.md") ||
+			!strings.HasPrefix(a.header.Get("Content-Security-Policy"), "default-src 'none'") {
+			t.Fatalf("%s in a browser: %d %v %s", path, a.status, a.header, a.raw)
+		}
 	}
-	if a := s.do(t, "GET", "/ui/api/overview", ""); a.status != 404 {
-		t.Fatalf("/ui/api/overview: %d", a.status)
+	for _, path := range []string{"/ui/", "/ui/api/overview"} {
+		a := s.do(t, "GET", path, "")
+		if a.status != 404 || !strings.Contains(a.raw, "console: {enabled: true}") || !strings.Contains(a.raw, "docs/API.md") {
+			t.Fatalf("%s: %d %s", path, a.status, a.raw)
+		}
 	}
 }
 

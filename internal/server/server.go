@@ -93,7 +93,9 @@ type Server struct {
 	top       *console.Top    // nil unless the console is enabled
 	fleet     *console.Fleet  // nil unless the console is enabled
 	spend     gatewaySource   // the gateway's spend (console_spend.go)
-	upstreams gatewaySource   // the gateway's upstream headroom (console_upstreams.go)
+	gwCounts  gatewayCounts   // the gateway's decisions (console_gateway.go)
+	gwLookup  atomic.Pointer[LookupFunc]
+	upstreams gatewaySource // the gateway's upstream headroom (console_upstreams.go)
 	// simulating holds the one console simulation that may run at a time.
 	simulating chan struct{}
 	draining   atomic.Bool

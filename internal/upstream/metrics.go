@@ -20,6 +20,8 @@ type Metrics struct {
 	chunks      *prometheus.CounterVec
 	ratio       *prometheus.GaugeVec
 	ownRefusals *prometheus.CounterVec
+	unreachable *prometheus.CounterVec
+	probes      *prometheus.CounterVec
 }
 
 // NewMetrics registers a pool's metrics with reg. A metric registered
@@ -44,6 +46,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "The learned ratio of the input tokens each upstream model counts to those the pool reserves before it (units.go)."}, []string{"upstream", "model"}),
 		ownRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gateway_upstream_request_refusals_total",
 			Help: "Provider 429s attributed to the request's own size (undercounted or larger than the limit): the client refused, the upstream not cooled."}, []string{"upstream", "model"}),
+		unreachable: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gateway_upstream_unreachable_total",
+			Help: "Times this replica took an upstream out of rotation after a request could not reach it, until a probe was answered."}, []string{"upstream"}),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gateway_upstream_probes_total",
+			Help: "Probes of unreachable upstreams (the gateway's own GET of the health path), by result (up, down)."}, []string{"upstream", "result"}),
 	}
 	var err error
 	m.sent, err = register(reg, m.sent)
@@ -70,6 +76,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	if err == nil {
 		m.ownRefusals, err = register(reg, m.ownRefusals)
+	}
+	if err == nil {
+		m.unreachable, err = register(reg, m.unreachable)
+	}
+	if err == nil {
+		m.probes, err = register(reg, m.probes)
 	}
 	if err != nil {
 		return nil, err

@@ -281,7 +281,7 @@ func (p *Pool) Judge(ctx context.Context, g *Grant, h http.Header, body []byte) 
 	default:
 		// Every token limit the provider reports had room for the
 		// reservation's part of it: the input was counted above it.
-		rl := readHeaders(h)
+		rl := readHeaders(h, p.now())
 		cs := costs(g.in, g.out)
 		reported, fits := false, true
 		inLeft := int64(math.MaxInt64)
@@ -331,6 +331,9 @@ func numberAfter(s, prefix string) int64 {
 	return n
 }
 
-// RetryAfter is the wait a provider's answer asks for (Retry-After,
-// retry-after-ms), bounded; DefaultCooldown when it names none.
-func RetryAfter(h http.Header) time.Duration { return retryAfter(h) }
+// RetryAfter is the wait a provider's 429 asks for (its Retry-After,
+// retry-after-ms or reset headers, bounded; headers.go), DefaultCooldown
+// when it names none.
+func RetryAfter(h http.Header, now time.Time) time.Duration {
+	return cooldownOf(h, readHeaders(h, now), now)
+}
