@@ -197,12 +197,14 @@ func (p *Pool) syncRatio(ctx context.Context, t *TargetState, wait bool) {
 			p.metrics.ratio.WithLabelValues(t.Up.Name, t.Model).Set(r)
 		}
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	if wait {
+		// Within the caller's deadline: a client waits for it.
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		run(sctx)
+		run(wctx)
 		return
 	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	p.background.Add(1)
 	go func() {
 		defer p.background.Done()
