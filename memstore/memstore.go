@@ -301,7 +301,7 @@ func (s *Store) applyCell(op sluice.Op, req sluice.Request) sluice.Decision {
 		}
 		d, next, _ := algo.Apply(op, c.st, req, s.clk.Now()) // validated by the caller
 		var grown int64
-		if op != sluice.OpPeek && d.Allowed {
+		if op != sluice.OpPeek && (d.Allowed || op == sluice.OpTake) { // a take of nothing releases
 			grown = c.commit(next, d, &req)
 		}
 		c.mu.Unlock()

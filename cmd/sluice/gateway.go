@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
 	"syscall"
@@ -21,10 +22,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/filewatch"
 	"github.com/sluice-io/sluice/internal/gateway"
 	"github.com/sluice-io/sluice/internal/hostcheck"
 	"github.com/sluice-io/sluice/internal/server"
 	"github.com/sluice-io/sluice/internal/tracing"
+	"github.com/sluice-io/sluice/internal/yamlconf"
 )
 
 func newGatewayCmd() *cobra.Command {
@@ -43,6 +46,9 @@ request and settled against the response's usage, streams included.
 The upstream key is read from the environment variable that
 upstream.api_key_env names (default OPENAI_API_KEY). The same gateway runs
 inside 'sluice serve' when its config has a 'gateway:' section.
+The config file is watched, and reloaded on SIGHUP, as serve's is: a
+file that is whole and valid is applied whole, any other refused whole
+(listen and store take a restart), with a log line either way.
 GET /healthz is liveness. GET /v1/status shows a key its own limits, and
 a pool's upstreams to the admin token in SLUICE_ADMIN_TOKEN (as
 Authorization: Bearer; make one with: openssl rand -hex 32). Prometheus
@@ -83,29 +89,53 @@ clients': they name tiers, teams, orgs and their spend.`,
 			if err != nil {
 				return err
 			}
-			gw, err := gateway.New(gateway.Options{Config: cfg, Store: tr.Store(store), Logger: log, WrapTransport: tr.Transport, Admin: admin})
+			first := readConfigFile(f.config)
+			build := func(c *gateway.Config) (*gateway.Gateway, error) {
+				if err := checkGatewayKey(c, os.Getenv, log); err != nil {
+					return nil, err
+				}
+				return gateway.New(gateway.Options{Config: c, Store: tr.Store(store), Logger: log, WrapTransport: tr.Transport, Admin: admin})
+			}
+			gw, err := build(cfg)
 			if err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
 			var mln net.Listener
-			if f.metricsListen != "" {
-				if mln, err = listenMetrics(f.metricsListen); err != nil {
-					return err
-				}
-				// The metrics name tiers, teams and their spend: a page
-				// rebound to 127.0.0.1 must not read them either.
-				guard := (&gateway.Server{Gateway: gw, Addr: f.metricsListen}).HostGuard
-				msrv := &http.Server{Handler: guard(metricsMux(gw.Metrics())), ReadHeaderTimeout: 5 * time.Second}
-				go func() { _ = msrv.Serve(mln) }()
-				defer msrv.Close()
-			}
 			srv := &gateway.Server{Gateway: gw, Addr: cfg.Listen, Middleware: tr.Handler, OnListen: func(a net.Addr) {
 				fmt.Fprintf(out, "sluice gateway listening on %s\n", a)
 				if mln != nil {
 					fmt.Fprintf(out, "sluice gateway metrics on %s/metrics\n", mln.Addr())
 				}
 			}}
+			if f.metricsListen != "" {
+				if mln, err = listenMetrics(f.metricsListen); err != nil {
+					return err
+				}
+				// The metrics name tiers, teams and their spend: a page
+				// rebound to 127.0.0.1 must not read them either. The
+				// names and the metrics are those of the config of the
+				// moment.
+				metricsAddr := f.metricsListen
+				hosts := func() *hostcheck.Policy {
+					p := srv.Policy()
+					p.Listen = append(p.Listen, metricsAddr)
+					return p
+				}
+				msrv := &http.Server{Handler: srv.GuardWith(hosts, metricsMux(srv.MetricsHandler())), ReadHeaderTimeout: 5 * time.Second}
+				go func() { _ = msrv.Serve(mln) }()
+				defer msrv.Close()
+			}
+			// The file is watched as serve's is, and SIGHUP reloads it.
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			rl := &gatewayReloader{path: f.config, listen: f.listen, srv: srv, running: cfg, build: build, log: log}
+			fw := &filewatch.Watcher{Path: f.config, MaxBytes: yamlconf.MaxFileBytes, Signals: hup, Last: first, Apply: rl.apply, Reject: rl.reject, Logger: log}
+			if err := fw.Watch(); err != nil {
+				return fmt.Errorf("gateway: %w", err)
+			}
+			go func() { _ = fw.Run(cmd.Context()) }()
 			return srv.Run(cmd.Context())
 		},
 	}

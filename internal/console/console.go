@@ -54,6 +54,11 @@ type Config struct {
 	// (scaled back up, and the figure marked as estimated); default 16, 1
 	// counts every denial.
 	TopSample int `yaml:"top_sample"`
+	// PublicRead serves the console's data (/ui/api/*) to whoever reaches
+	// the listener; by default it takes an admin session (the admin token
+	// exchanged for a cookie) or the admin token. Override reasons and
+	// authors are shown to admins only, whatever this says.
+	PublicRead bool `yaml:"public_read"`
 }
 
 // Validate checks the bounds and fills in the defaults.

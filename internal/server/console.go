@@ -23,9 +23,10 @@ import (
 
 // This file serves the operator's console (package console) at /ui when
 // the config's `console: {enabled: true}`: the embedded page, and its JSON
-// API under /ui/api/. Reading is open to whoever reaches the listener;
-// changes (reset, and the overrides the page sets through /v1/overrides)
-// need the admin token. Whether the console runs is read at start.
+// API under /ui/api/. Reading takes an admin session or the admin token
+// unless console.public_read (console_session.go); changes (reset, and
+// the overrides the page sets through /v1/overrides) need the admin
+// token. Whether the console runs is read at start.
 
 // consoleOf returns the console section of cfg, nil when disabled.
 func consoleOf(cfg *config.Config) *console.Config {
@@ -63,16 +64,18 @@ func (s *Server) newConsole(cc *console.Config, sink console.TopSink, fleet cons
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		http.StripPrefix("/ui", static).ServeHTTP(w, r)
 	}))
-	s.handle("GET /ui/api/overview", "console", s.consoleOn(s.handleOverview))
-	s.handle("GET /ui/api/series", "console", s.consoleOn(s.handleSeries))
-	s.handle("GET /ui/api/fleet", "console", s.consoleOn(s.handleFleet))
-	s.handle("GET /ui/api/top", "console", s.consoleOn(s.handleTop))
-	s.handle("GET /ui/api/identity", "console", s.consoleOn(s.handleIdentity))
-	s.handle("GET /ui/api/overrides", "console", s.consoleOn(s.handleConsoleOverrides))
-	s.handle("GET /ui/api/spend", "console", s.consoleOn(s.handleSpend))
-	s.handle("GET /ui/api/upstreams", "console", s.consoleOn(s.handleUpstreams))
+	s.handle("GET /ui/api/overview", "console", s.consoleOn(s.consoleRead(s.handleOverview)))
+	s.handle("GET /ui/api/series", "console", s.consoleOn(s.consoleRead(s.handleSeries)))
+	s.handle("GET /ui/api/fleet", "console", s.consoleOn(s.consoleRead(s.handleFleet)))
+	s.handle("GET /ui/api/top", "console", s.consoleOn(s.consoleRead(s.handleTop)))
+	s.handle("GET /ui/api/identity", "console", s.consoleOn(s.consoleRead(s.handleIdentity)))
+	s.handle("GET /ui/api/overrides", "console", s.consoleOn(s.consoleRead(s.handleConsoleOverrides)))
+	s.handle("GET /ui/api/spend", "console", s.consoleOn(s.consoleRead(s.handleSpend)))
+	s.handle("GET /ui/api/upstreams", "console", s.consoleOn(s.consoleRead(s.handleUpstreams)))
 	s.handle("POST /ui/api/reset", "console", s.consoleOn(s.sameOrigin(s.handleConsoleReset)))
 	s.handle("POST /ui/api/simulate", "console", s.consoleOn(s.sameOrigin(s.handleSimulate)))
+	s.handle("POST /ui/api/session", "console", s.consoleOn(s.sameOrigin(s.handleSessionStart)))
+	s.handle("DELETE /ui/api/session", "console", s.consoleOn(s.sameOrigin(s.handleSessionEnd)))
 }
 
 // consoleOn answers as consoleDisabled while a reload has turned the
@@ -278,7 +281,7 @@ func (s *Server) handleOverview(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	out["policies"], out["tiers"], out["keys"], out["store"] = ps, ts, ks, store
-	out["admin"], out["admin_enabled"] = s.isAdmin(r), s.adminEnabled()
+	out["admin"], out["admin_enabled"] = s.consoleAdmin(r), s.adminEnabled()
 	out["overrides_shared"], out["algorithms"] = s.ovr.Shared(), algos
 	if gw := cfg.File.Gateway; gw != nil {
 		out["gateway"] = gatewaySummary(cfg)
@@ -347,7 +350,7 @@ func consoleIdentity(cfg *config.Config, id string) (identity string, key *confi
 }
 
 func (s *Server) handleConsoleReset(w http.ResponseWriter, r *http.Request) {
-	by, ok := s.authorizeAdmin(w, r, "reset")
+	by, ok := s.authorizeConsole(w, r, "reset")
 	if !ok {
 		return
 	}

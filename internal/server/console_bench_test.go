@@ -35,7 +35,7 @@ func BenchmarkTopKOverhead(b *testing.B) {
 		b.Cleanup(func() { closer.Close() })
 		text := base
 		if console {
-			text += "console: {enabled: true}\n"
+			text += "console: {enabled: true, public_read: true}\n"
 		}
 		cfg, err := config.Parse("bench.yaml", []byte(text))
 		if err != nil {

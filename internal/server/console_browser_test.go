@@ -40,8 +40,9 @@ func chromiumPath() (string, error) {
 }
 
 // browser starts a headless Chromium with the flags this sandbox needs: no
-// background networking (the network is closed), a fresh profile.
-func browser(t *testing.T) context.Context {
+// background networking (the network is closed), a fresh profile; extra
+// adds flags of a test's own.
+func browser(t *testing.T, extra ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	path, err := chromiumPath()
 	if err != nil {
@@ -61,6 +62,7 @@ func browser(t *testing.T) context.Context {
 		chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(1280, 900),
 	}
+	opts = append(opts, extra...)
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelB := chromedp.NewContext(actx)
 	t.Cleanup(func() { cancelB(); cancelA() })
@@ -155,7 +157,19 @@ func TestConsoleBrowser(t *testing.T) {
 		return v.Value
 	}
 	chartSel := `figure[data-series="b/-"] polyline.d`
-	run("load /ui and see the chart", 15*time.Second,
+	// The data takes an admin session: sign in on the page, then forget
+	// the token (sessionStorage) and reload: the charts load with the
+	// session's cookie alone, which the page's scripts cannot read.
+	run("sign in", 15*time.Second,
+		chromedp.Navigate(a.url+"/ui/"),
+		chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		chromedp.WaitReady(chromedp.CSS("body.admin")),
+	)
+	if js := evalIn[string](ctx, t, `sessionStorage.clear(), document.cookie`); strings.Contains(js, sessionCookie) {
+		t.Fatalf("the page's scripts read the session cookie: %q", js)
+	}
+	run("load /ui with the session alone and see the chart", 15*time.Second,
 		chromedp.Navigate(a.url+"/ui/"),
 		chromedp.WaitVisible(chromedp.CSS(chartSel)),
 	)

@@ -180,7 +180,7 @@ func (s *Server) handleGatewayIdentity(w http.ResponseWriter, r *http.Request, i
 		rows = append(rows, p)
 	}
 	budgets := len(st.Budgets)
-	if s.isAdmin(r) {
+	if s.consoleAdmin(r) {
 		for _, b := range st.Budgets {
 			p := gatewayPeekJSON{Policy: gatewayPolicyPrefix + "budget", Limit: "$" + b.LimitUSD + " per " + b.Window, Human: "$" + b.LimitUSD + " per " + b.Window,
 				Remaining: "$" + b.RemainingUSD, Allowed: b.RemainingUSD != "0.000000", Why: []string{"gateway " + b.Scope}}

@@ -25,7 +25,7 @@ const (
 // after it is a 429. carol's key has a name; dave's has none, so the
 // console names it by its client id.
 func limitedGatewayConfig(upstream string) string {
-	return testConfig + "console: {enabled: true, sample_interval: 100ms}\n" + limitedGateway(upstream)
+	return testConfig + "console: {enabled: true, sample_interval: 100ms, public_read: true}\n" + limitedGateway(upstream)
 }
 
 // limitedGateway is limitedGatewayConfig's gateway: section.

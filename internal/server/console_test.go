@@ -19,7 +19,7 @@ import (
 	"github.com/sluice-io/sluice/memstore"
 )
 
-const consoleConfig = testConfig + "console: {enabled: true, sample_interval: 100ms, top_sample: 1}\n"
+const consoleConfig = testConfig + "console: {enabled: true, sample_interval: 100ms, top_sample: 1, public_read: true}\n"
 
 // TestConsoleAPI: the console's JSON API on the memory store: config
 // without secrets, the top list from denials (key names, never keys),
@@ -159,7 +159,9 @@ func TestConsoleSimulateOneAtATime(t *testing.T) {
 	const body = `{"limit":"10/s","pattern":"steady","rps":20,"duration":"10s","algorithms":["gcra"]}`
 	simulate := func() *httptest.ResponseRecorder {
 		w := httptest.NewRecorder()
-		srv.Handler().ServeHTTP(w, httptest.NewRequest("POST", "/ui/api/simulate", strings.NewReader(body)))
+		r := httptest.NewRequest("POST", "/ui/api/simulate", strings.NewReader(body))
+		r.Host = "127.0.0.1:8080" // httptest's example.com is no name sluice is known by
+		srv.Handler().ServeHTTP(w, r)
 		return w
 	}
 	srv.simulating <- struct{}{} // a simulation is running
@@ -181,7 +183,7 @@ func TestConsoleSimulateOneAtATime(t *testing.T) {
 // and 0.4 s when callers had filled the list) every caller could repeat.
 func TestConsoleTopReadsShared(t *testing.T) {
 	srv := redistest.NewStandalone(t)
-	cfg := redisConfig(srv.URL(), "local") + "console: {enabled: true, sample_interval: 1s, top_sample: 1}\n"
+	cfg := redisConfig(srv.URL(), "local") + "console: {enabled: true, sample_interval: 1s, top_sample: 1, public_read: true}\n"
 	s := startService(t, svcOptions{redis: true, config: cfg})
 	ctx := context.Background()
 	reads := func() int64 {

@@ -171,7 +171,7 @@ func TestConsoleBrowserOverridesList(t *testing.T) {
 func TestConsoleBrowserFleetCharts(t *testing.T) {
 	ctx := browser(t)
 	srv := redistest.NewStandalone(t)
-	cfg := redisConfig(srv.URL(), "fail_open") + "console: {enabled: true, sample_interval: 250ms, top_sample: 1}\n"
+	cfg := redisConfig(srv.URL(), "fail_open") + "console: {enabled: true, sample_interval: 250ms, top_sample: 1, public_read: true}\n"
 	a, b := startService(t, svcOptions{redis: true, config: cfg}), startService(t, svcOptions{redis: true, config: cfg})
 	check := fmt.Sprintf(`{"policy":"b","key":%q}`, "user:"+redistest.Prefix(t))
 	tctx, stop := context.WithCancel(context.Background())
@@ -453,7 +453,7 @@ func TestConsoleBrowserDisabled(t *testing.T) {
 // splits them, one side holds more than one), one denied once is not.
 func TestConsoleBrowserTopEstimated(t *testing.T) {
 	ctx := browser(t)
-	s := startService(t, svcOptions{config: testConfig + "console: {enabled: true, sample_interval: 100ms, top_exact: 1, top_sample: 16}\n"})
+	s := startService(t, svcOptions{config: testConfig + "console: {enabled: true, sample_interval: 100ms, top_exact: 1, top_sample: 16, public_read: true}\n"})
 	for range 100 {
 		s.check(t, `{"policy":"b","key":"tenant:flood"}`)
 	}

@@ -259,6 +259,9 @@
     token = $("#token").value.trim();
     sessionStorage.setItem("sluice-token", token);
     $("#token").value = "";
+    // The console's data takes an admin session: the token exchanged for
+    // an HttpOnly cookie, which every later read of the page carries.
+    await api("api/session", { method: "POST" }).catch((e) => { $("#store").textContent = e.message; });
     await loadOverview().catch(() => {});
     await loadOverrides().catch((e) => { $("#overrides-msg").textContent = e.message; });
     await loadSpend().catch((e) => { $("#spend-msg").textContent = e.message; });
