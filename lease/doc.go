@@ -33,7 +33,11 @@
 // and one at its limit holds little capacity that others could use. The
 // next chunk is fetched when what is held falls under half a chunk or
 // under four fetch times of the rate (fetch latency is measured), so that
-// a steady caller never waits for a fetch. Cold keys (a chunk would be
+// a steady caller never waits for a fetch. A request that finds the lease
+// empty and no fetch in flight is decided by the store, in its batch's one
+// call, while the chunk is fetched in the background, when the key is far
+// from its limit (chunk and cost at most a quarter of what the store had
+// left); near it, it waits for the chunk. Cold keys (a chunk would be
 // under MinChunk) and small limits (the bound is under MinChunk) go
 // straight to the store, as without leases.
 //
