@@ -23,6 +23,7 @@ import (
 //	  config_dir: ratelimit/      # its YAML files, unchanged
 //	  http_addr: ":8082"          # optional: /json and /healthcheck
 //	  response_headers: true      # optional: RateLimit headers for Envoy to add
+//	  response_dynamic_metadata: false # optional: RESPONSE_DYNAMIC_METADATA
 //	  merge_domains: false        # optional: MERGE_DOMAIN_CONFIG
 //	  max_request_bytes: 262144   # optional: one call's message, 4 KiB..4 MiB
 //	  max_conns_per_peer: 64      # optional: one client IP's connections, 1..4096
@@ -38,6 +39,9 @@ type Config struct {
 	HTTPAddr string `yaml:"http_addr"`
 	// ResponseHeaders sets Options.ResponseHeaders.
 	ResponseHeaders bool `yaml:"response_headers"`
+	// ResponseDynamicMetadata sets Options.ResponseDynamicMetadata
+	// (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA).
+	ResponseDynamicMetadata bool `yaml:"response_dynamic_metadata"`
 	// MergeDomains sets Options.MergeDomains.
 	MergeDomains bool `yaml:"merge_domains"`
 	// Lease sets Options.Lease: every descriptor as if `lease: true`.
