@@ -57,7 +57,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $_ := set $cfg "console" $con -}}
 {{- end -}}
 {{- if .Values.envoy.enabled -}}
-{{- $_ := set $cfg "envoy" (dict "grpc_addr" (printf ":%d" (int .Values.envoy.grpcPort)) "config_dir" "/etc/sluice/ratelimit" "response_headers" .Values.envoy.responseHeaders "merge_domains" .Values.envoy.mergeDomains) -}}
+{{- $_ := set $cfg "envoy" (dict "grpc_addr" (printf ":%d" (int .Values.envoy.grpcPort)) "config_dir" "/etc/sluice/ratelimit" "response_headers" .Values.envoy.responseHeaders "response_dynamic_metadata" (eq .Values.envoy.responseDynamicMetadata true) "merge_domains" .Values.envoy.mergeDomains) -}}
 {{- end -}}
 {{- if .Values.gateway.enabled -}}
 {{- $gw := include "sluice.gatewayConfig" . | fromYaml -}}
