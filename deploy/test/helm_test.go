@@ -193,6 +193,8 @@ func TestHelmChartRefuses(t *testing.T) {
 			"gateway.keys sets $OPENAI_APIKEY, which no upstream of gateway.config reads"},
 		{"key set twice", `gateway: {enabled: true, apiKeySecret: {name: openai}, keys: [{env: OPENAI_API_KEY, secret: s}]}`,
 			"gateway.keys: $OPENAI_API_KEY is set twice"},
+		{"key without a variable", `gateway: {enabled: true, apiKeySecret: {name: openai}, keys: [{secret: s, key: k}]}`,
+			"gateway.keys: \"\" is not an environment variable name"},
 		{"key file", `gateway: {enabled: true, config: {upstreams: [{name: a, kind: openai, base_url: "http://a/v1", key_file: /k, models: {m: {rpm: 1}}}], routes: {m: [{upstream: a}]}}}`,
 			"key_file is not mounted by the chart"},
 		{"admin token, not its hash", `admin: {tokens: [{name: alice, hash: "0123456789abcdef"}]}`,

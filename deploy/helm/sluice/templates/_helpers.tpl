@@ -199,6 +199,9 @@ Included by the Deployment, so `helm template`, `helm install` and
 {{- $needed := include "sluice.gatewayKeyEnvs" . | fromYaml -}}
 {{- $set := dict -}}
 {{- range (include "sluice.gatewayKeyEnv" . | fromYamlArray) -}}
+{{- if not (regexMatch "^[A-Za-z_][A-Za-z0-9_]*$" (.name | default "" | toString)) -}}
+{{- fail (printf "gateway.keys: %q is not an environment variable name (env:), such as OPENAI_API_KEY; the key itself belongs in the Secret" (.name | default "" | toString)) -}}
+{{- end -}}
 {{- if hasKey $set .name -}}
 {{- fail (printf "gateway.keys: $%s is set twice (gateway.keys and gateway.apiKeySecret, or two entries)" .name) -}}
 {{- end -}}
