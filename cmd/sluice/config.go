@@ -23,6 +23,7 @@ func newConfigCmd() *cobra.Command {
 		Short: "Work with config files",
 	}
 	var kind string
+	var env bool
 	check := &cobra.Command{
 		Use:   "check FILE|DIR...",
 		Short: "Validate config files offline; exit 1 if any is invalid",
@@ -40,9 +41,14 @@ loads envoy.config_dir); in a directory that mixes kinds, such as
 examples/, each sluice config is checked on its own and the
 envoyproxy/ratelimit files together; a YAML file with no field of any of
 these (an Envoy bootstrap, a Compose file) is skipped and said so. --kind
-overrides the detection
-(--kind envoy takes a directory as a rules directory whatever it holds).`,
-		Example: "  sluice config check examples/sluice.yaml examples/gateway.yaml\n  sluice config check deploy/envoy/ratelimit",
+overrides the detection (--kind envoy takes a directory as a rules
+directory whatever it holds).
+
+Offline means it reads nothing but the files: a gateway's upstream keys,
+which are in the environment where the gateway runs and often not where
+its config is checked, are not looked for unless --env is given; then a
+missing key variable or key_file is a problem too.`,
+		Example: "  sluice config check examples/sluice.yaml examples/gateway.yaml\n  sluice config check deploy/envoy/ratelimit examples/\n  sluice config check --env gateway.yaml   # where it runs: its keys too",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			force, err := parseKind(kind)
@@ -51,7 +57,7 @@ overrides the detection
 			}
 			bad := 0
 			for _, path := range args {
-				if !checkConfig(cmd.OutOrStdout(), cmd.ErrOrStderr(), path, force) {
+				if !checkConfig(cmd.OutOrStdout(), cmd.ErrOrStderr(), path, force, env) {
 					bad++
 				}
 			}
@@ -62,6 +68,7 @@ overrides the detection
 		},
 	}
 	check.Flags().StringVar(&kind, "kind", "auto", "file kind: auto, serve, gateway or envoy")
+	check.Flags().BoolVar(&env, "env", false, "also check that every gateway upstream's key variable or key_file is set here")
 	cmd.AddCommand(check)
 	return cmd
 }
@@ -88,10 +95,11 @@ func parseKind(s string) (config.Kind, error) {
 }
 
 // checkConfig checks one file or directory, printing "PATH: ok: ..." to out
-// or every problem to errOut, and reports whether it is valid.
-func checkConfig(out, errOut io.Writer, path string, kind config.Kind) bool {
+// or every problem to errOut, and reports whether it is valid; with env,
+// a gateway's upstream keys must be in this environment too.
+func checkConfig(out, errOut io.Writer, path string, kind config.Kind, env bool) bool {
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		return checkDir(out, errOut, path, kind)
+		return checkDir(out, errOut, path, kind, env)
 	}
 	data, err := yamlconf.ReadFile(config.ErrInvalid, path)
 	if err != nil {
@@ -116,9 +124,11 @@ func checkConfig(out, errOut io.Writer, path string, kind config.Kind) bool {
 			report(errOut, path, kind, err)
 			return false
 		}
-		if err := gateway.CheckKeys(cfg, os.Getenv, os.ReadFile); err != nil {
-			report(errOut, path, kind, err)
-			return false
+		if env {
+			if err := gateway.CheckKeys(cfg, os.Getenv, os.ReadFile); err != nil {
+				report(errOut, path, kind, err)
+				return false
+			}
 		}
 		fmt.Fprintf(out, "%s: ok: %s: %d tiers, %d keys, %s, store %s\n",
 			path, kind, len(cfg.Tiers), len(cfg.Keys), upstreamSummary(cfg), storeName(cfg.Store.URL))
@@ -137,9 +147,11 @@ func checkConfig(out, errOut io.Writer, path string, kind config.Kind) bool {
 	ok := true
 	if gw := cfg.File.Gateway; gw != nil {
 		fmt.Fprintf(out, "%s: ok: gateway section: %d tiers, %d keys, %s\n", path, len(gw.Tiers), len(gw.Keys), upstreamSummary(gw))
-		if err := gateway.CheckKeys(gw, os.Getenv, os.ReadFile); err != nil {
-			report(errOut, path, config.KindServe, err)
-			ok = false
+		if env {
+			if err := gateway.CheckKeys(gw, os.Getenv, os.ReadFile); err != nil {
+				report(errOut, path, config.KindServe, err)
+				ok = false
+			}
 		}
 	}
 	if sec := cfg.File.Envoy; sec != nil {
@@ -160,8 +172,8 @@ func checkConfig(out, errOut io.Writer, path string, kind config.Kind) bool {
 
 // checkDir checks a directory's YAML files, each by its kind (or all as
 // kind when it is given): the envoyproxy/ratelimit files as one rules
-// directory, each other file on its own.
-func checkDir(out, errOut io.Writer, dir string, kind config.Kind) bool {
+// directory, each other file on its own (with env, as checkConfig).
+func checkDir(out, errOut io.Writer, dir string, kind config.Kind, env bool) bool {
 	files, err := yamlFiles(dir)
 	if err != nil {
 		fmt.Fprintf(errOut, "%s: %v\n", dir, err)
@@ -199,7 +211,7 @@ func checkDir(out, errOut io.Writer, dir string, kind config.Kind) bool {
 	}
 	ok := true
 	for _, f := range others {
-		ok = checkConfig(out, errOut, f, kind) && ok
+		ok = checkConfig(out, errOut, f, kind, env) && ok
 	}
 	if len(envoy) > 0 {
 		n, err := envoyrls.CheckFiles(envoy, false)

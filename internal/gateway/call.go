@@ -29,6 +29,8 @@ type call struct {
 	body        []byte
 	captured    []byte // the JSON response body, read whole (captureReader)
 	promptEst   int64
+	rateIn      int64             // the prompt as OpenAI's and Azure's rate limiters estimate it (pool.go)
+	countWeigh  func(int64) int64 // not nil: the upstream counts the prompt once admitted, weighted so (countAdmitted)
 	reserved    int64
 	defaultCap  int64 // completion tokens per choice reserved when the client set none (forwardCap)
 	specs       []*spec
@@ -57,7 +59,10 @@ type call struct {
 	grant       *upstream.Grant // the upstream reservation of the attempt sent last (pool.go)
 	cacheKey    string          // the body's prompt_cache_key, a pool's affinity (pool.go)
 	unsent      bool            // refused before any upstream had it: refunded whole
+	noRoom      time.Duration   // the last upstream unreachable and no other with room before routing.deadline: when one has (pool.go)
 	fair        fairUsage       // what the queue counted for fairness (queue.go)
+	limitedBy   string          // the limit the gateway answered 429 by, "" if none (console.go)
+	retry       time.Duration   // its Retry-After
 }
 
 type callKey struct{}

@@ -58,6 +58,7 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/aitoken"
+	"github.com/sluice-io/sluice/internal/mcpgate"
 	"github.com/sluice-io/sluice/internal/pricing"
 	"github.com/sluice-io/sluice/internal/tracing"
 	"github.com/sluice-io/sluice/internal/upstream"
@@ -87,11 +88,24 @@ type Options struct {
 	// OnSettled, when not nil, is called after each reservation is
 	// settled, from a goroutine of its own, after the response was sent.
 	OnSettled func(Settlement)
+	// OnOutcome, when not nil, is called once per metered request the
+	// gateway decides, admitted or answered 429 by one of its limits, on
+	// the request's goroutine before it goes upstream: the console's
+	// counts (`sluice serve`). It must be quick.
+	OnOutcome func(Outcome)
 	// ReadFile reads upstreams' key_file; nil means os.ReadFile.
 	ReadFile func(string) ([]byte, error)
 	// PoolPeriod is the period of the upstreams' provider limits (rpm,
 	// tpm); zero means a minute. Tests shorten it.
 	PoolPeriod time.Duration
+	// ProbeMin and ProbeMax bound the backoff of the probes of an
+	// unreachable upstream; zero means upstream.DefaultProbeMin and
+	// DefaultProbeMax. Tests shorten them.
+	ProbeMin, ProbeMax time.Duration
+	// Admin, when not nil, reports whether a request that carries no
+	// client key carries an admin token; GET /v1/status with one shows
+	// the pool's upstreams (serveAdminStatus). Nil: no request does.
+	Admin func(*http.Request) bool
 }
 
 // Gateway is the proxy, an http.Handler for /v1/. It is safe for
@@ -110,21 +124,25 @@ type Gateway struct {
 	metrics      *metrics
 	log          *slog.Logger
 	onSettled    func(Settlement)
+	onOutcome    func(Outcome)  // nil unless a console counts the gateway (console.go)
 	pending      sync.WaitGroup // settlements in progress
 	closing      chan struct{}  // closed by Close: settlements stop retrying
 	closeOnce    sync.Once
-	queue        *queue // nil without a queue section (queue.go)
+	queue        *queue           // nil without a queue section (queue.go)
+	mcp          *mcpgate.Handler // nil without mcp_servers
+	batches      *batchAPI        // nil without batches.enabled
 	prices       *pricing.Table
-	tokenCache   *aitoken.Cache   // exact counts of large messages, resent turn after turn
-	counts       *countCache      // upstream count_tokens answers; nil without upstream.count_tokens (anthropic_count.go)
-	countClient  *http.Client     // sends count_tokens calls
-	countGate    countGate        // bounds them in flight
-	now          func() time.Time // time.Now; tests replace it
-	renewEvery   time.Duration    // how often a request's leases are renewed while in flight: LeaseTTL/3 (renew.go)
-	bodyTimeout  time.Duration    // how long a request body may take to arrive: bodyTimeout; tests shorten it
-	onRenew      func()           // when not nil, called after each renewal (tests)
-	pool         *upstream.Pool   // nil with one upstream (pool.go)
-	roomGates    sync.Map         // *upstream.Route → *fairqueue.Gate: the queue's waits for upstream room (pool.go)
+	tokenCache   *aitoken.Cache           // exact counts of large messages, resent turn after turn
+	counts       *countCache              // upstream count_tokens answers; nil without upstream.count_tokens (anthropic_count.go)
+	countClient  *http.Client             // sends count_tokens calls
+	countGate    countGate                // bounds them in flight
+	now          func() time.Time         // time.Now; tests replace it
+	admin        func(*http.Request) bool // Options.Admin
+	renewEvery   time.Duration            // how often a request's leases are renewed while in flight: LeaseTTL/3 (renew.go)
+	bodyTimeout  time.Duration            // how long a request body may take to arrive: bodyTimeout; tests shorten it
+	onRenew      func()                   // when not nil, called after each renewal (tests)
+	pool         *upstream.Pool           // nil with one upstream (pool.go)
+	roomGates    sync.Map                 // *upstream.Route → *fairqueue.Gate: the queue's waits for upstream room (pool.go)
 }
 
 // New validates opts and returns a Gateway.
@@ -157,6 +175,7 @@ func New(opts Options) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{
+		admin:        opts.Admin,
 		cfg:          cfg,
 		store:        opts.Store,
 		upstream:     up,
@@ -167,6 +186,7 @@ func New(opts Options) (*Gateway, error) {
 		metrics:      m,
 		log:          log,
 		onSettled:    opts.OnSettled,
+		onOutcome:    opts.OnOutcome,
 		prices:       cfg.priceTable(),
 		tokenCache:   aitoken.NewCache(0),
 		now:          time.Now,
@@ -183,7 +203,8 @@ func New(opts Options) (*Gateway, error) {
 	tiers := map[string]*tier{}
 	for _, name := range sortedKeys(cfg.Tiers) {
 		tc := cfg.Tiers[name]
-		t := &tier{name: name, lease: cfg.Lease}
+		t := &tier{name: name, lease: cfg.Lease, session: sessionSpecs(tc.Session)}
+		t.sessionRequired = tc.Session != nil && tc.Session.Required
 		if tc.Lease != nil {
 			t.lease = *tc.Lease
 		}
@@ -205,7 +226,7 @@ func New(opts Options) (*Gateway, error) {
 		tiers[name] = t
 	}
 	for _, k := range cfg.Keys {
-		cl := &client{id: k.Client, name: k.Name, tier: tiers[k.Tier], prefix: "{gw:" + k.Client + "}:"}
+		cl := &client{id: k.Client, name: k.Name, tier: tiers[k.Tier], prefix: "{gw:" + k.Client + "}:", shown: consoleIdentity(k)}
 		g.attachLevels(cl, k)
 		for _, s := range cl.tier.specs {
 			cl.specKeys = append(cl.specKeys, cl.prefix+s.suffix)
@@ -215,7 +236,21 @@ func New(opts Options) (*Gateway, error) {
 	if g.queue, err = g.newQueue(reg); err != nil {
 		return nil, err
 	}
-	if g.pool, err = newPool(Options{Config: cfg, Store: opts.Store, Getenv: getenv, ReadFile: opts.ReadFile, PoolPeriod: opts.PoolPeriod, Registerer: reg}); err != nil {
+	transport := opts.Transport
+	if transport == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
+		t.ResponseHeaderTimeout = cfg.Upstream.Timeout
+		if len(cfg.Upstreams) > 0 {
+			t.ResponseHeaderTimeout = cfg.Routing.HeaderTimeout
+		}
+		transport = t
+	}
+	if opts.WrapTransport != nil {
+		transport = opts.WrapTransport(transport)
+	}
+	if g.pool, err = newPool(Options{Config: cfg, Store: opts.Store, Getenv: getenv, ReadFile: opts.ReadFile, PoolPeriod: opts.PoolPeriod, Registerer: reg,
+		Transport: transport, ProbeMin: opts.ProbeMin, ProbeMax: opts.ProbeMax}); err != nil {
 		return nil, err
 	}
 	if g.pool != nil {
@@ -224,18 +259,8 @@ func New(opts Options) (*Gateway, error) {
 	if g.upstreamKey != "" {
 		g.upstreamAuth = []string{"Bearer " + g.upstreamKey}
 	}
-	transport := opts.Transport
-	if transport == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
-		t.ResponseHeaderTimeout = cfg.Upstream.Timeout
-		if g.pool != nil {
-			t.ResponseHeaderTimeout = cfg.Routing.HeaderTimeout
-		}
-		transport = t
-	}
-	if opts.WrapTransport != nil {
-		transport = opts.WrapTransport(transport)
+	if cfg.Batches.Enabled {
+		g.batches = newBatchAPI(g, transport)
 	}
 	if g.pool != nil {
 		transport = poolTransport{g: g, next: transport}
@@ -258,6 +283,20 @@ func New(opts Options) (*Gateway, error) {
 		ErrorHandler:   g.upstreamError,
 		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	if len(cfg.MCPServers) > 0 {
+		g.mcp, err = mcpgate.New(mcpgate.Options{Servers: cfg.MCPServers, Store: opts.Store, Getenv: getenv,
+			Auth: func(r *http.Request) (mcpgate.Client, bool) {
+				cl, two := g.authenticate(r)
+				if cl == nil || two {
+					return nil, false
+				}
+				return mcpClient{g, cl}, true
+			},
+			LeaseTTL: cfg.LeaseTTL, Registerer: reg, Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+	}
 	return g, nil
 }
 
@@ -275,10 +314,16 @@ func (g *Gateway) Metrics() http.Handler { return g.metrics.handler }
 
 // ServeHTTP implements http.Handler.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if g.mcp != nil && strings.HasPrefix(r.URL.Path, "/mcp/") {
+		g.mcp.ServeHTTP(w, r)
+		return
+	}
 	start := time.Now()
 	var done bool
-	if w, done = ingress(w, r); done {
-		return
+	if g.batches == nil || !isBatchPath(r.URL.Path) {
+		if w, done = ingress(w, r); done {
+			return
+		}
 	}
 	if !strings.HasPrefix(r.URL.Path, "/v1/") {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "", "Unknown request URL: "+r.Method+" "+r.URL.Path+".")
@@ -298,10 +343,18 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"Two different valid API keys (in Authorization and x-api-key, or in two lines of one): send one key.")
 		return
 	}
+	if cl == nil && r.URL.Path == statusPath && r.Method == http.MethodGet && g.admin != nil && g.admin(r) {
+		g.serveAdminStatus(w, r)
+		return
+	}
 	if cl == nil {
 		g.metrics.rejections.WithLabelValues("-", "-", "unauthorized").Inc()
 		writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "",
 			"Incorrect or missing API key. Send your sluice gateway key as: Authorization: Bearer <key>.")
+		return
+	}
+	if g.batches != nil && isBatchPath(r.URL.Path) {
+		g.batches.serve(w, r, cl)
 		return
 	}
 	c := &call{id: sluice.NewLeaseID(), start: start, client: cl, model: "-", path: r.URL.Path}
@@ -356,12 +409,18 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !g.admit(w, r, c) {
+		g.report(c, false)
 		return
 	}
 	defer g.settleAsync(c) // also when the proxy aborts a broken stream
+	if c.countWeigh != nil {
+		g.countAdmitted(r, c) // anthropic_count.go
+	}
 	if g.pool != nil && !g.acquire(w, r, c) {
+		g.report(c, false)
 		return
 	}
+	g.report(c, true)
 	g.startRenewal(c)
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
 	if traced {
@@ -378,5 +437,8 @@ func (g *Gateway) Close() error {
 	g.queue.close()
 	g.pending.Wait()
 	g.releaseReservations() // lease.go
+	if g.pool != nil {
+		_ = g.pool.Close() // the probes of unreachable upstreams
+	}
 	return nil
 }

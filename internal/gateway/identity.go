@@ -15,6 +15,7 @@ import (
 type client struct {
 	id     string
 	name   string
+	shown  string // how the console names it (consoleIdentity)
 	tier   *tier
 	prefix string // "{gw:<id>}:", one Redis Cluster slot per client
 	// specKeys[i] is the store key of tier.specs[i]: prefix + suffix.
@@ -77,6 +78,10 @@ type tier struct {
 	// policies is the RateLimit-Policy field for a request on each model
 	// that has limits of its own; policies[""] for every other model.
 	policies map[string]string
+	// session are the budgets of each session of the tier's keys
+	// (session.go); sessionRequired refuses requests that name none.
+	session         []spec
+	sessionRequired bool
 }
 
 func appendSpecs(specs []spec, l Limits, model string, leaseTTL time.Duration) []spec {

@@ -78,7 +78,8 @@ func newPool(opts Options) (*upstream.Pool, error) {
 		return nil, err
 	}
 	p, err := upstream.New(upstream.Options{Upstreams: cfg.Upstreams, Routes: cfg.Routes, Routing: cfg.Routing, Store: opts.Store,
-		Getenv: opts.Getenv, ReadFile: opts.ReadFile, Period: opts.PoolPeriod, Metrics: m})
+		Getenv: opts.Getenv, ReadFile: opts.ReadFile, Period: opts.PoolPeriod, Metrics: m,
+		Prober: opts.Transport, ProbeMin: opts.ProbeMin, ProbeMax: opts.ProbeMax})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
@@ -86,11 +87,25 @@ func newPool(opts Options) (*upstream.Pool, error) {
 }
 
 // routeCall finds c's route; it answers 404 model_not_found itself and
-// returns false when there is none. Nothing is charged.
+// returns false when there is none, and 400 model_not_on_this_path when
+// the route has no upstream of the path's API. Nothing is charged.
 func (g *Gateway) routeCall(w http.ResponseWriter, c *call) bool {
 	c.route = g.pool.Route(c.rawModel, modelBase(c.rawModel))
-	if c.route != nil {
+	if c.route != nil && c.route.Serves(c.ep.anthropic()) {
 		return true
+	}
+	if c.route != nil {
+		// A Claude model on OpenAI's paths, or an OpenAI model on
+		// /v1/messages: a routing error, not one of size or capacity.
+		api, other, otherPath := "OpenAI's API", "Anthropic's Messages API", "/v1/messages"
+		if c.ep.anthropic() {
+			api, other, otherPath = "Anthropic's Messages API", "OpenAI's API", "/v1/chat/completions"
+		}
+		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "no_route").Inc()
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "model_not_on_this_path", "model",
+			"The model "+strconv.Quote(c.rawModel)+" is served by route "+strconv.Quote(c.route.Name)+", which has no upstream speaking "+api+
+				" (the path "+c.path+"); its upstreams speak "+other+": send the request to "+otherPath+".")
+		return false
 	}
 	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "no_route").Inc()
 	writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
@@ -105,17 +120,24 @@ func (g *Gateway) routeCall(w http.ResponseWriter, c *call) bool {
 // limits refunded).
 func (g *Gateway) acquire(w http.ResponseWriter, r *http.Request, c *call) bool {
 	in, out := c.promptEst, max(c.reserved-c.promptEst, 0)
+	u := upstream.Units{In: in, RateIn: c.rateIn, Out: out}
 	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Store.Timeout)
-	grant, wait, err := g.pool.AcquireSticky(ctx, c.route, c.ep.anthropic(), in, out, nil, affinity(r, c))
+	grant, wait, err := g.pool.AcquireUnits(ctx, c.route, c.ep.anthropic(), u, nil, affinity(r, c))
 	cancel()
 	if err == nil && grant == nil && wait > 0 && g.queue != nil && g.cfg.Queue.MaxWait > 0 {
 		var answered bool
-		grant, wait, answered, err = g.waitRoom(w, r, c, in, out)
+		grant, wait, answered, err = g.waitRoom(w, r, c, u)
 		if answered {
 			return false
 		}
 	}
 	switch {
+	case errors.Is(err, upstream.ErrUnreachable):
+		c.unsent = true
+		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_unreachable").Inc()
+		writeError(w, http.StatusBadGateway, "server_error", "upstream_unreachable", "",
+			"Every upstream serving model "+c.rawModel+" is unreachable; the gateway is probing them. Please retry later.")
+		return false
 	case err != nil:
 		c.unsent = true
 		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "store_error").Inc()
@@ -129,12 +151,13 @@ func (g *Gateway) acquire(w http.ResponseWriter, r *http.Request, c *call) bool 
 		return true
 	}
 	c.unsent = true
-	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_capacity").Inc()
 	if wait <= 0 {
+		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_capacity").Inc()
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "request_too_large", "",
-			"The request's "+strconv.FormatInt(in+out, 10)+" tokens exceed every upstream's limit for model "+c.rawModel+".")
+			"The request's "+strconv.FormatInt(max(in, c.rateIn)+out, 10)+" tokens exceed every upstream's limit for model "+c.rawModel+".")
 		return false
 	}
+	g.limited(c, "upstream_capacity", wait)
 	h := w.Header()
 	h.Set("Retry-After", strconv.FormatInt(int64(max((wait+time.Second-1)/time.Second, 1)), 10))
 	h.Set("retry-after-ms", httplimit.RetryAfterMillis(max(wait, time.Millisecond)))
@@ -149,7 +172,7 @@ func (g *Gateway) acquire(w http.ResponseWriter, r *http.Request, c *call) bool 
 // and a request arriving then queues behind those waiting. It returns the
 // grant, or the last wait for room (for Retry-After), or a store error;
 // answered when the client is gone or the gateway closing (answered).
-func (g *Gateway) waitRoom(w http.ResponseWriter, r *http.Request, c *call, in, out int64) (grant *upstream.Grant, wait time.Duration, answered bool, err error) {
+func (g *Gateway) waitRoom(w http.ResponseWriter, r *http.Request, c *call, u upstream.Units) (grant *upstream.Grant, wait time.Duration, answered bool, err error) {
 	q := g.queue
 	qc := q.class[c.client]
 	gate, _ := g.roomGates.LoadOrStore(c.route, &fairqueue.Gate{})
@@ -163,7 +186,7 @@ func (g *Gateway) waitRoom(w http.ResponseWriter, r *http.Request, c *call, in, 
 		Try: func(ctx context.Context) (bool, time.Duration, error) {
 			actx, cancel := context.WithTimeout(ctx, g.cfg.Store.Timeout)
 			defer cancel()
-			gr, wt, err := g.pool.AcquireSticky(actx, c.route, c.ep.anthropic(), in, out, nil, aff)
+			gr, wt, err := g.pool.AcquireUnits(actx, c.route, c.ep.anthropic(), u, nil, aff)
 			grant, wait = gr, wt
 			return gr != nil, wt, err
 		},
@@ -266,16 +289,28 @@ func (t poolTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if res != nil {
 			status, h = res.StatusCode, res.Header
 		}
+		latency := time.Since(sent)
+		refusal := upstream.RefusalGeneral
+		if status == http.StatusTooManyRequests {
+			refusal = t.judge(req.Context(), grant, res) // pool_refusal.go
+		}
 		octx, ocancel := context.WithTimeout(req.Context(), t.g.cfg.Store.Timeout)
-		pool.Observe(octx, grant, status, h, time.Since(sent))
+		pool.Observe(octx, grant, status, h, latency)
 		ocancel()
+		if refusal == upstream.RefusalUndercount {
+			// Not another upstream's turn: this client's request.
+			return ownRefusal(c, res, refusal, upstream.RetryAfter(h, time.Now())), nil
+		}
 		reason := failoverReason(req.Context(), status, err)
 		switch {
 		case reason == "" || reason == "429":
 			// An answer, or a 429 Observe cooled fleet-wide.
-		case reason == "error" && !wrote.Load():
-			// Unreachable: the whole fleet leaves it alone for a while.
+		case reason != "" && err != nil && !wrote.Load():
+			// Unreachable (refused, DNS, TLS, a dial timeout): the whole
+			// fleet leaves it alone for a while, and this replica sends
+			// it no client request until its own probe is answered.
 			pool.Cooldown(req.Context(), grant.Target, upstream.DefaultCooldown)
+			pool.Unreachable(grant.Target)
 		default:
 			// A 5xx, 529 or timeout: this replica tries it last for a
 			// while, and enough of them across the fleet cool it for all.
@@ -284,11 +319,23 @@ func (t poolTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			fcancel()
 		}
 		if reason == "" || attempt >= rt.MaxAttempts || time.Now().After(deadline) {
+			if refusal == upstream.RefusalTooLarge {
+				return ownRefusal(c, res, refusal, 0), nil
+			}
 			return res, err
 		}
 		in, outTok := grant.Reserved()
-		next := t.nextGrant(req.Context(), c, in, outTok, tried, deadline)
+		next, wait := t.nextGrant(req.Context(), c, grant.Units(), tried, deadline)
 		if next == nil {
+			if refusal == upstream.RefusalTooLarge {
+				return ownRefusal(c, res, refusal, 0), nil
+			}
+			if err != nil && wait > 0 {
+				// No answer, and no upstream with room is left within
+				// the deadline: the client's answer is our 429 with
+				// when one has room (upstreamError), not a 502.
+				c.noRoom = wait
+			}
 			return res, err
 		}
 		if res != nil {
@@ -311,21 +358,26 @@ func (t poolTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // nextGrant reserves the request on another upstream of c's route, not
 // in tried, waiting for one to have room until deadline; nil when none
-// does by then.
-func (t poolTransport) nextGrant(ctx context.Context, c *call, in, out int64, tried []*upstream.TargetState, deadline time.Time) *upstream.Grant {
+// does by then, with when one has room (0: none will, or an error).
+func (t poolTransport) nextGrant(ctx context.Context, c *call, u upstream.Units, tried []*upstream.TargetState, deadline time.Time) (*upstream.Grant, time.Duration) {
 	for {
 		actx, cancel := context.WithTimeout(ctx, t.g.cfg.Store.Timeout)
-		next, wait, err := t.g.pool.Acquire(actx, c.route, c.ep.anthropic(), in, out, tried)
+		next, wait, err := t.g.pool.AcquireUnits(actx, c.route, c.ep.anthropic(), u, tried, "")
 		cancel()
-		if err != nil || next != nil || wait <= 0 || time.Now().Add(wait).After(deadline) {
-			return next
+		switch {
+		case err != nil:
+			return nil, 0
+		case next != nil || wait <= 0:
+			return next, 0
+		case time.Now().Add(wait).After(deadline):
+			return nil, wait
 		}
 		timer := time.NewTimer(wait)
 		select {
 		case <-timer.C:
 		case <-ctx.Done():
 			timer.Stop()
-			return nil
+			return nil, 0
 		}
 	}
 }

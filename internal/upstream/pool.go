@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -40,6 +41,12 @@ type Options struct {
 	Metrics *Metrics
 	// Now is the clock of the pool's local estimates; nil means time.Now.
 	Now func() time.Time
+	// Prober sends the probes of unreachable upstreams (probe.go); nil
+	// means http.DefaultTransport.
+	Prober http.RoundTripper
+	// ProbeMin and ProbeMax bound the probes' backoff; zero means
+	// DefaultProbeMin and DefaultProbeMax.
+	ProbeMin, ProbeMax time.Duration
 }
 
 // Upstream is one provider account or deployment.
@@ -52,6 +59,8 @@ type Upstream struct {
 	apiVersion   string
 	auth         authHeader
 	pace         time.Duration
+	healthPath   string
+	health       health
 }
 
 type authHeader struct {
@@ -70,6 +79,13 @@ type Pool struct {
 	now       func() time.Time
 	// background counts the tightenings in flight (Observe, Wait).
 	background sync.WaitGroup
+	// The probes of unreachable upstreams (probe.go): their transport
+	// and backoff, those running, and Close's signal.
+	prober             http.RoundTripper
+	probeMin, probeMax time.Duration
+	probing            sync.WaitGroup
+	closing            chan struct{}
+	closeOnce          sync.Once
 }
 
 // Route is the upstreams serving one client-facing model.
@@ -104,6 +120,9 @@ type TargetState struct {
 	lastRemaining [2]atomic.Int64
 	// chunk is this replica's lease on the limits, when hot (lease.go).
 	chunk chunk
+	// ratio is the learned ratio of the provider's input count to the
+	// reserved (units.go).
+	ratio ratioState
 }
 
 // limit kinds, in the order of learned.
@@ -126,7 +145,17 @@ func New(opts Options) (*Pool, error) {
 	if readFile == nil {
 		readFile = os.ReadFile
 	}
-	p := &Pool{routes: map[string]*Route{}, routing: opts.Routing, store: opts.Store, period: opts.Period, metrics: opts.Metrics, now: opts.Now}
+	p := &Pool{routes: map[string]*Route{}, routing: opts.Routing, store: opts.Store, period: opts.Period, metrics: opts.Metrics, now: opts.Now,
+		prober: opts.Prober, probeMin: opts.ProbeMin, probeMax: opts.ProbeMax, closing: make(chan struct{})}
+	if p.prober == nil {
+		p.prober = http.DefaultTransport
+	}
+	if p.probeMin <= 0 {
+		p.probeMin = DefaultProbeMin
+	}
+	if p.probeMax < p.probeMin {
+		p.probeMax = max(DefaultProbeMax, p.probeMin)
+	}
 	if p.period <= 0 {
 		p.period = time.Minute
 	}
@@ -155,7 +184,7 @@ func New(opts Options) (*Pool, error) {
 			return nil, fmt.Errorf("upstream %s: base_url: %w", d.Name, err)
 		}
 		u := &Upstream{Name: d.Name, Region: d.Region, Kind: d.Kind, Weight: max(d.Weight, 1e-9), base: base,
-			basePath: strings.TrimSuffix(base.Path, "/"), apiVersion: d.APIVersion, pace: d.Pace}
+			basePath: strings.TrimSuffix(base.Path, "/"), apiVersion: d.APIVersion, pace: d.Pace, healthPath: d.HealthPath}
 		if key != "" {
 			switch d.Kind {
 			case Azure:
@@ -228,13 +257,25 @@ func (p *Pool) Route(model, base string) *Route {
 	return p.routes["*"]
 }
 
+// Serves reports whether r has an upstream of the API a request came to:
+// Anthropic's Messages API (anthropic) or OpenAI's.
+func (r *Route) Serves(anthropic bool) bool {
+	for _, t := range r.Targets {
+		if (t.Up.Kind == Anthropic) == anthropic {
+			return true
+		}
+	}
+	return false
+}
+
 // CountTarget returns the Anthropic target of r that count_tokens asks:
-// the first not cooling or down, else the first; nil when r has none.
+// the first not cooling, down or unreachable, else the first reachable
+// one; nil when r has none reachable.
 func (p *Pool) CountTarget(r *Route) *TargetState {
 	var first *TargetState
 	now := p.now().UnixNano()
 	for _, t := range r.Targets {
-		if t.Up.Kind != Anthropic {
+		if t.Up.Kind != Anthropic || !t.Up.Reachable() {
 			continue
 		}
 		if t.retryAt.Load() <= now {
@@ -395,7 +436,7 @@ func (p *Pool) logReq(t *TargetState, i int, rate, cost int64) sluice.Request {
 }
 
 // limitOf is the store's limit for a provider limit of rate per period:
-// a sliding window log of the rate less the margin. A log holds at most
+// a sliding window log of the rate less the margin (marginOf). A log holds at most
 // its rate in any window of one period, which no provider refuses
 // whether it counts in a bucket refilling continuously (OpenAI,
 // Anthropic), in fixed windows or in sliding ones; a token bucket or
@@ -404,7 +445,19 @@ func (p *Pool) logReq(t *TargetState, i int, rate, cost int64) sluice.Request {
 // end of a slot of period/200 (Limit.Granularity), so that a log holds
 // at most about 200 runs at any rate.
 func (p *Pool) limitOf(rate int64) sluice.Limit {
-	return sluice.Limit{Rate: max(rate-int64(float64(rate)**p.routing.Margin), 1), Period: p.period, Granularity: slotOf(p.period)}
+	return sluice.Limit{Rate: max(rate-marginOf(rate, *p.routing.Margin), 1), Period: p.period, Granularity: slotOf(p.period)}
+}
+
+// marginOf is what a margin m leaves unused of a limit of rate: rate × m
+// rounded up, so that 2% of 30 keeps 1 back, not 0. A product that is a
+// whole number but for floating point's error (7% of 100 is
+// 7.000000000000001) is that number.
+func marginOf(rate int64, m float64) int64 {
+	x := float64(rate) * m
+	if r := math.Round(x); math.Abs(x-r) <= 1e-9*math.Max(1, x) {
+		return int64(r)
+	}
+	return int64(math.Ceil(x))
 }
 
 // Grant is a reservation admitted on one upstream's model. Settle it
@@ -415,6 +468,12 @@ type Grant struct {
 	reqs    []sluice.Request
 	kinds   []int8 // of reqs, as requests returns them
 	in, out int64
+	// units is the request's size as the caller gave it, base its input
+	// on Target before the learned ratio (units.go).
+	units Units
+	base  int64
+	// refusal is what Judge made of the provider's 429, if any.
+	refusal Refusal
 	// sent is when the store call that admitted the grant's units was
 	// sent (its chunk's, for a grant from a chunk), and rtt how long it
 	// took to answer.
@@ -428,8 +487,10 @@ type Grant struct {
 // tried and those whose API is not the request's (anthropic says the
 // request came to /v1/messages). With no target that has room it returns
 // a nil Grant and when the first may have room again (an honest
-// Retry-After; zero when no target can ever take the request). Store
-// errors are returned as they are.
+// Retry-After; zero when no target can ever take the request). Targets
+// whose upstream is unreachable (probe.go) are skipped; when they are all
+// that is left, the error wraps ErrUnreachable. Store errors are returned
+// as they are.
 func (p *Pool) Acquire(ctx context.Context, r *Route, anthropic bool, in, out int64, tried []*TargetState) (*Grant, time.Duration, error) {
 	return p.AcquireSticky(ctx, r, anthropic, in, out, tried, "")
 }
@@ -439,15 +500,29 @@ func (p *Pool) Acquire(ctx context.Context, r *Route, anthropic bool, in, out in
 // is not cooling, for the provider's prompt cache; the policy orders the
 // rest. An empty key is Acquire.
 func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, out int64, tried []*TargetState, affinity string) (*Grant, time.Duration, error) {
+	return p.AcquireUnits(ctx, r, anthropic, Units{In: in, Out: out}, tried, affinity)
+}
+
+// AcquireUnits is AcquireSticky of a request whose size u gives as each
+// kind of upstream counts it: each target reserves its own units, times
+// its learned ratio (units.go).
+func (p *Pool) AcquireUnits(ctx context.Context, r *Route, anthropic bool, u Units, tried []*TargetState, affinity string) (*Grant, time.Duration, error) {
 	now := p.now()
 	var cands [MaxRouteTargets]*TargetState
-	n := 0
+	n, dead := 0, 0
 	for _, t := range r.Targets {
 		if (t.Up.Kind == Anthropic) != anthropic || slices.Contains(tried, t) {
 			continue
 		}
+		if !t.Up.Reachable() {
+			dead++ // never a client's request: probes bring it back
+			continue
+		}
 		cands[n] = t
 		n++
+	}
+	if n == 0 && dead > 0 {
+		return nil, 0, fmt.Errorf("upstream: route %s: %w", r.Name, ErrUnreachable)
 	}
 	order := p.order(cands[:n], now)
 	if affinity != "" && n > 1 {
@@ -471,6 +546,9 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 	}
 	wait := time.Duration(-1)
 	for _, t := range order {
+		p.refreshRatio(ctx, t, now)
+		base, out := t.baseIn(u), u.Out
+		in := t.inputOf(u)
 		reqs, kinds, fits := p.requests(t, in, out, 1)
 		if !fits {
 			continue
@@ -484,7 +562,7 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 				}
 			}
 			if ok {
-				return &Grant{Target: t, pool: p, reqs: reqs, kinds: kinds, in: in, out: out, sent: sent, rtt: rtt}, 0, nil
+				return &Grant{Target: t, pool: p, reqs: reqs, kinds: kinds, in: in, out: out, units: u, base: base, sent: sent, rtt: rtt}, 0, nil
 			}
 		}
 		sent := p.now()
@@ -496,7 +574,7 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 		answered := p.now()
 		t.note(reqs, ds, answered)
 		if d.Allowed {
-			return &Grant{Target: t, pool: p, reqs: reqs, kinds: kinds, in: in, out: out, sent: sent, rtt: answered.Sub(sent)}, 0, nil
+			return &Grant{Target: t, pool: p, reqs: reqs, kinds: kinds, in: in, out: out, units: u, base: base, sent: sent, rtt: answered.Sub(sent)}, 0, nil
 		}
 		if wait < 0 || d.RetryAfter < wait {
 			wait = d.RetryAfter
@@ -572,7 +650,8 @@ func (p *Pool) order(cands []*TargetState, now time.Time) []*TargetState {
 // Anthropic upstream gives unused tokens back when a request ends, and so
 // does the grant; OpenAI and Azure count a request's prompt and max_tokens
 // when it arrives and keep them, and so does the grant. Usage beyond the
-// reservation is charged. Refunds take units back from the grant's own
+// reservation is charged, but for the input of OpenAI and Azure, whose
+// limits counted their estimate (the reservation's units), not the usage. Refunds take units back from the grant's own
 // admission or older ones (Request.AdmittedAgo), never from a later one,
 // which would free capacity up to a period too early. Later calls do
 // nothing and return false.
@@ -584,6 +663,11 @@ func (g *Grant) Settle(ctx context.Context, in, out int64, unsent bool) (bool, e
 	// refund: the admission's round trip stands for the refund's transit.
 	age := max(g.pool.now().Sub(g.sent)+g.rtt, time.Nanosecond)
 	giveBack := unsent || g.Target.Up.Kind == Anthropic
+	if k := g.Target.Up.Kind; k == OpenAI || k == Azure {
+		// Their limits counted the input as estimated on arrival, in
+		// the units reserved (units.go), not the usage's tokens.
+		in = min(in, g.in)
+	}
 	var refunds, charges []sluice.Request
 	for j, req := range g.reqs {
 		var actual int64
@@ -624,3 +708,20 @@ func (g *Grant) Settle(ctx context.Context, in, out int64, unsent bool) (bool, e
 
 // Reserved returns the input and output tokens reserved.
 func (g *Grant) Reserved() (in, out int64) { return g.in, g.out }
+
+// Counted records the input tokens the provider reported counting for
+// g's request, when they are what its limits count (Anthropic's usage:
+// input and cache writes): a sample of the learned ratio (units.go).
+func (g *Grant) Counted(ctx context.Context, in int64) {
+	if g == nil || g.Target.Up.Kind != Anthropic || in <= 0 {
+		return
+	}
+	g.pool.sample(ctx, g.Target, in, g.base, false)
+}
+
+// Units returns the request's size as the caller gave it to Acquire.
+func (g *Grant) Units() Units { return g.units }
+
+// Refused returns what Judge made of the provider's 429 to g:
+// RefusalGeneral when none was judged.
+func (g *Grant) Refused() Refusal { return g.refusal }

@@ -49,7 +49,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- with .Values.overrides }}{{ $_ := set $cfg "overrides" . }}{{ end -}}
 {{- with .Values.authz }}{{ $_ := set $cfg "authz" . }}{{ end -}}
 {{- with .Values.admin.tokens }}{{ $_ := set $cfg "admin_tokens" . }}{{ end -}}
-{{- $_ := set $cfg "allowed_hosts" (include "sluice.allowedHosts" . | fromYamlArray) -}}
+{{- with .Values.allowedHosts }}{{ $_ := set $cfg "allowed_hosts" . }}{{ end -}}
 {{- if .Values.console.enabled -}}
 {{- $con := dict "enabled" true -}}
 {{- with .Values.console.sampleInterval }}{{ $_ := set $con "sample_interval" . }}{{ end -}}
@@ -61,22 +61,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- if .Values.gateway.enabled -}}
 {{- $gw := include "sluice.gatewayConfig" . | fromYaml -}}
-{{- $hosts := concat (include "sluice.allowedHosts" . | fromYamlArray) ($gw.allowed_hosts | default list) | uniq -}}
-{{- $_ := set $gw "allowed_hosts" $hosts -}}
+{{- with concat (.Values.allowedHosts | default list) ($gw.allowed_hosts | default list) | uniq }}{{ $_ := set $gw "allowed_hosts" . }}{{ end -}}
 {{- $_ := set $cfg "gateway" (merge (dict "listen" (printf ":%d" (int .Values.gateway.port))) $gw) -}}
 {{- end -}}
 {{- toYaml $cfg -}}
-{{- end -}}
-
-{{/*
-The names browsers may use for the Service, and allowedHosts: the host
-check (DNS rebinding protection) accepts them beside its defaults.
-*/}}
-{{- define "sluice.allowedHosts" -}}
-{{- $svc := include "sluice.fullname" . -}}
-{{- $ns := .Release.Namespace -}}
-{{- $hosts := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) -}}
-{{- toYaml (concat $hosts (.Values.allowedHosts | default list) | uniq) -}}
 {{- end -}}
 
 {{/*
