@@ -1,0 +1,299 @@
+package region
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-io/sluice"
+)
+
+// entry is what an instance knows of one global key it decides from
+// shares: its demand here and its fetch in flight.
+type entry struct {
+	mu       sync.Mutex
+	req      sluice.Request // key, algorithm, limit of the last request
+	rate     float64        // units/s this instance was asked for, smoothed
+	rateAt   int64          // ns of the last update
+	lastUse  int64          // ns
+	fetching chan struct{}  // closed when the fetch in flight ends
+	retryAt  int64          // ns before which no fetch is sent
+	down     bool           // the last fetch failed: the home is unreachable
+	lat      float64        // smoothed ns a fetch takes
+}
+
+// rateTau is the time constant of the demand's moving average.
+const rateTau = 0.5 // s
+
+// note counts cost units asked for at now.
+func (e *entry) note(now, cost int64) {
+	e.mu.Lock()
+	dt := float64(now-e.rateAt) / 1e9
+	if e.rateAt == 0 || dt < 0 {
+		dt = 0
+	}
+	e.rate = e.rate*math.Exp(-dt/rateTau) + float64(cost)/rateTau
+	e.rateAt, e.lastUse = now, now
+	e.mu.Unlock()
+}
+
+// target is how many units one fetch asks for: the demand over the
+// horizon (at least three fetch round trips), at least one request's
+// cost, at most MaxFraction of the capacity. Called with e.mu held.
+func (e *entry) target(s *Store) int64 {
+	h := max(s.horizon, 3*e.lat/1e9)
+	n := int64(math.Ceil(e.rate * h))
+	capacity := e.req.Capacity()
+	n = min(n, max(int64(s.frac*float64(capacity)), 1))
+	return min(max(n, e.req.Cost, 1), capacity)
+}
+
+// lowWater is the share left under which the next fetch is sent: two
+// fetch round trips of the demand, or half a fetch.
+func (e *entry) lowWater(s *Store) float64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return max(float64(e.target(s))/2, e.rate*2*e.lat/1e9)
+}
+
+// entry returns the key's entry, created for a request; nil when MaxKeys
+// are tracked already.
+func (s *Store) entry(req *sluice.Request) *entry {
+	if e, ok := s.keys.Load(req.Key); ok {
+		e.mu.Lock()
+		e.req.Algorithm, e.req.Limit, e.req.Cost = req.Algorithm, req.Limit, req.Cost
+		e.mu.Unlock()
+		return e
+	}
+	if s.size.Load() >= s.maxKeys {
+		return nil
+	}
+	e, loaded := s.keys.LoadOrCompute(req.Key, func() (*entry, bool) {
+		return &entry{req: sluice.Request{Key: req.Key, Algorithm: req.Algorithm, Limit: req.Limit, Cost: req.Cost}}, false
+	})
+	if !loaded {
+		s.size.Add(1)
+	}
+	return e
+}
+
+// prefetch starts a fetch of e's key unless one is in flight or the last
+// one said to wait, and returns the channel closed when the fetch in
+// flight ends (nil when none is).
+func (s *Store) prefetch(home sluice.Store, e *entry) <-chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.fetching != nil {
+		return e.fetching
+	}
+	if s.clk.Now() < e.retryAt {
+		return nil
+	}
+	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
+	if s.closed {
+		return nil
+	}
+	ch := make(chan struct{})
+	e.fetching = ch
+	req := e.req
+	req.Cost = e.target(s)
+	req.MaxWait, req.Lease, req.UseLease = 0, "", false
+	s.inflight.Go(func() {
+		s.fetch(home, e, req)
+		e.mu.Lock()
+		e.fetching = nil
+		e.mu.Unlock()
+		close(ch)
+	})
+	return ch
+}
+
+// fetch charges req.Cost units of the key at its home and credits them
+// to the region's share. When the home has fewer left, it takes what is
+// left; when none, it waits for the home's RetryAfter. Every unit the
+// ledger is credited was charged at home before: the bound.
+func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
+	s.st.fetches.Add(1)
+	ctx, cancel := context.WithTimeout(sluice.WaitForReply(context.Background()), s.fetchTO)
+	defer cancel()
+	sent := s.clk.Now()
+	d, err := home.Apply(ctx, sluice.OpAllow, req)
+	if err == nil && !d.Degraded && !d.Allowed && d.Remaining > 0 && d.Remaining < req.Cost {
+		req.Cost = d.Remaining
+		d, err = home.Apply(ctx, sluice.OpAllow, req)
+	}
+	got := s.clk.Now()
+	e.mu.Lock()
+	if err != nil || d.Degraded {
+		e.down = true
+		e.retryAt = got + s.downRetry
+		e.mu.Unlock()
+		s.st.fetchErrors.Add(1)
+		return
+	}
+	e.down = false
+	lat := float64(got - sent)
+	if e.lat == 0 {
+		e.lat = lat
+	} else {
+		e.lat += (lat - e.lat) / 4
+	}
+	if !d.Allowed {
+		e.retryAt = sent + int64(d.RetryAfter)
+		e.mu.Unlock()
+		s.st.fetchDenied.Add(1)
+		return
+	}
+	e.retryAt = 0
+	e.mu.Unlock()
+
+	// A bucket share is spendable for TTL from the charge, a window's
+	// until its window ends: both counted from when the fetch was sent
+	// (the home charged it later), less the time since.
+	var ttl int64
+	win := ""
+	if req.Algorithm == sluice.FixedWindow {
+		ttl = int64(d.ResetAfter) - (got - sent)
+		p := int64(req.Limit.Period)
+		win = strconv.FormatInt((sent+int64(d.ResetAfter)+p/2)/p, 10)
+	} else {
+		ttl = s.ttl - (got - sent)
+	}
+	if ttl <= int64(time.Millisecond) {
+		s.st.stranded.Add(uint64(req.Cost))
+		s.refund(home, req, req.Cost)
+		return
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), s.led.timeout*4)
+	defer ccancel()
+	if _, err := s.led.credit(cctx, req.Key, req.Cost, time.Duration(ttl), win); err != nil {
+		// The units were charged at home and are lost to the region:
+		// under-admission, never over.
+		s.st.stranded.Add(uint64(req.Cost))
+		s.log.Warn("region: crediting a share failed", "region", s.region, "units", req.Cost, "err", err)
+		return
+	}
+	s.st.fetched.Add(uint64(req.Cost))
+}
+
+// refund gives units of a bucket key back to its home; windows are never
+// refunded (a late refund would land in the next window).
+func (s *Store) refund(home sluice.Store, req sluice.Request, units int64) bool {
+	if req.Algorithm == sluice.FixedWindow || units <= 0 {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.fetchTO)
+	defer cancel()
+	req.Cost = units
+	if _, err := home.Apply(ctx, sluice.OpRefund, req); err != nil {
+		s.log.Warn("region: refunding a share failed", "region", s.region, "units", units, "err", err)
+		return false
+	}
+	s.st.refunds.Add(1)
+	s.st.refunded.Add(uint64(units))
+	return true
+}
+
+func (s *Store) sweepLoop(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.Sweep(context.Background())
+		}
+	}
+}
+
+// Sweep refunds at home the bucket shares that expired or went unspent
+// for IdleAfter in this region, and forgets keys this instance has not
+// been asked for since. A refund that fails puts the units back in the
+// share, expired, for a later sweep. The background sweep calls it.
+func (s *Store) Sweep(ctx context.Context) {
+	now := s.clk.Now()
+	s.keys.Range(func(key string, e *entry) bool {
+		e.mu.Lock()
+		req, idle, busy, down := e.req, now-e.lastUse > int64(s.idle), e.fetching != nil, e.down && now < e.retryAt
+		e.mu.Unlock()
+		if busy || down || req.Algorithm == sluice.FixedWindow {
+			if idle && !busy && req.Algorithm == sluice.FixedWindow {
+				s.forget(key, e)
+			}
+			return true
+		}
+		home := s.regions[s.home(key)]
+		n, err := s.led.take(ctx, key, s.idle, false)
+		if err != nil || n == 0 {
+			if err == nil && idle {
+				s.forget(key, e)
+			}
+			return true
+		}
+		if !s.refund(home, req, n) {
+			// Still charged at home: keep them, unspendable, for later.
+			if _, err := s.led.credit(ctx, key, n, 0, ""); err != nil {
+				s.st.stranded.Add(uint64(n))
+			}
+			return true
+		}
+		if idle {
+			s.forget(key, e)
+		}
+		return true
+	})
+}
+
+func (s *Store) forget(key string, e *entry) {
+	if _, ok := s.keys.LoadAndDelete(key); ok {
+		s.size.Add(-1)
+	}
+}
+
+// counters are a Store's statistics.
+type counters struct {
+	home, share, denied, policy                                           atomic.Uint64
+	fetches, fetchDenied, fetchErrors, fetched, refunds, refunded, stranded atomic.Uint64
+}
+
+// Stats are a Store's counts since it started.
+type Stats struct {
+	// Home counts admissions and denials of global keys decided by this
+	// region's store as their home.
+	Home uint64
+	// Share counts admissions from a share this region held.
+	Share uint64
+	// Denied counts requests denied because the region's share was spent
+	// and the home had no more to give yet.
+	Denied uint64
+	// Policy counts requests the failure policy answered: the home was
+	// unreachable and the share spent.
+	Policy uint64
+	// Fetches counts share fetches sent to homes; FetchDenied those the
+	// home had nothing for, FetchErrors those that failed.
+	Fetches, FetchDenied, FetchErrors uint64
+	// Fetched counts the units credited to shares.
+	Fetched uint64
+	// Refunds and Refunded count refunds at homes and their units.
+	Refunds, Refunded uint64
+	// Stranded counts units charged at home that the region could not
+	// use or give back (a reply too late, a failed credit).
+	Stranded uint64
+	// Keys is the number of global keys tracked.
+	Keys int64
+}
+
+// Stats returns the Store's counts.
+func (s *Store) Stats() Stats {
+	return Stats{
+		Home: s.st.home.Load(), Share: s.st.share.Load(), Denied: s.st.denied.Load(), Policy: s.st.policy.Load(),
+		Fetches: s.st.fetches.Load(), FetchDenied: s.st.fetchDenied.Load(), FetchErrors: s.st.fetchErrors.Load(),
+		Fetched: s.st.fetched.Load(), Refunds: s.st.refunds.Load(), Refunded: s.st.refunded.Load(),
+		Stranded: s.st.stranded.Load(), Keys: s.size.Load(),
+	}
+}
