@@ -257,7 +257,7 @@ func (s *Store) forget(key string, e *entry) {
 
 // counters are a Store's statistics.
 type counters struct {
-	home, share, denied, policy                                           atomic.Uint64
+	home, share, denied, policy                                             atomic.Uint64
 	fetches, fetchDenied, fetchErrors, fetched, refunds, refunded, stranded atomic.Uint64
 }
 
