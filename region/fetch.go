@@ -23,6 +23,7 @@ type entry struct {
 	retryAt  int64          // ns before which no fetch is sent
 	down     bool           // the last fetch failed: the home is unreachable
 	lat      float64        // smoothed ns a fetch takes
+	winEnd   int64          // ns: the end of the window of the last window share, estimated early
 }
 
 // rateTau is the time constant of the demand's moving average.
@@ -45,6 +46,13 @@ func (e *entry) note(now, cost int64) {
 // cost, at most MaxFraction of the capacity. Called with e.mu held.
 func (e *entry) target(s *Store) int64 {
 	h := max(s.horizon, 3*e.lat/1e9)
+	if e.req.Algorithm == sluice.FixedWindow {
+		// What a window's share holds at its end is lost: cover only
+		// what is left of the window once the fetch is back.
+		if left := float64(e.winEnd-s.clk.Now()) - e.lat; left > 0 {
+			h = min(h, left/1e9)
+		}
+	}
 	n := int64(math.Ceil(e.rate * h))
 	capacity := e.req.Capacity()
 	n = min(n, max(int64(s.frac*float64(capacity)), 1))
@@ -157,9 +165,13 @@ func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
 	var ttl int64
 	win := ""
 	if req.Algorithm == sluice.FixedWindow {
-		ttl = int64(d.ResetAfter) - (got - sent)
+		end := s.windowEnd(req.Limit, sent, got, d.ResetAfter)
+		ttl = end - got
 		p := int64(req.Limit.Period)
 		win = strconv.FormatInt((sent+int64(d.ResetAfter)+p/2)/p, 10)
+		e.mu.Lock()
+		e.winEnd = end
+		e.mu.Unlock()
 	} else {
 		ttl = s.ttl - (got - sent)
 	}
@@ -178,6 +190,23 @@ func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
 		return
 	}
 	s.st.fetched.Add(uint64(req.Cost))
+}
+
+// windowEnd is when a window share charged by a fetch sent at sent and
+// answered at got (this instance's clock) must be spent by. The home
+// charged it at some instant between, so its window ends between sent +
+// ResetAfter and got + ResetAfter: the first is safe whatever the clocks,
+// and loses what the link's latency takes of each window. With
+// ClockSkew set, the window's end by this clock (windows are aligned to
+// the Unix epoch), less the skew, is used within those two.
+func (s *Store) windowEnd(l sluice.Limit, sent, got int64, ra time.Duration) int64 {
+	lo, hi := sent+int64(ra), got+int64(ra)
+	if s.skew <= 0 {
+		return lo
+	}
+	p := int64(l.Period)
+	aligned := (lo+p/2)/p*p - s.skew
+	return min(max(aligned, lo), hi)
 }
 
 // refund gives units of a bucket key back to its home; windows are never

@@ -21,7 +21,7 @@ import (
 
 // Defaults for Options.
 const (
-	DefaultHorizon      = time.Second
+	DefaultHorizon      = 250 * time.Millisecond
 	DefaultTTL          = 5 * time.Second
 	DefaultIdleAfter    = time.Second
 	DefaultMaxFraction  = 0.25
@@ -131,6 +131,13 @@ type Options struct {
 	// CallTimeout bounds a call to this region's Redis for a share.
 	// DefaultCallTimeout when zero.
 	CallTimeout time.Duration
+	// ClockSkew, when positive, is how far apart the clocks of the
+	// regions' hosts may be, at most (NTP keeps them within milliseconds):
+	// a window share is then spent until its window's end by this
+	// instance's clock less ClockSkew. Zero trusts no clock: a share
+	// ends one fetch round trip early at worst, and each window loses
+	// that much of the region's demand (see docs/regions.md).
+	ClockSkew time.Duration
 	// Policy answers a global key when its home cannot be reached and
 	// the region's share is spent. FailClosed when zero.
 	Policy Policy
@@ -181,6 +188,7 @@ type Store struct {
 	fetchTO   time.Duration
 	fetchWait time.Duration
 	downRetry int64
+	skew      int64
 	policy    Policy
 	maxKeys   int64
 	clk       clock.Clock
@@ -216,7 +224,7 @@ func New(opts Options) (*Store, error) {
 	if opts.Ledger == nil {
 		return nil, errors.New("region: Options.Ledger is required")
 	}
-	if opts.Horizon < 0 || opts.TTL < 0 || opts.IdleAfter < 0 || opts.FetchTimeout < 0 || opts.DownRetry < 0 || opts.CallTimeout < 0 || opts.MaxKeys < 0 {
+	if opts.Horizon < 0 || opts.ClockSkew < 0 || opts.TTL < 0 || opts.IdleAfter < 0 || opts.FetchTimeout < 0 || opts.DownRetry < 0 || opts.CallTimeout < 0 || opts.MaxKeys < 0 {
 		return nil, errors.New("region: negative option")
 	}
 	if opts.MaxFraction < 0 || opts.MaxFraction > 1 || math.IsNaN(opts.MaxFraction) {
@@ -242,6 +250,7 @@ func New(opts Options) (*Store, error) {
 		fetchTO:   def(opts.FetchTimeout, DefaultFetchTimeout),
 		fetchWait: def(opts.FetchWait, DefaultFetchWait),
 		downRetry: int64(def(opts.DownRetry, DefaultDownRetry)),
+		skew:      int64(opts.ClockSkew),
 		policy:    opts.Policy,
 		maxKeys:   int64(opts.MaxKeys),
 		clk:       opts.Clock,
@@ -450,11 +459,13 @@ func (s *Store) allow(ctx context.Context, hs sluice.Store, req *sluice.Request)
 		s.st.denied.Add(1)
 		return s.denial(req, sh, int64(s.downRetry)), nil
 	}
-	for {
-		ch := s.prefetch(hs, e)
-		if ch == nil || s.fetchWait < 0 {
-			break
-		}
+	// A key this instance has no fetch behind yet (cold) waits for its
+	// first one, up to FetchWait; a warm key that ran out is denied at
+	// once, its next fetch on the way, rather than stall its callers.
+	e.mu.Lock()
+	cold := e.lat == 0 && !e.down
+	e.mu.Unlock()
+	if ch := s.prefetch(hs, e); ch != nil && cold && s.fetchWait >= 0 {
 		t := time.NewTimer(s.fetchWait)
 		select {
 		case <-ch:
@@ -471,7 +482,6 @@ func (s *Store) allow(ctx context.Context, hs sluice.Store, req *sluice.Request)
 			s.st.share.Add(1)
 			return s.shareDecision(req, sh), nil
 		}
-		break
 	}
 	e.mu.Lock()
 	down, retryAt := e.down, e.retryAt

@@ -1,0 +1,303 @@
+package region_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/redisstore"
+	"github.com/sluice-io/sluice/region"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// The three regions of the harness; eu is the home of its global keys.
+var regionNames = []string{"eu", "us", "ap"}
+
+// oneWay is the latency between two regions, each way: 40, 80 and 150 ms.
+func oneWay(a, b string) time.Duration {
+	pair := []string{a, b}
+	slices.Sort(pair)
+	switch strings.Join(pair, "-") {
+	case "eu-us":
+		return 40 * time.Millisecond
+	case "ap-us":
+		return 80 * time.Millisecond
+	}
+	return 150 * time.Millisecond // ap-eu
+}
+
+// world is three regions, each its own redis-server and two instances
+// (region.Stores), the regions linked through wan proxies.
+type world struct {
+	srv  map[string]*redistest.Server
+	link map[[2]string]*wan // [from, to]
+	inst map[string][]*region.Store
+	// the stores each region reaches, closed when the test ends
+	stores []*redisstore.Store
+	global string // the prefix of global keys
+}
+
+type worldOpts struct {
+	home    string // the home of every global key; "" hashes
+	persist bool   // the redis-servers write every change to an AOF before answering
+	region  func(*region.Options)
+}
+
+func newWorld(t *testing.T, o worldOpts) *world {
+	t.Helper()
+	w := &world{srv: map[string]*redistest.Server{}, link: map[[2]string]*wan{}, inst: map[string][]*region.Store{}, global: redistest.Prefix(t) + "g:"}
+	var extra []string
+	if o.persist {
+		extra = []string{"--appendonly", "yes", "--appendfsync", "always"}
+	}
+	for _, r := range regionNames {
+		w.srv[r] = redistest.NewStandalone(t, extra...)
+	}
+	for _, a := range regionNames {
+		for _, b := range regionNames {
+			if a != b {
+				w.link[[2]string{a, b}] = newWAN(t, w.srv[b].Addr, oneWay(a, b))
+			}
+		}
+	}
+	ctx := context.Background()
+	open := func(url string, timeout time.Duration) *redisstore.Store {
+		s, err := redisstore.New(ctx, redisstore.Options{URL: url, Timeout: timeout, DisableDenyCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.stores = append(w.stores, s)
+		return s
+	}
+	for _, r := range regionNames {
+		for range 2 {
+			stores := map[string]sluice.Store{}
+			local := open(w.srv[r].URL(), time.Second)
+			stores[r] = local
+			for _, h := range regionNames {
+				if h != r {
+					stores[h] = open(w.link[[2]string{r, h}].URL(), 2*time.Second)
+				}
+			}
+			opts := region.Options{
+				Region:  r,
+				Regions: stores,
+				Ledger:  local.Client(),
+				Global:  func(req *sluice.Request) bool { return strings.HasPrefix(req.Key, w.global) },
+				// Generous: a loaded machine stalls a call to the local
+				// Redis for tens of ms at times.
+				CallTimeout: time.Second,
+				// One host, one clock.
+				ClockSkew: 5 * time.Millisecond,
+			}
+			if o.home != "" {
+				opts.Home = func(string) string { return o.home }
+			}
+			if o.region != nil {
+				o.region(&opts)
+			}
+			s, err := region.New(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.inst[r] = append(w.inst[r], s)
+		}
+	}
+	t.Cleanup(func() {
+		for _, ss := range w.inst {
+			for _, s := range ss {
+				_ = s.Close()
+			}
+		}
+		for _, s := range w.stores {
+			_ = s.Close()
+		}
+	})
+	return w
+}
+
+// event is one decision of a run.
+type event struct {
+	at, took   time.Duration // since the run's start, before the call; its latency
+	region     string
+	allowed    bool
+	degraded   bool
+	src        sluice.Source
+	resetAfter time.Duration
+	err        error
+}
+
+// run is the record of a load.
+type run struct {
+	start, end time.Time
+	events     []event
+}
+
+// load offers rate requests a second of req for d, from every instance,
+// each request sent from the region where(elapsed) says (weights, or one
+// region for a hopping client). Calls are paced on tickers; a goroutine per
+// instance and region-share keeps a slow call from delaying the others.
+type load struct {
+	req    sluice.Request
+	rate   float64                                    // requests per second, all regions
+	d      time.Duration                              // how long
+	share  func(elapsed time.Duration) []float64      // the part of rate per region, in regionNames order
+	during func(ctx context.Context, start time.Time) // runs with the load: faults
+}
+
+func even(time.Duration) []float64   { return []float64{1.0 / 3, 1.0 / 3, 1.0 / 3} }
+func skewed(time.Duration) []float64 { return []float64{0.05, 0.9, 0.05} }
+func hopping(el time.Duration) []float64 {
+	s := make([]float64, 3)
+	s[int(el/(100*time.Millisecond))%3] = 1
+	return s
+}
+
+const workers = 4 // per instance
+
+func (w *world) run(t *testing.T, l load) run {
+	t.Helper()
+	var mu sync.Mutex
+	var r run
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	r.start = time.Now()
+	if l.during != nil {
+		wg.Go(func() { l.during(ctx, r.start) })
+	}
+	var callers sync.WaitGroup
+	for ri, name := range regionNames {
+		for _, s := range w.inst[name] {
+			for k := range workers {
+				callers.Go(func() {
+					// Each worker sends its part of the region's rate,
+					// at the pace of a tick of 2ms, as many requests per
+					// tick as it owes.
+					tick := time.NewTicker(2 * time.Millisecond)
+					defer tick.Stop()
+					var owed float64
+					last := time.Now()
+					var local []event
+					defer func() {
+						mu.Lock()
+						r.events = append(r.events, local...)
+						mu.Unlock()
+					}()
+					_ = k
+					for {
+						now := <-tick.C
+						el := now.Sub(r.start)
+						if el >= l.d {
+							return
+						}
+						owed += l.rate * l.share(el)[ri] / float64(2*workers) * now.Sub(last).Seconds()
+						last = now
+						for ; owed >= 1; owed-- {
+							at := time.Since(r.start)
+							d, err := s.Apply(ctx, sluice.OpAllow, l.req)
+							local = append(local, event{at: at, took: time.Since(r.start) - at, region: name, allowed: err == nil && d.Allowed, degraded: d.Degraded, src: d.Source, resetAfter: d.ResetAfter, err: err})
+						}
+					}
+				})
+			}
+		}
+	}
+	callers.Wait()
+	r.end = time.Now()
+	cancel()
+	wg.Wait()
+	slices.SortFunc(r.events, func(a, b event) int { return int(a.at - b.at) })
+	return r
+}
+
+// admitted counts the admissions of events in [from, to).
+func (r run) admitted(from, to time.Duration) (n int64) {
+	for _, e := range r.events {
+		if e.allowed && e.at >= from && e.at < to {
+			n++
+		}
+	}
+	return n
+}
+
+// errs returns the first error of the run and how many there were.
+func (r run) errs() (first error, n int) {
+	for _, e := range r.events {
+		if e.err != nil {
+			if first == nil {
+				first = e.err
+			}
+			n++
+		}
+	}
+	return first, n
+}
+
+// bySource counts decisions by tier: home (store), share, policy.
+func (r run) bySource() map[string]int {
+	m := map[string]int{}
+	for _, e := range r.events {
+		switch {
+		case e.err != nil:
+			m["error"]++
+		case e.degraded:
+			m["policy"]++
+		default:
+			m[e.region+"/"+e.src.String()]++
+		}
+	}
+	return m
+}
+
+// checkBucket asserts the global bound of GCRA and the token bucket: from
+// the key's first request on, admitted ≤ burst + rate × elapsed + 1
+// (every admission is backed by a home charge, and the home admits that).
+// The run's span is measured outside every call, so it is at least the
+// span the home saw.
+func checkBucket(t *testing.T, lim sluice.Limit, r run) (admitted int64, ideal float64) {
+	t.Helper()
+	admitted = r.admitted(0, math.MaxInt64)
+	ideal = float64(lim.Capacity()) + float64(lim.Rate)*r.end.Sub(r.start).Seconds()/lim.Period.Seconds()
+	if float64(admitted) > ideal+1 {
+		t.Fatalf("admitted %d > ideal %.1f + 1", admitted, ideal)
+	}
+	return admitted, ideal
+}
+
+// checkWindows asserts ≤ Rate per window for a fixed window. Each
+// admission is put in the window its decision says it was charged in:
+// the one ending ResetAfter after the call was sent, give or take the
+// call's latency and what a share's expiry is estimated early by (a
+// fetch's round trip), under half a window: rounded to the nearest end.
+func checkWindows(t *testing.T, lim sluice.Limit, r run) map[int64]int64 {
+	t.Helper()
+	p := int64(lim.Period)
+	per := map[int64]int64{}
+	for _, e := range r.events {
+		if !e.allowed {
+			continue
+		}
+		end := r.start.UnixNano() + int64(e.at) + int64(e.resetAfter)
+		per[(end+p/2)/p]++
+	}
+	for w, n := range per {
+		if n > lim.Rate {
+			t.Fatalf("window %d admitted %d > %d (all windows: %v)", w, n, lim.Rate, per)
+		}
+	}
+	return per
+}
+
+func (r run) String() string {
+	a := r.admitted(0, math.MaxInt64)
+	return fmt.Sprintf("%d calls, %d admitted over %s, by tier %v", len(r.events), a, r.end.Sub(r.start).Round(time.Millisecond), r.bySource())
+}

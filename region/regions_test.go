@@ -1,0 +1,86 @@
+package region_test
+
+import (
+	"maps"
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+)
+
+// utilization is what a run admitted in its steady part, after its first
+// second (shares sized, the burst spent), against what the limit admits
+// in that time.
+func utilization(lim sluice.Limit, r run) float64 {
+	from := time.Second
+	span := r.end.Sub(r.start) - from
+	return float64(r.admitted(from, math.MaxInt64)) / (float64(lim.Rate) * span.Seconds() / lim.Period.Seconds())
+}
+
+// windowUse is what the whole windows of a run admitted (all but its
+// first and last) against their limit.
+func windowUse(lim sluice.Limit, per map[int64]int64) float64 {
+	ws := slices.Sorted(maps.Keys(per))
+	if len(ws) < 3 {
+		return 0
+	}
+	var n int64
+	for _, w := range ws[1 : len(ws)-1] {
+		n += per[w]
+	}
+	return float64(n) / float64(lim.Rate*int64(len(ws)-2))
+}
+
+// Demand spread evenly, 90% in one region, and one client hopping over
+// the regions every 100ms, each offered twice the limit: the home (eu)
+// decides its own requests, us and ap from shares; admissions never pass
+// the bound, and the limit is used.
+func TestGlobalBound(t *testing.T) {
+	w := newWorld(t, worldOpts{home: "eu"})
+	bucket := sluice.Limit{Rate: 400, Period: time.Second, Burst: 100}
+	window := sluice.Limit{Rate: 400, Period: time.Second}
+	for _, c := range []struct {
+		name  string
+		a     sluice.Algorithm
+		lim   sluice.Limit
+		share func(time.Duration) []float64
+		floor float64
+	}{
+		{"gcra/even", sluice.GCRA, bucket, even, 0.90},
+		{"gcra/skewed", sluice.GCRA, bucket, skewed, 0.95},
+		{"gcra/hopping", sluice.GCRA, bucket, hopping, 0.80},
+		{"tokenbucket/even", sluice.TokenBucket, bucket, even, 0.90},
+		{"fixedwindow/even", sluice.FixedWindow, window, even, 0.90},
+		{"fixedwindow/skewed", sluice.FixedWindow, window, skewed, 0.95},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			req := sluice.Request{Key: w.global + c.name, Algorithm: c.a, Limit: c.lim, Cost: 1}
+			r := w.run(t, load{req: req, rate: 2 * float64(c.lim.Rate), d: 3 * time.Second, share: c.share})
+			t.Log(r)
+			for _, name := range regionNames {
+				for _, s := range w.inst[name] {
+					t.Logf("%s: %+v", name, s.Stats())
+				}
+			}
+			if err, n := r.errs(); n > 0 {
+				t.Fatalf("%d errors, first: %v", n, err)
+			}
+			var u float64
+			if c.a == sluice.FixedWindow {
+				per := checkWindows(t, c.lim, r)
+				t.Logf("per window: %v", per)
+				u = windowUse(c.lim, per)
+			} else {
+				a, ideal := checkBucket(t, c.lim, r)
+				t.Logf("admitted %d of an ideal %.0f", a, ideal)
+				u = utilization(c.lim, r)
+			}
+			t.Logf("utilization after 1s: %.3f", u)
+			if u < c.floor {
+				t.Fatalf("utilization %.3f < %.2f", u, c.floor)
+			}
+		})
+	}
+}
