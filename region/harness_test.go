@@ -51,7 +51,7 @@ type worldOpts struct {
 	region  func(*region.Options)
 }
 
-func newWorld(t *testing.T, o worldOpts) *world {
+func newWorld(t testing.TB, o worldOpts) *world {
 	t.Helper()
 	w := &world{srv: map[string]*redistest.Server{}, link: map[[2]string]*wan{}, inst: map[string][]*region.Store{}, global: redistest.Prefix(t) + "g:"}
 	var extra []string
