@@ -53,6 +53,8 @@ type worldOpts struct {
 
 func newWorld(t testing.TB, o worldOpts) *world {
 	t.Helper()
+	t0 := time.Now()
+	defer func() { t.Logf("world up in %s", time.Since(t0)) }()
 	w := &world{srv: map[string]*redistest.Server{}, link: map[[2]string]*wan{}, inst: map[string][]*region.Store{}, global: redistest.Prefix(t) + "g:"}
 	var extra []string
 	if o.persist {
@@ -69,47 +71,40 @@ func newWorld(t testing.TB, o worldOpts) *world {
 		}
 	}
 	ctx := context.Background()
-	open := func(url string, timeout time.Duration) *redisstore.Store {
+	var mu sync.Mutex
+	open := func(url string, timeout time.Duration) (*redisstore.Store, error) {
 		s, err := redisstore.New(ctx, redisstore.Options{URL: url, Timeout: timeout, DisableDenyCache: true})
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
+		mu.Lock()
 		w.stores = append(w.stores, s)
-		return s
+		mu.Unlock()
+		return s, nil
 	}
+	// The instances start at once: a store reached across a link takes
+	// a few round trips (150ms each way) to connect and load its scripts.
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*len(regionNames))
 	for _, r := range regionNames {
-		for range 2 {
-			stores := map[string]sluice.Store{}
-			local := open(w.srv[r].URL(), time.Second)
-			stores[r] = local
-			for _, h := range regionNames {
-				if h != r {
-					stores[h] = open(w.link[[2]string{r, h}].URL(), 2*time.Second)
+		w.inst[r] = make([]*region.Store, 2)
+		for i := range 2 {
+			wg.Go(func() {
+				s, err := w.instance(r, o, open)
+				if err != nil {
+					errs <- err
+					return
 				}
-			}
-			opts := region.Options{
-				Region:  r,
-				Regions: stores,
-				Ledger:  local.Client(),
-				Global:  func(req *sluice.Request) bool { return strings.HasPrefix(req.Key, w.global) },
-				// Generous: a loaded machine stalls a call to the local
-				// Redis for tens of ms at times.
-				CallTimeout: time.Second,
-				// One host, one clock.
-				ClockSkew: 5 * time.Millisecond,
-			}
-			if o.home != "" {
-				opts.Home = func(string) string { return o.home }
-			}
-			if o.region != nil {
-				o.region(&opts)
-			}
-			s, err := region.New(opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			w.inst[r] = append(w.inst[r], s)
+				mu.Lock()
+				w.inst[r][i] = s
+				mu.Unlock()
+			})
 		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		for _, ss := range w.inst {
@@ -122,6 +117,55 @@ func newWorld(t testing.TB, o worldOpts) *world {
 		}
 	})
 	return w
+}
+
+// instance opens one instance of region r: its region's store, the
+// others' through the links, and a region.Store over them.
+func (w *world) instance(r string, o worldOpts, open func(string, time.Duration) (*redisstore.Store, error)) (*region.Store, error) {
+	stores := map[string]sluice.Store{}
+	local, err := open(w.srv[r].URL(), time.Second)
+	if err != nil {
+		return nil, err
+	}
+	stores[r] = local
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, h := range regionNames {
+		if h != r {
+			wg.Go(func() {
+				s, e := open(w.link[[2]string{r, h}].URL(), 2*time.Second)
+				mu.Lock()
+				defer mu.Unlock()
+				if e != nil {
+					err = e
+					return
+				}
+				stores[h] = s
+			})
+		}
+	}
+	wg.Wait()
+	if err != nil {
+		return nil, err
+	}
+	opts := region.Options{
+		Region:  r,
+		Regions: stores,
+		Ledger:  local.Client(),
+		Global:  func(req *sluice.Request) bool { return strings.HasPrefix(req.Key, w.global) },
+		// Generous: a loaded machine stalls a call to the local Redis
+		// for tens of ms at times.
+		CallTimeout: time.Second,
+		// One host, one clock.
+		ClockSkew: 5 * time.Millisecond,
+	}
+	if o.home != "" {
+		opts.Home = func(string) string { return o.home }
+	}
+	if o.region != nil {
+		o.region(&opts)
+	}
+	return region.New(opts)
 }
 
 // event is one decision of a run.

@@ -64,6 +64,7 @@ type share struct {
 	ok   bool
 	n    int64
 	left time.Duration
+	win  string // the share's window ("" for buckets)
 }
 
 func (l *ledger) key(k string) string { return l.prefix + k }
@@ -82,19 +83,27 @@ func (l *ledger) bound(ctx context.Context) (context.Context, context.CancelFunc
 	return context.WithTimeout(ctx, l.timeout)
 }
 
-// apply runs op ("allow", "peek", "refund" or "charge") on key's share.
-func (l *ledger) apply(ctx context.Context, op, key string, cost int64) (share, error) {
+// apply runs op ("allow", "peek", "refund" or "charge") on key's share;
+// a refund applies only to a share of window win ("" for buckets).
+func (l *ledger) apply(ctx context.Context, op, key string, cost int64, win string) (share, error) {
 	ctx, cancel := l.bound(ctx)
 	defer cancel()
-	vs, err := l.s.spend.Exec(ctx, l.client, []string{l.key(key)}, []string{l.now(), op, strconv.FormatInt(cost, 10), strconv.FormatInt(l.gc, 10)}).ToArray()
+	vs, err := l.s.spend.Exec(ctx, l.client, []string{l.key(key)}, []string{l.now(), op, strconv.FormatInt(cost, 10), strconv.FormatInt(l.gc, 10), win}).ToArray()
 	if err != nil {
 		return share{}, unavailable("share "+op, err)
 	}
-	n, err := ints(vs, 3)
+	if len(vs) != 4 {
+		return share{}, fmt.Errorf("region: share reply of %d values, want 4", len(vs))
+	}
+	n, err := ints(vs[:3], 3)
 	if err != nil {
 		return share{}, err
 	}
-	return share{ok: n[0] == 1, n: n[1], left: time.Duration(n[2]) * time.Millisecond}, nil
+	w, err := vs[3].ToString()
+	if err != nil {
+		return share{}, fmt.Errorf("region: share reply window: %w", err)
+	}
+	return share{ok: n[0] == 1, n: n[1], left: time.Duration(n[2]) * time.Millisecond, win: w}, nil
 }
 
 // credit adds units charged at home, spendable for ttl (window win; ""
