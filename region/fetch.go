@@ -24,7 +24,12 @@ type entry struct {
 	down     bool           // the last fetch failed: the home is unreachable
 	lat      float64        // smoothed ns a fetch takes
 	winEnd   int64          // ns: the end of the window of the last window share, estimated early
+	short    bool           // the last fetch got less than it asked for, or nothing
 }
+
+// minFetch is the fewest units a fetch asks for, when MaxFraction of the
+// capacity allows.
+const minFetch = 4
 
 // rateTau is the time constant of the demand's moving average.
 const rateTau = 0.5 // s
@@ -55,7 +60,11 @@ func (e *entry) target(s *Store) int64 {
 	}
 	n := int64(math.Ceil(e.rate * h))
 	capacity := e.req.Capacity()
-	n = min(n, max(int64(s.frac*float64(capacity)), 1))
+	top := max(int64(s.frac*float64(capacity)), 1)
+	// A standing minimum, so that a slow key does not cross regions for
+	// every request.
+	n = max(n, min(minFetch, top))
+	n = min(n, top)
 	return min(max(n, e.req.Cost, 1), capacity)
 }
 
@@ -130,6 +139,7 @@ func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
 	defer cancel()
 	sent := s.clk.Now()
 	d, err := home.Apply(ctx, sluice.OpAllow, req)
+	short := err == nil && !d.Allowed
 	if err == nil && !d.Degraded && !d.Allowed && d.Remaining > 0 && d.Remaining < req.Cost {
 		req.Cost = d.Remaining
 		d, err = home.Apply(ctx, sluice.OpAllow, req)
@@ -143,7 +153,7 @@ func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
 		s.st.fetchErrors.Add(1)
 		return
 	}
-	e.down = false
+	e.down, e.short = false, short
 	lat := float64(got - sent)
 	if e.lat == 0 {
 		e.lat = lat

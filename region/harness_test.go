@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -166,6 +167,29 @@ func (w *world) instance(r string, o worldOpts, open func(string, time.Duration)
 		o.region(&opts)
 	}
 	return region.New(opts)
+}
+
+// held is the units of key held in the regions' shares now (charged at
+// the home, not spent yet).
+func (w *world) held(t testing.TB, key string) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var n int64
+	for _, r := range regionNames {
+		v, err := w.srv[r].Do(ctx, "HGET", region.DefaultPrefix+key, "n")
+		if err != nil {
+			t.Fatalf("read %s's share: %v", r, err)
+		}
+		if s, ok := v.(string); ok {
+			k, err := strconv.ParseInt(s, 10, 64)
+			if err != nil {
+				t.Fatalf("%s's share: %q", r, s)
+			}
+			n += max(k, 0)
+		}
+	}
+	return n
 }
 
 // event is one decision of a run.

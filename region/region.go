@@ -313,6 +313,9 @@ func def(v, d time.Duration) time.Duration {
 // Region returns the region this Store decides for.
 func (s *Store) Region() string { return s.region }
 
+// Unwrap returns this region's store.
+func (s *Store) Unwrap() sluice.Store { return s.local }
+
 // HomeOf returns the home region of a global key.
 func (s *Store) HomeOf(key string) string { return s.home(key) }
 
@@ -557,13 +560,14 @@ func (s *Store) allowWin(ctx context.Context, hs sluice.Store, req *sluice.Reque
 		s.st.denied.Add(1)
 		return s.denial(req, sh, int64(s.downRetry)), "", nil
 	}
-	// A key this instance has no fetch behind yet (cold) waits for its
-	// first one, up to FetchWait; a warm key that ran out is denied at
-	// once, its next fetch on the way, rather than stall its callers.
+	// The share ran out: wait for a fetch, up to FetchWait (a cold key
+	// waits for its first one), unless the last fetch came back short or
+	// empty: the home is near its limit, and waiting would only stall the
+	// callers of a key over its limit by a round trip each.
 	e.mu.Lock()
-	cold := e.lat == 0 && !e.down
+	short := e.short || e.down
 	e.mu.Unlock()
-	if ch := s.prefetch(hs, e); ch != nil && cold && s.fetchWait >= 0 {
+	if ch := s.prefetch(hs, e); ch != nil && !short && s.fetchWait >= 0 {
 		t := time.NewTimer(s.fetchWait)
 		select {
 		case <-ch:

@@ -1,6 +1,7 @@
 package region_test
 
 import (
+	"context"
 	"maps"
 	"math"
 	"slices"
@@ -10,13 +11,15 @@ import (
 	"github.com/sluice-io/sluice"
 )
 
-// utilization is what a run admitted in its steady part, after its first
-// second (shares sized, the burst spent), against what the limit admits
-// in that time.
-func utilization(lim sluice.Limit, r run) float64 {
+// utilization is what the limit delivered in a run's steady part, after
+// its first second (shares sized, the burst spent), against what it
+// admits in that time: the admissions, and what the regions' shares grew
+// by (held at the end less held at 1s: charged at home in the span and
+// not spent yet; spent or refunded later).
+func utilization(lim sluice.Limit, r run, heldAt1s, heldAtEnd int64) float64 {
 	from := time.Second
 	span := r.end.Sub(r.start) - from
-	return float64(r.admitted(from, math.MaxInt64)) / (float64(lim.Rate) * span.Seconds() / lim.Period.Seconds())
+	return float64(r.admitted(from, math.MaxInt64)+heldAtEnd-heldAt1s) / (float64(lim.Rate) * span.Seconds() / lim.Period.Seconds())
 }
 
 // windowUse is what the whole windows of a run admitted (all but its
@@ -57,7 +60,12 @@ func TestGlobalBound(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			req := sluice.Request{Key: w.global + c.name, Algorithm: c.a, Limit: c.lim, Cost: 1}
-			r := w.run(t, load{req: req, rate: 2 * float64(c.lim.Rate), d: 3 * time.Second, share: c.share})
+			var held1 int64
+			r := w.run(t, load{req: req, rate: 2 * float64(c.lim.Rate), d: 3 * time.Second, share: c.share, during: func(_ context.Context, start time.Time) {
+				time.Sleep(time.Until(start.Add(time.Second))) // the measure's schedule
+				held1 = w.held(t, req.Key)
+			}})
+			heldEnd := w.held(t, req.Key)
 			t.Log(r)
 			for _, name := range regionNames {
 				for _, s := range w.inst[name] {
@@ -75,7 +83,8 @@ func TestGlobalBound(t *testing.T) {
 			} else {
 				a, ideal := checkBucket(t, c.lim, r)
 				t.Logf("admitted %d of an ideal %.0f", a, ideal)
-				u = utilization(c.lim, r)
+				u = utilization(c.lim, r, held1, heldEnd)
+				t.Logf("held in shares: %d at 1s, %d at the end", held1, heldEnd)
 			}
 			t.Logf("utilization after 1s: %.3f", u)
 			if u < c.floor {
