@@ -60,8 +60,12 @@ func TestGlobalBound(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			req := sluice.Request{Key: w.global + c.name, Algorithm: c.a, Limit: c.lim, Cost: 1}
+			d := 3 * time.Second
+			if soak() {
+				d = time.Minute
+			}
 			var held1 int64
-			r := w.run(t, load{req: req, rate: 2 * float64(c.lim.Rate), d: 3 * time.Second, share: c.share, during: func(_ context.Context, start time.Time) {
+			r := w.run(t, load{req: req, rate: 2 * float64(c.lim.Rate), d: d, share: c.share, during: func(_ context.Context, start time.Time) {
 				time.Sleep(time.Until(start.Add(time.Second))) // the measure's schedule
 				held1 = w.held(t, req.Key)
 			}})
