@@ -54,7 +54,7 @@ func TestGlobalPartition(t *testing.T) {
 				link.Heal()
 			}})
 			t.Log(r)
-			if err, n := r.errs(); n > 0 {
+			if n, err := r.errs(); n > 0 {
 				t.Fatalf("%d errors, first: %v", n, err)
 			}
 			if c.a == sluice.FixedWindow {

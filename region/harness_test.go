@@ -298,7 +298,7 @@ func (r run) admitted(from, to time.Duration) (n int64) {
 }
 
 // errs returns the first error of the run and how many there were.
-func (r run) errs() (first error, n int) {
+func (r run) errs() (n int, first error) {
 	for _, e := range r.events {
 		if e.err != nil {
 			if first == nil {
@@ -307,7 +307,7 @@ func (r run) errs() (first error, n int) {
 			n++
 		}
 	}
-	return first, n
+	return n, first
 }
 
 // bySource counts decisions by tier: home (store), share, policy.

@@ -76,7 +76,7 @@ func TestGlobalBound(t *testing.T) {
 					t.Logf("%s: %+v", name, s.Stats())
 				}
 			}
-			if err, n := r.errs(); n > 0 {
+			if n, err := r.errs(); n > 0 {
 				t.Fatalf("%d errors, first: %v", n, err)
 			}
 			var u float64
