@@ -367,5 +367,11 @@ func checkWindows(t *testing.T, lim sluice.Limit, r run) map[int64]int64 {
 
 func (r run) String() string {
 	a := r.admitted(0, math.MaxInt64)
-	return fmt.Sprintf("%d calls, %d admitted over %s, by tier %v", len(r.events), a, r.end.Sub(r.start).Round(time.Millisecond), r.bySource())
+	per := map[string]int{}
+	for _, e := range r.events {
+		if e.allowed {
+			per[e.region]++
+		}
+	}
+	return fmt.Sprintf("%d calls, %d admitted over %s (by region %v), by tier %v", len(r.events), a, r.end.Sub(r.start).Round(time.Millisecond), per, r.bySource())
 }
