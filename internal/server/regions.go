@@ -107,6 +107,9 @@ func policyOfKey(key string) string {
 	if j < 0 {
 		return ""
 	}
+	if _, err := sluice.ParseAlgorithm(rest[j+1:]); err != nil {
+		return "" // not a policy's key (the console's and overrides' keys share the prefix)
+	}
 	return rest[:j]
 }
 

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/redistest"
 )
 
@@ -69,4 +71,20 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// policyOfKey reads the policy from storeKey's keys, whatever the
+// identity, and nothing from other keys.
+func TestPolicyOfKey(t *testing.T) {
+	p := &config.Policy{Name: "api.v2", Algorithm: sluice.FixedWindow}
+	for _, id := range []string{"user:42", "}{:%", "", "ip:2001:db8::1"} {
+		if got := policyOfKey(storeKey(id, p)); got != "api.v2" {
+			t.Fatalf("identity %q: policy %q", id, got)
+		}
+	}
+	for _, k := range []string{"sluice:{topk}:api.v2:x", "other:{a}:api.v2:gcra", "sluice:{a}", "sluice:{a}:gcra"} {
+		if got := policyOfKey(k); got != "" {
+			t.Fatalf("%q: policy %q, want none", k, got)
+		}
+	}
 }
