@@ -67,7 +67,7 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 		if e := s.entry(&req); e != nil {
 			e.note(s.clk.Now(), req.Cost)
 			if sh.n < 0 {
-				s.prefetch(hs, e)
+				s.prefetch(hs, e, sh.n)
 			}
 		}
 		d := s.shareDecision(&req, sh)
@@ -241,7 +241,7 @@ func (s *Store) allowWin(ctx context.Context, hs sluice.Store, req *sluice.Reque
 	if sh.ok {
 		s.st.share.Add(1)
 		if e != nil && float64(sh.n) < e.lowWater(s) {
-			s.prefetch(hs, e)
+			s.prefetch(hs, e, sh.n)
 		}
 		return s.shareDecision(req, sh), sh.win, nil
 	}
@@ -256,7 +256,7 @@ func (s *Store) allowWin(ctx context.Context, hs sluice.Store, req *sluice.Reque
 	e.mu.Lock()
 	short := e.short || e.down
 	e.mu.Unlock()
-	if ch := s.prefetch(hs, e); ch != nil && !short && s.fetchWait >= 0 {
+	if ch := s.prefetch(hs, e, sh.n); ch != nil && !short && s.fetchWait >= 0 {
 		t := time.NewTimer(s.fetchWait)
 		select {
 		case <-ch:

@@ -19,12 +19,15 @@ type entry struct {
 	rate     float64        // units/s this instance was asked for, smoothed
 	rateAt   int64          // ns of the last update
 	lastUse  int64          // ns
-	fetching chan struct{}  // closed when the fetch in flight ends
+	fetching chan struct{}  // closed when the latest fetch started ends
+	inflight int            // fetches in flight
+	pending  int64          // units they asked for
 	retryAt  int64          // ns before which no fetch is sent
 	down     bool           // the last fetch failed: the home is unreachable
 	lat      float64        // smoothed ns a fetch takes
 	winEnd   int64          // ns: the end of the window of the last window share, estimated early
 	short    bool           // the last fetch got less than it asked for, or nothing
+	empty    bool           // the last fetch got nothing: the home is at its limit
 }
 
 // minFetch is the fewest units a fetch asks for, when MaxFraction of the
@@ -97,32 +100,48 @@ func (s *Store) entry(req *sluice.Request) *entry {
 	return e
 }
 
-// prefetch starts a fetch of e's key unless one is in flight or the last
-// one said to wait, and returns the channel closed when the fetch in
-// flight ends (nil when none is).
-func (s *Store) prefetch(home sluice.Store, e *entry) <-chan struct{} {
+// maxInflight bounds the fetches of one key an instance has in flight at
+// once: a far region's demand can need more than one fetch per round trip
+// (a fetch is at most MaxFraction of the capacity).
+const maxInflight = 8
+
+// prefetch starts a fetch of e's key when the region's share (held units,
+// as the last decision saw it) and the fetches in flight hold less than
+// the low-water mark, unless the last fetch said to wait; in parallel
+// unless the last one came back empty (the home is at its limit) or
+// failed. It
+// returns a channel closed when a fetch in flight ends (nil when none is).
+func (s *Store) prefetch(home sluice.Store, e *entry, held int64) <-chan struct{} {
+	lw := e.lowWater(s)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.fetching != nil {
-		return e.fetching
+	limit := maxInflight
+	if e.empty || e.down {
+		limit = 1
 	}
-	if s.clk.Now() < e.retryAt {
-		return nil
+	if e.inflight >= limit || (e.inflight > 0 && float64(held+e.pending) >= lw) || s.clk.Now() < e.retryAt {
+		return e.fetching
 	}
 	s.closeMu.RLock()
 	defer s.closeMu.RUnlock()
 	if s.closed {
-		return nil
+		return e.fetching
 	}
 	ch := make(chan struct{})
 	e.fetching = ch
 	req := e.req
 	req.Cost = e.target(s)
 	req.MaxWait, req.Lease, req.UseLease = 0, "", false
+	e.inflight++
+	e.pending += req.Cost
 	s.inflight.Go(func() {
 		s.fetch(home, e, req)
 		e.mu.Lock()
-		e.fetching = nil
+		e.inflight--
+		e.pending -= req.Cost
+		if e.fetching == ch {
+			e.fetching = nil
+		}
 		e.mu.Unlock()
 		close(ch)
 	})
@@ -160,6 +179,7 @@ func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
 	} else {
 		e.lat += (lat - e.lat) / 4
 	}
+	e.empty = !d.Allowed
 	if !d.Allowed {
 		e.retryAt = sent + int64(d.RetryAfter)
 		e.mu.Unlock()
@@ -258,7 +278,7 @@ func (s *Store) Sweep(ctx context.Context) {
 	now := s.clk.Now()
 	s.keys.Range(func(key string, e *entry) bool {
 		e.mu.Lock()
-		req, idle, busy, down := e.req, now-e.lastUse > int64(s.idle), e.fetching != nil, e.down && now < e.retryAt
+		req, idle, busy, down := e.req, now-e.lastUse > int64(s.idle), e.inflight > 0, e.down && now < e.retryAt
 		e.mu.Unlock()
 		if busy || down || req.Algorithm == sluice.FixedWindow {
 			if idle && !busy && req.Algorithm == sluice.FixedWindow {

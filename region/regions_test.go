@@ -97,3 +97,51 @@ func TestGlobalBound(t *testing.T) {
 		})
 	}
 }
+
+// 90% of the demand in us for 2s, then 90% in ap (150ms from the home)
+// for 3s, at twice the limit: two seconds after the shift the limit is
+// used again (the shares us holds go back when idle, ap's grow with its
+// demand), and the bound holds throughout.
+func TestGlobalShift(t *testing.T) {
+	w := newWorld(t, worldOpts{home: "eu"})
+	// A burst of a second's rate: a region 300ms from the home must hold
+	// a round trip of its demand in shares and fetches (MaxFraction of
+	// the burst each) to use the limit; a burst under the rate × the
+	// round trip caps a far region's use (docs/regions.md).
+	lim := sluice.Limit{Rate: 400, Period: time.Second, Burst: 400}
+	req := sluice.Request{Key: w.global + "shift", Algorithm: sluice.GCRA, Limit: lim, Cost: 1}
+	const shift = 2 * time.Second
+	split := func(el time.Duration) []float64 {
+		if el < shift {
+			return []float64{0.05, 0.9, 0.05}
+		}
+		return []float64{0.05, 0.05, 0.9}
+	}
+	var heldAt int64
+	from := shift + 2*time.Second
+	r := w.run(t, load{req: req, rate: 800, d: 5 * time.Second, share: split, during: func(_ context.Context, start time.Time) {
+		time.Sleep(time.Until(start.Add(from))) // the measure's schedule
+		heldAt = w.held(t, req.Key)
+	}})
+	heldEnd := w.held(t, req.Key)
+	t.Log(r)
+	for _, name := range regionNames {
+		for _, s := range w.inst[name] {
+			t.Logf("%s: %+v", name, s.Stats())
+		}
+	}
+	if n, err := r.errs(); n > 0 {
+		t.Fatalf("%d errors, first: %v", n, err)
+	}
+	a, ideal := checkBucket(t, lim, r)
+	t.Logf("admitted %d of an ideal %.0f", a, ideal)
+	span := r.end.Sub(r.start) - from
+	use := float64(r.admitted(from, math.MaxInt64)+heldEnd-heldAt) / (float64(lim.Rate) * span.Seconds())
+	t.Logf("use from 2s after the shift: %.3f (held %d then, %d at the end)", use, heldAt, heldEnd)
+	if use < 0.9 {
+		t.Fatalf("use %.3f from 2s after the shift, want ≥ 0.90", use)
+	}
+	if n := r.count("ap", from, math.MaxInt64, func(e event) bool { return e.allowed }); n < int(0.5*float64(lim.Rate)*span.Seconds()) {
+		t.Fatalf("ap, with 90%% of the demand, admitted %d after the shift", n)
+	}
+}
