@@ -156,6 +156,16 @@ func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
 	s.st.fetches.Add(1)
 	ctx, cancel := context.WithTimeout(sluice.WaitForReply(context.Background()), s.fetchTO)
 	defer cancel()
+	// The share's expiry is set by the region's Redis clock, read before
+	// the fetch: the home charges after it.
+	t0, err := s.led.time(ctx)
+	if err != nil {
+		e.mu.Lock()
+		e.retryAt = s.clk.Now() + s.downRetry
+		e.mu.Unlock()
+		s.st.fetchErrors.Add(1)
+		return
+	}
 	sent := s.clk.Now()
 	d, err := home.Apply(ctx, sluice.OpAllow, req)
 	short := err == nil && !d.Allowed
@@ -190,53 +200,58 @@ func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
 	e.mu.Unlock()
 
 	// A bucket share is spendable for TTL from the charge, a window's
-	// until its window ends: both counted from when the fetch was sent
-	// (the home charged it later), less the time since.
-	var ttl int64
+	// until its window ends: both counted from t0, the region's Redis
+	// time before the fetch was sent (the home charged it later).
+	var exp int64
 	win := ""
 	if req.Algorithm == sluice.FixedWindow {
-		end := s.windowEnd(req.Limit, sent, got, d.ResetAfter)
-		ttl = end - got
-		p := int64(req.Limit.Period)
-		win = strconv.FormatInt((sent+int64(d.ResetAfter)+p/2)/p, 10)
+		var w int64
+		exp, w = s.windowEnd(req.Limit, t0, (got-sent)/int64(time.Millisecond), d.ResetAfter)
+		win = strconv.FormatInt(w, 10)
 		e.mu.Lock()
-		e.winEnd = end
+		e.winEnd = sent + int64(d.ResetAfter)
 		e.mu.Unlock()
 	} else {
-		ttl = s.ttl - (got - sent)
-	}
-	if ttl <= int64(time.Millisecond) {
-		s.st.stranded.Add(uint64(req.Cost))
-		s.refund(home, req, req.Cost)
-		return
+		exp = t0 + s.ttl/int64(time.Millisecond)
 	}
 	cctx, ccancel := context.WithTimeout(context.Background(), s.led.timeout*4)
 	defer ccancel()
-	if _, err := s.led.credit(cctx, req.Key, req.Cost, time.Duration(ttl), win); err != nil {
+	sh, err := s.led.credit(cctx, req.Key, req.Cost, exp, win)
+	if err != nil {
 		// The units were charged at home and are lost to the region:
 		// under-admission, never over.
 		s.st.stranded.Add(uint64(req.Cost))
 		s.log.Warn("region: crediting a share failed", "region", s.region, "units", req.Cost, "err", err)
 		return
 	}
+	if !sh.ok {
+		// It came back after its share would have expired.
+		s.st.stranded.Add(uint64(req.Cost))
+		s.refund(home, req, req.Cost)
+		return
+	}
 	s.st.fetched.Add(uint64(req.Cost))
 }
 
-// windowEnd is when a window share charged by a fetch sent at sent and
-// answered at got (this instance's clock) must be spent by. The home
-// charged it at some instant between, so its window ends between sent +
-// ResetAfter and got + ResetAfter: the first is safe whatever the clocks,
-// and loses what the link's latency takes of each window. With
-// ClockSkew set, the window's end by this clock (windows are aligned to
-// the Unix epoch), less the skew, is used within those two.
-func (s *Store) windowEnd(l sluice.Limit, sent, got int64, ra time.Duration) int64 {
-	lo, hi := sent+int64(ra), got+int64(ra)
+// windowEnd is when a window share must be spent by, in ms by the
+// region's Redis clock, and the window's number. t0 is that clock before
+// the fetch was sent and rtt the fetch's round trip: the home charged the
+// share between, so its window ends between t0 + ResetAfter and t0 + rtt
+// + ResetAfter. The first is safe whatever the clocks, and loses what the
+// round trip takes of each window. With ClockSkew set, the window's end
+// by this clock (windows are aligned to the Unix epoch), less the skew,
+// is used within those two. Both instances of a region read one clock, so
+// they number a window alike.
+func (s *Store) windowEnd(l sluice.Limit, t0, rtt int64, ra time.Duration) (exp, win int64) {
+	p := l.Period.Milliseconds()
+	lo := t0 + ra.Milliseconds() // ResetAfter rounded down: earlier
+	hi := lo + rtt + 1
+	win = (lo + p/2) / p
 	if s.skew <= 0 {
-		return lo
+		return lo, win
 	}
-	p := int64(l.Period)
-	aligned := (lo+p/2)/p*p - s.skew
-	return min(max(aligned, lo), hi)
+	aligned := win*p - s.skew/int64(time.Millisecond)
+	return min(max(aligned, lo), hi), win
 }
 
 // refund gives units of a bucket key back to its home; windows are never

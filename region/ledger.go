@@ -106,20 +106,50 @@ func (l *ledger) apply(ctx context.Context, op, key string, cost int64, win stri
 	return share{ok: n[0] == 1, n: n[1], left: time.Duration(n[2]) * time.Millisecond, win: w}, nil
 }
 
-// credit adds units charged at home, spendable for ttl (window win; ""
-// for buckets).
-func (l *ledger) credit(ctx context.Context, key string, units int64, ttl time.Duration, win string) (share, error) {
+// credit adds units charged at home, spendable until exp, a time in ms
+// by this region's Redis (see time); exp zero puts units back without
+// extending the share. win names a window share's window ("" for
+// buckets). A credit whose exp has passed applies nothing (ok false).
+func (l *ledger) credit(ctx context.Context, key string, units, exp int64, win string) (share, error) {
 	ctx, cancel := l.bound(ctx)
 	defer cancel()
-	vs, err := l.s.credit.Exec(ctx, l.client, []string{l.key(key)}, []string{l.now(), strconv.FormatInt(units, 10), strconv.FormatInt(max(ttl.Milliseconds(), 0), 10), win, strconv.FormatInt(l.gc, 10)}).ToArray()
+	vs, err := l.s.credit.Exec(ctx, l.client, []string{l.key(key)}, []string{l.now(), strconv.FormatInt(units, 10), strconv.FormatInt(exp, 10), win, strconv.FormatInt(l.gc, 10)}).ToArray()
 	if err != nil {
 		return share{}, unavailable("share credit", err)
 	}
-	n, err := ints(vs, 2)
+	n, err := ints(vs, 3)
 	if err != nil {
 		return share{}, err
 	}
-	return share{ok: true, n: n[0], left: time.Duration(n[1]) * time.Millisecond}, nil
+	return share{ok: n[0] == 1, n: n[1], left: time.Duration(n[2]) * time.Millisecond}, nil
+}
+
+// time is the time by this region's Redis (the ledger's clock), in ms:
+// shares expire by it.
+func (l *ledger) time(ctx context.Context) (int64, error) {
+	if l.clk != nil {
+		return l.clk.Now() / int64(time.Millisecond), nil
+	}
+	ctx, cancel := l.bound(ctx)
+	defer cancel()
+	vs, err := l.client.Do(ctx, l.client.B().Time().Build()).ToArray()
+	if err != nil {
+		return 0, unavailable("time", err)
+	}
+	if len(vs) != 2 {
+		return 0, fmt.Errorf("region: TIME reply of %d values", len(vs))
+	}
+	var t [2]int64
+	for i := range vs {
+		str, err := vs[i].ToString()
+		if err != nil {
+			return 0, fmt.Errorf("region: TIME reply: %w", err)
+		}
+		if t[i], err = strconv.ParseInt(str, 10, 64); err != nil {
+			return 0, fmt.Errorf("region: TIME reply: %w", err)
+		}
+	}
+	return t[0]*1000 + t[1]/1000, nil
 }
 
 // take takes back a bucket share's units to refund: all of them, or only
