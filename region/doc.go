@@ -21,11 +21,12 @@
 // trips, at most MaxFraction of the capacity; the next fetch is sent when
 // the share falls under half a fetch or two round trips of the demand. A
 // request that finds the share spent waits for the fetch in flight, up to
-// FetchWait, unless the home came back short (it is at its limit). A
-// bucket share is spent for TTL after its fetch was sent, and what is left
-// of it, or of a share unspent for IdleAfter, is taken back atomically and
-// refunded at home. A window's share ends with the window it was charged
-// in, estimated early (ClockSkew), and is never refunded.
+// FetchWait, unless the home came back short (it is at its limit). Shares
+// expire by the region's Redis clock read before their fetch was sent. A
+// bucket share is spent for TTL from then, and what is left of it, or of
+// a share unspent for IdleAfter, is taken back atomically and refunded at
+// home. A window's share ends with the window it was charged in,
+// estimated early (ClockSkew), and is never refunded.
 //
 // A region cut off from a home spends what it holds, then its Policy
 // answers (FailClosed keeps the bound). The bounds, the failure table and

@@ -107,9 +107,9 @@ type Options struct {
 	// (the burst; Rate for windows). DefaultMaxFraction when zero; at most 1.
 	MaxFraction float64
 	// TTL is how long a bucket (GCRA, TokenBucket) share may be spent
-	// after the fetch that charged it was sent; then its rest is refunded
-	// at home. A window's share expires with its window. DefaultTTL when
-	// zero.
+	// after the fetch that charged it was sent (by the region's Redis
+	// clock); then its rest is refunded at home. A window's share expires
+	// with its window. DefaultTTL when zero.
 	TTL time.Duration
 	// IdleAfter is how long a bucket share may go unspent in the region
 	// before it is refunded at home. DefaultIdleAfter when zero.
