@@ -74,7 +74,7 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 		d.Allowed = true
 		return d, nil
 	case sluice.OpReset:
-		if _, err := s.led.take(ctx, req.Key, 0, true); err != nil {
+		if _, err := s.led.take(ctx, req.Key, 0, true, -1); err != nil {
 			return sluice.Decision{}, err
 		}
 		return hs.Apply(ctx, op, req)

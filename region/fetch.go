@@ -286,7 +286,8 @@ func (s *Store) sweepLoop(every time.Duration) {
 }
 
 // Sweep refunds at home the bucket shares that expired or went unspent
-// for IdleAfter in this region, and forgets keys this instance has not
+// for IdleAfter in this region, and what a share holds beyond twice this
+// instance's need (a fetch and the low-water mark), and forgets keys this instance has not
 // been asked for since. A refund that fails puts the units back in the
 // share, expired, for a later sweep. The background sweep calls it.
 func (s *Store) Sweep(ctx context.Context) {
@@ -302,7 +303,15 @@ func (s *Store) Sweep(ctx context.Context) {
 			return true
 		}
 		home := s.regions[s.home(key)]
-		n, err := s.led.take(ctx, key, s.idle, false)
+		// A share over twice what this instance's demand keeps (a fetch
+		// and the low-water mark) goes back too: the demand moved away,
+		// and another region may need it. (The region's other instance
+		// fetches again if it needed more.)
+		lw := e.lowWater(s)
+		e.mu.Lock()
+		keep := 2 * (e.target(s) + int64(math.Ceil(lw)))
+		e.mu.Unlock()
+		n, err := s.led.take(ctx, key, s.idle, false, keep)
 		if err != nil || n == 0 {
 			if err == nil && idle {
 				s.forget(key, e)

@@ -153,15 +153,16 @@ func (l *ledger) time(ctx context.Context) (int64, error) {
 }
 
 // take takes back a bucket share's units to refund: all of them, or only
-// when the share expired or went unspent for idle.
-func (l *ledger) take(ctx context.Context, key string, idle time.Duration, all bool) (int64, error) {
+// when the share expired or went unspent for idle, or else those above
+// keep (none when keep is negative).
+func (l *ledger) take(ctx context.Context, key string, idle time.Duration, all bool, keep int64) (int64, error) {
 	ctx, cancel := l.bound(ctx)
 	defer cancel()
 	a := "0"
 	if all {
 		a = "1"
 	}
-	n, err := l.s.take.Exec(ctx, l.client, []string{l.key(key)}, []string{l.now(), strconv.FormatInt(idle.Milliseconds(), 10), a}).AsInt64()
+	n, err := l.s.take.Exec(ctx, l.client, []string{l.key(key)}, []string{l.now(), strconv.FormatInt(idle.Milliseconds(), 10), a, strconv.FormatInt(keep, 10)}).AsInt64()
 	if err != nil {
 		return 0, unavailable("share take", err)
 	}
