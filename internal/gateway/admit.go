@@ -44,12 +44,8 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 			if c.ep == epCountTokens {
 				continue // reserves no tokens
 			}
-			req.Cost = g.tokenCost(c, s)
-			if req.Cost > s.limit.Capacity() {
-				if tracing.Recording(r.Context()) {
-					traceAdmit(r.Context(), c, "too_large", nil)
-				}
-				g.tooLarge(w, c, s)
+			var ok bool
+			if req.Cost, ok = g.tokenReservation(w, r, c, s); !ok {
 				return false
 			}
 		case kindConcurrency, kindReservation:
@@ -58,7 +54,7 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 		c.specs = append(c.specs, s)
 		c.reqs = append(c.reqs, req)
 	}
-	if !g.admitLevels(w, r, c) {
+	if !g.admitLevels(w, r, c) || !g.admitSession(w, c, r) {
 		return false
 	}
 	if len(c.reqs) == 0 {

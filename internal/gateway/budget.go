@@ -111,6 +111,9 @@ func (s *spec) scope() string {
 	if s.level == "" {
 		return "key"
 	}
+	if s.levelName == "" {
+		return s.level // "session"
+	}
 	return s.level + " " + s.levelName
 }
 

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/sluice-io/sluice/internal/mcpgate"
 	"github.com/sluice-io/sluice/internal/upstream"
 	"github.com/sluice-io/sluice/internal/yamlconf"
 )
@@ -116,6 +117,12 @@ type Config struct {
 	// Without it, a request on an unpriced model that a budget applies to
 	// is refused (400 model_not_priced).
 	DefaultPrice *PriceConfig `yaml:"default_price"`
+	// MCPServers are the MCP servers the gateway proxies at
+	// /mcp/<name> (MCP's Streamable HTTP transport), metering every
+	// tools/call per client key × server × tool (package mcpgate).
+	MCPServers []mcpgate.ServerConfig `yaml:"mcp_servers"`
+	// Batches serves OpenAI's Batch API under quotas (batches.go).
+	Batches BatchConfig `yaml:"batches"`
 }
 
 // UpstreamConfig is the `upstream:` section.
@@ -222,6 +229,9 @@ type TierConfig struct {
 	ITPMBurst int64 `yaml:"itpm_burst"`
 	OTPM      int64 `yaml:"otpm"`
 	OTPMBurst int64 `yaml:"otpm_burst"`
+	// Session is a budget per session (agent run) of each key of the tier,
+	// named by the client in X-Sluice-Session (session.go).
+	Session *SessionConfig `yaml:"session"`
 }
 
 // Tier returns a TierConfig with the limits l for the whole tier.

@@ -5,6 +5,7 @@ package gateway
 
 import (
 	"fmt"
+	"github.com/sluice-io/sluice/internal/mcpgate"
 	"net/url"
 	"regexp"
 	"strings"
@@ -42,6 +43,11 @@ func (c *Config) Check(doc *yamlconf.Doc) {
 		}
 	}
 	c.checkPool(doc) // pool.go
+	c.checkSessions(doc)
+	c.checkBatches(doc)
+	if err := mcpgate.Validate(c.MCPServers); err != nil {
+		doc.Addf("mcp_servers", "%s", strings.TrimPrefix(err.Error(), mcpgate.ErrInvalidConfig.Error()+": "))
+	}
 	u, err := url.Parse(c.Upstream.BaseURL)
 	switch {
 	case len(c.Upstreams) > 0:

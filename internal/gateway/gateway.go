@@ -58,6 +58,7 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/aitoken"
+	"github.com/sluice-io/sluice/internal/mcpgate"
 	"github.com/sluice-io/sluice/internal/pricing"
 	"github.com/sluice-io/sluice/internal/tracing"
 	"github.com/sluice-io/sluice/internal/upstream"
@@ -113,7 +114,9 @@ type Gateway struct {
 	pending      sync.WaitGroup // settlements in progress
 	closing      chan struct{}  // closed by Close: settlements stop retrying
 	closeOnce    sync.Once
-	queue        *queue // nil without a queue section (queue.go)
+	queue        *queue           // nil without a queue section (queue.go)
+	mcp          *mcpgate.Handler // nil without mcp_servers
+	batches      *batchAPI        // nil without batches.enabled
 	prices       *pricing.Table
 	tokenCache   *aitoken.Cache   // exact counts of large messages, resent turn after turn
 	counts       *countCache      // upstream count_tokens answers; nil without upstream.count_tokens (anthropic_count.go)
@@ -183,7 +186,8 @@ func New(opts Options) (*Gateway, error) {
 	tiers := map[string]*tier{}
 	for _, name := range sortedKeys(cfg.Tiers) {
 		tc := cfg.Tiers[name]
-		t := &tier{name: name, lease: cfg.Lease}
+		t := &tier{name: name, lease: cfg.Lease, session: sessionSpecs(tc.Session)}
+		t.sessionRequired = tc.Session != nil && tc.Session.Required
 		if tc.Lease != nil {
 			t.lease = *tc.Lease
 		}
@@ -237,6 +241,9 @@ func New(opts Options) (*Gateway, error) {
 	if opts.WrapTransport != nil {
 		transport = opts.WrapTransport(transport)
 	}
+	if cfg.Batches.Enabled {
+		g.batches = newBatchAPI(g, transport)
+	}
 	if g.pool != nil {
 		transport = poolTransport{g: g, next: transport}
 	}
@@ -258,6 +265,20 @@ func New(opts Options) (*Gateway, error) {
 		ErrorHandler:   g.upstreamError,
 		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	if len(cfg.MCPServers) > 0 {
+		g.mcp, err = mcpgate.New(mcpgate.Options{Servers: cfg.MCPServers, Store: opts.Store, Getenv: getenv,
+			Auth: func(r *http.Request) (mcpgate.Client, bool) {
+				cl, two := g.authenticate(r)
+				if cl == nil || two {
+					return nil, false
+				}
+				return mcpClient{g, cl}, true
+			},
+			LeaseTTL: cfg.LeaseTTL, Registerer: reg, Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+	}
 	return g, nil
 }
 
@@ -275,10 +296,16 @@ func (g *Gateway) Metrics() http.Handler { return g.metrics.handler }
 
 // ServeHTTP implements http.Handler.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if g.mcp != nil && strings.HasPrefix(r.URL.Path, "/mcp/") {
+		g.mcp.ServeHTTP(w, r)
+		return
+	}
 	start := time.Now()
 	var done bool
-	if w, done = ingress(w, r); done {
-		return
+	if g.batches == nil || !isBatchPath(r.URL.Path) {
+		if w, done = ingress(w, r); done {
+			return
+		}
 	}
 	if !strings.HasPrefix(r.URL.Path, "/v1/") {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "unknown_url", "", "Unknown request URL: "+r.Method+" "+r.URL.Path+".")
@@ -302,6 +329,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.metrics.rejections.WithLabelValues("-", "-", "unauthorized").Inc()
 		writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "",
 			"Incorrect or missing API key. Send your sluice gateway key as: Authorization: Bearer <key>.")
+		return
+	}
+	if g.batches != nil && isBatchPath(r.URL.Path) {
+		g.batches.serve(w, r, cl)
 		return
 	}
 	c := &call{id: sluice.NewLeaseID(), start: start, client: cl, model: "-", path: r.URL.Path}

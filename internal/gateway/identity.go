@@ -77,6 +77,10 @@ type tier struct {
 	// policies is the RateLimit-Policy field for a request on each model
 	// that has limits of its own; policies[""] for every other model.
 	policies map[string]string
+	// session are the budgets of each session of the tier's keys
+	// (session.go); sessionRequired refuses requests that name none.
+	session         []spec
+	sessionRequired bool
 }
 
 func appendSpecs(specs []spec, l Limits, model string, leaseTTL time.Duration) []spec {

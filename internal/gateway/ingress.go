@@ -47,6 +47,9 @@ func routedPaths() []string {
 // gets 405 after authentication), GET of the status, a read of the model
 // list, or a path under a passthrough prefix.
 func (g *Gateway) served(r *http.Request) bool {
+	if g.batches != nil && isBatchPath(r.URL.Path) {
+		return true
+	}
 	if endpoints[r.URL.Path] != epNone && strings.EqualFold(r.Method, http.MethodPost) {
 		return true
 	}

@@ -142,23 +142,15 @@ func (g *Gateway) admitLevels(w http.ResponseWriter, r *http.Request, c *call) b
 		req := sluice.Request{Key: lv.keys[i], Algorithm: s.alg, Limit: s.limit, Cost: 1, UseLease: c.client.tier.lease}
 		switch s.kind {
 		case kindTokens:
-			req.Cost = g.tokenCost(c, s)
-			if req.Cost > s.limit.Capacity() {
-				if tracing.Recording(r.Context()) {
-					traceAdmit(r.Context(), c, "too_large", nil)
-				}
-				g.tooLarge(w, c, s)
+			var ok bool
+			if req.Cost, ok = g.tokenReservation(w, r, c, s); !ok {
 				return false
 			}
 		case kindConcurrency:
 			req.Lease, req.UseLease = c.id, false
 		case kindBudget:
-			if !c.bud.priced && !g.priceCall(w, c) {
-				return false
-			}
-			req.Cost = int64(max(c.bud.reserved, 1))
-			if req.Cost > s.limit.Rate {
-				g.budgetTooLarge(w, c, s)
+			var ok bool
+			if req.Cost, ok = g.budgetReservation(w, c, s); !ok {
 				return false
 			}
 		}
@@ -166,4 +158,33 @@ func (g *Gateway) admitLevels(w http.ResponseWriter, r *http.Request, c *call) b
 		c.reqs = append(c.reqs, req)
 	}
 	return true
+}
+
+// tokenReservation is what token limit s reserves for c. It answers the
+// client itself and reports false when that can never fit s.
+func (g *Gateway) tokenReservation(w http.ResponseWriter, r *http.Request, c *call, s *spec) (int64, bool) {
+	cost := g.tokenCost(c, s)
+	if cost > s.limit.Capacity() {
+		if tracing.Recording(r.Context()) {
+			traceAdmit(r.Context(), c, "too_large", nil)
+		}
+		g.tooLarge(w, c, s)
+		return 0, false
+	}
+	return cost, true
+}
+
+// budgetReservation is what dollar budget s reserves for c, in
+// micro-dollars, c priced once. It answers the client itself and reports
+// false when c's model has no price or its cost can never fit s.
+func (g *Gateway) budgetReservation(w http.ResponseWriter, c *call, s *spec) (int64, bool) {
+	if !c.bud.priced && !g.priceCall(w, c) {
+		return 0, false
+	}
+	cost := int64(max(c.bud.reserved, 1))
+	if cost > s.limit.Rate {
+		g.budgetTooLarge(w, c, s)
+		return 0, false
+	}
+	return cost, true
 }

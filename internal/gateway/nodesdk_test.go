@@ -1,19 +1,15 @@
 package gateway
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/sluice-io/sluice/internal/fakeopenai"
+	"github.com/sluice-io/sluice/internal/nodesdk"
 	"github.com/sluice-io/sluice/internal/upstream"
 )
 
@@ -21,70 +17,12 @@ import (
 // pinned exactly.
 const nodeSDKVersion = "7.55.0"
 
-// nodeSDKDir returns a directory holding node_modules/openai at
-// nodeSDKVersion, installed once with npm under the user's cache
-// directory (sluice-node-sdk/openai@VERSION) and reused by later runs; it
-// skips the test, saying why, when node or npm is missing or the install
-// fails (no registry).
+// nodeSDKDir returns node and a directory holding node_modules/openai at
+// nodeSDKVersion (package nodesdk: installed once under the user's cache
+// directory; the test skips, saying why, without node, npm or registry).
 func nodeSDKDir(t *testing.T) (node, dir string) {
 	t.Helper()
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skipf("node not found (%v): the official OpenAI Node SDK test needs Node.js and npm", err)
-	}
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		t.Skipf("no user cache directory for the npm install: %v", err)
-	}
-	root := filepath.Join(cache, "sluice-node-sdk")
-	dir = filepath.Join(root, "openai@"+nodeSDKVersion)
-	if installedSDK(dir) == nodeSDKVersion {
-		return node, dir
-	}
-	npm, err := exec.LookPath("npm")
-	if err != nil {
-		t.Skipf("npm not found (%v): the official OpenAI Node SDK test needs it to install openai@%s", err, nodeSDKVersion)
-	}
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		t.Skipf("npm install: %v", err)
-	}
-	// Install into a fresh directory and rename it into place, so that
-	// concurrent test processes never see a half-installed package.
-	tmp, err := os.MkdirTemp(root, "install-")
-	if err != nil {
-		t.Skipf("npm install: %v", err)
-	}
-	defer os.RemoveAll(tmp)
-	if err := os.WriteFile(filepath.Join(tmp, "package.json"), []byte(`{"private":true,"type":"module"}`+"\n"), 0o644); err != nil {
-		t.Skipf("npm install: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, npm, "install", "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error", "--save-exact", "openai@"+nodeSDKVersion)
-	cmd.Dir = tmp
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Skipf("npm install openai@%s failed (registry unreachable?): %v\n%s", nodeSDKVersion, err, out)
-	}
-	if v := installedSDK(tmp); v != nodeSDKVersion {
-		t.Fatalf("npm installed openai %q, want %s", v, nodeSDKVersion)
-	}
-	if err := os.Rename(tmp, dir); err != nil && installedSDK(dir) != nodeSDKVersion {
-		t.Fatalf("npm install: %v", err)
-	}
-	return node, dir
-}
-
-// installedSDK is the version of node_modules/openai under dir, or "".
-func installedSDK(dir string) string {
-	b, err := os.ReadFile(filepath.Join(dir, "node_modules", "openai", "package.json"))
-	if err != nil {
-		return ""
-	}
-	var p struct{ Version string }
-	if json.Unmarshal(b, &p) != nil {
-		return ""
-	}
-	return p.Version
+	return nodesdk.Dir(t, "openai", nodeSDKVersion)
 }
 
 // nodeChatResult is what testdata/nodesdk/chat.mjs prints.
@@ -110,24 +48,10 @@ func runNodeChat(t *testing.T, node, dir, baseURL string) nodeChatResult {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "--input-type=module", "-")
-	cmd.Dir = dir
-	cmd.Stdin = bytes.NewReader(script)
-	cmd.Env = append(os.Environ(), "SLUICE_BASE_URL="+baseURL, "SLUICE_API_KEY="+clientKey)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) {
-			t.Skipf("node did not start: %v", err)
-		}
-		t.Fatalf("node chat.mjs: %v\n%s%s", err, stdout.String(), stderr.String())
-	}
+	out := nodesdk.Run(t, node, dir, script, "SLUICE_BASE_URL="+baseURL, "SLUICE_API_KEY="+clientKey)
 	var res nodeChatResult
-	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil {
-		t.Fatalf("node chat.mjs printed %q: %v", stdout.String(), err)
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("node chat.mjs printed %q: %v", out, err)
 	}
 	return res
 }

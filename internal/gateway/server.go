@@ -120,6 +120,9 @@ func (s *Server) mux() http.Handler {
 	for _, p := range routedPaths() {
 		mux.Handle(p, s.Gateway)
 	}
+	if s.Gateway.mcp != nil {
+		mux.Handle("/mcp/", s.Gateway)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))

@@ -18,9 +18,12 @@ import (
 // budgets, peeked without charging anything. It names the key's tier,
 // team and org, never the key or its client id.
 type statusBody struct {
-	Tier    string         `json:"tier"`
-	Team    string         `json:"team,omitempty"`
-	Org     string         `json:"org,omitempty"`
+	Tier string `json:"tier"`
+	Team string `json:"team,omitempty"`
+	Org  string `json:"org,omitempty"`
+	// Session is the X-Sluice-Session the status was asked with; its
+	// budgets are the rows of scope "session".
+	Session string         `json:"session,omitempty"`
 	Limits  []statusLimit  `json:"limits"`
 	Budgets []statusBudget `json:"budgets"`
 	// Upstreams is each upstream model's headroom, with a pool (pool.go).
@@ -79,6 +82,20 @@ func (g *Gateway) serveStatus(w http.ResponseWriter, r *http.Request, c *call) {
 	m := &c.client.status
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	sid, err := sessionOf(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_session", "", err.Error())
+		return
+	}
+	if sid != "" && len(c.client.tier.session) > 0 {
+		// A session's status is peeked each time, one at a time per
+		// client on this instance (m.mu): not memoized with the key's.
+		b, ok := g.peekStatus(w, r, c, sid)
+		if ok {
+			writeStatus(w, b)
+		}
+		return
+	}
 	now, gen := g.now(), m.gen.Load()
 	if m.failed && now.Sub(m.at) < statusReuse && !now.Before(m.at) {
 		// The store just failed this client's peek: the calls that queued
@@ -87,23 +104,28 @@ func (g *Gateway) serveStatus(w http.ResponseWriter, r *http.Request, c *call) {
 		return
 	}
 	if m.body == nil || gen != m.seen || now.Sub(m.at) >= statusReuse || now.Before(m.at) {
-		b, ok := g.peekStatus(w, r, c)
+		b, ok := g.peekStatus(w, r, c, "")
 		if !ok {
 			m.body, m.at, m.failed = nil, g.now(), true
 			return
 		}
 		m.body, m.at, m.seen, m.failed = b, now, gen, false
 	}
+	writeStatus(w, m.body)
+}
+
+func writeStatus(w http.ResponseWriter, b []byte) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(m.body)))
+	h.Set("Content-Length", strconv.Itoa(len(b)))
 	h.Set("Cache-Control", "no-store")
-	_, _ = w.Write(m.body)
+	_, _ = w.Write(b)
 }
 
 // peekStatus peeks the client's limits and budgets and returns the JSON
 // answer; on a store error it answers 503 itself and returns false.
-func (g *Gateway) peekStatus(w http.ResponseWriter, r *http.Request, c *call) ([]byte, bool) {
+// With a session id sid, the session's budgets are peeked too.
+func (g *Gateway) peekStatus(w http.ResponseWriter, r *http.Request, c *call, sid string) ([]byte, bool) {
 	cl := c.client
 	body := statusBody{Tier: cl.tier.name, Limits: []statusLimit{}, Budgets: []statusBudget{}}
 	var specs []*spec
@@ -120,6 +142,15 @@ func (g *Gateway) peekStatus(w http.ResponseWriter, r *http.Request, c *call) ([
 		for i := range lv.specs {
 			specs = append(specs, &lv.specs[i])
 			reqs = append(reqs, sluice.Request{Key: lv.keys[i], Algorithm: lv.specs[i].alg, Limit: lv.specs[i].limit})
+		}
+	}
+	if sid != "" {
+		body.Session = sid
+		prefix := sessionPrefix(cl, sid)
+		for i := range cl.tier.session {
+			s := &cl.tier.session[i]
+			specs = append(specs, s)
+			reqs = append(reqs, sluice.Request{Key: prefix + s.suffix, Algorithm: s.alg, Limit: s.limit})
 		}
 	}
 	if len(reqs) > 0 {
