@@ -206,6 +206,7 @@ type event struct {
 // run is the record of a load.
 type run struct {
 	start, end time.Time
+	planned    time.Duration // how long the load was to last: calls were sent until then
 	events     []event
 }
 
@@ -239,6 +240,7 @@ func (w *world) run(t *testing.T, l load) run {
 	defer cancel()
 	var wg sync.WaitGroup
 	r.start = time.Now()
+	r.planned = l.d
 	if l.during != nil {
 		wg.Go(func() { l.during(ctx, r.start) })
 	}
@@ -306,7 +308,7 @@ func (r run) admitted(from, to time.Duration) (n int64) {
 func (r run) offered(t *testing.T, rate float64, from time.Duration) bool {
 	t.Helper()
 	n := r.count("", from, math.MaxInt64, func(event) bool { return true })
-	want := 0.9 * rate * (r.end.Sub(r.start) - from).Seconds()
+	want := 0.9 * rate * (r.planned - from).Seconds()
 	if float64(n) < want {
 		t.Logf("offered %d calls from %s, under 90%% of the %.0f planned: the host is too loaded to measure use", n, from, want/0.9)
 		return false
