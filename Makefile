@@ -4,7 +4,7 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: all build test lint vet staticcheck bench run tools deps fuzz flood soak-pool soak-regions static image image-test
+.PHONY: all build test lint vet staticcheck bench bench-compare run tools deps fuzz flood soak-pool soak-regions static image image-test
 
 all: build
 
@@ -56,6 +56,14 @@ test: deps lint
 	# deploy/: compose, Kubernetes manifests and Helm chart, decoded strictly
 	# (its own module: k8s.io and Helm stay out of the library's imports).
 	cd deploy/test && $(GO) test -count=1 -timeout 5m ./...
+
+# bench-compare BASE=<commit> builds the hot paths' benchmarks (core,
+# Redis store, lease, Envoy) at HEAD and at BASE and runs them interleaved
+# in one sitting, printing benchstat's old/new ratios: the figure a change
+# to a hot path states in its commit (bench/compare.sh; COUNT, BENCHTIME).
+bench-compare:
+	@test -n "$(BASE)" || { echo "usage: make bench-compare BASE=<commit>"; exit 2; }
+	bash bench/compare.sh $(BASE)
 
 # bench runs every benchmark and report; each prints its figures beside a
 # baseline measured in the same run. It takes about five minutes and wants a

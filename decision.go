@@ -34,13 +34,23 @@ const (
 	OpCharge
 	// OpReset forgets the key's state: the next request sees a full limit.
 	OpReset
+	// OpTake takes up to Cost, as much as is free, instead of all or
+	// nothing: Decision.Taken says how much, and Allowed is true when it
+	// is more than zero. Only Concurrency takes it, where it sets the
+	// request's lease to the slots taken (replacing what the lease held,
+	// so a holder that asks again changes its share rather than adding to
+	// it) and renews it for Limit.Period; a take of nothing releases the
+	// lease. In ApplyAll each request takes on its own, not all or
+	// nothing, in order (a key repeated sees the earlier takes), in one
+	// atomic step. Cost may exceed Limit.Rate.
+	OpTake
 )
 
-var opNames = [...]string{OpAllow: "allow", OpPeek: "peek", OpRefund: "refund", OpCharge: "charge", OpReset: "reset"}
+var opNames = [...]string{OpAllow: "allow", OpPeek: "peek", OpRefund: "refund", OpCharge: "charge", OpReset: "reset", OpTake: "take"}
 
 // String returns the operation's name, such as "allow".
 func (o Op) String() string {
-	if o >= OpAllow && o <= OpReset {
+	if o >= OpAllow && o <= OpTake {
 		return opNames[o]
 	}
 	return fmt.Sprintf("op(%d)", o)
@@ -118,6 +128,9 @@ func (r *Request) Validate(op Op) error {
 	if op == OpReset {
 		return nil
 	}
+	if op == OpTake && (r.Algorithm != Concurrency || r.MaxWait != 0) {
+		return fmt.Errorf("%w: key %q: take is for the concurrency algorithm without MaxWait, not %s", ErrInvalidRequest, r.Key, r.Algorithm)
+	}
 	if r.ReservedAhead != 0 && (op != OpRefund || r.ReservedAhead < 0 || r.ReservedAhead > maxReservedAhead) {
 		return fmt.Errorf("%w: key %q: reserved ahead %s: only a refund takes it, within [0, %s]", ErrInvalidRequest, r.Key, r.ReservedAhead, maxReservedAhead)
 	}
@@ -143,7 +156,7 @@ func (r *Request) Validate(op Op) error {
 	if r.Cost < 0 || (r.Cost == 0 && op != OpPeek) {
 		return fmt.Errorf("%w: %d for key %q", ErrInvalidCost, r.Cost, r.Key)
 	}
-	if r.Algorithm == Concurrency && r.Lease == "" && (op == OpAllow || op == OpRefund) {
+	if r.Algorithm == Concurrency && r.Lease == "" && (op == OpAllow || op == OpRefund || op == OpTake) {
 		return fmt.Errorf("%w: key %q: concurrency needs a lease id", ErrInvalidRequest, r.Key)
 	}
 	if (op == OpAllow || op == OpPeek) && r.Cost > r.capacity() && !r.fitsReservation() {
@@ -207,6 +220,10 @@ type Decision struct {
 	// held before the caller acts on it: zero for a request admitted at
 	// once, and for every request without MaxWait.
 	Delay time.Duration
+	// Taken is what an OpTake took: for Concurrency, the slots the lease
+	// now holds, from 0 to the request's Cost. It is zero for the other
+	// operations.
+	Taken int64
 	// Degraded reports that the store could not be asked and a failure
 	// policy answered instead.
 	Degraded bool

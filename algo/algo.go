@@ -651,6 +651,24 @@ func concurrency(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 			used = addCount(used, ls.Cost)
 		}
 		d.Allowed = true
+	case sluice.OpTake:
+		// The lease is set to what is free besides it, up to the cost, as
+		// concurrency.lua does; nothing free releases it.
+		others := used
+		if held >= 0 {
+			others = used - leases[held].Cost
+			leases = append(leases[:held], leases[held+1:]...)
+		}
+		n := min(req.Cost, MaxCount, max(0, l.Rate-others))
+		used = others
+		if n > 0 {
+			leases = append(leases, Lease{ID: req.Lease, Cost: n, Expiry: now + int64(l.Period)})
+			used = addCount(used, n)
+			d.Allowed = true
+		} else {
+			d.RetryAfter = dur(leaseRetry(leases, others+1-l.Rate) - now)
+		}
+		d.Taken = n
 	case sluice.OpCharge:
 		// A held lease takes the charge and is renewed, as concurrency.lua
 		// does: one lease per holder, however often it is charged.

@@ -2,6 +2,7 @@ package algo
 
 import (
 	"fmt"
+	"math/bits"
 
 	"github.com/sluice-io/sluice"
 )
@@ -54,7 +55,39 @@ func GCRAAllow(tat int64, p *GCRAParams, cost, now int64) (sluice.Decision, int6
 // the TAT by compare-and-swap compute the decision after the swap, to keep
 // the window between read and swap short.
 func GCRAAdmitted(p *GCRAParams, tat, now int64) sluice.Decision {
-	return sluice.Decision{Allowed: true, Limit: p.Limit, Remaining: BucketLeft(p.Limit, now+p.Tau-tat), ResetAfter: dur(tat - now)}
+	var d sluice.Decision
+	GCRAAdmittedTo(&d, p, tat, now)
+	return d
+}
+
+// GCRAAdmittedTo sets the fields of *d, a zero Decision, that
+// GCRAAdmitted sets: a store's hot path writes the decision straight
+// into its result rather than copying one (a Decision is 128 bytes).
+func GCRAAdmittedTo(d *sluice.Decision, p *GCRAParams, tat, now int64) {
+	d.Allowed = true
+	d.Limit = p.Limit
+	d.Remaining = p.left(now + p.Tau - tat)
+	d.ResetAfter = dur(tat - now)
+}
+
+// left is BucketLeft(p.Limit, ns), reading the limit in place rather
+// than copying it twice (to CostsIn and Capacity): the hot path's.
+func (p *GCRAParams) left(ns int64) int64 {
+	if ns <= 0 {
+		return BucketLeft(p.Limit, ns)
+	}
+	c := p.Limit.Burst
+	if c <= 0 {
+		c = p.Limit.Rate
+	}
+	hi, lo := bits.Mul64(uint64(ns), uint64(p.Limit.Rate))
+	if hi >= uint64(p.Limit.Period) {
+		return c // past 2^64 events: CostsIn's MaxInt64, capped
+	}
+	if q, _ := bits.Div64(hi, lo, uint64(p.Limit.Period)); q < uint64(c) {
+		return int64(q)
+	}
+	return c
 }
 
 // GCRADenied is the decision for a denied GCRA request of cost whose

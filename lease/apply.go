@@ -17,13 +17,19 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 		// for now, not for the future.
 		return s.inner.Apply(ctx, op, req)
 	}
-	if err := req.Validate(op); err != nil {
-		return sluice.Decision{}, fmt.Errorf("lease: %w", err)
+	e := s.known(op, &req)
+	if e == nil {
+		if err := req.Validate(op); err != nil {
+			return sluice.Decision{}, fmt.Errorf("lease: %w", err)
+		}
 	}
 	if leasable(&req) && !s.closed() {
 		switch op {
 		case sluice.OpAllow:
-			if e := s.entry(&req); e != nil {
+			if e == nil {
+				e = s.entry(&req)
+			}
+			if e != nil {
 				d, _, out, err := s.take(ctx, e, req.Cost)
 				if err != nil {
 					return sluice.Decision{}, err
@@ -53,6 +59,26 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 	}
 	s.direct.Add(1)
 	return s.inner.Apply(ctx, op, req)
+}
+
+// known returns the lease of an OpAllow that needs no validation of its
+// own: one on a key leased under the same algorithm and limit, which were
+// validated with the request that created the lease. What Validate checks
+// besides the limit is checked here, for OpAllow: a cost of 1 to the
+// limit's capacity, no AdmittedAgo (Apply has sent a reservation,
+// MaxWait or ReservedAhead, to the store already), and a leasable
+// algorithm (a concurrency key, which needs a lease id, never is). It
+// spares the hot path Validate's limit checks (their 128-bit refill
+// times; TestLeasedKeyStillValidated).
+func (s *Store) known(op sluice.Op, req *sluice.Request) *entry {
+	if op != sluice.OpAllow || req.AdmittedAgo != 0 || req.Cost < 1 {
+		return nil
+	}
+	e, ok := s.keys.Load(req.Key)
+	if !ok || e.algo != req.Algorithm || e.limit != req.Limit || req.Cost > e.capacity || !Leasable(e.algo) {
+		return nil
+	}
+	return e
 }
 
 // peek answers an OpPeek from the lease if it holds req's cost.

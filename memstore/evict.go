@@ -71,7 +71,7 @@ func value(expiry, span, used, now int64) int64 {
 }
 
 func (c *gcell) value(now int64) int64 {
-	return value(c.tat.Load(), c.span.Load(), 0, now)
+	return value(c.tat.Load(), c.spanNs(), 0, now)
 }
 
 func (c *cell) value(now int64) int64 {
@@ -188,10 +188,11 @@ func (s *Store) cut(sample []int64, now int64) (cut int64, ties float64, ok bool
 	// Aim at 88%, under the 90% that ends the sweep, so that a sample's
 	// error rarely costs another pass over the store.
 	frac := max(1-0.88*float64(s.maxKeys)/float64(count), 1-0.88*float64(s.maxBytes)/float64(max(s.bytes.Load(), 1)))
-	ng := int(math.Ceil(sampleSize * float64(s.gcra.Size()) / float64(count)))
-	nc := int(math.Ceil(sampleSize * float64(s.cells.Size()) / float64(count)))
+	ncells := s.cells.Size()
+	ng := int(math.Ceil(sampleSize * float64(max(count-int64(ncells), 0)) / float64(count)))
+	nc := int(math.Ceil(sampleSize * float64(ncells) / float64(count)))
 	start := len(sample)
-	s.gcra.Range(func(_ string, c *gcell) bool {
+	s.gcra.rangeCells(func(c *gcell) bool {
 		if v := c.tat.Load(); v != dead {
 			sample = append(sample, c.value(now))
 		}
@@ -229,13 +230,13 @@ func (s *Store) evict(cut int64, ties float64, now int64) int {
 		}
 		return false
 	}
-	n := s.gcra.DeleteMatching(func(k string, c *gcell) (bool, bool) {
+	n := s.gcra.deleteMatching(func(c *gcell) bool {
 		v := c.tat.Load()
-		if v == dead || !drop(value(v, c.span.Load(), 0, now)) || !c.tat.CompareAndSwap(v, dead) {
-			return false, false
+		if v == dead || !drop(value(v, c.spanNs(), 0, now)) || !c.tat.CompareAndSwap(v, dead) {
+			return false
 		}
-		freed += gcraBytes(len(k))
-		return true, false
+		freed += gcraBytes(int(c.klen))
+		return true
 	})
 	n += s.cells.DeleteMatching(func(_ string, c *cell) (bool, bool) {
 		if c.value(now) > cut || !c.mu.TryLock() {

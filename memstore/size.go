@@ -10,17 +10,19 @@ import (
 // Memory accounting.
 //
 // The store adds up what its keys take on the heap, as the Go allocator
-// rounds it, and evicts past Options.MaxBytes (evict.go). A key costs
+// rounds it, and evicts past Options.MaxBytes (evict.go). A GCRA key costs
+// its cell, a 16-byte header and a copy of the key's bytes in one
+// allocation (its size class), and its slot in the GCRA table (gslotBytes,
+// gtable.go). Another algorithm's key costs
 //
 //	its key string, copied on insert (the allocator's size class of its length)
 //	+ a map entry (the key's header and a pointer: 24 bytes)
 //	+ its share of the map's table (tableBytes; xsync.Map keeps 5 entries
 //	  to a 64-byte bucket, filled to at most 75%, and doubles: 17 to 34
 //	  bytes an entry, and both tables while it grows)
-//	+ its state: a GCRA cell (16 bytes), or another algorithm's cell
-//	  (128 bytes) and the slices its state holds: a sliding log's runs
-//	  (16 bytes each) and a concurrency key's leases (32 bytes each and
-//	  their IDs).
+//	+ its cell (128 bytes) and the slices its state holds: a sliding log's
+//	  runs (16 bytes each) and a concurrency key's leases (32 bytes each
+//	  and their IDs).
 //
 // TestBytesPerKey measures the heap a key really takes, per algorithm,
 // against this account; docs/redis.md gives the figures.
@@ -39,15 +41,19 @@ const (
 	// just after doubling 64/(5·0.75/2) ≈ 34 bytes; 40 leaves room for
 	// the overflow buckets of a skewed hash.
 	tableBytes = 40
+	// gslotBytes is a GCRA key's share of its table's slots (gtable.go).
+	gslotBytes = 24
 )
 
 // Bytes returns the heap bytes the store accounts for its keys and their
 // state (see MaxBytes).
 func (s *Store) Bytes() int64 { return s.bytes.Load() }
 
-// gcraBytes is the accounted size of a GCRA key whose key string has n bytes.
+// gcraBytes is the accounted size of a GCRA key whose key string has n
+// bytes: its cell, which holds the key (gtable.go), and its slot in a
+// table kept more than a third full (8 ÷ 1/3 = 24 bytes).
 func gcraBytes(n int) int64 {
-	return allocSize(n) + entryBytes + tableBytes + int64(unsafe.Sizeof(gcell{}))
+	return gcellBytes(n) + gslotBytes
 }
 
 // cellBytes is the accounted size of a non-GCRA key whose key string has n

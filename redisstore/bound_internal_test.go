@@ -7,7 +7,8 @@ import (
 )
 
 // A call's context is bounded by the store's timeout; one whose deadline
-// comes first (the guard's) is kept as it is.
+// comes first (the guard's) is kept as it is; context.Background gets a
+// shared context, bounded by 9/8 of the timeout (deadline.go).
 func TestBound(t *testing.T) {
 	c := &core{timeout: time.Second}
 	near, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
@@ -20,7 +21,20 @@ func TestBound(t *testing.T) {
 	if near.Err() != nil {
 		t.Fatal("the returned cancel cancelled the caller's context")
 	}
-	for _, parent := range []context.Context{context.Background(), func() context.Context {
+	before := time.Now()
+	shared, done := c.bound(context.Background())
+	d, ok := shared.Deadline()
+	if !ok || d.Before(before.Add(c.timeout)) || d.After(time.Now().Add(c.timeout+c.timeout/8)) {
+		t.Fatalf("background: deadline %v, want the store's timeout from now (%v) to 9/8 of it", d, before.Add(c.timeout))
+	}
+	done()
+	if shared.Err() != nil {
+		t.Fatal("one call's cancel ended the context other calls share")
+	}
+	if again, _ := c.bound(context.TODO()); again != shared {
+		t.Fatal("two calls at once without a deadline did not share a context")
+	}
+	for _, parent := range []context.Context{func() context.Context {
 		far, cancel := context.WithTimeout(context.Background(), time.Hour)
 		t.Cleanup(cancel)
 		return far

@@ -23,6 +23,9 @@ func reserveTau(req *sluice.Request) int64 {
 
 // decideOp builds op's Decision for req from the script's reply.
 func decideOp(op sluice.Op, req *sluice.Request, r reply) sluice.Decision {
+	if op == sluice.OpTake {
+		return decideTake(req, r)
+	}
 	if req.MaxWait <= 0 || (op != sluice.OpAllow && op != sluice.OpPeek) {
 		return decide(req, r)
 	}
@@ -62,4 +65,17 @@ func deniedOp(op sluice.Op, vals []int64) sluice.Op {
 		}
 	}
 	return op
+}
+
+// decideTake is a take's Decision from concurrency.lua's reply: allowed,
+// slots used, the slots taken (or, when none, the retry-after), and the
+// reset-after, as package algo computes it.
+func decideTake(req *sluice.Request, r reply) sluice.Decision {
+	d := sluice.Decision{Limit: req.Limit, Allowed: r.ok, Remaining: req.Limit.Rate - r.x, ResetAfter: dur(r.z)}
+	if r.ok {
+		d.Taken = r.y
+	} else {
+		d.RetryAfter = dur(r.y)
+	}
+	return d
 }

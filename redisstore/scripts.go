@@ -290,6 +290,8 @@ func opArg(op sluice.Op) string {
 		return "2"
 	case sluice.OpRefund:
 		return "3"
+	case sluice.OpTake:
+		return "5"
 	}
 	return "4"
 }

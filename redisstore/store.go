@@ -71,7 +71,9 @@ type Options struct {
 	// is marked by sluice.WaitForReply (a lease's chunk fetch), has that
 	// one instead, even a later one: Redis applies it whether or not its reply comes in
 	// time, so a caller that can wait learns that it was applied rather
-	// than sending it again (the guard settles Local's charges so). Wrap the
+	// than sending it again (the guard settles Local's charges so). A call
+	// with context.Background shares a context with the others made at
+	// about the same time, and so may wait up to 9/8 of Timeout. Wrap the
 	// store in package guard for a failure policy, a circuit per node and
 	// a hard deadline while the client reconnects.
 	Timeout time.Duration
@@ -166,7 +168,8 @@ type core struct {
 	plainSlackArg         string // the same in decimal, for the scripts
 	seen                  *plainSeen
 	noGroupCommit         bool
-	commit                committers // every decision's group commit (commit.go)
+	commit                committers     // every decision's group commit (commit.go)
+	shared                sharedDeadline // bounds the calls with context.Background (deadline.go)
 	// commitHook, for tests, sees each command sent alone ("direct", 1),
 	// queued ("queued", the queue's length after it) and each group sent
 	// ("group", its size) and answered ("answered", its size).
@@ -555,6 +558,11 @@ func (c *core) boundFor(ctx context.Context, op sluice.Op) (cctx context.Context
 // comes first already (the guard gives each call one, as long as the
 // store's) is used as it is, sparing a timer and a context per call.
 func (c *core) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if isBackground(ctx) {
+		// No deadline, nothing to cancel: a context shared with the
+		// other such calls (deadline.go), not a timer each.
+		return c.shared.get(time.Now(), c.timeout), func() {}
+	}
 	if d, ok := ctx.Deadline(); ok && time.Until(d) <= c.timeout {
 		return ctx, func() {}
 	}

@@ -375,6 +375,46 @@ func concurrencyScenarios() []scenario {
 				acquire(0, "c", true, 1, 0, 10*s),
 			})
 		}},
+		{"concurrency/Take", func(h *harness) {
+			// A take gets what is free, up to its cost, and sets its lease
+			// to that: asking again replaces the share, it does not add.
+			r := sluice.Request{Key: h.key("conc-take"), Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: 10, Period: 10 * s}}
+			take := func(advance time.Duration, lease string, cost, taken, remaining int64, retry, reset time.Duration) step {
+				return step{advance: advance, op: sluice.OpTake, cost: cost, lease: lease,
+					want: sluice.Decision{Allowed: taken > 0, Taken: taken, Remaining: remaining, RetryAfter: retry, ResetAfter: reset}}
+			}
+			h.steps(r, []step{
+				take(0, "a", 6, 6, 4, 0, 10*s),
+				take(s, "b", 6, 4, 0, 0, 10*s),   // partial: what is left
+				take(0, "c", 3, 0, 0, 9*s, 10*s), // nothing left: a lapses first, at 10s
+				take(s, "a", 2, 2, 4, 0, 10*s),   // a shrinks to 2, renewed to 12s
+				take(0, "c", 30, 4, 0, 0, 10*s),  // more than the rate: up to what is free
+				take(0, "b", 9, 4, 0, 0, 10*s),   // b keeps its own 4 (8 are the others')
+				{op: sluice.OpPeek, cost: 1, lease: "z", want: sluice.Decision{Remaining: 0, RetryAfter: 10 * s, ResetAfter: 10 * s}},
+				take(10*s+1, "d", 5, 5, 5, 0, 10*s), // all three lapsed
+				release("d", 10, 0),
+			})
+			// Each request of a batch takes on its own (not all or
+			// nothing), in order; a repeated key sees the earlier takes.
+			k := h.key("conc-take-batch")
+			reqs := []sluice.Request{
+				{Key: k, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: 5, Period: 10 * s}, Cost: 4, Lease: "x"},
+				{Key: k, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: 5, Period: 10 * s}, Cost: 4, Lease: "y"},
+				{Key: k, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: 5, Period: 10 * s}, Cost: 4, Lease: "z"},
+			}
+			ds, err := h.store.ApplyAll(context.Background(), sluice.OpTake, reqs)
+			if err != nil || len(ds) != 3 {
+				h.t.Fatalf("take batch: %v %v", ds, err)
+			}
+			if ds[0].Taken != 4 || ds[1].Taken != 1 || ds[2].Taken != 0 || ds[2].Allowed || !ds[1].Allowed {
+				h.t.Fatalf("take batch: taken %d, %d, %d (allowed %v), want 4, 1, 0", ds[0].Taken, ds[1].Taken, ds[2].Taken, ds[2].Allowed)
+			}
+			// A take is for concurrency only.
+			g := sluice.Request{Key: h.key("take-gcra"), Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: 5, Period: s}, Cost: 1}
+			if _, err := h.store.Apply(context.Background(), sluice.OpTake, g); !errors.Is(err, sluice.ErrInvalidRequest) {
+				h.t.Fatalf("take on gcra: %v, want ErrInvalidRequest", err)
+			}
+		}},
 	}
 }
 

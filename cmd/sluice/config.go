@@ -23,6 +23,7 @@ func newConfigCmd() *cobra.Command {
 		Short: "Work with config files",
 	}
 	var kind string
+	var env bool
 	check := &cobra.Command{
 		Use:   "check FILE|DIR...",
 		Short: "Validate config files offline; exit 1 if any is invalid",
@@ -34,8 +35,13 @@ It tells the kind of each file from its fields: a 'sluice serve' config
 envoy: section's config_dir), a 'sluice gateway' config (upstream, tiers
 of rpm/tpm limits) or an envoyproxy/ratelimit file (domain, descriptors).
 A directory is checked as an envoyproxy/ratelimit config directory.
---kind overrides the detection.`,
-		Example: "  sluice config check examples/sluice.yaml examples/gateway.yaml\n  sluice config check deploy/envoy/ratelimit",
+--kind overrides the detection.
+
+Offline means it reads nothing but the files: a gateway's upstream keys,
+which are in the environment where the gateway runs and often not where
+its config is checked, are not looked for unless --env is given; then a
+missing key variable or key_file is a problem too.`,
+		Example: "  sluice config check examples/sluice.yaml examples/gateway.yaml\n  sluice config check deploy/envoy/ratelimit\n  sluice config check --env gateway.yaml   # where it runs: its keys too",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			force, err := parseKind(kind)
@@ -44,7 +50,7 @@ A directory is checked as an envoyproxy/ratelimit config directory.
 			}
 			bad := 0
 			for _, path := range args {
-				if !checkConfig(cmd.OutOrStdout(), cmd.ErrOrStderr(), path, force) {
+				if !checkConfig(cmd.OutOrStdout(), cmd.ErrOrStderr(), path, force, env) {
 					bad++
 				}
 			}
@@ -55,6 +61,7 @@ A directory is checked as an envoyproxy/ratelimit config directory.
 		},
 	}
 	check.Flags().StringVar(&kind, "kind", "auto", "file kind: auto, serve, gateway or envoy")
+	check.Flags().BoolVar(&env, "env", false, "also check that every gateway upstream's key variable or key_file is set here")
 	cmd.AddCommand(check)
 	return cmd
 }
@@ -81,8 +88,9 @@ func parseKind(s string) (config.Kind, error) {
 }
 
 // checkConfig checks one file or directory, printing "PATH: ok: ..." to out
-// or every problem to errOut, and reports whether it is valid.
-func checkConfig(out, errOut io.Writer, path string, kind config.Kind) bool {
+// or every problem to errOut, and reports whether it is valid; with env,
+// a gateway's upstream keys must be in this environment too.
+func checkConfig(out, errOut io.Writer, path string, kind config.Kind, env bool) bool {
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 		n, err := envoyrls.CheckDir(path, false)
 		if err != nil {
@@ -115,9 +123,11 @@ func checkConfig(out, errOut io.Writer, path string, kind config.Kind) bool {
 			report(errOut, path, kind, err)
 			return false
 		}
-		if err := gateway.CheckKeys(cfg, os.Getenv, os.ReadFile); err != nil {
-			report(errOut, path, kind, err)
-			return false
+		if env {
+			if err := gateway.CheckKeys(cfg, os.Getenv, os.ReadFile); err != nil {
+				report(errOut, path, kind, err)
+				return false
+			}
 		}
 		fmt.Fprintf(out, "%s: ok: %s: %d tiers, %d keys, %s, store %s\n",
 			path, kind, len(cfg.Tiers), len(cfg.Keys), upstreamSummary(cfg), storeName(cfg.Store.URL))
@@ -136,9 +146,11 @@ func checkConfig(out, errOut io.Writer, path string, kind config.Kind) bool {
 	ok := true
 	if gw := cfg.File.Gateway; gw != nil {
 		fmt.Fprintf(out, "%s: ok: gateway section: %d tiers, %d keys, %s\n", path, len(gw.Tiers), len(gw.Keys), upstreamSummary(gw))
-		if err := gateway.CheckKeys(gw, os.Getenv, os.ReadFile); err != nil {
-			report(errOut, path, config.KindServe, err)
-			ok = false
+		if env {
+			if err := gateway.CheckKeys(gw, os.Getenv, os.ReadFile); err != nil {
+				report(errOut, path, config.KindServe, err)
+				ok = false
+			}
 		}
 	}
 	if sec := cfg.File.Envoy; sec != nil {

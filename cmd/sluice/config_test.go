@@ -88,7 +88,7 @@ func TestConfigCheckBadFixtures(t *testing.T) {
 		},
 		"gateway.bad.yaml": {
 			dir + "gateway.bad.yaml: invalid sluice gateway config, 4 problems:",
-			dir + "gateway.bad.yaml:6: tiers.free.rpmm: unknown field; did you mean rpm? valid: rpm, rpm_burst, tpm, tpm_burst, rpd, concurrency, timezone, lease, models, class, weight, budgets, itpm, itpm_burst, otpm, otpm_burst",
+			dir + "gateway.bad.yaml:6: tiers.free.rpmm: unknown field; did you mean rpm? valid: rpm, rpm_burst, tpm, tpm_burst, rpd, concurrency, timezone, lease, models, class, weight, budgets, itpm, itpm_burst, otpm, otpm_burst, session",
 			dir + "gateway.bad.yaml:7: tiers.free.tpm: -1 must not be negative",
 			dir + `gateway.bad.yaml:11: keys[0].tier: unknown tier "gold"; valid: free`,
 			dir + `gateway.bad.yaml:12: allowed_hosts[1]: "gw.example:8090": want a host name (no port, no scheme), *.domain, an IP address, or *`,
@@ -227,5 +227,50 @@ func TestConfigCheckRedactsUpstream(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), secret) || !strings.Contains(logs.String(), "acct:xxxxx@") {
 		t.Fatalf("start-up line: %s", logs.String())
+	}
+}
+
+// TestConfigCheckOfflinePool: `config check` is offline: a pool config
+// whose provider keys are not in this environment (they are where the
+// gateway runs) passes; --env checks them, naming each missing one, and
+// passes once they are set.
+func TestConfigCheckOfflinePool(t *testing.T) {
+	data, err := os.ReadFile("../../internal/gateway/testdata/pool.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	key := filepath.Join(dir, "pool.key")
+	if err := os.WriteFile(key, []byte("azure-key\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "gateway.yaml")
+	if err := os.WriteFile(path, []byte(strings.Replace(string(data), "testdata/pool.key", key, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The same section inside a sluice serve config.
+	serve := filepath.Join(dir, "sluice.yaml")
+	indented := "  " + strings.ReplaceAll(strings.TrimSpace(strings.Replace(string(data), "testdata/pool.key", key, 1)), "\n", "\n  ")
+	if err := os.WriteFile(serve, []byte("policies:\n  p: {limit: 10/s}\ngateway:\n  listen: 127.0.0.1:0\n"+indented+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("OPENAI_KEY_EAST", "")
+	t.Setenv("ANTHROPIC_KEY_A", "")
+	for _, p := range []string{path, serve} {
+		var out, errOut bytes.Buffer
+		if err := run(context.Background(), []string{"config", "check", p}, &out, &errOut); err != nil || errOut.Len() > 0 {
+			t.Fatalf("offline check of %s: %v\n%s", p, err, errOut.String())
+		}
+		errOut.Reset()
+		err := run(context.Background(), []string{"config", "check", "--env", p}, &out, &errOut)
+		if exitCode(err) != 1 || !strings.Contains(errOut.String(), "upstream openai-east") || !strings.Contains(errOut.String(), "ANTHROPIC_KEY_A is empty") {
+			t.Fatalf("--env check of %s: %v\n%s", p, err, errOut.String())
+		}
+	}
+	t.Setenv("OPENAI_KEY_EAST", "sk-east")
+	t.Setenv("ANTHROPIC_KEY_A", "sk-ant")
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"config", "check", "--env", path, serve}, &out, &errOut); err != nil {
+		t.Fatalf("--env with the keys set: %v\n%s", err, errOut.String())
 	}
 }

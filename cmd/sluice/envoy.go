@@ -52,7 +52,14 @@ func envoyComponent(d server.Deps) (server.Component, error) {
 		return &hostcheck.Policy{Listen: []string{sec.HTTPAddr, c.Listen}, Allowed: c.AllowedHosts, Own: own}
 	}
 	if cfg.File.RLQS != nil {
-		q, err := rlqs.New(rlqs.Options{Store: d.Store, Config: cfg.File.RLQS, Logger: d.Logger, Registerer: d.Metrics.Registry})
+		// A reload's rlqs: section reaches every bucket at its next report.
+		live := func() *rlqs.Config {
+			if c := d.Config(); c != nil && c.File != nil {
+				return c.File.RLQS
+			}
+			return nil
+		}
+		q, err := rlqs.New(rlqs.Options{Store: d.Store, Config: cfg.File.RLQS, Live: live, Logger: d.Logger, Registerer: d.Metrics.Registry})
 		if err != nil {
 			return nil, err
 		}

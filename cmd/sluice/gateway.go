@@ -3,6 +3,9 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -10,17 +13,21 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/filewatch"
 	"github.com/sluice-io/sluice/internal/gateway"
 	"github.com/sluice-io/sluice/internal/hostcheck"
 	"github.com/sluice-io/sluice/internal/server"
 	"github.com/sluice-io/sluice/internal/tracing"
+	"github.com/sluice-io/sluice/internal/yamlconf"
 )
 
 func newGatewayCmd() *cobra.Command {
@@ -39,7 +46,13 @@ request and settled against the response's usage, streams included.
 The upstream key is read from the environment variable that
 upstream.api_key_env names (default OPENAI_API_KEY). The same gateway runs
 inside 'sluice serve' when its config has a 'gateway:' section.
-GET /healthz is liveness. Prometheus metrics are served on their own
+The config file is watched, and reloaded on SIGHUP, as serve's is: a
+file that is whole and valid is applied whole, any other refused whole
+(listen and store take a restart), with a log line either way.
+GET /healthz is liveness. GET /v1/status shows a key its own limits, and
+a pool's upstreams to the admin token in SLUICE_ADMIN_TOKEN (as
+Authorization: Bearer; make one with: openssl rand -hex 32). Prometheus
+metrics are served on their own
 listener (--metrics-listen, 127.0.0.1:9464 by default), not on the
 clients': they name tiers, teams, orgs and their spend.`,
 		Example: "  OPENAI_API_KEY=sk-... sluice gateway --config examples/gateway.yaml",
@@ -72,29 +85,57 @@ clients': they name tiers, teams, orgs and their spend.`,
 				return err
 			}
 			defer func() { _ = tr.Shutdown(context.WithoutCancel(cmd.Context())) }()
-			gw, err := gateway.New(gateway.Options{Config: cfg, Store: tr.Store(store), Logger: log, WrapTransport: tr.Transport})
+			admin, err := gatewayAdmin(os.Getenv("SLUICE_ADMIN_TOKEN"))
+			if err != nil {
+				return err
+			}
+			first := readConfigFile(f.config)
+			build := func(c *gateway.Config) (*gateway.Gateway, error) {
+				if err := checkGatewayKey(c, os.Getenv, log); err != nil {
+					return nil, err
+				}
+				return gateway.New(gateway.Options{Config: c, Store: tr.Store(store), Logger: log, WrapTransport: tr.Transport, Admin: admin})
+			}
+			gw, err := build(cfg)
 			if err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
 			var mln net.Listener
-			if f.metricsListen != "" {
-				if mln, err = net.Listen("tcp", f.metricsListen); err != nil {
-					return fmt.Errorf("gateway: metrics listener: %w", err)
-				}
-				// The metrics name tiers, teams and their spend: a page
-				// rebound to 127.0.0.1 must not read them either.
-				guard := (&gateway.Server{Gateway: gw, Addr: f.metricsListen}).HostGuard
-				msrv := &http.Server{Handler: guard(metricsMux(gw.Metrics())), ReadHeaderTimeout: 5 * time.Second}
-				go func() { _ = msrv.Serve(mln) }()
-				defer msrv.Close()
-			}
 			srv := &gateway.Server{Gateway: gw, Addr: cfg.Listen, Middleware: tr.Handler, OnListen: func(a net.Addr) {
 				fmt.Fprintf(out, "sluice gateway listening on %s\n", a)
 				if mln != nil {
 					fmt.Fprintf(out, "sluice gateway metrics on %s/metrics\n", mln.Addr())
 				}
 			}}
+			if f.metricsListen != "" {
+				if mln, err = listenMetrics(f.metricsListen); err != nil {
+					return err
+				}
+				// The metrics name tiers, teams and their spend: a page
+				// rebound to 127.0.0.1 must not read them either. The
+				// names and the metrics are those of the config of the
+				// moment.
+				metricsAddr := f.metricsListen
+				hosts := func() *hostcheck.Policy {
+					p := srv.Policy()
+					p.Listen = append(p.Listen, metricsAddr)
+					return p
+				}
+				msrv := &http.Server{Handler: srv.GuardWith(hosts, metricsMux(srv.MetricsHandler())), ReadHeaderTimeout: 5 * time.Second}
+				go func() { _ = msrv.Serve(mln) }()
+				defer msrv.Close()
+			}
+			// The file is watched as serve's is, and SIGHUP reloads it.
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			rl := &gatewayReloader{path: f.config, listen: f.listen, srv: srv, running: cfg, build: build, log: log}
+			fw := &filewatch.Watcher{Path: f.config, MaxBytes: yamlconf.MaxFileBytes, Signals: hup, Last: first, Apply: rl.apply, Reject: rl.reject, Logger: log}
+			if err := fw.Watch(); err != nil {
+				return fmt.Errorf("gateway: %w", err)
+			}
+			go func() { _ = fw.Run(cmd.Context()) }()
 			return srv.Run(cmd.Context())
 		},
 	}
@@ -106,6 +147,44 @@ clients': they name tiers, teams, orgs and their spend.`,
 	fl.StringVar(&f.logFormat, "log-format", cmp.Or(os.Getenv("SLUICE_LOG_FORMAT"), "text"), "log format: text or json (env SLUICE_LOG_FORMAT)")
 	fl.StringVar(&f.logLevel, "log-level", cmp.Or(os.Getenv("SLUICE_LOG_LEVEL"), "info"), "log level: debug, info, warn or error (env SLUICE_LOG_LEVEL)")
 	return cmd
+}
+
+// gatewayAdmin is a standalone gateway's admin check: whether a request
+// carries token (SLUICE_ADMIN_TOKEN) as Authorization: Bearer, compared
+// as SHA-256 digests in constant time; GET /v1/status with it shows the
+// pool's upstreams. Without a token none is admin. A token too easy to
+// guess is refused (there is no backoff of wrong tokens here, so only a
+// strong one is safe).
+func gatewayAdmin(token string) (func(*http.Request) bool, error) {
+	if token == "" {
+		return nil, nil
+	}
+	if weak := config.WeakToken(token); weak != "" {
+		return nil, fmt.Errorf("gateway: SLUICE_ADMIN_TOKEN is too weak (%s): make one with: %s", weak, config.MakeAdminToken)
+	}
+	want := sha256.Sum256([]byte(token))
+	return func(r *http.Request) bool {
+		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") {
+			return false
+		}
+		sum := sha256.Sum256([]byte(strings.TrimSpace(got)))
+		return subtle.ConstantTimeCompare(sum[:], want[:]) == 1
+	}, nil
+}
+
+// listenMetrics listens on addr for the gateway's metrics. A port in use
+// (most often another replica on the same host, on the default
+// 127.0.0.1:9464) is an error naming the setting and what to set.
+func listenMetrics(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err == nil {
+		return ln, nil
+	}
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, fmt.Errorf("gateway: metrics listener %s is in use (another gateway replica on this host?): give each replica its own --metrics-listen (env SLUICE_GATEWAY_METRICS_LISTEN), such as 127.0.0.1:9465, or set it empty for none: %w", addr, err)
+	}
+	return nil, fmt.Errorf("gateway: metrics listener %s (--metrics-listen, env SLUICE_GATEWAY_METRICS_LISTEN): %w", addr, err)
 }
 
 // metricsMux serves h at GET /metrics, and nothing else.
@@ -127,7 +206,8 @@ func gatewayComponent(d server.Deps) (server.Component, error) {
 	if err := checkGatewayKey(cfg.File.Gateway, os.Getenv, d.Logger); err != nil {
 		return nil, err
 	}
-	gw, err := gateway.New(gateway.Options{Config: cfg.File.Gateway, Store: d.Store, Logger: d.Logger, Registerer: d.Metrics.Registry, WrapTransport: d.Tracing.Transport})
+	gw, err := gateway.New(gateway.Options{Config: cfg.File.Gateway, Store: d.Store, Logger: d.Logger, Registerer: d.Metrics.Registry, WrapTransport: d.Tracing.Transport,
+		OnOutcome: d.GatewayOutcome, OnSettled: d.GatewaySettled, Admin: d.IsAdmin})
 	if err != nil {
 		return nil, err
 	}
@@ -136,6 +216,9 @@ func gatewayComponent(d server.Deps) (server.Component, error) {
 	}
 	if d.SetGatewayUpstreams != nil {
 		d.SetGatewayUpstreams(func(ctx context.Context) (any, error) { return gw.Upstreams(ctx) })
+	}
+	if d.SetGatewayLookup != nil {
+		d.SetGatewayLookup(gw.LookUp)
 	}
 	srv := &gateway.Server{Gateway: gw, Addr: cfg.File.Gateway.Listen, Middleware: d.Tracing.Handler, HostsField: "gateway.allowed_hosts"}
 	// Browsers reach it by the names of its own allowed_hosts and of the

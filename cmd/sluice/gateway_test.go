@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -240,6 +241,58 @@ func TestGatewayRefusesEmptyUpstreamKey(t *testing.T) {
 		}
 		if err != nil && (!strings.Contains(err.Error(), c.env+" is empty") || !strings.Contains(err.Error(), "allow_no_key")) {
 			t.Errorf("%+v: error does not say what to do: %v", c, err)
+		}
+	}
+}
+
+// TestGatewayMetricsPortInUse: a second replica on one host, on the
+// default metrics address another holds, fails at start with an error
+// naming the setting and what to set, before serving anything.
+func TestGatewayMetricsPortInUse(t *testing.T) {
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: "sk-up"})
+	t.Setenv("OPENAI_API_KEY", "sk-up")
+	example, err := os.ReadFile("../../examples/gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := strings.Replace(string(example), "https://api.openai.com/v1", up.URL()+"/v1", 1)
+	path := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	held, err := net.Listen("tcp", "127.0.0.1:0") // the first replica's
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = run(ctx, []string{"gateway", "--config", path, "--listen", "127.0.0.1:0", "--metrics-listen", held.Addr().String(), "--log-level", "warn"}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "--metrics-listen") || !strings.Contains(err.Error(), "in use") || !strings.Contains(err.Error(), "SLUICE_GATEWAY_METRICS_LISTEN") {
+		t.Fatalf("got %v, want a start-up error naming --metrics-listen", err)
+	}
+}
+
+// TestGatewayAdminToken: a standalone gateway's admin token comes from
+// SLUICE_ADMIN_TOKEN: a weak one is refused at start, saying how to make
+// one; a strong one matches only itself, as a Bearer token.
+func TestGatewayAdminToken(t *testing.T) {
+	if admin, err := gatewayAdmin(""); admin != nil || err != nil {
+		t.Fatalf("no token: %v %v", admin != nil, err)
+	}
+	if _, err := gatewayAdmin("password123"); err == nil || !strings.Contains(err.Error(), "SLUICE_ADMIN_TOKEN is too weak") || !strings.Contains(err.Error(), "openssl rand -hex 32") {
+		t.Fatalf("weak token: %v", err)
+	}
+	const token = "3f9c2a7e8b1d4f60a5c9e2b7d1f8a3c6e0b4d7f2a9c5e1b8d3f6a0c4e7b2d9f1"
+	admin, err := gatewayAdmin(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for auth, want := range map[string]bool{"Bearer " + token: true, "bearer " + token: true, "Bearer " + token[:63]: false, token: false, "Bearer sk-client": false, "": false} {
+		r := httptest.NewRequest(http.MethodGet, "/v1/status", nil)
+		r.Header.Set("Authorization", auth)
+		if got := admin(r); got != want {
+			t.Errorf("Authorization %q: admin %v, want %v", auth, got, want)
 		}
 	}
 }

@@ -7,10 +7,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/sluice-io/sluice/internal/redistest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -78,9 +80,31 @@ func TestServeRLQS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 4 a second: asked 4 + 2 + 1 of the 10 a second the limit allows.
-	if got := r.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket().GetTokensPerFill().GetValue(); got != 7 {
-		t.Errorf("tokens per fill %d, want 7 (%v)", got, r)
+	// 4 a second, 600 a minute: shares of 100 tokens per 10 s; 40 asked,
+	// and half again and one for room to grow.
+	tb := r.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket()
+	if tb.GetTokensPerFill().GetValue() != 61 || tb.GetFillInterval().AsDuration() != 10*time.Second {
+		t.Errorf("assignment %v, want 61 tokens per 10s", r)
+	}
+	// A reload that lowers the limit reaches the open stream's bucket at
+	// its next report: 30 a minute, shares of 30 tokens per minute.
+	if err := os.WriteFile(cfg, []byte(strings.Replace(doc, "requests_per_unit: 600", "requests_per_unit: 30", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var last *rlqsv3.RateLimitQuotaResponse
+	if !redistest.PollUntil(time.Now().Add(15*time.Second), func() bool {
+		if err := st.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "envoy", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
+			BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"route": "api"}}, TimeElapsed: durationpb.New(time.Second), NumRequestsAllowed: 4,
+		}}}); err != nil {
+			t.Fatal(err)
+		}
+		if last, err = st.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		tb := last.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket()
+		return tb.GetFillInterval().AsDuration() == time.Minute && tb.GetTokensPerFill().GetValue() <= 30
+	}) {
+		t.Errorf("reloaded limit never reached the bucket: last %v", last)
 	}
 	cancel() // stop serve with the stream open
 	select {

@@ -116,7 +116,7 @@ keys:
 			for _, e := range c.Env {
 				env[e.Name] = true
 			}
-			for _, want := range []string{"SLUICE_REDIS_URL", "OPENAI_API_KEY", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER"} {
+			for _, want := range []string{"SLUICE_REDIS_URL", "OPENAI_API_KEY", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER", "SLUICE_K8S_SERVICE", "SLUICE_K8S_NAMESPACE"} {
 				if !env[want] {
 					t.Errorf("no env %s", want)
 				}

@@ -3,6 +3,8 @@ package console
 import (
 	"context"
 	"fmt"
+	"math"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,10 +46,10 @@ func TestSeries(t *testing.T) {
 
 func TestConfigBounds(t *testing.T) {
 	c := Config{Enabled: true}
-	if err := c.Validate(); err != nil || c.SampleInterval != DefaultSampleInterval || c.TopSample != DefaultTopSample {
+	if err := c.Validate(); err != nil || c.SampleInterval != DefaultSampleInterval || c.TopSample != DefaultTopSample || c.TopExact != DefaultTopExact {
 		t.Fatalf("defaults: %+v %v", c, err)
 	}
-	for _, bad := range []Config{{SampleInterval: time.Millisecond}, {SampleInterval: time.Hour}, {TopSample: -1}, {TopSample: 1 << 21}} {
+	for _, bad := range []Config{{SampleInterval: time.Millisecond}, {SampleInterval: time.Hour}, {TopSample: -1}, {TopSample: 1 << 21}, {TopExact: -1}, {TopExact: 1 << 21}} {
 		if err := bad.Validate(); err == nil {
 			t.Errorf("%+v accepted", bad)
 		}
@@ -60,12 +62,12 @@ func testTop(t *testing.T, sinks ...TopSink) {
 	ctx := context.Background()
 	now := time.Unix(1_800_000_000, 0)
 	for i, s := range sinks {
-		tops := NewTop(s, 1, nil)
+		tops := NewTop(s, TopOptions{Sample: 1})
 		for j := range 5 {
-			tops.Observe("user:"+strconv.Itoa(j), "api", now.UnixMilli()+int64(i))
+			tops.Observe("user:"+strconv.Itoa(j), "api", time.Duration(i)*time.Millisecond)
 		}
 		for range 10 {
-			tops.Observe("tenant:hot", "api", now.UnixMilli()+5000)
+			tops.Observe("tenant:hot", "api", 5*time.Second)
 		}
 		if err := tops.Flush(ctx, now.Add(time.Duration(i)*time.Minute)); err != nil {
 			t.Fatal(err)
@@ -76,8 +78,20 @@ func testTop(t *testing.T, sinks ...TopSink) {
 		t.Fatal(err)
 	}
 	want := float64(10 * len(sinks))
-	if len(top) != 3 || top[0].Identity != "tenant:hot" || top[0].Denies != want || top[0].RetryAt != now.UnixMilli()+5000 || top[1].Denies != float64(len(sinks)) {
+	if len(top) != 3 || top[0].Identity != "tenant:hot" || top[0].Denies != want || top[0].RetryAt != now.Add(time.Duration(len(sinks)-1)*time.Minute+5*time.Second).UnixMilli() || top[1].Denies != float64(len(sinks)) {
 		t.Fatalf("top: %+v", top)
+	}
+	if top[0].Sampled || top[1].Sampled {
+		t.Fatalf("exact counts marked sampled: %+v", top)
+	}
+	// A sampled count stays marked sampled through the sink, and the
+	// others stay exact.
+	later := now.Add(time.Duration(len(sinks)) * time.Minute)
+	if err := sinks[0].Add(ctx, []Hit{{Identity: "tenant:flood", Policy: "api", Denies: 1000, Sampled: true}}, later); err != nil {
+		t.Fatal(err)
+	}
+	if top, err := sinks[len(sinks)-1].Top(ctx, 2, later); err != nil || len(top) != 2 || top[0].Identity != "tenant:flood" || !top[0].Sampled || top[1].Sampled {
+		t.Fatalf("with a sampled count: %+v %v", top, err)
 	}
 	// Past the window, nothing.
 	if top, _ := sinks[0].Top(ctx, 3, now.Add(Window+time.Duration(len(sinks))*time.Minute)); len(top) != 0 {
@@ -106,7 +120,7 @@ func testRedisTop(t *testing.T, addrs []string) {
 }
 
 func TestTopBounded(t *testing.T) {
-	tops := NewTop(NewMemoryTop(), 1, nil)
+	tops := NewTop(NewMemoryTop(), TopOptions{Sample: 1})
 	for i := range maxPending + 10 {
 		tops.Observe("u"+strconv.Itoa(i), "p", 0)
 	}
@@ -116,19 +130,166 @@ func TestTopBounded(t *testing.T) {
 }
 
 // BenchmarkObserve is the top-K's cost per denial on the hot path, with
-// the default sample: compare it with a decision's CPU
-// (BenchmarkTopKOverhead in internal/server, ~6500 ns per denied HTTP
-// decision).
+// the defaults (exact up to 100, then one in 16), one identity past its
+// exact count (the flood's case) and 1000 identities: compare it with a
+// decision's CPU (BenchmarkTopKOverhead in internal/server, ~3-7 us per
+// denied HTTP decision).
 func BenchmarkObserve(b *testing.B) {
-	tops := NewTop(NewMemoryTop(), DefaultTopSample, nil)
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if tops.Sampled() {
-				tops.Observe("user:42", "api", 0)
+	ids := make([]string, 1000)
+	for i := range ids {
+		ids[i] = "user:" + strconv.Itoa(i)
+	}
+	for _, n := range []int{1, len(ids)} {
+		b.Run(strconv.Itoa(n)+"-identities", func(b *testing.B) {
+			tops := NewTop(NewMemoryTop(), TopOptions{Exact: DefaultTopExact, Sample: DefaultTopSample})
+			b.ReportAllocs()
+			var seq atomic.Int64
+			b.RunParallel(func(pb *testing.PB) {
+				i := int(seq.Add(1))
+				for pb.Next() {
+					tops.Observe(ids[i%n], "api", 0)
+					i++
+				}
+			})
+		})
+	}
+}
+
+// TestTopExactSmallCounts: below the exact threshold every denial counts
+// one, with the default sample of 16: an identity denied twice shows 2
+// (not 16, as one sampled denial scaled by 16 did), one denied 15 times
+// shows 15 (a sample could miss it whole), and neither is marked sampled,
+// on the memory sink and on Redis.
+func TestTopExactSmallCounts(t *testing.T) {
+	sinks := map[string]func(t *testing.T) TopSink{
+		"memory": func(*testing.T) TopSink { return NewMemoryTop() },
+		"redis": func(t *testing.T) TopSink {
+			cl, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{redistest.Standalone(t).Addr}, DisableCache: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(cl.Close)
+			return NewRedisTop(func() rueidis.Client { return cl }, redistest.Prefix(t)+":{topk}")
+		},
+	}
+	for name, sink := range sinks {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			now := time.Unix(1_800_000_000, 0)
+			tops := NewTop(sink(t), TopOptions{Exact: DefaultTopExact, Sample: DefaultTopSample})
+			counts := map[string]int{"tenant:one": 1, "tenant:two": 2, "tenant:fifteen": 15, "tenant:hundred": DefaultTopExact}
+			// Over three flushes in two minutes: the sums stay exact.
+			for f := range 3 {
+				for id, n := range counts {
+					for i := range n {
+						if i%3 == f {
+							tops.Observe(id, "api", 0)
+						}
+					}
+				}
+				if err := tops.Flush(ctx, now.Add(time.Duration(f)*30*time.Second)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			top, err := tops.Read(ctx, 10, now.Add(time.Minute+30*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]float64{}
+			for _, h := range top {
+				got[h.Identity] = h.Denies
+				if h.Sampled {
+					t.Errorf("%s marked sampled with %v denials", h.Identity, h.Denies)
+				}
+			}
+			for id, n := range counts {
+				if got[id] != float64(n) {
+					t.Errorf("%s: %v denials, want %d exactly (all: %v)", id, got[id], n, got)
+				}
+			}
+		})
+	}
+}
+
+// TestTopLargeCountsBounded: past the exact threshold the count is an
+// unbiased estimate marked sampled: exact + sample x Binomial(m-exact,
+// 1/sample), whose standard deviation is sqrt((m-exact)(sample-1)); the
+// test allows 6 of them (a false failure once in 10^9 runs). Each round
+// draws afresh, so the mean of the rounds is within 6 of its own, smaller,
+// deviation too: a biased scaling (such as counting the exact denials
+// again) fails it.
+func TestTopLargeCountsBounded(t *testing.T) {
+	const exact, sample, m, rounds = 10, 16, 20_000, 20
+	sd := math.Sqrt(float64((m - exact) * (sample - 1)))
+	var sum float64
+	for r := range rounds {
+		tops := NewTop(NewMemoryTop(), TopOptions{Exact: exact, Sample: sample})
+		for range m {
+			tops.Observe("tenant:flood", "api", 0)
+		}
+		for range 3 {
+			tops.Observe("tenant:small", "api", 0)
+		}
+		now := time.Unix(1_800_000_000, 0)
+		if err := tops.Flush(context.Background(), now); err != nil {
+			t.Fatal(err)
+		}
+		top, _ := tops.Sink().Top(context.Background(), 2, now)
+		if len(top) != 2 || top[0].Identity != "tenant:flood" || !top[0].Sampled || top[1].Denies != 3 || top[1].Sampled {
+			t.Fatalf("round %d: %+v", r, top)
+		}
+		if d := math.Abs(top[0].Denies - m); d > 6*sd {
+			t.Fatalf("round %d: %v denials for %d, off by %.0f > 6 sd (%.0f)", r, top[0].Denies, m, d, 6*sd)
+		}
+		sum += top[0].Denies
+	}
+	if d := math.Abs(sum/rounds - m); d > 6*sd/math.Sqrt(rounds) {
+		t.Fatalf("mean of %d rounds %.0f for %d: biased by %.0f", rounds, sum/rounds, m, d)
+	}
+}
+
+// TestTopConcurrentExact: denials observed by parallel callers while the
+// flusher runs are each counted once: the flush swaps the pending hits
+// under the write lock that excludes the counting. Under -race.
+func TestTopConcurrentExact(t *testing.T) {
+	const workers, each = 4, 2000
+	sink := NewMemoryTop()
+	tops := NewTop(sink, TopOptions{Exact: 1 << 20, Sample: DefaultTopSample, Display: func(id string) string { return "shown:" + id }})
+	now := time.Unix(1_800_000_000, 0)
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	flushed := make(chan struct{})
+	go func() {
+		defer close(flushed)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				_ = tops.Flush(context.Background(), now)
+				runtime.Gosched()
 			}
 		}
-	})
+	}()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				tops.Observe("tenant:a", "api", 0)
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-flushed
+	if err := tops.Flush(context.Background(), now); err != nil {
+		t.Fatal(err)
+	}
+	top, _ := sink.Top(context.Background(), 1, now)
+	if len(top) != 1 || top[0].Identity != "shown:tenant:a" || top[0].Denies != workers*each || top[0].Sampled {
+		t.Fatalf("top: %+v, want %d exact denials of shown:tenant:a", top, workers*each)
+	}
 }
 
 // TestRedisTopReadsBounded: a read of the top list takes at most
@@ -212,7 +373,7 @@ func (c *countingSink) Top(ctx context.Context, n int, now time.Time) ([]Hit, er
 func TestTopReadShared(t *testing.T) {
 	ctx := context.Background()
 	sink := &countingSink{TopSink: NewMemoryTop()}
-	tops := NewTop(sink, 1, nil)
+	tops := NewTop(sink, TopOptions{Sample: 1})
 	now := time.Unix(1_800_000_000, 0)
 	tops.Observe("tenant:a", "api", 1)
 	if err := tops.Flush(ctx, now); err != nil {

@@ -108,7 +108,11 @@ func (r *Runner) httpHandler() http.Handler {
 		p := &hostcheck.Policy{Listen: []string{r.HTTPAddr}, Own: hostcheck.OwnHosts()}
 		hosts = func() *hostcheck.Policy { return p }
 	}
-	return hostcheck.Guard(r.Service.HTTPHandler(), hosts, nil, func(w http.ResponseWriter, req *http.Request) {
+	// /json is a POST, which a browser always marks with Origin; what
+	// /healthcheck reads is no secret. So only a browser's request is
+	// checked, and ERL's clients keep whatever Host they send.
+	rule := func(*http.Request) hostcheck.Check { return hostcheck.IfBrowser }
+	return hostcheck.Guard(r.Service.HTTPHandler(), hosts, rule, func(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "envoyrls: "+hostcheck.Message(req.Host, "allowed_hosts"), http.StatusForbidden)
 	})
 }

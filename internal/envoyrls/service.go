@@ -71,6 +71,9 @@ type Options struct {
 	// ReloadDelay is how long Watch waits after a change in ConfigDir before
 	// reloading, so that a burst of writes is read once. Zero means 100ms.
 	ReloadDelay time.Duration
+	// ReloadStill is how long ConfigDir must see no write before a file
+	// written in place is read (Watch); zero means 2s.
+	ReloadStill time.Duration
 	// OnReload, if set, is called after every reload that Watch triggers,
 	// with its error.
 	OnReload func(error)
@@ -89,6 +92,7 @@ type Service struct {
 	merge   bool
 	lease   bool
 	delay   time.Duration
+	still   time.Duration
 	onLoad  func(error)
 	metrics *metrics
 	cfg     atomic.Pointer[ruleSet]
@@ -114,6 +118,9 @@ func New(opts Options) (*Service, error) {
 	if opts.ReloadDelay <= 0 {
 		opts.ReloadDelay = 100 * time.Millisecond
 	}
+	if opts.ReloadStill <= 0 {
+		opts.ReloadStill = 2 * time.Second
+	}
 	m, err := newMetrics(opts.Registerer, opts.MaxDetailedSeries)
 	if err != nil {
 		return nil, fmt.Errorf("envoyrls: register metrics: %w", err)
@@ -127,6 +134,7 @@ func New(opts Options) (*Service, error) {
 		merge:   opts.MergeDomains,
 		lease:   opts.Lease,
 		delay:   opts.ReloadDelay,
+		still:   opts.ReloadStill,
 		onLoad:  opts.OnReload,
 		metrics: m,
 	}
@@ -140,6 +148,11 @@ func New(opts Options) (*Service, error) {
 // in force.
 func (s *Service) Reload() error {
 	files, err := readDir(s.dir)
+	return s.load(files, err)
+}
+
+// load applies files, read with err.
+func (s *Service) load(files []configFile, err error) error {
 	if err == nil {
 		var cfg *ruleSet
 		if cfg, err = parseConfig(files, s.merge, s.metrics); err == nil {

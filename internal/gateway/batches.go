@@ -536,18 +536,21 @@ func (b *batchAPI) create(w http.ResponseWriter, r *http.Request, cl *client) {
 		}
 		w.Header().Set("x-should-retry", "false")
 		if i == 0 {
+			b.g.reportClient(cl, "batch_queue", 0)
 			writeError(w, http.StatusTooManyRequests, "invalid_request_error", "token_limit_exceeded", "",
 				fmt.Sprintf("Enqueued token limit reached for %s. Limit: %d enqueued tokens, %d in your batches in progress, this batch %d. Please try again once some in_progress batches have been completed.",
 					truncateName(n.model), reqs[0].Limit.Rate, reqs[0].Limit.Rate-max(d.Remaining, 0), h.tokens))
 			return
 		}
 		s := specs[i]
+		b.g.reportClient(cl, s.reason(), d.RetryAfter)
 		w.Header().Set("Retry-After", strconv.FormatInt(max(sluice.CeilSeconds(d.RetryAfter), 1), 10))
 		writeError(w, http.StatusTooManyRequests, "insufficient_quota", "insufficient_quota", "",
 			fmt.Sprintf("You exceeded your current quota: the %s budget of $%s per %s has $%s left, and this batch may cost up to $%s at batch prices.",
 				s.scope(), pricing.Micros(s.limit.Rate), s.window, pricing.Micros(max(d.Remaining, 0)), pricing.Micros(h.cost)))
 		return
 	}
+	b.g.reportClient(cl, "", 0)
 	// The reservation and its owner ride in the provider's metadata (at
 	// most 16 pairs: the client keeps 12).
 	md := h.metadata()

@@ -117,6 +117,10 @@ func TestBatchAPIUnderQuotas(t *testing.T) {
 	}
 	_, err = one.Batches.New(ctx, openai.BatchNewParams{InputFileID: big.ID, Endpoint: openai.BatchNewParamsEndpointV1ChatCompletions, CompletionWindow: openai.BatchNewParamsCompletionWindow24h})
 	apiErr(t, err, 429, "token_limit_exceeded")
+	// The console saw the batch admitted, and the second one's 429.
+	if got := e.reported(); fmt.Sprint(got) != "[gw_key:one false  gw_key:one true batch_queue]" {
+		t.Errorf("outcomes reported to the console: %q", got)
+	}
 	if up.Count() != 1 {
 		t.Fatalf("the provider has %d batches, want 1", up.Count())
 	}

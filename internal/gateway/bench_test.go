@@ -368,6 +368,71 @@ func BenchmarkServeHTTP(b *testing.B) {
 	serveParallel(b, gw, keys)
 }
 
+// BenchmarkServeHTTPOutcome is BenchmarkServeHTTP without and with the
+// console's hook (Options.OnOutcome, as `sluice serve` sets it with the
+// console on: a read-locked map look-up of the tier and an atomic add per
+// request), in alternating rounds of one run; "on" reports x_off, its
+// time per request over "off"'s (all rounds so far). Run:
+//
+//	go test -run '^$' -bench ServeHTTPOutcome -benchtime 20000x ./internal/gateway
+func BenchmarkServeHTTPOutcome(b *testing.B) {
+	st, err := memstore.New(memstore.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	cfg := &Config{
+		Upstream: UpstreamConfig{BaseURL: "http://upstream.invalid/v1"},
+		Models:   []string{"gpt-test"},
+		Tiers:    map[string]TierConfig{"big": {RPM: 1 << 30, TPM: 1 << 36, RPD: 1 << 36, Concurrency: 1 << 20}},
+	}
+	var keys []string
+	for i := range 64 {
+		keys = append(keys, fmt.Sprintf("sk-cpu-%d", i))
+		cfg.Keys = append(cfg.Keys, KeyConfig{Name: "b", Hash: sluice.HashKey(keys[i]), Tier: "big"})
+	}
+	resp := []byte(`{"id":"x","object":"chat.completion","model":"gpt-test","choices":[{"index":0,"message":{"role":"assistant","content":"tok tok "},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":2,"total_tokens":14}}`)
+	var mu sync.RWMutex
+	counts := map[string]*atomic.Int64{"big": {}}
+	hook := func(o Outcome) {
+		mu.RLock()
+		c := counts[o.Tier]
+		mu.RUnlock()
+		c.Add(1)
+	}
+	gws := map[bool]*Gateway{}
+	for _, on := range []bool{false, true} {
+		o := Options{Config: cfg, Store: st, Transport: cannedUpstream{body: resp}}
+		if on {
+			o.OnOutcome = hook
+		}
+		gw, err := New(o)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer gw.Close()
+		gws[on] = gw
+	}
+	var offNs, onNs float64
+	for round := range 3 {
+		r := strconv.Itoa(round + 1)
+		b.Run("off-"+r, func(b *testing.B) {
+			start := time.Now()
+			serveParallel(b, gws[false], keys)
+			offNs += float64(time.Since(start).Nanoseconds()) / float64(b.N)
+		})
+		b.Run("on-"+r, func(b *testing.B) {
+			start := time.Now()
+			serveParallel(b, gws[true], keys)
+			onNs += float64(time.Since(start).Nanoseconds()) / float64(b.N)
+			b.ReportMetric(onNs/offNs, "x_off")
+		})
+	}
+	if counts["big"].Load() == 0 {
+		b.Fatal("the hook was never called")
+	}
+}
+
 // serveParallel sends benchBody through gw from b's parallel goroutines,
 // each with one of keys, and fails on any answer but 200.
 func serveParallel(b *testing.B, gw *Gateway, keys []string) {

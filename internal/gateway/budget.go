@@ -203,7 +203,7 @@ func budgetCharge(cost pricing.Micros) int64 { return int64(min(max(cost, 0), pr
 // budgetTooLarge answers a request whose maximum cost exceeds a whole
 // budget: it can never pass.
 func (g *Gateway) budgetTooLarge(w http.ResponseWriter, c *call, s *spec) {
-	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, s.reason()).Inc()
+	g.limited(c, s.reason(), 0)
 	msg := fmt.Sprintf("You exceeded your current quota: this request may cost up to $%s (estimated prompt %d tokens plus max_tokens times n at %s's prices), more than the whole %s budget of $%s per %s. Reduce max_tokens or the prompt.",
 		c.bud.reserved, c.promptEst, truncateName(c.rawModel), s.scope(), pricing.Micros(s.limit.Rate), s.window)
 	h := w.Header()
@@ -226,7 +226,7 @@ func (g *Gateway) rejectBudget(w http.ResponseWriter, c *call, ds []sluice.Decis
 		return false
 	}
 	s, d := c.specs[worst], ds[worst]
-	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, s.reason()).Inc()
+	g.limited(c, s.reason(), d.RetryAfter)
 	h := w.Header()
 	h.Set("x-should-retry", "false")
 	h.Set("Retry-After", strconv.FormatInt(max(sluice.CeilSeconds(d.RetryAfter), 1), 10))

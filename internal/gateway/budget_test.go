@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,6 +48,17 @@ type budgetEnv struct {
 	stores  []sluice.Store
 	reg     *prometheus.Registry
 	settled chan Settlement
+	// outcomes are what the gateways reported to the console
+	// (Options.OnOutcome), as "identity limited limit".
+	outMu    sync.Mutex
+	outcomes []string
+}
+
+// reported returns the outcomes reported so far.
+func (e *budgetEnv) reported() []string {
+	e.outMu.Lock()
+	defer e.outMu.Unlock()
+	return slices.Clone(e.outcomes)
 }
 
 // newBudgetEnv parses doc, whose %[1]s is the upstream's base URL, %[2]s
@@ -79,7 +91,12 @@ func newBudgetEnv(t *testing.T, doc string, up interface{ URL() string }, stores
 		gw, err := New(Options{Config: cfg, Store: st, Registerer: reg,
 			Getenv:    func(string) string { return upstreamKey },
 			OnSettled: func(s Settlement) { e.settled <- s },
-			Logger:    slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+			OnOutcome: func(o Outcome) {
+				e.outMu.Lock()
+				defer e.outMu.Unlock()
+				e.outcomes = append(e.outcomes, fmt.Sprintf("%s %v %s", o.Identity, o.Limited, o.Limit))
+			},
+			Logger: slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -463,7 +480,7 @@ keys: [{name: one, hash: %[2]s, tier: t, team: research}]
 	}
 	sres := e.do(0, "GET", "/v1/status", clientKey, "")
 	raw, _ := io.ReadAll(sres.Body)
-	var st1 statusBody
+	var st1 Status
 	if err := json.Unmarshal(raw, &st1); err != nil || sres.StatusCode != 200 {
 		t.Fatal(sres.StatusCode, err)
 	}
@@ -542,7 +559,7 @@ keys: [{name: one, hash: %[2]s, tier: t, team: research}, {name: two, hash: %[3]
 	// The refused request charged neither the org's rpm nor its budget,
 	// nor the key's own rpm.
 	sres := e.do(0, "GET", "/v1/status", clientKey2, "")
-	var body2 statusBody
+	var body2 Status
 	if err := json.NewDecoder(sres.Body).Decode(&body2); err != nil {
 		t.Fatal(err)
 	}

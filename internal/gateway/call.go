@@ -57,7 +57,10 @@ type call struct {
 	grant       *upstream.Grant // the upstream reservation of the attempt sent last (pool.go)
 	cacheKey    string          // the body's prompt_cache_key, a pool's affinity (pool.go)
 	unsent      bool            // refused before any upstream had it: refunded whole
+	noRoom      time.Duration   // the last upstream unreachable and no other with room before routing.deadline: when one has (pool.go)
 	fair        fairUsage       // what the queue counted for fairness (queue.go)
+	limitedBy   string          // the limit the gateway answered 429 by, "" if none (console.go)
+	retry       time.Duration   // its Retry-After
 }
 
 type callKey struct{}

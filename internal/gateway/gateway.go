@@ -88,11 +88,24 @@ type Options struct {
 	// OnSettled, when not nil, is called after each reservation is
 	// settled, from a goroutine of its own, after the response was sent.
 	OnSettled func(Settlement)
+	// OnOutcome, when not nil, is called once per metered request the
+	// gateway decides, admitted or answered 429 by one of its limits, on
+	// the request's goroutine before it goes upstream: the console's
+	// counts (`sluice serve`). It must be quick.
+	OnOutcome func(Outcome)
 	// ReadFile reads upstreams' key_file; nil means os.ReadFile.
 	ReadFile func(string) ([]byte, error)
 	// PoolPeriod is the period of the upstreams' provider limits (rpm,
 	// tpm); zero means a minute. Tests shorten it.
 	PoolPeriod time.Duration
+	// ProbeMin and ProbeMax bound the backoff of the probes of an
+	// unreachable upstream; zero means upstream.DefaultProbeMin and
+	// DefaultProbeMax. Tests shorten them.
+	ProbeMin, ProbeMax time.Duration
+	// Admin, when not nil, reports whether a request that carries no
+	// client key carries an admin token; GET /v1/status with one shows
+	// the pool's upstreams (serveAdminStatus). Nil: no request does.
+	Admin func(*http.Request) bool
 }
 
 // Gateway is the proxy, an http.Handler for /v1/. It is safe for
@@ -111,6 +124,7 @@ type Gateway struct {
 	metrics      *metrics
 	log          *slog.Logger
 	onSettled    func(Settlement)
+	onOutcome    func(Outcome)  // nil unless a console counts the gateway (console.go)
 	pending      sync.WaitGroup // settlements in progress
 	closing      chan struct{}  // closed by Close: settlements stop retrying
 	closeOnce    sync.Once
@@ -118,16 +132,17 @@ type Gateway struct {
 	mcp          *mcpgate.Handler // nil without mcp_servers
 	batches      *batchAPI        // nil without batches.enabled
 	prices       *pricing.Table
-	tokenCache   *aitoken.Cache   // exact counts of large messages, resent turn after turn
-	counts       *countCache      // upstream count_tokens answers; nil without upstream.count_tokens (anthropic_count.go)
-	countClient  *http.Client     // sends count_tokens calls
-	countGate    countGate        // bounds them in flight
-	now          func() time.Time // time.Now; tests replace it
-	renewEvery   time.Duration    // how often a request's leases are renewed while in flight: LeaseTTL/3 (renew.go)
-	bodyTimeout  time.Duration    // how long a request body may take to arrive: bodyTimeout; tests shorten it
-	onRenew      func()           // when not nil, called after each renewal (tests)
-	pool         *upstream.Pool   // nil with one upstream (pool.go)
-	roomGates    sync.Map         // *upstream.Route → *fairqueue.Gate: the queue's waits for upstream room (pool.go)
+	tokenCache   *aitoken.Cache           // exact counts of large messages, resent turn after turn
+	counts       *countCache              // upstream count_tokens answers; nil without upstream.count_tokens (anthropic_count.go)
+	countClient  *http.Client             // sends count_tokens calls
+	countGate    countGate                // bounds them in flight
+	now          func() time.Time         // time.Now; tests replace it
+	admin        func(*http.Request) bool // Options.Admin
+	renewEvery   time.Duration            // how often a request's leases are renewed while in flight: LeaseTTL/3 (renew.go)
+	bodyTimeout  time.Duration            // how long a request body may take to arrive: bodyTimeout; tests shorten it
+	onRenew      func()                   // when not nil, called after each renewal (tests)
+	pool         *upstream.Pool           // nil with one upstream (pool.go)
+	roomGates    sync.Map                 // *upstream.Route → *fairqueue.Gate: the queue's waits for upstream room (pool.go)
 }
 
 // New validates opts and returns a Gateway.
@@ -160,6 +175,7 @@ func New(opts Options) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{
+		admin:        opts.Admin,
 		cfg:          cfg,
 		store:        opts.Store,
 		upstream:     up,
@@ -170,6 +186,7 @@ func New(opts Options) (*Gateway, error) {
 		metrics:      m,
 		log:          log,
 		onSettled:    opts.OnSettled,
+		onOutcome:    opts.OnOutcome,
 		prices:       cfg.priceTable(),
 		tokenCache:   aitoken.NewCache(0),
 		now:          time.Now,
@@ -209,7 +226,7 @@ func New(opts Options) (*Gateway, error) {
 		tiers[name] = t
 	}
 	for _, k := range cfg.Keys {
-		cl := &client{id: k.Client, name: k.Name, tier: tiers[k.Tier], prefix: "{gw:" + k.Client + "}:"}
+		cl := &client{id: k.Client, name: k.Name, tier: tiers[k.Tier], prefix: "{gw:" + k.Client + "}:", shown: consoleIdentity(k)}
 		g.attachLevels(cl, k)
 		for _, s := range cl.tier.specs {
 			cl.specKeys = append(cl.specKeys, cl.prefix+s.suffix)
@@ -219,7 +236,21 @@ func New(opts Options) (*Gateway, error) {
 	if g.queue, err = g.newQueue(reg); err != nil {
 		return nil, err
 	}
-	if g.pool, err = newPool(Options{Config: cfg, Store: opts.Store, Getenv: getenv, ReadFile: opts.ReadFile, PoolPeriod: opts.PoolPeriod, Registerer: reg}); err != nil {
+	transport := opts.Transport
+	if transport == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
+		t.ResponseHeaderTimeout = cfg.Upstream.Timeout
+		if len(cfg.Upstreams) > 0 {
+			t.ResponseHeaderTimeout = cfg.Routing.HeaderTimeout
+		}
+		transport = t
+	}
+	if opts.WrapTransport != nil {
+		transport = opts.WrapTransport(transport)
+	}
+	if g.pool, err = newPool(Options{Config: cfg, Store: opts.Store, Getenv: getenv, ReadFile: opts.ReadFile, PoolPeriod: opts.PoolPeriod, Registerer: reg,
+		Transport: transport, ProbeMin: opts.ProbeMin, ProbeMax: opts.ProbeMax}); err != nil {
 		return nil, err
 	}
 	if g.pool != nil {
@@ -227,19 +258,6 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if g.upstreamKey != "" {
 		g.upstreamAuth = []string{"Bearer " + g.upstreamKey}
-	}
-	transport := opts.Transport
-	if transport == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.MaxIdleConns, t.MaxIdleConnsPerHost = 1024, 256
-		t.ResponseHeaderTimeout = cfg.Upstream.Timeout
-		if g.pool != nil {
-			t.ResponseHeaderTimeout = cfg.Routing.HeaderTimeout
-		}
-		transport = t
-	}
-	if opts.WrapTransport != nil {
-		transport = opts.WrapTransport(transport)
 	}
 	if cfg.Batches.Enabled {
 		g.batches = newBatchAPI(g, transport)
@@ -325,6 +343,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"Two different valid API keys (in Authorization and x-api-key, or in two lines of one): send one key.")
 		return
 	}
+	if cl == nil && r.URL.Path == statusPath && r.Method == http.MethodGet && g.admin != nil && g.admin(r) {
+		g.serveAdminStatus(w, r)
+		return
+	}
 	if cl == nil {
 		g.metrics.rejections.WithLabelValues("-", "-", "unauthorized").Inc()
 		writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "",
@@ -387,12 +409,15 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !g.admit(w, r, c) {
+		g.report(c, false)
 		return
 	}
 	defer g.settleAsync(c) // also when the proxy aborts a broken stream
 	if g.pool != nil && !g.acquire(w, r, c) {
+		g.report(c, false)
 		return
 	}
+	g.report(c, true)
 	g.startRenewal(c)
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
 	if traced {
@@ -409,5 +434,8 @@ func (g *Gateway) Close() error {
 	g.queue.close()
 	g.pending.Wait()
 	g.releaseReservations() // lease.go
+	if g.pool != nil {
+		_ = g.pool.Close() // the probes of unreachable upstreams
+	}
 	return nil
 }

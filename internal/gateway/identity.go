@@ -15,6 +15,7 @@ import (
 type client struct {
 	id     string
 	name   string
+	shown  string // how the console names it (consoleIdentity)
 	tier   *tier
 	prefix string // "{gw:<id>}:", one Redis Cluster slot per client
 	// specKeys[i] is the store key of tier.specs[i]: prefix + suffix.

@@ -78,7 +78,8 @@ func newPool(opts Options) (*upstream.Pool, error) {
 		return nil, err
 	}
 	p, err := upstream.New(upstream.Options{Upstreams: cfg.Upstreams, Routes: cfg.Routes, Routing: cfg.Routing, Store: opts.Store,
-		Getenv: opts.Getenv, ReadFile: opts.ReadFile, Period: opts.PoolPeriod, Metrics: m})
+		Getenv: opts.Getenv, ReadFile: opts.ReadFile, Period: opts.PoolPeriod, Metrics: m,
+		Prober: opts.Transport, ProbeMin: opts.ProbeMin, ProbeMax: opts.ProbeMax})
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
@@ -86,11 +87,25 @@ func newPool(opts Options) (*upstream.Pool, error) {
 }
 
 // routeCall finds c's route; it answers 404 model_not_found itself and
-// returns false when there is none. Nothing is charged.
+// returns false when there is none, and 400 model_not_on_this_path when
+// the route has no upstream of the path's API. Nothing is charged.
 func (g *Gateway) routeCall(w http.ResponseWriter, c *call) bool {
 	c.route = g.pool.Route(c.rawModel, modelBase(c.rawModel))
-	if c.route != nil {
+	if c.route != nil && c.route.Serves(c.ep.anthropic()) {
 		return true
+	}
+	if c.route != nil {
+		// A Claude model on OpenAI's paths, or an OpenAI model on
+		// /v1/messages: a routing error, not one of size or capacity.
+		api, other, otherPath := "OpenAI's API", "Anthropic's Messages API", "/v1/messages"
+		if c.ep.anthropic() {
+			api, other, otherPath = "Anthropic's Messages API", "OpenAI's API", "/v1/chat/completions"
+		}
+		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "no_route").Inc()
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "model_not_on_this_path", "model",
+			"The model "+strconv.Quote(c.rawModel)+" is served by route "+strconv.Quote(c.route.Name)+", which has no upstream speaking "+api+
+				" (the path "+c.path+"); its upstreams speak "+other+": send the request to "+otherPath+".")
+		return false
 	}
 	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "no_route").Inc()
 	writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", "model",
@@ -116,6 +131,12 @@ func (g *Gateway) acquire(w http.ResponseWriter, r *http.Request, c *call) bool 
 		}
 	}
 	switch {
+	case errors.Is(err, upstream.ErrUnreachable):
+		c.unsent = true
+		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_unreachable").Inc()
+		writeError(w, http.StatusBadGateway, "server_error", "upstream_unreachable", "",
+			"Every upstream serving model "+c.rawModel+" is unreachable; the gateway is probing them. Please retry later.")
+		return false
 	case err != nil:
 		c.unsent = true
 		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "store_error").Inc()
@@ -129,12 +150,13 @@ func (g *Gateway) acquire(w http.ResponseWriter, r *http.Request, c *call) bool 
 		return true
 	}
 	c.unsent = true
-	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_capacity").Inc()
 	if wait <= 0 {
+		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_capacity").Inc()
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "request_too_large", "",
 			"The request's "+strconv.FormatInt(in+out, 10)+" tokens exceed every upstream's limit for model "+c.rawModel+".")
 		return false
 	}
+	g.limited(c, "upstream_capacity", wait)
 	h := w.Header()
 	h.Set("Retry-After", strconv.FormatInt(int64(max((wait+time.Second-1)/time.Second, 1)), 10))
 	h.Set("retry-after-ms", httplimit.RetryAfterMillis(max(wait, time.Millisecond)))
@@ -273,9 +295,12 @@ func (t poolTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		switch {
 		case reason == "" || reason == "429":
 			// An answer, or a 429 Observe cooled fleet-wide.
-		case reason == "error" && !wrote.Load():
-			// Unreachable: the whole fleet leaves it alone for a while.
+		case reason != "" && err != nil && !wrote.Load():
+			// Unreachable (refused, DNS, TLS, a dial timeout): the whole
+			// fleet leaves it alone for a while, and this replica sends
+			// it no client request until its own probe is answered.
 			pool.Cooldown(req.Context(), grant.Target, upstream.DefaultCooldown)
+			pool.Unreachable(grant.Target)
 		default:
 			// A 5xx, 529 or timeout: this replica tries it last for a
 			// while, and enough of them across the fleet cool it for all.
@@ -287,8 +312,14 @@ func (t poolTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return res, err
 		}
 		in, outTok := grant.Reserved()
-		next := t.nextGrant(req.Context(), c, in, outTok, tried, deadline)
+		next, wait := t.nextGrant(req.Context(), c, in, outTok, tried, deadline)
 		if next == nil {
+			if err != nil && wait > 0 {
+				// No answer, and no upstream with room is left within
+				// the deadline: the client's answer is our 429 with
+				// when one has room (upstreamError), not a 502.
+				c.noRoom = wait
+			}
 			return res, err
 		}
 		if res != nil {
@@ -311,21 +342,26 @@ func (t poolTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // nextGrant reserves the request on another upstream of c's route, not
 // in tried, waiting for one to have room until deadline; nil when none
-// does by then.
-func (t poolTransport) nextGrant(ctx context.Context, c *call, in, out int64, tried []*upstream.TargetState, deadline time.Time) *upstream.Grant {
+// does by then, with when one has room (0: none will, or an error).
+func (t poolTransport) nextGrant(ctx context.Context, c *call, in, out int64, tried []*upstream.TargetState, deadline time.Time) (*upstream.Grant, time.Duration) {
 	for {
 		actx, cancel := context.WithTimeout(ctx, t.g.cfg.Store.Timeout)
 		next, wait, err := t.g.pool.Acquire(actx, c.route, c.ep.anthropic(), in, out, tried)
 		cancel()
-		if err != nil || next != nil || wait <= 0 || time.Now().Add(wait).After(deadline) {
-			return next
+		switch {
+		case err != nil:
+			return nil, 0
+		case next != nil || wait <= 0:
+			return next, 0
+		case time.Now().Add(wait).After(deadline):
+			return nil, wait
 		}
 		timer := time.NewTimer(wait)
 		select {
 		case <-timer.C:
 		case <-ctx.Done():
 			timer.Stop()
-			return nil
+			return nil, 0
 		}
 	}
 }

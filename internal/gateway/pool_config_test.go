@@ -56,3 +56,28 @@ func TestLoadPoolBad(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadPoolAzureBaseURL: an Azure OpenAI base_url copied from the
+// portal's deployment URL, or ending in /openai, is refused with the
+// endpoint to set instead: the gateway appends
+// /openai/deployments/{deployment}/... itself (Azure OpenAI's REST
+// reference: https://learn.microsoft.com/azure/ai-services/openai/reference),
+// so either sends every request to a path that answers 404. A bad
+// health_path is refused too.
+func TestLoadPoolAzureBaseURL(t *testing.T) {
+	_, err := Load("testdata/pool_azure_bad.yml")
+	if !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("got %v", err)
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		`4: upstreams[0].base_url: "https://west.openai.azure.com/openai/deployments/gpt-4o/chat/completions" is a deployment URL: set the resource's endpoint, base_url: https://west.openai.azure.com (`,
+		`9: upstreams[1].base_url: "https://east.openai.azure.com/openai/" ends in /openai: set the resource's endpoint, base_url: https://east.openai.azure.com (`,
+		`14: upstreams[2].base_url: "https://apim.example.com/ai/openai" ends in /openai: set the resource's endpoint, base_url: https://apim.example.com/ai (`,
+		`16: upstreams[2].health_path: "models?x=1" must be a path under base_url`,
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("missing %q in:\n%s", want, msg)
+		}
+	}
+}

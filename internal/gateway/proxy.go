@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluice-io/sluice/httplimit"
 )
 
 // rewrite turns the client's request into the upstream's.
@@ -145,6 +147,10 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 		}
 		return
 	}
+	if c != nil && c.noRoom > 0 {
+		g.noRoom(w, c)
+		return
+	}
 	if c != nil {
 		c.unreachable = true
 		var ne net.Error
@@ -155,4 +161,24 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 		g.log.Warn("gateway: upstream unreachable", "request_id", c.id, "client", c.client.id, "err", err)
 	}
 	writeError(w, http.StatusBadGateway, "server_error", "upstream_unreachable", "", "The gateway could not reach the upstream API; please retry.")
+}
+
+// noRoom answers a routed request whose last upstream could not be
+// reached and for which no other upstream of its route has room before
+// routing.deadline: 429 with when the first has room, as when none had
+// room to begin with (acquire), not 502. A request no upstream had is
+// refunded whole.
+func (g *Gateway) noRoom(w http.ResponseWriter, c *call) {
+	if c.wrote.Load() {
+		c.unreachable = true // an earlier attempt was sent: settled as one
+	} else {
+		c.unsent = true
+	}
+	c.status = http.StatusTooManyRequests
+	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_capacity").Inc()
+	h := w.Header()
+	h.Set("Retry-After", strconv.FormatInt(int64(max((c.noRoom+time.Second-1)/time.Second, 1)), 10))
+	h.Set("retry-after-ms", httplimit.RetryAfterMillis(max(c.noRoom, time.Millisecond)))
+	writeError(w, http.StatusTooManyRequests, "requests", "rate_limit_exceeded", "",
+		"Every reachable upstream serving model "+c.rawModel+" is at its provider limit. Please try again in "+formatReset(c.noRoom)+".")
 }

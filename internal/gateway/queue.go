@@ -280,7 +280,7 @@ func (g *Gateway) applyAdmit(ctx context.Context, w http.ResponseWriter, c *call
 		writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "", "The gateway is shutting down; please retry.")
 		return nil, errAnswered
 	case fairqueue.Full:
-		g.metrics.rejections.WithLabelValues(tier, c.model, "queue_full").Inc()
+		g.limited(c, "queue_full", time.Second)
 		h := w.Header()
 		h.Set("Retry-After", "1")
 		h.Set("retry-after-ms", "1000")
@@ -301,9 +301,8 @@ func (g *Gateway) applyAdmit(ctx context.Context, w http.ResponseWriter, c *call
 // capacityBusy answers 429 for a request that the model's shared capacity
 // denied (or can never admit: a reservation beyond its burst).
 func (g *Gateway) capacityBusy(w http.ResponseWriter, c *call, res *fairqueue.Result) {
-	tier := c.client.tier.name
 	if res.Outcome == fairqueue.Denied && len(res.PoolDecisions) == 0 {
-		g.metrics.rejections.WithLabelValues(tier, c.model, "too_large").Inc()
+		g.limited(c, "too_large", 0)
 		w.Header().Set("x-should-retry", "false")
 		writeError(w, http.StatusTooManyRequests, "tokens", "request_too_large", "max_tokens",
 			fmt.Sprintf("Request too large for the shared capacity of model %s: requested %d tokens. Reduce the prompt, max_tokens or n.", c.model, c.reserved))
@@ -326,7 +325,7 @@ func (g *Gateway) capacityBusy(w http.ResponseWriter, c *call, res *fairqueue.Re
 		// says, rather than retry-after-ms 1 and "try again in 0s".
 		wait = time.Second
 	}
-	g.metrics.rejections.WithLabelValues(tier, c.model, "capacity").Inc()
+	g.limited(c, "capacity", wait)
 	h := w.Header()
 	h.Set("Retry-After", strconv.FormatInt(max(sluice.CeilSeconds(wait), 1), 10))
 	h.Set("retry-after-ms", httplimit.RetryAfterMillis(max(wait, time.Millisecond)))

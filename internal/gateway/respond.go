@@ -177,7 +177,7 @@ func (g *Gateway) reject(w http.ResponseWriter, c *call, ds []sluice.Decision) {
 		}
 	}
 	s, d := c.specs[worst], ds[worst]
-	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, s.reason()).Inc()
+	g.limited(c, s.reason(), wait)
 	// The limit as rate, period and burst, and what is left of the burst:
 	// "limit 500/min burst 50" never passes the burst off as the rate.
 	msg := fmt.Sprintf("Rate limit reached for %s on tier %s: limit %s, %d left, requested %d. Please try again in %s.",
@@ -195,7 +195,7 @@ func (g *Gateway) reject(w http.ResponseWriter, c *call, ds []sluice.Decision) {
 // tooLarge answers 429 for a request whose reservation exceeds a token
 // limit's burst: it can never succeed, so clients are told not to retry.
 func (g *Gateway) tooLarge(w http.ResponseWriter, c *call, s *spec) {
-	g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "too_large").Inc()
+	g.limited(c, "too_large", 0)
 	msg := fmt.Sprintf("Request too large for %s on tier %s: at most %d at once (limit %s), requested %d (estimated prompt %d plus max_tokens times n). Reduce the prompt, max_tokens or n.",
 		s.describe(), c.client.tier.name, s.limit.Capacity(), s.limit, c.reserved, c.promptEst)
 	w.Header().Set("x-should-retry", "false")

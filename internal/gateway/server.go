@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -41,6 +42,16 @@ type Server struct {
 
 	// Counts for the summary logged on stop.
 	requests, ok, limited, clientErrs, serverErrs atomic.Int64
+
+	// cur is the generation being served: Gateway until the first
+	// SetGateway (reload.go).
+	cur      atomic.Pointer[generation]
+	curOnce  sync.Once
+	retiring sync.WaitGroup
+	swapMu   sync.Mutex // SetGateway and stop
+	stopped  bool
+	own      []string
+	ownOnce  sync.Once
 }
 
 // Name implements the service's component interface.
@@ -52,8 +63,8 @@ func (s *Server) Name() string { return "gateway" }
 // Run logs on stop.
 func (s *Server) Handler() http.Handler {
 	mux := s.HostGuard(s.mux())
-	log := s.Gateway.log
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		log := s.current().log
 		start := time.Now()
 		sw := statuswriter.New(w)
 		mux.ServeHTTP(sw, r)
@@ -75,23 +86,42 @@ func (s *Server) Handler() http.Handler {
 // is nil: the config's allowed_hosts, the hosts of listen and Addr, and
 // this machine's names (with IP addresses and localhost, always).
 func (s *Server) Policy() *hostcheck.Policy {
-	return &hostcheck.Policy{Listen: []string{s.Addr, s.Gateway.cfg.Listen}, Allowed: s.Gateway.cfg.AllowedHosts, Own: hostcheck.OwnHosts()}
+	g := s.current()
+	if p := g.policy.Load(); p != nil {
+		return p
+	}
+	p := &hostcheck.Policy{Listen: []string{s.Addr, g.cfg.Listen}, Allowed: g.cfg.AllowedHosts, Own: s.ownHosts()}
+	g.policy.Store(p)
+	return p
 }
 
-// HostGuard refuses, with 403 in OpenAI's error form, a browser's request
-// whose Host is not one the gateway is known by (Hosts): a page that
-// rebinds its name to the gateway's address would otherwise read its
-// status and metrics and, with a key it holds, spend through it under the
-// gateway's name. next gets every other request.
+// HostGuard refuses, with 403 in OpenAI's error form, a request whose
+// Host is not one the gateway is known by (Hosts): a page that rebinds
+// its name to the gateway's address would otherwise read its status, its
+// model list and metrics and, with a key it holds, spend through it under
+// the gateway's name. Every GET and HEAD is checked, browser marks or not
+// (a rebound page's same-origin GET may carry none); the other methods,
+// which SDKs send with Hosts of their own, when they carry a browser's
+// marks, which a browser always adds to them (hostcheck.ByMethod);
+// /healthz never. next gets every other request.
 func (s *Server) HostGuard(next http.Handler) http.Handler {
 	hosts := s.Hosts
 	if hosts == nil {
-		p := s.Policy()
-		hosts = func() *hostcheck.Policy { return p }
+		hosts = s.Policy // the config of the moment: a reload applies
 	}
+	return s.guard(hosts, next)
+}
+
+func (s *Server) guard(hosts func() *hostcheck.Policy, next http.Handler) http.Handler {
 	field := cmp.Or(s.HostsField, "allowed_hosts")
-	return hostcheck.Guard(next, hosts, nil, func(w http.ResponseWriter, r *http.Request) {
-		s.Gateway.metrics.rejections.WithLabelValues("-", "-", "host_not_allowed").Inc()
+	rule := func(r *http.Request) hostcheck.Check {
+		if r.URL.Path == "/healthz" {
+			return hostcheck.IfBrowser
+		}
+		return hostcheck.ByMethod(r)
+	}
+	return hostcheck.Guard(next, hosts, rule, func(w http.ResponseWriter, r *http.Request) {
+		s.current().metrics.rejections.WithLabelValues("-", "-", "host_not_allowed").Inc()
 		writeError(w, http.StatusForbidden, "invalid_request_error", "host_not_allowed", "", hostcheck.Message(r.Host, field))
 	})
 }
@@ -112,13 +142,14 @@ func (s *Server) count(status int) {
 
 func (s *Server) mux() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/v1/", s.Gateway)
+	gw := http.HandlerFunc(s.serveGateway) // reload.go
+	mux.Handle("/v1/", gw)
 	// The metered paths, the status and the model list are routes of their
 	// own, for a request span named by its route ("POST
 	// /v1/chat/completions") rather than by the subtree ("POST /v1/"). All
 	// go to the same handler, which routes itself.
 	for _, p := range routedPaths() {
-		mux.Handle(p, s.Gateway)
+		mux.Handle(p, gw)
 	}
 	if s.Gateway.mcp != nil {
 		mux.Handle("/mcp/", s.Gateway)
@@ -128,7 +159,7 @@ func (s *Server) mux() http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	if s.ServeMetrics {
-		mux.Handle("GET /metrics", s.Gateway.Metrics())
+		mux.Handle("GET /metrics", s.MetricsHandler())
 	}
 	// Everything else, other methods on the paths above included, gets
 	// OpenAI's error body rather than net/http's plain text.
@@ -159,7 +190,8 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.OnListen != nil {
 		s.OnListen(ln.Addr())
 	}
-	s.Gateway.log.Info("gateway: listening", "addr", ln.Addr().String(), "upstream", s.Gateway.upstream.Redacted())
+	first := s.current()
+	first.log.Info("gateway: listening", "addr", ln.Addr().String(), "upstream", first.upstream.Redacted())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -176,10 +208,12 @@ func (s *Server) Run(ctx context.Context) error {
 	// Requests waiting in the queue are answered 503 now, rather than
 	// holding the shutdown for up to max_wait; requests later in the
 	// drain are admitted at once or answered 503 too.
-	s.Gateway.queue.close()
+	last := s.stop()
+	last.queue.close()
 	err = srv.Shutdown(sctx)
-	_ = s.Gateway.Close() // wait for the last settlements
-	s.Gateway.log.Info("gateway: stopped", "requests", s.requests.Load(), "ok", s.ok.Load(), "rate_limited", s.limited.Load(),
+	_ = last.Close() // wait for the last settlements
+	s.waitRetired()  // and those of the Gateways a reload replaced
+	last.log.Info("gateway: stopped", "requests", s.requests.Load(), "ok", s.ok.Load(), "rate_limited", s.limited.Load(),
 		"client_errors", s.clientErrs.Load(), "server_errors", s.serverErrs.Load(), "uptime", time.Since(started).Round(time.Second).String())
 	if err != nil {
 		_ = srv.Close()

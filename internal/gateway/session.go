@@ -230,6 +230,9 @@ type mcpClient struct {
 
 func (m mcpClient) ID() string     { return m.cl.id }
 func (m mcpClient) Prefix() string { return m.cl.prefix }
+func (m mcpClient) Decided(limit string, retry time.Duration) {
+	m.g.reportClient(m.cl, limit, retry)
+}
 func (m mcpClient) Charges(r *http.Request, calls int, cost int64) ([]sluice.Request, error) {
 	return m.g.toolCharges(r, m.cl, calls, cost)
 }

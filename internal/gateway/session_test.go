@@ -136,7 +136,7 @@ func sessionHardStop(t *testing.T, stores ...sluice.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var st statusBody
+	var st Status
 	if err := json.NewDecoder(res.Body).Decode(&st); err != nil || st.Session != "run-42" {
 		t.Fatalf("status: %v %+v", err, st)
 	}

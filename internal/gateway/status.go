@@ -14,23 +14,30 @@ import (
 	"github.com/sluice-io/sluice/internal/upstream"
 )
 
-// statusBody is GET /v1/status's answer: the calling key's limits and
-// budgets, peeked without charging anything. It names the key's tier,
-// team and org, never the key or its client id.
-type statusBody struct {
+// Status is GET /v1/status's answer: the calling key's limits and
+// budgets, peeked without charging anything (and the console's look-up
+// of a key, LookUp). It names the key's tier, team and org, never the key
+// or its client id.
+type Status struct {
 	Tier string `json:"tier"`
 	Team string `json:"team,omitempty"`
 	Org  string `json:"org,omitempty"`
 	// Session is the X-Sluice-Session the status was asked with; its
 	// budgets are the rows of scope "session".
 	Session string         `json:"session,omitempty"`
-	Limits  []statusLimit  `json:"limits"`
-	Budgets []statusBudget `json:"budgets"`
-	// Upstreams is each upstream model's headroom, with a pool (pool.go).
-	Upstreams []upstream.Status `json:"upstreams,omitempty"`
+	Limits  []StatusLimit  `json:"limits"`
+	Budgets []StatusBudget `json:"budgets"`
 }
 
-type statusLimit struct {
+// adminStatusBody is GET /v1/status's answer to an admin token: the
+// pool's topology (upstream names, limits, what is left of each), which
+// a client key never sees (serveAdminStatus).
+type adminStatusBody struct {
+	Upstreams []upstream.Status `json:"upstreams"`
+}
+
+// StatusLimit is one rate or concurrency limit of a Status.
+type StatusLimit struct {
 	Scope     string `json:"scope"`
 	Name      string `json:"name"`
 	Model     string `json:"model,omitempty"`
@@ -40,7 +47,8 @@ type statusLimit struct {
 	ResetSeconds int64 `json:"reset_seconds"`
 }
 
-type statusBudget struct {
+// StatusBudget is one dollar budget of a Status.
+type StatusBudget struct {
 	Scope  string `json:"scope"`
 	Window string `json:"window"`
 	Zone   string `json:"zone"`
@@ -126,8 +134,19 @@ func writeStatus(w http.ResponseWriter, b []byte) {
 // answer; on a store error it answers 503 itself and returns false.
 // With a session id sid, the session's budgets are peeked too.
 func (g *Gateway) peekStatus(w http.ResponseWriter, r *http.Request, c *call, sid string) ([]byte, bool) {
-	cl := c.client
-	body := statusBody{Tier: cl.tier.name, Limits: []statusLimit{}, Budgets: []statusBudget{}}
+	body, err := g.peekClient(r.Context(), c.client, sid)
+	if err != nil {
+		g.log.Error("gateway: store unavailable", "request_id", c.id, "client", c.client.id, "err", err)
+		statusUnavailable(w)
+		return nil, false
+	}
+	return append(marshalJSON(body), '\n'), true
+}
+
+// peekClient peeks cl's limits and budgets (with a session id sid, the
+// session's too), changing nothing.
+func (g *Gateway) peekClient(ctx context.Context, cl *client, sid string) (Status, error) {
+	body := Status{Tier: cl.tier.name, Limits: []StatusLimit{}, Budgets: []StatusBudget{}}
 	var specs []*spec
 	var reqs []sluice.Request
 	for i := range cl.tier.specs {
@@ -154,41 +173,46 @@ func (g *Gateway) peekStatus(w http.ResponseWriter, r *http.Request, c *call, si
 		}
 	}
 	if len(reqs) > 0 {
-		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Store.Timeout)
-		ds, err := g.store.ApplyAll(ctx, sluice.OpPeek, reqs)
-		cancel()
+		ds, err := g.peekStore(ctx, reqs)
 		if err != nil {
-			g.log.Error("gateway: store unavailable", "request_id", c.id, "client", cl.id, "err", err)
-			statusUnavailable(w)
-			return nil, false
+			return Status{}, err
 		}
 		for i, d := range ds {
 			s := specs[i]
 			if s.kind == kindBudget {
 				left := min(max(d.Remaining, 0), s.limit.Rate)
-				body.Budgets = append(body.Budgets, statusBudget{
+				body.Budgets = append(body.Budgets, StatusBudget{
 					Scope: s.scope(), Window: s.window, Zone: s.zone, Model: s.model,
 					LimitUSD: pricing.Micros(s.limit.Rate).String(), SpentUSD: pricing.Micros(s.limit.Rate - left).String(),
 					RemainingUSD: pricing.Micros(left).String(), ResetSeconds: sluice.CeilSeconds(max(d.ResetAfter, d.RetryAfter)),
 				})
 				continue
 			}
-			body.Limits = append(body.Limits, statusLimit{Scope: s.scope(), Name: s.name, Model: s.model, Limit: limitText(s.alg, s.limit),
+			body.Limits = append(body.Limits, StatusLimit{Scope: s.scope(), Name: s.name, Model: s.model, Limit: limitText(s.alg, s.limit),
 				Remaining: max(d.Remaining, 0), ResetSeconds: sluice.CeilSeconds(d.ResetAfter)})
 		}
 	}
+	return body, nil
+}
+
+// serveAdminStatus answers GET /v1/status with an admin token (Options.Admin):
+// every upstream model's limits and headroom, empty without a pool. A
+// client key's status never shows them: the upstreams' names, limits and
+// remaining capacity are the operator's, not every tenant's.
+func (g *Gateway) serveAdminStatus(w http.ResponseWriter, r *http.Request) {
+	body := adminStatusBody{Upstreams: []upstream.Status{}}
 	if g.pool != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Store.Timeout)
 		ups, err := g.pool.Status(ctx)
 		cancel()
 		if err != nil {
-			g.log.Error("gateway: store unavailable", "request_id", c.id, "client", cl.id, "err", err)
+			g.log.Error("gateway: store unavailable", "err", err)
 			statusUnavailable(w)
-			return nil, false
+			return
 		}
 		body.Upstreams = ups
 	}
-	return append(marshalJSON(body), '\n'), true
+	writeStatus(w, append(marshalJSON(body), '\n'))
 }
 
 // statusUnavailable answers a status call the store could not serve.

@@ -47,7 +47,7 @@ func statusRemaining(t *testing.T, res *http.Response) int64 {
 	t.Helper()
 	defer res.Body.Close()
 	raw, _ := io.ReadAll(res.Body)
-	var b statusBody
+	var b Status
 	if err := json.Unmarshal(raw, &b); err != nil || res.StatusCode != 200 || len(b.Limits) == 0 {
 		t.Fatalf("status %d %v: %s", res.StatusCode, err, raw)
 	}
@@ -141,7 +141,7 @@ func TestStatusBoundsStoreWork(t *testing.T) {
 func statusTokens(t *testing.T, res *http.Response) int64 {
 	t.Helper()
 	defer res.Body.Close()
-	var b statusBody
+	var b Status
 	if err := json.NewDecoder(res.Body).Decode(&b); err != nil || res.StatusCode != 200 {
 		t.Fatalf("status %d %v", res.StatusCode, err)
 	}
@@ -209,11 +209,11 @@ func TestStatusConcurrencyInFlight(t *testing.T) {
 	res := e.do("GET", statusPath, "Bearer "+clientKey, "", nil)
 	defer res.Body.Close()
 	raw, _ := io.ReadAll(res.Body)
-	var b statusBody
+	var b Status
 	if err := json.Unmarshal(raw, &b); err != nil || res.StatusCode != 200 {
 		t.Fatalf("status %d %v: %s", res.StatusCode, err, raw)
 	}
-	got := map[string]statusLimit{}
+	got := map[string]StatusLimit{}
 	for _, l := range b.Limits {
 		got[l.Name] = l
 	}

@@ -118,7 +118,15 @@ func TestGuard(t *testing.T) {
 	var reached int
 	next := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { reached++; _, _ = io.WriteString(w, "ok") })
 	h := Guard(next, func() *Policy { return &Policy{Allowed: allowed} },
-		func(r *http.Request) bool { return r.URL.Path == "/exempt" },
+		func(r *http.Request) Check {
+			switch r.URL.Path {
+			case "/exempt":
+				return Skip
+			case "/v1/check":
+				return IfBrowser
+			}
+			return Always
+		},
 		func(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, Message(r.Host, "allowed_hosts"), http.StatusForbidden)
 		})
@@ -149,8 +157,48 @@ func TestGuard(t *testing.T) {
 	if w := do("/v1/check", "evil.example"); w.Code != http.StatusOK {
 		t.Errorf("no browser's marks: %d", w.Code)
 	}
+	// A read is checked with no browser's mark at all: Chromium sends none
+	// on a same-origin GET over http from a no-referrer page.
+	if w := do("/ui/api/overview", "evil.example"); w.Code != http.StatusForbidden || reached != 5 {
+		t.Errorf("unmarked read with a foreign Host: %d, handler ran %d times", w.Code, reached)
+	}
+	if w := do("/ui/api/overview", "10.0.0.7:8080"); w.Code != http.StatusOK {
+		t.Errorf("unmarked read by IP: %d", w.Code)
+	}
 	allowed = append(allowed, "evil.example")
 	if w := do("/v1/check", "evil.example", "Sec-Fetch-Site", "same-origin"); w.Code != http.StatusOK {
 		t.Errorf("after evil.example was allowed: %d", w.Code)
+	}
+}
+
+// TestKubeNames: the names the chart's Service answers to in the
+// cluster's DNS, and nothing for values that are not DNS labels.
+func TestKubeNames(t *testing.T) {
+	got := KubeNames("sluice", "prod", "")
+	want := []string{"sluice", "sluice.prod", "sluice.prod.svc", "sluice.prod.svc.cluster.local"}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("KubeNames = %v, want %v", got, want)
+	}
+	if got := KubeNames("Sluice", "prod", "corp.internal."); got[3] != "sluice.prod.svc.corp.internal" {
+		t.Errorf("with a cluster domain: %v", got)
+	}
+	if got := KubeNames("sluice", "", ""); len(got) != 1 || got[0] != "sluice" {
+		t.Errorf("no namespace: %v", got)
+	}
+	for _, svc := range []string{"", "a.b", "evil.example", strings.Repeat("a", 64)} {
+		if got := KubeNames(svc, "prod", ""); got != nil {
+			t.Errorf("KubeNames(%q) = %v, want none", svc, got)
+		}
+	}
+	t.Setenv(EnvService, "sluice")
+	t.Setenv(EnvNamespace, "prod")
+	p := &Policy{Own: OwnHosts()}
+	for _, h := range []string{"sluice:8080", "sluice.prod", "sluice.prod.svc:8080", "sluice.prod.svc.cluster.local"} {
+		if !p.Allows(h) {
+			t.Errorf("OwnHosts does not allow %q", h)
+		}
+	}
+	if p.Allows("sluice.prod.svc.cluster.local.evil.example") {
+		t.Error("a suffix of a Service name passes")
 	}
 }

@@ -61,6 +61,10 @@ type Client interface {
 	// micro-dollars) against the client's budgets and its session's. An
 	// error refuses the request as invalid, with its message.
 	Charges(r *http.Request, calls int, cost int64) ([]sluice.Request, error)
+	// Decided is told how a POST with tool calls was decided: admitted
+	// when limit is "", else refused by that limit ("mcp_rpm",
+	// "mcp_rpd", "mcp_concurrency", "mcp_budget") with a wait of retry.
+	Decided(limit string, retry time.Duration)
 }
 
 // Handler serves /mcp/{server}. It is safe for concurrent use.
@@ -245,6 +249,7 @@ func (h *Handler) post(w http.ResponseWriter, r *http.Request, srv *server, cl C
 		calls = append(calls, c)
 	}
 	reqs := h.requests(srv, cl.Prefix(), calls)
+	own := len(reqs) // the tool limits' requests; the client's charges follow
 	if len(calls) > 0 {
 		var cost int64
 		for _, c := range calls {
@@ -271,12 +276,16 @@ func (h *Handler) post(w http.ResponseWriter, r *http.Request, srv *server, cl C
 			for _, c := range calls {
 				h.calls.WithLabelValues(srv.cfg.Name, c.label, "limited").Inc()
 			}
+			cl.Decided(deniedBy(reqs, ds, own), wait)
 			h.deny(w, msgs, batch, calls, codeRateLimited, "rate limit exceeded for this tool; retry after retry_after seconds", wait, "rate_limited")
 			return
 		}
 	}
 	for _, c := range calls {
 		h.calls.WithLabelValues(srv.cfg.Name, c.label, "allowed").Inc()
+	}
+	if len(calls) > 0 {
+		cl.Decided("", 0)
 	}
 	var leases []sluice.Request
 	for _, q := range reqs {
@@ -312,6 +321,21 @@ func (h *Handler) requests(srv *server, clientPrefix string, calls []call) []slu
 		}
 	}
 	return reqs
+}
+
+// deniedBy names the limit of the first denied decision: a tool limit by
+// its kind (the key's last part), else the client's budgets.
+func deniedBy(reqs []sluice.Request, ds []sluice.Decision, own int) string {
+	for i, d := range ds {
+		if d.Allowed {
+			continue
+		}
+		if i < own {
+			return "mcp_" + reqs[i].Key[strings.LastIndexByte(reqs[i].Key, ':')+1:]
+		}
+		return "mcp_budget"
+	}
+	return "mcp"
 }
 
 // retryAfter is the longest wait of the denied decisions.

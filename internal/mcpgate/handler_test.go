@@ -81,6 +81,7 @@ func (c testClient) Prefix() string { return "{t:" + string(c) + "}:" }
 func (c testClient) Charges(*http.Request, int, int64) ([]sluice.Request, error) {
 	return nil, nil
 }
+func (c testClient) Decided(string, time.Duration) {}
 
 func auth(r *http.Request) (mcpgate.Client, bool) {
 	id, ok := testKeys[strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")]

@@ -2,6 +2,7 @@ package rlqs
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -9,11 +10,13 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/redistest"
 	"github.com/sluice-io/sluice/memstore"
+	"github.com/sluice-io/sluice/redisstore"
 )
 
 // BenchmarkReport is the server's work for one bucket's usage report on
-// the memory store (refund, demand count, peek, take, the action), against
+// the memory store (one ApplyAll of its demand and its share, the action), against
 // the baseline of one store decision (BenchmarkStoreAllow): the ratio is
 // what one report costs in decisions. go test -bench 'Report|StoreAllow' ./internal/rlqs
 func BenchmarkReport(b *testing.B) {
@@ -22,21 +25,21 @@ func BenchmarkReport(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	s, err := New(Options{Store: st, Config: &Config{ReportInterval: 100 * time.Millisecond, Domains: []Domain{{Domain: "d", Policies: []Policy{
+	s, err := New(Options{Store: st, Config: &Config{ReportInterval: time.Second, MaxReportsPerPeer: 100000, Domains: []Domain{{Domain: "d", Policies: []Policy{
 		{Name: "p", Match: map[string]string{"route": "*"}, RequestsPerUnit: 1 << 30, Unit: "second"},
 	}}}}})
 	if err != nil {
 		b.Fatal(err)
 	}
-	dom := s.domains["d"]
-	bk := &bucket{policy: dom.policies[0], key: "rlqs:d:p:{x}"}
-	u := &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"route": "api"}},
-		TimeElapsed: durationpb.New(100 * time.Millisecond), NumRequestsAllowed: 50, NumRequestsDenied: 5}
+	msg := &rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"route": "api"}},
+		TimeElapsed: durationpb.New(time.Second), NumRequestsAllowed: 50, NumRequestsDenied: 5}}}
+	st2 := &stream{id: "bench", buckets: map[[16]byte]*bucket{}}
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		if a := s.act(ctx, "d", bk, u); a == nil {
-			b.Fatal("no action")
+		r, err := s.report(ctx, st2, msg)
+		if err != nil || len(r.GetBucketAction()) != 1 {
+			b.Fatal("no action", err)
 		}
 	}
 }
@@ -57,4 +60,37 @@ func BenchmarkStoreAllow(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkReportRedis is one report of ten buckets on Redis: its store
+// calls (redisstore's Stats) are the figure, one per report.
+func BenchmarkReportRedis(b *testing.B) {
+	srv := redistest.Standalone(b)
+	st, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	s, err := New(Options{Store: st, Prefix: redistest.Prefix(b), Config: &Config{ReportInterval: time.Second, MaxReportsPerPeer: 100000, Domains: []Domain{{Domain: "d", Policies: []Policy{
+		{Name: "p", Match: map[string]string{"route": "*"}, RequestsPerUnit: 1 << 30, Unit: "second"},
+	}}}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	msg := &rlqsv3.RateLimitQuotaUsageReports{Domain: "d"}
+	for i := range 10 {
+		msg.BucketQuotaUsages = append(msg.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"route": fmt.Sprint(i)}},
+			TimeElapsed: durationpb.New(time.Second), NumRequestsAllowed: 50, NumRequestsDenied: 5})
+	}
+	st2 := &stream{id: "bench", buckets: map[[16]byte]*bucket{}}
+	ctx := context.Background()
+	before := st.Stats().Calls
+	b.ReportAllocs()
+	for b.Loop() {
+		r, err := s.report(ctx, st2, msg)
+		if err != nil || len(r.GetBucketAction()) != 10 {
+			b.Fatal("no action", err)
+		}
+	}
+	b.ReportMetric(float64(st.Stats().Calls-before)/float64(b.N), "calls/report")
 }

@@ -25,7 +25,7 @@ import (
 
 func boundsConfig() *rlqs.Config {
 	return &rlqs.Config{
-		ReportInterval:      100 * time.Millisecond,
+		ReportInterval:      time.Second,
 		MaxBucketsPerStream: 3,
 		MaxStreamsPerPeer:   2,
 		MaxUsagesPerReport:  4,
@@ -206,9 +206,10 @@ func TestActions(t *testing.T) {
 	}
 	qa := acts[2].GetQuotaAssignmentAction()
 	tb := qa.GetRateLimitStrategy().GetTokenBucket()
-	// 50 in 100 ms is 50 per interval: asked 50 + 25 + 1, of 10 per interval.
-	if tb.GetTokensPerFill().GetValue() != 10 || tb.GetMaxTokens() != 1 || tb.GetFillInterval().AsDuration() != 100*time.Millisecond || qa.GetAssignmentTimeToLive().AsDuration() != 200*time.Millisecond {
-		t.Errorf("assignment %v, want 10 tokens per 100ms, max 1, TTL 200ms", qa)
+	// 50 in the first interval: asked 50 + 25 + 1 of the 100 a second,
+	// in a bucket of MinBurst, whole seconds (Envoy reads only those).
+	if tb.GetTokensPerFill().GetValue() != 76 || tb.GetMaxTokens() != rlqs.MinBurst || tb.GetFillInterval().AsDuration() != time.Second || qa.GetAssignmentTimeToLive().AsDuration() != 2*time.Second {
+		t.Errorf("assignment %v, want 76 tokens per 1s, max %d, TTL 2s", qa, rlqs.MinBurst)
 	}
 	if acts[2].GetBucketId().GetBucket()["user"] != "alice@example.com" {
 		t.Errorf("bucket id not echoed: %v", acts[2].GetBucketId())

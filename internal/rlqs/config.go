@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -22,6 +23,10 @@ const (
 	// DefaultReportInterval is the filter's reporting_interval sluice
 	// expects when report_interval is not set.
 	DefaultReportInterval = time.Second
+	// MinReportInterval is the least report_interval: Envoy rejects a
+	// reporting_interval of 100 ms or less (go-control-plane's
+	// rate_limit_quota.pb.validate.go: "value must be greater than 100ms").
+	MinReportInterval = 100*time.Millisecond + time.Millisecond
 	// DefaultMaxBucketsPerStream bounds the distinct buckets one stream
 	// (one Envoy) may report.
 	DefaultMaxBucketsPerStream = 1000
@@ -29,16 +34,36 @@ const (
 	DefaultMaxStreamsPerPeer = 16
 	// DefaultMaxUsagesPerReport bounds the bucket usages of one message.
 	DefaultMaxUsagesPerReport = 1000
+	// DefaultMaxReportsPerPeer bounds the bucket usages one client IP may
+	// send per report interval, over all its streams (an Envoy sends one
+	// per bucket per interval, and one more when it creates the bucket).
+	DefaultMaxReportsPerPeer = 4000
+	// DefaultMaxNewBucketsPerPeer bounds the buckets one client IP may
+	// open per report interval, over all its streams and reconnects.
+	DefaultMaxNewBucketsPerPeer = 1000
+	// DefaultMaxStreams bounds the streams of the whole server.
+	DefaultMaxStreams = 256
+	// DefaultMaxBuckets bounds the buckets of the whole server, over all
+	// streams.
+	DefaultMaxBuckets = 100000
 	// MaxBucketIDEntries bounds the entries of one bucket id.
 	MaxBucketIDEntries = 16
 	// MaxBucketIDBytes bounds the bytes of one bucket id's keys and values.
 	MaxBucketIDBytes = 1024
 	// maxPolicies bounds the policies of the whole section.
 	maxPolicies = 10000
-	// BurstFraction is the share of an assignment's tokens per interval
-	// that a fresh Envoy bucket holds at once (max_tokens); it is the part
-	// of the fleet bound that normal operation adds (docs/envoy.md).
-	BurstFraction = 0.1
+	// BurstFraction is the share of an assignment's tokens per fill that
+	// its Envoy bucket holds at once (max_tokens, at least MinBurst); a
+	// fresh bucket starts full, and that burst is the part of the fleet
+	// bound that a change of assignment adds (docs/envoy.md).
+	BurstFraction = 0.02
+	// MinBurst is the least max_tokens of an assignment: with one token,
+	// an Envoy whose requests come faster than its refill loses the part
+	// of each refill that arrives while the bucket is full.
+	MinBurst = 2
+	// Granularity is the least number of tokens per fill interval a
+	// policy's capacity is divided in (its shares are whole tokens).
+	Granularity = 100
 )
 
 // Config is the `rlqs:` section of sluice serve's configuration file: the
@@ -69,6 +94,17 @@ type Config struct {
 	MaxBucketsPerStream int `yaml:"max_buckets_per_stream"`
 	MaxStreamsPerPeer   int `yaml:"max_streams_per_peer"`
 	MaxUsagesPerReport  int `yaml:"max_usages_per_report"`
+	// MaxReportsPerPeer and MaxNewBucketsPerPeer are a client IP's budget
+	// per report interval, kept across its reconnects: bucket usages
+	// beyond the first are dropped unanswered (the Envoy keeps its
+	// assignment), new buckets beyond the second get no assignment this
+	// interval. 0 means the default.
+	MaxReportsPerPeer    int `yaml:"max_reports_per_peer"`
+	MaxNewBucketsPerPeer int `yaml:"max_new_buckets_per_peer"`
+	// MaxStreams and MaxBuckets bound the whole server, whatever the
+	// number of clients; 0 means the default.
+	MaxStreams int `yaml:"max_streams"`
+	MaxBuckets int `yaml:"max_buckets"`
 	// Domains maps each domain (the first report's) to its policies.
 	Domains []Domain `yaml:"domains"`
 }
@@ -93,9 +129,9 @@ type Policy struct {
 	// fleet of Envoys (second, minute, hour or day).
 	RequestsPerUnit int64  `yaml:"requests_per_unit"`
 	Unit            string `yaml:"unit"`
-	// Algorithm counts the tokens taken from the store; default gcra,
-	// whose burst sluice sets to one report interval's tokens, so that the
-	// store hands out at most the limit plus one interval in any window.
+	// Algorithm is accepted for configs written before #36 and has no
+	// effect: the quota service divides the limit's rate among the Envoys
+	// (docs/envoy.md), whatever the algorithm.
 	Algorithm string `yaml:"algorithm"`
 	// Denied denies every request of the matched buckets (blanket DENY_ALL).
 	Denied bool `yaml:"denied"`
@@ -108,6 +144,13 @@ type policy struct {
 	denied    bool
 	limit     sluice.Limit
 	algorithm sluice.Algorithm
+	// fill is the fill_interval of the policy's assignments, whole
+	// seconds (Envoy divides tokens_per_fill by its seconds), and
+	// capacity the limit's tokens per fill: the fleet's rate, divided in
+	// shares of whole tokens (at least Granularity of them, or the
+	// limit's whole period).
+	fill     time.Duration
+	capacity int64
 }
 
 type kv struct{ k, v string }
@@ -117,19 +160,23 @@ var units = map[string]time.Duration{"second": time.Second, "minute": time.Minut
 // Check implements internal/config's Checker: it records each problem at its
 // field, so the file and line are reported.
 func (c *Config) Check(doc *yamlconf.Doc) {
-	if c.ReportInterval < 0 || (c.ReportInterval > 0 && (c.ReportInterval < 10*time.Millisecond || c.ReportInterval > time.Hour)) {
-		doc.Addf("report_interval", "%s: must be within [10ms, 1h]", c.ReportInterval)
+	if c.ReportInterval < 0 || (c.ReportInterval > 0 && (c.ReportInterval < MinReportInterval || c.ReportInterval > time.Hour)) {
+		doc.Addf("report_interval", "%s: must be more than 100ms (Envoy refuses a reporting_interval of 100ms or less) and at most 1h", c.ReportInterval)
 	}
-	if c.AssignmentTTL != 0 && (c.AssignmentTTL < c.interval() || c.AssignmentTTL > 10*c.interval()) {
-		doc.Addf("assignment_ttl", "%s: must be within [report_interval, 10 × report_interval]", c.AssignmentTTL)
+	if c.AssignmentTTL != 0 && (c.AssignmentTTL < c.interval() || c.AssignmentTTL > 10*c.interval() || c.AssignmentTTL%time.Second != 0) {
+		doc.Addf("assignment_ttl", "%s: must be whole seconds (Envoy reads only the seconds) within [report_interval, 10 × report_interval]", c.AssignmentTTL)
 	}
 	for _, b := range []struct {
 		name string
 		v    int
-	}{{"max_buckets_per_stream", c.MaxBucketsPerStream}, {"max_streams_per_peer", c.MaxStreamsPerPeer}, {"max_usages_per_report", c.MaxUsagesPerReport}} {
+	}{{"max_buckets_per_stream", c.MaxBucketsPerStream}, {"max_streams_per_peer", c.MaxStreamsPerPeer}, {"max_usages_per_report", c.MaxUsagesPerReport},
+		{"max_reports_per_peer", c.MaxReportsPerPeer}, {"max_new_buckets_per_peer", c.MaxNewBucketsPerPeer}, {"max_streams", c.MaxStreams}} {
 		if b.v < 0 || b.v > 100000 {
 			doc.Addf(b.name, "%d: must be within [1, 100000], or 0 for the default", b.v)
 		}
+	}
+	if c.MaxBuckets < 0 || c.MaxBuckets > 1000000 {
+		doc.Addf("max_buckets", "%d: must be within [1, 1000000], or 0 for the default", c.MaxBuckets)
 	}
 	if len(c.Domains) == 0 {
 		doc.Addf("domains", "at least one domain is required")
@@ -232,11 +279,14 @@ func (c *Config) interval() time.Duration {
 	return DefaultReportInterval
 }
 
+// ttl is the assignments' time to live: whole seconds, as Envoy reads
+// only assignment_time_to_live's seconds; by default twice the interval,
+// rounded up.
 func (c *Config) ttl() time.Duration {
 	if c.AssignmentTTL > 0 {
 		return c.AssignmentTTL
 	}
-	return 2 * c.interval()
+	return (2*c.interval() + time.Second - 1).Truncate(time.Second)
 }
 
 func orDefault(v, d int) int {
@@ -284,15 +334,23 @@ func (c *Config) compileAll() (map[string]*domainPolicies, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%w: %s: %v", ErrConfig, p.Name, err)
 			}
-			if !cp.denied && (cp.algorithm == sluice.GCRA || cp.algorithm == sluice.TokenBucket) {
-				cp.limit.Burst = max(1, int64(float64(cp.limit.Rate)*float64(c.interval())/float64(cp.limit.Period)))
-				if err := cp.limit.Validate(); err != nil {
-					return nil, fmt.Errorf("%w: %s: %v", ErrConfig, p.Name, err)
-				}
+			if !cp.denied {
+				cp.fill, cp.capacity = fillOf(cp.limit)
 			}
 			dp.policies = append(dp.policies, cp)
 		}
 		out[d.Domain] = dp
 	}
 	return out, nil
+}
+
+// fillOf is the fill interval and the tokens per fill of a limit's
+// assignments: the fewest whole seconds whose tokens are at least
+// Granularity, but no longer than the limit's period (a period that is
+// not whole seconds is rounded up).
+func fillOf(l sluice.Limit) (time.Duration, int64) {
+	period := (l.Period + time.Second - 1).Truncate(time.Second)
+	secs := int64(math.Ceil(Granularity * float64(l.Period) / float64(time.Second) / float64(l.Rate)))
+	fill := min(max(1, secs)*int64(time.Second), int64(period))
+	return time.Duration(fill), max(1, int64(float64(l.Rate)*float64(fill)/float64(l.Period)))
 }

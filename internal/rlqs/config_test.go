@@ -28,8 +28,8 @@ func TestConfigErrors(t *testing.T) {
 	}
 	msg := err.Error()
 	for _, want := range []string{
-		"testdata/bad.yaml:1: report_interval: 1ms: must be within [10ms, 1h]",
-		"testdata/bad.yaml:2: assignment_ttl: 1h0m0s: must be within [report_interval, 10 × report_interval]",
+		"testdata/bad.yaml:1: report_interval: 100ms: must be more than 100ms (Envoy refuses a reporting_interval of 100ms or less)",
+		"testdata/bad.yaml:2: assignment_ttl: 1h0m0s: must be whole seconds (Envoy reads only the seconds) within [report_interval, 10 × report_interval]",
 		"testdata/bad.yaml:3: max_streams_per_peer: -1",
 		"testdata/bad.yaml:10: domains[0].policies[0].unit: \"fortnight\": must be second, minute, hour or day",
 		"testdata/bad.yaml:11: domains[0].policies[1].name: duplicate policy name \"a\"",

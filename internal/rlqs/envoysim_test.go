@@ -16,20 +16,30 @@ import (
 )
 
 // simEnvoy behaves as Envoy's rate_limit_quota filter does for one bucket,
-// as the filter's documentation and the RLQS proto describe it:
+// as its global client (source/extensions/filters/http/rate_limit_quota/
+// global_client_impl.cc) and the RLQS proto describe it:
 //
-//   - one stream to the quota service; the first report names the domain;
-//   - a report of the bucket's requests allowed and denied, and the time
-//     elapsed, when the stream opens and then every reporting interval;
+//   - one stream to the quota service; every report names the domain;
+//   - a report of the bucket's requests allowed and denied when the
+//     bucket is created, then one every reporting interval on a timer;
+//     time_elapsed carries whole seconds only (getUsageFromBucket);
 //   - the pushed assignment is enforced locally: a token bucket of
-//     max_tokens filled with tokens_per_fill every fill_interval
-//     (continuously, as Envoy's TokenBucketImpl does; a changed strategy
-//     starts a fresh, full bucket), or a blanket rule; abandon forgets it;
-//   - an assignment expires after its assignment_time_to_live; without one
-//     the no_assignment_behavior applies, here DENY_ALL (the fail-closed
-//     setting docs/envoy.md recommends where the bound matters);
-//   - a broken stream is reopened, to the next address of the cluster, at
-//     the next report; assignments are kept until they expire meanwhile.
+//     max_tokens, created full, filled continuously at tokens_per_fill per
+//     fill_interval's whole seconds (createTokenBucketFromAction); an
+//     assignment equal to the last (max_tokens, tokens_per_fill and
+//     fill_interval's nanos) keeps the bucket and its tokens
+//     (shouldReplaceTokenBucket), any other starts a fresh, full one; a
+//     blanket rule; abandon forgets it;
+//   - an assignment expires after assignment_time_to_live's whole seconds
+//     (startActionExpirationTimer); without one the no_assignment_behavior
+//     applies, here DENY_ALL (the fail-closed setting docs/envoy.md
+//     recommends where the bound matters);
+//   - a broken stream is reopened at the next report timer, to the next
+//     address of the cluster (onSendReportsTimer); assignments are kept
+//     until they expire meanwhile.
+//
+// At its worst, several Envoys started together report at the same
+// instant: their timers were armed at the same time.
 type simEnvoy struct {
 	addrs    []string
 	domain   string
@@ -51,6 +61,7 @@ type simEnvoy struct {
 	filled    time.Time
 	allowed   uint64
 	denied    uint64
+	decided   uint64 // requests decided, over the whole run
 	reported  time.Time
 	assigned  []assignment // token assignments received, in order
 	reconnect int
@@ -66,6 +77,7 @@ func (e *simEnvoy) admit(now time.Time) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	ok := e.decide(now)
+	e.decided++
 	if ok {
 		e.allowed++
 		e.record(now)
@@ -109,12 +121,12 @@ func (e *simEnvoy) apply(now time.Time, r *rlqsv3.RateLimitQuotaResponse) {
 			continue
 		}
 		st := qa.GetRateLimitStrategy()
-		e.expires = now.Add(qa.GetAssignmentTimeToLive().AsDuration())
+		e.expires = now.Add(time.Duration(qa.GetAssignmentTimeToLive().GetSeconds()) * time.Second)
 		if tb := st.GetTokenBucket(); tb != nil {
 			max := float64(tb.GetMaxTokens())
-			rate := float64(tb.GetTokensPerFill().GetValue()) / tb.GetFillInterval().AsDuration().Seconds()
+			rate := float64(tb.GetTokensPerFill().GetValue()) / float64(tb.GetFillInterval().GetSeconds())
 			old := e.strategy.GetTokenBucket()
-			if old == nil || old.GetMaxTokens() != tb.GetMaxTokens() || old.GetTokensPerFill().GetValue() != tb.GetTokensPerFill().GetValue() {
+			if old == nil || old.GetMaxTokens() != tb.GetMaxTokens() || old.GetTokensPerFill().GetValue() != tb.GetTokensPerFill().GetValue() || old.GetFillInterval().GetNanos() != tb.GetFillInterval().GetNanos() {
 				e.tokens, e.filled = max, now // a fresh, full bucket
 			}
 			e.max, e.rate = max, rate
@@ -139,14 +151,11 @@ func (e *simEnvoy) report(ctx context.Context, now time.Time) {
 	}
 	msg := &rlqsv3.RateLimitQuotaUsageReports{BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
 		BucketId:           &rlqsv3.BucketId{Bucket: e.id},
-		TimeElapsed:        durationpb.New(now.Sub(e.reported)),
+		TimeElapsed:        durationpb.New(now.Sub(e.reported).Truncate(time.Second)),
 		NumRequestsAllowed: e.allowed,
 		NumRequestsDenied:  e.denied,
 	}}}
-	if e.first {
-		msg.Domain = e.domain
-		e.first = false
-	}
+	msg.Domain = e.domain
 	e.allowed, e.denied, e.reported = 0, 0, now
 	st := e.stream
 	e.mu.Unlock()
@@ -207,19 +216,20 @@ func (e *simEnvoy) cut() {
 }
 
 // run drives the envoy until ctx is done: demand() requests per second,
-// spread evenly, and a report every interval, the first after phase (Envoys
-// are not in step).
-func (e *simEnvoy) run(ctx context.Context, phase time.Duration, demand func() float64) {
+// spread evenly, and a report at start + phase, then every interval.
+// Envoys given the same start and phase report at the same instant.
+func (e *simEnvoy) run(ctx context.Context, start time.Time, phase time.Duration, demand func() float64) {
+	first := start.Add(phase)
 	select {
-	case <-time.After(phase):
+	case <-time.After(time.Until(first)):
 	case <-ctx.Done():
 		return
 	}
-	e.reported = time.Now()
-	e.report(ctx, time.Now())
+	e.reported = first
+	e.report(ctx, first)
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	last, nextReport := time.Now(), time.Now().Add(e.interval)
+	last, nextReport := time.Now(), first.Add(e.interval)
 	carry := 0.0
 	for {
 		select {

@@ -15,6 +15,7 @@ type metrics struct {
 	rebalances  *prometheus.CounterVec // domain, policy
 	storeErrors *prometheus.CounterVec // domain, policy
 	refused     *prometheus.CounterVec // reason
+	dropped     *prometheus.CounterVec // reason
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -30,12 +31,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rlqs_store_errors_total",
 			Help: "Reports left without a new assignment because the store failed or was late."}, []string{"domain", "policy"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rlqs_refused_total",
-			Help: "Streams ended by a bound: streams_per_peer, usages_per_report, buckets_per_stream, bucket_id, unknown_domain."}, []string{"reason"}),
+			Help: "Streams ended by a bound: streams_per_peer, streams, usages_per_report, buckets_per_stream, bucket_id, unknown_domain."}, []string{"reason"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rlqs_dropped_total",
+			Help: "Bucket usages answered with nothing, the Envoy keeping its assignment: peer_reports (over the client's report budget), peer_new_buckets (over its new-bucket budget), buckets (the server at max_buckets), pending (the server holding MaxPendingBytes of reports)."}, []string{"reason"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.streams, m.reports, m.assignments, m.rebalances, m.storeErrors, m.refused} {
+	for _, c := range []prometheus.Collector{m.streams, m.reports, m.assignments, m.rebalances, m.storeErrors, m.refused, m.dropped} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("rlqs: register metrics: %w", err)
 		}

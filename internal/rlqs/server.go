@@ -11,27 +11,32 @@
 // The filter enforces the assignment locally until it is replaced or its
 // time to live runs out.
 //
-// Each bucket's capacity is the store's: for every report the service
-// takes the tokens of the next interval from the store (Store.Apply with
-// OpAllow on the policy's limit and the bucket's key), so several sluice
-// instances on one Redis divide one budget, and the store decides what is
-// left. How much a stream asks for is its share of the fleet's demand:
-// each report adds the stream's arrivals (allowed + denied) to a second
-// store key, a sliding window two intervals long, whose count is the
-// fleet's demand; a stream asks for capacity × its demand / fleet demand
-// when the fleet wants more than the capacity, and its demand plus half
-// again when not. A stream that gets nothing is told to deny all until the
-// next report.
+// Each bucket's limit is a rate divided among the streams that report it,
+// in the store, so that several sluice instances on one Redis divide one
+// budget: a policy's capacity is C tokens per fill interval F (fillOf),
+// and each stream holds a share of it as a lease of the store's
+// concurrency algorithm, renewed by each report for the assignment's time
+// to live and an interval more. A report takes the stream's share with
+// OpTake, in one atomic step that grants what is free besides the
+// stream's own lease (a partial grant, never all or nothing), so reports
+// that arrive together divide what is there instead of one losing a race.
+// The sum of the shares held is at most C at every instant, and an Envoy
+// spends its share at tokens_per_fill per fill_interval, so the fleet's
+// rate is at most the limit's; what it adds is each fresh Envoy bucket's
+// max_tokens (docs/envoy.md gives the bound).
 //
-// The bound (docs/envoy.md): an assignment of g tokens per interval is a
-// bucket of max_tokens ⌈g·BurstFraction⌉ filled at g per interval, so a
-// fresh bucket admits at most its burst more than the store gave it per
-// interval; a stream that breaks keeps its last assignment until its TTL,
-// AssignmentTTL − ReportInterval longer than the store paid for.
+// How much a stream asks for is its share of the fleet's demand: each
+// report also sets the stream's demand (allowed + denied, per F) as its
+// lease in a second concurrency key whose slots used are the fleet's
+// demand; a stream asks C × its demand / the fleet's demand when the
+// fleet wants more than C, and its demand and half again when not. Both
+// takes of every bucket of a report go to the store in one ApplyAll (the
+// domain is the keys' hash tag): one round trip per report.
 package rlqs
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -41,8 +46,10 @@ import (
 	"math"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
@@ -52,6 +59,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -59,24 +67,35 @@ import (
 	"github.com/sluice-io/sluice/clock"
 )
 
-// demandRate is the demand key's limit: far above any count, so it only counts.
+// demandRate is the demand key's slots: far above any demand, so that its
+// take always sets the stream's lease and its slots used are the sum.
 const demandRate = 1 << 40
 
-// overask is how much more than its share of a contested bucket a stream
-// asks the store for.
-const overask = 1.25
+// chunkBuckets is the most buckets of one report in one store call.
+const chunkBuckets = 16
+
+// stickiness is the change of a stream's share below which its last
+// assignment is kept: an unchanged assignment keeps the Envoy's token
+// bucket (Envoy's global_client_impl.cc, shouldReplaceTokenBucket), a
+// changed one starts a fresh, full one, whose max_tokens is what a change
+// adds to the fleet's bound.
+const stickiness = 0.1
 
 // Options configures a Server.
 type Options struct {
-	// Store holds the capacity; required.
+	// Store holds the capacity; required. It must take sluice.OpTake on
+	// the concurrency algorithm (memstore and redisstore do).
 	Store sluice.Store
 	// Config is the `rlqs:` section; required.
 	Config *Config
+	// Live, if set, returns the running `rlqs:` section, which may change
+	// with a reload: a report applies the section it returns, so new
+	// limits reach existing buckets at their next report. Nil keeps Config.
+	Live func() *Config
 	// Prefix is put before every store key; default "rlqs:".
 	Prefix string
-	// Clock numbers the report intervals of the demand count; default the
-	// system clock. Instances sharing a store must agree on the time to a
-	// fraction of the report interval (NTP does).
+	// Clock measures report intervals and the per-client budgets; default
+	// the system clock.
 	Clock clock.Clock
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
@@ -87,23 +106,45 @@ type Options struct {
 // Server serves StreamRateLimitQuotas. It is safe for concurrent use.
 type Server struct {
 	rlqsv3.UnimplementedRateLimitQuotaServiceServer
-	store    sluice.Store
+	store  sluice.Store
+	live   func() *Config
+	prefix string
+	clock  clock.Clock
+	log    *slog.Logger
+	warn   *rateLog
+	m      *metrics
+	id     string // this instance's part of the lease ids
+	seq    atomic.Uint64
+
+	cfgMu sync.Mutex
+	cfg   atomic.Pointer[compiled]
+
+	peers   *peerTable
+	pending *budget    // bytes of the reports read and not yet answered
+	slots   *fairSlots // the store calls in flight, over all clients
+
+	done     chan struct{} // closed by Drain
+	drainOne sync.Once
+}
+
+// compiled is a checked section in force.
+type compiled struct {
+	src      *Config
 	domains  map[string]*domainPolicies
 	interval time.Duration
 	ttl      time.Duration
 	maxBkts  int
-	maxPeer  int
 	maxUsage int
-	prefix   string
-	clock    clock.Clock
-	log      *slog.Logger
-	m        *metrics
+}
 
-	mu    sync.Mutex
-	peers map[string]int // open streams per client IP
-
-	done     chan struct{} // closed by Drain
-	drainOne sync.Once
+func compileConfig(c *Config) (*compiled, error) {
+	domains, err := c.compileAll()
+	if err != nil {
+		return nil, err
+	}
+	return &compiled{src: c, domains: domains, interval: c.interval(), ttl: c.ttl(),
+		maxBkts:  orDefault(c.MaxBucketsPerStream, DefaultMaxBucketsPerStream),
+		maxUsage: orDefault(c.MaxUsagesPerReport, DefaultMaxUsagesPerReport)}, nil
 }
 
 // New validates opts and returns a Server.
@@ -111,7 +152,7 @@ func New(opts Options) (*Server, error) {
 	if opts.Store == nil || opts.Config == nil {
 		return nil, errors.New("rlqs: Options.Store and Options.Config are required")
 	}
-	domains, err := opts.Config.compileAll()
+	c, err := compileConfig(opts.Config)
 	if err != nil {
 		return nil, err
 	}
@@ -119,21 +160,19 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
 	s := &Server{
-		store:    opts.Store,
-		domains:  domains,
-		interval: opts.Config.interval(),
-		ttl:      opts.Config.ttl(),
-		maxBkts:  orDefault(opts.Config.MaxBucketsPerStream, DefaultMaxBucketsPerStream),
-		maxPeer:  orDefault(opts.Config.MaxStreamsPerPeer, DefaultMaxStreamsPerPeer),
-		maxUsage: orDefault(opts.Config.MaxUsagesPerReport, DefaultMaxUsagesPerReport),
-		prefix:   opts.Prefix,
-		clock:    opts.Clock,
-		log:      opts.Logger,
-		m:        m,
-		peers:    map[string]int{},
-		done:     make(chan struct{}),
+		store:  opts.Store,
+		live:   opts.Live,
+		prefix: opts.Prefix,
+		clock:  opts.Clock,
+		log:    opts.Logger,
+		m:      m,
+		id:     hex.EncodeToString(rnd[:]),
+		done:   make(chan struct{}),
 	}
+	s.cfg.Store(c)
 	if s.prefix == "" {
 		s.prefix = "rlqs:"
 	}
@@ -143,7 +182,39 @@ func New(opts Options) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	s.warn = newRateLog(s.log, s.clock, logPeriod)
+	s.peers = newPeerTable(s.clock, opts.Config)
+	s.slots = newFairSlots(storeSlots)
+	s.pending = &budget{left: MaxPendingBytes}
 	return s, nil
+}
+
+// config returns the section in force, compiling the live one first if
+// it changed. A live section that does not compile (it passed the
+// config's checks, so it should) keeps the one in force, with a log line.
+func (s *Server) config() *compiled {
+	c := s.cfg.Load()
+	if s.live == nil {
+		return c
+	}
+	next := s.live()
+	if next == nil || next == c.src {
+		return c
+	}
+	s.cfgMu.Lock()
+	defer s.cfgMu.Unlock()
+	if c = s.cfg.Load(); next == c.src {
+		return c
+	}
+	n, err := compileConfig(next)
+	if err != nil {
+		s.warn.log("config", "rlqs: reloaded section refused; keeping the running one", "err", err.Error())
+		return c
+	}
+	s.cfg.Store(n)
+	s.peers.setLimits(next)
+	s.log.Info("rlqs: reloaded section applied: new limits reach each bucket at its next report", "report_interval", n.interval, "assignment_ttl", n.ttl)
+	return n
 }
 
 // Register adds the service to a gRPC server.
@@ -155,6 +226,24 @@ func (s *Server) Register(g *grpc.Server) { rlqsv3.RegisterRateLimitQuotaService
 // its graceful stop, which would otherwise wait for the streams forever.
 func (s *Server) Drain() { s.drainOne.Do(func() { close(s.done) }) }
 
+// Held is what a Server holds for its clients, the structures its memory
+// ceiling bounds.
+type Held struct {
+	Streams      int   // open streams
+	Buckets      int   // buckets of all streams
+	Peers        int   // client IPs with a budget or a stream
+	PendingBytes int64 // reports read and not yet answered, in wire bytes
+}
+
+// Held returns what the server holds now.
+func (s *Server) Held() Held {
+	h := s.peers.held()
+	s.pending.mu.Lock()
+	h.PendingBytes = MaxPendingBytes - s.pending.left
+	s.pending.mu.Unlock()
+	return h
+}
+
 // ErrDegraded means the store answered without its backend (a guard's
 // failure policy): no capacity is assigned from such an answer.
 var ErrDegraded = errors.New("rlqs: store degraded")
@@ -162,43 +251,79 @@ var ErrDegraded = errors.New("rlqs: store degraded")
 // Errors of a stream, as gRPC statuses.
 var (
 	errTooManyStreams = status.Error(codes.ResourceExhausted, "rlqs: too many streams from this client")
+	errServerFull     = status.Error(codes.ResourceExhausted, "rlqs: too many streams on this server")
 	errNoDomain       = status.Error(codes.InvalidArgument, "rlqs: the first report must name the domain")
 	errDraining       = status.Error(codes.Unavailable, "rlqs: sluice is shutting down; reconnect")
 )
 
 // bucket is one bucket id's state on one stream.
 type bucket struct {
-	key    string // store key part: domain, policy and hash of the id
-	policy *policy
-	last   int64 // tokens assigned for the current interval, not yet settled
-	prev   int64 // the assignment before, for the rebalance count
-	fleet  int64 // the fleet's demand in the last readable interval
+	policy   *policy
+	key      string // store key part: domain (hash tag), policy and hash of the id
+	fill     time.Duration
+	assigned int64 // tokens per fill of the assignment in force; 0: none
+	demand   int64 // the stream's demand per fill at its last report
+	fleet    int64 // the fleet's demand per fill, as the last report read it
+	reported int64 // clock time of the last report
+}
+
+// stream is one Envoy's stream.
+type stream struct {
+	id      string // lease id in the store
+	host    string
+	dom     *domainPolicies
+	domain  string // the gauge's label, once counted
+	buckets map[[16]byte]*bucket
 }
 
 // StreamRateLimitQuotas implements the service: one Envoy's stream.
-func (s *Server) StreamRateLimitQuotas(stream grpc.BidiStreamingServer[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]) error {
-	ctx := stream.Context()
+func (s *Server) StreamRateLimitQuotas(gs grpc.BidiStreamingServer[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]) error {
+	ctx := gs.Context()
 	host := peerHost(ctx)
-	if !s.acquire(host) {
+	switch s.peers.open(host) {
+	case refusedPeer:
 		s.m.refused.WithLabelValues("streams_per_peer").Inc()
 		return errTooManyStreams
+	case refusedServer:
+		s.m.refused.WithLabelValues("streams").Inc()
+		return errServerFull
 	}
-	defer s.release(host)
-	var dom *domainPolicies
-	buckets := map[string]*bucket{}
+	st := &stream{id: s.id + "." + strconv.FormatUint(s.seq.Add(1), 36), host: host, buckets: map[[16]byte]*bucket{}}
+	defer func() {
+		s.peers.close(host, len(st.buckets))
+		if st.domain != "" {
+			s.m.streams.WithLabelValues(st.domain).Dec()
+		}
+	}()
 	type recv struct {
-		msg *rlqsv3.RateLimitQuotaUsageReports
-		err error
+		msg  *rlqsv3.RateLimitQuotaUsageReports
+		err  error
+		size int64 // taken from the pending budget
 	}
 	// Recv runs on its own so that Drain can end the stream; it ends when
-	// the handler returns, as that cancels the stream.
+	// the handler returns, as that cancels the stream. It reads the next
+	// message only when the handler has taken the last: a stream holds at
+	// most one report beyond the one being answered.
 	msgs := make(chan recv)
 	go func() {
 		for {
-			msg, err := stream.Recv()
+			msg, err := gs.Recv()
+			var size int64
+			if err == nil {
+				// The reports held, server-wide, are bounded in bytes: a
+				// report beyond the budget is dropped as soon as it is
+				// read, unanswered (the Envoy keeps its assignments).
+				size = int64(proto.Size(msg))
+				if !s.pending.take(size) {
+					s.m.dropped.WithLabelValues("pending").Add(float64(len(msg.GetBucketQuotaUsages())))
+					s.warn.log("pending", "rlqs: reports held at max_pending_bytes; reports dropped")
+					continue
+				}
+			}
 			select {
-			case msgs <- recv{msg, err}:
+			case msgs <- recv{msg, err, size}:
 			case <-ctx.Done():
+				s.pending.give(size)
 				return
 			}
 			if err != nil {
@@ -215,260 +340,363 @@ func (s *Server) StreamRateLimitQuotas(stream grpc.BidiStreamingServer[rlqsv3.Ra
 		case <-ctx.Done(): // the client went away
 			return status.FromContextError(ctx.Err()).Err()
 		}
-		msg, err := r.msg, r.err
-		if errors.Is(err, io.EOF) {
+		if errors.Is(r.err, io.EOF) {
 			return nil
 		}
+		if r.err != nil {
+			return r.err
+		}
+		resp, err := s.report(ctx, st, r.msg)
+		s.pending.give(r.size)
 		if err != nil {
 			return err
 		}
-		if dom == nil {
-			if msg.GetDomain() == "" {
-				return errNoDomain
+		if resp == nil {
+			// Over the client's budget: nothing more is read from this
+			// stream until the next interval, so that gRPC's flow control
+			// holds the client's sends, at no cost to the server.
+			wait := time.NewTimer(s.peers.untilNext())
+			select {
+			case <-wait.C:
+			case <-s.done:
+				wait.Stop()
+				return errDraining
+			case <-ctx.Done():
+				wait.Stop()
+				return status.FromContextError(ctx.Err()).Err()
 			}
-			dom = s.domains[msg.GetDomain()]
-			if dom == nil {
-				s.m.refused.WithLabelValues("unknown_domain").Inc()
-				return status.Errorf(codes.NotFound, "rlqs: domain %q is not configured", truncate(msg.GetDomain()))
-			}
-			s.m.streams.WithLabelValues(dom.name).Inc()
-			defer s.m.streams.WithLabelValues(dom.name).Dec()
-		}
-		usages := msg.GetBucketQuotaUsages()
-		if len(usages) > s.maxUsage {
-			s.m.refused.WithLabelValues("usages_per_report").Inc()
-			return status.Errorf(codes.ResourceExhausted, "rlqs: %d bucket usages in one report; at most %d", len(usages), s.maxUsage)
-		}
-		resp := &rlqsv3.RateLimitQuotaResponse{}
-		for _, u := range usages {
-			id := u.GetBucketId().GetBucket()
-			if err := checkID(id); err != nil {
-				s.m.refused.WithLabelValues("bucket_id").Inc()
-				return err
-			}
-			canon := canonical(id)
-			b := buckets[canon]
-			if b == nil {
-				if len(buckets) >= s.maxBkts {
-					s.m.refused.WithLabelValues("buckets_per_stream").Inc()
-					return status.Errorf(codes.ResourceExhausted, "rlqs: more than %d buckets on one stream", s.maxBkts)
-				}
-				b = &bucket{}
-				buckets[canon] = b
-			}
-			if p := dom.lookup(id); p != b.policy || b.key == "" {
-				b.policy, b.last, b.prev, b.fleet = p, 0, 0, 0
-				if p != nil {
-					b.key = s.prefix + dom.name + ":" + p.name + ":{" + hashID(canon) + "}"
-				}
-			}
-			if a := s.act(ctx, dom.name, b, u); a != nil {
-				a.BucketId = u.GetBucketId()
-				resp.BucketAction = append(resp.BucketAction, a)
-			}
-		}
-		if len(resp.BucketAction) == 0 {
 			continue
 		}
-		if err := stream.Send(resp); err != nil {
+		if len(resp.GetBucketAction()) == 0 {
+			continue
+		}
+		if err := gs.Send(resp); err != nil {
 			return err
 		}
 	}
 }
 
-// act decides one bucket's action for its usage report; nil leaves the
-// stream's current assignment in place (the store did not answer).
-func (s *Server) act(ctx context.Context, domain string, b *bucket, u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+// pending is one bucket's part of a report: its usage and what the store
+// is asked for it.
+type pending struct {
+	u      *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage
+	b      *bucket
+	mine   int64 // demand per fill
+	demand int64 // as set in the store (at least 1)
+	want   int64
+}
+
+// report answers one message: the actions of its buckets, or an error
+// that ends the stream; nil and no error when the client is over its
+// budget.
+func (s *Server) report(ctx context.Context, st *stream, msg *rlqsv3.RateLimitQuotaUsageReports) (*rlqsv3.RateLimitQuotaResponse, error) {
+	cfg := s.config()
+	if st.dom == nil {
+		if msg.GetDomain() == "" {
+			return nil, errNoDomain
+		}
+		st.dom = cfg.domains[msg.GetDomain()]
+		if st.dom == nil {
+			s.m.refused.WithLabelValues("unknown_domain").Inc()
+			return nil, status.Errorf(codes.NotFound, "rlqs: domain %q is not configured", truncate(msg.GetDomain()))
+		}
+		st.domain = st.dom.name
+		s.m.streams.WithLabelValues(st.domain).Inc()
+	}
+	if d := cfg.domains[st.dom.name]; d != nil {
+		st.dom = d // a reload's policies
+	}
+	usages := msg.GetBucketQuotaUsages()
+	if len(usages) > cfg.maxUsage {
+		s.m.refused.WithLabelValues("usages_per_report").Inc()
+		return nil, status.Errorf(codes.ResourceExhausted, "rlqs: %d bucket usages in one report; at most %d", len(usages), cfg.maxUsage)
+	}
+	// The client's budget: a report beyond it is dropped whole, before any
+	// work, and the Envoy keeps its assignments until their TTL.
+	if !s.peers.spend(st.host, len(usages)) {
+		s.m.dropped.WithLabelValues("peer_reports").Add(float64(len(usages)))
+		s.warn.log("peer_reports", "rlqs: client over its report budget; reports dropped, its streams read again next interval", "peer", hashPeer(st.host))
+		return nil, nil
+	}
+	now := s.clock.Now()
+	resp := &rlqsv3.RateLimitQuotaResponse{}
+	var work []pending
+	for _, u := range usages {
+		id := u.GetBucketId().GetBucket()
+		if err := checkID(id); err != nil {
+			s.m.refused.WithLabelValues("bucket_id").Inc()
+			return nil, err
+		}
+		canon := canonical(id)
+		h := hashKey(canon)
+		b := st.buckets[h]
+		if b == nil {
+			if len(st.buckets) >= cfg.maxBkts {
+				s.m.refused.WithLabelValues("buckets_per_stream").Inc()
+				return nil, status.Errorf(codes.ResourceExhausted, "rlqs: more than %d buckets on one stream", cfg.maxBkts)
+			}
+			switch s.peers.newBucket(st.host) {
+			case refusedPeer:
+				s.m.dropped.WithLabelValues("peer_new_buckets").Inc()
+				s.warn.log("peer_new_buckets", "rlqs: client over its new-bucket budget; buckets left without an assignment", "peer", hashPeer(st.host))
+				continue
+			case refusedServer:
+				s.m.dropped.WithLabelValues("buckets").Inc()
+				s.warn.log("buckets", "rlqs: server at max_buckets; buckets left without an assignment")
+				continue
+			}
+			b = &bucket{}
+			st.buckets[h] = b
+		}
+		p := st.dom.lookup(id)
+		if p == nil {
+			b.policy = nil
+			s.m.assignments.WithLabelValues(st.dom.name, "", "abandon").Inc()
+			resp.BucketAction = append(resp.BucketAction, &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketId: u.GetBucketId(),
+				BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}})
+			continue
+		}
+		s.m.reports.WithLabelValues(st.dom.name, p.name).Inc()
+		if p.denied {
+			b.policy = p
+			s.m.assignments.WithLabelValues(st.dom.name, p.name, "deny").Inc()
+			a := blanket(cfg.ttl, typev3.RateLimitStrategy_DENY_ALL)
+			a.BucketId = u.GetBucketId()
+			resp.BucketAction = append(resp.BucketAction, a)
+			continue
+		}
+		if p != b.policy || p.fill != b.fill {
+			// A new bucket, or a reload changed its policy: the same key
+			// while the fill interval stays (leases are in its tokens).
+			b.policy, b.fill = p, p.fill
+			b.key = s.prefix + "{" + st.dom.name + "}:" + p.name + ":" + strconv.FormatInt(int64(p.fill/time.Second), 10) + ":" + hex.EncodeToString(h[:12])
+		}
+		work = append(work, s.plan(cfg, b, u, now))
+	}
+	if len(work) > 0 {
+		s.take(ctx, cfg, st, work, resp)
+	}
+	return resp, nil
+}
+
+// plan is what a bucket's report asks of the store: its demand per fill,
+// and its share of the capacity.
+func (s *Server) plan(cfg *compiled, b *bucket, u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, now int64) pending {
 	p := b.policy
-	if p == nil {
-		s.m.assignments.WithLabelValues(domain, "", "abandon").Inc()
-		return &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction_{
-			AbandonAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_AbandonAction{}}}
+	// The time since this stream's last report of the bucket, on this
+	// server's clock (Envoy reports time_elapsed in whole seconds only).
+	elapsed := time.Duration(now - b.reported)
+	if b.reported == 0 {
+		elapsed = cfg.interval
 	}
-	s.m.reports.WithLabelValues(domain, p.name).Inc()
-	if p.denied {
-		s.m.assignments.WithLabelValues(domain, p.name, "deny").Inc()
-		return s.blanket(typev3.RateLimitStrategy_DENY_ALL)
-	}
-	// The stream's demand per interval, from what it saw.
-	elapsed := u.GetTimeElapsed().AsDuration()
-	if elapsed <= 0 {
-		elapsed = s.interval
-	}
+	elapsed = min(max(elapsed, cfg.interval/2), 2*cfg.ttl)
+	b.reported = now
 	arrivals := float64(u.GetNumRequestsAllowed()) + float64(u.GetNumRequestsDenied())
-	mine := int64(math.Ceil(arrivals * float64(s.interval) / float64(elapsed)))
-	capacity := max(1, int64(float64(p.limit.Rate)*float64(s.interval)/float64(p.limit.Period)))
-	mine = min(mine, 4*capacity) // one stream cannot claim more than it could use
-	sctx, cancel := context.WithTimeout(ctx, s.interval/2)
+	c := p.capacity
+	mine := min(int64(math.Ceil(arrivals*float64(p.fill)/float64(elapsed))), 4*c)
+	// The fleet's demand with this stream's own part as it is now.
+	fleet := max(mine, b.fleet-b.demand+mine)
+	b.demand = mine
+	want := shareOf(c, mine, fleet, b.assigned)
+	return pending{u: u, b: b, mine: mine, demand: max(1, mine), want: want}
+}
+
+// shareOf is what a stream whose demand is mine asks of a capacity c when
+// the fleet's demand is fleet, its current share being assigned: its part
+// of c by demand when the fleet wants more than c, else its demand and
+// half again (room to grow until the next report); its current share if
+// that is within stickiness of it.
+func shareOf(c, mine, fleet, assigned int64) int64 {
+	var want int64
+	if fleet > c {
+		want = int64(math.Ceil(float64(c) * float64(mine) / float64(fleet)))
+	} else {
+		want = mine + mine/2 + 1
+	}
+	want = max(1, min(want, c))
+	if assigned > 0 && math.Abs(float64(want-assigned)) <= stickiness*float64(assigned) {
+		want = assigned // keep the Envoy's bucket
+	}
+	return want
+}
+
+// take asks the store for every bucket of a report in one round trip and
+// appends their actions to resp. A bucket the store did not answer for
+// gets no action: its assignment runs on to its TTL.
+func (s *Server) take(ctx context.Context, cfg *compiled, st *stream, work []pending, resp *rlqsv3.RateLimitQuotaResponse) {
+	lease := cfg.ttl + cfg.interval // outlives the Envoy's assignment, whose TTL starts when the answer arrives
+	reqs := make([]sluice.Request, 0, 2*len(work))
+	for _, w := range work {
+		reqs = append(reqs,
+			sluice.Request{Key: w.b.key + ":demand", Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: demandRate, Period: lease}, Cost: w.demand, Lease: st.id},
+			sluice.Request{Key: w.b.key, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: w.b.policy.capacity, Period: lease}, Cost: w.want, Lease: st.id})
+	}
+	sctx, cancel := context.WithTimeout(ctx, cfg.interval/2)
 	defer cancel()
-	if b.last > 0 {
-		// Tokens assigned for the last interval and not spent go back, so
-		// that the streams that want them can take them now. Once: a
-		// refund that timed out may still be applied when the store comes
-		// back, so it is never sent again.
-		unused := b.last - int64(u.GetNumRequestsAllowed())
-		b.last = 0
-		if unused > 0 {
-			if err := s.refund(sctx, b.key, p, unused); err != nil {
-				s.m.storeErrors.WithLabelValues(domain, p.name).Inc()
-				return nil
+	ds, err := s.apply(sctx, st, reqs)
+	if err != nil {
+		for _, w := range work {
+			s.m.storeErrors.WithLabelValues(st.dom.name, w.b.policy.name).Inc()
+		}
+		s.warn.log("store", "rlqs: store: report left without new assignments", "domain", st.dom.name, "buckets", len(work), "err", err.Error())
+		return
+	}
+	// The share was asked with the fleet's demand of the last report; the
+	// answer has it as it is now. Where that share is larger than what was
+	// taken and capacity is free (the fleet's demand moved), it is taken
+	// at once: a second round trip, only while shares move.
+	var again []sluice.Request
+	var which []int
+	for i, w := range work {
+		fresh := demandRate - ds[2*i].Remaining
+		if want := shareOf(w.b.policy.capacity, w.mine, fresh, w.b.assigned); want > ds[2*i+1].Taken && ds[2*i+1].Remaining > 0 {
+			r := reqs[2*i+1]
+			r.Cost = want
+			again = append(again, r)
+			which = append(which, i)
+		}
+	}
+	if len(again) > 0 {
+		if ds2, err := s.apply(sctx, st, again); err == nil {
+			for k, i := range which {
+				if ds2[k].Taken > ds[2*i+1].Taken {
+					ds[2*i+1] = ds2[k]
+				}
 			}
 		}
 	}
-	raw, fresh, err := s.demand(sctx, b.key, mine)
-	if err != nil {
-		s.m.storeErrors.WithLabelValues(domain, p.name).Inc()
-		s.log.Warn("rlqs: store: demand", "domain", domain, "policy", p.name, "err", err)
-		return nil
+	for i, w := range work {
+		b, p := w.b, w.b.policy
+		b.fleet = demandRate - ds[2*i].Remaining
+		got := ds[2*i+1].Taken
+		if b.assigned > 0 && got != b.assigned {
+			s.m.rebalances.WithLabelValues(st.dom.name, p.name).Inc()
+		}
+		b.assigned = got
+		var a *rlqsv3.RateLimitQuotaResponse_BucketAction
+		if got == 0 {
+			s.m.assignments.WithLabelValues(st.dom.name, p.name, "deny").Inc()
+			a = blanket(cfg.ttl, typev3.RateLimitStrategy_DENY_ALL)
+		} else {
+			s.m.assignments.WithLabelValues(st.dom.name, p.name, "tokens").Inc()
+			a = &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
+				QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+					AssignmentTimeToLive: durationpb.New(cfg.ttl),
+					RateLimitStrategy:    TokenBucketFor(got, p.fill),
+				}}}
+		}
+		a.BucketId = w.u.GetBucketId()
+		resp.BucketAction = append(resp.BucketAction, a)
 	}
-	if fresh {
-		b.fleet = raw
-	}
-	fleet := max(mine, b.fleet)
-	var want int64
-	if fleet > capacity {
-		// The stream's share, asked a quarter over: the fleet estimate
-		// lags, and the store caps what all take together.
-		want = int64(math.Ceil(overask * float64(capacity) * float64(mine) / float64(fleet)))
-	} else {
-		want = mine + mine/2 + 1 // room to grow until the next report
-	}
-	want = max(1, min(want, capacity))
-	got, err := s.take(sctx, b.key, p, want)
-	if err != nil {
-		s.m.storeErrors.WithLabelValues(domain, p.name).Inc()
-		s.log.Warn("rlqs: store: take", "domain", domain, "policy", p.name, "err", err)
-		return nil
-	}
-	if b.prev > 0 && math.Abs(float64(got-b.prev)) > 0.1*float64(b.prev) {
-		s.m.rebalances.WithLabelValues(domain, p.name).Inc()
-	}
-	b.last, b.prev = got, got
-	if got == 0 {
-		s.m.assignments.WithLabelValues(domain, p.name, "deny").Inc()
-		return s.blanket(typev3.RateLimitStrategy_DENY_ALL)
-	}
-	s.m.assignments.WithLabelValues(domain, p.name, "tokens").Inc()
-	return &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
-		QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
-			AssignmentTimeToLive: durationpb.New(s.ttl),
-			RateLimitStrategy:    TokenBucketFor(got, s.interval),
-		}}}
 }
 
-// TokenBucketFor is the strategy of an assignment of g tokens per interval:
-// a bucket of ⌈g·BurstFraction⌉ tokens refilled with g every interval.
-func TokenBucketFor(g int64, interval time.Duration) *typev3.RateLimitStrategy {
+// call is one store call of a client's report, in one of the service's
+// slots (fairSlots), retried while the report's time lasts when the store
+// was late: a take sets the lease, so sending it again is harmless.
+func (s *Server) call(sctx context.Context, spent int, reqs []sluice.Request) ([]sluice.Decision, error) {
+	for {
+		if !s.slots.acquire(sctx.Done(), spent) {
+			return nil, fmt.Errorf("rlqs: waiting for a store slot: %w", sctx.Err())
+		}
+		ds, err := s.store.ApplyAll(sctx, sluice.OpTake, reqs)
+		s.slots.release() // a retry waits its turn again
+		if err == nil || !errors.Is(err, sluice.ErrUnavailable) || sctx.Err() != nil {
+			return ds, err
+		}
+	}
+}
+
+// apply runs OpTake on reqs in chunks (see take), and reports an error if
+// any chunk failed or answered from a failure policy.
+func (s *Server) apply(sctx context.Context, st *stream, reqs []sluice.Request) ([]sluice.Decision, error) {
+	// Chunks of a few buckets, so that a report of many buckets never
+	// holds Redis for long in one script: other clients' calls run between
+	// the chunks. A client has at most peerCalls chunks in flight, sent
+	// together (the store pipelines calls in flight at once): a report of
+	// up to 2 × chunkBuckets buckets takes one round trip.
+	ds := make([]sluice.Decision, len(reqs))
+	var err error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	slots := s.peers.callSlots(st.host)
+	spent := s.peers.spent(st.host)
+	if len(reqs) <= 2*chunkBuckets { // one chunk: no goroutine
+		select {
+		case slots <- struct{}{}:
+		case <-sctx.Done():
+			return nil, fmt.Errorf("rlqs: waiting for the client's store calls: %w", sctx.Err())
+		}
+		defer func() { <-slots }()
+		ds, err := s.call(sctx, spent, reqs)
+		if err != nil {
+			return nil, err
+		}
+		for i := range ds {
+			if ds[i].Degraded {
+				return nil, ErrDegraded
+			}
+		}
+		return ds, nil
+	}
+	for lo := 0; lo < len(reqs); lo += 2 * chunkBuckets {
+		hi := min(len(reqs), lo+2*chunkBuckets)
+		select {
+		case slots <- struct{}{}:
+		case <-sctx.Done():
+			mu.Lock()
+			err = fmt.Errorf("rlqs: waiting for the client's store calls: %w", sctx.Err())
+			mu.Unlock()
+		}
+		if sctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			got, e := s.call(sctx, spent, reqs[lo:hi])
+			mu.Lock()
+			defer mu.Unlock()
+			if e != nil {
+				err = e
+				return
+			}
+			copy(ds[lo:hi], got)
+		}()
+	}
+	wg.Wait()
+	if err == nil {
+		for i := range ds {
+			if ds[i].Degraded {
+				err = ErrDegraded
+				break
+			}
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return ds, nil
+}
+
+// TokenBucketFor is the strategy of a share of g tokens per fill interval:
+// a bucket of max(MinBurst, ⌈g·BurstFraction⌉) tokens refilled with g
+// every fill (whole seconds: Envoy divides by its seconds).
+func TokenBucketFor(g int64, fill time.Duration) *typev3.RateLimitStrategy {
 	g = min(g, math.MaxUint32)
 	return &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: &typev3.TokenBucket{
-		MaxTokens:     uint32(max(1, math.Ceil(float64(g)*BurstFraction))),
+		MaxTokens:     uint32(max(MinBurst, math.Ceil(float64(g)*BurstFraction))),
 		TokensPerFill: wrapperspb.UInt32(uint32(g)),
-		FillInterval:  durationpb.New(interval),
+		FillInterval:  durationpb.New(fill),
 	}}}
 }
 
-func (s *Server) blanket(r typev3.RateLimitStrategy_BlanketRule) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+func blanket(ttl time.Duration, r typev3.RateLimitStrategy_BlanketRule) *rlqsv3.RateLimitQuotaResponse_BucketAction {
 	return &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
 		QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
-			AssignmentTimeToLive: durationpb.New(s.ttl),
+			AssignmentTimeToLive: durationpb.New(ttl),
 			RateLimitStrategy:    &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: r}},
 		}}}
-}
-
-// demandWindows is how many report intervals one window of the demand
-// keys' store counter spans.
-const demandWindows = 8
-
-// demand adds the stream's demand to the count of the current report
-// interval and returns the fleet's demand per interval over the two
-// intervals before, in which every stream reported about twice: a sum,
-// not a sliding estimate whose error depends on the order of the reports.
-// ok is false when those counts are not readable (their store window has
-// ended; two intervals in demandWindows).
-func (s *Server) demand(ctx context.Context, key string, mine int64) (fleet int64, ok bool, err error) {
-	n := s.clock.Now() / int64(s.interval)
-	lim := sluice.Limit{Rate: demandRate, Period: demandWindows * s.interval}
-	reqs := []sluice.Request{
-		{Key: fmt.Sprintf("%s:demand:%d", key, n-1), Algorithm: sluice.FixedWindow, Limit: lim},
-		{Key: fmt.Sprintf("%s:demand:%d", key, n-2), Algorithm: sluice.FixedWindow, Limit: lim},
-	}
-	if mine > 0 {
-		d, err := s.store.Apply(ctx, sluice.OpAllow, sluice.Request{Key: fmt.Sprintf("%s:demand:%d", key, n), Algorithm: sluice.FixedWindow, Limit: lim, Cost: mine})
-		if err == nil && d.Degraded {
-			err = ErrDegraded
-		}
-		if err != nil {
-			return 0, false, fmt.Errorf("rlqs: demand: %w", err)
-		}
-	}
-	if n%demandWindows < 2 {
-		return 0, false, nil
-	}
-	ds, err := s.store.ApplyAll(ctx, sluice.OpPeek, reqs)
-	if err == nil && (ds[0].Degraded || ds[1].Degraded) {
-		err = ErrDegraded
-	}
-	if err != nil {
-		return 0, false, fmt.Errorf("rlqs: demand: %w", err)
-	}
-	return (2*demandRate - ds[0].Remaining - ds[1].Remaining) / 2, true, nil
-}
-
-// take takes up to want tokens of the bucket's limit from the store and
-// returns how many it got: what is left, when less than want. A decision
-// the store made without its backend (Degraded, a guard's failure policy)
-// is no capacity: it is an error.
-func (s *Server) take(ctx context.Context, key string, p *policy, want int64) (int64, error) {
-	req := sluice.Request{Key: key, Algorithm: p.algorithm, Limit: p.limit}
-	d, err := s.store.Apply(ctx, sluice.OpPeek, req)
-	if err == nil && d.Degraded {
-		err = ErrDegraded
-	}
-	if err != nil {
-		return 0, fmt.Errorf("rlqs: take: %w", err)
-	}
-	req.Cost = min(want, d.Remaining)
-	if req.Cost <= 0 {
-		return 0, nil
-	}
-	d, err = s.store.Apply(ctx, sluice.OpAllow, req)
-	if err == nil && d.Degraded {
-		err = ErrDegraded
-	}
-	if err != nil {
-		return 0, fmt.Errorf("rlqs: take: %w", err)
-	}
-	if !d.Allowed {
-		return 0, nil // another instance took it meanwhile
-	}
-	return req.Cost, nil
-}
-
-// refund gives n unspent tokens back to the bucket's limit.
-func (s *Server) refund(ctx context.Context, key string, p *policy, n int64) error {
-	_, err := s.store.Apply(ctx, sluice.OpRefund, sluice.Request{Key: key, Algorithm: p.algorithm, Limit: p.limit, Cost: n})
-	if err != nil {
-		return fmt.Errorf("rlqs: refund: %w", err)
-	}
-	return nil
-}
-
-func (s *Server) acquire(host string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.peers[host] >= s.maxPeer {
-		return false
-	}
-	s.peers[host]++
-	return true
-}
-
-func (s *Server) release(host string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.peers[host]--; s.peers[host] <= 0 {
-		delete(s.peers, host)
-	}
 }
 
 func peerHost(ctx context.Context) string {
@@ -515,10 +743,11 @@ func canonical(id map[string]string) string {
 	return sb.String()
 }
 
-// hashID keeps raw bucket values (user ids, perhaps) out of store keys.
-func hashID(canon string) string {
+// hashKey keeps raw bucket values (user ids, perhaps) out of store keys,
+// and a stream's bucket table small whatever the size of the ids.
+func hashKey(canon string) [16]byte {
 	h := sha256.Sum256([]byte(canon))
-	return hex.EncodeToString(h[:12])
+	return [16]byte(h[:16])
 }
 
 func truncate(s string) string {

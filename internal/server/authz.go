@@ -37,7 +37,7 @@ const (
 // status with Retry-After, always with the rate-limit headers.
 func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 	cfg := s.cfg.Load()
-	targets, status, err := authzTargets(cfg, r)
+	targets, status, err := authzTargets(cfg, r, s.fromBrowser(r))
 	if err != nil {
 		if status == http.StatusUnauthorized {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice"`)
@@ -64,8 +64,9 @@ func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 // authzTargets selects what a forward-auth request is charged. The caller
 // is, in order: an API key from the configured headers (keyed by its hash,
 // limited by its tier); a user id from the user header, when the peer is a
-// trusted proxy; the client IP, from X-Forwarded-For when the peer is a
-// trusted proxy. The last two get the default tier.
+// trusted proxy and the request is not one a browser may have sent
+// itself (browser: see fromBrowser); the client IP, from X-Forwarded-For
+// when the peer is a trusted proxy. The last two get the default tier.
 //
 // The caller's tier is always charged whole. The request can only add to
 // it: the policies of the authz.routes its original URI, method and host
@@ -73,7 +74,7 @@ func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 // is limited more loosely than its caller, whatever it carries (FuzzAuthz
 // holds this). The query is read only on /v1/authz itself: below it, as
 // Envoy's path_prefix sends, it is the client's own.
-func authzTargets(cfg *config.Config, r *http.Request) ([]target, int, error) {
+func authzTargets(cfg *config.Config, r *http.Request, browser bool) ([]target, int, error) {
 	a := &cfg.Authz
 	cost := int64(1)
 	var selected []*config.Policy
@@ -147,7 +148,10 @@ func authzTargets(cfg *config.Config, r *http.Request) ([]target, int, error) {
 		if err != nil {
 			return nil, http.StatusBadRequest, errors.New("cannot tell the client address")
 		}
-		if a.UserHeader != "" && isTrusted(peer, a.TrustedProxies) {
+		// A page on a trusted proxy's own machine (127.0.0.1), its name
+		// rebound to sluice, sends what it likes: the user header is a
+		// proxy's word only on a request no browser sent itself.
+		if a.UserHeader != "" && !browser && isTrusted(peer, a.TrustedProxies) {
 			u, err := singleValue(r.Header, a.UserHeader)
 			if err != nil {
 				return nil, http.StatusBadRequest, err

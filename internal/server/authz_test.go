@@ -182,7 +182,7 @@ func FuzzAuthz(f *testing.F) {
 			}
 		}
 		for _, cfg := range cfgs {
-			targets, status, err := authzTargets(cfg, r)
+			targets, status, err := authzTargets(cfg, r, false)
 			if err != nil {
 				if status < 400 || status > 499 {
 					t.Fatalf("error %v with status %d", err, status)
@@ -307,7 +307,7 @@ func TestAuthzBounds(t *testing.T) {
 		for range c.n {
 			r.Header.Add(c.hdr[0], c.hdr[1])
 		}
-		if _, status, err := authzTargets(cfg, r); err == nil || status != http.StatusBadRequest {
+		if _, status, err := authzTargets(cfg, r, false); err == nil || status != http.StatusBadRequest {
 			t.Errorf("%s over the bound: %d %v", c.name, status, err)
 		}
 		// One fewer is within it.
@@ -319,7 +319,7 @@ func TestAuthzBounds(t *testing.T) {
 		} else {
 			r.URL, _ = url.ParseRequestURI("/v1/authz?" + strings.Repeat("policy=login&", maxSelected))
 		}
-		if _, _, err := authzTargets(cfg, r); err != nil {
+		if _, _, err := authzTargets(cfg, r, false); err != nil {
 			t.Errorf("%s within the bound: %v", c.name, err)
 		}
 	}

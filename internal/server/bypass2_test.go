@@ -131,7 +131,7 @@ func TestBypass2(t *testing.T) { runBypass(t, bypass2Tricks) }
 func TestCrossOriginRefused(t *testing.T) {
 	s := "_xo"
 	cfg := strings.NewReplacer("{S}", s, "{FREE}", sluice.HashKey(bypassFree), "{ENT}", sluice.HashKey(bypassEnt)).Replace(bypassConfig) +
-		"console: {enabled: true}\n"
+		"console: {enabled: true, public_read: true}\n"
 	svc := startService(t, svcOptions{config: cfg})
 	spend := `{"policy":"tight` + s + `","key":"victim","cost":3}`
 	admin := "Bearer " + adminToken

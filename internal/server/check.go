@@ -444,8 +444,8 @@ func (s *Server) decide(r *http.Request, op sluice.Op, targets []target) (*outco
 				result = metrics.ShadowDenied
 			case !d.Allowed:
 				result = metrics.Denied
-				if s.top != nil && s.top.Sampled() {
-					s.observeDenied(&targets[i], d)
+				if s.top != nil {
+					s.top.Observe(t.identity, t.policy.Name, d.RetryAfter)
 				}
 			}
 			k := decisionLabels{t.policy.Name, t.tier, result}

@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/console"
+	"github.com/sluice-io/sluice/internal/gateway"
 	"github.com/sluice-io/sluice/internal/metrics"
 	"github.com/sluice-io/sluice/internal/overrides"
 	"github.com/sluice-io/sluice/internal/simulate"
@@ -22,9 +23,10 @@ import (
 
 // This file serves the operator's console (package console) at /ui when
 // the config's `console: {enabled: true}`: the embedded page, and its JSON
-// API under /ui/api/. Reading is open to whoever reaches the listener;
-// changes (reset, and the overrides the page sets through /v1/overrides)
-// need the admin token. Whether the console runs is read at start.
+// API under /ui/api/. Reading takes an admin session or the admin token
+// unless console.public_read (console_session.go); changes (reset, and
+// the overrides the page sets through /v1/overrides) need the admin
+// token. Whether the console runs is read at start.
 
 // consoleOf returns the console section of cfg, nil when disabled.
 func consoleOf(cfg *config.Config) *console.Config {
@@ -39,6 +41,8 @@ func consoleOf(cfg *config.Config) *console.Config {
 // instance's own top-K and charts.
 func (s *Server) newConsole(cc *console.Config, sink console.TopSink, fleet console.FleetSink) {
 	if cc == nil {
+		s.handle("GET /ui", "console", s.consoleDisabled)
+		s.handle("GET /ui/", "console", s.consoleDisabled)
 		return
 	}
 	if sink == nil {
@@ -49,7 +53,7 @@ func (s *Server) newConsole(cc *console.Config, sink console.TopSink, fleet cons
 	}
 	s.series = console.NewSeries(s.decisionTotals, cc.SampleInterval)
 	s.fleet = console.NewFleet(s.decisionTotals, fleet, cc.SampleInterval, s.log)
-	s.top = console.NewTop(sink, cc.TopSample, s.log)
+	s.top = console.NewTop(sink, console.TopOptions{Exact: cc.TopExact, Sample: cc.TopSample, Display: s.shownIdentity, Log: s.log})
 	s.simulating = make(chan struct{}, 1)
 	static := http.FileServerFS(console.Assets())
 	s.handle("GET /ui", "console", func(w http.ResponseWriter, r *http.Request) {
@@ -60,23 +64,26 @@ func (s *Server) newConsole(cc *console.Config, sink console.TopSink, fleet cons
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		http.StripPrefix("/ui", static).ServeHTTP(w, r)
 	}))
-	s.handle("GET /ui/api/overview", "console", s.consoleOn(s.handleOverview))
-	s.handle("GET /ui/api/series", "console", s.consoleOn(s.handleSeries))
-	s.handle("GET /ui/api/fleet", "console", s.consoleOn(s.handleFleet))
-	s.handle("GET /ui/api/top", "console", s.consoleOn(s.handleTop))
-	s.handle("GET /ui/api/identity", "console", s.consoleOn(s.handleIdentity))
-	s.handle("GET /ui/api/overrides", "console", s.consoleOn(s.handleConsoleOverrides))
-	s.handle("GET /ui/api/spend", "console", s.consoleOn(s.handleSpend))
-	s.handle("GET /ui/api/upstreams", "console", s.consoleOn(s.handleUpstreams))
+	s.handle("GET /ui/api/overview", "console", s.consoleOn(s.consoleRead(s.handleOverview)))
+	s.handle("GET /ui/api/series", "console", s.consoleOn(s.consoleRead(s.handleSeries)))
+	s.handle("GET /ui/api/fleet", "console", s.consoleOn(s.consoleRead(s.handleFleet)))
+	s.handle("GET /ui/api/top", "console", s.consoleOn(s.consoleRead(s.handleTop)))
+	s.handle("GET /ui/api/identity", "console", s.consoleOn(s.consoleRead(s.handleIdentity)))
+	s.handle("GET /ui/api/overrides", "console", s.consoleOn(s.consoleRead(s.handleConsoleOverrides)))
+	s.handle("GET /ui/api/spend", "console", s.consoleOn(s.consoleRead(s.handleSpend)))
+	s.handle("GET /ui/api/upstreams", "console", s.consoleOn(s.consoleRead(s.handleUpstreams)))
 	s.handle("POST /ui/api/reset", "console", s.consoleOn(s.sameOrigin(s.handleConsoleReset)))
 	s.handle("POST /ui/api/simulate", "console", s.consoleOn(s.sameOrigin(s.handleSimulate)))
+	s.handle("POST /ui/api/session", "console", s.consoleOn(s.sameOrigin(s.handleSessionStart)))
+	s.handle("DELETE /ui/api/session", "console", s.consoleOn(s.sameOrigin(s.handleSessionEnd)))
 }
 
-// consoleOn answers 404 while a reload has turned the console off.
+// consoleOn answers as consoleDisabled while a reload has turned the
+// console off.
 func (s *Server) consoleOn(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if consoleOf(s.cfg.Load()) == nil {
-			writeError(w, http.StatusNotFound, "the console is disabled: set console: {enabled: true}")
+			s.consoleDisabled(w, r)
 			return
 		}
 		w.Header().Set("Cache-Control", "no-store")
@@ -84,14 +91,50 @@ func (s *Server) consoleOn(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// observeDenied counts a sampled denial towards the top limited
-// identities. An API key shows as its configured name, or its hash.
-func (s *Server) observeDenied(t *target, d sluice.Decision) {
-	id := t.identity
-	if name := keyNameOf(s.cfg.Load(), id); name != "" {
-		id = overrides.KeyNamePrefix + name
+// consoleDisabledHelp says how to turn the console on.
+const consoleDisabledHelp = "the console is disabled: set console: {enabled: true} in the config file and restart sluice serve " +
+	"(a reload does not start it); see docs/API.md, \"The operator's console: /ui\""
+
+// consoleDisabledPage is what a browser gets at /ui when the console is
+// off: no script, no style, nothing from the config.
+const consoleDisabledPage = `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>sluice console: disabled</title></head>
+<body>
+<h1>The sluice console is disabled</h1>
+<p>Turn it on in the config file of <code>sluice serve</code>, then restart it (a reload does not start the console):</p>
+<pre>console:
+  enabled: true</pre>
+<p>Its settings, and what it shows, are in <code>docs/API.md</code> of sluice's source and release archives,
+section &ldquo;The operator's console: /ui&rdquo;.</p>
+</body></html>
+`
+
+// consoleDisabled answers 404 at /ui when the console is off, saying how
+// to turn it on: a short page to a browser (Accept: text/html), the JSON
+// error to anything else.
+func (s *Server) consoleDisabled(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Cache-Control", "no-store")
+	if !strings.Contains(r.Header.Get("Accept"), "text/html") {
+		writeError(w, http.StatusNotFound, consoleDisabledHelp)
+		return
 	}
-	s.top.Observe(id, t.policy.Name, time.Now().Add(d.RetryAfter).UnixMilli())
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusNotFound)
+	_, _ = io.WriteString(w, consoleDisabledPage)
+}
+
+// shownIdentity is how the top list shows a denied identity: an API key
+// as its configured name, or its hash. Top calls it at each flush, off
+// the decision path.
+func (s *Server) shownIdentity(id string) string {
+	if name := keyNameOf(s.cfg.Load(), id); name != "" {
+		return overrides.KeyNamePrefix + name
+	}
+	return id
 }
 
 // decisionTotals reads sluice_decisions_total by policy and tier.
@@ -127,6 +170,7 @@ func (s *Server) decisionTotals() map[console.SeriesKey]console.Totals {
 			out[k] = t
 		}
 	}
+	s.gwCounts.addTo(out)
 	return out
 }
 
@@ -177,7 +221,9 @@ func (s *Server) handleTop(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "the store cannot be read now")
 		return
 	}
-	writeAny(w, map[string]any{"top": top, "shared": s.top.Sink().Shared()})
+	// exact and sample say how far the counts are exact: a hit marked
+	// sampled was denied more than exact times in a second somewhere.
+	writeAny(w, map[string]any{"top": top, "shared": s.top.Sink().Shared(), "exact": s.top.Exact(), "sample": s.top.Sample()})
 }
 
 type policyJSON struct {
@@ -235,7 +281,7 @@ func (s *Server) handleOverview(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	out["policies"], out["tiers"], out["keys"], out["store"] = ps, ts, ks, store
-	out["admin"], out["admin_enabled"] = s.isAdmin(r), s.adminEnabled()
+	out["admin"], out["admin_enabled"] = s.consoleAdmin(r), s.adminEnabled()
 	out["overrides_shared"], out["algorithms"] = s.ovr.Shared(), algos
 	if gw := cfg.File.Gateway; gw != nil {
 		out["gateway"] = gatewaySummary(cfg)
@@ -271,7 +317,13 @@ func gatewaySummary(cfg *config.Config) any {
 	}
 	ks := []key{}
 	for _, k := range gw.Keys {
-		ks = append(ks, key{k.Name, k.Tier})
+		// As the top list and the look-up name it: a key without a name
+		// by its client id (never its hash).
+		name := k.Name
+		if name == "" {
+			name = gateway.ClientPrefix + k.Client
+		}
+		ks = append(ks, key{name, k.Tier})
 	}
 	// pool: the console's upstreams view (console_upstreams.go) applies.
 	return map[string]any{"tiers": ts, "models": gw.Models, "keys": ks, "default_max_tokens": gw.DefaultMaxTokens, "pool": len(gw.Upstreams) > 0}
@@ -298,7 +350,7 @@ func consoleIdentity(cfg *config.Config, id string) (identity string, key *confi
 }
 
 func (s *Server) handleConsoleReset(w http.ResponseWriter, r *http.Request) {
-	by, ok := s.authorizeAdmin(w, r, "reset")
+	by, ok := s.authorizeConsole(w, r, "reset")
 	if !ok {
 		return
 	}

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/fakeopenai"
 	"github.com/sluice-io/sluice/internal/redistest"
 )
 
@@ -38,8 +40,9 @@ func chromiumPath() (string, error) {
 }
 
 // browser starts a headless Chromium with the flags this sandbox needs: no
-// background networking (the network is closed), a fresh profile.
-func browser(t *testing.T) context.Context {
+// background networking (the network is closed), a fresh profile; extra
+// adds flags of a test's own.
+func browser(t *testing.T, extra ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	path, err := chromiumPath()
 	if err != nil {
@@ -59,6 +62,7 @@ func browser(t *testing.T) context.Context {
 		chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(1280, 900),
 	}
+	opts = append(opts, extra...)
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelB := chromedp.NewContext(actx)
 	t.Cleanup(func() { cancelB(); cancelA() })
@@ -82,18 +86,25 @@ func artifactsDir(t *testing.T) string {
 	return dir
 }
 
-// TestConsoleBrowser: two replicas on one Redis, traffic on the first.
-// In Chromium, the console of the first shows its chart moving and the
-// limited identity in the fleet's top list; an override set through the
-// page (with the admin token) changes the next decision on the second
-// replica within 1 s.
+// TestConsoleBrowser: two replicas on one Redis, traffic on the first,
+// which runs the AI gateway too. In Chromium, the console of the first
+// shows its chart moving and the limited identity in the fleet's top
+// list; an override set through the page (with the admin token) changes
+// the next decision on the second replica within 1 s. The gateway's 429s
+// show as serve's do: its key by name in the top list with the exact
+// count and the limit, its tier's chart with every request and denial,
+// and a look-up of its key with the tier's limits (and no override form:
+// overrides do not apply to the gateway). At 1280 and 390 px nothing
+// reaches past the right edge and no button is narrower than its label.
 func TestConsoleBrowser(t *testing.T) {
 	ctx := browser(t)
 	shots := artifactsDir(t)
 	srv := redistest.NewStandalone(t)
-	cfg := redisConfig(srv.URL(), "fail_open") + "console: {enabled: true, sample_interval: 250ms, top_sample: 1}\n"
+	up := fakeopenai.New(t, fakeopenai.Options{})
+	cfg := redisConfig(srv.URL(), "fail_open") + "console: {enabled: true, sample_interval: 250ms, top_sample: 1}\n" + limitedGateway(up.URL())
 	stored := &auditTimes{at: make(chan time.Time, 4)}
-	a, b := startService(t, svcOptions{redis: true, config: cfg, log: stored}), startService(t, svcOptions{redis: true, config: cfg})
+	a, gw := gatewayServiceWith(t, svcOptions{redis: true, config: cfg, log: stored})
+	b := startService(t, svcOptions{redis: true, config: cfg})
 	user := "user:" + redistest.Prefix(t)
 	check := fmt.Sprintf(`{"policy":"b","key":%q}`, user)
 
@@ -146,7 +157,19 @@ func TestConsoleBrowser(t *testing.T) {
 		return v.Value
 	}
 	chartSel := `figure[data-series="b/-"] polyline.d`
-	run("load /ui and see the chart", 15*time.Second,
+	// The data takes an admin session: sign in on the page, then forget
+	// the token (sessionStorage) and reload: the charts load with the
+	// session's cookie alone, which the page's scripts cannot read.
+	run("sign in", 15*time.Second,
+		chromedp.Navigate(a.url+"/ui/"),
+		chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		chromedp.WaitReady(chromedp.CSS("body.admin")),
+	)
+	if js := evalIn[string](ctx, t, `sessionStorage.clear(), document.cookie`); strings.Contains(js, sessionCookie) {
+		t.Fatalf("the page's scripts read the session cookie: %q", js)
+	}
+	run("load /ui with the session alone and see the chart", 15*time.Second,
 		chromedp.Navigate(a.url+"/ui/"),
 		chromedp.WaitVisible(chromedp.CSS(chartSel)),
 	)
@@ -220,9 +243,48 @@ func TestConsoleBrowser(t *testing.T) {
 	t.Logf("the override set in the page: stored %s after the click, applied on the other replica by a check sent %s after it was stored",
 		storedAt.Sub(clicked), max(0, got.at.Sub(storedAt)))
 	run("screenshot", 10*time.Second, shot("3-override.png"))
-	// The page at a phone's width.
-	run("phone", 10*time.Second, chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile), chromedp.Reload(),
-		chromedp.WaitVisible(chromedp.CSS("#top")), shot("4-phone.png"))
+
+	// Gateway traffic: carol's tier allows 2 requests a minute; 7 of
+	// them make 5 of its 429s. Her key shows by name, with the exact
+	// count and the limit that denied her.
+	var codes []int
+	for range 7 {
+		codes = append(codes, gatewayChat(t, gw, carolKey))
+	}
+	if fmt.Sprint(codes) != "[200 200 429 429 429 429 429]" {
+		t.Fatalf("gateway answers %v", codes)
+	}
+	carol := `#top tbody tr[data-identity="gw_key:carol"][data-policy="gateway:rpm"]`
+	run("the gateway's 429s in the top list", 15*time.Second, poll(fmt.Sprintf(
+		`(() => { const tr = document.querySelector(%q); return !!tr && tr.cells[2].textContent === "5"; })()`, carol)))
+	run("the gateway's chart", 15*time.Second, poll(
+		`(() => { const f = document.querySelector('figure[data-series="gateway:requests/small"]'); return !!f && f.dataset.decisions === "7" && f.dataset.denials === "5"; })()`),
+		shot("5-gateway.png"))
+	run("look up the gateway key from the top list", 10*time.Second,
+		poll(fmt.Sprintf(`(() => { const tr = document.querySelector(%q); if (!tr) return false; tr.cells[0].click(); return true; })()`, carol)),
+		poll(`(() => { const tr = document.querySelector('#peek tbody tr[data-policy="gateway:rpm"]'); return !!tr && tr.cells[2].textContent === "0" && tr.cells[3].textContent === "limited"; })()`))
+	if got := evalIn[bool](ctx, t, `document.querySelector("#override-form").offsetParent === null && document.querySelector("#reset").offsetParent === null`); !got {
+		t.Error("the override form and the reset show for a gateway key")
+	}
+	if text := evalIn[string](ctx, t, `document.body.innerText`); strings.Contains(text, carolKey) || strings.Contains(text, sluice.HashKey(carolKey)[:16]) {
+		t.Fatal("the page shows carol's key or its hash")
+	}
+	for _, w := range []struct {
+		width, height int64
+		opts          []chromedp.EmulateViewportOption
+	}{{1280, 900, nil}, {390, 844, []chromedp.EmulateViewportOption{chromedp.EmulateMobile}}} {
+		name := fmt.Sprintf("%d px", w.width)
+		run(name, 10*time.Second, chromedp.EmulateViewport(w.width, w.height, w.opts...), chromedp.Reload(),
+			poll(fmt.Sprintf(`!!document.querySelector(%q)`, carol)),
+			poll(`!!document.querySelector('figure[data-series="gateway:requests/small"]')`),
+			shot(fmt.Sprintf("6-%dpx.png", w.width)))
+		if got := evalIn[[]string](ctx, t, overflowing); len(got) > 0 {
+			t.Errorf("at %s, overflowing or wrapped: %q", name, got)
+		}
+		if got := evalIn[[]string](ctx, t, narrowButtons); len(got) > 0 {
+			t.Errorf("at %s, buttons narrower than their label: %q", name, got)
+		}
+	}
 }
 
 // checkRate sends a /v1/check and returns the rate of its answer; it is

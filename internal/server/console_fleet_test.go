@@ -37,7 +37,7 @@ func fleetSum(t *testing.T, s *svc, rng string) (d, x float64) {
 // replicas' checks, and their denials.
 func TestConsoleFleetCharts(t *testing.T) {
 	srv := redistest.NewStandalone(t)
-	cfg := redisConfig(srv.URL(), "fail_open") + "console: {enabled: true, sample_interval: 100ms, top_sample: 1}\n"
+	cfg := redisConfig(srv.URL(), "fail_open") + "console: {enabled: true, sample_interval: 100ms, top_sample: 1, public_read: true}\n"
 	a, b := startService(t, svcOptions{redis: true, config: cfg}), startService(t, svcOptions{redis: true, config: cfg})
 	id := redistest.Prefix(t)
 	for i := range 5 {
@@ -67,7 +67,7 @@ func TestConsoleFleetCharts(t *testing.T) {
 // flush's HINCRBY as the console starts.
 func TestConsoleFleetNoRedisCallPerRequest(t *testing.T) {
 	srv := redistest.NewStandalone(t)
-	cfg := redisConfig(srv.URL(), "fail_open") + "console: {enabled: true, sample_interval: 1m, top_sample: 1}\n"
+	cfg := redisConfig(srv.URL(), "fail_open") + "console: {enabled: true, sample_interval: 1m, top_sample: 1, public_read: true}\n"
 	s := startService(t, svcOptions{redis: true, config: cfg})
 	start := time.Now()
 	for i := range 300 {

@@ -70,7 +70,7 @@ func humanOverride(cfg *config.Config, o *overrides.Override) string {
 }
 
 func (s *Server) handleConsoleOverrides(w http.ResponseWriter, r *http.Request) {
-	if _, ok := s.authorizeAdmin(w, r, "overrides"); !ok {
+	if _, ok := s.authorizeConsole(w, r, "overrides"); !ok {
 		return
 	}
 	cfg := s.cfg.Load()

@@ -70,7 +70,7 @@ func (g *gatewaySource) serve(s *Server, w http.ResponseWriter, r *http.Request,
 func (s *Server) SetGatewaySpend(f SpendFunc) { s.spend.set(f, spendReuse) }
 
 func (s *Server) handleSpend(w http.ResponseWriter, r *http.Request) {
-	if _, ok := s.authorizeAdmin(w, r, "spend"); !ok {
+	if _, ok := s.authorizeConsole(w, r, "spend"); !ok {
 		return
 	}
 	s.spend.serve(s, w, r, "spend")

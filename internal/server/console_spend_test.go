@@ -27,7 +27,7 @@ const (
 func gatewayService(t *testing.T) (*svc, string) {
 	t.Helper()
 	up := fakeopenai.New(t, fakeopenai.Options{})
-	cfg := consoleConfig + fmt.Sprintf(`gateway:
+	return gatewayServiceWith(t, svcOptions{config: consoleConfig + fmt.Sprintf(`gateway:
   listen: 127.0.0.1:0
   upstream: {base_url: %s/v1, allow_no_key: true}
   prices: {gpt-test: {input: 1000, output: 1000}}
@@ -37,16 +37,25 @@ func gatewayService(t *testing.T) (*svc, string) {
   keys:
     - {name: alice, hash: %s, tier: t, team: research}
     - {name: bob, hash: %s, tier: t}
-`, up.URL(), sluice.HashKey(aliceKey), sluice.HashKey(bobKey))
+`, up.URL(), sluice.HashKey(aliceKey), sluice.HashKey(bobKey))})
+}
+
+// gatewayServiceWith runs o's service and the gateway of its config,
+// wired to the console as cmd/sluice's gatewayComponent wires it (spend,
+// outcomes, look-up), and returns the service and the gateway's URL.
+func gatewayServiceWith(t *testing.T, o svcOptions) (*svc, string) {
+	t.Helper()
 	addr := make(chan net.Addr, 1)
-	s := startService(t, svcOptions{config: cfg, components: []ComponentFunc{func(d Deps) (Component, error) {
-		gw, err := gateway.New(gateway.Options{Config: d.Config().File.Gateway, Store: d.Store, Logger: d.Logger})
+	o.components = append(o.components, func(d Deps) (Component, error) {
+		gw, err := gateway.New(gateway.Options{Config: d.Config().File.Gateway, Store: d.Store, Logger: d.Logger, OnOutcome: d.GatewayOutcome, OnSettled: d.GatewaySettled})
 		if err != nil {
 			return nil, err
 		}
 		d.SetGatewaySpend(func(ctx context.Context) (any, error) { return gw.Spend(ctx, 100) })
+		d.SetGatewayLookup(gw.LookUp)
 		return &gateway.Server{Gateway: gw, Addr: "127.0.0.1:0", OnListen: func(a net.Addr) { addr <- a }}, nil
-	}}})
+	})
+	s := startService(t, o)
 	select {
 	case a := <-addr:
 		return s, "http://" + a.String()

@@ -19,7 +19,7 @@ import (
 	"github.com/sluice-io/sluice/memstore"
 )
 
-const consoleConfig = testConfig + "console: {enabled: true, sample_interval: 100ms, top_sample: 1}\n"
+const consoleConfig = testConfig + "console: {enabled: true, sample_interval: 100ms, top_sample: 1, public_read: true}\n"
 
 // TestConsoleAPI: the console's JSON API on the memory store: config
 // without secrets, the top list from denials (key names, never keys),
@@ -116,14 +116,26 @@ func TestConsoleAPI(t *testing.T) {
 	}
 }
 
-// TestConsoleOff: without console.enabled, /ui is not served.
+// TestConsoleOff: without console.enabled, /ui serves no console, and
+// says how to enable it rather than a bare 404: a browser (which sends
+// Accept: text/html on a navigation) gets a short page with the setting
+// and where to read more, under a CSP that runs nothing; an API client
+// gets the JSON error with the same.
 func TestConsoleOff(t *testing.T) {
 	s := startService(t, svcOptions{})
-	if a := s.do(t, "GET", "/ui/", ""); a.status != 404 {
-		t.Fatalf("/ui/: %d", a.status)
+	for _, path := range []string{"/ui", "/ui/", "/ui/index.html"} {
+		a := s.do(t, "GET", path, "", "Accept", "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8")
+		if a.status != 404 || a.header.Get("Content-Type") != "text/html; charset=utf-8" ||
+			!strings.Contains(a.raw, "console:\n  enabled: true") || !strings.Contains(a.raw, "docs/API.md") ||
+			!strings.HasPrefix(a.header.Get("Content-Security-Policy"), "default-src 'none'") {
+			t.Fatalf("%s in a browser: %d %v %s", path, a.status, a.header, a.raw)
+		}
 	}
-	if a := s.do(t, "GET", "/ui/api/overview", ""); a.status != 404 {
-		t.Fatalf("/ui/api/overview: %d", a.status)
+	for _, path := range []string{"/ui/", "/ui/api/overview"} {
+		a := s.do(t, "GET", path, "")
+		if a.status != 404 || !strings.Contains(a.raw, "console: {enabled: true}") || !strings.Contains(a.raw, "docs/API.md") {
+			t.Fatalf("%s: %d %s", path, a.status, a.raw)
+		}
 	}
 }
 
@@ -147,7 +159,9 @@ func TestConsoleSimulateOneAtATime(t *testing.T) {
 	const body = `{"limit":"10/s","pattern":"steady","rps":20,"duration":"10s","algorithms":["gcra"]}`
 	simulate := func() *httptest.ResponseRecorder {
 		w := httptest.NewRecorder()
-		srv.Handler().ServeHTTP(w, httptest.NewRequest("POST", "/ui/api/simulate", strings.NewReader(body)))
+		r := httptest.NewRequest("POST", "/ui/api/simulate", strings.NewReader(body))
+		r.Host = "127.0.0.1:8080" // httptest's example.com is no name sluice is known by
+		srv.Handler().ServeHTTP(w, r)
 		return w
 	}
 	srv.simulating <- struct{}{} // a simulation is running
@@ -169,7 +183,7 @@ func TestConsoleSimulateOneAtATime(t *testing.T) {
 // and 0.4 s when callers had filled the list) every caller could repeat.
 func TestConsoleTopReadsShared(t *testing.T) {
 	srv := redistest.NewStandalone(t)
-	cfg := redisConfig(srv.URL(), "local") + "console: {enabled: true, sample_interval: 1s, top_sample: 1}\n"
+	cfg := redisConfig(srv.URL(), "local") + "console: {enabled: true, sample_interval: 1s, top_sample: 1, public_read: true}\n"
 	s := startService(t, svcOptions{redis: true, config: cfg})
 	ctx := context.Background()
 	reads := func() int64 {

@@ -23,7 +23,7 @@ const upstreamsReuse = time.Second
 func (s *Server) SetGatewayUpstreams(f SpendFunc) { s.upstreams.set(f, upstreamsReuse) }
 
 func (s *Server) handleUpstreams(w http.ResponseWriter, r *http.Request) {
-	if _, ok := s.authorizeAdmin(w, r, "upstreams"); !ok {
+	if _, ok := s.authorizeConsole(w, r, "upstreams"); !ok {
 		return
 	}
 	s.upstreams.serve(s, w, r, "upstreams")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -47,7 +48,8 @@ func poolService(t *testing.T) *svc {
 	keys := map[string]string{"SLUICE_TEST_EAST_KEY": eastUpstreamKey, "SLUICE_TEST_WEST_KEY": westUpstreamKey}
 	addr := make(chan net.Addr, 1)
 	s := startService(t, svcOptions{config: cfg, components: []ComponentFunc{func(d Deps) (Component, error) {
-		gw, err := gateway.New(gateway.Options{Config: d.Config().File.Gateway, Store: d.Store, Logger: d.Logger, Getenv: func(k string) string { return keys[k] }})
+		gw, err := gateway.New(gateway.Options{Config: d.Config().File.Gateway, Store: d.Store, Logger: d.Logger, Getenv: func(k string) string { return keys[k] },
+			Admin: d.IsAdmin})
 		if err != nil {
 			return nil, err
 		}
@@ -78,6 +80,7 @@ func poolService(t *testing.T) *svc {
 	if west.Count() != 1 || len(east.Accepted()) != 2 {
 		t.Fatalf("west got %d requests, east accepted %d; want 1 and 2", west.Count(), len(east.Accepted()))
 	}
+	s.gw = gw
 	return s
 }
 
@@ -133,6 +136,52 @@ func TestConsoleGatewayUpstreams(t *testing.T) {
 	}
 	if w.Remaining["rpm"] != 0 {
 		t.Errorf("west's store remaining %v, want rpm 0 while cooling", w.Remaining)
+	}
+}
+
+// TestGatewayStatusTopologyAdminOnly: the gateway's GET /v1/status shows
+// the pool's upstreams (names, limits, what is left) to the service's
+// admin token (Deps.IsAdmin, as `sluice serve` wires it), and never to a
+// client key, which sees its own limits only; a wrong token is 401.
+func TestGatewayStatusTopologyAdminOnly(t *testing.T) {
+	s := poolService(t)
+	get := func(token string) (int, string) {
+		req, _ := http.NewRequest("GET", s.gw+"/v1/status", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var b strings.Builder
+		_, _ = io.Copy(&b, res.Body)
+		return res.StatusCode, b.String()
+	}
+	status, body := get(aliceKey)
+	if status != 200 || !strings.Contains(body, `"tier":"t"`) {
+		t.Fatalf("alice's status: %d %s", status, body)
+	}
+	for _, topology := range []string{"upstreams", "east", "west", "gpt-test-e", "us-east"} {
+		if strings.Contains(body, topology) {
+			t.Fatalf("a client key's status shows %q: %s", topology, body)
+		}
+	}
+	status, body = get(adminToken)
+	var rep struct {
+		Upstreams []struct{ Upstream, Model string }
+	}
+	if err := json.Unmarshal([]byte(body), &rep); status != 200 || err != nil || len(rep.Upstreams) != 2 || rep.Upstreams[0].Upstream != "east" {
+		t.Fatalf("the admin's status: %d %v %s", status, err, body)
+	}
+	for _, secret := range []string{eastUpstreamKey, westUpstreamKey, "SLUICE_TEST_EAST_KEY"} {
+		if strings.Contains(body, secret) {
+			t.Fatalf("the admin's status shows %q", secret)
+		}
+	}
+	// Last: a wrong token also starts its client's backoff, in which
+	// even the right one is refused for a while.
+	if status, body := get("not-" + adminToken); status != 401 || strings.Contains(body, "east") {
+		t.Fatalf("a wrong token: %d %s", status, body)
 	}
 }
 

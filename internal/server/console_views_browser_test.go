@@ -171,7 +171,7 @@ func TestConsoleBrowserOverridesList(t *testing.T) {
 func TestConsoleBrowserFleetCharts(t *testing.T) {
 	ctx := browser(t)
 	srv := redistest.NewStandalone(t)
-	cfg := redisConfig(srv.URL(), "fail_open") + "console: {enabled: true, sample_interval: 250ms, top_sample: 1}\n"
+	cfg := redisConfig(srv.URL(), "fail_open") + "console: {enabled: true, sample_interval: 250ms, top_sample: 1, public_read: true}\n"
 	a, b := startService(t, svcOptions{redis: true, config: cfg}), startService(t, svcOptions{redis: true, config: cfg})
 	check := fmt.Sprintf(`{"policy":"b","key":%q}`, "user:"+redistest.Prefix(t))
 	tctx, stop := context.WithCancel(context.Background())
@@ -267,15 +267,18 @@ func TestConsoleBrowserPhone(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`#sim-form button[type="submit"]`)),
 		poll(`!!document.querySelector("#sim-chart svg")`))
 	run("the chart", poll(`!!document.querySelector('figure[data-series="b/-"]')`))
-	if dir := os.Getenv("SLUICE_UI_ARTIFACTS"); dir != "" {
-		run("screenshot", chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
-			buf, err := chromedp.FullScreenshot(100)(ctx, tg)
-			if err != nil {
-				return err
-			}
-			return os.WriteFile(filepath.Join(dir, "phone.png"), buf, 0o644)
-		}))
+	shot := func(name string) {
+		if dir := os.Getenv("SLUICE_UI_ARTIFACTS"); dir != "" {
+			run("screenshot", chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+				buf, err := chromedp.FullScreenshot(100)(ctx, tg)
+				if err != nil {
+					return err
+				}
+				return os.WriteFile(filepath.Join(dir, name), buf, 0o644)
+			}))
+		}
 	}
+	shot("phone.png")
 	if got := evalIn[float64](ctx, t, `document.documentElement.clientWidth`); got != 390 {
 		t.Fatalf("viewport %v px wide, want 390", got)
 	}
@@ -286,7 +289,39 @@ func TestConsoleBrowserPhone(t *testing.T) {
 	if got := evalIn[[]string](ctx, t, overflowing); len(got) > 0 {
 		t.Errorf("at 390 px, confirming, overflowing or wrapped: %q", got)
 	}
+	// The removal's confirmation opens inside the overrides list's card
+	// (a cell laid out as a row), and in the look-up's list of overrides:
+	// its buttons keep their labels whole ("re/m/ov/e" was the bug).
+	for _, where := range []string{"#overrides tbody tr[data-identity] button", "#lookup-overrides li button"} {
+		run("the removal's confirmation in "+where, chromedp.Click(chromedp.CSS(where)), chromedp.WaitVisible(chromedp.CSS(".confirm .confirm-yes")))
+		if got := evalIn[[]string](ctx, t, overflowing); len(got) > 0 {
+			t.Errorf("at 390 px, confirming a removal in %s, overflowing or wrapped: %q", where, got)
+		}
+		if got := evalIn[[]string](ctx, t, narrowButtons); len(got) > 0 {
+			t.Errorf("at 390 px, confirming a removal in %s, buttons narrower than their label: %q", where, got)
+		}
+		shot("phone-remove-" + strings.Fields(where)[0][1:] + ".png")
+		run("cancel", chromedp.Click(chromedp.CSS(".confirm .confirm-no")))
+	}
 }
+
+// narrowButtons lists the visible buttons whose box is narrower than
+// their label on one line (the label's scrollWidth, or the width of its
+// text measured with the button's font): a squeezed button wraps its
+// label, letter by letter at worst.
+const narrowButtons = `(() => {
+  const out = [], ctx = document.createElement("canvas").getContext("2d");
+  for (const b of document.querySelectorAll("button")) {
+    const r = b.getBoundingClientRect();
+    if (r.width === 0) continue;
+    const cs = getComputedStyle(b);
+    ctx.font = cs.font;
+    const pad = parseFloat(cs.paddingLeft) + parseFloat(cs.paddingRight) + parseFloat(cs.borderLeftWidth) + parseFloat(cs.borderRightWidth);
+    const need = ctx.measureText(b.textContent.trim()).width + pad;
+    if (r.width + 0.5 < need) out.push(JSON.stringify(b.textContent) + " " + Math.round(r.width) + "px < " + Math.round(need) + "px");
+  }
+  return out.slice(0, 20);
+})()`
 
 // TestConsoleBrowserSpend: in Chromium, with a gateway in the process and
 // the admin token, the page shows the gateway's spend per key, team and
@@ -313,6 +348,8 @@ func TestConsoleBrowserSpend(t *testing.T) {
 		// The settlement follows the answer: the page refreshes until the
 		// team's spend shows.
 		poll(`(() => { const tr = document.querySelector('#spend tbody tr[data-level="team"]'); return !!tr && tr.cells[3].textContent !== "$0.000000"; })()`))
+	// The spend is charted too, in dollars a minute.
+	run("the spend chart", poll(`(() => { const f = document.querySelector('figure[data-series="gateway:spend/t"]'); return !!f && Number(f.dataset.decisions) > 0 && f.querySelector(".current").textContent.startsWith("$"); })()`))
 	rows := evalIn[[]string](ctx, t, `[...document.querySelectorAll("#spend tbody tr")].map(tr => tr.dataset.level + " " + tr.dataset.name + "|" + tr.cells[2].textContent + "|" + (tr.cells[3].textContent !== "$0.000000") + "|" + !!tr.querySelector("meter"))`)
 	want := []string{ // the largest share of its budget first: one request's cost on each
 		"team research|$2.000000 per week|true|true",
@@ -384,5 +421,50 @@ func TestConsoleBrowserUpstreams(t *testing.T) {
 			}
 			return os.WriteFile(filepath.Join(dir, "upstreams-phone.png"), buf, 0o644)
 		}))
+	}
+}
+
+// TestConsoleBrowserDisabled: in Chromium, /ui of a service without the
+// console is a short page saying how to enable it, which fits at 1280 and
+// 390 px.
+func TestConsoleBrowserDisabled(t *testing.T) {
+	ctx := browser(t)
+	s := startService(t, svcOptions{})
+	run := browserRunner(ctx, t, 20*time.Second)
+	for _, w := range []struct {
+		width, height int64
+		opts          []chromedp.EmulateViewportOption
+	}{{1280, 900, nil}, {390, 844, []chromedp.EmulateViewportOption{chromedp.EmulateMobile}}} {
+		run(fmt.Sprintf("%d px", w.width), chromedp.EmulateViewport(w.width, w.height, w.opts...), chromedp.Navigate(s.url+"/ui"),
+			chromedp.WaitVisible(chromedp.CSS("pre")))
+		if text := evalIn[string](ctx, t, `document.body.innerText`); !strings.Contains(text, "console:\n  enabled: true") || !strings.Contains(text, "docs/API.md") {
+			t.Fatalf("at %d px the page reads %q", w.width, text)
+		}
+		if got := evalIn[[]string](ctx, t, overflowing); len(got) > 0 {
+			t.Errorf("at %d px, overflowing: %q", w.width, got)
+		}
+	}
+}
+
+// TestConsoleBrowserTopEstimated: in Chromium, a top-list count that was
+// sampled shows as an estimate ("≈N"), and the page says how it was
+// sampled; an exact one shows bare. With top_exact 1, an identity denied
+// many times within a second is past it (98 denials: however a flush
+// splits them, one side holds more than one), one denied once is not.
+func TestConsoleBrowserTopEstimated(t *testing.T) {
+	ctx := browser(t)
+	s := startService(t, svcOptions{config: testConfig + "console: {enabled: true, sample_interval: 100ms, top_exact: 1, top_sample: 16, public_read: true}\n"})
+	for range 100 {
+		s.check(t, `{"policy":"b","key":"tenant:flood"}`)
+	}
+	for range 3 {
+		s.check(t, `{"policy":"b","key":"tenant:once"}`)
+	}
+	run := browserRunner(ctx, t, 20*time.Second)
+	run("the estimate", chromedp.Navigate(s.url+"/ui/"),
+		poll(`(() => { const f = document.querySelector('#top tbody tr[data-identity="tenant:flood"] span.estimated'), o = document.querySelector('#top tbody tr[data-identity="tenant:once"] span.exact');
+		   return !!f && f.textContent.startsWith("≈") && !!o && o.textContent === "1"; })()`))
+	if note := evalIn[string](ctx, t, `document.querySelector("#top-note").textContent`); !strings.Contains(note, "past 1 denial of an identity") || !strings.Contains(note, "one in 16") {
+		t.Errorf("the note on estimates reads %q", note)
 	}
 }

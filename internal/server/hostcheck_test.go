@@ -14,13 +14,15 @@ import (
 // check (its Origin is its Host); it must not read the console's API or
 // /metrics, peek or spend anyone's limit. Every Host below is sent with
 // every set of a browser's marks to every endpoint, through the real
-// listener: a browser's request is refused (403, naming allowed_hosts)
-// exactly when its Host is not allowed; requests without a browser's marks
-// (curl, SDKs, proxies with a Host of their own) and forward-auth pass.
+// listener: a request is refused (403, naming allowed_hosts) exactly when
+// its Host is not allowed and it carries a browser's marks or it reads
+// state (every endpoint but POST /v1/check, which SDKs send with Hosts of
+// their own and a browser always marks with Origin, and forward-auth,
+// which decides itself): a rebound page's GET may carry no mark at all.
 func TestHostCheck(t *testing.T) {
 	s := "_host"
 	cfg := strings.NewReplacer("{S}", s, "{FREE}", sluice.HashKey(bypassFree), "{ENT}", sluice.HashKey(bypassEnt)).Replace(bypassConfig) +
-		"console: {enabled: true}\nallowed_hosts: [sluice.internal.example, \"*.corp.example\"]\n"
+		"console: {enabled: true, public_read: true}\nallowed_hosts: [sluice.internal.example, \"*.corp.example\"]\n"
 	svc := startService(t, svcOptions{config: cfg})
 	u, _ := url.Parse(svc.url)
 	port := u.Port()
@@ -84,7 +86,8 @@ func TestHostCheck(t *testing.T) {
 				hdr := append([]string{"Host", h.host, "X-API-Key", bypassEnt}, m.hdr(h.host)...)
 				a := svc.do(t, e.method, e.path, e.body, hdr...)
 				refused := a.status == 403 && strings.Contains(a.raw, "allowed_hosts")
-				want := m.browser && !h.allowed && !strings.HasPrefix(e.path, "/v1/authz")
+				always := e.path != "/v1/check" && !strings.HasPrefix(e.path, "/v1/authz")
+				want := !h.allowed && !strings.HasPrefix(e.path, "/v1/authz") && (m.browser || always)
 				if refused != want {
 					t.Errorf("%s %s, Host %q, %s: %d %s; refused %v, want %v", e.method, e.path, h.host, m.name, a.status, strings.TrimSpace(a.raw), refused, want)
 				}
@@ -129,5 +132,83 @@ func TestHostCheck(t *testing.T) {
 	}
 	if a := svc.do(t, "GET", "/metrics", "", "Host", fmt.Sprintf("other.example:%s", port), "Origin", "http://other.example"); a.status != 200 {
 		t.Fatalf("with allowed_hosts *: %d %s", a.status, a.raw)
+	}
+}
+
+// TestAuthzBrowserUserHeader: 127.0.0.1 is a trusted proxy (as in
+// examples/sluice.yaml), and a browser runs on the same machine. A page
+// whose name is rebound to 127.0.0.1 sends X-User-ID itself: its request
+// carries a Host sluice is not known by, or a browser's marks (Origin,
+// Referer, Sec-Fetch-*; a same-origin no-referrer GET over http carries
+// none, so the Host decides). Such a request is charged as its peer, not
+// as the user it names; a proxy's request (its own Host, no browser
+// header: NGINX's proxy_pass with proxy_pass_request_headers off,
+// Traefik's authRequestHeaders) is charged as the user.
+func TestAuthzBrowserUserHeader(t *testing.T) {
+	s := startService(t, svcOptions{})
+	u, _ := url.Parse(s.url)
+	port := u.Port()
+	for _, c := range []struct {
+		name string
+		hdr  []string
+		want string
+	}{
+		{"proxy", []string{"Host", "127.0.0.1:" + port}, "user:alice"},
+		{"proxy by localhost", []string{"Host", "localhost:" + port}, "user:alice"},
+		{"rebound page, no mark", []string{"Host", "evil.test:" + port}, "ip:127.0.0.1"},
+		{"rebound page, Origin", []string{"Host", "evil.test:" + port, "Origin", "http://evil.test:" + port}, "ip:127.0.0.1"},
+		{"page at 127.0.0.1, Sec-Fetch-Site", []string{"Host", "127.0.0.1:" + port, "Sec-Fetch-Site", "same-origin"}, "ip:127.0.0.1"},
+		{"page at 127.0.0.1, Referer", []string{"Host", "127.0.0.1:" + port, "Referer", "http://127.0.0.1:" + port + "/"}, "ip:127.0.0.1"},
+		{"page at 127.0.0.1, Origin", []string{"Host", "127.0.0.1:" + port, "Origin", "http://127.0.0.1:" + port}, "ip:127.0.0.1"},
+	} {
+		a := s.do(t, "GET", "/v1/authz", "", append([]string{"X-User-ID", "alice"}, c.hdr...)...)
+		// anon allows 2/min: the later ones answer 429, charged all the same.
+		if got := a.header.Get("X-Sluice-Identity"); (a.status != 200 && a.status != 429) || got != c.want {
+			t.Errorf("%s: %d, charged %q, want %q", c.name, a.status, got, c.want)
+		}
+	}
+	// The documented proxies still key their clients by address, whatever
+	// Host they send: Traefik's is its address's ("sluice:8080", a Compose
+	// service name), Caddy's and Envoy's the site's, with a browser's
+	// headers passed on; X-Forwarded-For from a trusted peer is believed.
+	for _, hdr := range [][]string{
+		{"Host", "sluice:" + port},
+		{"Host", "api.example.com", "Referer", "https://api.example.com/app", "Sec-Fetch-Site", "same-origin"},
+	} {
+		a := s.do(t, "GET", "/v1/authz", "", append([]string{"X-Forwarded-For", "203.0.113.7"}, hdr...)...)
+		if got := a.header.Get("X-Sluice-Identity"); got != "ip:203.0.113.7" {
+			t.Errorf("a proxy's request %v: %d, charged %q, want ip:203.0.113.7", hdr, a.status, got)
+		}
+	}
+}
+
+// TestHostCheckKubernetes: with the chart's environment, what Kubernetes
+// sends passes with no browser header: Prometheus's pod targets and the
+// kubelet's probes (Host: the pod's IP and port), clients by the
+// Service's names (short, namespaced, .svc, the cluster domain's), the
+// pod's own name; a name that only ends like one of them does not.
+func TestHostCheckKubernetes(t *testing.T) {
+	t.Setenv("SLUICE_K8S_SERVICE", "rl-sluice")
+	t.Setenv("SLUICE_K8S_NAMESPACE", "prod")
+	s := startService(t, svcOptions{config: testConfig + "console: {enabled: true, public_read: true}\n"})
+	for _, c := range []struct {
+		path, host string
+		want       int
+	}{
+		{"/metrics", "10.244.1.7:8080", 200},
+		{"/metrics", "[fd00:10:244::7]:8080", 200},
+		{"/readyz", "10.244.1.7:8080", 200},
+		{"/healthz", "10.244.1.7:8080", 200},
+		{"/v1/status?policy=a&key=k", "rl-sluice:8080", 200},
+		{"/v1/status?policy=a&key=k", "rl-sluice.prod:8080", 200},
+		{"/v1/status?policy=a&key=k", "rl-sluice.prod.svc:8080", 200},
+		{"/ui/api/top", "rl-sluice.prod.svc.cluster.local:8080", 200},
+		{"/ui/api/top", "rl-sluice.prod.svc.cluster.local.evil.test:8080", 403},
+		{"/ui/api/top", "rl-sluice.other:8080", 403},
+		{"/metrics", "sluice.evil.test", 403},
+	} {
+		if a := s.do(t, "GET", c.path, "", "Host", c.host); a.status != c.want {
+			t.Errorf("GET %s Host %s: %d %s, want %d", c.path, c.host, a.status, a.raw, c.want)
+		}
 	}
 }

@@ -1,32 +1,18 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
-
 	"github.com/sluice-io/sluice/internal/config"
-)
-
-// Reload timing. A file event starts a quiet period of reloadDebounce,
-// restarted by each further event, which coalesces the several events of
-// one save. Then the file is read until two reads reloadSettle apart agree,
-// so that a file still being written (in place, by a slow writer) is never
-// loaded half-written. A signal reads at once, then waits for agreement
-// the same way.
-const (
-	reloadDebounce = 100 * time.Millisecond
-	reloadSettle   = 100 * time.Millisecond
+	"github.com/sluice-io/sluice/internal/filewatch"
 )
 
 // ErrRestartRequired means a new configuration changes a setting that only
@@ -58,110 +44,39 @@ type Reloader struct {
 	// configuration or the error that rejected it.
 	OnReload func(*config.Config, error)
 
-	watcher *fsnotify.Watcher
-	abs     string
-	// last is the content last loaded or rejected; a file event that
-	// leaves the content as it was reloads nothing. Run (the service) sets
-	// it to the content it started with.
+	fw *filewatch.Watcher
+	// last is the content the service started with; a file event that
+	// leaves the content as it was reloads nothing.
 	last []byte
 	// afterRead, if set, is called after each read of the file (tests).
 	afterRead func(n int)
+	// still, if not zero, replaces filewatch.DefaultStill (tests).
+	still time.Duration
 }
 
 // Watch starts watching the file's directory; Run calls it if it has not
 // been called. Calling it before Run makes sure that no change made after
-// it returns is missed. It watches the directory rather than the file,
-// because editors and Kubernetes replace files rather than write them in
-// place.
+// it returns is missed. When a change is read is package filewatch's
+// matter: a file renamed into place at once, one written in place once it
+// has been still for 2 s, and either only when two reads agree, so that a
+// half-written file is never loaded.
 func (rl *Reloader) Watch() error {
-	if rl.watcher != nil {
-		return nil
+	if rl.fw == nil {
+		rl.fw = &filewatch.Watcher{Path: rl.Path, MaxBytes: config.MaxFileBytes, Signals: rl.Signals, Still: rl.still,
+			Read: rl.read, Last: rl.last, Apply: rl.apply, Reject: rl.reject, Logger: rl.Logger}
 	}
-	abs, err := filepath.Abs(rl.Path)
-	if err != nil {
+	if err := rl.fw.Watch(); err != nil {
 		return fmt.Errorf("server: reload: %w", err)
 	}
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		return fmt.Errorf("server: reload: %w", err)
-	}
-	if err := w.Add(filepath.Dir(abs)); err != nil {
-		w.Close()
-		return fmt.Errorf("server: reload: watch %s: %w", filepath.Dir(abs), err)
-	}
-	rl.watcher, rl.abs = w, abs
 	return nil
 }
 
 // Run reloads on changes and signals until ctx is done.
 func (rl *Reloader) Run(ctx context.Context) error {
-	if rl.Logger == nil {
-		rl.Logger = slog.Default()
-	}
 	if err := rl.Watch(); err != nil {
 		return err
 	}
-	w, abs := rl.watcher, rl.abs
-	defer w.Close()
-	base := filepath.Base(abs)
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	var pending []byte // the previous read while waiting for the file to settle
-	reading := false
-	signalled := false // a signal asked for this reload: apply even an unchanged file
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-w.Events:
-			if !ok {
-				return nil
-			}
-			name := filepath.Base(ev.Name)
-			if (name == base || name == "..data") && ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename) != 0 {
-				timer.Reset(reloadDebounce)
-			}
-		case err, ok := <-w.Errors:
-			if !ok {
-				return nil
-			}
-			rl.Logger.Warn("config watch error", "err", err)
-		case <-timer.C:
-			reason := "file changed"
-			if signalled {
-				reason = "signal"
-			}
-			data, err := rl.read()
-			if err != nil {
-				pending, reading, signalled = nil, false, false
-				rl.reject(reason, err)
-				continue
-			}
-			if !reading || !bytes.Equal(data, pending) {
-				// First read, or the file changed since the last one:
-				// read again once it has had time to settle.
-				pending, reading = data, true
-				timer.Reset(reloadSettle)
-				continue
-			}
-			pending, reading = nil, false
-			if bytes.Equal(data, rl.last) && !signalled {
-				rl.Logger.Debug("config file event without a change; nothing to reload", "file", rl.Path)
-				continue
-			}
-			signalled = false
-			rl.apply(reason, data)
-		case <-rl.Signals:
-			// Read as after a file event, until two reads reloadSettle
-			// apart agree: a signal sent while the file is being written
-			// in place (a deploy tool's write and kill -HUP in one breath)
-			// would otherwise load what was written so far, which may be
-			// a valid config of fewer keys, tiers or tiers' policies.
-			pending, reading, signalled = nil, false, true
-			timer.Reset(0)
-		}
-	}
+	return rl.fw.Run(ctx)
 }
 
 // Reload loads the file now and swaps it in if it is valid.
@@ -196,7 +111,6 @@ func (rl *Reloader) read() ([]byte, error) {
 
 // apply parses data and swaps it in whole, or rejects it whole.
 func (rl *Reloader) apply(reason string, data []byte) {
-	rl.last = data
 	cfg, err := config.Parse(rl.Path, data)
 	if err == nil {
 		if rl.Override != nil {
@@ -261,6 +175,11 @@ func restartOnly(running, next *config.Config) []string {
 		}
 		if !reflect.DeepEqual(running.File.Gateway, next.File.Gateway) {
 			out = append(out, "gateway")
+		}
+		// The quota service's section is applied live; adding or removing
+		// it adds or removes a service of the gRPC server.
+		if (running.File.RLQS == nil) != (next.File.RLQS == nil) {
+			out = append(out, "rlqs (added or removed)")
 		}
 	}
 	return out

@@ -169,7 +169,7 @@ func startHalfWriteReloader(t *testing.T, initial, half, rest string, signals ch
 	reloads := make(chan *config.Config, 8)
 	var appended sync.Once
 	reads := new(atomic.Int32)
-	rl := &Reloader{Path: path, Server: srv, Logger: slog.New(slog.DiscardHandler), Signals: signals, last: []byte(initial),
+	rl := &Reloader{Path: path, Server: srv, Logger: slog.New(slog.DiscardHandler), Signals: signals, last: []byte(initial), still: 300 * time.Millisecond,
 		OnReload: func(c *config.Config, err error) {
 			if err != nil {
 				t.Errorf("reload: %v", err)

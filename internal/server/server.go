@@ -40,6 +40,7 @@ import (
 	"github.com/sluice-io/sluice/guard"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/console"
+	"github.com/sluice-io/sluice/internal/hostcheck"
 	"github.com/sluice-io/sluice/internal/metrics"
 	"github.com/sluice-io/sluice/internal/overrides"
 	"github.com/sluice-io/sluice/internal/statuswriter"
@@ -93,12 +94,22 @@ type Server struct {
 	top       *console.Top    // nil unless the console is enabled
 	fleet     *console.Fleet  // nil unless the console is enabled
 	spend     gatewaySource   // the gateway's spend (console_spend.go)
-	upstreams gatewaySource   // the gateway's upstream headroom (console_upstreams.go)
+	gwCounts  gatewayCounts   // the gateway's decisions (console_gateway.go)
+	gwLookup  atomic.Pointer[LookupFunc]
+	upstreams gatewaySource // the gateway's upstream headroom (console_upstreams.go)
 	// simulating holds the one console simulation that may run at a time.
 	simulating chan struct{}
 	draining   atomic.Bool
 	mux        *http.ServeMux
 	handler    http.Handler // mux behind hostGuard
+	// ownHosts are the names the service is known by without config
+	// (hostcheck.OwnHosts), read once.
+	ownHosts []string
+	// hostPol caches the Host policy of the config being served
+	// (hostcheck.go).
+	hostPol atomic.Pointer[hostPolicy]
+	// sessions are the console's admin sessions (console_session.go).
+	sessions consoleSessions
 	// decisions caches the children of m.Decisions.
 	decisions counterCache[decisionLabels]
 	// waiting counts the delay-mode requests being held (delay.go).
@@ -155,6 +166,7 @@ func New(opts Options) (*Server, error) {
 	opts.Metrics.SetStoreStats(s.guard.stats)
 	s.cfg.Store(opts.Config)
 	s.mux = http.NewServeMux()
+	s.ownHosts = hostcheck.OwnHosts()
 	s.handle("POST /v1/check", "check", s.sameOrigin(s.handleCheck))
 	s.handle("GET /v1/status", "status", s.handleStatus)
 	s.handle("POST /v1/reset", "reset", s.sameOrigin(s.handleReset))

@@ -68,6 +68,8 @@ type svc struct {
 	cancel  context.CancelFunc
 	done    chan error
 	store   sluice.Store
+	// gw is the URL of a gateway component the test started, if any.
+	gw string
 }
 
 type svcOptions struct {

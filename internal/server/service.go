@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/gateway"
 	"github.com/sluice-io/sluice/internal/metrics"
 	"github.com/sluice-io/sluice/internal/tracing"
 	"github.com/sluice-io/sluice/memstore"
@@ -50,6 +51,20 @@ type Deps struct {
 	// SetGatewayUpstreams gives the console the AI gateway's headroom per
 	// upstream and model (console_upstreams.go).
 	SetGatewayUpstreams func(SpendFunc)
+	// GatewayOutcome counts the AI gateway's decisions in the console's
+	// charts and top list (console_gateway.go); nil when the console is
+	// off (gateway.Options.OnOutcome).
+	GatewayOutcome func(gateway.Outcome)
+	// GatewaySettled counts the AI gateway's spend in the console's
+	// charts; nil when the console is off (gateway.Options.OnSettled).
+	GatewaySettled func(gateway.Settlement)
+	// SetGatewayLookup gives the console the AI gateway's look-up of a
+	// key by its name (console_gateway.go).
+	SetGatewayLookup func(LookupFunc)
+	// IsAdmin reports whether a request carries a good admin token (a
+	// wrong one counts toward its client's backoff, as on the admin
+	// endpoints): the AI gateway's /v1/status shows its pool to one.
+	IsAdmin func(*http.Request) bool
 }
 
 // ComponentFunc builds a plugged-in component from the shared parts. It
@@ -152,7 +167,11 @@ func Run(ctx context.Context, opts ServiceOptions) error {
 	if srv.top != nil {
 		comps = append(comps, consoleComponent{srv})
 	}
-	deps := Deps{Store: srv.guard.store, Metrics: m, Config: srv.Config, Logger: log, Tracing: opts.Tracing, SetGatewaySpend: srv.SetGatewaySpend, SetGatewayUpstreams: srv.SetGatewayUpstreams}
+	deps := Deps{Store: srv.guard.store, Metrics: m, Config: srv.Config, Logger: log, Tracing: opts.Tracing, SetGatewaySpend: srv.SetGatewaySpend, SetGatewayUpstreams: srv.SetGatewayUpstreams,
+		SetGatewayLookup: srv.SetGatewayLookup, IsAdmin: srv.isAdmin}
+	if srv.top != nil {
+		deps.GatewayOutcome, deps.GatewaySettled = srv.gatewayOutcome, srv.gatewaySettled
+	}
 	for _, build := range opts.Components {
 		c, err := build(deps)
 		if err != nil {

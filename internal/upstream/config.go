@@ -103,6 +103,11 @@ type Def struct {
 	// says it may. Token limits are not paced. Whole milliseconds, 100ms
 	// to 30s; zero means none.
 	Pace time.Duration `yaml:"pace"`
+	// HealthPath is the path, under BaseURL, of the GET that probes the
+	// upstream after a connection failure (probe.go), with a query if
+	// needed; default the kind's cheapest read, {base_url}/models (Azure
+	// OpenAI: {base_url}/openai/models?api-version=...).
+	HealthPath string `yaml:"health_path"`
 }
 
 // Limits are a provider's limits on one model of one upstream; zero leaves
@@ -154,6 +159,33 @@ type Routing struct {
 	Lease *bool `yaml:"lease"`
 }
 
+// azureBaseProblem says what is wrong with an Azure OpenAI base_url's
+// path, "" when nothing: the gateway appends /openai/deployments/NAME/...
+// to it, so a base_url copied from the portal's deployment URL, or ending
+// in /openai, sends every request to a path that answers 404.
+func azureBaseProblem(p string) string {
+	lp := strings.ToLower(strings.TrimSuffix(p, "/"))
+	switch {
+	case strings.Contains(lp, "/openai/deployments"):
+		return "is a deployment URL"
+	case strings.HasSuffix(lp, "/openai"):
+		return "ends in /openai"
+	case strings.Contains(lp, "/openai/"):
+		return "holds /openai/"
+	}
+	return ""
+}
+
+// azureBasePrefix is the part of p before its /openai, the path the
+// resource's endpoint keeps (an API gateway's prefix), without a trailing
+// slash.
+func azureBasePrefix(p string) string {
+	if i := strings.Index(strings.ToLower(p), "/openai"); i >= 0 {
+		p = p[:i]
+	}
+	return strings.TrimSuffix(p, "/")
+}
+
 // DefaultMargin is Routing.Margin's default.
 const DefaultMargin = 0.02
 
@@ -196,6 +228,12 @@ func Check(doc *yamlconf.Doc, defs []Def, routes map[string][]Target, r *Routing
 			doc.Addf(path+".base_url", "required, such as https://api.openai.com/v1 or https://NAME.openai.azure.com")
 		case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "":
 			doc.Addf(path+".base_url", "%q must be an http or https URL without credentials or query", redactURL(d.BaseURL))
+		case d.Kind == Azure && azureBaseProblem(u.Path) != "":
+			doc.Addf(path+".base_url", "%q %s: set the resource's endpoint, base_url: %s://%s%s (the gateway adds /openai/deployments/{model}/... and the api-version itself, and each model of models: is a deployment name)",
+				redactURL(d.BaseURL), azureBaseProblem(u.Path), u.Scheme, u.Host, azureBasePrefix(u.Path))
+		}
+		if d.HealthPath != "" && !validHealthPath(d.HealthPath) {
+			doc.Addf(path+".health_path", "%q must be a path under base_url, such as /models or /health, at most 256 characters", redact(d.HealthPath))
 		}
 		switch {
 		case d.KeyEnv != "" && d.KeyFile != "":

@@ -18,6 +18,8 @@ type Metrics struct {
 	tightened   *prometheus.CounterVec
 	remaining   *prometheus.GaugeVec
 	chunks      *prometheus.CounterVec
+	unreachable *prometheus.CounterVec
+	probes      *prometheus.CounterVec
 }
 
 // NewMetrics registers a pool's metrics with reg. A metric registered
@@ -38,6 +40,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "What each upstream and model last reported left, by kind (requests, tokens)."}, []string{"upstream", "model", "kind"}),
 		chunks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gateway_upstream_chunks_total",
 			Help: "Chunks of a hot upstream model's limits this replica leased, each handed out by the replica until its slot ended."}, []string{"upstream", "model"}),
+		unreachable: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gateway_upstream_unreachable_total",
+			Help: "Times this replica took an upstream out of rotation after a request could not reach it, until a probe was answered."}, []string{"upstream"}),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gateway_upstream_probes_total",
+			Help: "Probes of unreachable upstreams (the gateway's own GET of the health path), by result (up, down)."}, []string{"upstream", "result"}),
 	}
 	var err error
 	m.sent, err = register(reg, m.sent)
@@ -58,6 +64,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	if err == nil {
 		m.chunks, err = register(reg, m.chunks)
+	}
+	if err == nil {
+		m.unreachable, err = register(reg, m.unreachable)
+	}
+	if err == nil {
+		m.probes, err = register(reg, m.probes)
 	}
 	if err != nil {
 		return nil, err

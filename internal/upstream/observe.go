@@ -5,18 +5,10 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/sluice-io/sluice"
 )
-
-// DefaultCooldown is how long a provider 429 without Retry-After cools
-// its upstream's model.
-const DefaultCooldown = time.Second
-
-// maxCooldown bounds a Retry-After a provider sends.
-const maxCooldown = 10 * time.Minute
 
 // Observe learns from an upstream's answer to g: its time to headers, the
 // limits and remaining capacity its rate-limit headers report, and, for a
@@ -38,7 +30,8 @@ func (p *Pool) Observe(ctx context.Context, g *Grant, status int, h http.Header,
 	if p.metrics != nil {
 		p.metrics.sent.WithLabelValues(t.Up.Name, t.Model, statusClass(status)).Inc()
 	}
-	rl := readHeaders(h)
+	now := p.now()
+	rl := readHeaders(h, now)
 	for i := range 4 {
 		switch l := rl.limit[i]; {
 		case l > 0 && l < t.limits.get(i):
@@ -65,7 +58,7 @@ func (p *Pool) Observe(ctx context.Context, g *Grant, status int, h http.Header,
 		if p.metrics != nil {
 			p.metrics.provider429.WithLabelValues(t.Up.Name, t.Model).Inc()
 		}
-		p.Cooldown(ctx, t, retryAfter(h))
+		p.Cooldown(ctx, t, cooldownOf(h, rl, now))
 		return
 	}
 	// The provider counted at most latency ago; the store has refilled
@@ -166,77 +159,6 @@ func (p *Pool) Failover(t *TargetState, reason string) {
 	if p.metrics != nil {
 		p.metrics.failovers.WithLabelValues(t.Up.Name, t.Model, reason).Inc()
 	}
-}
-
-// retryAfter reads a 429's Retry-After (seconds or an HTTP date) or
-// retry-after-ms, bounded; DefaultCooldown when it has none.
-func retryAfter(h http.Header) time.Duration {
-	if ms := h.Get("Retry-After-Ms"); ms != "" {
-		if v, err := strconv.ParseFloat(ms, 64); err == nil && v > 0 {
-			return min(time.Duration(v*float64(time.Millisecond)), maxCooldown)
-		}
-	}
-	if s := h.Get("Retry-After"); s != "" {
-		if v, err := strconv.ParseFloat(s, 64); err == nil && v > 0 {
-			return min(time.Duration(v*float64(time.Second)), maxCooldown)
-		}
-		if at, err := http.ParseTime(s); err == nil {
-			if d := time.Until(at); d > 0 {
-				return min(d, maxCooldown)
-			}
-		}
-	}
-	return DefaultCooldown
-}
-
-// rateHeaders are the limits and remainders a provider reported, -1 where
-// it reported none, indexed as Limits' kinds.
-type rateHeaders struct {
-	limit, remaining [4]int64
-}
-
-func (r rateHeaders) any() bool {
-	for _, v := range r.remaining {
-		if v >= 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// readHeaders reads OpenAI's and Azure's x-ratelimit-* and Anthropic's
-// anthropic-ratelimit-* headers.
-func readHeaders(h http.Header) rateHeaders {
-	r := rateHeaders{limit: [4]int64{-1, -1, -1, -1}, remaining: [4]int64{-1, -1, -1, -1}}
-	num := func(name string) int64 {
-		vs := h[name]
-		if len(vs) == 0 {
-			return -1
-		}
-		v, err := strconv.ParseInt(strings.TrimSpace(vs[0]), 10, 64)
-		if err != nil || v < 0 {
-			return -1
-		}
-		return v
-	}
-	set := func(dst *int64, v int64) {
-		if v >= 0 {
-			*dst = v
-		}
-	}
-	set(&r.limit[limRPM], num("X-Ratelimit-Limit-Requests"))
-	set(&r.limit[limTPM], num("X-Ratelimit-Limit-Tokens"))
-	set(&r.remaining[limRPM], num("X-Ratelimit-Remaining-Requests"))
-	set(&r.remaining[limTPM], num("X-Ratelimit-Remaining-Tokens"))
-	set(&r.limit[limRPM], num("Anthropic-Ratelimit-Requests-Limit"))
-	set(&r.limit[limTPM], num("Anthropic-Ratelimit-Tokens-Limit"))
-	set(&r.limit[limITPM], num("Anthropic-Ratelimit-Input-Tokens-Limit"))
-	set(&r.limit[limOTPM], num("Anthropic-Ratelimit-Output-Tokens-Limit"))
-	set(&r.remaining[limRPM], num("Anthropic-Ratelimit-Requests-Remaining"))
-	set(&r.remaining[limTPM], num("Anthropic-Ratelimit-Tokens-Remaining"))
-	set(&r.remaining[limITPM], num("Anthropic-Ratelimit-Input-Tokens-Remaining"))
-	set(&r.remaining[limOTPM], num("Anthropic-Ratelimit-Output-Tokens-Remaining"))
-	return r
 }
 
 // statusClass is a bounded metric label for a status.

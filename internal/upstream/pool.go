@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"os"
 	"slices"
@@ -40,6 +41,12 @@ type Options struct {
 	Metrics *Metrics
 	// Now is the clock of the pool's local estimates; nil means time.Now.
 	Now func() time.Time
+	// Prober sends the probes of unreachable upstreams (probe.go); nil
+	// means http.DefaultTransport.
+	Prober http.RoundTripper
+	// ProbeMin and ProbeMax bound the probes' backoff; zero means
+	// DefaultProbeMin and DefaultProbeMax.
+	ProbeMin, ProbeMax time.Duration
 }
 
 // Upstream is one provider account or deployment.
@@ -52,6 +59,8 @@ type Upstream struct {
 	apiVersion   string
 	auth         authHeader
 	pace         time.Duration
+	healthPath   string
+	health       health
 }
 
 type authHeader struct {
@@ -70,6 +79,13 @@ type Pool struct {
 	now       func() time.Time
 	// background counts the tightenings in flight (Observe, Wait).
 	background sync.WaitGroup
+	// The probes of unreachable upstreams (probe.go): their transport
+	// and backoff, those running, and Close's signal.
+	prober             http.RoundTripper
+	probeMin, probeMax time.Duration
+	probing            sync.WaitGroup
+	closing            chan struct{}
+	closeOnce          sync.Once
 }
 
 // Route is the upstreams serving one client-facing model.
@@ -126,7 +142,17 @@ func New(opts Options) (*Pool, error) {
 	if readFile == nil {
 		readFile = os.ReadFile
 	}
-	p := &Pool{routes: map[string]*Route{}, routing: opts.Routing, store: opts.Store, period: opts.Period, metrics: opts.Metrics, now: opts.Now}
+	p := &Pool{routes: map[string]*Route{}, routing: opts.Routing, store: opts.Store, period: opts.Period, metrics: opts.Metrics, now: opts.Now,
+		prober: opts.Prober, probeMin: opts.ProbeMin, probeMax: opts.ProbeMax, closing: make(chan struct{})}
+	if p.prober == nil {
+		p.prober = http.DefaultTransport
+	}
+	if p.probeMin <= 0 {
+		p.probeMin = DefaultProbeMin
+	}
+	if p.probeMax < p.probeMin {
+		p.probeMax = max(DefaultProbeMax, p.probeMin)
+	}
 	if p.period <= 0 {
 		p.period = time.Minute
 	}
@@ -155,7 +181,7 @@ func New(opts Options) (*Pool, error) {
 			return nil, fmt.Errorf("upstream %s: base_url: %w", d.Name, err)
 		}
 		u := &Upstream{Name: d.Name, Region: d.Region, Kind: d.Kind, Weight: max(d.Weight, 1e-9), base: base,
-			basePath: strings.TrimSuffix(base.Path, "/"), apiVersion: d.APIVersion, pace: d.Pace}
+			basePath: strings.TrimSuffix(base.Path, "/"), apiVersion: d.APIVersion, pace: d.Pace, healthPath: d.HealthPath}
 		if key != "" {
 			switch d.Kind {
 			case Azure:
@@ -228,13 +254,25 @@ func (p *Pool) Route(model, base string) *Route {
 	return p.routes["*"]
 }
 
+// Serves reports whether r has an upstream of the API a request came to:
+// Anthropic's Messages API (anthropic) or OpenAI's.
+func (r *Route) Serves(anthropic bool) bool {
+	for _, t := range r.Targets {
+		if (t.Up.Kind == Anthropic) == anthropic {
+			return true
+		}
+	}
+	return false
+}
+
 // CountTarget returns the Anthropic target of r that count_tokens asks:
-// the first not cooling or down, else the first; nil when r has none.
+// the first not cooling, down or unreachable, else the first reachable
+// one; nil when r has none reachable.
 func (p *Pool) CountTarget(r *Route) *TargetState {
 	var first *TargetState
 	now := p.now().UnixNano()
 	for _, t := range r.Targets {
-		if t.Up.Kind != Anthropic {
+		if t.Up.Kind != Anthropic || !t.Up.Reachable() {
 			continue
 		}
 		if t.retryAt.Load() <= now {
@@ -395,7 +433,7 @@ func (p *Pool) logReq(t *TargetState, i int, rate, cost int64) sluice.Request {
 }
 
 // limitOf is the store's limit for a provider limit of rate per period:
-// a sliding window log of the rate less the margin. A log holds at most
+// a sliding window log of the rate less the margin (marginOf). A log holds at most
 // its rate in any window of one period, which no provider refuses
 // whether it counts in a bucket refilling continuously (OpenAI,
 // Anthropic), in fixed windows or in sliding ones; a token bucket or
@@ -404,7 +442,19 @@ func (p *Pool) logReq(t *TargetState, i int, rate, cost int64) sluice.Request {
 // end of a slot of period/200 (Limit.Granularity), so that a log holds
 // at most about 200 runs at any rate.
 func (p *Pool) limitOf(rate int64) sluice.Limit {
-	return sluice.Limit{Rate: max(rate-int64(float64(rate)**p.routing.Margin), 1), Period: p.period, Granularity: slotOf(p.period)}
+	return sluice.Limit{Rate: max(rate-marginOf(rate, *p.routing.Margin), 1), Period: p.period, Granularity: slotOf(p.period)}
+}
+
+// marginOf is what a margin m leaves unused of a limit of rate: rate × m
+// rounded up, so that 2% of 30 keeps 1 back, not 0. A product that is a
+// whole number but for floating point's error (7% of 100 is
+// 7.000000000000001) is that number.
+func marginOf(rate int64, m float64) int64 {
+	x := float64(rate) * m
+	if r := math.Round(x); math.Abs(x-r) <= 1e-9*math.Max(1, x) {
+		return int64(r)
+	}
+	return int64(math.Ceil(x))
 }
 
 // Grant is a reservation admitted on one upstream's model. Settle it
@@ -428,8 +478,10 @@ type Grant struct {
 // tried and those whose API is not the request's (anthropic says the
 // request came to /v1/messages). With no target that has room it returns
 // a nil Grant and when the first may have room again (an honest
-// Retry-After; zero when no target can ever take the request). Store
-// errors are returned as they are.
+// Retry-After; zero when no target can ever take the request). Targets
+// whose upstream is unreachable (probe.go) are skipped; when they are all
+// that is left, the error wraps ErrUnreachable. Store errors are returned
+// as they are.
 func (p *Pool) Acquire(ctx context.Context, r *Route, anthropic bool, in, out int64, tried []*TargetState) (*Grant, time.Duration, error) {
 	return p.AcquireSticky(ctx, r, anthropic, in, out, tried, "")
 }
@@ -441,13 +493,20 @@ func (p *Pool) Acquire(ctx context.Context, r *Route, anthropic bool, in, out in
 func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, out int64, tried []*TargetState, affinity string) (*Grant, time.Duration, error) {
 	now := p.now()
 	var cands [MaxRouteTargets]*TargetState
-	n := 0
+	n, dead := 0, 0
 	for _, t := range r.Targets {
 		if (t.Up.Kind == Anthropic) != anthropic || slices.Contains(tried, t) {
 			continue
 		}
+		if !t.Up.Reachable() {
+			dead++ // never a client's request: probes bring it back
+			continue
+		}
 		cands[n] = t
 		n++
+	}
+	if n == 0 && dead > 0 {
+		return nil, 0, fmt.Errorf("upstream: route %s: %w", r.Name, ErrUnreachable)
 	}
 	order := p.order(cands[:n], now)
 	if affinity != "" && n > 1 {

@@ -303,3 +303,24 @@ func TestSticky(t *testing.T) {
 		t.Fatalf("8 keys all on %v", seen)
 	}
 }
+
+// TestMarginByCeiling: the margin keeps back rate × margin rounded up, so
+// that a small limit keeps a margin at all (2% of 30 is 1, which
+// truncation made 0), and a product whole but for floating point's error
+// keeps exactly that.
+func TestMarginByCeiling(t *testing.T) {
+	for _, c := range []struct {
+		rate int64
+		m    float64
+		want int64
+	}{
+		{30, 0.02, 29}, {49, 0.02, 48}, {50, 0.02, 49}, {51, 0.02, 49}, {100, 0.07, 93}, {1, 0.02, 1},
+		{1000, 0, 1000}, {3, 0.49, 1}, {1 << 40, 0.02, 1<<40 - 21990232556},
+	} {
+		m := c.m
+		p := &Pool{routing: Routing{Margin: &m}, period: time.Minute}
+		if got := p.limitOf(c.rate).Rate; got != c.want {
+			t.Errorf("limit %d margin %v: store rate %d, want %d", c.rate, c.m, got, c.want)
+		}
+	}
+}

@@ -34,6 +34,17 @@ type Status struct {
 	Up            bool       `json:"up"`
 	CooldownUntil *time.Time `json:"cooldown_until,omitempty"`
 	DownUntil     *time.Time `json:"down_until,omitempty"`
+	// Unreachable is set while this replica cannot reach the upstream and
+	// probes it (probe.go): since when, the probes sent, and when the
+	// next goes; Up is false meanwhile.
+	Unreachable *Unreachable `json:"unreachable,omitempty"`
+}
+
+// Unreachable is an unreachable upstream's probing, in Status.
+type Unreachable struct {
+	Since     time.Time `json:"since"`
+	Probes    int64     `json:"probes"`
+	NextProbe time.Time `json:"next_probe"`
 }
 
 // Status peeks every upstream model's limits in the store, changing
@@ -46,7 +57,10 @@ func (p *Pool) Status(ctx context.Context) ([]Status, error) {
 			Remaining: map[string]int64{}, Headroom: 1}
 		s.ProviderRemainingRequests, s.ProviderRemainingTokens = t.LastRemaining()
 		s.CooldownUntil, s.DownUntil = future(t.coolUntil.Load(), now), future(t.downUntil.Load(), now)
-		s.Up = s.CooldownUntil == nil && s.DownUntil == nil
+		if since, probes, next := t.Up.ProbeState(); !since.IsZero() {
+			s.Unreachable = &Unreachable{Since: since.UTC(), Probes: probes, NextProbe: next.UTC()}
+		}
+		s.Up = s.CooldownUntil == nil && s.DownUntil == nil && s.Unreachable == nil
 		var reqs []sluice.Request
 		var names []string
 		for i := range 4 {

@@ -1,7 +1,8 @@
 -- Concurrency: the key is a hash from lease id to "EXPIRY" or "EXPIRY*N",
 -- N slots (default 1) held until Unix-ns EXPIRY. Lapsed leases are dropped
 -- on every write; the key expires with its last lease.
--- Reply: allowed, slots used, retry-after, reset-after.
+-- Reply: allowed, slots used, retry-after, reset-after (a take's differs:
+-- see step).
 local function lastexpiry(leases)
   local m = 0
   for _, l in pairs(leases) do
@@ -32,6 +33,30 @@ ALGOS[6] = {
   step = function(st, op, q)
     local leases, used = st[1], st[2]
     local held = leases[q.lease]
+    if op == 5 then
+      -- Take: the lease is set to what is free besides it, up to the cost;
+      -- nothing free releases it. Reply: allowed, slots used, slots taken
+      -- (or, when none, the retry-after), reset-after.
+      local others = used
+      if held then others = used - held[2] end
+      local n = q.rate - others
+      if n > q.cost then n = q.cost end
+      local out, rest = {}, {}
+      for id, l in pairs(leases) do
+        if id ~= q.lease then out[id] = l; rest[#rest + 1] = l end
+      end
+      if n > 0 then
+        out[q.lease] = { q.p, n }
+        return 1, others + n, n, lastexpiry(out), { out, others + n }
+      end
+      table.sort(rest, function(x, y) return x[1] < y[1] end)
+      local need, freed, retry = others + 1 - q.rate, 0, 0
+      for i = 1, #rest do
+        freed = freed + rest[i][2]
+        if freed >= need then retry = rest[i][1]; break end
+      end
+      return 0, others, retry, lastexpiry(out), { out, others }
+    end
     if op <= 2 then
       local c = q.eff
       if held then c = 0 end

@@ -37,7 +37,7 @@
   // "tenant:acme " and "tenant:acme" are two callers.
   const shown = (id) => id !== id.trim() || /[\u0000-\u001f\u007f-\u009f\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]/.test(id) ? JSON.stringify(id) : id;
 
-  function fmtRate(v) { return v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2); }
+  function fmtRate(v) { return v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v >= 0.01 || v === 0 ? v.toFixed(2) : v.toPrecision(2); }
   function fmtWhen(ms) {
     const d = ms - Date.now();
     if (!ms || d <= 0) return "now";
@@ -125,14 +125,19 @@
       const tail = pts.slice(-2);
       const span = tail.reduce((a, p) => a + secs(p), 0) || 1;
       const curD = tail.reduce((a, p) => a + p.c, 0) / span, curX = tail.reduce((a, p) => a + p.x, 0) / span;
+      // The range's totals, for whoever reads the page's data.
+      fig.dataset.decisions = String(pts.reduce((a, p) => a + p.c, 0));
+      fig.dataset.denials = String(pts.reduce((a, p) => a + p.x, 0));
       const cap = el("figcaption");
       cap.append(el("strong", ser.policy + (ser.tier !== "-" ? " · " + ser.tier : "")));
-      const cur = el("span", fmtRate(curD) + " /s, " + fmtRate(curX) + " denied /s", "current");
+      // The gateway's spend counts micro-dollars: drawn as dollars a minute.
+      const spend = ser.policy === "gateway:spend";
+      const cur = el("span", spend ? "$" + (curD * 60 / 1e6).toFixed(4) + " /min" : fmtRate(curD) + " /s, " + fmtRate(curX) + " denied /s", "current");
       cur.dataset.decisions = String(curD);
       cap.append(cur);
       fig.append(cap);
       const mid = (p) => Math.min(f.now, p.t + f.bucket_ms / 2);
-      fig.append(chart([
+      fig.append(chart(spend ? [{ cls: "d", points: pts.map((p) => [mid(p), p.c * 60 / 1e6 / secs(p)]) }] : [
         { cls: "d", points: pts.map((p) => [mid(p), p.c / secs(p)]) },
         { cls: "x", points: pts.map((p) => [mid(p), p.x / secs(p)]) },
       ], 400, 130, f.from, f.now, ticks));
@@ -150,14 +155,21 @@
 
   async function loadTop() {
     const t = await api("api/top");
-    $("#top-scope").textContent = t.shared ? "(every replica, sampled)" : "(this instance, sampled)";
+    $("#top-scope").textContent = "(" + (t.shared ? "every replica" : "this instance") + ")";
+    // Counts are exact up to t.exact denials of an identity a second on a
+    // replica; past that one in t.sample counts, scaled up: "≈".
+    const estimated = t.top.some((h) => h.sampled);
+    $("#top-note").textContent = estimated ? "≈ estimated: past " + t.exact + (t.exact === 1 ? " denial" : " denials") + " of an identity a second, one in " + t.sample + " is counted (and scaled up); smaller counts are exact." : "";
     fill($("#top tbody"), t.top.map((h) => {
       const id = el("td", shown(h.identity), "clickable");
       id.title = "look up";
       // Looked up as it is: the field would trim it.
       id.addEventListener("click", () => { $("#lookup-id").value = h.identity; lookup(h.identity); });
-      const tr = row([h.policy, String(Math.round(h.denies)), fmtWhen(h.retry_at)]);
+      const n = el("span", (h.sampled ? "≈" : "") + String(Math.round(h.denies)), h.sampled ? "estimated" : "exact");
+      if (h.sampled) n.title = "estimated from a sample";
+      const tr = row([h.policy, n, fmtWhen(h.retry_at)]);
       tr.prepend(id);
+      tr.dataset.identity = h.identity; tr.dataset.policy = h.policy;
       return tr;
     }));
     if (!t.top.length) fill($("#top tbody"), [row(["nobody is being limited", "", "", ""])]);
@@ -216,6 +228,9 @@
       const r = await api("api/identity?id=" + encodeURIComponent(id));
       $("#lookup").hidden = false;
       $("#lookup").dataset.identity = r.identity;
+      // A gateway key's limits are its gateway tier's: no override or
+      // reset of the service's policies applies to it.
+      $("#lookup").classList.toggle("gateway", !!r.gateway);
       fill($("#peek tbody"), r.policies.map((p) => {
         const tr = row([p.policy, p.human + (p.overridden ? " (override)" : ""), String(p.remaining), el("span", p.allowed ? "passes" : "limited", p.allowed ? "allow" : "deny"), p.retry_after || "–", p.why.join(", ")]);
         tr.dataset.policy = p.policy;
@@ -244,6 +259,9 @@
     token = $("#token").value.trim();
     sessionStorage.setItem("sluice-token", token);
     $("#token").value = "";
+    // The console's data takes an admin session: the token exchanged for
+    // an HttpOnly cookie, which every later read of the page carries.
+    await api("api/session", { method: "POST" }).catch((e) => { $("#store").textContent = e.message; });
     await loadOverview().catch(() => {});
     await loadOverrides().catch((e) => { $("#overrides-msg").textContent = e.message; });
     await loadSpend().catch((e) => { $("#spend-msg").textContent = e.message; });
