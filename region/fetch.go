@@ -109,14 +109,17 @@ const maxInflight = 8
 // as the last decision saw it) and the fetches in flight hold less than
 // the low-water mark, unless the last fetch said to wait; in parallel
 // unless the last one came back empty (the home is at its limit) or
-// failed. It
+// failed, or the key is a window's. It
 // returns a channel closed when a fetch in flight ends (nil when none is).
 func (s *Store) prefetch(home sluice.Store, e *entry, held int64) <-chan struct{} {
 	lw := e.lowWater(s)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	limit := maxInflight
-	if e.empty || e.down {
+	if e.empty || e.down || e.req.Algorithm == sluice.FixedWindow {
+		// A window's share strands what it holds at the window's end:
+		// one fetch at a time (a fetch is up to MaxFraction of the
+		// window's limit, and windows measured 0.935 with eight).
 		limit = 1
 	}
 	if e.inflight >= limit || (e.inflight > 0 && float64(held+e.pending) >= lw) || s.clk.Now() < e.retryAt {

@@ -36,18 +36,23 @@ func floor(f float64) float64 {
 	return f
 }
 
-// windowUse is what the whole windows of a run admitted (all but its
-// first and last) against their limit.
-func windowUse(lim sluice.Limit, per map[int64]int64) float64 {
-	ws := slices.Sorted(maps.Keys(per))
-	if len(ws) < 3 {
-		return 0
+// windowUse is what the whole windows of a run's steady part admitted
+// (those starting a second or more into the run, as utilization's
+// measure, and ending before the load stopped) against their limit.
+func windowUse(lim sluice.Limit, per map[int64]int64, r run) float64 {
+	p := int64(lim.Period)
+	from, to := r.start.UnixNano()+int64(time.Second), r.start.UnixNano()+int64(r.planned)
+	var n, windows int64
+	for _, w := range slices.Sorted(maps.Keys(per)) {
+		if (w-1)*p >= from && w*p <= to {
+			n += per[w]
+			windows++
+		}
 	}
-	var n int64
-	for _, w := range ws[1 : len(ws)-1] {
-		n += per[w]
+	if windows == 0 {
+		return 1 // no whole window in the steady part: nothing to measure
 	}
-	return float64(n) / float64(lim.Rate*int64(len(ws)-2))
+	return float64(n) / float64(lim.Rate*windows)
 }
 
 // Demand spread evenly, 90% in one region, and one client hopping over
@@ -97,7 +102,7 @@ func TestGlobalBound(t *testing.T) {
 			if c.a == sluice.FixedWindow {
 				per := checkWindows(t, c.lim, r)
 				t.Logf("per window: %v", per)
-				u = windowUse(c.lim, per)
+				u = windowUse(c.lim, per, r)
 			} else {
 				a, ideal := checkBucket(t, c.lim, r)
 				t.Logf("admitted %d of an ideal %.0f", a, ideal)
