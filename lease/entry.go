@@ -66,9 +66,18 @@ func (e *entry) observe(now, cost, w int64) {
 		return
 	}
 	inst := float64(e.rateUnits) * 1e9 / float64(el)
-	if el > 8*w {
+	switch {
+	case el > 8*w && el <= 64*w && e.rate > 0:
+		// A pause (a client between bursts): the old rate stands and the
+		// measurement restarts at this request, so that the first chunk
+		// after it is sized as before it, not from the pause (which would
+		// send the burst's first requests to the store, on the client's
+		// path, until a window was measured).
+		e.rateT0, e.rateUnits = now, cost
+		return
+	case el > 8*w:
 		e.rate = inst // idle for long: the old rate says nothing
-	} else {
+	default:
 		e.rate = (e.rate + inst) / 2
 	}
 	e.rateT0, e.rateUnits = now, 0
@@ -193,6 +202,18 @@ func (s *Store) lowMark(e *entry, chunk int64) int64 {
 	return min(chunk, max(chunk/2, int64(math.Ceil(4*lat*e.rate))))
 }
 
+// expiring reports whether e holds GCRA or token-bucket capacity past
+// half its TTL, and less than chunk: the next chunk is fetched now, and
+// its TTL covers what is held (TTL counts from the last fetch), so that a
+// key used in bursts with pauses, whose chunk outlives many of its
+// requests, is not found empty by the request after the lapse and sent to
+// the store on its path. What is held stays under two chunks. Window
+// chunks lapse at their window's end, which a new chunk does not move.
+// e.mu is held.
+func (s *Store) expiring(e *entry, now, chunk int64) bool {
+	return !e.window() && e.tokens < chunk && now >= e.expiry-s.ttl/2
+}
+
 // noteFetch folds one fetch's duration into the smoothed fetch latency.
 func (s *Store) noteFetch(ns int64) {
 	old := s.fetchLat.Load()
@@ -236,7 +257,7 @@ func (s *Store) take(ctx context.Context, e *entry, cost int64) (sluice.Decision
 			d, gen := e.allowed(now), e.gen
 			var chunk int64
 			if !e.fetching && now >= e.starvedUntil && now >= e.failedUntil {
-				if c := s.chunkFor(e, 1); c > 0 && e.tokens < s.lowMark(e, c) {
+				if c := s.chunkFor(e, 1); c > 0 && (e.tokens < s.lowMark(e, c) || s.expiring(e, now, c)) {
 					chunk = c
 					e.fetching, e.done = true, make(chan struct{})
 				}
