@@ -36,7 +36,7 @@
 // a steady caller never waits for a fetch. A request that finds the lease
 // empty and no fetch in flight is decided by the store, in its batch's one
 // call, while the chunk is fetched in the background, when the key is far
-// from its limit (chunk and cost at most a quarter of what the store had
+// from its limit (chunk and cost at most a sixteenth of what the store had
 // left); near it, it waits for the chunk. A GCRA or token-bucket lease
 // in use that holds less than a chunk is topped up once it is half its TTL
 // old. Unused capacity goes back after IdleAfter near the limit,
