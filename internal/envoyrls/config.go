@@ -431,7 +431,11 @@ func (l *loader) rule(d *domainConfig, dc yamlDescriptor, fullKey, path string) 
 	if len(dc.Metadata) > 0 {
 		md, err := structpb.NewStruct(dc.Metadata)
 		if err != nil {
-			l.fail(strings.TrimSuffix(path, ".rate_limit")+".metadata", "error parsing metadata: %v", err)
+			// protobuf-go writes a space or a no-break space after
+			// "proto:" at random per binary (internal/detrand), so that
+			// nobody matches its text; the operator's message is ours
+			// to keep stable.
+			l.fail(strings.TrimSuffix(path, ".rate_limit")+".metadata", "error parsing metadata: %s", strings.ReplaceAll(err.Error(), "\u00a0", " "))
 			return nil
 		}
 		r.metadata = md
