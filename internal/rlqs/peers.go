@@ -31,6 +31,16 @@ const peerCalls = 2
 // their spent budget: beyond it, the oldest interval's are forgotten.
 const maxIdlePeers = 4096
 
+// reserveShare and heavyShare keep room under max_buckets for light
+// clients: once the server holds all but 1/reserveShare of its ceiling, a
+// client that holds 1/heavyShare of it or more gets no new bucket. So
+// clients at their budgets fill at most 3/4 of the ceiling, and it takes
+// at least heavyShare/reserveShare (4) light clients to fill the rest.
+const (
+	reserveShare = 4
+	heavyShare   = 16
+)
+
 // outcome is a bound's answer.
 type outcome int
 
@@ -162,6 +172,18 @@ func (t *peerTable) spend(host string, n int) bool {
 	return true
 }
 
+// overBudget is the time until the next interval if host has spent its
+// report budget of this one, else 0.
+func (t *peerTable) overBudget(host string) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.get(host).reports < t.maxReports {
+		return 0
+	}
+	now := t.clk.Now()
+	return time.Duration(t.interval - now%t.interval)
+}
+
 // callSlots returns host's semaphore of store calls (peerCalls). The
 // entry stays while host has a stream, so the channel is the one other
 // streams of host use.
@@ -182,6 +204,13 @@ func (t *peerTable) newBucket(host string) outcome {
 	p := t.get(host)
 	if p.created >= t.maxNew {
 		return refusedPeer
+	}
+	// The last reserveShare of the ceiling is kept for the clients that
+	// hold little: a few clients creating buckets as fast as their
+	// budgets allow fill the rest, never the room another client's next
+	// bucket needs.
+	if t.buckets >= t.maxBuckets-t.maxBuckets/reserveShare && p.buckets >= t.maxBuckets/heavyShare {
+		return refusedServer
 	}
 	p.created++
 	p.buckets++

@@ -264,7 +264,9 @@ type bucket struct {
 	assigned int64 // tokens per fill of the assignment in force; 0: none
 	demand   int64 // the stream's demand per fill at its last report
 	fleet    int64 // the fleet's demand per fill, as the last report read it
-	reported int64 // clock time of the last report
+	reported int64 // clock time of the last report that went to the store
+	taken    bool  // the store answered for it: assigned is an assignment
+	carry    int64 // requests of reports answered without the store since
 }
 
 // stream is one Envoy's stream.
@@ -307,6 +309,19 @@ func (s *Server) StreamRateLimitQuotas(gs grpc.BidiStreamingServer[rlqsv3.RateLi
 	msgs := make(chan recv)
 	go func() {
 		for {
+			// A client over its report budget has its streams left
+			// unread until the next interval: its reports wait in HTTP/2
+			// flow control, not decoded in this server's memory and time.
+			if d := s.peers.overBudget(host); d > 0 {
+				wait := time.NewTimer(d)
+				select {
+				case <-wait.C:
+				case <-ctx.Done():
+					wait.Stop()
+					return
+				}
+				continue
+			}
 			msg, err := gs.Recv()
 			var size int64
 			if err == nil {
@@ -471,6 +486,20 @@ func (s *Server) report(ctx context.Context, st *stream, msg *rlqsv3.RateLimitQu
 			b.policy, b.fill = p, p.fill
 			b.key = s.prefix + "{" + st.dom.name + "}:" + p.name + ":" + strconv.FormatInt(int64(p.fill/time.Second), 10) + ":" + hex.EncodeToString(h[:12])
 		}
+		if b.reported != 0 && now-b.reported < int64(cfg.interval/2) {
+			// Reported again within half an interval of its last store
+			// call (an Envoy reports once an interval; a new bucket once
+			// more at once): answered from its assignment in force,
+			// without a store call, its requests counted in the next
+			// report's demand. A client that sends its reports back to
+			// back costs the store one call per bucket per half interval.
+			b.carry += int64(min(u.GetNumRequestsAllowed(), 1<<40) + min(u.GetNumRequestsDenied(), 1<<40))
+			if b.taken {
+				s.m.coalesced.Inc()
+				resp.BucketAction = append(resp.BucketAction, s.action(cfg, b, u.GetBucketId()))
+			}
+			continue
+		}
 		work = append(work, s.plan(cfg, b, u, now))
 	}
 	if len(work) > 0 {
@@ -491,7 +520,8 @@ func (s *Server) plan(cfg *compiled, b *bucket, u *rlqsv3.RateLimitQuotaUsageRep
 	}
 	elapsed = min(max(elapsed, cfg.interval/2), 2*cfg.ttl)
 	b.reported = now
-	arrivals := float64(u.GetNumRequestsAllowed()) + float64(u.GetNumRequestsDenied())
+	arrivals := float64(u.GetNumRequestsAllowed()) + float64(u.GetNumRequestsDenied()) + float64(b.carry)
+	b.carry = 0
 	c := p.capacity
 	mine := min(int64(math.Ceil(arrivals*float64(p.fill)/float64(elapsed))), 4*c)
 	// The fleet's demand with this stream's own part as it is now.
@@ -572,22 +602,31 @@ func (s *Server) take(ctx context.Context, cfg *compiled, st *stream, work []pen
 		if b.assigned > 0 && got != b.assigned {
 			s.m.rebalances.WithLabelValues(st.dom.name, p.name).Inc()
 		}
-		b.assigned = got
-		var a *rlqsv3.RateLimitQuotaResponse_BucketAction
+		b.assigned, b.taken = got, true
 		if got == 0 {
 			s.m.assignments.WithLabelValues(st.dom.name, p.name, "deny").Inc()
-			a = blanket(cfg.ttl, typev3.RateLimitStrategy_DENY_ALL)
 		} else {
 			s.m.assignments.WithLabelValues(st.dom.name, p.name, "tokens").Inc()
-			a = &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
-				QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
-					AssignmentTimeToLive: durationpb.New(cfg.ttl),
-					RateLimitStrategy:    TokenBucketFor(got, p.fill),
-				}}}
 		}
-		a.BucketId = w.u.GetBucketId()
-		resp.BucketAction = append(resp.BucketAction, a)
+		resp.BucketAction = append(resp.BucketAction, s.action(cfg, b, w.u.GetBucketId()))
 	}
+}
+
+// action is the bucket's assignment in force as an action for id: its
+// share as a token bucket, or DENY_ALL when it holds none.
+func (s *Server) action(cfg *compiled, b *bucket, id *rlqsv3.BucketId) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	var a *rlqsv3.RateLimitQuotaResponse_BucketAction
+	if b.assigned == 0 {
+		a = blanket(cfg.ttl, typev3.RateLimitStrategy_DENY_ALL)
+	} else {
+		a = &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
+			QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+				AssignmentTimeToLive: durationpb.New(cfg.ttl),
+				RateLimitStrategy:    TokenBucketFor(b.assigned, b.fill),
+			}}}
+	}
+	a.BucketId = id
+	return a
 }
 
 // call is one store call of a client's report, in one of the service's
