@@ -283,17 +283,26 @@ func (r *rateLog) log(kind, msg string, args ...any) {
 }
 
 // storeSlots is how many store calls the quota service has in flight at
-// a time, over all clients.
-const storeSlots = 4
+// a time, over all clients; lightSlots of them are kept for the calls of
+// clients that have reported at most lightSpent usages in the interval.
+const (
+	storeSlots = 4
+	lightSlots = 2
+	lightSpent = 2 * chunkBuckets
+)
 
 // fairSlots hands out the service's store calls in flight (storeSlots):
 // when all are busy, the next free one goes to the waiting call of the
 // client that has reported least in the current interval, so that a
 // client reporting at its caps waits behind its own calls, and a client
-// reporting once an interval waits for at most the calls in flight.
+// reporting once an interval waits for at most the calls in flight. The
+// calls of heavy clients (more than lightSpent usages this interval) hold
+// at most storeSlots - lightSlots slots together, so a light client's
+// call finds a slot free at once, in Redis behind at most those.
 type fairSlots struct {
 	mu      sync.Mutex
 	free    int
+	heavy   int // slots held by heavy clients' calls
 	seq     uint64
 	waiting []*slotWaiter
 }
@@ -306,12 +315,27 @@ type slotWaiter struct {
 
 func newFairSlots(n int) *fairSlots { return &fairSlots{free: n} }
 
+// fits says whether a call of a client that spent so much may take a free
+// slot. f.mu is held.
+func (f *fairSlots) fits(spent int) bool {
+	return f.free > 0 && (spent <= lightSpent || f.heavy < storeSlots-lightSlots)
+}
+
+// take takes a free slot that fits spent. f.mu is held.
+func (f *fairSlots) take(spent int) {
+	f.free--
+	if spent > lightSpent {
+		f.heavy++
+	}
+}
+
 // acquire takes a slot for a client that has reported spent usages in
-// this interval, or returns ctx's error.
+// this interval, or returns false when done is closed first. The slot is
+// given back with release(spent).
 func (f *fairSlots) acquire(done <-chan struct{}, spent int) bool {
 	f.mu.Lock()
-	if f.free > 0 {
-		f.free--
+	if f.fits(spent) {
+		f.take(spent)
 		f.mu.Unlock()
 		return true
 	}
@@ -332,34 +356,50 @@ func (f *fairSlots) acquire(done <-chan struct{}, spent int) bool {
 			}
 		}
 		// handed a slot meanwhile: give it on
-		f.handOn()
+		f.give(spent)
 		return false
 	}
 }
 
-// release gives a slot back, to the waiting call that comes first.
-func (f *fairSlots) release() {
+// release gives back a slot taken with acquire(spent), to the waiting
+// call that comes first.
+func (f *fairSlots) release(spent int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.handOn()
+	f.give(spent)
 }
 
-// handOn passes a slot to the first waiter, or frees it. f.mu is held.
-func (f *fairSlots) handOn() {
-	if len(f.waiting) == 0 {
-		f.free++
-		return
+// give frees a slot held for spent and hands free slots on: each to the
+// waiter that has spent least (the earliest among equals) whose call
+// fits. f.mu is held.
+func (f *fairSlots) give(spent int) {
+	f.free++
+	if spent > lightSpent {
+		f.heavy--
 	}
-	best := 0
-	for i, w := range f.waiting {
-		b := f.waiting[best]
-		if w.spent < b.spent || (w.spent == b.spent && w.seq < b.seq) {
-			best = i
+	for len(f.waiting) > 0 {
+		best := -1
+		for i, w := range f.waiting {
+			if !f.fits(w.spent) {
+				continue
+			}
+			if best < 0 {
+				best = i
+				continue
+			}
+			b := f.waiting[best]
+			if w.spent < b.spent || (w.spent == b.spent && w.seq < b.seq) {
+				best = i
+			}
 		}
+		if best < 0 {
+			return
+		}
+		w := f.waiting[best]
+		f.waiting = append(f.waiting[:best], f.waiting[best+1:]...)
+		f.take(w.spent)
+		close(w.ready)
 	}
-	w := f.waiting[best]
-	f.waiting = append(f.waiting[:best], f.waiting[best+1:]...)
-	close(w.ready)
 }
 
 // spent is host's usages reported in the current interval.

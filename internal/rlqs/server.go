@@ -638,7 +638,7 @@ func (s *Server) call(sctx context.Context, spent int, reqs []sluice.Request) ([
 			return nil, fmt.Errorf("rlqs: waiting for a store slot: %w", sctx.Err())
 		}
 		ds, err := s.store.ApplyAll(sctx, sluice.OpTake, reqs)
-		s.slots.release() // a retry waits its turn again
+		s.slots.release(spent) // a retry waits its turn again
 		if err == nil || !errors.Is(err, sluice.ErrUnavailable) || sctx.Err() != nil {
 			return ds, err
 		}
