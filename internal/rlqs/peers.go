@@ -287,7 +287,7 @@ func (r *rateLog) log(kind, msg string, args ...any) {
 // clients that have reported at most lightSpent usages in the interval.
 const (
 	storeSlots = 4
-	lightSlots = 2
+	lightSlots = 3
 	lightSpent = 2 * chunkBuckets
 )
 
