@@ -184,13 +184,14 @@ func (t *peerTable) overBudget(host string) time.Duration {
 	return time.Duration(t.interval - now%t.interval)
 }
 
-// callSlots returns host's semaphore of store calls (peerCalls). The
-// entry stays while host has a stream, so the channel is the one other
-// streams of host use.
-func (t *peerTable) callSlots(host string) chan struct{} {
+// callSlots returns host's semaphore of store calls (peerCalls) and its
+// usages reported in the current interval. The entry stays while host
+// has a stream, so the channel is the one other streams of host use.
+func (t *peerTable) callSlots(host string) (chan struct{}, int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.get(host).calls
+	p := t.get(host)
+	return p.calls, p.reports
 }
 
 // newBucket counts a new bucket of host against its budget and the
@@ -400,13 +401,6 @@ func (f *fairSlots) give(spent int) {
 		f.take(w.spent)
 		close(w.ready)
 	}
-}
-
-// spent is host's usages reported in the current interval.
-func (t *peerTable) spent(host string) int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.get(host).reports
 }
 
 // MaxPendingBytes bounds the reports, in their wire bytes, that the

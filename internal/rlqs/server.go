@@ -47,7 +47,6 @@ import (
 	"net"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -133,6 +132,7 @@ type compiled struct {
 	domains  map[string]*domainPolicies
 	interval time.Duration
 	ttl      time.Duration
+	ttlPB    *durationpb.Duration // ttl, shared by the answers (read only)
 	maxBkts  int
 	maxUsage int
 }
@@ -142,7 +142,7 @@ func compileConfig(c *Config) (*compiled, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &compiled{src: c, domains: domains, interval: c.interval(), ttl: c.ttl(),
+	return &compiled{src: c, domains: domains, interval: c.interval(), ttl: c.ttl(), ttlPB: durationpb.New(c.ttl()),
 		maxBkts:  orDefault(c.MaxBucketsPerStream, DefaultMaxBucketsPerStream),
 		maxUsage: orDefault(c.MaxUsagesPerReport, DefaultMaxUsagesPerReport)}, nil
 }
@@ -267,6 +267,9 @@ type bucket struct {
 	reported int64 // clock time of the last report that went to the store
 	taken    bool  // the store answered for it: assigned is an assignment
 	carry    int64 // requests of reports answered without the store since
+	// strategy is the token bucket of assigned tokens per fill, kept
+	// while the assignment is (read only: answers share it).
+	strategy *typev3.RateLimitStrategy
 }
 
 // stream is one Envoy's stream.
@@ -442,8 +445,7 @@ func (s *Server) report(ctx context.Context, st *stream, msg *rlqsv3.RateLimitQu
 			s.m.refused.WithLabelValues("bucket_id").Inc()
 			return nil, err
 		}
-		canon := canonical(id)
-		h := hashKey(canon)
+		h := hashID(id)
 		b := st.buckets[h]
 		if b == nil {
 			if len(st.buckets) >= cfg.maxBkts {
@@ -619,10 +621,15 @@ func (s *Server) action(cfg *compiled, b *bucket, id *rlqsv3.BucketId) *rlqsv3.R
 	if b.assigned == 0 {
 		a = blanket(cfg.ttl, typev3.RateLimitStrategy_DENY_ALL)
 	} else {
+		st := b.strategy
+		if tb := st.GetTokenBucket(); tb == nil || int64(tb.GetTokensPerFill().GetValue()) != min(b.assigned, math.MaxUint32) || tb.GetFillInterval().AsDuration() != b.fill {
+			st = TokenBucketFor(b.assigned, b.fill)
+			b.strategy = st
+		}
 		a = &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
 			QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
-				AssignmentTimeToLive: durationpb.New(cfg.ttl),
-				RateLimitStrategy:    TokenBucketFor(b.assigned, b.fill),
+				AssignmentTimeToLive: cfg.ttlPB,
+				RateLimitStrategy:    st,
 			}}}
 	}
 	a.BucketId = id
@@ -653,12 +660,7 @@ func (s *Server) apply(sctx context.Context, st *stream, reqs []sluice.Request) 
 	// the chunks. A client has at most peerCalls chunks in flight, sent
 	// together (the store pipelines calls in flight at once): a report of
 	// up to 2 × chunkBuckets buckets takes one round trip.
-	ds := make([]sluice.Decision, len(reqs))
-	var err error
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	slots := s.peers.callSlots(st.host)
-	spent := s.peers.spent(st.host)
+	slots, spent := s.peers.callSlots(st.host)
 	if len(reqs) <= 2*chunkBuckets { // one chunk: no goroutine
 		select {
 		case slots <- struct{}{}:
@@ -677,6 +679,16 @@ func (s *Server) apply(sctx context.Context, st *stream, reqs []sluice.Request) 
 		}
 		return ds, nil
 	}
+	return s.applyChunks(sctx, slots, spent, reqs)
+}
+
+// applyChunks is apply of a report of more than one chunk: its chunks run
+// in turn, at most peerCalls at once.
+func (s *Server) applyChunks(sctx context.Context, slots chan struct{}, spent int, reqs []sluice.Request) ([]sluice.Decision, error) {
+	ds := make([]sluice.Decision, len(reqs))
+	var err error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	for lo := 0; lo < len(reqs); lo += 2 * chunkBuckets {
 		hi := min(len(reqs), lo+2*chunkBuckets)
 		select {
@@ -769,23 +781,36 @@ func checkID(id map[string]string) error {
 
 // canonical is the bucket id's map as one string, keys sorted; lengths
 // prefix each part so no two ids collide.
-func canonical(id map[string]string) string {
-	keys := make([]string, 0, len(id))
+func canonical(id map[string]string) string { return string(appendCanonical(nil, id)) }
+
+// appendCanonical appends canonical(id) to dst. id is checked (checkID):
+// at most MaxBucketIDEntries keys.
+func appendCanonical(dst []byte, id map[string]string) []byte {
+	var kbuf [MaxBucketIDEntries]string
+	keys := kbuf[:0]
 	for k := range id {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	var sb strings.Builder
 	for _, k := range keys {
-		fmt.Fprintf(&sb, "%d:%s%d:%s", len(k), k, len(id[k]), id[k])
+		v := id[k]
+		dst = strconv.AppendInt(dst, int64(len(k)), 10)
+		dst = append(dst, ':')
+		dst = append(dst, k...)
+		dst = strconv.AppendInt(dst, int64(len(v)), 10)
+		dst = append(dst, ':')
+		dst = append(dst, v...)
 	}
-	return sb.String()
+	return dst
 }
 
-// hashKey keeps raw bucket values (user ids, perhaps) out of store keys,
-// and a stream's bucket table small whatever the size of the ids.
-func hashKey(canon string) [16]byte {
-	h := sha256.Sum256([]byte(canon))
+// hashID is the first 16 bytes of the SHA-256 of canonical(id), which
+// keeps raw bucket values (user ids, perhaps) out of store keys, and a
+// stream's bucket table small whatever the size of the ids. The id is
+// checked: its canonical form fits the buffer on the stack.
+func hashID(id map[string]string) [16]byte {
+	var buf [MaxBucketIDBytes + MaxBucketIDEntries*2*8]byte
+	h := sha256.Sum256(appendCanonical(buf[:0], id))
 	return [16]byte(h[:16])
 }
 
