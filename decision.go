@@ -253,9 +253,15 @@ const (
 	// asking the store while its RetryAfter runs. The times count down; a
 	// refund or reset by another instance is not seen until it lapses.
 	FromCache
+	// FromShare: decided in this region from a share of a global key's
+	// capacity that the key's home region charged in advance and that this
+	// region's store holds; see package region. Every admission is backed
+	// by a charge the home store made; Remaining is the share left in this
+	// region, ResetAfter the time until the share expires.
+	FromShare
 )
 
-var sourceNames = [...]string{FromStore: "store", FromLease: "lease", FromCache: "cache"}
+var sourceNames = [...]string{FromStore: "store", FromLease: "lease", FromCache: "cache", FromShare: "share"}
 
 // String returns the source's name, such as "lease".
 func (s Source) String() string {

@@ -34,14 +34,21 @@ It tells the kind of each file from its fields: a 'sluice serve' config
 (policies, tiers of policies, authz; with its gateway: section and the
 envoy: section's config_dir), a 'sluice gateway' config (upstream, tiers
 of rpm/tpm limits) or an envoyproxy/ratelimit file (domain, descriptors).
-A directory is checked as an envoyproxy/ratelimit config directory.
---kind overrides the detection.
+A directory's YAML files (*.yaml, *.yml, not hidden) are told apart the
+same way: a directory of envoyproxy/ratelimit files only is checked as
+one config directory (domains unique across its files, as 'sluice serve'
+loads envoy.config_dir); in a directory that mixes kinds, such as
+examples/, each sluice config is checked on its own and the
+envoyproxy/ratelimit files together; a YAML file with no field of any of
+these (an Envoy bootstrap, a Compose file) is skipped and said so. --kind
+overrides the detection (--kind envoy takes a directory as a rules
+directory whatever it holds).
 
 Offline means it reads nothing but the files: a gateway's upstream keys,
 which are in the environment where the gateway runs and often not where
 its config is checked, are not looked for unless --env is given; then a
 missing key variable or key_file is a problem too.`,
-		Example: "  sluice config check examples/sluice.yaml examples/gateway.yaml\n  sluice config check deploy/envoy/ratelimit\n  sluice config check --env gateway.yaml   # where it runs: its keys too",
+		Example: "  sluice config check examples/sluice.yaml examples/gateway.yaml\n  sluice config check deploy/envoy/ratelimit examples/\n  sluice config check --env gateway.yaml   # where it runs: its keys too",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			force, err := parseKind(kind)
@@ -92,13 +99,7 @@ func parseKind(s string) (config.Kind, error) {
 // a gateway's upstream keys must be in this environment too.
 func checkConfig(out, errOut io.Writer, path string, kind config.Kind, env bool) bool {
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		n, err := envoyrls.CheckDir(path, false)
-		if err != nil {
-			reportAs(errOut, path+": invalid envoyproxy/ratelimit config directory", err)
-			return false
-		}
-		fmt.Fprintf(out, "%s: ok: envoyproxy/ratelimit config, %d domains\n", path, n)
-		return true
+		return checkDir(out, errOut, path, kind, env)
 	}
 	data, err := yamlconf.ReadFile(config.ErrInvalid, path)
 	if err != nil {
@@ -167,6 +168,86 @@ func checkConfig(out, errOut io.Writer, path string, kind config.Kind, env bool)
 		}
 	}
 	return ok
+}
+
+// checkDir checks a directory's YAML files, each by its kind (or all as
+// kind when it is given): the envoyproxy/ratelimit files as one rules
+// directory, each other file on its own (with env, as checkConfig).
+func checkDir(out, errOut io.Writer, dir string, kind config.Kind, env bool) bool {
+	files, err := yamlFiles(dir)
+	if err != nil {
+		fmt.Fprintf(errOut, "%s: %v\n", dir, err)
+		return false
+	}
+	var envoy, others []string
+	for _, f := range files {
+		k := kind
+		if k == config.KindUnknown {
+			data, err := yamlconf.ReadFile(config.ErrInvalid, f)
+			if err != nil {
+				report(errOut, f, config.KindUnknown, err)
+				return false
+			}
+			if !config.Recognised(data) {
+				fmt.Fprintf(out, "%s: skipped: no field of a sluice or envoyproxy/ratelimit config\n", f)
+				continue
+			}
+			k = config.Detect(data)
+		}
+		if k == config.KindEnvoy {
+			envoy = append(envoy, f)
+		} else {
+			others = append(others, f)
+		}
+	}
+	if len(others) == 0 {
+		n, err := envoyrls.CheckDir(dir, false)
+		if err != nil {
+			reportAs(errOut, dir+": invalid envoyproxy/ratelimit config directory", err)
+			return false
+		}
+		fmt.Fprintf(out, "%s: ok: envoyproxy/ratelimit config, %d domains\n", dir, n)
+		return true
+	}
+	ok := true
+	for _, f := range others {
+		ok = checkConfig(out, errOut, f, kind, env) && ok
+	}
+	if len(envoy) > 0 {
+		n, err := envoyrls.CheckFiles(envoy, false)
+		if err != nil {
+			reportAs(errOut, fmt.Sprintf("%s: invalid envoyproxy/ratelimit config (%d files)", dir, len(envoy)), err)
+			return false
+		}
+		fmt.Fprintf(out, "%s: ok: envoyproxy/ratelimit config, %d files, %d domains\n", dir, len(envoy), n)
+	}
+	return ok
+}
+
+// yamlFiles lists the YAML files directly in dir as the Envoy rate limit
+// service reads a config_dir: *.yaml and *.yml, hidden entries (such as
+// Kubernetes' ..data) and directories skipped, in name order.
+func yamlFiles(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("config check: %w", err)
+	}
+	var out []string
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".") {
+			continue
+		}
+		if ext := filepath.Ext(name); ext != ".yaml" && ext != ".yml" {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		if fi, err := os.Stat(path); err != nil || fi.IsDir() {
+			continue
+		}
+		out = append(out, path)
+	}
+	return out, nil
 }
 
 // report prints err under a header naming the file and its kind: a

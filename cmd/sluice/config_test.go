@@ -82,7 +82,7 @@ func TestConfigCheckBadFixtures(t *testing.T) {
 		"serve.bad.yaml": {
 			dir + "serve.bad.yaml: invalid sluice serve config, 4 problems:",
 			dir + `serve.bad.yaml:3: store.failure_policy: unknown failure policy "fail_maybe"; valid: local, fail_open, fail_closed, error`,
-			dir + "serve.bad.yaml:7: policies.free.brust: unknown field; did you mean burst? valid: algorithm, limit, burst, shadow, lease, max_wait, delay, nginx, timezone, reset_at, week_starts",
+			dir + "serve.bad.yaml:7: policies.free.brust: unknown field; did you mean burst? valid: algorithm, limit, burst, shadow, lease, max_wait, delay, nginx, scope, home, timezone, reset_at, week_starts",
 			dir + `serve.bad.yaml:10: tiers.free.policies[1]: unknown policy "gold"; valid: free`,
 			dir + `serve.bad.yaml:12: authz.default_tier: unknown tier "platinum"; valid: free`,
 		},
@@ -101,7 +101,7 @@ func TestConfigCheckBadFixtures(t *testing.T) {
 		},
 		"envoy_dir.bad": {
 			dir + "envoy_dir.bad: invalid envoyproxy/ratelimit config directory, 2 problems:",
-			dir + "envoy_dir.bad/a.yaml:4: descriptors[0].ratelimit: config error, unknown key 'ratelimit'; valid: algorithm, burst, descriptors, detailed_metric, domain, key, lease, name, rate_limit, replaces, requests_per_unit, shadow_mode, share_threshold, unit, unlimited, value, value_to_metric",
+			dir + "envoy_dir.bad/a.yaml:4: descriptors[0].ratelimit: config error, unknown key 'ratelimit'; valid: algorithm, burst, descriptors, detailed_metric, domain, key, lease, metadata, name, quota_mode, rate_limit, replaces, requests_per_unit, shadow_mode, share_threshold, unit, unlimited, value, value_to_metric",
 			dir + "envoy_dir.bad/b.yaml:4: descriptors[0].rate_limit.unit: should not specify rate limit unit when unlimited",
 		},
 	}
@@ -227,6 +227,67 @@ func TestConfigCheckRedactsUpstream(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), secret) || !strings.Contains(logs.String(), "acct:xxxxx@") {
 		t.Fatalf("start-up line: %s", logs.String())
+	}
+}
+
+// TestConfigCheckDirectoryKinds checks directories by what each file is:
+// examples/ (a serve and a gateway config, no rules) without a problem;
+// envoyproxy/ratelimit's own examples directory as one rules directory;
+// a directory mixing a serve config, rules and an Envoy bootstrap, with
+// the rules checked together (a domain twice is an error) and the
+// bootstrap skipped.
+func TestConfigCheckDirectoryKinds(t *testing.T) {
+	check := func(args ...string) (string, string, error) {
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), append([]string{"config", "check"}, args...), &out, &errOut)
+		return out.String(), errOut.String(), err
+	}
+	out, errs, err := check("../../examples")
+	if err != nil || errs != "" {
+		t.Fatalf("config check examples/: %v\n%s", err, errs)
+	}
+	for _, want := range []string{"gateway.yaml: ok: sluice gateway config", "sluice.yaml: ok: sluice serve config"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("examples/: output lacks %q:\n%s", want, out)
+		}
+	}
+	out, errs, err = check("../../internal/envoyrls/testdata/erl-examples")
+	if err != nil || !strings.Contains(out, "erl-examples: ok: envoyproxy/ratelimit config, 2 domains") {
+		t.Errorf("envoyproxy/ratelimit's examples: %v\n%s%s", err, out, errs)
+	}
+
+	dir := t.TempDir()
+	write := func(name, body string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	serve, err := os.ReadFile("../../examples/sluice.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bootstrap, err := os.ReadFile("../../deploy/envoy/envoy.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("sluice.yaml", string(serve))
+	write("envoy.yaml", string(bootstrap))
+	write("a.yaml", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	write("notes.txt", "not YAML: ignored")
+	out, errs, err = check(dir)
+	if err != nil || errs != "" {
+		t.Fatalf("mixed directory: %v\n%s%s", err, out, errs)
+	}
+	for _, want := range []string{"sluice.yaml: ok: sluice serve config", "envoy.yaml: skipped", ": ok: envoyproxy/ratelimit config, 1 files, 1 domains"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("mixed directory: output lacks %q:\n%s", want, out)
+		}
+	}
+	write("b.yml", "domain: a\ndescriptors: []\n")
+	_, errs, err = check(dir)
+	if err == nil || !strings.Contains(errs, "b.yml:1: domain: duplicate domain 'a' in config file") {
+		t.Errorf("a domain in two files of a mixed directory: err %v\n%s", err, errs)
 	}
 }
 

@@ -31,13 +31,14 @@ func envoyComponent(d server.Deps) (server.Component, error) {
 		dir = filepath.Join(filepath.Dir(cfg.Path), dir)
 	}
 	svc, err := envoyrls.New(envoyrls.Options{
-		Store:           d.Store,
-		ConfigDir:       dir,
-		Logger:          d.Logger,
-		Registerer:      d.Metrics.Registry,
-		ResponseHeaders: sec.ResponseHeaders,
-		MergeDomains:    sec.MergeDomains,
-		Lease:           sec.Lease,
+		Store:                   d.Store,
+		ConfigDir:               dir,
+		Logger:                  d.Logger,
+		Registerer:              d.Metrics.Registry,
+		ResponseHeaders:         sec.ResponseHeaders,
+		ResponseDynamicMetadata: sec.ResponseDynamicMetadata,
+		MergeDomains:            sec.MergeDomains,
+		Lease:                   sec.Lease,
 	})
 	if err != nil {
 		return nil, err

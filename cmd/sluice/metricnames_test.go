@@ -21,7 +21,7 @@ const metricNamesFile = "../../deploy/test/testdata/metric-names.txt"
 
 // TestMetricNamesFile builds the registry of a `sluice serve` with every
 // part that registers metrics (the API, delay mode, the Envoy service,
-// RLQS, the gateway with a queue) and fails if metricNamesFile does not
+// RLQS, the gateway with an upstream pool and a queue) and fails if metricNamesFile does not
 // list exactly its names. SLUICE_UPDATE_METRIC_NAMES=1 rewrites the file.
 func TestMetricNamesFile(t *testing.T) {
 	dir := t.TempDir()
@@ -48,7 +48,10 @@ rlqs:
         - {name: all, match: {route: api}, requests_per_unit: 100, unit: second}
 gateway:
   listen: 127.0.0.1:0
-  upstream: {base_url: "http://127.0.0.1:1/v1", api: openai, api_key_env: NAMES_UPSTREAM_KEY}
+  upstreams:
+    - {name: a, kind: openai, base_url: "http://127.0.0.1:1/v1", key_env: NAMES_UPSTREAM_KEY, models: {gpt-4o-mini: {rpm: 100, tpm: 100000}}}
+  routes:
+    gpt-4o-mini: [{upstream: a}]
   models: [gpt-4o-mini]
   tiers:
     t: {rpm: 100, tpm: 100000}
@@ -99,7 +102,7 @@ gateway:
 		t.Fatalf("serve exited: %v", err)
 	}
 	want := strings.Join(r.Names(), "\n") + "\n"
-	for _, prefix := range []string{"sluice_gateway_", "sluice_envoy_rls_", "sluice_rlqs_", "sluice_delay_", "sluice_decisions_total"} {
+	for _, prefix := range []string{"sluice_gateway_", "sluice_gateway_upstream_429_total", "sluice_envoy_rls_", "sluice_rlqs_", "sluice_delay_", "sluice_decisions_total"} {
 		if !strings.Contains(want, "\n"+prefix) {
 			t.Fatalf("no %s* metric registered: %s", prefix, want)
 		}

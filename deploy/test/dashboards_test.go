@@ -170,7 +170,8 @@ func TestDashboardsAndAlertsUseRealMetrics(t *testing.T) {
 			}
 		}
 	}
-	for _, a := range []string{"SluiceGatewayBudgetBurnFast", "SluiceStoreDegraded", "SluiceDenyRatioJump", "SluiceEnvoyOverLimitJump"} {
+	for _, a := range []string{"SluiceGatewayBudgetBurnFast", "SluiceStoreDegraded", "SluiceDenyRatioJump", "SluiceEnvoyOverLimitJump",
+		"SluiceUpstreamProvider429", "SluiceUpstreamCoolingDown", "SluiceUpstreamFailovers", "SluiceUpstreamNoHeadroom"} {
 		if !alerts[a] {
 			t.Errorf("no alert %s", a)
 		}
@@ -226,7 +227,10 @@ func TestDashboardsAndAlertsUseRealMetrics(t *testing.T) {
 	}
 	// The metrics the gateway and Envoy dashboards are for.
 	for _, n := range []string{"sluice_gateway_tokens_total", "sluice_gateway_spend_microdollars_total", "sluice_gateway_queue_wait_seconds",
-		"sluice_gateway_rejections_total", "sluice_envoy_rls_hits_total", "sluice_envoy_rls_request_duration_seconds", "sluice_store_degraded_total"} {
+		"sluice_gateway_rejections_total", "sluice_envoy_rls_hits_total", "sluice_envoy_rls_request_duration_seconds", "sluice_store_degraded_total",
+		// The upstream pool's health (internal/upstream/metrics.go): its dashboard row and alerts.
+		"sluice_gateway_upstream_requests_total", "sluice_gateway_upstream_429_total", "sluice_gateway_upstream_cooldowns_total",
+		"sluice_gateway_upstream_failovers_total", "sluice_gateway_upstream_remaining", "sluice_gateway_upstream_tightened_total"} {
 		if !used[n] {
 			t.Errorf("no dashboard or alert uses %s", n)
 		}

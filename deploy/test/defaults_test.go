@@ -7,7 +7,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sluice-io/sluice/internal/config"
-	"github.com/sluice-io/sluice/memstore"
 )
 
 // sizing is the chart's memory model, values.yaml's memory: section: the
@@ -46,7 +45,7 @@ const mib = 1 << 20
 
 // checkRightByDefault asserts what every deploy file must get right for a
 // limiter, whatever the variant: several replicas never count on separate
-// memory stores (the service's nor the gateway's), the failure policy is
+// memory stores (the gateway's limits are in the service's store), the failure policy is
 // the one wanted, and the memory request and limit are sized from the key
 // bounds the config sets, by the chart's model and above the measured RSS.
 func checkRightByDefault(t *testing.T, name string, o *objects, cfg *config.Config, wantPolicy string, sz sizing) {
@@ -61,13 +60,9 @@ func checkRightByDefault(t *testing.T, name string, o *objects, cfg *config.Conf
 	if cfg.Store.MaxKeys <= 0 || cfg.Store.MaxBytes <= 0 {
 		t.Errorf("%s: store.max_keys %d, max_bytes %d: the memory limit must be sized from explicit bounds", name, cfg.Store.MaxKeys, cfg.Store.MaxBytes)
 	}
+	// Inside sluice serve the gateway keeps its limits in the service's
+	// store (cmd/sluice/gateway.go): its heap is within max_bytes.
 	heap := cfg.Store.MaxBytes
-	if gw := cfg.File.Gateway; gw != nil && (gw.Store.URL == "" || gw.Store.URL == "memory") {
-		if replicas > 1 {
-			t.Errorf("%s: %d replicas with the gateway's limits on its memory store", name, replicas)
-		}
-		heap += memstore.DefaultMaxBytes // the gateway's store takes no max_bytes
-	}
 	want := (sz.BaseMiB*mib + heap*sz.RSSPerHeapMiB + mib - 1) / mib * mib
 	res := o.deployments[0].Spec.Template.Spec.Containers[0].Resources
 	lim, req := res.Limits.Memory(), res.Requests.Memory()

@@ -71,7 +71,7 @@ func TestHelmChart(t *testing.T) {
 		redis        bool   // the service's store is Redis
 		policy       string // store.failure_policy
 		monitors     int
-		secrets      int
+		secrets      int // besides the config's
 		pdbs         int
 		check        func(t *testing.T, o *objects)
 	}{
@@ -104,7 +104,6 @@ gateway:
   apiKeySecret: {name: openai, key: token}
   config:
     upstream: {base_url: https://api.openai.com/v1, api_key_env: OPENAI_API_KEY}
-    store: {url: "redis://redis.example:6379/1"}
     tiers: {free: {rpm: 20}}
 serviceMonitor: {enabled: true, labels: {release: prom}}
 otel: {endpoint: "http://otel-collector:4317", env: {OTEL_TRACES_SAMPLER: parentbased_traceidratio, OTEL_TRACES_SAMPLER_ARG: "0.1"}}
@@ -124,11 +123,11 @@ keys:
 			if !hasPortName(c, "grpc-rls") || !hasPortName(c, "gateway") {
 				t.Errorf("ports %+v lack grpc-rls or gateway", c.Ports)
 			}
-			if cm := o.configMaps["rl-sluice"]; strings.Contains(cm.Data["sluice.yaml"], "pw@") {
-				t.Error("the Redis password is in the ConfigMap")
+			if cfg := o.secrets["rl-sluice-config"].StringData["sluice.yaml"]; strings.Contains(cfg, "pw@") {
+				t.Error("the Redis password is in sluice.yaml, not in its own Secret")
 			}
-			if cm := o.configMaps["rl-sluice"]; !strings.Contains(cm.Data["sluice.yaml"], "plain_windows: true") {
-				t.Errorf("store.plainWindows did not reach sluice.yaml:\n%s", cm.Data["sluice.yaml"])
+			if cfg := o.secrets["rl-sluice-config"].StringData["sluice.yaml"]; !strings.Contains(cfg, "plain_windows: true") {
+				t.Errorf("store.plainWindows did not reach sluice.yaml:\n%s", cfg)
 			}
 			if u := o.pdbs[0].Spec.MaxUnavailable; u == nil || u.IntValue() != 1 {
 				t.Errorf("PodDisruptionBudget maxUnavailable %v, want 1", u)
@@ -138,8 +137,8 @@ keys:
 store: {existingSecret: my-redis, existingSecretKey: uri, plainWindows: false}
 podDisruptionBudget: {enabled: false}`, check: func(t *testing.T, o *objects) {
 			// false must reach sluice.yaml: sluice's default is true.
-			if cm := o.configMaps["rl-sluice"]; !strings.Contains(cm.Data["sluice.yaml"], "plain_windows: false") {
-				t.Errorf("store.plainWindows: false did not reach sluice.yaml:\n%s", cm.Data["sluice.yaml"])
+			if cfg := o.secrets["rl-sluice-config"].StringData["sluice.yaml"]; !strings.Contains(cfg, "plain_windows: false") {
+				t.Errorf("store.plainWindows: false did not reach sluice.yaml:\n%s", cfg)
 			}
 			ref := o.deployments[0].Spec.Template.Spec.Containers[0].Env[0].ValueFrom.SecretKeyRef
 			if ref.Name != "my-redis" || ref.Key != "uri" {
@@ -153,11 +152,12 @@ podDisruptionBudget: {enabled: false}`, check: func(t *testing.T, o *objects) {
 			if err := decodeAll(tc.name, []byte(out), &o); err != nil {
 				t.Fatalf("%v\n%s", err, out)
 			}
-			if len(o.monitors) != tc.monitors || len(o.secrets) != tc.secrets || len(o.pdbs) != tc.pdbs {
-				t.Errorf("%d ServiceMonitors, %d Secrets and %d PodDisruptionBudgets, want %d, %d and %d",
-					len(o.monitors), len(o.secrets), len(o.pdbs), tc.monitors, tc.secrets, tc.pdbs)
+			if len(o.monitors) != tc.monitors || len(o.secrets) != tc.secrets+1 || len(o.pdbs) != tc.pdbs {
+				t.Errorf("%d ServiceMonitors, %d Secrets and %d PodDisruptionBudgets, want %d, %d (with the config's) and %d",
+					len(o.monitors), len(o.secrets), len(o.pdbs), tc.monitors, tc.secrets+1, tc.pdbs)
 			}
 			cfg := checkWorkload(t, tc.name, &o)
+			checkConfigMapsHoldRulesOnly(t, tc.name, &o)
 			if got := *o.deployments[0].Spec.Replicas; got != tc.replicas {
 				t.Errorf("%d replicas, want %d", got, tc.replicas)
 			}
@@ -180,9 +180,25 @@ func TestHelmChartRefuses(t *testing.T) {
 		{"replicas on memory", `replicaCount: 3`,
 			"replicaCount is 3 but no store.redisURL or store.existingSecret is set: on the memory store each replica keeps its own counts, so every limit would be 3 times what you wrote"},
 		{"gateway without key", `gateway: {enabled: true}`,
-			"gateway.enabled needs the upstream API key, which sluice gateway reads from $OPENAI_API_KEY and would not start without"},
-		{"gateway replicas on memory", `{replicaCount: 2, store: {redisURL: "redis://r:6379/0"}, gateway: {enabled: true, apiKeySecret: {name: openai}}}`,
-			"replicaCount is 2 but gateway.config.store.url is memory"},
+			"gateway.enabled needs the upstream key sluice reads from $OPENAI_API_KEY and would not start without"},
+		{"gateway store", `{replicaCount: 2, store: {redisURL: "redis://r:6379/0"}, gateway: {enabled: true, apiKeySecret: {name: openai}, config: {store: {url: "redis://:pw@r:6379/1"}}}}`,
+			"gateway.config.store is set, but inside sluice serve the gateway keeps its limits in the service's store"},
+		{"upstream and upstreams", `gateway: {enabled: true, keys: [{env: K, secret: s}], config: {upstream: {base_url: "http://a/v1", api_key_env: K}, upstreams: [{name: a, kind: openai, base_url: "http://a/v1", key_env: K, models: {m: {rpm: 1}}}], routes: {m: [{upstream: a}]}}}`,
+			"gateway.config has both upstream and upstreams"},
+		{"upstreams without routes", `gateway: {enabled: true, keys: [{env: K, secret: s}], config: {upstreams: [{name: a, kind: openai, base_url: "http://a/v1", key_env: K, models: {m: {rpm: 1}}}]}}`,
+			"gateway.config.upstreams needs routes"},
+		{"pool key not set", `gateway: {enabled: true, keys: [{env: K1, secret: s}], config: {upstreams: [{name: a, kind: openai, base_url: "http://a/v1", key_env: K1, models: {m: {rpm: 1}}}, {name: b, kind: azure-openai, base_url: "https://b.openai.azure.com", key_env: K2, models: {m: {rpm: 1}}}], routes: {m: [{upstream: a}, {upstream: b}]}}}`,
+			"gateway.enabled needs the upstream key sluice reads from $K2"},
+		{"key nobody reads", `gateway: {enabled: true, apiKeySecret: {name: openai}, keys: [{env: OPENAI_APIKEY, secret: s}]}`,
+			"gateway.keys sets $OPENAI_APIKEY, which no upstream of gateway.config reads"},
+		{"key set twice", `gateway: {enabled: true, apiKeySecret: {name: openai}, keys: [{env: OPENAI_API_KEY, secret: s}]}`,
+			"gateway.keys: $OPENAI_API_KEY is set twice"},
+		{"key without a variable", `gateway: {enabled: true, apiKeySecret: {name: openai}, keys: [{secret: s, key: k}]}`,
+			"gateway.keys: \"\" is not an environment variable name"},
+		{"key file", `gateway: {enabled: true, config: {upstreams: [{name: a, kind: openai, base_url: "http://a/v1", key_file: /k, models: {m: {rpm: 1}}}], routes: {m: [{upstream: a}]}}}`,
+			"key_file is not mounted by the chart"},
+		{"admin token, not its hash", `admin: {tokens: [{name: alice, hash: "0123456789abcdef"}]}`,
+			"admin.tokens[0] (alice): hash must be the 64 hex digits of the token's SHA-256"},
 		{"memory set by hand", `resources: {limits: {memory: 256Mi}}`,
 			"resources.limits.memory and resources.requests.memory are computed from store.maxBytesMiB"},
 		{"no heap bound", `store: {maxBytesMiB: 0}`, "store.maxBytesMiB must be at least 1"},

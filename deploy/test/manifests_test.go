@@ -22,7 +22,40 @@ import (
 
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/envoyrls"
+	"github.com/sluice-io/sluice/internal/gateway"
 )
+
+// checkConfigMapsHoldRulesOnly fails when a ConfigMap holds anything but
+// envoyproxy/ratelimit rules: the chart keeps sluice's config, with its
+// key and admin token hashes, in a Secret.
+func checkConfigMapsHoldRulesOnly(t *testing.T, name string, o *objects) {
+	t.Helper()
+	for cmName, cm := range o.configMaps {
+		for k, body := range cm.Data {
+			if config.Detect([]byte(body)) != config.KindEnvoy {
+				t.Errorf("%s: ConfigMap %s holds %s, not envoyproxy/ratelimit rules: sluice's config, with its key hashes, belongs in a Secret", name, cmName, k)
+			}
+		}
+	}
+}
+
+// gatewayKeyEnvs lists the variables a gateway config reads upstream keys
+// from, but those of upstreams that need none.
+func gatewayKeyEnvs(gw *gateway.Config) []string {
+	var out []string
+	if len(gw.Upstreams) == 0 {
+		if !gw.Upstream.AllowNoKey && gw.Upstream.APIKeyEnv != "" {
+			out = append(out, gw.Upstream.APIKeyEnv)
+		}
+		return out
+	}
+	for _, u := range gw.Upstreams {
+		if !u.AllowNoKey && u.KeyEnv != "" {
+			out = append(out, u.KeyEnv)
+		}
+	}
+	return out
+}
 
 // objects is a set of decoded Kubernetes objects, by kind.
 type objects struct {
@@ -80,7 +113,7 @@ func decodeAll(name string, stream []byte, into *objects) error {
 		case "kustomize.config.k8s.io/v1beta1 Kustomization":
 			continue
 		default:
-			return fmt.Errorf("%s: document %d: unexpected %s %s", name, i, tm.APIVersion, tm.Kind)
+			return fmt.Errorf("%s: document %d: unexpected %s %s: %q", name, i, tm.APIVersion, tm.Kind, doc)
 		}
 		if err := yaml.UnmarshalStrict(doc, obj); err != nil {
 			return fmt.Errorf("%s: %s (document %d) does not decode strictly: %w", name, tm.Kind, i, err)
@@ -97,7 +130,7 @@ func decodeAll(name string, stream []byte, into *objects) error {
 func stripComments(doc []byte) []byte {
 	var out []byte
 	for _, l := range bytes.Split(doc, []byte("\n")) {
-		if !bytes.HasPrefix(bytes.TrimSpace(l), []byte("#")) {
+		if tl := bytes.TrimSpace(l); !bytes.HasPrefix(tl, []byte("#")) && !bytes.Equal(tl, []byte("---")) {
 			out = append(append(out, l...), '\n')
 		}
 	}
@@ -130,12 +163,13 @@ func checkWorkload(t *testing.T, name string, o *objects) *config.Config {
 	}
 	c := pod.Spec.Containers[0]
 
-	// The config file the container reads, from the mounted ConfigMap.
+	// The config file the container reads, from the mounted ConfigMap or
+	// Secret.
 	cfgPath := flagValue(c.Args, "--config")
 	volumeFiles := mountedFiles(t, name, pod.Spec, c, o)
 	data, ok := volumeFiles[cfgPath]
 	if !ok {
-		t.Fatalf("%s: --config %s is in no mounted ConfigMap (have %v)", name, cfgPath, keys(volumeFiles))
+		t.Fatalf("%s: --config %s is in no mounted ConfigMap or Secret (have %v)", name, cfgPath, keys(volumeFiles))
 	}
 	for _, e := range c.Env {
 		if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
@@ -145,10 +179,15 @@ func checkWorkload(t *testing.T, name string, o *objects) *config.Config {
 		ref := e.ValueFrom.SecretKeyRef
 		s, ok := o.secrets[ref.Name]
 		if !ok {
-			t.Setenv(e.Name, "redis://from-an-existing-secret:6379/0")
+			// A Secret of the user's own: a value of the variable's kind.
+			v := "redis://from-an-existing-secret:6379/0"
+			if e.Name != "SLUICE_REDIS_URL" {
+				v = "sk-from-an-existing-secret-0123456789abcdef"
+			}
+			t.Setenv(e.Name, v)
 			continue
 		}
-		v, ok := s.StringData[ref.Key]
+		v, ok := secretData(s)[ref.Key]
 		if !ok {
 			t.Errorf("%s: env %s: Secret %s has no key %q", name, e.Name, ref.Name, ref.Key)
 		}
@@ -156,7 +195,19 @@ func checkWorkload(t *testing.T, name string, o *objects) *config.Config {
 	}
 	cfg, err := config.Parse(cfgPath, []byte(data))
 	if err != nil {
-		t.Fatalf("%s: the ConfigMap's sluice config does not load: %v", name, err)
+		t.Fatalf("%s: the mounted sluice config does not load: %v", name, err)
+	}
+	if gw := cfg.File.Gateway; gw != nil {
+		// Every key variable the gateway reads comes from a Secret, and the
+		// gateway's own check of them (as sluice serve runs it) passes.
+		if err := gateway.CheckKeys(gw, os.Getenv, os.ReadFile); err != nil {
+			t.Errorf("%s: gateway keys: %v", name, err)
+		}
+		for _, env := range gatewayKeyEnvs(gw) {
+			if !hasSecretEnv(c, env) {
+				t.Errorf("%s: the gateway reads its upstream key from $%s, which is not set from a Secret", name, env)
+			}
+		}
 	}
 	if cfg.Store.URL != "memory" && cfg.Store.Instances != int(*d.Spec.Replicas) {
 		t.Errorf("%s: store.instances %d != replicas %d (failure_policy local divides by it)", name, cfg.Store.Instances, *d.Spec.Replicas)
@@ -241,34 +292,58 @@ func checkWorkload(t *testing.T, name string, o *objects) *config.Config {
 	return cfg
 }
 
-// mountedFiles maps each file path the container sees from a ConfigMap
-// volume to its content.
+// mountedFiles maps each file path the container sees from a ConfigMap or
+// Secret volume to its content.
 func mountedFiles(t *testing.T, name string, spec corev1.PodSpec, c corev1.Container, o *objects) map[string]string {
 	t.Helper()
 	files := map[string]string{}
 	for _, m := range c.VolumeMounts {
 		for _, v := range spec.Volumes {
-			if v.Name != m.Name || v.ConfigMap == nil {
+			if v.Name != m.Name || (v.ConfigMap == nil && v.Secret == nil) {
 				continue
 			}
 			if m.SubPath != "" {
-				t.Errorf("%s: volume %s is mounted with subPath: ConfigMap updates never reach it", name, v.Name)
+				t.Errorf("%s: volume %s is mounted with subPath: ConfigMap and Secret updates never reach it", name, v.Name)
 			}
-			cm, ok := o.configMaps[v.ConfigMap.Name]
-			if !ok {
-				t.Fatalf("%s: volume %s: no ConfigMap %s", name, v.Name, v.ConfigMap.Name)
+			var data map[string]string
+			var items []corev1.KeyToPath
+			if v.ConfigMap != nil {
+				cm, ok := o.configMaps[v.ConfigMap.Name]
+				if !ok {
+					t.Fatalf("%s: volume %s: no ConfigMap %s", name, v.Name, v.ConfigMap.Name)
+				}
+				data, items = cm.Data, v.ConfigMap.Items
+			} else {
+				sec, ok := o.secrets[v.Secret.SecretName]
+				if !ok {
+					t.Fatalf("%s: volume %s: no Secret %s", name, v.Name, v.Secret.SecretName)
+				}
+				data, items = secretData(sec), v.Secret.Items
 			}
-			if len(v.ConfigMap.Items) == 0 {
-				for k, body := range cm.Data {
+			if len(items) == 0 {
+				for k, body := range data {
 					files[filepath.Join(m.MountPath, k)] = body
 				}
 			}
-			for _, it := range v.ConfigMap.Items {
-				files[filepath.Join(m.MountPath, it.Path)] = cm.Data[it.Key]
+			for _, it := range items {
+				files[filepath.Join(m.MountPath, it.Path)] = data[it.Key]
 			}
 		}
 	}
 	return files
+}
+
+// secretData is a Secret's content, stringData over data, as the API
+// server merges them.
+func secretData(s *corev1.Secret) map[string]string {
+	out := map[string]string{}
+	for k, v := range s.Data {
+		out[k] = string(v)
+	}
+	for k, v := range s.StringData {
+		out[k] = v
+	}
+	return out
 }
 
 func flagValue(args []string, flag string) string {

@@ -118,6 +118,10 @@ type Policy struct {
 	Delay int64
 	// HasDelay reports that the policy set delay.
 	HasDelay bool
+	// Global reports `scope: global`: one limit across regions.
+	Global bool
+	// Home is a global policy's home region; empty hashes the key.
+	Home string
 }
 
 // Tier is a plan: policies applied together, all or nothing.
@@ -224,6 +228,7 @@ func (v *validator) compile(f *File) *Config {
 		v.addf("shutdown_timeout", "%s must be positive", cfg.ShutdownTimeout)
 	}
 	v.compileStore(&cfg.Store)
+	v.compileRegions(&cfg.Store) // regions.go
 	v.compileMaxWaiting(cfg)
 	v.compileAdmin(f, cfg) // admin.go
 
@@ -273,7 +278,8 @@ func (v *validator) compile(f *File) *Config {
 				v.addf(path+".lease", "%s cannot be leased: its state is one entry per admitted event", pol.Algorithm)
 			}
 		}
-		v.compileDelay(path, &p, pol) // delay.go
+		v.compileDelay(path, &p, pol)             // delay.go
+		v.compileScope(path, &p, pol, &cfg.Store) // regions.go
 		cfg.Policies[name] = pol
 	}
 

@@ -104,6 +104,15 @@ func TestBadConfigs(t *testing.T) {
 		"unknown_field":         {`4: policies.free.brust: unknown field; did you mean burst? valid: algorithm, limit, burst, shadow`},
 		"unknown_tier_policy":   {`6: tiers.free.policies[1]: unknown policy "pro"; valid: free`},
 		"unknown_top":           {`2: polices: unknown field; did you mean policies? valid: listen,`},
+		"global_no_region":      {"6: policies.api.scope: global needs store.region and store.regions"},
+		"regions": {
+			`5: store.regions.eu: is this instance's own region, whose store is store.url`,
+			`6: store.regions.us.url: want a redis://`,
+			`7: store.global.failure_policy: unknown policy "local"; valid: fail_closed, fail_open`,
+			`12: policies.log.scope: not supported for a global key: algorithm sliding_window_log`,
+			`16: policies.far.home: unknown region "mars"; valid: eu, us`,
+			`19: policies.odd.scope: unknown scope "planetary"; valid: regional, global`,
+		},
 		"many": {
 			`2: max_chekcs: unknown field; did you mean max_checks? valid: listen, admin_token,`,
 			`5: store.failure_policy: unknown failure policy "fail_sometimes"; valid: local, fail_open, fail_closed, error`,

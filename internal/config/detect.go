@@ -103,3 +103,23 @@ func yamlFields(t reflect.Type) map[string]bool {
 	}
 	return out
 }
+
+// Recognised reports whether data is a YAML mapping with at least one
+// top-level field of a kind sluice reads (serve, gateway or
+// envoyproxy/ratelimit). `sluice config check DIR` skips the files that are
+// not, such as an Envoy bootstrap or a Compose file beside sluice's.
+func Recognised(data []byte) bool {
+	var root yaml.Node
+	if yaml.Unmarshal(data, &root) != nil || len(root.Content) == 0 || root.Content[0].Kind != yaml.MappingNode {
+		return false
+	}
+	top := root.Content[0]
+	serve, gw := yamlFields(reflect.TypeFor[File]()), yamlFields(reflect.TypeFor[gateway.Config]())
+	for i := 0; i+1 < len(top.Content); i += 2 {
+		k := top.Content[i].Value
+		if k == "domain" || k == "descriptors" || serve[k] || gw[k] {
+			return true
+		}
+	}
+	return false
+}

@@ -119,6 +119,53 @@ type StoreSection struct {
 	// old layout stops. Set it to false to keep the old layout.
 	// Restart-only.
 	PlainWindows bool `yaml:"plain_windows"`
+	// Region names the region this instance runs in. With Regions, it lets
+	// policies with `scope: global` hold one limit across regions, each
+	// region on its own Redis (URL is this region's; docs/regions.md).
+	// Restart-only.
+	Region string `yaml:"region"`
+	// Regions are the other regions' stores, by region name: reached only
+	// to fetch and refund shares of the global keys whose home they are.
+	// Restart-only.
+	Regions map[string]RegionSection `yaml:"regions"`
+	// Global tunes the shares of global policies. Restart-only.
+	Global GlobalSection `yaml:"global"`
+	// GlobalPolicies is compiled from the policies with `scope: global`:
+	// policy name to home region, "" for a home chosen by a hash of the
+	// key. It is not read from the file. Restart-only: the store is
+	// opened with the policies' scopes at start.
+	GlobalPolicies map[string]string `yaml:"-"`
+}
+
+// RegionSection is one entry of `store.regions:`.
+type RegionSection struct {
+	// URL is the region's Redis, a redis:// (or rediss://, cluster or
+	// sentinel) URL as store.url takes.
+	URL string `yaml:"url"`
+	// URLEnv names an environment variable holding the URL.
+	URLEnv string `yaml:"url_env"`
+}
+
+// GlobalSection is `store.global:`, the tuning of global policies' shares
+// (region.Options); every field has a default.
+type GlobalSection struct {
+	// FailurePolicy answers a global key in a region that holds no share
+	// and cannot reach the key's home: fail_closed (the default: the
+	// bound holds) or fail_open.
+	FailurePolicy string `yaml:"failure_policy"`
+	// Horizon is how much of the recent demand a share fetch covers
+	// (at least three fetch round trips); default 250ms.
+	Horizon time.Duration `yaml:"horizon"`
+	// TTL is how long a GCRA or token-bucket share may be spent before
+	// its rest is refunded at home; default 5s.
+	TTL time.Duration `yaml:"ttl"`
+	// FetchTimeout bounds a fetch or refund across regions; default 2s.
+	FetchTimeout time.Duration `yaml:"fetch_timeout"`
+	// ClockSkew, when set, is the most the regions' clocks differ by:
+	// window shares are then spent to their window's end by the local
+	// clock less it. Unset trusts no clock (a share ends up to a round
+	// trip early).
+	ClockSkew time.Duration `yaml:"clock_skew"`
 }
 
 // PolicySection is one entry of `policies:`.
@@ -145,6 +192,15 @@ type PolicySection struct {
 	// NGINX is the policy in NGINX's own words, instead of limit, burst,
 	// algorithm, max_wait and delay (nginx.go).
 	NGINX *NGINXSection `yaml:"nginx"`
+	// Scope is regional (the default: each region its own limit) or
+	// global (one limit across the regions of store.regions, decided in
+	// each region from shares charged at the key's home; gcra,
+	// token_bucket and fixed_window without a calendar). Restart-only.
+	Scope string `yaml:"scope"`
+	// Home is a global policy's home region, whose store is the
+	// authority for its keys; unset spreads keys over the regions by a
+	// hash of the key.
+	Home string `yaml:"home"`
 	// Timezone makes a limit per day, week, month or year a calendar
 	// window in this IANA zone, such as "Europe/Berlin": "5000/day" then
 	// resets at local midnight, 23 or 25 hours apart across DST changes.

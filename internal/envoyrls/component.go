@@ -23,6 +23,7 @@ import (
 //	  config_dir: ratelimit/      # its YAML files, unchanged
 //	  http_addr: ":8082"          # optional: /json and /healthcheck
 //	  response_headers: true      # optional: RateLimit headers for Envoy to add
+//	  response_dynamic_metadata: false # optional: RESPONSE_DYNAMIC_METADATA
 //	  merge_domains: false        # optional: MERGE_DOMAIN_CONFIG
 //	  max_request_bytes: 262144   # optional: one call's message, 4 KiB..4 MiB
 //	  max_conns_per_peer: 64      # optional: one client IP's connections, 1..4096
@@ -38,6 +39,9 @@ type Config struct {
 	HTTPAddr string `yaml:"http_addr"`
 	// ResponseHeaders sets Options.ResponseHeaders.
 	ResponseHeaders bool `yaml:"response_headers"`
+	// ResponseDynamicMetadata sets Options.ResponseDynamicMetadata
+	// (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA).
+	ResponseDynamicMetadata bool `yaml:"response_dynamic_metadata"`
 	// MergeDomains sets Options.MergeDomains.
 	MergeDomains bool `yaml:"merge_domains"`
 	// Lease sets Options.Lease: every descriptor as if `lease: true`.
@@ -217,19 +221,55 @@ func CheckDir(dir string, merge bool) (int, error) {
 	return len(rs.domains), nil
 }
 
-// CheckFile loads one envoyproxy/ratelimit YAML file offline, as CheckDir
-// does a directory, and returns the number of domains in it.
-func CheckFile(path string) (int, error) {
+// CheckFiles loads the envoyproxy/ratelimit YAML files at paths offline
+// as one configuration, as if they were a directory of their own (a
+// directory that also holds other files, say), and returns the number of
+// domains in them.
+func CheckFiles(paths []string, merge bool) (int, error) {
+	if len(paths) > maxConfigFiles {
+		return 0, fmt.Errorf("%w: more than %d config files", ErrConfig, maxConfigFiles)
+	}
+	files := make([]configFile, 0, len(paths))
+	for _, path := range paths {
+		data, err := readConfigFile(path)
+		if err != nil {
+			return 0, err
+		}
+		files = append(files, configFile{name: path, data: data})
+	}
+	m, err := newMetrics(prometheus.NewRegistry(), 0)
+	if err != nil {
+		return 0, err
+	}
+	rs, err := parseConfig(files, merge, m)
+	if err != nil {
+		return 0, err
+	}
+	return len(rs.domains), nil
+}
+
+// readConfigFile reads one file, refusing one larger than maxConfigBytes.
+func readConfigFile(path string) ([]byte, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return 0, fmt.Errorf("envoyrls: %w", err)
+		return nil, fmt.Errorf("envoyrls: %w", err)
 	}
 	if fi.Size() > maxConfigBytes {
-		return 0, fmt.Errorf("%w: %s: file is larger than %d bytes", ErrConfig, path, maxConfigBytes)
+		return nil, fmt.Errorf("%w: %s: file is larger than %d bytes", ErrConfig, path, maxConfigBytes)
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return 0, fmt.Errorf("envoyrls: %w", err)
+		return nil, fmt.Errorf("envoyrls: %w", err)
+	}
+	return data, nil
+}
+
+// CheckFile loads one envoyproxy/ratelimit YAML file offline, as CheckDir
+// does a directory, and returns the number of domains in it.
+func CheckFile(path string) (int, error) {
+	data, err := readConfigFile(path)
+	if err != nil {
+		return 0, err
 	}
 	m, err := newMetrics(prometheus.NewRegistry(), 0)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/algo"
@@ -46,11 +47,13 @@ var validKeys = map[string]bool{
 	"requests_per_unit": true,
 	"unlimited":         true,
 	"shadow_mode":       true,
+	"quota_mode":        true,
 	"name":              true,
 	"replaces":          true,
 	"detailed_metric":   true,
 	"value_to_metric":   true,
 	"share_threshold":   true,
+	"metadata":          true,
 	// sluice extensions
 	"algorithm": true,
 	"burst":     true,
@@ -81,6 +84,8 @@ type yamlDescriptor struct {
 	DetailedMetric bool             `yaml:"detailed_metric"`
 	ValueToMetric  bool             `yaml:"value_to_metric"`
 	ShareThreshold bool             `yaml:"share_threshold"`
+	QuotaMode      bool             `yaml:"quota_mode"`
+	Metadata       map[string]any   `yaml:"metadata"`
 }
 
 type yamlRoot struct {
@@ -94,6 +99,7 @@ type rule struct {
 	fullKey        string // "domain.key_value.subkey", as envoyproxy/ratelimit names it
 	unlimited      bool
 	shadow         bool
+	quota          bool // quota_mode: over it denies only when every quota-mode descriptor is over
 	detailedMetric bool
 	name           string
 	replaces       []string
@@ -103,6 +109,10 @@ type rule struct {
 	unit           rlsv3.RateLimitResponse_RateLimit_Unit
 	current        *rlsv3.RateLimitResponse_RateLimit // the response's current_limit
 	stats          *ruleStats
+	// metadata is the descriptor's metadata:, as envoyproxy/ratelimit
+	// converts it (structpb), returned in the response's dynamic metadata
+	// when the descriptor passes and envoy.response_dynamic_metadata is set.
+	metadata *structpb.Struct
 }
 
 // node is one level of a domain's descriptor tree.
@@ -291,6 +301,12 @@ func (l *loader) validateKeys(v any, path string, depth int) bool {
 			l.fail(p, "config error, unknown key '%s'; valid: %s", ks, validKeyList)
 			return true
 		}
+		if ks == "metadata" {
+			// As envoyproxy/ratelimit: metadata's keys and values are the
+			// user's own; what cannot become a protobuf Struct is refused
+			// when the descriptor is loaded.
+			return true
+		}
 		switch val := val.(type) {
 		case []any:
 			for i, e := range val {
@@ -406,10 +422,19 @@ func (l *loader) rule(d *domainConfig, dc yamlDescriptor, fullKey, path string) 
 		fullKey:        fullKey,
 		unlimited:      rl.Unlimited,
 		shadow:         dc.ShadowMode,
+		quota:          dc.QuotaMode,
 		detailedMetric: dc.DetailedMetric,
 		name:           rl.Name,
 		algorithm:      sluice.FixedWindow,
 		unit:           unit,
+	}
+	if len(dc.Metadata) > 0 {
+		md, err := structpb.NewStruct(dc.Metadata)
+		if err != nil {
+			l.fail(strings.TrimSuffix(path, ".rate_limit")+".metadata", "error parsing metadata: %v", err)
+			return nil
+		}
+		r.metadata = md
 	}
 	for i, rep := range rl.Replaces {
 		if rep.Name == "" {

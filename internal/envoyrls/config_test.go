@@ -42,7 +42,7 @@ func loadTestdata(t *testing.T, names ...string) (*ruleSet, error) {
 // (and, where there are any, the valid values); then several at once,
 // which must report every problem in a single error, file by file.
 func TestBadConfigs(t *testing.T) {
-	const keys = "; valid: algorithm, burst, descriptors, detailed_metric, domain, key, lease, name, rate_limit, replaces, requests_per_unit, shadow_mode, share_threshold, unit, unlimited, value, value_to_metric"
+	const keys = "; valid: algorithm, burst, descriptors, detailed_metric, domain, key, lease, metadata, name, quota_mode, rate_limit, replaces, requests_per_unit, shadow_mode, share_threshold, unit, unlimited, value, value_to_metric"
 	want := map[string]string{
 		"misspelled_key.bad.yaml":              "4: descriptors[0].ratelimit: config error, unknown key 'ratelimit'" + keys,
 		"misspelled_key2.bad.yaml":             "6: descriptors[0].rate_limit.requestsperunit: config error, unknown key 'requestsperunit'" + keys,
@@ -62,6 +62,7 @@ func TestBadConfigs(t *testing.T) {
 		"float_value.bad.yaml":                 "6: descriptors[0].rate_limit.requests_per_unit: error checking config",
 		"negative_rate.bad.yaml":               "6: descriptors[0].rate_limit.requests_per_unit: cannot use a YAML int `-1` as uint32",
 		"not_yaml.bad.yaml":                    "2: did not find expected node content",
+		"metadata_bad.bad.yaml":                "5: descriptors[0].metadata: error parsing metadata: proto: invalid type: map[interface {}]interface {}",
 		"log_rate.bad.yaml":                    "6: descriptors[0].rate_limit.requests_per_unit: sliding_window_log keeps every admission of its window, at most 10000 (here 1000000, each decision reading and rewriting them all); use sliding_window_counter for a higher rate",
 	}
 	paths, err := filepath.Glob("testdata/*.bad.yaml")

@@ -57,6 +57,11 @@ type Options struct {
 	// when over the limit, Retry-After to every response's
 	// response_headers_to_add, for the most constrained descriptor.
 	ResponseHeaders bool
+	// ResponseDynamicMetadata sets every response's dynamic_metadata as
+	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does: the domain, the
+	// request's descriptors and hits_addend, and the metadata: of the rules
+	// of the descriptors that passed, merged (dynamic.go).
+	ResponseDynamicMetadata bool
 	// Lease decides every descriptor's hot keys from capacity leased in
 	// chunks (package lease; the store must be a lease.Store), as if each
 	// rate_limit said `lease: true`.
@@ -71,6 +76,9 @@ type Options struct {
 	// ReloadDelay is how long Watch waits after a change in ConfigDir before
 	// reloading, so that a burst of writes is read once. Zero means 100ms.
 	ReloadDelay time.Duration
+	// ReloadStill is how long ConfigDir must see no write before a file
+	// written in place is read (Watch); zero means 2s.
+	ReloadStill time.Duration
 	// OnReload, if set, is called after every reload that Watch triggers,
 	// with its error.
 	OnReload func(error)
@@ -86,9 +94,11 @@ type Service struct {
 	log     *slog.Logger
 	prefix  string
 	headers bool
+	dynamic bool
 	merge   bool
 	lease   bool
 	delay   time.Duration
+	still   time.Duration
 	onLoad  func(error)
 	metrics *metrics
 	cfg     atomic.Pointer[ruleSet]
@@ -114,6 +124,9 @@ func New(opts Options) (*Service, error) {
 	if opts.ReloadDelay <= 0 {
 		opts.ReloadDelay = 100 * time.Millisecond
 	}
+	if opts.ReloadStill <= 0 {
+		opts.ReloadStill = 2 * time.Second
+	}
 	m, err := newMetrics(opts.Registerer, opts.MaxDetailedSeries)
 	if err != nil {
 		return nil, fmt.Errorf("envoyrls: register metrics: %w", err)
@@ -124,9 +137,11 @@ func New(opts Options) (*Service, error) {
 		log:     opts.Logger,
 		prefix:  opts.KeyPrefix,
 		headers: opts.ResponseHeaders,
+		dynamic: opts.ResponseDynamicMetadata,
 		merge:   opts.MergeDomains,
 		lease:   opts.Lease,
 		delay:   opts.ReloadDelay,
+		still:   opts.ReloadStill,
 		onLoad:  opts.OnReload,
 		metrics: m,
 	}
@@ -140,6 +155,11 @@ func New(opts Options) (*Service, error) {
 // in force.
 func (s *Service) Reload() error {
 	files, err := readDir(s.dir)
+	return s.load(files, err)
+}
+
+// load applies files, read with err.
+func (s *Service) load(files []configFile, err error) error {
 	if err == nil {
 		var cfg *ruleSet
 		if cfg, err = parseConfig(files, s.merge, s.metrics); err == nil {
@@ -168,6 +188,7 @@ type item struct {
 	cost     int64
 	kind     itemKind
 	shadow   bool
+	quota    bool // quota_mode (rule.quota)
 	lease    bool
 	key      string
 	decision sluice.Decision
@@ -248,6 +269,9 @@ func (s *Service) check(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 		s.plan(dom, req, items)
 	}
 	resp, err := s.apply(ctx, items)
+	if err == nil && s.dynamic {
+		resp.DynamicMetadata = dynamicMetadata(req, items)
+	}
 	switch {
 	case err != nil:
 		dstats.err.Inc()
@@ -328,7 +352,7 @@ func (s *Service) plan(dom *domainConfig, req *rlsv3.RateLimitRequest, items []i
 		if r == nil || (r.name != "" && replaced[r.name]) {
 			continue
 		}
-		it := item{rule: r, limit: r.limit, algo: r.algorithm, current: r.current, stats: r.stats, shadow: r.shadow, kind: kindLimited, lease: r.lease || s.lease}
+		it := item{rule: r, limit: r.limit, algo: r.algorithm, current: r.current, stats: r.stats, shadow: r.shadow, quota: r.quota, kind: kindLimited, lease: r.lease || s.lease}
 		if r.unlimited {
 			it.kind = kindUnlimited
 		}
@@ -384,7 +408,7 @@ func (s *Service) apply(ctx context.Context, items []item) (*rlsv3.RateLimitResp
 			it.decision = deniedDecision(it.limit)
 			it.decided = true
 			if !it.shadow {
-				needPeek = true
+				needPeek = true // or, in quota mode, what the others say decides
 			}
 		}
 	}
@@ -397,8 +421,9 @@ func (s *Service) apply(ctx context.Context, items []item) (*rlsv3.RateLimitResp
 			return s.response(items), nil
 		}
 	}
-	// Charge all or nothing. A batch denied only by shadow-mode descriptors
-	// is charged again without them: shadow mode must not block the others.
+	// Charge all or nothing. A batch denied only by shadow-mode descriptors,
+	// or by some of its quota-mode descriptors but not all, is charged again
+	// without them: neither blocks the others.
 	for len(batch) > 0 {
 		ds, err := s.store.ApplyAll(ctx, sluice.OpAllow, batch)
 		if err != nil {
@@ -407,15 +432,11 @@ func (s *Service) apply(ctx context.Context, items []item) (*rlsv3.RateLimitResp
 		if len(ds) != len(batch) {
 			return nil, fmt.Errorf("envoyrls: store: %d decisions for %d requests", len(ds), len(batch))
 		}
-		blocked := false
 		for j, d := range ds {
 			it := &items[idx[j]]
 			it.decision, it.decided = d, true
-			if !d.Allowed && !it.shadow {
-				blocked = true
-			}
 		}
-		if blocked || allAllowed(ds) {
+		if overLimit(items) || allAllowed(ds) {
 			break
 		}
 		n := 0
@@ -434,16 +455,12 @@ func (s *Service) apply(ctx context.Context, items []item) (*rlsv3.RateLimitResp
 // check-only descriptor. It reports whether the request is over the limit,
 // in which case nothing is to be charged and every item is decided.
 func (s *Service) peek(ctx context.Context, items []item) (bool, error) {
-	over := false
 	batch := make([]sluice.Request, 0, len(items))
 	idx := make([]int, 0, len(items))
 	for i := range items {
 		it := &items[i]
-		if it.kind == kindDenied {
-			over = over || !it.shadow
-			if it.limit.Rate <= 0 {
-				continue
-			}
+		if it.kind == kindDenied && it.limit.Rate <= 0 {
+			continue // decided by apply
 		}
 		if it.kind == kindLimited || it.kind == kindCheck || it.kind == kindDenied {
 			r := it.request()
@@ -455,7 +472,7 @@ func (s *Service) peek(ctx context.Context, items []item) (bool, error) {
 		}
 	}
 	if len(batch) == 0 {
-		return over, nil
+		return overLimit(items), nil
 	}
 	ds, err := s.store.ApplyAll(ctx, sluice.OpPeek, batch)
 	if err != nil {
@@ -471,9 +488,37 @@ func (s *Service) peek(ctx context.Context, items []item) (bool, error) {
 			d.RetryAfter = max(d.RetryAfter, d.ResetAfter)
 		}
 		it.decision, it.decided = d, true
-		over = over || (!d.Allowed && !it.shadow)
 	}
-	return over, nil
+	return overLimit(items), nil
+}
+
+// overLimit reports whether the items decided so far put the request over
+// its limits, as envoyproxy/ratelimit's service decides the overall code:
+// any descriptor over its limit that is in neither shadow nor quota mode,
+// or every quota-mode descriptor over its limit (a quota-mode descriptor
+// alone over its limit lets the request pass while another has quota
+// left). Shadow-mode descriptors are never over; unlimited ones and those
+// without a rule take no part.
+func overLimit(items []item) bool {
+	quotas, quotaOver := 0, 0
+	for i := range items {
+		it := &items[i]
+		if it.kind == kindNone || it.kind == kindUnlimited {
+			continue
+		}
+		over := it.decided && !it.decision.Allowed && !it.shadow
+		if it.quota {
+			quotas++
+			if over {
+				quotaOver++
+			}
+			continue
+		}
+		if over {
+			return true
+		}
+	}
+	return quotas > 0 && quotaOver == quotas
 }
 
 func allAllowed(ds []sluice.Decision) bool {
@@ -510,6 +555,9 @@ func (s *Service) response(items []item) *rlsv3.RateLimitResponse {
 		durs = make([]durationpb.Duration, len(items))
 	}
 	resp.OverallCode = rlsv3.RateLimitResponse_OK
+	if overLimit(items) {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
 	for i := range items {
 		it := &items[i]
 		st := &sts[i]
@@ -531,15 +579,14 @@ func (s *Service) response(items []item) *rlsv3.RateLimitResponse {
 		if over {
 			st.LimitRemaining = 0
 			if !it.shadow {
-				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-				resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT // a quota-mode one too, as envoyproxy/ratelimit answers
 			}
 		}
 		near := d.Allowed && it.limit.Rate > 0 && (it.limit.Rate-d.Remaining)*5 > it.limit.Rate*4
 		it.stats.record(it.cost, over, it.shadow, near)
 	}
 	if s.headers {
-		resp.ResponseHeadersToAdd = headersFor(items)
+		resp.ResponseHeadersToAdd = headersFor(items, resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT)
 	}
 	if fb := fallbackOf(items); fb != "" {
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: DegradedHeader, Value: fb})
@@ -606,13 +653,18 @@ func resetDuration(out *durationpb.Duration, a sluice.Algorithm, d sluice.Decisi
 // Retry-After that httplimit.SetHeaders derives from them. A descriptor is
 // named by its rule's name or full key; a request's own limit override is
 // "override". Names repeat when a request repeats a descriptor: the
-// repeats get "#2", "#3", ... so that every item stays distinct.
-func headersFor(items []item) []*corev3.HeaderValue {
+// repeats get "#2", "#3", ... so that every item stays distinct. A
+// quota-mode descriptor over its limit is left out of a request that
+// passes (over is false): the request did not wait for it.
+func headersFor(items []item, over bool) []*corev3.HeaderValue {
 	var qbuf [smallRequest]httplimit.Quota
 	qs := qbuf[:0]
 	for i := range items {
 		it := &items[i]
 		if !it.decided || it.shadow || (it.kind != kindLimited && it.kind != kindCheck && it.kind != kindDenied) {
+			continue
+		}
+		if it.quota && !over && !it.decision.Allowed {
 			continue
 		}
 		name := "override"

@@ -575,3 +575,57 @@ func writeFile(t *testing.T, path, data string) {
 		t.Fatal(err)
 	}
 }
+
+// TestHalfWrittenRulesWait: a rules file written in place in two steps,
+// a valid prefix (the domain with its first descriptor, its second not
+// yet written) and the rest after a pause shorter than ReloadStill, is
+// loaded once, whole: the prefix, a valid configuration on its own, is
+// never applied (it would drop the second descriptor's limit).
+func TestHalfWrittenRulesWait(t *testing.T) {
+	dir := copyDir(t, "testdata/config")
+	reloads := make(chan error, 16)
+	e := newEnv(t, memStore, dir, func(o *Options) {
+		o.ReloadDelay = 10 * time.Millisecond
+		o.ReloadStill = 400 * time.Millisecond
+		o.OnReload = func(err error) { reloads <- err }
+	})
+	ready := make(chan struct{})
+	e.svc.watching = func() { close(ready) }
+	ctx, cancel := context.WithCancel(context.Background())
+	watching := make(chan error, 1)
+	go func() { watching <- e.svc.Watch(ctx) }()
+	t.Cleanup(func() { cancel(); <-watching })
+	<-ready
+
+	whole := "domain: half\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 3}\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"
+	cut := strings.Index(whole, "  - key: b")
+	path := filepath.Join(dir, "half.yaml")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(whole[:cut]); err != nil {
+		t.Fatal(err)
+	}
+	// The writer pauses (a slow pipe, a script between two echo lines),
+	// shorter than ReloadStill, then writes the rest.
+	time.Sleep(150 * time.Millisecond)
+	if _, err := f.WriteString(whole[cut:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-reloads:
+		if err != nil {
+			t.Fatalf("reload: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reload within 10s")
+	}
+	// The first reload saw the whole file: b has its limit of 1.
+	if got := e.call("half", desc("b", "x")).GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != 1 {
+		t.Fatalf("b's limit after the first reload: %d, want 1 (the half-written file was applied)", got)
+	}
+}

@@ -67,13 +67,21 @@ type Options struct {
 	// RPM and TPM, when positive, are the server's own rate limits, per
 	// Period (default a minute), enforced as OpenAI does (limits.go): a
 	// bucket of each that holds the limit and refills continuously, unless
-	// Window says otherwise; a request takes 1 request and its prompt
-	// plus its max_tokens (or, without one, its completion) tokens when it
-	// arrives, as OpenAI counts; one that does not fit gets 429 with
-	// Retry-After, retry-after-ms and x-ratelimit-* headers, which every
-	// answer carries.
+	// Window says otherwise; a request takes 1 request and its tokens as
+	// OpenAI's rate limiter estimates them when it arrives (RateTokens:
+	// characters/4, 4 per message, images by size and detail, plus
+	// max_tokens × n or, without max_tokens, the completion), never its
+	// tokenizer count; one that does not fit gets 429 with OpenAI's error
+	// body (type "requests" or "tokens", code "rate_limit_exceeded", the
+	// limit, used and requested counts in the message), Retry-After,
+	// retry-after-ms and x-ratelimit-* headers, which every answer
+	// carries.
 	RPM, TPM int
-	Period   time.Duration
+	// CountBody has the limits count every character of the body, as
+	// Azure OpenAI says its estimate is "based in part on the character
+	// count of the API request" (ratecount.go).
+	CountBody bool
+	Period    time.Duration
 	// Window is how RPM and TPM are counted; the zero value is Bucket.
 	Window Window
 	// Now is the limits' clock; nil means time.Now.
@@ -285,7 +293,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if m := req.maxTokens(); m > 0 {
 		completion, counted = min(m, completion), m
 	}
-	if !s.lim.take(w, prompt+counted) {
+	if !s.lim.take(w, req.Model, RateTokens(body, s.opts.CountBody)+counted*max(req.N, req.BestOf, 1)) {
 		return
 	}
 	switch r.URL.Path {
@@ -319,6 +327,8 @@ type request struct {
 	MaxTokens           int    `json:"max_tokens"`
 	MaxCompletionTokens int    `json:"max_completion_tokens"`
 	MaxOutputTokens     int    `json:"max_output_tokens"`
+	N                   int    `json:"n"`
+	BestOf              int    `json:"best_of"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`

@@ -2,6 +2,7 @@ package fakeopenai
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"net/http"
 	"strconv"
@@ -36,6 +37,7 @@ type limiter struct {
 	recent   []arrival // Sliding and Fixed: what counts, oldest first
 	limited  []time.Time
 	accepted []time.Time
+	tokens   []int // of each accepted request, as counted
 }
 
 type arrival struct {
@@ -110,9 +112,10 @@ func (l *limiter) init(o Options) {
 	l.reqs, l.toks = l.rpm, l.tpm
 }
 
-// take takes one request of tokens, or answers 429 itself and reports
-// false. It sets the x-ratelimit-* headers either way.
-func (l *limiter) take(w http.ResponseWriter, tokens int) bool {
+// take takes one request of tokens for model, or answers 429 itself, as
+// OpenAI words it, and reports false. It sets the x-ratelimit-* headers
+// either way.
+func (l *limiter) take(w http.ResponseWriter, model string, tokens int) bool {
 	if l.rpm <= 0 && l.tpm <= 0 {
 		return true
 	}
@@ -125,11 +128,16 @@ func (l *limiter) take(w http.ResponseWriter, tokens int) bool {
 		l.reqs--
 		l.toks -= float64(tokens)
 		l.accepted = append(l.accepted, now)
+		l.tokens = append(l.tokens, tokens)
 		if l.window != Bucket {
 			l.recent = append(l.recent, arrival{now, tokens})
 		}
 	} else {
 		l.limited = append(l.limited, now)
+	}
+	var msg, typ string
+	if !ok {
+		msg, typ = refusal(model, l, tokens)
 	}
 	h := w.Header()
 	if l.rpm > 0 {
@@ -151,9 +159,32 @@ func (l *limiter) take(w http.ResponseWriter, tokens int) bool {
 	h.Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusTooManyRequests)
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
-		"message": "fakeopenai: rate limit reached for requests", "type": "requests", "param": nil, "code": "rate_limit_exceeded",
+		"message": msg, "type": typ, "param": nil, "code": "rate_limit_exceeded",
 	}})
 	return false
+}
+
+// refusal is OpenAI's 429 message and error type for a request of tokens
+// that l refuses, worded as OpenAI's API words it (its messages quoted in
+// many public reports, such as "Rate limit reached for gpt-4o in
+// organization org-... on tokens per min (TPM): Limit 30000, Used 14567,
+// Requested 24754. Please try again in 18.642s." and "Request too large
+// for gpt-4o in organization org-... on tokens per min (TPM): Limit 30000,
+// Requested 30601. The input or output tokens must be reduced in order to
+// run successfully."): the requests limit when it binds, else the tokens
+// one. Called with l.mu held.
+func refusal(model string, l *limiter, tokens int) (msg, typ string) {
+	const org = "org-fake"
+	if l.rpm > 0 && l.reqs < 1 {
+		return fmt.Sprintf("Rate limit reached for %s in organization %s on requests per min (RPM): Limit %d, Used %d, Requested 1. Please try again later.",
+			model, org, int(l.rpm), int(math.Ceil(l.rpm-math.Max(l.reqs, 0)))), "requests"
+	}
+	if tokens > int(l.tpm) {
+		return fmt.Sprintf("Request too large for %s in organization %s on tokens per min (TPM): Limit %d, Requested %d. The input or output tokens must be reduced in order to run successfully.",
+			model, org, int(l.tpm), tokens), "tokens"
+	}
+	return fmt.Sprintf("Rate limit reached for %s in organization %s on tokens per min (TPM): Limit %d, Used %d, Requested %d. Please try again later.",
+		model, org, int(l.tpm), int(math.Ceil(l.tpm-math.Max(l.toks, 0))), tokens), "tokens"
 }
 
 // Limited is how many requests the server's own limits refused (429).
@@ -177,6 +208,14 @@ func (s *Server) Accepted() []time.Time {
 	s.lim.mu.Lock()
 	defer s.lim.mu.Unlock()
 	return append([]time.Time(nil), s.lim.accepted...)
+}
+
+// AcceptedTokens returns the tokens the server's limits counted for each
+// request they admitted, in the order of Accepted.
+func (s *Server) AcceptedTokens() []int {
+	s.lim.mu.Lock()
+	defer s.lim.mu.Unlock()
+	return append([]int(nil), s.lim.tokens...)
 }
 
 // reset is the x-ratelimit-reset-* value: the time until the limit is

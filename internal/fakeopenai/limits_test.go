@@ -8,7 +8,9 @@ import (
 )
 
 // TestOwnLimits: the server admits its RPM and TPM buckets' worth, then
-// answers 429 with OpenAI's headers, and refills continuously.
+// answers 429 with OpenAI's headers, and refills continuously. A request
+// counts 10 tokens: "hi" is 1 (2 characters / 4, rounded up), the message
+// 4, and the completion 5 (no max_tokens), whatever PromptTokens says.
 func TestOwnLimits(t *testing.T) {
 	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
 	s := New(t, Options{RPM: 3, TPM: 100, Period: time.Second, Now: clk.Time, PromptTokens: 10, CompletionTokens: 5})
@@ -16,7 +18,7 @@ func TestOwnLimits(t *testing.T) {
 	for i := range 3 {
 		res := post(t, s.URL()+"/v1/chat/completions", "k", body)
 		if res.StatusCode != 200 || res.Header.Get("x-ratelimit-remaining-requests") != []string{"2", "1", "0"}[i] ||
-			res.Header.Get("x-ratelimit-limit-tokens") != "100" || res.Header.Get("x-ratelimit-remaining-tokens") != []string{"85", "70", "55"}[i] {
+			res.Header.Get("x-ratelimit-limit-tokens") != "100" || res.Header.Get("x-ratelimit-remaining-tokens") != []string{"90", "80", "70"}[i] {
 			t.Fatalf("request %d: status %d headers %v", i, res.StatusCode, res.Header)
 		}
 	}
@@ -32,18 +34,19 @@ func TestOwnLimits(t *testing.T) {
 	if s.Limited() != 1 || len(s.Accepted()) != 4 {
 		t.Fatalf("limited %d accepted %d", s.Limited(), len(s.Accepted()))
 	}
-	// Tokens bind too: 20 per second, 15 a request.
-	s2 := New(t, Options{RPM: 100, TPM: 20, Period: time.Second, Now: clk.Time, PromptTokens: 10, CompletionTokens: 5})
+	// Tokens bind too: 15 per second, 10 a request.
+	s2 := New(t, Options{RPM: 100, TPM: 15, Period: time.Second, Now: clk.Time, PromptTokens: 10, CompletionTokens: 5})
 	if res := post(t, s2.URL()+"/v1/chat/completions", "k", body); res.StatusCode != 200 {
 		t.Fatalf("first: %d", res.StatusCode)
 	}
-	if res := post(t, s2.URL()+"/v1/chat/completions", "k", body); res.StatusCode != 429 || res.Header.Get("retry-after-ms") != "500" {
+	if res := post(t, s2.URL()+"/v1/chat/completions", "k", body); res.StatusCode != 429 || res.Header.Get("retry-after-ms") != "334" {
 		t.Fatalf("second: %d %v", res.StatusCode, res.Header)
 	}
 }
 
 // TestWindows: Sliding frees a request a period after it arrived, Fixed at
-// the window's end; both count max_tokens as OpenAI does.
+// the window's end; both count max_tokens as OpenAI does (25 a request:
+// 5 of prompt, 20 of max_tokens).
 func TestWindows(t *testing.T) {
 	body := `{"model":"m","max_tokens":20,"messages":[{"role":"user","content":"hi"}]}`
 	for _, c := range []struct {
@@ -55,7 +58,7 @@ func TestWindows(t *testing.T) {
 		s := New(t, Options{RPM: 3, TPM: 1000, Window: c.w, Period: time.Second, Now: clk.Time, PromptTokens: 10, CompletionTokens: 5})
 		for i := range 3 {
 			res := post(t, s.URL()+"/v1/chat/completions", "k", body)
-			if res.StatusCode != 200 || res.Header.Get("x-ratelimit-remaining-tokens") != []string{"970", "940", "910"}[i] {
+			if res.StatusCode != 200 || res.Header.Get("x-ratelimit-remaining-tokens") != []string{"975", "950", "925"}[i] {
 				t.Fatalf("window %d request %d: %d %v", c.w, i, res.StatusCode, res.Header)
 			}
 			clk.Advance(50 * time.Millisecond)

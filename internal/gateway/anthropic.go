@@ -305,11 +305,8 @@ func (g *Gateway) prepareAnthropic(w http.ResponseWriter, r *http.Request, c *ca
 	c.stream = p.stream
 	c.maxTokens = p.maxTokens
 	if g.wantsUpstreamCount(c) {
-		if n, err := g.upstreamCount(r.Context(), r, body, p.model, c.client.id); err != nil {
-			g.log.Warn("gateway: count_tokens failed; reserving the estimate", "request_id", c.id, "err", err)
-		} else {
-			p.promptEst = max(p.promptEst, p.weigh(n))
-		}
+		// Counted once the client's own limits admitted it (countAdmitted).
+		c.countWeigh = p.weigh
 	}
 	c.promptEst = p.promptEst
 	c.reserved = max(reservation(p.promptEst, p.maxTokens, 1), 1)

@@ -28,6 +28,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/aitoken"
 	"github.com/sluice-io/sluice/internal/upstream"
 )
@@ -195,9 +196,10 @@ func (g *Gateway) upstreamCount(ctx context.Context, r *http.Request, body []byt
 	if n, ok := g.counts.get(key); ok {
 		return n, nil
 	}
-	// A count runs before the client's limits are checked: one client's
-	// flood of new prompts gets countPerClient calls at a time, the
-	// gateway countTotal, and the rest reserve the estimate.
+	// A count runs once the client's limits admitted the request
+	// (countAdmitted); still, one client's flood of new prompts gets
+	// countPerClient calls at a time, the gateway countTotal, and the
+	// rest reserve the estimate.
 	if !g.countGate.enter(client) {
 		return 0, errCountBusy
 	}
@@ -247,6 +249,49 @@ func (g *Gateway) upstreamCount(ctx context.Context, r *http.Request, body []byt
 	n := min(*ans.InputTokens, maxUsageTokens)
 	g.counts.put(key, n)
 	return n, nil
+}
+
+// countAdmitted has c's prompt counted by its upstream (count_tokens),
+// once the client's own limits admitted the request on its estimate, so
+// that a client its own limits refuse causes no count call upstream. When
+// the count, weighted as the estimate is, is the larger, the reservation
+// takes it: the client's token limits (its key's, team's and org's) are
+// charged the difference, which settlement reconciles with the usage like
+// the rest, and the pool reserves it. A budget keeps its reservation of
+// the estimate and settles on the usage. A failed count leaves the
+// estimate.
+func (g *Gateway) countAdmitted(r *http.Request, c *call) {
+	n, err := g.upstreamCount(r.Context(), r, c.body, c.rawModel, c.client.id)
+	if err != nil {
+		g.log.Warn("gateway: count_tokens failed; reserving the estimate", "request_id", c.id, "err", err)
+		return
+	}
+	est := c.countWeigh(n)
+	if est <= c.promptEst {
+		return
+	}
+	c.promptEst = est
+	c.reserved = max(reservation(est, c.maxTokens, 1), 1)
+	var charges []sluice.Request
+	for i, s := range c.specs {
+		if s.kind != kindTokens {
+			continue
+		}
+		if d := g.tokenCost(c, s) - c.reqs[i].Cost; d > 0 {
+			req := c.reqs[i]
+			req.Cost = d
+			charges = append(charges, req)
+			c.reqs[i].Cost += d
+		}
+	}
+	if len(charges) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Store.Timeout)
+	defer cancel()
+	if _, err := g.store.ApplyAll(ctx, sluice.OpCharge, charges); err != nil {
+		g.log.Warn("gateway: charging the upstream's count failed", "request_id", c.id, "err", err)
+	}
 }
 
 // anthropicVersion is the request's anthropic-version, or the one the

@@ -29,6 +29,8 @@ type call struct {
 	body        []byte
 	captured    []byte // the JSON response body, read whole (captureReader)
 	promptEst   int64
+	rateIn      int64             // the prompt as OpenAI's and Azure's rate limiters estimate it (pool.go)
+	countWeigh  func(int64) int64 // not nil: the upstream counts the prompt once admitted, weighted so (countAdmitted)
 	reserved    int64
 	defaultCap  int64 // completion tokens per choice reserved when the client set none (forwardCap)
 	specs       []*spec

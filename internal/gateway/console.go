@@ -86,10 +86,16 @@ var ErrNoKey = errors.New("gateway: no key has this name")
 
 // LookUp peeks the limits and budgets of the key the console names
 // identity (KeyNamePrefix NAME or ClientPrefix ID), changing nothing: the
-// answer of the key's GET /v1/status. With several keys of one name, the
-// first in the config's order answers. It returns
-// ErrNoKey when no key has the identity.
+// answer of the key's GET /v1/status. "IDENTITY session:SID" adds the
+// budgets of the key's session SID (session.go), as that status with
+// X-Sluice-Session does. With several keys of one name, the first in the
+// config's order answers. It returns ErrNoKey when no key has the
+// identity, and an error for a session id that is not one.
 func (g *Gateway) LookUp(ctx context.Context, identity string) (Status, error) {
+	identity, sid, _ := strings.Cut(identity, " session:")
+	if sid != "" && !sessionRE.MatchString(sid) {
+		return Status{}, fmt.Errorf("%w: session %q is not a session id (1 to 128 of A-Z a-z 0-9 . _ : ~ -)", ErrNoKey, truncateName(sid))
+	}
 	if !strings.HasPrefix(identity, KeyNamePrefix) && !strings.HasPrefix(identity, ClientPrefix) {
 		return Status{}, ErrNoKey
 	}
@@ -103,7 +109,10 @@ func (g *Gateway) LookUp(ctx context.Context, identity string) (Status, error) {
 	if cl == nil {
 		return Status{}, ErrNoKey
 	}
-	st, err := g.peekClient(ctx, cl, "")
+	if len(cl.tier.session) == 0 {
+		sid = ""
+	}
+	st, err := g.peekClient(ctx, cl, sid)
 	if err != nil {
 		return Status{}, fmt.Errorf("gateway: look-up: %w", err)
 	}

@@ -413,6 +413,9 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer g.settleAsync(c) // also when the proxy aborts a broken stream
+	if c.countWeigh != nil {
+		g.countAdmitted(r, c) // anthropic_count.go
+	}
 	if g.pool != nil && !g.acquire(w, r, c) {
 		g.report(c, false)
 		return

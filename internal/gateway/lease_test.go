@@ -223,9 +223,11 @@ func TestReservationsTakenAhead(t *testing.T) {
 	}
 	st := ls.Stats()
 	// One settlement each, the batches, and the leases' chunk fetches;
-	// a reservation each would make it 2n.
-	if got := calls1 - calls0; got > n+n/4 {
-		t.Fatalf("%d script calls for %d requests (lease stats %+v), want at most %d", got, n, st, n+n/4)
+	// a reservation each would make it 2n. The bound sits halfway: on a
+	// loaded 2-core machine the pool's refills and the leases' fetches
+	// took 253-264 calls where a quiet one takes about 215.
+	if got := calls1 - calls0; got > n+n/2 {
+		t.Fatalf("%d script calls for %d requests (lease stats %+v), want at most %d", got, n, st, n+n/2)
 	}
 	t.Logf("%d script calls for %d requests, %d fetches", calls1-calls0, n, st.Fetches)
 	if p := pooled(); held() != int64(len(p)) || len(p) == 0 {

@@ -120,12 +120,13 @@ func (g *Gateway) routeCall(w http.ResponseWriter, c *call) bool {
 // limits refunded).
 func (g *Gateway) acquire(w http.ResponseWriter, r *http.Request, c *call) bool {
 	in, out := c.promptEst, max(c.reserved-c.promptEst, 0)
+	u := upstream.Units{In: in, RateIn: c.rateIn, Out: out}
 	ctx, cancel := context.WithTimeout(r.Context(), g.cfg.Store.Timeout)
-	grant, wait, err := g.pool.AcquireSticky(ctx, c.route, c.ep.anthropic(), in, out, nil, affinity(r, c))
+	grant, wait, err := g.pool.AcquireUnits(ctx, c.route, c.ep.anthropic(), u, nil, affinity(r, c))
 	cancel()
 	if err == nil && grant == nil && wait > 0 && g.queue != nil && g.cfg.Queue.MaxWait > 0 {
 		var answered bool
-		grant, wait, answered, err = g.waitRoom(w, r, c, in, out)
+		grant, wait, answered, err = g.waitRoom(w, r, c, u)
 		if answered {
 			return false
 		}
@@ -153,7 +154,7 @@ func (g *Gateway) acquire(w http.ResponseWriter, r *http.Request, c *call) bool 
 	if wait <= 0 {
 		g.metrics.rejections.WithLabelValues(c.client.tier.name, c.model, "upstream_capacity").Inc()
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "request_too_large", "",
-			"The request's "+strconv.FormatInt(in+out, 10)+" tokens exceed every upstream's limit for model "+c.rawModel+".")
+			"The request's "+strconv.FormatInt(max(in, c.rateIn)+out, 10)+" tokens exceed every upstream's limit for model "+c.rawModel+".")
 		return false
 	}
 	g.limited(c, "upstream_capacity", wait)
@@ -171,7 +172,7 @@ func (g *Gateway) acquire(w http.ResponseWriter, r *http.Request, c *call) bool 
 // and a request arriving then queues behind those waiting. It returns the
 // grant, or the last wait for room (for Retry-After), or a store error;
 // answered when the client is gone or the gateway closing (answered).
-func (g *Gateway) waitRoom(w http.ResponseWriter, r *http.Request, c *call, in, out int64) (grant *upstream.Grant, wait time.Duration, answered bool, err error) {
+func (g *Gateway) waitRoom(w http.ResponseWriter, r *http.Request, c *call, u upstream.Units) (grant *upstream.Grant, wait time.Duration, answered bool, err error) {
 	q := g.queue
 	qc := q.class[c.client]
 	gate, _ := g.roomGates.LoadOrStore(c.route, &fairqueue.Gate{})
@@ -185,7 +186,7 @@ func (g *Gateway) waitRoom(w http.ResponseWriter, r *http.Request, c *call, in, 
 		Try: func(ctx context.Context) (bool, time.Duration, error) {
 			actx, cancel := context.WithTimeout(ctx, g.cfg.Store.Timeout)
 			defer cancel()
-			gr, wt, err := g.pool.AcquireSticky(actx, c.route, c.ep.anthropic(), in, out, nil, aff)
+			gr, wt, err := g.pool.AcquireUnits(actx, c.route, c.ep.anthropic(), u, nil, aff)
 			grant, wait = gr, wt
 			return gr != nil, wt, err
 		},
@@ -288,9 +289,18 @@ func (t poolTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if res != nil {
 			status, h = res.StatusCode, res.Header
 		}
+		latency := time.Since(sent)
+		refusal := upstream.RefusalGeneral
+		if status == http.StatusTooManyRequests {
+			refusal = t.judge(req.Context(), grant, res) // pool_refusal.go
+		}
 		octx, ocancel := context.WithTimeout(req.Context(), t.g.cfg.Store.Timeout)
-		pool.Observe(octx, grant, status, h, time.Since(sent))
+		pool.Observe(octx, grant, status, h, latency)
 		ocancel()
+		if refusal == upstream.RefusalUndercount {
+			// Not another upstream's turn: this client's request.
+			return ownRefusal(c, res, refusal, upstream.RetryAfter(h, time.Now())), nil
+		}
 		reason := failoverReason(req.Context(), status, err)
 		switch {
 		case reason == "" || reason == "429":
@@ -309,11 +319,17 @@ func (t poolTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			fcancel()
 		}
 		if reason == "" || attempt >= rt.MaxAttempts || time.Now().After(deadline) {
+			if refusal == upstream.RefusalTooLarge {
+				return ownRefusal(c, res, refusal, 0), nil
+			}
 			return res, err
 		}
 		in, outTok := grant.Reserved()
-		next, wait := t.nextGrant(req.Context(), c, in, outTok, tried, deadline)
+		next, wait := t.nextGrant(req.Context(), c, grant.Units(), tried, deadline)
 		if next == nil {
+			if refusal == upstream.RefusalTooLarge {
+				return ownRefusal(c, res, refusal, 0), nil
+			}
 			if err != nil && wait > 0 {
 				// No answer, and no upstream with room is left within
 				// the deadline: the client's answer is our 429 with
@@ -343,10 +359,10 @@ func (t poolTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // nextGrant reserves the request on another upstream of c's route, not
 // in tried, waiting for one to have room until deadline; nil when none
 // does by then, with when one has room (0: none will, or an error).
-func (t poolTransport) nextGrant(ctx context.Context, c *call, in, out int64, tried []*upstream.TargetState, deadline time.Time) (*upstream.Grant, time.Duration) {
+func (t poolTransport) nextGrant(ctx context.Context, c *call, u upstream.Units, tried []*upstream.TargetState, deadline time.Time) (*upstream.Grant, time.Duration) {
 	for {
 		actx, cancel := context.WithTimeout(ctx, t.g.cfg.Store.Timeout)
-		next, wait, err := t.g.pool.Acquire(actx, c.route, c.ep.anthropic(), in, out, tried)
+		next, wait, err := t.g.pool.AcquireUnits(actx, c.route, c.ep.anthropic(), u, tried, "")
 		cancel()
 		switch {
 		case err != nil:

@@ -140,3 +140,63 @@ func TestCountTokensBoundedPerClient(t *testing.T) {
 		t.Fatalf("%d count_tokens calls for one client's burst of %d, bound %d", calls, burst, countPerClient)
 	}
 }
+
+// TestCountTokensAfterOwnLimits: count_tokens runs only once the client's
+// own limits admitted the request: a client of 1 request per minute
+// sending 20 new prompts gets one through and 19 of its own 429s, and the
+// upstream is asked to count once, for the single upstream and for a
+// pool. (Before, every refused request was counted first: 388 calls in
+// 10 s for a 1-rpm client.)
+func TestCountTokensAfterOwnLimits(t *testing.T) {
+	for _, pooled := range []bool{false, true} {
+		t.Run(fmt.Sprint("pool=", pooled), func(t *testing.T) {
+			a := fakeanthropic.New(t, fakeanthropic.Options{APIKey: upstreamKey, InputTokens: 50, OutputTokens: 6, StrictCount: true})
+			var url string
+			if pooled {
+				cfg := &Config{
+					Models: []string{"claude-test"},
+					Store:  StoreConfig{Timeout: 5 * time.Second},
+					Tiers:  map[string]TierConfig{"t": Tier(Limits{RPM: 1, TPM: 1_000_000})},
+					Keys:   []KeyConfig{{Name: "test", Hash: sluice.HashKey(clientKey), Tier: "t"}},
+					Upstreams: []upstream.Def{{Name: "ant", Kind: upstream.Anthropic, BaseURL: a.URL() + "/v1", KeyEnv: "KEY_ANT",
+						Models: map[string]upstream.Limits{"claude-test-2025": {ITPM: 1_000_000}}}},
+					Routes: map[string][]upstream.Target{"claude-test": {{Upstream: "ant", Model: "claude-test-2025"}}},
+				}
+				cfg.Routing.CountTokens = true
+				if err := cfg.Validate(); err != nil {
+					t.Fatal(err)
+				}
+				_, srv := poolGateway(t, cfg, memStore(t), 0, nil)
+				url = srv.URL
+			} else {
+				e := newBudgetEnv(t, `
+upstream: {base_url: %[1]s, api: anthropic, api_key_env: UP, count_tokens: true}
+store: {timeout: 5s}
+tiers: {t: {rpm: 1, tpm: 1000000}}
+keys: [{name: one, hash: %[2]s, tier: t}]
+`, a, fakeClockStore(t))
+				url = e.urls[0]
+			}
+			statuses := map[int]int{}
+			for i := range 20 {
+				body := fmt.Sprintf(`{"model":"claude-test","max_tokens":50,"messages":[{"role":"user","content":"new prompt %d"}]}`, i)
+				req, _ := http.NewRequest(http.MethodPost, url+"/v1/messages", strings.NewReader(body))
+				req.Header.Set("x-api-key", clientKey)
+				req.Header.Set("anthropic-version", "2023-06-01")
+				res, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+				statuses[res.StatusCode]++
+			}
+			if statuses[200] != 1 || statuses[429] != 19 {
+				t.Fatalf("statuses %v, want one 200 and 19 of the client's own 429s", statuses)
+			}
+			if n := countCalls(t, a); n != 1 {
+				t.Fatalf("%d count_tokens calls upstream for one admitted request", n)
+			}
+		})
+	}
+}

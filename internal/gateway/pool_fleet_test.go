@@ -38,10 +38,12 @@ type fleet struct {
 	// leaseClients leases the client's own limits (package lease), as
 	// gateway.OpenStore does for lease: true.
 	leaseClients bool
-	ups          []*fakeopenai.Server
-	srvs         []*httptest.Server
-	gws          []*Gateway
-	reg          []*prometheus.Registry
+	// body is what the load sends; empty means chatBody.
+	body string
+	ups  []*fakeopenai.Server
+	srvs []*httptest.Server
+	gws  []*Gateway
+	reg  []*prometheus.Registry
 }
 
 // newFleet starts three fake upstreams enforcing real (per fleetPeriod),
@@ -153,8 +155,12 @@ func (f *fleet) load(t *testing.T, rate int, d time.Duration, events map[time.Du
 		// Every request due by now: a late tick sends what it missed.
 		for due := int(el * time.Duration(rate) / f.period); sent < due; sent++ {
 			srv := f.srvs[sent%len(f.srvs)]
+			req := chatBody
+			if f.body != "" {
+				req = f.body
+			}
 			wg.Go(func() {
-				status, _, body := postTo(t, srv.URL, chatBody)
+				status, _, body := postTo(t, srv.URL, req)
 				mu.Lock()
 				statuses[status]++
 				mu.Unlock()

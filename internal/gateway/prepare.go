@@ -70,6 +70,7 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 		c.maxTokens = p.budget
 	}
 	c.promptEst = p.promptEst
+	c.rateIn = p.rateIn
 	c.bud.serviceTier = p.serviceTier
 	c.background = p.background
 	c.bud.audio = p.audio

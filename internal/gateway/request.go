@@ -135,6 +135,10 @@ type parsedBody struct {
 	choices  int64
 	// serviceTier is the service_tier asked for, "" when none.
 	serviceTier string
+	// rateIn is the prompt as OpenAI's and Azure OpenAI's rate limiters
+	// estimate it, from its characters and images (aitoken's
+	// RateLimitTokens): what an upstream of those kinds counts.
+	rateIn int64
 	// background is a responses request run in the background.
 	background bool
 	// audio is a request with audio input or output.
@@ -177,7 +181,8 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 	req := aitoken.Request{Messages: w.Messages, Prompt: w.Prompt, Input: w.Input, Instructions: w.Instructions, Tools: w.Tools, Functions: w.Functions}
 	// Exact for OpenAI models, the heuristic for others (package aitoken).
 	counter := aitoken.ForModel(w.Model)
-	p := &parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: counter.PromptTokensCached(&req, cache), choices: 1}
+	p := &parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: counter.PromptTokensCached(&req, cache), choices: 1,
+		rateIn: req.RateLimitTokens()}
 	if w.ServiceTier != nil {
 		p.serviceTier = *w.ServiceTier
 	}
@@ -194,6 +199,9 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 		return p, nil // no completion: the prompt is the whole cost
 	}
 	p.promptEst = addSat(p.promptEst, rawInputTokens(counter, w.ResponseFormat, w.Text, w.Prediction, w.Suffix))
+	for _, raw := range []json.RawMessage{w.ResponseFormat, w.Text, w.Prediction, w.Suffix} {
+		p.rateIn = addSat(p.rateIn, aitoken.RateLimitChars(raw))
+	}
 	for i, v := range []*int64{w.MaxCompletionTokens, w.MaxTokens, w.MaxOutputTokens} {
 		if v == nil {
 			continue

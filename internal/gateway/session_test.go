@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -149,6 +150,21 @@ func sessionHardStop(t *testing.T, stores ...sluice.Store) {
 	}
 	if !found {
 		t.Fatalf("status budgets %+v: no session row spent %s", st.Budgets, spent)
+	}
+	// The console's look-up of the key with its session shows the same.
+	cs, err := e.gws[1].LookUp(context.Background(), "gw_key:one session:run-42")
+	if err != nil || cs.Session != "run-42" {
+		t.Fatalf("console look-up: %v %+v", err, cs)
+	}
+	found = false
+	for _, b := range cs.Budgets {
+		found = found || (b.Scope == "session" && b.SpentUSD == spent.String())
+	}
+	if !found {
+		t.Fatalf("console look-up budgets %+v: no session row spent %s", cs.Budgets, spent)
+	}
+	if _, err := e.gws[1].LookUp(context.Background(), "gw_key:one session:a b"); !errors.Is(err, ErrNoKey) {
+		t.Fatalf("a bad session id: %v", err)
 	}
 	// Another session of the same key starts fresh.
 	if res := e.doSession(0, clientKey, "run-43", body); res.StatusCode != 200 {

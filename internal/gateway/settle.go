@@ -73,6 +73,10 @@ func (g *Gateway) settle(c *call) {
 		if _, err := c.grant.Settle(gctx, s.PromptTokens, s.CompletionTokens, refundRequests); err != nil {
 			s.Err = fmt.Errorf("gateway: settle %s: %w", c.id, err)
 		}
+		if s.UsageReported && c.ep.anthropic() {
+			// What Anthropic's input limits count: input and cache writes.
+			c.grant.Counted(gctx, addSat(c.anth.input, c.anth.cacheCreation))
+		}
 		gcancel()
 	}
 	s.Usage = settledUsage(c, &s)

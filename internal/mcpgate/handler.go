@@ -62,8 +62,9 @@ type Client interface {
 	// error refuses the request as invalid, with its message.
 	Charges(r *http.Request, calls int, cost int64) ([]sluice.Request, error)
 	// Decided is told how a POST with tool calls was decided: admitted
-	// when limit is "", else refused by that limit ("mcp_rpm",
-	// "mcp_rpd", "mcp_concurrency", "mcp_budget") with a wait of retry.
+	// when limit is "", else refused by that limit, named per server and
+	// tool ("mcp:github/search_code:rpm", a tool not configured being
+	// "other"; "mcp_budget" for the client's budgets) with a wait of retry.
 	Decided(limit string, retry time.Duration)
 }
 
@@ -248,7 +249,7 @@ func (h *Handler) post(w http.ResponseWriter, r *http.Request, srv *server, cl C
 		}
 		calls = append(calls, c)
 	}
-	reqs := h.requests(srv, cl.Prefix(), calls)
+	reqs, names := h.requests(srv, cl.Prefix(), calls)
 	own := len(reqs) // the tool limits' requests; the client's charges follow
 	if len(calls) > 0 {
 		var cost int64
@@ -276,7 +277,7 @@ func (h *Handler) post(w http.ResponseWriter, r *http.Request, srv *server, cl C
 			for _, c := range calls {
 				h.calls.WithLabelValues(srv.cfg.Name, c.label, "limited").Inc()
 			}
-			cl.Decided(deniedBy(reqs, ds, own), wait)
+			cl.Decided(deniedBy(names, ds, own), wait)
 			h.deny(w, msgs, batch, calls, codeRateLimited, "rate limit exceeded for this tool; retry after retry_after seconds", wait, "rate_limited")
 			return
 		}
@@ -301,37 +302,43 @@ func (h *Handler) post(w http.ResponseWriter, r *http.Request, srv *server, cl C
 // atomic batch with its budgets).
 // A concurrency slot is leased to a fresh id, released when the answer is
 // relayed (or lapses after LeaseTTL).
-func (h *Handler) requests(srv *server, clientPrefix string, calls []call) []sluice.Request {
-	var reqs []sluice.Request
+//
+// names[i] names reqs[i] for the console: "mcp:SERVER/TOOL:rpm", TOOL a
+// configured name or "other" (bounded by the config).
+func (h *Handler) requests(srv *server, clientPrefix string, calls []call) (reqs []sluice.Request, names []string) {
 	prefix := clientPrefix + "mcp:" + srv.cfg.Name + ":"
 	for _, c := range calls {
 		if c.key == "" {
 			continue
 		}
 		k := prefix + c.key + ":"
+		name := "mcp:" + srv.cfg.Name + "/" + c.label + ":"
 		if c.lim.RPM > 0 {
+			names = append(names, name+"rpm")
 			reqs = append(reqs, sluice.Request{Key: k + "rpm", Algorithm: sluice.GCRA, Limit: sluice.PerMinute(c.lim.RPM), Cost: 1})
 		}
 		if c.lim.RPD > 0 {
+			names = append(names, name+"rpd")
 			reqs = append(reqs, sluice.Request{Key: k + "rpd", Algorithm: sluice.GCRA, Limit: sluice.PerDay(c.lim.RPD), Cost: 1})
 		}
 		if c.lim.Concurrency > 0 {
+			names = append(names, name+"concurrency")
 			reqs = append(reqs, sluice.Request{Key: k + "concurrency", Algorithm: sluice.Concurrency,
 				Limit: sluice.Limit{Rate: c.lim.Concurrency, Period: h.leaseTTL}, Cost: 1, Lease: newID()})
 		}
 	}
-	return reqs
+	return reqs, names
 }
 
 // deniedBy names the limit of the first denied decision: a tool limit by
-// its kind (the key's last part), else the client's budgets.
-func deniedBy(reqs []sluice.Request, ds []sluice.Decision, own int) string {
+// its name, else the client's budgets ("mcp_budget").
+func deniedBy(names []string, ds []sluice.Decision, own int) string {
 	for i, d := range ds {
 		if d.Allowed {
 			continue
 		}
 		if i < own {
-			return "mcp_" + reqs[i].Key[strings.LastIndexByte(reqs[i].Key, ':')+1:]
+			return names[i]
 		}
 		return "mcp_budget"
 	}

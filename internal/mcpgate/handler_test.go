@@ -450,3 +450,42 @@ func TestValidate(t *testing.T) {
 		t.Error("a name used twice passed")
 	}
 }
+
+// recorder is a client that records how its calls were decided.
+type recorder struct {
+	testClient
+	mu      sync.Mutex
+	limited []string
+}
+
+func (r *recorder) Decided(limit string, _ time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.limited = append(r.limited, limit)
+}
+
+// TestDecidedNamesServerAndTool: the console is told each decision, a
+// refusal by the limit's server, tool and kind, a tool not configured
+// as "other", so that its rows are per server and tool and bounded.
+func TestDecidedNamesServerAndTool(t *testing.T) {
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url, _ := rawServer(t)
+	rec := &recorder{testClient: "client-a"}
+	h, err := mcpgate.New(mcpgate.Options{Servers: servers(url, map[string]mcpgate.ToolLimits{"search": {RPM: 1}, "*": {RPD: 1}}), Store: store,
+		Auth: func(*http.Request) (mcpgate.Client, bool) { return rec, true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	for _, tool := range []string{"search", "search", "random-1", "random-2"} {
+		post(t, srv.URL+"/mcp/tools", "key-a", "", fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":%q}}`, tool))
+	}
+	want := []string{"", "mcp:tools/search:rpm", "", "mcp:tools/other:rpd"}
+	if fmt.Sprint(rec.limited) != fmt.Sprint(want) {
+		t.Fatalf("decisions %q, want %q", rec.limited, want)
+	}
+}

@@ -133,6 +133,25 @@ type StoreStats struct {
 	// Nodes are the counters of each store node (a Redis address; one for
 	// a standalone Redis, one per master on a Cluster).
 	Nodes []NodeStats
+	// Region, with store.region set, counts this instance's decisions of
+	// global keys and its shares (region.Stats); nil exports nothing.
+	Region *RegionStats
+}
+
+// RegionStats are one instance's counters of global keys (package region).
+type RegionStats struct {
+	// Region is the instance's region, the metrics' region label.
+	Region string
+	// Home, Share, Denied and Policy count decisions by the tier that made
+	// them: the key's home store (this region), a share held here, a
+	// denial for want of a share, the failure policy.
+	Home, Share, Denied, Policy uint64
+	// Fetches, FetchDenied and FetchErrors count share fetches sent to
+	// homes, those the home had nothing for, and those that failed.
+	Fetches, FetchDenied, FetchErrors uint64
+	// Fetched, Refunded and Stranded count units credited to shares,
+	// given back to homes, and lost to late replies or failed credits.
+	Fetched, Refunded, Stranded uint64
 }
 
 // NodeStats are one store node's counters.
@@ -171,13 +190,16 @@ var (
 	nodeErrorsDesc     = prometheus.NewDesc("sluice_store_node_errors_total", "Calls to each store node that failed or missed the deadline.", []string{"node"}, nil)
 	nodeOpensDesc      = prometheus.NewDesc("sluice_store_node_circuit_opens_total", "Times each store node's circuit opened.", []string{"node"}, nil)
 	nodeOpenDesc       = prometheus.NewDesc("sluice_store_node_circuit_open", "1 while a store node's circuit is open (the failure policy answers for its keys).", []string{"node"}, nil)
+	regionDecDesc      = prometheus.NewDesc("sluice_region_decisions_total", "Decisions of global keys by the tier that made them: home (the key's home store, this region), share (a share held in this region), denied (no share left, the home had none to give yet), policy (the home unreachable, the failure policy answered).", []string{"region", "tier"}, nil)
+	regionFetchDesc    = prometheus.NewDesc("sluice_region_fetches_total", "Share fetches sent to global keys' homes, by result: ok, denied (the home had nothing to give), error.", []string{"region", "result"}, nil)
+	regionUnitsDesc    = prometheus.NewDesc("sluice_region_units_total", "Units of global keys' capacity: fetched (charged at home, credited to this region's shares), refunded (given back to the home), stranded (charged at home, never spendable here).", []string{"region", "kind"}, nil)
 )
 
 // storeCollector exports StoreStats.
 type storeCollector struct{ m *Metrics }
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeStarvedDesc, storeLateDesc, storeCircuitDesc, storeInstancesDesc, leaseHitsDesc, leaseFetchesDesc, leaseReturnsDesc, plainDesc, plainLateDesc, groupsDesc, groupedDesc, degradedByDesc, nodeCallsDesc, nodeErrorsDesc, nodeOpensDesc, nodeOpenDesc} {
+	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeStarvedDesc, storeLateDesc, storeCircuitDesc, storeInstancesDesc, leaseHitsDesc, leaseFetchesDesc, leaseReturnsDesc, plainDesc, plainLateDesc, groupsDesc, groupedDesc, degradedByDesc, nodeCallsDesc, nodeErrorsDesc, nodeOpensDesc, nodeOpenDesc, regionDecDesc, regionFetchDesc, regionUnitsDesc} {
 		ch <- d
 	}
 }
@@ -205,6 +227,17 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(groupedDesc, prometheus.CounterValue, float64(st.Grouped))
 	for policy, n := range st.DegradedBy {
 		ch <- prometheus.MustNewConstMetric(degradedByDesc, prometheus.CounterValue, float64(n), policy)
+	}
+	if r := st.Region; r != nil {
+		for tier, n := range map[string]uint64{"home": r.Home, "share": r.Share, "denied": r.Denied, "policy": r.Policy} {
+			ch <- prometheus.MustNewConstMetric(regionDecDesc, prometheus.CounterValue, float64(n), r.Region, tier)
+		}
+		for result, n := range map[string]uint64{"ok": r.Fetches - min(r.Fetches, r.FetchDenied+r.FetchErrors), "denied": r.FetchDenied, "error": r.FetchErrors} {
+			ch <- prometheus.MustNewConstMetric(regionFetchDesc, prometheus.CounterValue, float64(n), r.Region, result)
+		}
+		for kind, n := range map[string]uint64{"fetched": r.Fetched, "refunded": r.Refunded, "stranded": r.Stranded} {
+			ch <- prometheus.MustNewConstMetric(regionUnitsDesc, prometheus.CounterValue, float64(n), r.Region, kind)
+		}
 	}
 	for _, n := range st.Nodes {
 		open := 0.0

@@ -568,12 +568,14 @@ func (s *Server) writeDecision(w http.ResponseWriter, res *outcome, denyStatus i
 	}
 	bp := respPool.Get().(*[]byte)
 	b := appendDecision((*bp)[:0], d, lim, res.targets[res.limiting].req.Algorithm)
+	b = appendDecidedBy(b, d, res.targets[res.limiting].policy.Global)
 	b = append(b, `,"results":[`...)
 	for i, t := range res.targets {
 		if i > 0 {
 			b = append(b, ',')
 		}
 		b = appendDecision(b, res.decisions[i], t.policy.Name, t.req.Algorithm)
+		b = appendDecidedBy(b, res.decisions[i], t.policy.Global)
 		b = append(b, `,"key":`...)
 		b = appendString(b, t.identity)
 		b = append(b, `,"tier":`...)
@@ -670,6 +672,28 @@ func appendDecision(b []byte, d sluice.Decision, policy string, alg sluice.Algor
 		b = strconv.AppendInt(b, sluice.CeilMillis(d.Delay), 10)
 	}
 	return b
+}
+
+// appendDecidedBy appends, for a decision of a global policy (scope:
+// global), which tier made it: "home" (the key's home store, in this
+// region), "share" (a share of the key's capacity held in this region,
+// charged at home in advance) or "policy" (the home was unreachable and
+// the region's share spent: the failure policy). Regional policies'
+// answers are unchanged.
+func appendDecidedBy(b []byte, d sluice.Decision, global bool) []byte {
+	if !global && d.Source != sluice.FromShare {
+		return b
+	}
+	by := "home"
+	switch {
+	case d.Degraded:
+		by = "policy"
+	case d.Source == sluice.FromShare:
+		by = "share"
+	}
+	b = append(b, `,"decided_by":"`...)
+	b = append(b, by...)
+	return append(b, '"')
 }
 
 func writeJSON(w http.ResponseWriter, status int, body []byte) {

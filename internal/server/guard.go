@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-io/sluice/internal/metrics"
 	"github.com/sluice-io/sluice/lease"
 	"github.com/sluice-io/sluice/redisstore"
+	"github.com/sluice-io/sluice/region"
 )
 
 // The service's store failure handling is package guard: a per-call
@@ -107,6 +108,10 @@ func (s *storeGuard) stats() metrics.StoreStats {
 		out.Nodes[i] = metrics.NodeStats{Node: n.Node, Calls: n.Calls, Errors: n.Errors, Openings: n.Openings, Open: n.Open}
 	}
 	inner := s.g.Unwrap()
+	if rs, ok := inner.(*region.Store); ok {
+		out.Region = regionStats(rs)
+		inner = rs.Unwrap()
+	}
 	if ls, ok := inner.(*lease.Store); ok {
 		st := ls.Stats()
 		out.LeaseHits, out.LeaseFetches, out.LeaseReturns = st.Hits, st.Fetches, st.Returns

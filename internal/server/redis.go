@@ -37,6 +37,9 @@ func openRedis(ctx context.Context, sc config.StoreSection, log *slog.Logger) (s
 		_ = s.Close()
 		return nil, nil, fmt.Errorf("server: %w", err)
 	}
+	if sc.Region != "" {
+		return openRegions(ctx, sc, l, s, leaseCloser{l, s}, log) // regions.go
+	}
 	return l, leaseCloser{l, s}, nil
 }
 

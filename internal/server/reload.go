@@ -162,10 +162,11 @@ func restartOnly(running, next *config.Config) []string {
 	}
 	// The failure policy applies per call (each call uses the policy of
 	// the config it loaded); the rest of the store section is fixed when
-	// the store and its guard are built.
+	// the store and its guard are built, and so are the policies' scopes
+	// (store.GlobalPolicies: a policy's scope or home changed).
 	rs, ns := running.Store, next.Store
 	rs.FailurePolicy, ns.FailurePolicy = "", ""
-	if rs != ns {
+	if !reflect.DeepEqual(rs, ns) {
 		out = append(out, "store")
 	}
 	if running.File != nil && next.File != nil {

@@ -18,6 +18,8 @@ type Metrics struct {
 	tightened   *prometheus.CounterVec
 	remaining   *prometheus.GaugeVec
 	chunks      *prometheus.CounterVec
+	ratio       *prometheus.GaugeVec
+	ownRefusals *prometheus.CounterVec
 	unreachable *prometheus.CounterVec
 	probes      *prometheus.CounterVec
 }
@@ -40,6 +42,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "What each upstream and model last reported left, by kind (requests, tokens)."}, []string{"upstream", "model", "kind"}),
 		chunks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gateway_upstream_chunks_total",
 			Help: "Chunks of a hot upstream model's limits this replica leased, each handed out by the replica until its slot ended."}, []string{"upstream", "model"}),
+		ratio: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sluice_gateway_upstream_token_ratio",
+			Help: "The learned ratio of the input tokens each upstream model counts to those the pool reserves before it (units.go)."}, []string{"upstream", "model"}),
+		ownRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gateway_upstream_request_refusals_total",
+			Help: "Provider 429s attributed to the request's own size (undercounted or larger than the limit): the client refused, the upstream not cooled."}, []string{"upstream", "model"}),
 		unreachable: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gateway_upstream_unreachable_total",
 			Help: "Times this replica took an upstream out of rotation after a request could not reach it, until a probe was answered."}, []string{"upstream"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_gateway_upstream_probes_total",
@@ -64,6 +70,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	if err == nil {
 		m.chunks, err = register(reg, m.chunks)
+	}
+	if err == nil {
+		m.ratio, err = register(reg, m.ratio)
+	}
+	if err == nil {
+		m.ownRefusals, err = register(reg, m.ownRefusals)
 	}
 	if err == nil {
 		m.unreachable, err = register(reg, m.unreachable)

@@ -11,8 +11,10 @@ import (
 )
 
 // Observe learns from an upstream's answer to g: its time to headers, the
-// limits and remaining capacity its rate-limit headers report, and, for a
-// 429, a fleet-wide cooldown of g's target for the Retry-After it asked.
+// limits and remaining capacity its rate-limit headers report, its count
+// of the request when they show it (deltas.go), and, for a 429 that Judge
+// did not attribute to the request's own size, a fleet-wide cooldown of
+// g's target for the Retry-After it asked.
 // Tightening the shared state on a reported remaining below the store's
 // runs in the background; the cooldown before Observe returns, so that a
 // failover does not pick the same target. It never loosens a limit past
@@ -58,8 +60,16 @@ func (p *Pool) Observe(ctx context.Context, g *Grant, status int, h http.Header,
 		if p.metrics != nil {
 			p.metrics.provider429.WithLabelValues(t.Up.Name, t.Model).Inc()
 		}
-		p.Cooldown(ctx, t, cooldownOf(h, rl, now))
-		return
+		if g.refusal == RefusalGeneral {
+			// Not the request's own size (Judge): the upstream's
+			// limit, reached for everyone.
+			p.Cooldown(ctx, t, cooldownOf(h, rl, now))
+			return
+		}
+		// The request's own: what the provider reports left still
+		// tightens the shared state, below.
+	} else if status/100 == 2 {
+		p.observeDelta(ctx, g, rl, h, p.now())
 	}
 	// The provider counted at most latency ago; the store has refilled
 	// since.

@@ -120,6 +120,9 @@ type TargetState struct {
 	lastRemaining [2]atomic.Int64
 	// chunk is this replica's lease on the limits, when hot (lease.go).
 	chunk chunk
+	// ratio is the learned ratio of the provider's input count to the
+	// reserved (units.go).
+	ratio ratioState
 }
 
 // limit kinds, in the order of learned.
@@ -465,6 +468,12 @@ type Grant struct {
 	reqs    []sluice.Request
 	kinds   []int8 // of reqs, as requests returns them
 	in, out int64
+	// units is the request's size as the caller gave it, base its input
+	// on Target before the learned ratio (units.go).
+	units Units
+	base  int64
+	// refusal is what Judge made of the provider's 429, if any.
+	refusal Refusal
 	// sent is when the store call that admitted the grant's units was
 	// sent (its chunk's, for a grant from a chunk), and rtt how long it
 	// took to answer.
@@ -491,6 +500,13 @@ func (p *Pool) Acquire(ctx context.Context, r *Route, anthropic bool, in, out in
 // is not cooling, for the provider's prompt cache; the policy orders the
 // rest. An empty key is Acquire.
 func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, out int64, tried []*TargetState, affinity string) (*Grant, time.Duration, error) {
+	return p.AcquireUnits(ctx, r, anthropic, Units{In: in, Out: out}, tried, affinity)
+}
+
+// AcquireUnits is AcquireSticky of a request whose size u gives as each
+// kind of upstream counts it: each target reserves its own units, times
+// its learned ratio (units.go).
+func (p *Pool) AcquireUnits(ctx context.Context, r *Route, anthropic bool, u Units, tried []*TargetState, affinity string) (*Grant, time.Duration, error) {
 	now := p.now()
 	var cands [MaxRouteTargets]*TargetState
 	n, dead := 0, 0
@@ -530,6 +546,9 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 	}
 	wait := time.Duration(-1)
 	for _, t := range order {
+		p.refreshRatio(ctx, t, now)
+		base, out := t.baseIn(u), u.Out
+		in := t.inputOf(u)
 		reqs, kinds, fits := p.requests(t, in, out, 1)
 		if !fits {
 			continue
@@ -543,7 +562,7 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 				}
 			}
 			if ok {
-				return &Grant{Target: t, pool: p, reqs: reqs, kinds: kinds, in: in, out: out, sent: sent, rtt: rtt}, 0, nil
+				return &Grant{Target: t, pool: p, reqs: reqs, kinds: kinds, in: in, out: out, units: u, base: base, sent: sent, rtt: rtt}, 0, nil
 			}
 		}
 		sent := p.now()
@@ -555,7 +574,7 @@ func (p *Pool) AcquireSticky(ctx context.Context, r *Route, anthropic bool, in, 
 		answered := p.now()
 		t.note(reqs, ds, answered)
 		if d.Allowed {
-			return &Grant{Target: t, pool: p, reqs: reqs, kinds: kinds, in: in, out: out, sent: sent, rtt: answered.Sub(sent)}, 0, nil
+			return &Grant{Target: t, pool: p, reqs: reqs, kinds: kinds, in: in, out: out, units: u, base: base, sent: sent, rtt: answered.Sub(sent)}, 0, nil
 		}
 		if wait < 0 || d.RetryAfter < wait {
 			wait = d.RetryAfter
@@ -631,7 +650,8 @@ func (p *Pool) order(cands []*TargetState, now time.Time) []*TargetState {
 // Anthropic upstream gives unused tokens back when a request ends, and so
 // does the grant; OpenAI and Azure count a request's prompt and max_tokens
 // when it arrives and keep them, and so does the grant. Usage beyond the
-// reservation is charged. Refunds take units back from the grant's own
+// reservation is charged, but for the input of OpenAI and Azure, whose
+// limits counted their estimate (the reservation's units), not the usage. Refunds take units back from the grant's own
 // admission or older ones (Request.AdmittedAgo), never from a later one,
 // which would free capacity up to a period too early. Later calls do
 // nothing and return false.
@@ -643,6 +663,11 @@ func (g *Grant) Settle(ctx context.Context, in, out int64, unsent bool) (bool, e
 	// refund: the admission's round trip stands for the refund's transit.
 	age := max(g.pool.now().Sub(g.sent)+g.rtt, time.Nanosecond)
 	giveBack := unsent || g.Target.Up.Kind == Anthropic
+	if k := g.Target.Up.Kind; k == OpenAI || k == Azure {
+		// Their limits counted the input as estimated on arrival, in
+		// the units reserved (units.go), not the usage's tokens.
+		in = min(in, g.in)
+	}
 	var refunds, charges []sluice.Request
 	for j, req := range g.reqs {
 		var actual int64
@@ -683,3 +708,20 @@ func (g *Grant) Settle(ctx context.Context, in, out int64, unsent bool) (bool, e
 
 // Reserved returns the input and output tokens reserved.
 func (g *Grant) Reserved() (in, out int64) { return g.in, g.out }
+
+// Counted records the input tokens the provider reported counting for
+// g's request, when they are what its limits count (Anthropic's usage:
+// input and cache writes): a sample of the learned ratio (units.go).
+func (g *Grant) Counted(ctx context.Context, in int64) {
+	if g == nil || g.Target.Up.Kind != Anthropic || in <= 0 {
+		return
+	}
+	g.pool.sample(ctx, g.Target, in, g.base, false)
+}
+
+// Units returns the request's size as the caller gave it to Acquire.
+func (g *Grant) Units() Units { return g.units }
+
+// Refused returns what Judge made of the provider's 429 to g:
+// RefusalGeneral when none was judged.
+func (g *Grant) Refused() Refusal { return g.refusal }

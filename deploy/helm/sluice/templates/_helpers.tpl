@@ -48,41 +48,90 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- with .Values.keys }}{{ $_ := set $cfg "keys" . }}{{ end -}}
 {{- with .Values.overrides }}{{ $_ := set $cfg "overrides" . }}{{ end -}}
 {{- with .Values.authz }}{{ $_ := set $cfg "authz" . }}{{ end -}}
+{{- with .Values.admin.tokens }}{{ $_ := set $cfg "admin_tokens" . }}{{ end -}}
+{{- with .Values.allowedHosts }}{{ $_ := set $cfg "allowed_hosts" . }}{{ end -}}
+{{- if .Values.console.enabled -}}
+{{- $con := dict "enabled" true -}}
+{{- with .Values.console.sampleInterval }}{{ $_ := set $con "sample_interval" . }}{{ end -}}
+{{- with .Values.console.topSample }}{{ $_ := set $con "top_sample" (int .) }}{{ end -}}
+{{- $_ := set $cfg "console" $con -}}
+{{- end -}}
 {{- if .Values.envoy.enabled -}}
-{{- $_ := set $cfg "envoy" (dict "grpc_addr" (printf ":%d" (int .Values.envoy.grpcPort)) "config_dir" "/etc/sluice/ratelimit" "response_headers" .Values.envoy.responseHeaders "merge_domains" .Values.envoy.mergeDomains) -}}
+{{- $_ := set $cfg "envoy" (dict "grpc_addr" (printf ":%d" (int .Values.envoy.grpcPort)) "config_dir" "/etc/sluice/ratelimit" "response_headers" .Values.envoy.responseHeaders "response_dynamic_metadata" (eq .Values.envoy.responseDynamicMetadata true) "merge_domains" .Values.envoy.mergeDomains) -}}
 {{- end -}}
 {{- if .Values.gateway.enabled -}}
-{{- $gw := deepCopy .Values.gateway.config -}}
-{{- $gs := $gw.store | default dict -}}
-{{- if not (hasKey $gs "max_keys") }}{{ $_ := set $gs "max_keys" (int64 .Values.store.maxKeys) }}{{ end -}}
-{{- $_ := set $gw "store" $gs -}}
+{{- $gw := include "sluice.gatewayConfig" . | fromYaml -}}
+{{- with concat (.Values.allowedHosts | default list) ($gw.allowed_hosts | default list) | uniq }}{{ $_ := set $gw "allowed_hosts" . }}{{ end -}}
 {{- $_ := set $cfg "gateway" (merge (dict "listen" (printf ":%d" (int .Values.gateway.port))) $gw) -}}
 {{- end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
-{{/* Whether the gateway keeps its limits in memory (its own store). */}}
-{{- define "sluice.gatewayOnMemory" -}}
-{{- if .Values.gateway.enabled -}}
-{{- $url := "" -}}
-{{- with .Values.gateway.config.store }}{{ $url = .url | default "" }}{{ end -}}
-{{- if or (eq $url "") (eq $url "memory") }}true{{ end -}}
+{{/*
+The gateway: section from gateway.config: upstream (the default one when
+neither upstream nor upstreams is given) or upstreams, never both.
+*/}}
+{{- define "sluice.gatewayConfig" -}}
+{{- $gw := deepCopy (.Values.gateway.config | default dict) -}}
+{{- if and (not $gw.upstream) (not $gw.upstreams) -}}
+{{- $_ := set $gw "upstream" (dict "base_url" "https://api.openai.com/v1" "api_key_env" "OPENAI_API_KEY" "timeout" "5m") -}}
 {{- end -}}
+{{- if not $gw.upstream }}{{ $_ := unset $gw "upstream" }}{{ end -}}
+{{- if not $gw.upstreams }}{{ $_ := unset $gw "upstreams" }}{{ end -}}
+{{- toYaml $gw -}}
+{{- end -}}
+
+{{/*
+The environment variables the gateway reads upstream keys from, each with
+whether its upstream may go without (allow_no_key), as YAML: a map of
+variable to true (a key is needed) or false.
+*/}}
+{{- define "sluice.gatewayKeyEnvs" -}}
+{{- $gw := include "sluice.gatewayConfig" . | fromYaml -}}
+{{- $envs := dict -}}
+{{- with $gw.upstream -}}
+{{- $def := "OPENAI_API_KEY" -}}
+{{- if eq (.api | default "") "anthropic" }}{{ $def = "ANTHROPIC_API_KEY" }}{{ end -}}
+{{- $_ := set $envs (.api_key_env | default $def) (not .allow_no_key) -}}
+{{- end -}}
+{{- range $gw.upstreams -}}
+{{- if .key_env -}}
+{{- $_ := set $envs .key_env (or (get $envs .key_env) (not .allow_no_key)) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $envs -}}
+{{- end -}}
+
+{{/*
+The gateway's key variables from Secrets, as env entries: gateway.keys,
+and gateway.apiKeySecret for the single upstream's variable.
+*/}}
+{{- define "sluice.gatewayKeyEnv" -}}
+{{- $out := list -}}
+{{- if .Values.gateway.enabled -}}
+{{- range .Values.gateway.keys -}}
+{{- $out = append $out (dict "name" .env "valueFrom" (dict "secretKeyRef" (dict "name" .secret "key" (.key | default "api-key")))) -}}
+{{- end -}}
+{{- with .Values.gateway.apiKeySecret -}}{{- if .name -}}
+{{- $gw := include "sluice.gatewayConfig" $ | fromYaml -}}
+{{- $up := $gw.upstream | default dict -}}
+{{- $def := "OPENAI_API_KEY" -}}
+{{- if eq ($up.api | default "") "anthropic" }}{{ $def = "ANTHROPIC_API_KEY" }}{{ end -}}
+{{- $out = append $out (dict "name" ($up.api_key_env | default $def) "valueFrom" (dict "secretKeyRef" (dict "name" .name "key" (.key | default "api-key")))) -}}
+{{- end -}}{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
 {{- end -}}
 
 {{/*
 The container's memory, in MiB: memory.baseMiB plus memory.rssPerHeapMiB
-for each MiB of heap a memory store may hold: store.maxBytesMiB (the
-service's memory store, or on Redis its local fallback) and, when the
-gateway keeps its limits in memory, its store's (the memory store's
-default bound, 64 MiB: the gateway's store takes no max_bytes); rounded up. The one place the chart sizes
+for each MiB of heap the memory store may hold: store.maxBytesMiB (the
+service's memory store, which the gateway shares inside sluice serve, or
+on Redis its local fallback); rounded up. The one place the chart sizes
 memory.
 */}}
 {{- define "sluice.memoryMiB" -}}
 {{- $heap := mul (int64 .Values.store.maxBytesMiB) 1048576 -}}
-{{- if include "sluice.gatewayOnMemory" . -}}
-{{- $heap = add $heap (mul 64 1048576) -}}
-{{- end -}}
 {{- $bytes := add (mul $heap (int64 .Values.memory.rssPerHeapMiB)) (mul (int64 .Values.memory.baseMiB) 1048576) -}}
 {{- div (add $bytes 1048575) 1048576 -}}
 {{- end -}}
@@ -109,13 +158,53 @@ Included by the Deployment, so `helm template`, `helm install` and
 {{- with .Values.resources }}{{ if or (and .limits .limits.memory) (and .requests .requests.memory) -}}
 {{- fail "resources.limits.memory and resources.requests.memory are computed from store.maxBytesMiB (memory.baseMiB + memory.rssPerHeapMiB × store.maxBytesMiB): set store.maxBytesMiB instead" -}}
 {{- end }}{{ end -}}
-{{- if .Values.gateway.enabled -}}
-{{- $up := .Values.gateway.config.upstream | default dict -}}
-{{- if and (not .Values.gateway.apiKeySecret.name) (not $up.allow_no_key) -}}
-{{- fail (printf "gateway.enabled needs the upstream API key, which sluice gateway reads from $%s and would not start without: create a Secret (kubectl create secret generic openai --from-literal=api-key=sk-...) and set gateway.apiKeySecret.name (and gateway.apiKeySecret.key), or set gateway.config.upstream.allow_no_key: true for an upstream that needs none" ($up.api_key_env | default "OPENAI_API_KEY")) -}}
+{{- with .Values.admin -}}
+{{- if gt (len (.tokens | default list)) 64 -}}
+{{- fail (printf "admin.tokens has %d tokens: at most 64" (len .tokens)) -}}
 {{- end -}}
-{{- if and (gt $n 1) (include "sluice.gatewayOnMemory" .) -}}
-{{- fail (printf "replicaCount is %d but gateway.config.store.url is memory: each replica would keep its own gateway limits and budgets, so they would be %d times what you wrote. Set gateway.config.store.url to the Redis all replicas share, or keep replicaCount: 1" $n $n) -}}
+{{- range $i, $t := .tokens | default list -}}
+{{- if not (regexMatch "^[0-9a-fA-F]{64}$" ($t.hash | default "" | toString)) -}}
+{{- fail (printf "admin.tokens[%d] (%s): hash must be the 64 hex digits of the token's SHA-256 (sluice keys hash --admin %s), never the token itself" $i ($t.name | default "?") ($t.name | default "NAME")) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.gateway.enabled -}}
+{{- $cfg := .Values.gateway.config | default dict -}}
+{{- if and $cfg.upstream $cfg.upstreams -}}
+{{- fail "gateway.config has both upstream and upstreams: a gateway has one upstream or a pool (upstreams with routes), and sluice would refuse the config and crash-loop. Keep one; set the other to null" -}}
+{{- end -}}
+{{- if and $cfg.upstreams (not $cfg.routes) -}}
+{{- fail "gateway.config.upstreams needs routes: (each client-facing model to the upstreams that serve it; docs/gateway.md, \"Upstream pools\")" -}}
+{{- end -}}
+{{- if hasKey $cfg "store" -}}
+{{- fail "gateway.config.store is set, but inside sluice serve the gateway keeps its limits in the service's store and would ignore it: set store.redisURL (or store.existingSecret) instead, which keeps the URL in a Secret" -}}
+{{- end -}}
+{{- range $cfg.upstreams -}}
+{{- if .key_file -}}
+{{- fail (printf "gateway.config.upstreams %s: key_file is not mounted by the chart; use key_env and an entry in gateway.keys (a Secret's key as that variable)" (.name | default "?")) -}}
+{{- end -}}
+{{- end -}}
+{{- $needed := include "sluice.gatewayKeyEnvs" . | fromYaml -}}
+{{- $set := dict -}}
+{{- range (include "sluice.gatewayKeyEnv" . | fromYamlArray) -}}
+{{- if not (regexMatch "^[A-Za-z_][A-Za-z0-9_]*$" (.name | default "" | toString)) -}}
+{{- fail (printf "gateway.keys: %q is not an environment variable name (env:), such as OPENAI_API_KEY; the key itself belongs in the Secret" (.name | default "" | toString)) -}}
+{{- end -}}
+{{- if hasKey $set .name -}}
+{{- fail (printf "gateway.keys: $%s is set twice (gateway.keys and gateway.apiKeySecret, or two entries)" .name) -}}
+{{- end -}}
+{{- if not (hasKey $needed .name) -}}
+{{- fail (printf "gateway.keys sets $%s, which no upstream of gateway.config reads (api_key_env, upstreams[].key_env): a misspelt variable would leave its upstream without a key" .name) -}}
+{{- end -}}
+{{- if not .valueFrom.secretKeyRef.name -}}
+{{- fail (printf "gateway.keys: $%s names no Secret (secret:)" .name) -}}
+{{- end -}}
+{{- $_ := set $set .name true -}}
+{{- end -}}
+{{- range $env, $need := $needed -}}
+{{- if and $need (not (hasKey $set $env)) -}}
+{{- fail (printf "gateway.enabled needs the upstream key sluice reads from $%s and would not start without: create a Secret (kubectl create secret generic openai --from-literal=api-key=sk-...) and add {env: %s, secret: openai, key: api-key} to gateway.keys (or, for the single upstream, set gateway.apiKeySecret.name), or set allow_no_key: true on an upstream that needs none" $env $env) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -1,0 +1,124 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"strings"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/metrics"
+	"github.com/sluice-io/sluice/redisstore"
+	"github.com/sluice-io/sluice/region"
+)
+
+// openRegions puts a region.Store over this region's store (local, over
+// the Redis store ledger) when store.region is set: the policies with
+// scope global are held to one limit across the regions of store.regions,
+// whose stores it opens here, and the rest pass through. The scopes are
+// the starting configuration's (restart-only).
+func openRegions(ctx context.Context, sc config.StoreSection, local sluice.Store, ledger *redisstore.Store, localCloser io.Closer, log *slog.Logger) (sluice.Store, io.Closer, error) {
+	closers := []io.Closer{localCloser}
+	closeAll := func() error {
+		var errs []error
+		for i := len(closers) - 1; i >= 0; i-- {
+			errs = append(errs, closers[i].Close())
+		}
+		return errors.Join(errs...)
+	}
+	fetchTimeout := sc.Global.FetchTimeout
+	if fetchTimeout == 0 {
+		fetchTimeout = region.DefaultFetchTimeout
+	}
+	stores := map[string]sluice.Store{sc.Region: local}
+	names := []string{sc.Region}
+	for name, r := range sc.Regions {
+		// Calls across regions are fetches and refunds, each with its own
+		// deadline (FetchTimeout); no deny cache: a denied fetch is asked
+		// again for what is left.
+		s, err := redisstore.New(ctx, redisstore.Options{URL: r.URL, Timeout: fetchTimeout, DisableDenyCache: true, Logger: log})
+		if err != nil {
+			_ = closeAll()
+			return nil, nil, fmt.Errorf("server: open the store of region %s: %w", name, err)
+		}
+		closers = append(closers, s)
+		stores[name] = s
+		names = append(names, name)
+	}
+	policy, err := region.ParsePolicy(sc.Global.FailurePolicy)
+	if err != nil {
+		_ = closeAll()
+		return nil, nil, fmt.Errorf("server: %w", err)
+	}
+	globals := maps.Clone(sc.GlobalPolicies)
+	hash := region.HashHome(names)
+	rs, err := region.New(region.Options{
+		Region:  sc.Region,
+		Regions: stores,
+		Ledger:  ledger.Client(),
+		Global: func(req *sluice.Request) bool {
+			_, ok := globals[policyOfKey(req.Key)]
+			return ok
+		},
+		Home: func(key string) string {
+			if h := globals[policyOfKey(key)]; h != "" {
+				return h
+			}
+			return hash(key)
+		},
+		Horizon:      sc.Global.Horizon,
+		TTL:          sc.Global.TTL,
+		FetchTimeout: fetchTimeout,
+		ClockSkew:    sc.Global.ClockSkew,
+		Policy:       policy,
+		Logger:       log,
+	})
+	if err != nil {
+		_ = closeAll()
+		return nil, nil, fmt.Errorf("server: %w", err)
+	}
+	closers = append(closers, closerFunc(rs.Close))
+	return rs, closerFunc(closeAll), nil
+}
+
+type closerFunc func() error
+
+func (f closerFunc) Close() error { return f() }
+
+// policyOfKey is the policy a key of storeKey's form belongs to, or ""
+// for a key of another form (the other doors').
+func policyOfKey(key string) string {
+	rest, ok := strings.CutPrefix(key, "sluice:{")
+	if !ok {
+		return ""
+	}
+	// The identity's tag holds no '}' (tagIdentity), and a policy's name
+	// and an algorithm's no ':'.
+	i := strings.Index(rest, "}:")
+	if i < 0 {
+		return ""
+	}
+	rest = rest[i+2:]
+	j := strings.LastIndexByte(rest, ':')
+	if j < 0 {
+		return ""
+	}
+	if _, err := sluice.ParseAlgorithm(rest[j+1:]); err != nil {
+		return "" // not a policy's key (the console's and overrides' keys share the prefix)
+	}
+	return rest[:j]
+}
+
+// regionStats exports a region.Store's counters.
+func regionStats(rs *region.Store) *metrics.RegionStats {
+	st := rs.Stats()
+	return &metrics.RegionStats{
+		Region: rs.Region(), Home: st.Home, Share: st.Share, Denied: st.Denied, Policy: st.Policy,
+		Fetches: st.Fetches, FetchDenied: st.FetchDenied, FetchErrors: st.FetchErrors,
+		Fetched: st.Fetched, Refunded: st.Refunded, Stranded: st.Stranded,
+	}
+}

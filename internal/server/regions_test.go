@@ -1,0 +1,90 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/config"
+	"github.com/sluice-io/sluice/internal/redistest"
+)
+
+// `sluice serve` in region us, its own Redis, with a global policy homed
+// in eu (another redis-server): its checks are decided from us's share
+// (decided_by "share"), charged in eu's Redis in advance, and the limit
+// holds across both; a regional policy is answered as before. /metrics
+// counts the tiers by region.
+func TestRegionsServe(t *testing.T) {
+	eu, us := redistest.NewStandalone(t), redistest.NewStandalone(t)
+	cfg := testConfig + fmt.Sprintf(`store:
+  url: %q
+  failure_policy: fail_closed
+  timeout: 200ms
+  region: us
+  regions:
+    eu: {url: %q}
+  global: {clock_skew: 5ms}
+`, us.URL(), eu.URL())
+	cfg = strings.Replace(cfg, "anon: {limit: 2/min}", "anon: {limit: 2/min}\n  world: {algorithm: fixed_window, limit: 10/h, scope: global, home: eu}", 1)
+	s := startService(t, svcOptions{redis: true, config: cfg})
+	id := redistest.Prefix(t)
+	admitted := 0
+	for i := range 15 {
+		a := s.check(t, fmt.Sprintf(`{"policy":"world","key":%q}`, id))
+		if a.body["decided_by"] != "share" {
+			t.Fatalf("check %d: %d %s, want decided_by share", i, a.status, a.raw)
+		}
+		if a.status == 200 {
+			admitted++
+		}
+	}
+	if admitted != 10 {
+		t.Fatalf("admitted %d of a global limit of 10 from us's shares", admitted)
+	}
+	// The charges are in eu's Redis: its key holds what us fetched.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	keys, err := eu.Do(ctx, "KEYS", "*world*")
+	if err != nil || len(keys.([]any)) == 0 {
+		t.Fatalf("eu's Redis holds no key of the global policy: %v %v", keys, err)
+	}
+	a := s.check(t, fmt.Sprintf(`{"policy":"b","key":%q}`, id))
+	if a.status != 200 || a.body["decided_by"] != nil {
+		t.Fatalf("regional policy: %d %s", a.status, a.raw)
+	}
+	m := s.do(t, "GET", "/metrics", "").raw
+	for _, want := range []string{`sluice_region_decisions_total{region="us",tier="share"} 10`, `sluice_region_units_total{kind="fetched",region="us"} 10`} {
+		if !strings.Contains(m, want) {
+			t.Fatalf("metrics lack %s:\n%s", want, grepLines(m, "sluice_region_"))
+		}
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// policyOfKey reads the policy from storeKey's keys, whatever the
+// identity, and nothing from other keys.
+func TestPolicyOfKey(t *testing.T) {
+	p := &config.Policy{Name: "api.v2", Algorithm: sluice.FixedWindow}
+	for _, id := range []string{"user:42", "}{:%", "", "ip:2001:db8::1"} {
+		if got := policyOfKey(storeKey(id, p)); got != "api.v2" {
+			t.Fatalf("identity %q: policy %q", id, got)
+		}
+	}
+	for _, k := range []string{"sluice:{topk}:api.v2:x", "other:{a}:api.v2:gcra", "sluice:{a}", "sluice:{a}:gcra"} {
+		if got := policyOfKey(k); got != "" {
+			t.Fatalf("%q: policy %q, want none", k, got)
+		}
+	}
+}

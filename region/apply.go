@@ -1,0 +1,305 @@
+package region
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluice-io/sluice"
+)
+
+// Apply implements sluice.Store: a regional key goes to this region's
+// store; a global key whose home is this region goes to this region's
+// store too, which is its authority; any other global key is decided from
+// the share this region holds (Source sluice.FromShare), fetched from its
+// home in the background.
+func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
+	if s.global == nil || !s.global(&req) {
+		return s.local.Apply(ctx, op, req)
+	}
+	if err := req.Validate(op); err != nil {
+		return sluice.Decision{}, fmt.Errorf("region: %w", err)
+	}
+	if err := supported(&req); err != nil {
+		return sluice.Decision{}, err
+	}
+	home := s.home(req.Key)
+	if home == s.region {
+		d, err := s.local.Apply(ctx, op, req)
+		if err == nil && op == sluice.OpAllow {
+			s.st.home.Add(1)
+		}
+		return d, err
+	}
+	hs := s.regions[home]
+	if hs == nil {
+		return sluice.Decision{}, fmt.Errorf("%w: home %q of a global key", ErrUnknownRegion, home)
+	}
+	switch op {
+	case sluice.OpAllow:
+		return s.allow(ctx, hs, &req)
+	case sluice.OpPeek:
+		sh, err := s.led.apply(ctx, "peek", req.Key, req.Cost, "")
+		if err != nil {
+			return sluice.Decision{}, err
+		}
+		return s.shareDecision(&req, sh), nil
+	case sluice.OpRefund:
+		if req.Algorithm == sluice.FixedWindow {
+			// A window's units are not given back: the refund could land
+			// in a share of the next window.
+			return sluice.Decision{Allowed: true, Limit: req.Limit, Source: sluice.FromShare}, nil
+		}
+		sh, err := s.led.apply(ctx, "refund", req.Key, req.Cost, "")
+		if err != nil {
+			return sluice.Decision{}, err
+		}
+		d := s.shareDecision(&req, sh)
+		d.Allowed = true
+		return d, nil
+	case sluice.OpCharge:
+		// The charge is taken from the share, into a debt if need be,
+		// which the next fetches pay first: the home is charged for it.
+		sh, err := s.led.apply(ctx, "charge", req.Key, req.Cost, "")
+		if err != nil {
+			return sluice.Decision{}, err
+		}
+		if e := s.entry(&req); e != nil {
+			e.note(s.clk.Now(), req.Cost)
+			if sh.n < 0 {
+				s.prefetch(hs, e, sh.n)
+			}
+		}
+		d := s.shareDecision(&req, sh)
+		d.Allowed = true
+		return d, nil
+	case sluice.OpReset:
+		if _, err := s.led.take(ctx, req.Key, 0, true, -1); err != nil {
+			return sluice.Decision{}, err
+		}
+		return hs.Apply(ctx, op, req)
+	}
+	return sluice.Decision{}, fmt.Errorf("region: unknown op %s", op)
+}
+
+// ApplyAll implements sluice.Store. A batch of keys this region's store
+// decides (regional keys, and global keys whose home is this region) goes
+// to it as one batch. With global keys of other homes, OpAllow is all or
+// nothing still: their shares are spent first, one by one; if one is
+// short, or the region's store then denies its part, the spent units go
+// back to their shares (to the same window's share for a fixed window), and
+// every decision says whether its limit alone would have admitted it.
+// The other ops apply request by request.
+func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
+	var remote []int
+	if s.global != nil {
+		for i := range reqs {
+			if s.global(&reqs[i]) && s.home(reqs[i].Key) != s.region {
+				remote = append(remote, i)
+			}
+		}
+	}
+	if len(remote) == 0 {
+		return s.local.ApplyAll(ctx, op, reqs)
+	}
+	if op != sluice.OpAllow || len(reqs) == 1 {
+		out := make([]sluice.Decision, len(reqs))
+		for i := range reqs {
+			d, err := s.Apply(ctx, op, reqs[i])
+			if err != nil {
+				return nil, err
+			}
+			out[i] = d
+		}
+		return out, nil
+	}
+	for i := range reqs {
+		if err := reqs[i].Validate(op); err != nil {
+			return nil, fmt.Errorf("region: %w", err)
+		}
+	}
+	out := make([]sluice.Decision, len(reqs))
+	spent := make([]string, len(reqs)) // the window each spent share is of
+	isRemote := make([]bool, len(reqs))
+	var local []sluice.Request
+	var localAt []int
+	for _, i := range remote {
+		isRemote[i] = true
+	}
+	for i := range reqs {
+		if !isRemote[i] {
+			local, localAt = append(local, reqs[i]), append(localAt, i)
+		}
+	}
+	undo := func(upTo int) {
+		for _, i := range remote[:upTo] {
+			// Back into the share they came from; a share that expired
+			// meanwhile keeps them out (under-admission only).
+			if _, err := s.led.apply(context.WithoutCancel(ctx), "refund", reqs[i].Key, reqs[i].Cost, spent[i]); err != nil {
+				s.st.stranded.Add(uint64(reqs[i].Cost))
+			}
+		}
+	}
+	for k, i := range remote {
+		if err := supported(&reqs[i]); err != nil {
+			undo(k)
+			return nil, err
+		}
+		d, win, err := s.allowOne(ctx, &reqs[i])
+		if err != nil {
+			undo(k)
+			return nil, err
+		}
+		out[i], spent[i] = d, win
+		if !d.Allowed {
+			undo(k)
+			// The rest, and the local part, as they would decide alone.
+			for _, j := range remote[k+1:] {
+				sh, err := s.led.apply(ctx, "peek", reqs[j].Key, reqs[j].Cost, "")
+				if err != nil {
+					return nil, err
+				}
+				out[j] = s.shareDecision(&reqs[j], sh)
+			}
+			if len(local) > 0 {
+				ds, err := s.local.ApplyAll(ctx, sluice.OpPeek, local)
+				if err != nil {
+					return nil, err
+				}
+				for n, j := range localAt {
+					out[j] = ds[n]
+				}
+			}
+			return out, nil
+		}
+	}
+	if len(local) > 0 {
+		ds, err := s.local.ApplyAll(ctx, op, local)
+		if err != nil {
+			undo(len(remote))
+			return nil, err
+		}
+		denied := false
+		for n, j := range localAt {
+			out[j] = ds[n]
+			denied = denied || !ds[n].Allowed
+		}
+		if denied {
+			undo(len(remote))
+		}
+	}
+	return out, nil
+}
+
+// supported checks that shares can decide req.
+func supported(req *sluice.Request) error {
+	switch {
+	case req.MaxWait != 0:
+		return fmt.Errorf("%w: a reservation (max wait %s)", ErrUnsupported, req.MaxWait)
+	case req.Algorithm == sluice.GCRA, req.Algorithm == sluice.TokenBucket:
+		return nil
+	case req.Algorithm == sluice.FixedWindow && req.Limit.Calendar.IsZero():
+		return nil
+	}
+	return fmt.Errorf("%w: algorithm %s (GCRA, token_bucket and fixed_window without a calendar are)", ErrUnsupported, req.Algorithm)
+}
+
+// SupportsGlobal reports whether a key of algorithm a and limit l can be
+// global; config validation calls it.
+func SupportsGlobal(a sluice.Algorithm, l sluice.Limit) error {
+	return supported(&sluice.Request{Algorithm: a, Limit: l})
+}
+
+// allowOne is allow for a request of a batch, also naming the window of
+// the share it spent.
+func (s *Store) allowOne(ctx context.Context, req *sluice.Request) (sluice.Decision, string, error) {
+	hs := s.regions[s.home(req.Key)]
+	if hs == nil {
+		return sluice.Decision{}, "", fmt.Errorf("%w: home %q of a global key", ErrUnknownRegion, s.home(req.Key))
+	}
+	return s.allowWin(ctx, hs, req)
+}
+
+// allow decides req from the region's share, fetching more in the
+// background, and waits for a fetch in flight when the share is spent.
+func (s *Store) allow(ctx context.Context, hs sluice.Store, req *sluice.Request) (sluice.Decision, error) {
+	d, _, err := s.allowWin(ctx, hs, req)
+	return d, err
+}
+
+// allowWin is allow, also naming the window of the share it spent.
+func (s *Store) allowWin(ctx context.Context, hs sluice.Store, req *sluice.Request) (sluice.Decision, string, error) {
+	now := s.clk.Now()
+	e := s.entry(req)
+	if e != nil {
+		e.note(now, req.Cost)
+	}
+	sh, err := s.led.apply(ctx, "allow", req.Key, req.Cost, "")
+	if err != nil {
+		return sluice.Decision{}, "", err
+	}
+	if sh.ok {
+		s.st.share.Add(1)
+		if e != nil && float64(sh.n) < e.lowWater(s) {
+			s.prefetch(hs, e, sh.n)
+		}
+		return s.shareDecision(req, sh), sh.win, nil
+	}
+	if e == nil {
+		s.st.denied.Add(1)
+		return s.denial(req, sh, int64(s.downRetry)), "", nil
+	}
+	// The share ran out: wait for a fetch, up to FetchWait (a cold key
+	// waits for its first one), unless the last fetch came back short or
+	// empty: the home is near its limit, and waiting would only stall the
+	// callers of a key over its limit by a round trip each.
+	e.mu.Lock()
+	short := e.short || e.down
+	e.mu.Unlock()
+	if ch := s.prefetch(hs, e, sh.n); ch != nil && !short && s.fetchWait >= 0 {
+		t := time.NewTimer(s.fetchWait)
+		select {
+		case <-ch:
+			t.Stop()
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return sluice.Decision{}, "", fmt.Errorf("region: waiting for a share: %w", ctx.Err())
+		}
+		if sh, err = s.led.apply(ctx, "allow", req.Key, req.Cost, ""); err != nil {
+			return sluice.Decision{}, "", err
+		}
+		if sh.ok {
+			s.st.share.Add(1)
+			return s.shareDecision(req, sh), sh.win, nil
+		}
+	}
+	e.mu.Lock()
+	down, retryAt := e.down, e.retryAt
+	e.mu.Unlock()
+	if down {
+		s.st.policy.Add(1)
+		d := sluice.Decision{Limit: req.Limit, Degraded: true, Fallback: s.policy.String(), Source: sluice.FromStore}
+		if s.policy == FailOpen {
+			d.Allowed = true
+		} else {
+			d.RetryAfter = time.Duration(max(retryAt-s.clk.Now(), int64(time.Millisecond)))
+		}
+		return d, "", nil
+	}
+	s.st.denied.Add(1)
+	return s.denial(req, sh, retryAt-s.clk.Now()), "", nil
+}
+
+// shareDecision describes the share as a Decision.
+func (s *Store) shareDecision(req *sluice.Request, sh share) sluice.Decision {
+	return sluice.Decision{Allowed: sh.ok, Limit: req.Limit, Remaining: sh.n, ResetAfter: sh.left, Source: sluice.FromShare}
+}
+
+// denial is a Decision denying req until the next fetch may bring units.
+func (s *Store) denial(req *sluice.Request, sh share, wait int64) sluice.Decision {
+	d := s.shareDecision(req, sh)
+	d.Allowed = false
+	d.RetryAfter = time.Duration(max(wait, int64(time.Millisecond)))
+	return d
+}
