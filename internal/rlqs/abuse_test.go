@@ -220,11 +220,20 @@ func TestAbuse(t *testing.T) {
 	cancel()
 	wg.Wait()
 	<-done
+	// The quiet p99 again once the flood's streams are gone: the load of
+	// this shared machine drifts over the seconds of the test, and the
+	// baseline is the larger of the two quiet measurements around the
+	// flood.
+	if !redistest.PollUntil(time.Now().Add(5*time.Second), func() bool { return q.Held().Streams <= quietPeers }) {
+		t.Errorf("the flood's streams still held after it ended: %+v", q.Held())
+	}
+	quiet2, quietRLS2, _, _ := measure()
+	quiet, quietRLS = max(quiet, quiet2), max(quietRLS, quietRLS2)
 	dropped := testutil.ToFloat64(dropCounter(reg))
 	t.Logf("RLQS p99 quiet %v, under abuse %v (%.1f×); RLS p99 quiet %v, under abuse %v (%.1f×); most held %+v; %.0f usages dropped; %d log lines",
 		quiet, loud, float64(loud)/float64(quiet), quietRLS, loudRLS, float64(loudRLS)/float64(quietRLS), most, dropped, logs.n.Load())
 	// The goal (#36): under the flood, the quiet client's p99 within 10×
-	// its quiet p99, both measured here. The quiet p99 is floored at
+	// its quiet p99, all measured here. The quiet p99 is floored at
 	// 2 ms: on a 2-core machine shared with other builds (load averages
 	// of 10–25), with the race detector in this binary and the flood's,
 	// a p99 of 200 samples below that measures the scheduler, and 10 ×

@@ -56,6 +56,7 @@ type peerState struct {
 	buckets int   // buckets of its open streams
 	window  int64 // the report interval its spending counts in
 	reports int   // bucket usages in that interval
+	prev    int   // bucket usages in the interval before
 	created int   // new buckets in that interval
 }
 
@@ -107,6 +108,10 @@ func (t *peerTable) get(host string) *peerState {
 		t.peers[host] = p
 	}
 	if p.window != w {
+		p.prev = 0
+		if p.window == w-1 {
+			p.prev = p.reports
+		}
 		p.window, p.reports, p.created = w, 0, 0
 	}
 	return p
@@ -170,6 +175,16 @@ func (t *peerTable) spend(host string, n int) bool {
 	}
 	p.reports += n
 	return true
+}
+
+// heavy says whether host reported more than lightSpent usages in this
+// interval or the one before: its reports are planned one at a time
+// server-wide (Server.heavyWork).
+func (t *peerTable) heavy(host string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.get(host)
+	return p.reports > lightSpent || p.prev > lightSpent
 }
 
 // overBudget is the time until the next interval if host has spent its

@@ -121,6 +121,12 @@ type Server struct {
 	peers   *peerTable
 	pending *budget    // bytes of the reports read and not yet answered
 	slots   *fairSlots // the store calls in flight, over all clients
+	// heavyWork is held by the one goroutine that plans a heavy client's
+	// report (peerTable.heavy; not while it waits for the store): a few
+	// clients reporting at their caps plan one report at a time, and a
+	// light client's goroutines wait behind one of theirs in Go's run
+	// queue, not dozens.
+	heavyWork chan struct{}
 
 	done     chan struct{} // closed by Drain
 	drainOne sync.Once
@@ -185,6 +191,7 @@ func New(opts Options) (*Server, error) {
 	s.warn = newRateLog(s.log, s.clock, logPeriod)
 	s.peers = newPeerTable(s.clock, opts.Config)
 	s.slots = newFairSlots(storeSlots)
+	s.heavyWork = make(chan struct{}, 1)
 	s.pending = &budget{left: MaxPendingBytes}
 	return s, nil
 }
@@ -436,6 +443,32 @@ func (s *Server) report(ctx context.Context, st *stream, msg *rlqsv3.RateLimitQu
 		s.warn.log("peer_reports", "rlqs: client over its report budget; reports dropped, its streams read again next interval", "peer", hashPeer(st.host))
 		return nil, nil
 	}
+	if s.peers.heavy(st.host) {
+		select {
+		case s.heavyWork <- struct{}{}:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		held := true
+		defer func() {
+			if held {
+				<-s.heavyWork
+			}
+		}()
+		release := func() {
+			if held {
+				held = false
+				<-s.heavyWork
+			}
+		}
+		return s.answer(ctx, cfg, st, usages, release)
+	}
+	return s.answer(ctx, cfg, st, usages, func() {})
+}
+
+// answer is report's work on the usages of a report within the budgets:
+// release is called once the planning is done, before the store calls.
+func (s *Server) answer(ctx context.Context, cfg *compiled, st *stream, usages []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, release func()) (*rlqsv3.RateLimitQuotaResponse, error) {
 	now := s.clock.Now()
 	resp := &rlqsv3.RateLimitQuotaResponse{}
 	var work []pending
@@ -504,6 +537,7 @@ func (s *Server) report(ctx context.Context, st *stream, msg *rlqsv3.RateLimitQu
 		}
 		work = append(work, s.plan(cfg, b, u, now))
 	}
+	release()
 	if len(work) > 0 {
 		s.take(ctx, cfg, st, work, resp)
 	}
