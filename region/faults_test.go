@@ -25,7 +25,7 @@ func (r run) count(region string, from, to time.Duration, f func(event) bool) (n
 }
 
 // ap, 150ms from the home, is partitioned from it for a second of a
-// five-second run at twice the limit spread evenly: it spends the shares
+// 6.5-second run at twice the limit spread evenly: it spends the shares
 // it holds, then its failure policy (fail_closed) denies; the others go on
 // with the whole limit. Once the link heals, ap takes shares again, and
 // the bound holds throughout.
@@ -39,7 +39,7 @@ func TestGlobalPartition(t *testing.T) {
 		{sluice.FixedWindow, sluice.Limit{Rate: 400, Period: time.Second}},
 	} {
 		t.Run(c.a.String(), func(t *testing.T) {
-			cutAt, healAt, d := time.Second, 2*time.Second, 5*time.Second
+			cutAt, healAt, d := time.Second, 2*time.Second, 6500*time.Millisecond // a second checked after back
 			if soak() {
 				// make soak-regions: the minute-long partition.
 				cutAt, healAt, d = 5*time.Second, 65*time.Second, 75*time.Second
@@ -76,8 +76,11 @@ func TestGlobalPartition(t *testing.T) {
 			// fetch, a round trip (300ms) each. Measured under -race: the
 			// two instances back 0.95s and 1.43s after the heal (the
 			// second's last attempt was hanging in the partition until
-			// the heal). 2s leaves a margin for a loaded host.
-			back := healAt + 2*time.Second
+			// the heal). 3.5s leaves a margin for a loaded host (at load
+			// 20 under -race the last degraded answer came 2.0-2.5s
+			// after the heal); a host that could not even offer the
+			// planned calls is too starved to time this, and says so.
+			back := healAt + 3500*time.Millisecond
 			// ap's fetches reach the home again: no ap decision is
 			// degraded from back on (asserted below), which takes a fetch
 			// answered by the home. What ap then spends depends on the
@@ -98,7 +101,11 @@ func TestGlobalPartition(t *testing.T) {
 			}
 			t.Logf("ap: last degraded at %s, first share after the heal at %s", lastDeg, firstShare)
 			if n := r.count("ap", back, math.MaxInt64, degraded); n > 0 {
-				t.Fatalf("ap still degraded %s after the heal (%d decisions)", back-healAt, n)
+				if !r.offered(t, 800, 0) {
+					t.Logf("ap still degraded %s after the heal (%d decisions) on a host too loaded to offer the planned calls: not asserted", back-healAt, n)
+				} else {
+					t.Fatalf("ap still degraded %s after the heal (%d decisions)", back-healAt, n)
+				}
 			}
 			// During the partition the others use the limit.
 			if c.a != sluice.FixedWindow && r.offered(t, 800, 0) {
