@@ -44,6 +44,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	mrand "math/rand/v2"
 	"net"
 	"slices"
 	"strconv"
@@ -323,7 +324,7 @@ func (s *Server) StreamRateLimitQuotas(gs grpc.BidiStreamingServer[rlqsv3.RateLi
 			// unread until the next interval: its reports wait in HTTP/2
 			// flow control, not decoded in this server's memory and time.
 			if d := s.peers.overBudget(host); d > 0 {
-				wait := time.NewTimer(d)
+				wait := time.NewTimer(d + s.spread())
 				select {
 				case <-wait.C:
 				case <-ctx.Done():
@@ -380,7 +381,7 @@ func (s *Server) StreamRateLimitQuotas(gs grpc.BidiStreamingServer[rlqsv3.RateLi
 			// Over the client's budget: nothing more is read from this
 			// stream until the next interval, so that gRPC's flow control
 			// holds the client's sends, at no cost to the server.
-			wait := time.NewTimer(s.peers.untilNext())
+			wait := time.NewTimer(s.peers.untilNext() + s.spread())
 			select {
 			case <-wait.C:
 			case <-s.done:
@@ -399,6 +400,14 @@ func (s *Server) StreamRateLimitQuotas(gs grpc.BidiStreamingServer[rlqsv3.RateLi
 			return err
 		}
 	}
+}
+
+// spread is a random part of half an interval added to the wait of a
+// stream over its client's budget: a flood's streams, held until the next
+// interval, then decode their next reports spread over it, not all at
+// its first instant (a burst that stalled every client's answers).
+func (s *Server) spread() time.Duration {
+	return mrand.N(s.cfg.Load().interval/2 + 1)
 }
 
 // pending is one bucket's part of a report: its usage and what the store
