@@ -33,7 +33,18 @@
 // and one at its limit holds little capacity that others could use. The
 // next chunk is fetched when what is held falls under half a chunk or
 // under four fetch times of the rate (fetch latency is measured), so that
-// a steady caller never waits for a fetch. Cold keys (a chunk would be
+// a steady caller never waits for a fetch. A request that finds the lease
+// empty and no fetch in flight is decided by the store, in its batch's one
+// call, while the chunk is fetched in the background, when the key is far
+// from its limit (chunk and cost at most a sixteenth of what the store had
+// left); near it, it waits for the chunk. A GCRA or token-bucket lease
+// in use that holds less than a chunk is topped up once it is half its TTL
+// old. Unused capacity goes back after IdleAfter near the limit,
+// and after up to IdleAfter × MaxHorizon/Horizon far from it (the idle
+// allowance grows as the horizon does), and a pause of up to 64 rate
+// windows keeps the key's measured rate: a client between bursts keeps
+// its lease, and its next burst is not decided by the store, on its
+// requests' path. Cold keys (a chunk would be
 // under MinChunk) and small limits (the bound is under MinChunk) go
 // straight to the store, as without leases.
 //

@@ -65,7 +65,10 @@ type Options struct {
 	// zero.
 	TTL time.Duration
 	// IdleAfter is how long a key's capacity may sit unused before it goes
-	// back. DefaultIdleAfter (100ms) when zero.
+	// back when the key is near its limit; it grows as the horizon does, to
+	// IdleAfter × MaxHorizon/Horizon when the store had the key's capacity
+	// full at the last fetch (a client pausing between bursts keeps its
+	// lease). DefaultIdleAfter (100ms) when zero.
 	IdleAfter time.Duration
 	// SweepEvery is how often a background sweep returns idle and expired
 	// capacity and forgets idle keys: IdleAfter/2 when zero; negative runs
@@ -303,7 +306,7 @@ func (s *Store) Sweep() {
 	s.keys.Range(func(k string, e *entry) bool {
 		e.mu.Lock()
 		var n int64
-		if e.tokens > 0 && !e.fetching && (now >= e.expiry || (now-e.lastUse >= s.idle && !e.window())) {
+		if e.tokens > 0 && !e.fetching && (now >= e.expiry || (now-e.lastUse >= s.idleFor(e) && !e.window())) {
 			n = e.drop()
 		}
 		forget := e.tokens == 0 && !e.fetching && now-e.lastUse >= 20*s.idle
@@ -323,6 +326,17 @@ func (s *Store) Sweep() {
 		return true
 	})
 	wg.Wait()
+}
+
+// idleFor is how long e's capacity may sit unused before it goes back:
+// IdleAfter near the limit, growing with the horizon (horizonFor) to
+// IdleAfter × MaxHorizon/Horizon when the store had the capacity full at
+// the last fetch, where what one instance holds keeps nobody from the
+// limit, so that a client pausing between bursts does not start its next
+// one on the store, on its requests' path. TTL bounds it still. e.mu is
+// held.
+func (s *Store) idleFor(e *entry) int64 {
+	return int64(float64(s.idle) * s.horizonFor(e) / s.horizon)
 }
 
 // giveBack refunds n units of e's key to the store (GCRA and the token

@@ -74,9 +74,12 @@ func TestHotKeyLeasedAndReturned(t *testing.T) {
 		t.Fatalf("%d from leases with %d fetches; want ≥ 9000 with ≤ 200", local, st.Fetches)
 	}
 	// Idle: the sweep gives the held capacity back, and the store has it.
-	// (Sweep skips a key whose prefetch is still on its way.)
+	// (Sweep skips a key whose prefetch is still on its way.) Far from
+	// its limit the key may sit idle for up to the longest idle
+	// allowance, IdleAfter × MaxHorizon/Horizon (a shorter pause keeps
+	// it: TestBurstsWithPausesStayLeased).
 	s.WaitAsync()
-	clk.Advance(lease.DefaultIdleAfter)
+	clk.Advance(lease.DefaultIdleAfter * (lease.DefaultMaxHorizon / lease.DefaultHorizon))
 	s.Sweep()
 	st2 := s.Stats()
 	held := int64(st2.FetchedUnits) - int64(local)
@@ -301,5 +304,54 @@ func TestCalendarNotLeased(t *testing.T) {
 	req.Limit.Period = 24 * time.Hour
 	if _, local := drive(t, s, clk, req, 10, time.Millisecond, 100*time.Millisecond); local == 0 {
 		t.Fatal("the same limit without a calendar was not leased")
+	}
+}
+
+// A client that sends bursts with pauses between them (a batch job, a
+// chat's turns; the gateway benchmark's rounds) keeps its lease far from
+// its limit: a pause longer than IdleAfter neither gives the capacity
+// back nor forgets the rate, and a chunk is renewed before its TTL ends,
+// so that no burst after the first starts on the store, on the client's
+// path, whose requests then wait a Redis round trip (the leased gateway's
+// tail at 64 connections, docs/BENCHMARKS.md). The burst capacity is
+// large, so that one chunk (a second of the bursts' rate) lasts for ten
+// bursts, past its TTL.
+func TestBurstsWithPausesStayLeased(t *testing.T) {
+	clk := clock.NewFake(storetest.T0)
+	s := newLease(t, lease.Options{All: true, Store: newMem(t, clk), Clock: clk, SweepEvery: -1})
+	req := sluice.Request{Key: "bursty", Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: 100_000, Period: time.Second, Burst: 100_000}, Cost: 1}
+	ctx := context.Background()
+	var before lease.Stats
+	// 12 bursts of 2 requests a ms for 100 ms, 300 ms apart (3 IdleAfter;
+	// 12 rate windows): 4.8 s in all, past the 3 s TTL of every chunk.
+	for burst := range 12 {
+		if burst == 2 {
+			before = s.Stats() // warm: the rate is measured
+		}
+		for range 100 {
+			for range 2 {
+				d, err := s.Apply(ctx, sluice.OpAllow, req)
+				if err != nil || !d.Allowed {
+					t.Fatalf("burst %d: %+v %v", burst, d, err)
+				}
+			}
+			s.WaitAsync()
+			clk.Advance(time.Millisecond)
+		}
+		for range 6 { // the pause, swept as the background sweep would
+			clk.Advance(50 * time.Millisecond)
+			s.Sweep()
+		}
+	}
+	st := s.Stats()
+	t.Logf("%+v", st)
+	if d := st.Direct - before.Direct; d != 0 {
+		t.Fatalf("%d of the warm bursts' requests went to the store; want all from the lease", d)
+	}
+	if r := st.Returns - before.Returns; r != 0 {
+		t.Fatalf("%d returns in pauses of %v; want the lease kept", r, 300*time.Millisecond)
+	}
+	if f := st.Fetches - before.Fetches; f > 20 {
+		t.Fatalf("%d fetches for 10 bursts; want few", f)
 	}
 }

@@ -40,7 +40,7 @@ func names(t *testing.T) map[string]bool {
 	return out
 }
 
-var metricRE = regexp.MustCompile(`\bsluice_[a-z_]+`)
+var metricRE = regexp.MustCompile(`\bsluice_[a-z0-9_]+`)
 
 // checkExprs fails for a sluice_ metric name in text that the registry
 // does not expose.
