@@ -14,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
@@ -37,6 +39,11 @@ func (h *countHandler) WithGroup(string) slog.Handler             { return h }
 // the server sees a client IP of its own.
 func dialFrom(t *testing.T, local, addr string) rlqsv3.RateLimitQuotaServiceClient {
 	t.Helper()
+	return rlqsv3.NewRateLimitQuotaServiceClient(connFrom(t, local, addr))
+}
+
+func connFrom(t *testing.T, local, addr string) *grpc.ClientConn {
+	t.Helper()
 	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
@@ -44,14 +51,15 @@ func dialFrom(t *testing.T, local, addr string) rlqsv3.RateLimitQuotaServiceClie
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return rlqsv3.NewRateLimitQuotaServiceClient(conn)
+	return conn
 }
 
 // TestAbuse: four client addresses, each at its stream cap, send reports
 // back to back (not once an interval), each with new buckets, and
-// reconnect; another client reporting once an interval keeps its answer
-// time (measured, not asserted: see below), the server's held structures stay within their ceilings, the
-// excess is dropped and counted, and the warnings are a few lines.
+// reconnect; quiet clients on other addresses keep their RLQS and RLS
+// p99 within 10× their quiet p99 measured in the same run, the server's
+// held structures stay within their ceilings, the excess is dropped and
+// counted, and the warnings are a few lines.
 func TestAbuse(t *testing.T) {
 	srv := redistest.Standalone(t)
 	st, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL()})
@@ -73,35 +81,53 @@ func TestAbuse(t *testing.T) {
 	t.Cleanup(in.stop)
 	q, addr := in.q, in.addr
 
-	// The quiet client: one stream, one bucket, one report at a time.
-	victim := dialFrom(t, "127.0.0.9", addr)
-	vctx, vcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// The quiet clients: quietPeers addresses of their own, each with one
+	// stream and one report at a time, asked in turn, so that each reports
+	// about 25 times a second: light clients, as an Envoy with a few
+	// buckets is, while the test gathers 200 samples a second.
+	const quietPeers = 8
+	vctx, vcancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer vcancel()
-	vs, err := victim.StreamRateLimitQuotas(vctx)
-	if err != nil {
-		t.Fatal(err)
+	type quietStream struct {
+		s       rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasClient
+		answers chan int
 	}
-	answers := make(chan int, 100)
-	go func() {
-		for {
-			r, err := vs.Recv()
-			if err != nil {
-				close(answers)
-				return
-			}
-			answers <- len(r.GetBucketAction())
+	var vs []quietStream
+	for k := range quietPeers {
+		s, err := dialFrom(t, fmt.Sprintf("127.0.0.%d", 20+k), addr).StreamRateLimitQuotas(vctx)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}()
-	// ask reports once and waits for the answer; a report left unanswered
-	// (its store call failed) counts as 2 s, and a late answer is taken
-	// by the next ask.
+		answers := make(chan int, 100)
+		go func() {
+			for {
+				r, err := s.Recv()
+				if err != nil {
+					close(answers)
+					return
+				}
+				answers <- len(r.GetBucketAction())
+			}
+		}()
+		vs = append(vs, quietStream{s, answers})
+	}
+	// ask reports once on the next quiet stream and waits for the answer;
+	// a report left unanswered (its store call failed, or the bucket was
+	// refused) counts as 2 s, and a late answer is taken by the next ask.
+	// Each ask reports a bucket new to the server, as an Envoy does at
+	// once when a request first lands in a bucket (Envoy's
+	// rate_limit_quota filter sends a report on a new bucket): a store
+	// call every time, never an answer from the assignment in force.
+	asked := 0
 	ask := func() time.Duration {
+		asked++
+		v := vs[asked%quietPeers]
 		t0 := time.Now()
-		if err := vs.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "envoy", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(map[string]string{"user": "quiet"}, 5, 0)}}); err != nil {
+		if err := v.s.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "envoy", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(map[string]string{"user": fmt.Sprintf("quiet-%d", asked)}, 5, 0)}}); err != nil {
 			t.Fatal(err)
 		}
 		select {
-		case n, open := <-answers:
+		case n, open := <-v.answers:
 			if !open || n != 1 {
 				t.Fatalf("quiet client: stream ended or %d actions", n)
 			}
@@ -110,24 +136,57 @@ func TestAbuse(t *testing.T) {
 			return 2 * time.Second
 		}
 	}
-	var loudAll []time.Duration
-	p99 := func(n int) time.Duration {
-		var ds []time.Duration
-		for range n {
-			ds = append(ds, ask())
+	// The quiet RLS client, on an address of its own: one call at a
+	// time, each with a descriptor value of its own (a store call each,
+	// never a cached denial).
+	rls := rlsv3.NewRateLimitServiceClient(connFrom(t, "127.0.0.10", addr))
+	called := 0
+	call := func() time.Duration {
+		called++
+		t0 := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		r, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "rls", Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "k", Value: fmt.Sprint(called)}}}}})
+		if err != nil || r.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			return 2 * time.Second // an error or a refusal counts as the timeout
 		}
-		loudAll = ds
-		slices.Sort(ds)
-		return ds[len(ds)*99/100]
+		return time.Since(t0)
 	}
-	ask() // warm the connection and the script cache
-	quiet := p99(30)
+	// measure asks and calls in turn, one every pace (pacing, not
+	// synchronisation: a quiet client's rate), samples of each, and
+	// returns both p99s and the samples.
+	const samples, pace = 200, 5 * time.Millisecond
+	measure := func() (q99, r99 time.Duration, qs, rs []time.Duration) {
+		tick := time.NewTicker(pace)
+		defer tick.Stop()
+		end := time.Now().Add(8 * time.Second) // a broken server does not hold the test for minutes
+		for range samples {
+			<-tick.C
+			if time.Now().After(end) {
+				qs, rs = append(qs, 2*time.Second), append(rs, 2*time.Second)
+				continue
+			}
+			qs = append(qs, ask())
+			rs = append(rs, call())
+		}
+		slices.Sort(qs)
+		slices.Sort(rs)
+		return p99(qs), p99(rs), qs, rs
+	}
+	ask() // warm the connections and the script cache
+	call()
+	quiet, quietRLS, _, _ := measure()
 
 	// The flood comes from another process, as it would from other
 	// machines: this test binary again, running TestAbuser.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	child := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestAbuser$", "-test.count=1")
+	// At the lowest CPU priority: a flood's clients run on machines of
+	// their own, and what is measured is what the server does with what
+	// they send, not the flood's own CPU taken from this 2-core machine
+	// (a race-instrumented client encoding 1000-bucket reports back to
+	// back). It still sends more than the budgets take (asserted below).
+	child := exec.CommandContext(ctx, "nice", "-n", "19", os.Args[0], "-test.run=^TestAbuser$", "-test.count=1")
 	child.Env = append(os.Environ(), "RLQS_ABUSE_ADDR="+addr)
 	var out bytes.Buffer
 	child.Stdout, child.Stderr = &out, &out
@@ -138,39 +197,69 @@ func TestAbuse(t *testing.T) {
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = child.Wait() }()
 	var most rlqs.Held
+	var mostBuckets atomic.Int64 // most.Buckets, read while the sampler runs
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for ctx.Err() == nil {
 			h := q.Held()
 			most.Streams, most.Buckets, most.Peers = max(most.Streams, h.Streams), max(most.Buckets, h.Buckets), max(most.Peers, h.Peers)
+			mostBuckets.Store(int64(most.Buckets))
 			most.PendingBytes = max(most.PendingBytes, h.PendingBytes)
 			time.Sleep(5 * time.Millisecond) // a sampling period, not synchronisation
 		}
 	}()
-	// The flood is on once the four addresses hold most of their streams
-	// and the server drops reports.
-	if !redistest.PollUntil(time.Now().Add(6*time.Second), func() bool {
+	// The flood is on once the four addresses hold most of their streams,
+	// their buckets have reached half the ceiling, and the server drops
+	// reports.
+	// (The flood, at nice 19, may wait seconds for a core on a busy machine.)
+	if !redistest.PollUntil(time.Now().Add(15*time.Second), func() bool {
 		h := q.Held()
-		return h.Peers >= 5 && h.Streams >= 32 && testutil.ToFloat64(dropCounter(reg)) > 0
+		return h.Peers >= 4+quietPeers && h.Streams >= 32 && mostBuckets.Load() >= int64(cfg.MaxBuckets/2) && testutil.ToFloat64(dropCounter(reg)) > 0
 	}) {
 		t.Fatalf("no flood (held %+v): %s", q.Held(), out.String())
 	}
-	loud := p99(30)
+	loud, loudRLS, qs, rs := measure()
+	floodOn := q.Held().Streams >= 32 // the flood lasted the measurement
 	cancel()
 	wg.Wait()
 	<-done
+	// The quiet p99 again once the flood's streams are gone: the load of
+	// this shared machine drifts over the seconds of the test, and the
+	// baseline is the larger of the two quiet measurements around the
+	// flood.
+	if !redistest.PollUntil(time.Now().Add(5*time.Second), func() bool { return q.Held().Streams <= quietPeers }) {
+		t.Errorf("the flood's streams still held after it ended: %+v", q.Held())
+	}
+	quiet2, quietRLS2, _, _ := measure()
+	quiet, quietRLS = max(quiet, quiet2), max(quietRLS, quietRLS2)
 	dropped := testutil.ToFloat64(dropCounter(reg))
-	t.Logf("quiet p99 %v, under abuse %v (%.1f×); most held %+v; %.0f usages dropped; %d log lines",
-		quiet, loud, float64(loud)/float64(quiet), most, dropped, logs.n.Load())
-	// The goal is 10× the quiet p99: measured 0.5–39× on a 2-core machine
-	// at load averages of 20–25, but with the race detector (this binary
-	// and the flood's, instrumented) one or two of the 30 reports at times
-	// found Redis too slow to answer within half an interval. Asserted:
-	// most are answered (before the fair store slots, the quiet client's
-	// reports went unanswered for seconds); the p99 is logged.
-	if unanswered := countAtLeast(loudAll, 2*time.Second); unanswered > 3 {
-		t.Errorf("%d of %d of the quiet client's reports unanswered under abuse", unanswered, len(loudAll))
+	t.Logf("RLQS p99 quiet %v, under abuse %v (%.1f×); RLS p99 quiet %v, under abuse %v (%.1f×); most held %+v; %.0f usages dropped; %d log lines",
+		quiet, loud, float64(loud)/float64(quiet), quietRLS, loudRLS, float64(loudRLS)/float64(quietRLS), most, dropped, logs.n.Load())
+	// The goal (#36): under the flood, the quiet clients' p99 within 10×
+	// their quiet p99, all measured here, asserted without the race
+	// detector (measured 0.5–7.9×). The quiet p99 is floored at 2 ms: on
+	// a 2-core machine shared with other builds a p99 of 200 samples
+	// below that measures the scheduler. With the race detector (this
+	// binary and the flood's instrumented, the Go side 5–20× slower) 1 to
+	// 5 of the 200 samples still meet stalls of 20–90 ms that were not
+	// traced to a queue of the server's (the RLS client meets them too):
+	// measured 2.3–27.6×, so 30× is asserted there. Either is far below what
+	// the flood did before the fixes (RLQS p99 2 s, reports unanswered;
+	// RLS up to 2 s, the store's timeout).
+	bound := time.Duration(10)
+	if raceEnabled {
+		bound = 30
+	}
+	floor := func(d time.Duration) time.Duration { return max(d, 2*time.Millisecond) }
+	if loud > bound*floor(quiet) {
+		t.Errorf("RLQS p99 under abuse %v > %d × quiet p99 %v (slowest %v)", loud, bound, quiet, qs[len(qs)-5:])
+	}
+	if loudRLS > bound*floor(quietRLS) {
+		t.Errorf("RLS p99 under abuse %v > %d × quiet p99 %v (slowest %v)", loudRLS, bound, quietRLS, rs[len(rs)-5:])
+	}
+	if !floodOn {
+		t.Errorf("the flood ended before the measurement did: %s", out.String())
 	}
 	if most.Buckets > cfg.MaxBuckets || most.Streams > rlqs.DefaultMaxStreams || most.Peers > rlqs.DefaultMaxStreams+4096 || most.PendingBytes > rlqs.MaxPendingBytes {
 		t.Errorf("held %+v beyond the ceilings (buckets %d, streams %d)", most, cfg.MaxBuckets, rlqs.DefaultMaxStreams)
@@ -208,7 +297,7 @@ func TestAbuser(t *testing.T) {
 	if addr == "" {
 		t.Skip("run by TestAbuse")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second) // killed earlier by TestAbuse
+	ctx, cancel := context.WithTimeout(context.Background(), 38*time.Second) // killed earlier by TestAbuse
 	defer cancel()
 	var wg sync.WaitGroup
 	for a := range 4 {
@@ -254,12 +343,7 @@ func TestAbuser(t *testing.T) {
 	wg.Wait()
 }
 
-func countAtLeast(ds []time.Duration, d time.Duration) int {
-	n := 0
-	for _, x := range ds {
-		if x >= d {
-			n++
-		}
-	}
-	return n
+// p99 is the nearest-rank 99th percentile of sorted ds.
+func p99(ds []time.Duration) time.Duration {
+	return ds[(len(ds)*99+99)/100-1]
 }

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/internal/redistest"
 	"github.com/sluice-io/sluice/memstore"
 	"github.com/sluice-io/sluice/redisstore"
@@ -25,7 +26,11 @@ func BenchmarkReport(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	s, err := New(Options{Store: st, Config: &Config{ReportInterval: time.Second, MaxReportsPerPeer: 100000, Domains: []Domain{{Domain: "d", Policies: []Policy{
+	// The server's clock moves an interval between reports, as an Envoy
+	// reports once an interval: every report is a store call (a report
+	// within half an interval of the last is answered without one).
+	clk := clock.NewFake(time.Unix(1e9, 0))
+	s, err := New(Options{Store: st, Clock: clk, Config: &Config{ReportInterval: time.Second, MaxReportsPerPeer: 100000, Domains: []Domain{{Domain: "d", Policies: []Policy{
 		{Name: "p", Match: map[string]string{"route": "*"}, RequestsPerUnit: 1 << 30, Unit: "second"},
 	}}}}})
 	if err != nil {
@@ -37,6 +42,7 @@ func BenchmarkReport(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
+		clk.Advance(time.Second)
 		r, err := s.report(ctx, st2, msg)
 		if err != nil || len(r.GetBucketAction()) != 1 {
 			b.Fatal("no action", err)
@@ -71,7 +77,8 @@ func BenchmarkReportRedis(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	s, err := New(Options{Store: st, Prefix: redistest.Prefix(b), Config: &Config{ReportInterval: time.Second, MaxReportsPerPeer: 100000, Domains: []Domain{{Domain: "d", Policies: []Policy{
+	clk := clock.NewFake(time.Unix(1e9, 0))
+	s, err := New(Options{Store: st, Clock: clk, Prefix: redistest.Prefix(b), Config: &Config{ReportInterval: time.Second, MaxReportsPerPeer: 100000, Domains: []Domain{{Domain: "d", Policies: []Policy{
 		{Name: "p", Match: map[string]string{"route": "*"}, RequestsPerUnit: 1 << 30, Unit: "second"},
 	}}}}})
 	if err != nil {
@@ -87,6 +94,7 @@ func BenchmarkReportRedis(b *testing.B) {
 	before := st.Stats().Calls
 	b.ReportAllocs()
 	for b.Loop() {
+		clk.Advance(time.Second)
 		r, err := s.report(ctx, st2, msg)
 		if err != nil || len(r.GetBucketAction()) != 10 {
 			b.Fatal("no action", err)

@@ -1,6 +1,7 @@
 package rlqs
 
 import (
+	"crypto/sha256"
 	"errors"
 	"os"
 	"strings"
@@ -74,5 +75,14 @@ func TestConfigLookup(t *testing.T) {
 	}
 	if canonical(map[string]string{"a": "b:c"}) == canonical(map[string]string{"a:b": "c"}) {
 		t.Error("canonical ids collide")
+	}
+	// The store keys of running instances (a rolling upgrade shares
+	// Redis) are the hash of the form fmt built before: it must not move.
+	id := map[string]string{"route": "api", "user": "ü-42", "a": ""}
+	if got, want := canonical(id), "1:a0:5:route3:api4:user5:ü-42"; got != want {
+		t.Errorf("canonical = %q, want %q", got, want)
+	}
+	if h := sha256.Sum256([]byte(canonical(id))); hashID(id) != [16]byte(h[:16]) {
+		t.Error("hashID is not the hash of canonical")
 	}
 }

@@ -16,6 +16,7 @@ type metrics struct {
 	storeErrors *prometheus.CounterVec // domain, policy
 	refused     *prometheus.CounterVec // reason
 	dropped     *prometheus.CounterVec // reason
+	coalesced   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -34,11 +35,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Streams ended by a bound: streams_per_peer, streams, usages_per_report, buckets_per_stream, bucket_id, unknown_domain."}, []string{"reason"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rlqs_dropped_total",
 			Help: "Bucket usages answered with nothing, the Envoy keeping its assignment: peer_reports (over the client's report budget), peer_new_buckets (over its new-bucket budget), buckets (the server at max_buckets), pending (the server holding MaxPendingBytes of reports)."}, []string{"reason"}),
+		coalesced: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_rlqs_coalesced_total",
+			Help: "Bucket usages reported again within half a report interval of the bucket's last store call, answered from its assignment in force without one."}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.streams, m.reports, m.assignments, m.rebalances, m.storeErrors, m.refused, m.dropped} {
+	for _, c := range []prometheus.Collector{m.streams, m.reports, m.assignments, m.rebalances, m.storeErrors, m.refused, m.dropped, m.coalesced} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("rlqs: register metrics: %w", err)
 		}

@@ -31,6 +31,16 @@ const peerCalls = 2
 // their spent budget: beyond it, the oldest interval's are forgotten.
 const maxIdlePeers = 4096
 
+// reserveShare and heavyShare keep room under max_buckets for light
+// clients: once the server holds all but 1/reserveShare of its ceiling, a
+// client that holds 1/heavyShare of it or more gets no new bucket. So
+// clients at their budgets fill at most 3/4 of the ceiling, and it takes
+// at least heavyShare/reserveShare (4) light clients to fill the rest.
+const (
+	reserveShare = 4
+	heavyShare   = 16
+)
+
 // outcome is a bound's answer.
 type outcome int
 
@@ -46,6 +56,7 @@ type peerState struct {
 	buckets int   // buckets of its open streams
 	window  int64 // the report interval its spending counts in
 	reports int   // bucket usages in that interval
+	prev    int   // bucket usages in the interval before
 	created int   // new buckets in that interval
 }
 
@@ -97,6 +108,10 @@ func (t *peerTable) get(host string) *peerState {
 		t.peers[host] = p
 	}
 	if p.window != w {
+		p.prev = 0
+		if p.window == w-1 {
+			p.prev = p.reports
+		}
 		p.window, p.reports, p.created = w, 0, 0
 	}
 	return p
@@ -162,13 +177,36 @@ func (t *peerTable) spend(host string, n int) bool {
 	return true
 }
 
-// callSlots returns host's semaphore of store calls (peerCalls). The
-// entry stays while host has a stream, so the channel is the one other
-// streams of host use.
-func (t *peerTable) callSlots(host string) chan struct{} {
+// heavy says whether host reported more than lightSpent usages in this
+// interval or the one before: its reports are planned one at a time
+// server-wide (Server.heavyWork).
+func (t *peerTable) heavy(host string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.get(host).calls
+	p := t.get(host)
+	return p.reports > lightSpent || p.prev > lightSpent
+}
+
+// overBudget is the time until the next interval if host has spent its
+// report budget of this one, else 0.
+func (t *peerTable) overBudget(host string) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.get(host).reports < t.maxReports {
+		return 0
+	}
+	now := t.clk.Now()
+	return time.Duration(t.interval - now%t.interval)
+}
+
+// callSlots returns host's semaphore of store calls (peerCalls) and its
+// usages reported in the current interval. The entry stays while host
+// has a stream, so the channel is the one other streams of host use.
+func (t *peerTable) callSlots(host string) (chan struct{}, int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.get(host)
+	return p.calls, p.reports
 }
 
 // newBucket counts a new bucket of host against its budget and the
@@ -182,6 +220,13 @@ func (t *peerTable) newBucket(host string) outcome {
 	p := t.get(host)
 	if p.created >= t.maxNew {
 		return refusedPeer
+	}
+	// The last reserveShare of the ceiling is kept for the clients that
+	// hold little: a few clients creating buckets as fast as their
+	// budgets allow fill the rest, never the room another client's next
+	// bucket needs.
+	if t.buckets >= t.maxBuckets-t.maxBuckets/reserveShare && p.buckets >= t.maxBuckets/heavyShare {
+		return refusedServer
 	}
 	p.created++
 	p.buckets++
@@ -254,17 +299,26 @@ func (r *rateLog) log(kind, msg string, args ...any) {
 }
 
 // storeSlots is how many store calls the quota service has in flight at
-// a time, over all clients.
-const storeSlots = 4
+// a time, over all clients; lightSlots of them are kept for the calls of
+// clients that have reported at most lightSpent usages in the interval.
+const (
+	storeSlots = 4
+	lightSlots = 3
+	lightSpent = 2 * chunkBuckets
+)
 
 // fairSlots hands out the service's store calls in flight (storeSlots):
 // when all are busy, the next free one goes to the waiting call of the
 // client that has reported least in the current interval, so that a
 // client reporting at its caps waits behind its own calls, and a client
-// reporting once an interval waits for at most the calls in flight.
+// reporting once an interval waits for at most the calls in flight. The
+// calls of heavy clients (more than lightSpent usages this interval) hold
+// at most storeSlots - lightSlots slots together, so a light client's
+// call finds a slot free at once, in Redis behind at most those.
 type fairSlots struct {
 	mu      sync.Mutex
 	free    int
+	heavy   int // slots held by heavy clients' calls
 	seq     uint64
 	waiting []*slotWaiter
 }
@@ -277,12 +331,27 @@ type slotWaiter struct {
 
 func newFairSlots(n int) *fairSlots { return &fairSlots{free: n} }
 
+// fits says whether a call of a client that spent so much may take a free
+// slot. f.mu is held.
+func (f *fairSlots) fits(spent int) bool {
+	return f.free > 0 && (spent <= lightSpent || f.heavy < storeSlots-lightSlots)
+}
+
+// take takes a free slot that fits spent. f.mu is held.
+func (f *fairSlots) take(spent int) {
+	f.free--
+	if spent > lightSpent {
+		f.heavy++
+	}
+}
+
 // acquire takes a slot for a client that has reported spent usages in
-// this interval, or returns ctx's error.
+// this interval, or returns false when done is closed first. The slot is
+// given back with release(spent).
 func (f *fairSlots) acquire(done <-chan struct{}, spent int) bool {
 	f.mu.Lock()
-	if f.free > 0 {
-		f.free--
+	if f.fits(spent) {
+		f.take(spent)
 		f.mu.Unlock()
 		return true
 	}
@@ -303,41 +372,50 @@ func (f *fairSlots) acquire(done <-chan struct{}, spent int) bool {
 			}
 		}
 		// handed a slot meanwhile: give it on
-		f.handOn()
+		f.give(spent)
 		return false
 	}
 }
 
-// release gives a slot back, to the waiting call that comes first.
-func (f *fairSlots) release() {
+// release gives back a slot taken with acquire(spent), to the waiting
+// call that comes first.
+func (f *fairSlots) release(spent int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.handOn()
+	f.give(spent)
 }
 
-// handOn passes a slot to the first waiter, or frees it. f.mu is held.
-func (f *fairSlots) handOn() {
-	if len(f.waiting) == 0 {
-		f.free++
-		return
+// give frees a slot held for spent and hands free slots on: each to the
+// waiter that has spent least (the earliest among equals) whose call
+// fits. f.mu is held.
+func (f *fairSlots) give(spent int) {
+	f.free++
+	if spent > lightSpent {
+		f.heavy--
 	}
-	best := 0
-	for i, w := range f.waiting {
-		b := f.waiting[best]
-		if w.spent < b.spent || (w.spent == b.spent && w.seq < b.seq) {
-			best = i
+	for len(f.waiting) > 0 {
+		best := -1
+		for i, w := range f.waiting {
+			if !f.fits(w.spent) {
+				continue
+			}
+			if best < 0 {
+				best = i
+				continue
+			}
+			b := f.waiting[best]
+			if w.spent < b.spent || (w.spent == b.spent && w.seq < b.seq) {
+				best = i
+			}
 		}
+		if best < 0 {
+			return
+		}
+		w := f.waiting[best]
+		f.waiting = append(f.waiting[:best], f.waiting[best+1:]...)
+		f.take(w.spent)
+		close(w.ready)
 	}
-	w := f.waiting[best]
-	f.waiting = append(f.waiting[:best], f.waiting[best+1:]...)
-	close(w.ready)
-}
-
-// spent is host's usages reported in the current interval.
-func (t *peerTable) spent(host string) int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.get(host).reports
 }
 
 // MaxPendingBytes bounds the reports, in their wire bytes, that the

@@ -44,10 +44,10 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	mrand "math/rand/v2"
 	"net"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -122,6 +122,12 @@ type Server struct {
 	peers   *peerTable
 	pending *budget    // bytes of the reports read and not yet answered
 	slots   *fairSlots // the store calls in flight, over all clients
+	// heavyWork is held by the one goroutine that plans a heavy client's
+	// report (peerTable.heavy; not while it waits for the store): a few
+	// clients reporting at their caps plan one report at a time, and a
+	// light client's goroutines wait behind one of theirs in Go's run
+	// queue, not dozens.
+	heavyWork chan struct{}
 
 	done     chan struct{} // closed by Drain
 	drainOne sync.Once
@@ -133,6 +139,7 @@ type compiled struct {
 	domains  map[string]*domainPolicies
 	interval time.Duration
 	ttl      time.Duration
+	ttlPB    *durationpb.Duration // ttl, shared by the answers (read only)
 	maxBkts  int
 	maxUsage int
 }
@@ -142,7 +149,7 @@ func compileConfig(c *Config) (*compiled, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &compiled{src: c, domains: domains, interval: c.interval(), ttl: c.ttl(),
+	return &compiled{src: c, domains: domains, interval: c.interval(), ttl: c.ttl(), ttlPB: durationpb.New(c.ttl()),
 		maxBkts:  orDefault(c.MaxBucketsPerStream, DefaultMaxBucketsPerStream),
 		maxUsage: orDefault(c.MaxUsagesPerReport, DefaultMaxUsagesPerReport)}, nil
 }
@@ -185,6 +192,7 @@ func New(opts Options) (*Server, error) {
 	s.warn = newRateLog(s.log, s.clock, logPeriod)
 	s.peers = newPeerTable(s.clock, opts.Config)
 	s.slots = newFairSlots(storeSlots)
+	s.heavyWork = make(chan struct{}, 1)
 	s.pending = &budget{left: MaxPendingBytes}
 	return s, nil
 }
@@ -264,7 +272,12 @@ type bucket struct {
 	assigned int64 // tokens per fill of the assignment in force; 0: none
 	demand   int64 // the stream's demand per fill at its last report
 	fleet    int64 // the fleet's demand per fill, as the last report read it
-	reported int64 // clock time of the last report
+	reported int64 // clock time of the last report that went to the store
+	taken    bool  // the store answered for it: assigned is an assignment
+	carry    int64 // requests of reports answered without the store since
+	// strategy is the token bucket of assigned tokens per fill, kept
+	// while the assignment is (read only: answers share it).
+	strategy *typev3.RateLimitStrategy
 }
 
 // stream is one Envoy's stream.
@@ -307,6 +320,19 @@ func (s *Server) StreamRateLimitQuotas(gs grpc.BidiStreamingServer[rlqsv3.RateLi
 	msgs := make(chan recv)
 	go func() {
 		for {
+			// A client over its report budget has its streams left
+			// unread until the next interval: its reports wait in HTTP/2
+			// flow control, not decoded in this server's memory and time.
+			if d := s.peers.overBudget(host); d > 0 {
+				wait := time.NewTimer(d + s.spread())
+				select {
+				case <-wait.C:
+				case <-ctx.Done():
+					wait.Stop()
+					return
+				}
+				continue
+			}
 			msg, err := gs.Recv()
 			var size int64
 			if err == nil {
@@ -355,7 +381,7 @@ func (s *Server) StreamRateLimitQuotas(gs grpc.BidiStreamingServer[rlqsv3.RateLi
 			// Over the client's budget: nothing more is read from this
 			// stream until the next interval, so that gRPC's flow control
 			// holds the client's sends, at no cost to the server.
-			wait := time.NewTimer(s.peers.untilNext())
+			wait := time.NewTimer(s.peers.untilNext() + s.spread())
 			select {
 			case <-wait.C:
 			case <-s.done:
@@ -374,6 +400,14 @@ func (s *Server) StreamRateLimitQuotas(gs grpc.BidiStreamingServer[rlqsv3.RateLi
 			return err
 		}
 	}
+}
+
+// spread is a random part of half an interval added to the wait of a
+// stream over its client's budget: a flood's streams, held until the next
+// interval, then decode their next reports spread over it, not all at
+// its first instant (a burst that stalled every client's answers).
+func (s *Server) spread() time.Duration {
+	return mrand.N(s.cfg.Load().interval/2 + 1)
 }
 
 // pending is one bucket's part of a report: its usage and what the store
@@ -418,6 +452,32 @@ func (s *Server) report(ctx context.Context, st *stream, msg *rlqsv3.RateLimitQu
 		s.warn.log("peer_reports", "rlqs: client over its report budget; reports dropped, its streams read again next interval", "peer", hashPeer(st.host))
 		return nil, nil
 	}
+	if s.peers.heavy(st.host) {
+		select {
+		case s.heavyWork <- struct{}{}:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		held := true
+		defer func() {
+			if held {
+				<-s.heavyWork
+			}
+		}()
+		release := func() {
+			if held {
+				held = false
+				<-s.heavyWork
+			}
+		}
+		return s.answer(ctx, cfg, st, usages, release)
+	}
+	return s.answer(ctx, cfg, st, usages, func() {})
+}
+
+// answer is report's work on the usages of a report within the budgets:
+// release is called once the planning is done, before the store calls.
+func (s *Server) answer(ctx context.Context, cfg *compiled, st *stream, usages []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage, release func()) (*rlqsv3.RateLimitQuotaResponse, error) {
 	now := s.clock.Now()
 	resp := &rlqsv3.RateLimitQuotaResponse{}
 	var work []pending
@@ -427,8 +487,7 @@ func (s *Server) report(ctx context.Context, st *stream, msg *rlqsv3.RateLimitQu
 			s.m.refused.WithLabelValues("bucket_id").Inc()
 			return nil, err
 		}
-		canon := canonical(id)
-		h := hashKey(canon)
+		h := hashID(id)
 		b := st.buckets[h]
 		if b == nil {
 			if len(st.buckets) >= cfg.maxBkts {
@@ -471,8 +530,23 @@ func (s *Server) report(ctx context.Context, st *stream, msg *rlqsv3.RateLimitQu
 			b.policy, b.fill = p, p.fill
 			b.key = s.prefix + "{" + st.dom.name + "}:" + p.name + ":" + strconv.FormatInt(int64(p.fill/time.Second), 10) + ":" + hex.EncodeToString(h[:12])
 		}
+		if b.reported != 0 && now-b.reported < int64(cfg.interval/2) {
+			// Reported again within half an interval of its last store
+			// call (an Envoy reports once an interval; a new bucket once
+			// more at once): answered from its assignment in force,
+			// without a store call, its requests counted in the next
+			// report's demand. A client that sends its reports back to
+			// back costs the store one call per bucket per half interval.
+			b.carry += int64(min(u.GetNumRequestsAllowed(), 1<<40) + min(u.GetNumRequestsDenied(), 1<<40))
+			if b.taken {
+				s.m.coalesced.Inc()
+				resp.BucketAction = append(resp.BucketAction, s.action(cfg, b, u.GetBucketId()))
+			}
+			continue
+		}
 		work = append(work, s.plan(cfg, b, u, now))
 	}
+	release()
 	if len(work) > 0 {
 		s.take(ctx, cfg, st, work, resp)
 	}
@@ -491,7 +565,8 @@ func (s *Server) plan(cfg *compiled, b *bucket, u *rlqsv3.RateLimitQuotaUsageRep
 	}
 	elapsed = min(max(elapsed, cfg.interval/2), 2*cfg.ttl)
 	b.reported = now
-	arrivals := float64(u.GetNumRequestsAllowed()) + float64(u.GetNumRequestsDenied())
+	arrivals := float64(u.GetNumRequestsAllowed()) + float64(u.GetNumRequestsDenied()) + float64(b.carry)
+	b.carry = 0
 	c := p.capacity
 	mine := min(int64(math.Ceil(arrivals*float64(p.fill)/float64(elapsed))), 4*c)
 	// The fleet's demand with this stream's own part as it is now.
@@ -572,22 +647,36 @@ func (s *Server) take(ctx context.Context, cfg *compiled, st *stream, work []pen
 		if b.assigned > 0 && got != b.assigned {
 			s.m.rebalances.WithLabelValues(st.dom.name, p.name).Inc()
 		}
-		b.assigned = got
-		var a *rlqsv3.RateLimitQuotaResponse_BucketAction
+		b.assigned, b.taken = got, true
 		if got == 0 {
 			s.m.assignments.WithLabelValues(st.dom.name, p.name, "deny").Inc()
-			a = blanket(cfg.ttl, typev3.RateLimitStrategy_DENY_ALL)
 		} else {
 			s.m.assignments.WithLabelValues(st.dom.name, p.name, "tokens").Inc()
-			a = &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
-				QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
-					AssignmentTimeToLive: durationpb.New(cfg.ttl),
-					RateLimitStrategy:    TokenBucketFor(got, p.fill),
-				}}}
 		}
-		a.BucketId = w.u.GetBucketId()
-		resp.BucketAction = append(resp.BucketAction, a)
+		resp.BucketAction = append(resp.BucketAction, s.action(cfg, b, w.u.GetBucketId()))
 	}
+}
+
+// action is the bucket's assignment in force as an action for id: its
+// share as a token bucket, or DENY_ALL when it holds none.
+func (s *Server) action(cfg *compiled, b *bucket, id *rlqsv3.BucketId) *rlqsv3.RateLimitQuotaResponse_BucketAction {
+	var a *rlqsv3.RateLimitQuotaResponse_BucketAction
+	if b.assigned == 0 {
+		a = blanket(cfg.ttl, typev3.RateLimitStrategy_DENY_ALL)
+	} else {
+		st := b.strategy
+		if tb := st.GetTokenBucket(); tb == nil || int64(tb.GetTokensPerFill().GetValue()) != min(b.assigned, math.MaxUint32) || tb.GetFillInterval().AsDuration() != b.fill {
+			st = TokenBucketFor(b.assigned, b.fill)
+			b.strategy = st
+		}
+		a = &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
+			QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
+				AssignmentTimeToLive: cfg.ttlPB,
+				RateLimitStrategy:    st,
+			}}}
+	}
+	a.BucketId = id
+	return a
 }
 
 // call is one store call of a client's report, in one of the service's
@@ -599,7 +688,7 @@ func (s *Server) call(sctx context.Context, spent int, reqs []sluice.Request) ([
 			return nil, fmt.Errorf("rlqs: waiting for a store slot: %w", sctx.Err())
 		}
 		ds, err := s.store.ApplyAll(sctx, sluice.OpTake, reqs)
-		s.slots.release() // a retry waits its turn again
+		s.slots.release(spent) // a retry waits its turn again
 		if err == nil || !errors.Is(err, sluice.ErrUnavailable) || sctx.Err() != nil {
 			return ds, err
 		}
@@ -614,12 +703,7 @@ func (s *Server) apply(sctx context.Context, st *stream, reqs []sluice.Request) 
 	// the chunks. A client has at most peerCalls chunks in flight, sent
 	// together (the store pipelines calls in flight at once): a report of
 	// up to 2 × chunkBuckets buckets takes one round trip.
-	ds := make([]sluice.Decision, len(reqs))
-	var err error
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	slots := s.peers.callSlots(st.host)
-	spent := s.peers.spent(st.host)
+	slots, spent := s.peers.callSlots(st.host)
 	if len(reqs) <= 2*chunkBuckets { // one chunk: no goroutine
 		select {
 		case slots <- struct{}{}:
@@ -638,6 +722,16 @@ func (s *Server) apply(sctx context.Context, st *stream, reqs []sluice.Request) 
 		}
 		return ds, nil
 	}
+	return s.applyChunks(sctx, slots, spent, reqs)
+}
+
+// applyChunks is apply of a report of more than one chunk: its chunks run
+// in turn, at most peerCalls at once.
+func (s *Server) applyChunks(sctx context.Context, slots chan struct{}, spent int, reqs []sluice.Request) ([]sluice.Decision, error) {
+	ds := make([]sluice.Decision, len(reqs))
+	var err error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	for lo := 0; lo < len(reqs); lo += 2 * chunkBuckets {
 		hi := min(len(reqs), lo+2*chunkBuckets)
 		select {
@@ -730,23 +824,36 @@ func checkID(id map[string]string) error {
 
 // canonical is the bucket id's map as one string, keys sorted; lengths
 // prefix each part so no two ids collide.
-func canonical(id map[string]string) string {
-	keys := make([]string, 0, len(id))
+func canonical(id map[string]string) string { return string(appendCanonical(nil, id)) }
+
+// appendCanonical appends canonical(id) to dst. id is checked (checkID):
+// at most MaxBucketIDEntries keys.
+func appendCanonical(dst []byte, id map[string]string) []byte {
+	var kbuf [MaxBucketIDEntries]string
+	keys := kbuf[:0]
 	for k := range id {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	var sb strings.Builder
 	for _, k := range keys {
-		fmt.Fprintf(&sb, "%d:%s%d:%s", len(k), k, len(id[k]), id[k])
+		v := id[k]
+		dst = strconv.AppendInt(dst, int64(len(k)), 10)
+		dst = append(dst, ':')
+		dst = append(dst, k...)
+		dst = strconv.AppendInt(dst, int64(len(v)), 10)
+		dst = append(dst, ':')
+		dst = append(dst, v...)
 	}
-	return sb.String()
+	return dst
 }
 
-// hashKey keeps raw bucket values (user ids, perhaps) out of store keys,
-// and a stream's bucket table small whatever the size of the ids.
-func hashKey(canon string) [16]byte {
-	h := sha256.Sum256([]byte(canon))
+// hashID is the first 16 bytes of the SHA-256 of canonical(id), which
+// keeps raw bucket values (user ids, perhaps) out of store keys, and a
+// stream's bucket table small whatever the size of the ids. The id is
+// checked: its canonical form fits the buffer on the stack.
+func hashID(id map[string]string) [16]byte {
+	var buf [MaxBucketIDBytes + MaxBucketIDEntries*2*8]byte
+	h := sha256.Sum256(appendCanonical(buf[:0], id))
 	return [16]byte(h[:16])
 }
 
