@@ -244,12 +244,13 @@ func TestAbuse(t *testing.T) {
 	// binary and the flood's instrumented, the Go side 5–20× slower) 1 to
 	// 5 of the 200 samples still meet stalls of 20–90 ms that were not
 	// traced to a queue of the server's (the RLS client meets them too):
-	// measured 2.3–27.6×, so 30× is asserted there. Either is far below what
-	// the flood did before the fixes (RLQS p99 2 s, reports unanswered;
-	// RLS up to 2 s, the store's timeout).
+	// measured 2.3–27.6×, so 60× is asserted there (CI runs other
+	// packages' race tests beside this one on 2 cores). Either is far
+	// below what the flood did before the fixes (RLQS p99 2 s, reports
+	// unanswered; RLS up to 2 s, the store's timeout: 1000× the floor).
 	bound := time.Duration(10)
 	if raceEnabled {
-		bound = 30
+		bound = 60
 	}
 	floor := func(d time.Duration) time.Duration { return max(d, 2*time.Millisecond) }
 	if loud > bound*floor(quiet) {
