@@ -68,8 +68,10 @@ deps-compose:
 test-compose: deps-compose
 	cd deploy/test && $(GO) test -count=1 -run '^TestComposeTools$$' -v ./...
 
+# Three test binaries at once: most of them wait on real Redis servers,
+# timers and sockets, and two left a 2-core machine a third idle.
 test: deps lint
-	$(GO) test -race -count=1 -timeout 9m ./...
+	$(GO) test -race -count=1 -p 3 -timeout 9m ./...
 	# deploy/: compose, Kubernetes manifests, Helm chart and the release
 	# config, decoded strictly (its own module: k8s.io and Helm stay out
 	# of the library's imports).
