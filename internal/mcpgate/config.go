@@ -36,6 +36,10 @@ const (
 	DefaultMaxBodyBytes = 1 << 20
 	// MaxBatch bounds the messages of one JSON-RPC batch.
 	MaxBatch = 64
+	// MaxInFlightPerKey bounds one client key's requests at the MCP
+	// servers at once, metered or not (a GET stream holds one for the
+	// session's life); past it the gateway answers 429.
+	MaxInFlightPerKey = 32
 	// DefaultLeaseTTL is how long a concurrency slot lives when the
 	// gateway that holds it dies before releasing it.
 	DefaultLeaseTTL = 10 * time.Minute

@@ -13,6 +13,7 @@ import (
 	"math"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -78,6 +79,9 @@ type Handler struct {
 	leaseTTL time.Duration
 	calls    *prometheus.CounterVec
 	log      *slog.Logger
+
+	mu       sync.Mutex
+	inFlight map[string]int // requests at the servers per client (forward)
 }
 
 type server struct {
@@ -101,6 +105,7 @@ func New(opts Options) (*Handler, error) {
 		maxBody:  opts.MaxBodyBytes,
 		leaseTTL: opts.LeaseTTL,
 		log:      opts.Logger,
+		inFlight: map[string]int{},
 	}
 	if h.client == nil {
 		h.client = &http.Client{}
@@ -400,6 +405,16 @@ func (h *Handler) deny(w http.ResponseWriter, msgs []message, batch bool, calls 
 // event); leases are released when the answer is over.
 func (h *Handler) forward(w http.ResponseWriter, r *http.Request, srv *server, client, sid string, body []byte, leases []sluice.Request) {
 	defer h.release(r.Context(), leases)
+	if !h.enter(client) {
+		// Unmetered requests (GET streams, tools/list, ...) hold a
+		// connection to the server each: one key may not hold them all.
+		w.Header().Set("Retry-After", "1")
+		writeRPCError(w, http.StatusTooManyRequests, nil, codeRateLimited,
+			fmt.Sprintf("more than %d requests of this key are at the MCP servers; retry when one ends", MaxInFlightPerKey),
+			map[string]any{"type": "rate_limited", "retry_after": 1, "retry_after_ms": 1000})
+		return
+	}
+	defer h.leave(client)
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -439,6 +454,9 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, srv *server, c
 	}
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
+	// The headers go at once: a GET stream may carry no event for a long
+	// time, and its client waits for them to know the stream is open.
+	_ = rc.Flush()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := resp.Body.Read(buf)
@@ -451,6 +469,27 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, srv *server, c
 		if err != nil {
 			return
 		}
+	}
+}
+
+// enter counts a request of client at the servers, or reports false when
+// it has MaxInFlightPerKey there already. The map holds only clients with
+// requests in flight, and clients are the config's keys.
+func (h *Handler) enter(client string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.inFlight[client] >= MaxInFlightPerKey {
+		return false
+	}
+	h.inFlight[client]++
+	return true
+}
+
+func (h *Handler) leave(client string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.inFlight[client]--; h.inFlight[client] <= 0 {
+		delete(h.inFlight, client)
 	}
 }
 

@@ -489,3 +489,71 @@ func TestDecidedNamesServerAndTool(t *testing.T) {
 		t.Fatalf("decisions %q, want %q", rec.limited, want)
 	}
 }
+
+// TestInFlightPerKeyBounded: GET streams (unmetered, one held for a
+// session's life) past MaxInFlightPerKey of one key are refused with 429,
+// another key's are not, and a stream that ends frees its place.
+func TestInFlightPerKeyBounded(t *testing.T) {
+	store, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		http.NewResponseController(w).Flush()
+		select { // an MCP server's GET stream lasts as long as the session
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(func() { close(release) })
+	g := gateway(t, store, servers(up.URL, nil))
+	get := func(key string) *http.Response {
+		req, _ := http.NewRequest(http.MethodGet, g+"/mcp/tools", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Accept", "text/event-stream")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	var open []*http.Response
+	for range mcpgate.MaxInFlightPerKey {
+		res := get("key-a")
+		if res.StatusCode != 200 {
+			t.Fatalf("stream %d: %d", len(open), res.StatusCode)
+		}
+		open = append(open, res)
+	}
+	if res := get("key-a"); res.StatusCode != http.StatusTooManyRequests || res.Header.Get("Retry-After") == "" {
+		t.Fatalf("stream past the bound: %d", res.StatusCode)
+	} else {
+		res.Body.Close()
+	}
+	other := get("key-b")
+	if other.StatusCode != 200 {
+		t.Fatalf("another key's stream: %d", other.StatusCode)
+	}
+	other.Body.Close()
+	open[0].Body.Close() // the client ends one stream
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res := get("key-a")
+		if res.StatusCode == 200 {
+			res.Body.Close()
+			break
+		}
+		res.Body.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("a freed place was never given again")
+		}
+		time.Sleep(10 * time.Millisecond) // the gateway notices the closed stream asynchronously
+	}
+	for _, res := range open[1:] {
+		res.Body.Close()
+	}
+}
