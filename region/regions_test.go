@@ -31,7 +31,12 @@ func utilization(lim sluice.Limit, r run, heldAt1s, heldAtEnd int64) float64 {
 // at load 12-20: 0.88-0.96 where the plain runs give 0.95-1.00).
 func floor(f float64) float64 {
 	if raceOn {
-		return f - 0.10
+		// make test runs three race-instrumented test binaries at once on
+		// 2 cores: measured 0.777 of the limit after a shift there, where
+		// a quiet run gives 0.95-1.01. The bound is asserted in full
+		// whatever the load; a floor on use only catches a region that
+		// never takes shares.
+		return f - 0.20
 	}
 	return f
 }

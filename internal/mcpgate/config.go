@@ -36,10 +36,12 @@ const (
 	DefaultMaxBodyBytes = 1 << 20
 	// MaxBatch bounds the messages of one JSON-RPC batch.
 	MaxBatch = 64
-	// MaxInFlightPerKey bounds one client key's requests at the MCP
-	// servers at once, metered or not (a GET stream holds one for the
-	// session's life); past it the gateway answers 429.
-	MaxInFlightPerKey = 32
+	// DefaultMaxInFlightPerKey bounds one client key's requests at the
+	// MCP servers at once on one gateway, metered or not (a GET stream
+	// holds one for the session's life), when Options.MaxInFlightPerKey
+	// is zero; past it the gateway answers 429. An agent fleet on one key
+	// sends hundreds of tool calls at once.
+	DefaultMaxInFlightPerKey = 256
 	// DefaultLeaseTTL is how long a concurrency slot lives when the
 	// gateway that holds it dies before releasing it.
 	DefaultLeaseTTL = 10 * time.Minute

@@ -2,6 +2,7 @@ package mcpgate
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -39,6 +40,9 @@ type Options struct {
 	Client *http.Client
 	// MaxBodyBytes bounds a POST body; zero means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// MaxInFlightPerKey bounds one key's requests at the servers at once;
+	// zero means DefaultMaxInFlightPerKey.
+	MaxInFlightPerKey int
 	// LeaseTTL bounds a concurrency slot's life when the gateway holding
 	// it dies; zero means DefaultLeaseTTL.
 	LeaseTTL time.Duration
@@ -80,8 +84,9 @@ type Handler struct {
 	calls    *prometheus.CounterVec
 	log      *slog.Logger
 
-	mu       sync.Mutex
-	inFlight map[string]int // requests at the servers per client (forward)
+	mu          sync.Mutex
+	inFlight    map[string]int // requests at the servers per client (forward)
+	maxInFlight int
 }
 
 type server struct {
@@ -107,6 +112,7 @@ func New(opts Options) (*Handler, error) {
 		log:      opts.Logger,
 		inFlight: map[string]int{},
 	}
+	h.maxInFlight = cmp.Or(opts.MaxInFlightPerKey, DefaultMaxInFlightPerKey)
 	if h.client == nil {
 		h.client = &http.Client{}
 	}
@@ -410,7 +416,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, srv *server, c
 		// connection to the server each: one key may not hold them all.
 		w.Header().Set("Retry-After", "1")
 		writeRPCError(w, http.StatusTooManyRequests, nil, codeRateLimited,
-			fmt.Sprintf("more than %d requests of this key are at the MCP servers; retry when one ends", MaxInFlightPerKey),
+			fmt.Sprintf("more than %d requests of this key are at the MCP servers; retry when one ends", h.maxInFlight),
 			map[string]any{"type": "rate_limited", "retry_after": 1, "retry_after_ms": 1000})
 		return
 	}
@@ -473,12 +479,12 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, srv *server, c
 }
 
 // enter counts a request of client at the servers, or reports false when
-// it has MaxInFlightPerKey there already. The map holds only clients with
+// it has maxInFlight there already. The map holds only clients with
 // requests in flight, and clients are the config's keys.
 func (h *Handler) enter(client string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.inFlight[client] >= MaxInFlightPerKey {
+	if h.inFlight[client] >= h.maxInFlight {
 		return false
 	}
 	h.inFlight[client]++

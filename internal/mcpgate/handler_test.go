@@ -491,7 +491,7 @@ func TestDecidedNamesServerAndTool(t *testing.T) {
 }
 
 // TestInFlightPerKeyBounded: GET streams (unmetered, one held for a
-// session's life) past MaxInFlightPerKey of one key are refused with 429,
+// session's life) past Options.MaxInFlightPerKey of one key are refused with 429,
 // another key's are not, and a stream that ends frees its place.
 func TestInFlightPerKeyBounded(t *testing.T) {
 	store, err := memstore.New(memstore.Options{})
@@ -510,7 +510,13 @@ func TestInFlightPerKeyBounded(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	t.Cleanup(func() { close(release) })
-	g := gateway(t, store, servers(up.URL, nil))
+	h, err := mcpgate.New(mcpgate.Options{Servers: servers(up.URL, nil), Store: store, Auth: auth, MaxInFlightPerKey: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gsrv := httptest.NewServer(h)
+	t.Cleanup(gsrv.Close)
+	g := gsrv.URL
 	get := func(key string) *http.Response {
 		req, _ := http.NewRequest(http.MethodGet, g+"/mcp/tools", nil)
 		req.Header.Set("Authorization", "Bearer "+key)
@@ -522,7 +528,7 @@ func TestInFlightPerKeyBounded(t *testing.T) {
 		return res
 	}
 	var open []*http.Response
-	for range mcpgate.MaxInFlightPerKey {
+	for range 4 {
 		res := get("key-a")
 		if res.StatusCode != 200 {
 			t.Fatalf("stream %d: %d", len(open), res.StatusCode)
