@@ -225,29 +225,13 @@ func checkDir(out, errOut io.Writer, dir string, kind config.Kind, env bool) boo
 }
 
 // yamlFiles lists the YAML files directly in dir as the Envoy rate limit
-// service reads a config_dir: *.yaml and *.yml, hidden entries (such as
-// Kubernetes' ..data) and directories skipped, in name order.
+// service reads a config_dir (envoyrls.ConfigPaths).
 func yamlFiles(dir string) ([]string, error) {
-	entries, err := os.ReadDir(dir)
+	paths, err := envoyrls.ConfigPaths(dir)
 	if err != nil {
 		return nil, fmt.Errorf("config check: %w", err)
 	}
-	var out []string
-	for _, e := range entries {
-		name := e.Name()
-		if strings.HasPrefix(name, ".") {
-			continue
-		}
-		if ext := filepath.Ext(name); ext != ".yaml" && ext != ".yml" {
-			continue
-		}
-		path := filepath.Join(dir, name)
-		if fi, err := os.Stat(path); err != nil || fi.IsDir() {
-			continue
-		}
-		out = append(out, path)
-	}
-	return out, nil
+	return paths, nil
 }
 
 // report prints err under a header naming the file and its kind: a

@@ -154,15 +154,16 @@ type configFile struct {
 	data []byte
 }
 
-// readDir reads the YAML files (*.yaml, *.yml) directly in dir, in name
-// order, skipping hidden entries such as Kubernetes' ..data. Symbolic links
-// to files are followed.
-func readDir(dir string) ([]configFile, error) {
+// ConfigPaths lists the files of a config_dir as the service reads them:
+// the YAML files (*.yaml, *.yml) directly in dir, in name order, hidden
+// entries (such as Kubernetes' ..data) and directories skipped, symbolic
+// links to files followed.
+func ConfigPaths(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("envoyrls: read config dir: %w", err)
 	}
-	var files []configFile
+	var paths []string
 	for _, e := range entries {
 		name := e.Name()
 		if strings.HasPrefix(name, ".") {
@@ -176,14 +177,30 @@ func readDir(dir string) ([]configFile, error) {
 		if err != nil {
 			return nil, fmt.Errorf("envoyrls: %s: %w", path, err)
 		}
-		if fi.IsDir() {
-			continue
+		if !fi.IsDir() {
+			paths = append(paths, path)
+		}
+	}
+	return paths, nil
+}
+
+// readDir reads the files ConfigPaths lists, bounded in size and number.
+func readDir(dir string) ([]configFile, error) {
+	paths, err := ConfigPaths(dir)
+	if err != nil {
+		return nil, err
+	}
+	if len(paths) > maxConfigFiles {
+		return nil, fmt.Errorf("%w: %s: more than %d config files", ErrConfig, dir, maxConfigFiles)
+	}
+	files := make([]configFile, 0, len(paths))
+	for _, path := range paths {
+		fi, err := os.Stat(path)
+		if err != nil {
+			return nil, fmt.Errorf("envoyrls: %s: %w", path, err)
 		}
 		if fi.Size() > maxConfigBytes {
 			return nil, fmt.Errorf("%w: %s: file is larger than %d bytes", ErrConfig, path, maxConfigBytes)
-		}
-		if len(files) == maxConfigFiles {
-			return nil, fmt.Errorf("%w: %s: more than %d config files", ErrConfig, dir, maxConfigFiles)
 		}
 		data, err := os.ReadFile(path)
 		if err != nil {
