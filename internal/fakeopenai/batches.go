@@ -49,6 +49,7 @@ type Batches struct {
 	files   map[string]*batchFile
 	batches map[string]*batchObj
 	order   []string // batch ids, oldest first
+	reads   int      // file contents read
 }
 
 type batchFile struct {
@@ -110,6 +111,7 @@ func (b *Batches) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, map[string]any{"id": parts[1], "object": "file", "deleted": true})
 	case len(parts) == 3 && parts[0] == "files" && parts[2] == "content" && r.Method == http.MethodGet:
 		if f := b.files[parts[1]]; f != nil {
+			b.reads++
 			w.Header().Set("Content-Type", "application/octet-stream")
 			_, _ = w.Write(f.content)
 			return
@@ -305,6 +307,13 @@ func (b *Batches) Complete(id string) error {
 	o.obj["completed_at"] = time.Now().Unix()
 	o.obj["request_counts"] = map[string]any{"total": total, "completed": done, "failed": failed}
 	return nil
+}
+
+// Reads is the number of file contents read (GET /v1/files/{id}/content).
+func (b *Batches) Reads() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.reads
 }
 
 // Count is the number of batches created.

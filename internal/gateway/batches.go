@@ -39,6 +39,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluice-io/sluice"
@@ -109,6 +110,63 @@ type batchAPI struct {
 	client  *http.Client
 	secret  []byte
 	percent int64
+	// files bounds the batch files held in memory at once (an upload, a
+	// creation's count, a settlement's output), each up to MaxFileBytes:
+	// clients sending many at once wait their turn or get 429, and cannot
+	// fill the gateway's memory.
+	files chan struct{}
+	// settled remembers reservations this replica saw settled, so that a
+	// client polling a finished batch (or a list of them) does not make
+	// the gateway download its output each time. Bounded: cleared when
+	// full, which costs a download and a refused refund, nothing more.
+	mu      sync.Mutex
+	settled map[string]struct{}
+}
+
+// Bounds of the batch files in memory: at most maxBatchFilesInMemory at
+// once, waited for up to batchFileWait.
+const (
+	maxBatchFilesInMemory = 2
+	batchFileWait         = 2 * time.Second
+	maxSettledRemembered  = 4096
+)
+
+// holdFile takes a place for a batch file in memory, waiting up to
+// batchFileWait; false means none came free.
+func (b *batchAPI) holdFile(ctx context.Context) bool {
+	t := time.NewTimer(batchFileWait)
+	defer t.Stop()
+	select {
+	case b.files <- struct{}{}:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+func (b *batchAPI) dropFile() { <-b.files }
+
+func (b *batchAPI) busy(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusTooManyRequests, "requests", "rate_limit_exceeded", "",
+		"The gateway is reading other batch files; please retry shortly.")
+}
+
+func (b *batchAPI) wasSettled(resv string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_, ok := b.settled[resv]
+	return ok
+}
+
+func (b *batchAPI) markSettled(resv string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.settled) >= maxSettledRemembered {
+		clear(b.settled)
+	}
+	b.settled[resv] = struct{}{}
 }
 
 func newBatchAPI(g *Gateway, transport http.RoundTripper) *batchAPI {
@@ -121,7 +179,8 @@ func newBatchAPI(g *Gateway, transport http.RoundTripper) *batchAPI {
 	}
 	sum := sha256.Sum256([]byte("sluice batch ownership\x00" + g.upstreamKey))
 	return &batchAPI{g: g, cfg: cfg, base: strings.TrimSuffix(g.cfg.Upstream.BaseURL, "/"),
-		client: &http.Client{Transport: transport, Timeout: 5 * time.Minute}, secret: sum[:], percent: cfg.PricePercent}
+		client: &http.Client{Transport: transport, Timeout: 5 * time.Minute}, secret: sum[:], percent: cfg.PricePercent,
+		files: make(chan struct{}, maxBatchFilesInMemory), settled: map[string]struct{}{}}
 }
 
 // isBatchPath reports whether p is under /v1/files or /v1/batches.
@@ -293,6 +352,11 @@ func (b *batchAPI) countBatch(content []byte) (batchCount, error) {
 }
 
 func (b *batchAPI) upload(w http.ResponseWriter, r *http.Request, cl *client) {
+	if !b.holdFile(r.Context()) {
+		b.busy(w)
+		return
+	}
+	defer b.dropFile()
 	r.Body = http.MaxBytesReader(w, r.Body, b.cfg.MaxFileBytes+1<<20)
 	mr, err := r.MultipartReader()
 	if err != nil {
@@ -493,12 +557,19 @@ func (b *batchAPI) create(w http.ResponseWriter, r *http.Request, cl *client) {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "metadata", fmt.Sprintf("At most %d metadata pairs through the gateway (it keeps 4 of the provider's 16).", maxBatchMetadata-4))
 		return
 	}
+	if !b.holdFile(r.Context()) {
+		b.busy(w)
+		return
+	}
 	content, err := b.download(r.Context(), fileID)
 	if err != nil {
+		b.dropFile()
 		b.unreachable(w, err)
 		return
 	}
 	n, err := b.countBatch(content)
+	content = nil
+	b.dropFile()
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_batch_file", "input_file_id", "The batch file is invalid: "+err.Error())
 		return
@@ -681,23 +752,31 @@ func (b *batchAPI) settleIfEnded(ctx context.Context, cl *client, o map[string]a
 		return
 	}
 	owner, h, ok := ownerOf(o)
-	if !ok || owner != cl.id {
+	if !ok || owner != cl.id || b.wasSettled(h.resv) {
 		return
 	}
 	var actual int64
 	priced := true
 	if out, _ := o["output_file_id"].(string); out != "" {
+		if !b.holdFile(ctx) {
+			return // settled on a later look
+		}
 		content, err := b.download(ctx, out)
+		if err == nil {
+			actual, priced = b.outputCost(h.model, content)
+		}
+		b.dropFile()
 		if err != nil {
 			b.g.log.Warn("gateway: batch output unreadable; settling later", "client", cl.id, "err", err)
 			return
 		}
-		actual, priced = b.outputCost(h.model, content)
 	}
 	if !priced {
 		actual = h.cost // no price: keep the reservation
 	}
-	b.release(context.WithoutCancel(ctx), cl, h, actual, true)
+	if b.release(context.WithoutCancel(ctx), cl, h, actual, true) {
+		b.markSettled(h.resv)
+	}
 }
 
 // outputCost prices an output file's usage at batch prices.
@@ -735,7 +814,8 @@ func (b *batchAPI) outputCost(model string, content []byte) (int64, bool) {
 // release settles a hold: its budgets get reserved − actual back (or are
 // charged the excess) and its queue lease is released, in one refund batch
 // that applies only while the lease is held: once, across replicas.
-func (b *batchAPI) release(ctx context.Context, cl *client, h hold, actual int64, ended bool) {
+// It reports whether the hold is settled now, by this call or before.
+func (b *batchAPI) release(ctx context.Context, cl *client, h hold, actual int64, ended bool) bool {
 	reqs, _ := b.requests(cl, h, h.cost)
 	refunds := []sluice.Request{reqs[0]}
 	var charges []sluice.Request
@@ -754,10 +834,10 @@ func (b *batchAPI) release(ctx context.Context, cl *client, h hold, actual int64
 	ds, err := b.g.store.ApplyAll(ctx, sluice.OpRefund, refunds)
 	if err != nil {
 		b.g.log.Warn("gateway: batch settlement failed; the next look at the batch retries", "client", cl.id, "err", err)
-		return
+		return false
 	}
 	if !ds[0].Allowed {
-		return // settled already, here or on another replica
+		return true // settled already, here or on another replica
 	}
 	if len(charges) > 0 {
 		if _, err := b.g.store.ApplyAll(ctx, sluice.OpCharge, charges); err != nil {
@@ -767,4 +847,5 @@ func (b *batchAPI) release(ctx context.Context, cl *client, h hold, actual int64
 	if ended {
 		b.g.log.Info("gateway: batch settled", "client", cl.id, "model", h.model, "reserved_usd", pricing.Micros(h.cost).String(), "cost_usd", pricing.Micros(actual).String())
 	}
+	return true
 }

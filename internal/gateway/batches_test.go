@@ -159,6 +159,21 @@ func TestBatchAPIUnderQuotas(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A client polling a finished batch, or the list, does not make the
+	// gateway read its output again and again: each replica reads it at
+	// most once (this one found it settled by the other).
+	reads := up.Reads()
+	for range 5 {
+		if _, err := one.Batches.Get(ctx, b.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := oneB.Batches.List(ctx, openai.BatchListParams{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := up.Reads(); got != reads {
+		t.Fatalf("polling a settled batch read %d more files upstream", got-reads)
+	}
 	if got := e.spent(clientKey, "key", "month"); int64(got) != want {
 		t.Fatalf("a second look settled again: %s", got)
 	}
