@@ -91,8 +91,18 @@ func (p *preUpstream) take() []time.Duration {
 
 func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
 	b.Helper()
+	return newBenchRigOn(b, storeName, conns, nil)
+}
+
+// newBenchRigOn is newBenchRig before the fake upstream up, or a new one
+// when up is nil.
+func newBenchRigOn(b *testing.B, storeName string, conns int, up *fakeopenai.Server) *benchRig {
+	b.Helper()
+	if up == nil {
+		up = fakeopenai.New(b, fakeopenai.Options{CompletionTokens: 2, MaxRecorded: 1})
+	}
 	if storeName == "bare-proxy" {
-		return newBareProxyRig(b, conns)
+		return newBareProxyRig(b, conns, up)
 	}
 	var st sluice.Store
 	var srv *redistest.Server
@@ -124,7 +134,6 @@ func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
 			st, ls = l, l
 		}
 	}
-	up := fakeopenai.New(b, fakeopenai.Options{CompletionTokens: 2, MaxRecorded: 1})
 	rig := &benchRig{up: up, redis: srv, lease: ls, pre: &preUpstream{}}
 	run := fmt.Sprintf("%x", time.Now().UnixNano())
 	cfg := &Config{
@@ -156,8 +165,7 @@ func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
 // newBareProxyRig is the floor of what any proxy adds: a fake upstream
 // behind an httputil.ReverseProxy that only rewrites the URL, with the
 // gateway's upstream transport, and no limits.
-func newBareProxyRig(b *testing.B, conns int) *benchRig {
-	up := fakeopenai.New(b, fakeopenai.Options{CompletionTokens: 2, MaxRecorded: 1})
+func newBareProxyRig(b *testing.B, conns int, up *fakeopenai.Server) *benchRig {
 	target, err := url.Parse(up.URL())
 	if err != nil {
 		b.Fatal(err)
@@ -504,6 +512,10 @@ func BenchmarkServeHTTPOutcome(b *testing.B) {
 func serveParallel(b *testing.B, gw *Gateway, keys []string) {
 	b.ReportAllocs()
 	b.ResetTimer()
+	// The process's CPU per request: what a loaded machine's wall time
+	// per request hides (sec/op moves with the neighbours' builds).
+	c0 := processCPU(b)
+	defer func() { b.ReportMetric(float64(processCPU(b)-c0)/1e3/float64(b.N), "cpu-µs/op") }()
 	var n atomic.Int64
 	b.RunParallel(func(pb *testing.PB) {
 		key := "Bearer " + keys[n.Add(1)%int64(len(keys))]
