@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"net/http"
+	rtmetrics "runtime/metrics"
 	"slices"
 	"testing"
 	"time"
@@ -59,21 +60,25 @@ func BenchmarkTailRatio(b *testing.B) {
 			lat := make([][]time.Duration, len(tailModes)+1) // [0] direct
 			cpu := make([]time.Duration, len(tailModes)+1)   // this process's
 			redis := make([]redisUse, len(tailModes)+1)
+			sched := make([]schedHist, len(tailModes)+1) // goroutines' waits to run
 			b.ResetTimer()
 			n := max(b.N/tailRounds, conns)
 			for round := range tailRounds {
 				for j := range len(tailModes) + 1 {
 					k := (j + round) % (len(tailModes) + 1)
 					c0 := processCPU(b)
+					s0 := readSched()
 					if k == 0 {
 						lat[0] = append(lat[0], measure(b, direct, up.URL(), keys, conns, n, benchBody, false)...)
 						cpu[0] += processCPU(b) - c0
+						sched[0].add(s0, readSched())
 						continue
 					}
 					rig := rigs[k-1]
 					r0 := readRedisUse(b, rig.redis)
 					lat[k] = append(lat[k], measure(b, clients[k-1], rig.gw.URL, rig.keys, conns, n, benchBody, false)...)
 					cpu[k] += processCPU(b) - c0
+					sched[k].add(s0, readSched())
 					r1 := readRedisUse(b, rig.redis)
 					redis[k].calls += r1.calls - r0.calls
 					redis[k].cpu += r1.cpu - r0.cpu
@@ -88,6 +93,7 @@ func BenchmarkTailRatio(b *testing.B) {
 			us := func(d time.Duration) float64 { return float64(d) / 1e3 }
 			b.ReportMetric(us(pct(lat[0], 0.5)), "direct-p50-µs")
 			b.ReportMetric(us(pct(lat[0], 0.99)), "direct-p99-µs")
+			b.ReportMetric(us(sched[0].pct(0.99)), "direct-sched-p99-µs")
 			for i, m := range tailModes {
 				k := i + 1
 				for _, p := range ps {
@@ -100,6 +106,7 @@ func BenchmarkTailRatio(b *testing.B) {
 				if rigs[i].redis != nil {
 					b.ReportMetric(perReq(redis[k].cpu, k), m+"-redis-cpu-µs/req")
 				}
+				b.ReportMetric(us(sched[k].pct(0.99)), m+"-sched-p99-µs")
 				pre := rigs[i].pre.take()
 				b.ReportMetric(us(pct(pre, 0.99)), m+"-pre-p99-µs")
 				if i > 0 {
@@ -116,6 +123,50 @@ func BenchmarkTailRatio(b *testing.B) {
 			}
 		})
 	}
+}
+
+// schedHist is the runtime's histogram of the time goroutines waited
+// runnable before they ran (/sched/latencies:seconds), summed over a
+// mode's rounds: the waits for a core, which on two shared cores make
+// most of the tail at 64 connections.
+type schedHist struct {
+	counts  []uint64
+	buckets []float64
+}
+
+const schedMetric = "/sched/latencies:seconds"
+
+// readSched reads the process's scheduling latency histogram so far.
+func readSched() *rtmetrics.Float64Histogram {
+	s := []rtmetrics.Sample{{Name: schedMetric}}
+	rtmetrics.Read(s)
+	return s[0].Value.Float64Histogram()
+}
+
+// add adds the waits between the histograms a and b, read in that order.
+func (h *schedHist) add(a, b *rtmetrics.Float64Histogram) {
+	if h.counts == nil {
+		h.counts, h.buckets = make([]uint64, len(b.Counts)), b.Buckets
+	}
+	for i := range b.Counts {
+		h.counts[i] += b.Counts[i] - a.Counts[i]
+	}
+}
+
+// pct is the p-th percentile wait, the lower bound of its bucket.
+func (h *schedHist) pct(p float64) time.Duration {
+	var total uint64
+	for _, c := range h.counts {
+		total += c
+	}
+	want := uint64(float64(total) * p)
+	var seen uint64
+	for i, c := range h.counts {
+		if seen += c; seen > want {
+			return time.Duration(max(h.buckets[i], 0) * 1e9)
+		}
+	}
+	return 0
 }
 
 // pctName is p as a percentile's name: 0.99 → "99", 0.999 → "99.9".
