@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/internal/fakeopenai"
+	"github.com/sluice-io/sluice/lease"
 )
 
 // tailModes are BenchmarkTailRatio's proxies, each before the same fake
@@ -57,21 +58,29 @@ func BenchmarkTailRatio(b *testing.B) {
 				measure(b, clients[i], rig.gw.URL, rig.keys, conns, warmPerConn*conns, benchBody, false)
 				rig.pre.take()
 			}
+			var leaseStart lease.Stats
+			for _, rig := range rigs {
+				if rig.lease != nil {
+					leaseStart = rig.lease.Stats()
+				}
+			}
 			lat := make([][]time.Duration, len(tailModes)+1) // [0] direct
 			cpu := make([]time.Duration, len(tailModes)+1)   // this process's
 			redis := make([]redisUse, len(tailModes)+1)
 			sched := make([]schedHist, len(tailModes)+1) // goroutines' waits to run
+			heap := make([]heapUse, len(tailModes)+1)
 			b.ResetTimer()
 			n := max(b.N/tailRounds, conns)
 			for round := range tailRounds {
 				for j := range len(tailModes) + 1 {
 					k := (j + round) % (len(tailModes) + 1)
 					c0 := processCPU(b)
-					s0 := readSched()
+					s0, h0 := readSched(), readHeap()
 					if k == 0 {
 						lat[0] = append(lat[0], measure(b, direct, up.URL(), keys, conns, n, benchBody, false)...)
 						cpu[0] += processCPU(b) - c0
 						sched[0].add(s0, readSched())
+						heap[0].add(h0, readHeap())
 						continue
 					}
 					rig := rigs[k-1]
@@ -79,6 +88,7 @@ func BenchmarkTailRatio(b *testing.B) {
 					lat[k] = append(lat[k], measure(b, clients[k-1], rig.gw.URL, rig.keys, conns, n, benchBody, false)...)
 					cpu[k] += processCPU(b) - c0
 					sched[k].add(s0, readSched())
+					heap[k].add(h0, readHeap())
 					r1 := readRedisUse(b, rig.redis)
 					redis[k].calls += r1.calls - r0.calls
 					redis[k].cpu += r1.cpu - r0.cpu
@@ -107,6 +117,11 @@ func BenchmarkTailRatio(b *testing.B) {
 					b.ReportMetric(perReq(redis[k].cpu, k), m+"-redis-cpu-µs/req")
 				}
 				b.ReportMetric(us(sched[k].pct(0.99)), m+"-sched-p99-µs")
+				// Allocation and GC cycles per request over the direct
+				// rounds': the process's, the client's and the fake
+				// upstream's included in both.
+				b.ReportMetric(float64(heap[k].bytes)/float64(len(lat[k]))-float64(heap[0].bytes)/float64(len(lat[0])), m+"-alloc-B/req")
+				b.ReportMetric(1000*(float64(heap[k].gcs)/float64(len(lat[k]))-float64(heap[0].gcs)/float64(len(lat[0]))), m+"-gc/1000req")
 				pre := rigs[i].pre.take()
 				b.ReportMetric(us(pct(pre, 0.99)), m+"-pre-p99-µs")
 				if i > 0 {
@@ -116,9 +131,11 @@ func BenchmarkTailRatio(b *testing.B) {
 						}
 					}
 				}
-				if rigs[i].lease != nil {
-					st := rigs[i].lease.Stats()
-					b.ReportMetric(float64(st.Hits)/float64(len(lat[k])+warmPerConn*conns), m+"-lease-hits/req")
+				if l := rigs[i].lease; l != nil {
+					st := l.Stats()
+					per := func(v, v0 uint64) float64 { return float64(v-v0) / float64(len(lat[k])) }
+					b.ReportMetric(per(st.Hits, leaseStart.Hits), m+"-lease-hits/req")
+					b.ReportMetric(per(st.Fetches, leaseStart.Fetches), m+"-lease-fetches/req")
 				}
 			}
 		})
@@ -167,6 +184,22 @@ func (h *schedHist) pct(p float64) time.Duration {
 		}
 	}
 	return 0
+}
+
+// heapUse is what the process allocated and how many GC cycles it ran.
+type heapUse struct{ bytes, gcs uint64 }
+
+// readHeap reads the process's allocated bytes and GC cycles so far.
+func readHeap() heapUse {
+	s := []rtmetrics.Sample{{Name: "/gc/heap/allocs:bytes"}, {Name: "/gc/cycles/total:gc-cycles"}}
+	rtmetrics.Read(s)
+	return heapUse{s[0].Value.Uint64(), s[1].Value.Uint64()}
+}
+
+// add adds what was used between a and b, read in that order.
+func (h *heapUse) add(a, b heapUse) {
+	h.bytes += b.bytes - a.bytes
+	h.gcs += b.gcs - a.gcs
 }
 
 // pctName is p as a percentile's name: 0.99 → "99", 0.999 → "99.9".
