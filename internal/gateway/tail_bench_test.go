@@ -115,6 +115,7 @@ func BenchmarkTailRatio(b *testing.B) {
 				b.ReportMetric(perReq(cpu[k], k)-perReq(cpu[0], 0), m+"-cpu-µs/req")
 				if rigs[i].redis != nil {
 					b.ReportMetric(perReq(redis[k].cpu, k), m+"-redis-cpu-µs/req")
+					b.ReportMetric(float64(redis[k].calls)/float64(len(lat[k])), m+"-redis-scripts/req")
 				}
 				b.ReportMetric(us(sched[k].pct(0.99)), m+"-sched-p99-µs")
 				// Allocation and GC cycles per request over the direct
