@@ -52,6 +52,13 @@ type benchRig struct {
 type preUpstream struct {
 	mu  sync.Mutex
 	lat []time.Duration
+	// in is each request's time in the proxy's handler, from its call to
+	// its return (the response written and flushed); what the client
+	// waited beyond it is the sockets' and the scheduler's.
+	in []time.Duration
+	// rt is each upstream round trip's time, from the send to the
+	// response's headers.
+	rt []time.Duration
 }
 
 type preStartKey struct{}
@@ -63,7 +70,12 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 
 func (p *preUpstream) handler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), preStartKey{}, time.Now())))
+		start := time.Now()
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), preStartKey{}, start)))
+		d := time.Since(start)
+		p.mu.Lock()
+		p.in = append(p.in, d)
+		p.mu.Unlock()
 	})
 }
 
@@ -75,7 +87,13 @@ func (p *preUpstream) transport(next http.RoundTripper) http.RoundTripper {
 			p.lat = append(p.lat, d)
 			p.mu.Unlock()
 		}
-		return next.RoundTrip(r)
+		start := time.Now()
+		res, err := next.RoundTrip(r)
+		d := time.Since(start)
+		p.mu.Lock()
+		p.rt = append(p.rt, d)
+		p.mu.Unlock()
+		return res, err
 	})
 }
 
@@ -84,9 +102,21 @@ func (p *preUpstream) take() []time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := p.lat
-	p.lat = nil
+	p.lat, p.in, p.rt = nil, nil, nil
 	slices.Sort(out)
 	return out
+}
+
+// takeIn returns the handler and upstream round trip times recorded
+// since the last take, sorted, and forgets them.
+func (p *preUpstream) takeIn() (in, rt []time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	in, rt = p.in, p.rt
+	p.in, p.rt = nil, nil
+	slices.Sort(in)
+	slices.Sort(rt)
+	return in, rt
 }
 
 func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {

@@ -123,6 +123,9 @@ func BenchmarkTailRatio(b *testing.B) {
 				// upstream's included in both.
 				b.ReportMetric(float64(heap[k].bytes)/float64(len(lat[k]))-float64(heap[0].bytes)/float64(len(lat[0])), m+"-alloc-B/req")
 				b.ReportMetric(1000*(float64(heap[k].gcs)/float64(len(lat[k]))-float64(heap[0].gcs)/float64(len(lat[0]))), m+"-gc/1000req")
+				in, rt := rigs[i].pre.takeIn()
+				b.ReportMetric(us(pct(in, 0.99)), m+"-in-handler-p99-µs")
+				b.ReportMetric(us(pct(rt, 0.99)), m+"-upstream-p99-µs")
 				pre := rigs[i].pre.take()
 				b.ReportMetric(us(pct(pre, 0.99)), m+"-pre-p99-µs")
 				if i > 0 {
