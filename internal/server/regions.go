@@ -60,16 +60,8 @@ func openRegions(ctx context.Context, sc config.StoreSection, local sluice.Store
 		Region:  sc.Region,
 		Regions: stores,
 		Ledger:  ledger.Client(),
-		Global: func(req *sluice.Request) bool {
-			_, ok := globals[policyOfKey(req.Key)]
-			return ok
-		},
-		Home: func(key string) string {
-			if h := globals[policyOfKey(key)]; h != "" {
-				return h
-			}
-			return hash(key)
-		},
+		Global: func(req *sluice.Request) bool { return isGlobal(globals, req.Key) },
+		Home:   func(key string) string { return homeOf(globals, hash, key) },
 		Horizon:      sc.Global.Horizon,
 		TTL:          sc.Global.TTL,
 		FetchTimeout: fetchTimeout,
@@ -83,6 +75,33 @@ func openRegions(ctx context.Context, sc config.StoreSection, local sluice.Store
 	}
 	closers = append(closers, closerFunc(rs.Close))
 	return rs, closerFunc(closeAll), nil
+}
+
+// isGlobal reports whether key is held to one limit across regions: a
+// key of a policy with scope global (the HTTP API's), or a key another
+// door marked global (region.GlobalKey: the Envoy rate limit service's
+// rules and the AI gateway's limits and budgets with scope global).
+func isGlobal(globals map[string]string, key string) bool {
+	if _, ok := region.KeyScope(key); ok {
+		return true
+	}
+	_, ok := globals[policyOfKey(key)]
+	return ok
+}
+
+// homeOf is a global key's home region: the one its policy or its mark
+// names, else hash's.
+func homeOf(globals map[string]string, hash func(string) string, key string) string {
+	if h, ok := region.KeyScope(key); ok {
+		if h != "" {
+			return h
+		}
+		return hash(key)
+	}
+	if h := globals[policyOfKey(key)]; h != "" {
+		return h
+	}
+	return hash(key)
 }
 
 type closerFunc func() error

@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/region"
 )
 
 // `sluice serve` in region us, its own Redis, with a global policy homed
@@ -85,6 +86,39 @@ func TestPolicyOfKey(t *testing.T) {
 	for _, k := range []string{"sluice:{topk}:api.v2:x", "other:{a}:api.v2:gcra", "sluice:{a}", "sluice:{a}:gcra"} {
 		if got := policyOfKey(k); got != "" {
 			t.Fatalf("%q: policy %q, want none", k, got)
+		}
+	}
+}
+
+// The region store of serve holds global the keys of global policies and
+// the keys other doors mark global (region.GlobalKey), each at its home:
+// the mark's, the policy's, or the hash's; every other key is regional.
+func TestRegionScopeOfDoorsKeys(t *testing.T) {
+	globals := map[string]string{"world": "eu", "anywhere": ""}
+	hash := func(string) string { return "hashed" }
+	pol := func(name string) string {
+		return storeKey("user:1", &config.Policy{Name: name, Algorithm: sluice.GCRA})
+	}
+	for _, c := range []struct {
+		key    string
+		global bool
+		home   string
+	}{
+		{pol("world"), true, "eu"},
+		{pol("anywhere"), true, "hashed"},
+		{pol("local"), false, ""},
+		{region.GlobalKey("ap", "rls:{d}:gcra:1:k=v"), true, "ap"},
+		{region.GlobalKey("", "{gw:c}:rpm"), true, "hashed"},
+		{"rls:{d}:gcra:1:k=@global=ap:", false, ""},
+		{"{gw:c}:rpm", false, ""},
+	} {
+		if got := isGlobal(globals, c.key); got != c.global {
+			t.Errorf("%q: global %v, want %v", c.key, got, c.global)
+		}
+		if c.global {
+			if got := homeOf(globals, hash, c.key); got != c.home {
+				t.Errorf("%q: home %q, want %q", c.key, got, c.home)
+			}
 		}
 	}
 }
