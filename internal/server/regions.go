@@ -57,11 +57,11 @@ func openRegions(ctx context.Context, sc config.StoreSection, local sluice.Store
 	globals := maps.Clone(sc.GlobalPolicies)
 	hash := region.HashHome(names)
 	rs, err := region.New(region.Options{
-		Region:  sc.Region,
-		Regions: stores,
-		Ledger:  ledger.Client(),
-		Global: func(req *sluice.Request) bool { return isGlobal(globals, req.Key) },
-		Home:   func(key string) string { return homeOf(globals, hash, key) },
+		Region:       sc.Region,
+		Regions:      stores,
+		Ledger:       ledger.Client(),
+		Global:       func(req *sluice.Request) bool { return isGlobal(globals, req.Key) },
+		Home:         func(key string) string { return homeOf(globals, hash, key) },
 		Horizon:      sc.Global.Horizon,
 		TTL:          sc.Global.TTL,
 		FetchTimeout: fetchTimeout,
