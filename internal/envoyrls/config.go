@@ -108,15 +108,15 @@ type rule struct {
 	name           string
 	replaces       []string
 	algorithm      sluice.Algorithm
-	lease          bool         // decide hot keys from leased capacity (package lease)
+	lease          bool // decide hot keys from leased capacity (package lease)
 	// mark starts the store keys of a rule with `scope: global`
 	// (region.GlobalPrefix of its home): one limit across regions
 	// (regions.go). "" for a regional rule.
-	mark string
-	limit          sluice.Limit // Rate zero: requests_per_unit 0, which denies everything
-	unit           rlsv3.RateLimitResponse_RateLimit_Unit
-	current        *rlsv3.RateLimitResponse_RateLimit // the response's current_limit
-	stats          *ruleStats
+	mark    string
+	limit   sluice.Limit // Rate zero: requests_per_unit 0, which denies everything
+	unit    rlsv3.RateLimitResponse_RateLimit_Unit
+	current *rlsv3.RateLimitResponse_RateLimit // the response's current_limit
+	stats   *ruleStats
 	// metadata is the descriptor's metadata:, as envoyproxy/ratelimit
 	// converts it (structpb), returned in the response's dynamic metadata
 	// when the descriptor passes and envoy.response_dynamic_metadata is set.
