@@ -207,10 +207,10 @@ func supported(req *sluice.Request) error {
 		return fmt.Errorf("%w: a reservation (max wait %s)", ErrUnsupported, req.MaxWait)
 	case req.Algorithm == sluice.GCRA, req.Algorithm == sluice.TokenBucket:
 		return nil
-	case req.Algorithm == sluice.FixedWindow && req.Limit.Calendar.IsZero():
-		return nil
+	case req.Algorithm == sluice.FixedWindow:
+		return nil // periodic or calendar windows (windowEnd)
 	}
-	return fmt.Errorf("%w: algorithm %s (GCRA, token_bucket and fixed_window without a calendar are)", ErrUnsupported, req.Algorithm)
+	return fmt.Errorf("%w: algorithm %s (GCRA, token_bucket and fixed_window are)", ErrUnsupported, req.Algorithm)
 }
 
 // SupportsGlobal reports whether a key of algorithm a and limit l can be
