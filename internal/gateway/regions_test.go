@@ -1,0 +1,254 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/fakeopenai"
+	"github.com/sluice-io/sluice/internal/pricing"
+	"github.com/sluice-io/sluice/internal/regiontest"
+	"github.com/sluice-io/sluice/internal/yamlconf"
+	"github.com/sluice-io/sluice/region"
+)
+
+// parseInRegions parses a gateway section as serve's config loader does
+// when its store has regions (Config.Regions set before the check).
+func parseInRegions(name string, data []byte, regions []string) (*Config, error) {
+	var c Config
+	doc, err := yamlconf.Decode(ErrInvalidConfig, name, data, &c)
+	if err != nil {
+		return nil, err
+	}
+	c.Regions = regions
+	c.Check(doc)
+	if err := doc.Err(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// A tier, team or org with scope global needs regions, a known home and
+// no concurrency; its limits' and budgets' store keys carry the mark of
+// its home, its concurrency's never.
+func TestGlobalScopeConfig(t *testing.T) {
+	regions := []string{"us", "eu", "ap"}
+	head := "upstream: {base_url: http://127.0.0.1:1/v1}\nprices: {m: {input: 1, output: 1}}\n"
+	bad := head + `tiers:
+  a: {rpm: 10, scope: global, home: mars}
+  b: {rpm: 10, concurrency: 2, scope: global}
+  c: {rpm: 10, home: eu}
+  d: {rpm: 10, scope: planet}
+  e: {rpm: 10, models: {m: {concurrency: 1}}, scope: global}
+teams:
+  t: {concurrency: 3, scope: global}
+`
+	_, err := parseInRegions("g.yaml", []byte(bad), regions)
+	var ye *yamlconf.Error
+	if !errors.As(err, &ye) {
+		t.Fatalf("%v", err)
+	}
+	for _, want := range []string{
+		`tiers.a.home: unknown region "mars"`,
+		"tiers.b.concurrency: tiers.b cannot be global: requests in flight are held",
+		"tiers.c.home: only a tier, team or org with scope: global has a home",
+		`tiers.d.scope: unknown scope "planet"`,
+		"tiers.e.models.m.concurrency: tiers.e cannot be global",
+		"teams.t.concurrency: teams.t cannot be global",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("no %q in:\n%v", want, err)
+		}
+	}
+	if _, err := Parse("g.yaml", []byte(head+"tiers: {a: {rpm: 10, scope: global}}\n")); err == nil || !strings.Contains(err.Error(), "tiers.a.scope: scope global needs serve's store.region and store.regions") {
+		t.Fatalf("global without regions: %v", err)
+	}
+
+	good := head + fmt.Sprintf(`tiers:
+  g: {rpm: 10, tpm: 1000, concurrency: 0, budgets: [{usd: 1, per: day}], scope: global, home: eu}
+  r: {rpm: 10, concurrency: 2}
+orgs:
+  o: {budgets: [{usd: 5, per: month}], scope: global}
+teams:
+  t: {org: o, rpm: 100}
+keys:
+  - {name: one, hash: %s, tier: g, team: t, client: c1}
+  - {name: two, hash: %s, tier: r, client: c2}
+`, sluice.HashKey(clientKey), sluice.HashKey(clientKey2))
+	cfg, err := parseInRegions("g.yaml", []byte(good), regions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := New(Options{Config: cfg, Store: fakeClockStore(t), Getenv: func(string) string { return upstreamKey }, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	marked := func(key, home string) bool {
+		h, ok := region.KeyScope(key)
+		return ok && h == home
+	}
+	one := gw.keys[sluice.HashKey(clientKey)]
+	for i, s := range one.tier.specs {
+		if global := s.alg != sluice.Concurrency; marked(one.specKeys[i], "eu") != global {
+			t.Errorf("tier g's %s: key %q", s.name, one.specKeys[i])
+		}
+	}
+	for i, s := range one.levels.specs {
+		var want bool // the team's rpm is regional
+		switch s.scope() {
+		case "key": // the tier's budget
+			want = marked(one.levels.keys[i], "eu")
+		case "org o":
+			want = marked(one.levels.keys[i], "")
+		default:
+			want = !strings.HasPrefix(one.levels.keys[i], "@")
+		}
+		if !want {
+			t.Errorf("%s %s: key %q", s.scope(), s.name, one.levels.keys[i])
+		}
+	}
+	two := gw.keys[sluice.HashKey(clientKey2)]
+	for _, k := range two.specKeys {
+		if strings.HasPrefix(k, "@") {
+			t.Errorf("regional tier r: key %q", k)
+		}
+	}
+}
+
+// An org's $1.00 monthly budget with scope global (home eu), spent by two
+// keys through three gateways at once, one in each region (eu, us, ap,
+// each its own redis-server, linked by 40, 80 and 150 ms each way: the
+// region package's harness): the priced usage of every request the
+// gateways let through ends at ≤ $1.00, every region having spent some of
+// it; each request's other limits (its tier's, its team's) are regional
+// and decided in the same all-or-nothing batch.
+func TestGlobalBudgetAcrossRegions(t *testing.T) {
+	w := regiontest.NewWorld(t)
+	org := uniqueName(t)
+	// The upstream reports the full 4000 completion tokens: each request
+	// costs $0.04001, about what it reserves.
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, PromptTokens: 5, CachedTokens: 2, CompletionTokens: 4000})
+	doc := strings.Replace(hardStopDoc, "%[4]s", org, -1)
+	doc = strings.Replace(doc, "timezone: Europe/Berlin}]}", "timezone: Europe/Berlin}], scope: global, home: eu}", 1)
+	if !strings.Contains(doc, "scope: global") {
+		t.Fatal("the org's budget was not made global")
+	}
+	var urls []string
+	settled := make(chan Settlement, 1000)
+	stores := map[string]*region.Store{}
+	for _, r := range regiontest.Regions {
+		cfg, err := parseInRegions("test.yaml", []byte(fmt.Sprintf(doc, up.URL()+"/v1", sluice.HashKey(clientKey), sluice.HashKey(clientKey2))), append([]string{r}, othersOf(r)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores[r] = w.Store(t, r, nil)
+		gw, err := New(Options{Config: cfg, Store: stores[r], Registerer: prometheus.NewRegistry(),
+			Getenv:    func(string) string { return upstreamKey },
+			OnSettled: func(s Settlement) { settled <- s },
+			Logger:    slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(gw)
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	body := `{"model":"gpt-test","messages":[{"role":"user","content":"write a long essay about the history of rate limiting in distributed systems"}],"max_tokens":4000}`
+	var wg sync.WaitGroup
+	var ok, refused atomic.Int64
+	byRegion := make([]atomic.Int64, len(urls))
+	// 90 requests, 30 through each region's gateway: $3.60 of demand,
+	// which three regional budgets of $1 would let through $3. Each
+	// region's clients start one every 40 ms: all at once, the home
+	// region's gateway, deciding at its own Redis, takes the whole budget
+	// before a fetch from another region arrives (docs/regions.md,
+	// "Fairness between regions").
+	for i := range 90 {
+		key := []string{clientKey, clientKey2}[i%2]
+		r := i % len(urls)
+		if r == 0 && i > 0 {
+			time.Sleep(40 * time.Millisecond) // the clients' pace, not a synchronisation
+		}
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodPost, urls[r]+"/v1/chat/completions", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+key)
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer res.Body.Close()
+			b, _ := io.ReadAll(res.Body)
+			switch res.StatusCode {
+			case 200:
+				ok.Add(1)
+				byRegion[r].Add(1)
+			case 429:
+				refused.Add(1)
+				if !strings.Contains(string(b), `"code":"insufficient_quota"`) {
+					t.Errorf("refusal: %s", b)
+				}
+			default:
+				t.Errorf("status %d: %s", res.StatusCode, b)
+			}
+		})
+	}
+	wg.Wait()
+	var spent pricing.Micros
+	for range ok.Load() {
+		s := <-settled
+		spent += s.Cost
+	}
+	t.Logf("admitted %d (eu %d, us %d, ap %d), refused %d: spent %s of the global $1.00", ok.Load(), byRegion[0].Load(), byRegion[1].Load(), byRegion[2].Load(), refused.Load(), spent)
+	if spent > pricing.Dollar {
+		t.Fatalf("spent %s of a global $1.00 budget from three regions", spent)
+	}
+	if int64(up.Count()) != ok.Load() {
+		t.Fatalf("upstream served %d, gateways admitted %d", up.Count(), ok.Load())
+	}
+	// Use: two regions or more spent some (ap, 150 ms from the home, is
+	// served its cold key's first fetch, about 300 ms in, when eu and us
+	// have spent a third or more: measured 1 request of 24); together at
+	// least half of the budget (a share fetched and not spent when the
+	// demand stopped is charged at home and held: less, never more).
+	spenders := 0
+	for i := range regiontest.Regions {
+		if byRegion[i].Load() > 0 {
+			spenders++
+		}
+	}
+	if spenders < 2 {
+		t.Errorf("%d regions spent the budget", spenders)
+	}
+	if spent < pricing.Dollar/2 {
+		t.Fatalf("spent only %s of $1.00", spent)
+	}
+	for _, r := range []string{"us", "ap"} {
+		if st := stores[r].Stats(); st.Share == 0 {
+			t.Fatalf("%s: no decision from its share: %+v", r, st)
+		}
+	}
+}
+
+// othersOf are the World's regions but r.
+func othersOf(r string) []string {
+	var out []string
+	for _, o := range regiontest.Regions {
+		if o != r {
+			out = append(out, o)
+		}
+	}
+	return out
+}
