@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"net/http"
 	"slices"
 	"strings"
 
@@ -105,4 +106,56 @@ func markSpecs(specs []spec, scope, home string) []spec {
 		}
 	}
 	return specs
+}
+
+// DecidedByHeader names, on a response to a request with global limits or
+// budgets, the tier that decided them (docs/regions.md): "home" (the
+// limit's home store, in this region), "share" (this region's share of
+// the limit, charged at the home in advance), or "policy" (the home was
+// unreachable and the share spent: the failure policy answered). When
+// several global limits apply, the one that refused the request names it,
+// else the weakest tier among them (policy, then share, then home).
+const DecidedByHeader = "Sluice-Decided-By"
+
+// decidedBy is the tier that decided d, a global limit's decision.
+func decidedBy(d sluice.Decision) string {
+	switch {
+	case d.Degraded:
+		return "policy"
+	case d.Source == sluice.FromShare:
+		return "share"
+	}
+	return "home"
+}
+
+// setDecidedBy sets DecidedByHeader for a request with global limits;
+// ds[i] is the decision of c.specs[i].
+func setDecidedBy(h http.Header, c *call, ds []sluice.Decision) {
+	rank := map[string]int{"home": 1, "share": 2, "policy": 3}
+	by, denied := "", false
+	for i, s := range c.specs {
+		if s.mark == "" || i >= len(ds) {
+			continue
+		}
+		tier := decidedBy(ds[i])
+		switch {
+		case denied:
+		case !ds[i].Allowed:
+			by, denied = tier, true
+		case rank[tier] > rank[by]:
+			by = tier
+		}
+	}
+	if by != "" {
+		h.Set(DecidedByHeader, by)
+	}
+}
+
+// decidedBy is the tier that decided d, s's decision, for a global s; ""
+// for a regional one.
+func (s *spec) decidedBy(d sluice.Decision) string {
+	if s.mark == "" {
+		return ""
+	}
+	return decidedBy(d)
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -195,6 +196,11 @@ func TestGlobalBudgetAcrossRegions(t *testing.T) {
 			case 200:
 				ok.Add(1)
 				byRegion[r].Add(1)
+				// The org's budget decided by eu's own Redis at home,
+				// elsewhere by the region's share.
+				if want := map[bool]string{true: "home", false: "share"}[r == 0]; res.Header.Get(DecidedByHeader) != want {
+					t.Errorf("%s: %s: %q, want %q", regiontest.Regions[r], DecidedByHeader, res.Header.Get(DecidedByHeader), want)
+				}
 			case 429:
 				refused.Add(1)
 				if !strings.Contains(string(b), `"code":"insufficient_quota"`) {
@@ -238,6 +244,32 @@ func TestGlobalBudgetAcrossRegions(t *testing.T) {
 	for _, r := range []string{"us", "ap"} {
 		if st := stores[r].Stats(); st.Share == 0 {
 			t.Fatalf("%s: no decision from its share: %+v", r, st)
+		}
+	}
+	// /v1/status says which tier answers each global budget in the
+	// region asked; regional limits and budgets say nothing.
+	for i, want := range []string{"home", "share"} {
+		req, _ := http.NewRequest(http.MethodGet, urls[i]+"/v1/status", nil)
+		req.Header.Set("Authorization", "Bearer "+clientKey)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st Status
+		err = json.NewDecoder(res.Body).Decode(&st)
+		res.Body.Close()
+		if err != nil || res.StatusCode != 200 {
+			t.Fatalf("status %d: %v", res.StatusCode, err)
+		}
+		for _, b := range st.Budgets {
+			if by := map[bool]string{true: want, false: ""}[b.Scope == "org "+org]; b.DecidedBy != by {
+				t.Errorf("%s: budget %+v: decided_by %q, want %q", regiontest.Regions[i], b, b.DecidedBy, by)
+			}
+		}
+		for _, l := range st.Limits {
+			if l.DecidedBy != "" {
+				t.Errorf("%s: regional limit %+v", regiontest.Regions[i], l)
+			}
 		}
 	}
 }
