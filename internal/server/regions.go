@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net/http"
 	"strings"
 
 	"github.com/sluice-io/sluice"
@@ -139,5 +140,46 @@ func regionStats(rs *region.Store) *metrics.RegionStats {
 		Region: rs.Region(), Home: st.Home, Share: st.Share, Denied: st.Denied, Policy: st.Policy,
 		Fetches: st.Fetches, FetchDenied: st.FetchDenied, FetchErrors: st.FetchErrors,
 		Fetched: st.Fetched, Refunded: st.Refunded, Stranded: st.Stranded,
+	}
+}
+
+// DecidedByHeader names, on a forward-auth answer (/v1/authz) that a
+// global policy took part in, the tier that decided it: "home", "share" or
+// "policy" (appendDecidedBy). With several global policies, the one that
+// denied names it, else the weakest tier (policy, then share, then home).
+// The gateway sets the same header (gateway.DecidedByHeader).
+const DecidedByHeader = "Sluice-Decided-By"
+
+// decidedBy is the tier that decided d, a global policy's decision.
+func decidedBy(d sluice.Decision) string {
+	switch {
+	case d.Degraded:
+		return "policy"
+	case d.Source == sluice.FromShare:
+		return "share"
+	}
+	return "home"
+}
+
+// setDecidedBy sets DecidedByHeader when a global policy took part in res.
+func setDecidedBy(h http.Header, res *outcome) {
+	rank := map[string]int{"home": 1, "share": 2, "policy": 3}
+	by, denied := "", false
+	for i, t := range res.targets {
+		d := res.decisions[i]
+		if !t.policy.Global && d.Source != sluice.FromShare {
+			continue
+		}
+		tier := decidedBy(d)
+		switch {
+		case denied:
+		case !d.Allowed:
+			by, denied = tier, true
+		case rank[tier] > rank[by]:
+			by = tier
+		}
+	}
+	if by != "" {
+		h.Set(DecidedByHeader, by)
 	}
 }

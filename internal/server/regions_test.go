@@ -30,6 +30,7 @@ func TestRegionsServe(t *testing.T) {
   global: {clock_skew: 5ms}
 `, us.URL(), eu.URL())
 	cfg = strings.Replace(cfg, "anon: {limit: 2/min}", "anon: {limit: 2/min}\n  world: {algorithm: fixed_window, limit: 10/h, scope: global, home: eu}", 1)
+	cfg = strings.Replace(cfg, "anonymous: {policies: [anon]}", "anonymous: {policies: [anon, world]}", 1)
 	s := startService(t, svcOptions{redis: true, config: cfg})
 	id := redistest.Prefix(t)
 	admitted := 0
@@ -56,8 +57,18 @@ func TestRegionsServe(t *testing.T) {
 	if a.status != 200 || a.body["decided_by"] != nil {
 		t.Fatalf("regional policy: %d %s", a.status, a.raw)
 	}
+	// Forward auth names the tier that decided the global policy in
+	// Sluice-Decided-By; a caller with regional policies only gets none.
+	a = s.do(t, "GET", "/v1/authz", "", "X-User-ID", id+"-authz")
+	if a.status != 200 || a.header.Get(DecidedByHeader) != "share" {
+		t.Fatalf("authz of a global policy: %d %s %q", a.status, a.raw, a.header.Get(DecidedByHeader))
+	}
+	a = s.do(t, "GET", "/v1/authz", "", "X-API-Key", freeKey)
+	if a.status != 200 || a.header.Get(DecidedByHeader) != "" {
+		t.Fatalf("authz of regional policies: %d %s %q", a.status, a.raw, a.header.Get(DecidedByHeader))
+	}
 	m := s.do(t, "GET", "/metrics", "").raw
-	for _, want := range []string{`sluice_region_decisions_total{region="us",tier="share"} 10`, `sluice_region_units_total{kind="fetched",region="us"} 10`} {
+	for _, want := range []string{`sluice_region_decisions_total{region="us",tier="share"} 11`, `sluice_region_units_total{kind="fetched",region="us"} 12`} {
 		if !strings.Contains(m, want) {
 			t.Fatalf("metrics lack %s:\n%s", want, grepLines(m, "sluice_region_"))
 		}
