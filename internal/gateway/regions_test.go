@@ -284,3 +284,88 @@ func othersOf(r string) []string {
 	}
 	return out
 }
+
+// A tier's rpm with scope global (home eu), through three gateways, one in
+// each region of the World: admitted over the regions together ≤ burst +
+// rate·t + 1 from the first request, whatever region the requests reach;
+// us and ap answer from their shares (Sluice-Decided-By: share).
+func TestGlobalRPMAcrossRegions(t *testing.T) {
+	w := regiontest.NewWorld(t)
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey})
+	client := uniqueName(t) // fresh keys in the regions' Redis
+	var urls []string
+	stores := map[string]*region.Store{}
+	for _, r := range regiontest.Regions {
+		doc := fmt.Sprintf(`upstream: {base_url: %s/v1, api_key_env: UP}
+store: {timeout: 5s}
+tiers:
+  t: {rpm: 600, rpm_burst: 20, scope: global, home: eu}
+keys:
+  - {name: one, hash: %s, tier: t, client: %s}
+`, up.URL(), sluice.HashKey(clientKey), client)
+		cfg, err := parseInRegions("test.yaml", []byte(doc), append([]string{r}, othersOf(r)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores[r] = w.Store(t, r, nil)
+		gw, err := New(Options{Config: cfg, Store: stores[r], Registerer: prometheus.NewRegistry(), Getenv: func(string) string { return upstreamKey },
+			Logger: slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(gw)
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	// Each region's client sends a request every 25 ms for 2 s: 120/s
+	// over the three, twelve times the tier's 10/s.
+	const run = 2 * time.Second
+	var admitted atomic.Int64
+	by := make([]atomic.Int64, len(urls))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range urls {
+		wg.Go(func() {
+			tick := time.NewTicker(25 * time.Millisecond) // the offered load, not a synchronisation
+			defer tick.Stop()
+			for ; time.Since(start) < run; <-tick.C {
+				req, _ := http.NewRequest(http.MethodPost, urls[i]+"/v1/chat/completions", strings.NewReader(`{"model":"gpt-test","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`))
+				req.Header.Set("Authorization", "Bearer "+clientKey)
+				res, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+				switch res.StatusCode {
+				case 200:
+					admitted.Add(1)
+					by[i].Add(1)
+					if want := map[bool]string{true: "home", false: "share"}[i == 0]; res.Header.Get(DecidedByHeader) != want {
+						t.Errorf("%s: %s %q, want %q", regiontest.Regions[i], DecidedByHeader, res.Header.Get(DecidedByHeader), want)
+					}
+				case 429:
+				default:
+					t.Errorf("status %d", res.StatusCode)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	el := time.Since(start)
+	bound := 20 + 10*el.Seconds() + 1
+	t.Logf("admitted %d in %s (eu %d, us %d, ap %d), bound %.0f", admitted.Load(), el.Round(time.Millisecond), by[0].Load(), by[1].Load(), by[2].Load(), bound)
+	if float64(admitted.Load()) > bound {
+		t.Fatalf("admitted %d over three regions, over the global rpm's %.0f", admitted.Load(), bound)
+	}
+	// A loose floor on use (the region package holds the tight ones).
+	if float64(admitted.Load()) < 0.5*(20+10*run.Seconds()) {
+		t.Fatalf("admitted only %d", admitted.Load())
+	}
+	for _, r := range []string{"us", "ap"} {
+		if st := stores[r].Stats(); st.Home != 0 {
+			t.Fatalf("%s decided at home: %+v", r, st)
+		}
+	}
+}
