@@ -369,3 +369,48 @@ keys:
 		}
 	}
 }
+
+// A gateway in ap cut off from eu, the home of its tier's global rpm,
+// with no share of it yet: the failure policy answers (fail_closed: 429),
+// and the response says so (Sluice-Decided-By: policy); its regional
+// limits are not in question.
+func TestGlobalPartitionDecidedByPolicy(t *testing.T) {
+	w := regiontest.NewWorld(t)
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey})
+	doc := fmt.Sprintf(`upstream: {base_url: %s/v1, api_key_env: UP}
+store: {timeout: 5s}
+tiers:
+  t: {rpm: 600, scope: global, home: eu}
+keys:
+  - {name: one, hash: %s, tier: t, client: %s}
+`, up.URL(), sluice.HashKey(clientKey), uniqueName(t))
+	cfg, err := parseInRegions("test.yaml", []byte(doc), []string{"ap", "eu", "us"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := w.Store(t, "ap", func(o *region.Options) {
+		o.FetchTimeout = 300 * time.Millisecond // a partition is found out in 300 ms, not the default 2 s
+	})
+	gw, err := New(Options{Config: cfg, Store: st, Registerer: prometheus.NewRegistry(), Getenv: func(string) string { return upstreamKey },
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw)
+	t.Cleanup(srv.Close)
+	w.Links[[2]string{"ap", "eu"}].Partition()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"gpt-test","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`))
+	req.Header.Set("Authorization", "Bearer "+clientKey)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusTooManyRequests || res.Header.Get(DecidedByHeader) != "policy" {
+		t.Fatalf("cut off from the home: %d %s %q: %s", res.StatusCode, DecidedByHeader, res.Header.Get(DecidedByHeader), b)
+	}
+	if up.Count() != 0 {
+		t.Fatalf("the upstream served %d", up.Count())
+	}
+}
