@@ -69,25 +69,13 @@ func TestGlobalRuleConfig(t *testing.T) {
 // shares (no check crosses a region); a regional rule of the same file is
 // each region's own limit.
 func TestGlobalRulesAcrossRegions(t *testing.T) {
-	w := regiontest.NewWorld(t)
-	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "r.yaml"), `domain: edge
+	envs, stores := rlsInRegions(t, `domain: edge
 descriptors:
   - key: tenant
     rate_limit: {unit: second, requests_per_unit: 50, algorithm: gcra, burst: 50, scope: global, home: eu}
   - key: local
     rate_limit: {unit: hour, requests_per_unit: 5}
 `)
-	prefix := "rls:" + sluice.NewLeaseID()[:12] + ":"
-	envs := map[string]*env{}
-	stores := map[string]*region.Store{}
-	for _, r := range regiontest.Regions {
-		stores[r] = w.Store(t, r, nil)
-		envs[r] = newEnv(t, func(*testing.T, *clock.Fake) sluice.Store { return stores[r] }, dir, func(o *Options) {
-			o.KeyPrefix = prefix // one fleet: the same keys in every region
-			o.Regions = append([]string{r}, others(r)...)
-		})
-	}
 
 	// Regional: each region admits its own 5.
 	for _, r := range regiontest.Regions {
@@ -166,4 +154,87 @@ func others(r string) []string {
 		}
 	}
 	return out
+}
+
+// rlsInRegions starts the rules in a World of three regions: a Service
+// per region on its own redis-server, behind its own gRPC port, the keys
+// of one fleet (one prefix) in every region.
+func rlsInRegions(t *testing.T, rules string) (map[string]*env, map[string]*region.Store) {
+	t.Helper()
+	w := regiontest.NewWorld(t)
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "r.yaml"), rules)
+	prefix := "rls:" + sluice.NewLeaseID()[:12] + ":"
+	envs := map[string]*env{}
+	stores := map[string]*region.Store{}
+	for _, r := range regiontest.Regions {
+		stores[r] = w.Store(t, r, nil)
+		envs[r] = newEnv(t, func(*testing.T, *clock.Fake) sluice.Store { return stores[r] }, dir, func(o *Options) {
+			o.KeyPrefix = prefix // one fleet: the same keys in every region
+			o.Regions = append([]string{r}, others(r)...)
+		})
+	}
+	return envs, stores
+}
+
+// A fixed window (Envoy's default algorithm) with scope global, 30 a
+// second homed in eu, checked from the three regions at ten times its
+// limit for 3 s: no second admits more than 30 over the regions. A check
+// is counted in a second when it was sent and answered within it (the
+// host's clock is the Redis servers'): its decision was made then, and a
+// share is spent only within the window it was charged in, so the count
+// is exact for those and leaves out only the checks that straddle a
+// boundary (logged).
+func TestGlobalWindowRuleAcrossRegions(t *testing.T) {
+	envs, _ := rlsInRegions(t, `domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 30, scope: global, home: eu}
+`)
+	const run = 3 * time.Second
+	var mu sync.Mutex
+	per := map[int64]int{} // admitted by second
+	straddled, total := 0, 0
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, r := range regiontest.Regions {
+		for range 2 {
+			wg.Go(func() {
+				tick := time.NewTicker(20 * time.Millisecond) // the offered load (300/s over six callers), not a synchronisation
+				defer tick.Stop()
+				for ; time.Since(start) < run; <-tick.C {
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					sent := time.Now()
+					resp, err := envs[r].client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("tenant", "acme")}})
+					got := time.Now()
+					cancel()
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if resp.GetOverallCode() != ok {
+						continue
+					}
+					mu.Lock()
+					total++
+					if a, b := sent.Unix(), got.Unix(); a == b {
+						per[a]++
+					} else {
+						straddled++
+					}
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	wg.Wait()
+	t.Logf("admitted %d: by second %v, %d across a boundary", total, per, straddled)
+	for sec, n := range per {
+		if n > 30 {
+			t.Errorf("second %d: %d admitted over the regions, over the global window's 30", sec, n)
+		}
+	}
+	if total < 30 {
+		t.Fatalf("admitted only %d in %s", total, run)
+	}
 }
