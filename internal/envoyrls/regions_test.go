@@ -238,3 +238,41 @@ descriptors:
 		t.Fatalf("admitted only %d in %s", total, run)
 	}
 }
+
+// A service in ap cut off from eu, the home of a global rule, with no
+// share of it yet: the failure policy answers (fail_closed: OVER_LIMIT,
+// marked degraded), while a regional rule of the same request is decided
+// as ever.
+func TestGlobalRulePartitioned(t *testing.T) {
+	w := regiontest.NewWorld(t)
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "r.yaml"), `domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 50, algorithm: gcra, scope: global, home: eu}
+  - key: local
+    rate_limit: {unit: hour, requests_per_unit: 5}
+`)
+	st := w.Store(t, "ap", func(o *region.Options) {
+		o.FetchTimeout = 300 * time.Millisecond // a partition is found out in 300 ms, not the default 2 s
+	})
+	e := newEnv(t, func(*testing.T, *clock.Fake) sluice.Store { return st }, dir, func(o *Options) { o.Regions = []string{"ap", "eu", "us"} })
+	w.Links[[2]string{"ap", "eu"}].Partition()
+	resp := e.call("edge", desc("tenant", "acme"))
+	if resp.GetOverallCode() != over || resp.GetStatuses()[0].GetCode() != over {
+		t.Fatalf("cut off from the home: %v", resp)
+	}
+	degraded := false
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		degraded = degraded || h.GetKey() == DegradedHeader
+	}
+	if !degraded {
+		t.Errorf("the failure policy's answer is not marked %s: %v", DegradedHeader, resp.GetResponseHeadersToAdd())
+	}
+	if s := st.Stats(); s.Policy == 0 {
+		t.Fatalf("not counted as the failure policy's: %+v", s)
+	}
+	if resp := e.call("edge", desc("local", "x")); resp.GetOverallCode() != ok {
+		t.Fatalf("a regional rule in the cut-off region: %v", resp)
+	}
+}
