@@ -25,12 +25,18 @@ import (
 // console's callers: a probe is a call across each link.
 const regionsReuse = 2 * time.Second
 
-// regionsProbe is the last probe of the other regions.
+// regionsProbe is the last probe of the other regions and of the shares
+// held.
 type regionsProbe struct {
 	mu    sync.Mutex
 	at    time.Time
 	reach []region.Reach
+	held  region.Held
+	err   bool // the shares could not be read
 }
+
+// maxHeldRead bounds the tracked keys whose shares one view reads.
+const maxHeldRead = 1000
 
 // regionStore returns the region store under the guard, nil without
 // regions.
@@ -61,6 +67,18 @@ type regionsJSON struct {
 	Units     map[string]uint64 `json:"units"`
 	// Keys is the global keys this instance tracks the demand of.
 	Keys int64 `json:"keys"`
+	// Held is what this region's Redis holds in shares of those keys (up
+	// to maxHeldRead of them: Read says how many were read), live now:
+	// charged at their homes, not spent yet. Null when it could not be
+	// read.
+	Held *heldJSON `json:"held"`
+}
+
+type heldJSON struct {
+	Shares int   `json:"shares"`
+	Units  int64 `json:"units"`
+	Debts  int   `json:"debts"`
+	Read   int   `json:"read"`
 }
 
 type globalPolicy struct {
@@ -80,8 +98,12 @@ func (s *Server) handleRegions(w http.ResponseWriter, r *http.Request) {
 	cfg := s.cfg.Load()
 	out := regionsJSON{Region: rs.Region(), FailurePolicy: rs.FailurePolicy().String(), StoreFailurePolicy: cfg.Store.FailurePolicy,
 		Regions: []regionReachJSON{}, Policies: []globalPolicy{}}
-	for _, re := range s.regionReach(r.Context(), rs) {
+	reach, held, heldErr := s.regionProbe(r.Context(), rs)
+	for _, re := range reach {
 		out.Regions = append(out.Regions, regionReachJSON{re.Region, re.OK, float64(re.RTT.Microseconds()) / 1000})
+	}
+	if !heldErr {
+		out.Held = &heldJSON{held.Shares, held.Units, held.Debts, held.Read}
 	}
 	for name, home := range cfg.Store.GlobalPolicies {
 		out.Policies = append(out.Policies, globalPolicy{name, home})
@@ -95,8 +117,9 @@ func (s *Server) handleRegions(w http.ResponseWriter, r *http.Request) {
 	writeAny(w, out)
 }
 
-// regionReach probes the other regions, at most once per regionsReuse.
-func (s *Server) regionReach(ctx context.Context, rs *region.Store) []region.Reach {
+// regionProbe probes the other regions and reads the shares held, at
+// most once per regionsReuse.
+func (s *Server) regionProbe(ctx context.Context, rs *region.Store) ([]region.Reach, region.Held, bool) {
 	p := &s.regionsProbe
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -105,7 +128,13 @@ func (s *Server) regionReach(ctx context.Context, rs *region.Store) []region.Rea
 		// it, not the fetch timeout.
 		ctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
+		var err error
+		p.held, err = rs.Held(ctx, maxHeldRead)
+		p.err = err != nil
+		if err != nil {
+			s.log.Warn("console: reading the region's shares failed", "err", err)
+		}
 		p.reach, p.at = rs.Reach(ctx), time.Now()
 	}
-	return p.reach
+	return p.reach, p.held, p.err
 }

@@ -31,6 +31,10 @@ func TestConsoleRegions(t *testing.T) {
 		t.Fatalf("another Host: %d %s", a.status, a.raw)
 	}
 	w.Links[[2]string{"us", "ap"}].Partition()
+	// A fourth check just before the view.
+	if a := s.check(t, `{"policy":"world","key":"c1"}`); a.status != 200 {
+		t.Fatalf("check: %d %s", a.status, a.raw)
+	}
 	a := s.do(t, "GET", "/ui/api/regions", "", bearer...)
 	if a.status != 200 {
 		t.Fatalf("regions: %d %s", a.status, a.raw)
@@ -48,8 +52,14 @@ func TestConsoleRegions(t *testing.T) {
 	if len(v.Policies) != 1 || v.Policies[0] != (globalPolicy{"world", "eu"}) {
 		t.Fatalf("policies: %+v", v.Policies)
 	}
-	if v.Decisions["share"] != 3 || v.Fetches["sent"] == 0 || v.Units["fetched"] < 3 || v.Keys != 1 {
+	if v.Decisions["share"] != 4 || v.Fetches["sent"] == 0 || v.Units["fetched"] < 4 || v.Keys != 1 {
 		t.Fatalf("counters: %s", a.raw)
+	}
+	// What us holds of world's capacity: what was fetched less the 4
+	// spent, at most (the shares are read before the counters, and a
+	// fetch may land between; region's TestHeld is exact).
+	if h := v.Held; h == nil || h.Read != 1 || h.Shares > 1 || h.Units < 0 || h.Units > int64(v.Units["fetched"])-4 {
+		t.Fatalf("shares held %+v: %s", v.Held, a.raw)
 	}
 	if strings.Contains(a.raw, "c1") {
 		t.Fatalf("the view names a key: %s", a.raw)

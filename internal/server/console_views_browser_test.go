@@ -495,7 +495,7 @@ func TestConsoleBrowserRegions(t *testing.T) {
 	if got := evalIn[string](ctx, t, `document.querySelector("#region-globals tbody").textContent`); got != "worldeu" {
 		t.Errorf("global policies %q", got)
 	}
-	if got := evalIn[string](ctx, t, `document.querySelector("#region-counters").textContent`); !strings.Contains(got, "share 1") || !strings.Contains(got, "cut off from a home: fail_closed") {
+	if got := evalIn[string](ctx, t, `document.querySelector("#region-counters").textContent`); !strings.Contains(got, "share 1") || !strings.Contains(got, "units held in") || !strings.Contains(got, "cut off from a home: fail_closed") {
 		t.Errorf("counters %q", got)
 	}
 	run("at 390 px", chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile), chromedp.Reload(),

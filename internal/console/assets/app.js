@@ -432,7 +432,8 @@
     const d = r.decisions, f = r.fetches, u = r.units;
     $("#region-counters").textContent = "decided: home " + d.home + " · share " + d.share + " · denied " + d.denied + " · failure policy " + d.policy +
       "; fetches " + f.sent + " (denied " + f.denied + ", failed " + f.error + "); units fetched " + u.fetched + " · refunded " + u.refunded + " · stranded " + u.stranded +
-      "; " + r.keys + " global keys tracked; cut off from a home: " + r.failure_policy + "; this region's store down: " + r.store_failure_policy;
+      "; " + r.keys + " global keys tracked" + (r.held ? ", " + r.held.units + " units held in " + r.held.shares + " shares" + (r.held.debts ? " (" + r.held.debts + " in debt)" : "") : ", shares unreadable") +
+      "; cut off from a home: " + r.failure_policy + "; this region's store down: " + r.store_failure_policy;
   }
 
   async function tick() {
