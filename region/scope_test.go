@@ -1,6 +1,7 @@
 package region_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/sluice-io/sluice/region"
@@ -28,4 +29,19 @@ func TestKeyScope(t *testing.T) {
 			t.Errorf("KeyScope(%q) = %q, %v; want %q, %v", c.key, home, global, c.home, c.global)
 		}
 	}
+}
+
+// A door marks a key global, homed in eu, and serve's region store (or a
+// library's Options.Global and Options.Home) reads the mark back.
+func ExampleGlobalKey() {
+	key := region.GlobalKey("eu", "rls:{edge}:gcra:1:tenant=acme")
+	home, global := region.KeyScope(key)
+	fmt.Println(key)
+	fmt.Println(home, global)
+	_, global = region.KeyScope("rls:{edge}:gcra:1:tenant=acme")
+	fmt.Println(global)
+	// Output:
+	// @global=eu:rls:{edge}:gcra:1:tenant=acme
+	// eu true
+	// false
 }
