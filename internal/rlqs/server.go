@@ -333,17 +333,33 @@ func (s *Server) StreamRateLimitQuotas(gs grpc.BidiStreamingServer[rlqsv3.RateLi
 				}
 				continue
 			}
-			msg, err := gs.Recv()
-			var size int64
+			// The reports decoded or held, server-wide, are bounded in
+			// bytes: a report beyond the budget is dropped as soon as it
+			// is read, undecoded and unanswered (the Envoy keeps its
+			// assignments; gate.go).
+			in := &gatedReport{s: s, limit: maxReportBytes(s.cfg.Load().maxUsage)}
+			err := gs.RecvMsg(in)
+			var msg *rlqsv3.RateLimitQuotaUsageReports
+			size := in.size
+			if err == nil && in.refused != nil {
+				s.m.refused.WithLabelValues("report_bytes").Inc()
+				err = in.refused
+			}
 			if err == nil {
-				// The reports held, server-wide, are bounded in bytes: a
-				// report beyond the budget is dropped as soon as it is
-				// read, unanswered (the Envoy keeps its assignments).
-				size = int64(proto.Size(msg))
-				if !s.pending.take(size) {
-					s.m.dropped.WithLabelValues("pending").Add(float64(len(msg.GetBucketQuotaUsages())))
+				if in.dropped > 0 {
+					s.m.dropped.WithLabelValues("pending").Add(float64(in.dropped))
 					s.warn.log("pending", "rlqs: reports held at max_pending_bytes; reports dropped")
 					continue
+				}
+				msg = &in.msg
+				if size == 0 {
+					// Decoded by a plain proto codec: weighed now.
+					size = int64(proto.Size(msg))
+					if !s.pending.take(size) {
+						s.m.dropped.WithLabelValues("pending").Add(float64(len(msg.GetBucketQuotaUsages())))
+						s.warn.log("pending", "rlqs: reports held at max_pending_bytes; reports dropped")
+						continue
+					}
 				}
 			}
 			select {
