@@ -40,9 +40,12 @@ const (
 // count against it too. Measured: 4 addresses 151–213 MiB; 16 at
 // max_streams 96, 80–108 MiB (at 128, 92–232 MiB, and once 282 MiB
 // without the soft limit; at 256, not asserted, 260–268 MiB, and 427–500
-// MiB without it). Under the race detector, whose
-// shadow memory multiplies the heap, the figures are only logged.
+// MiB without it). Not under the race detector, whose shadow memory
+// multiplies the heap (measured 461–467 MiB): 25 s of floods for no figure.
 func TestAbuseMemory(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the peak RSS of the product is measured without the race detector")
+	}
 	t.Run("4 clients", func(t *testing.T) { abuseMemory(t, 4, 0) })
 	t.Run("16 clients", func(t *testing.T) { abuseMemory(t, 16, podStreams) })
 }
@@ -113,9 +116,6 @@ func abuseMemory(t *testing.T, peers, maxStreams int) {
 	t.Logf("peak RSS %d MiB under a flood from %d clients (%d MiB when it began); most held %+v", peak>>20, peers, base>>20, most)
 	if most.Streams < streams*3/4 || most.Buckets < 1000 {
 		t.Errorf("the flood held at most %d streams and %d buckets: not at the caps", most.Streams, most.Buckets)
-	}
-	if raceEnabled {
-		return
 	}
 	if peak > podLimit {
 		t.Errorf("peak RSS %d MiB > the pod's limit of %d MiB", peak>>20, podLimit>>20)
