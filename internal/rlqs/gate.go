@@ -23,7 +23,8 @@ import (
 // stream's caps allow (max_usages_per_report usages of the largest bucket
 // ids, maxUsageWireBytes each) ends the stream undecoded. What is decoded
 // or held at one instant, server-wide, is then at most MaxPendingBytes of
-// reports, whatever the number of streams. gRPC calls UnmarshalBuffers
+// reports, whatever the number of streams (the report being read on each
+// stream is not: docs/envoy.md gives that term). gRPC calls UnmarshalBuffers
 // through the gRPC server's codec (envoyrls.BufferUnmarshaler); on a
 // server with the plain proto codec, reports are decoded as before and
 // weighed after.
