@@ -18,20 +18,16 @@ import (
 	"github.com/sluice-io/sluice/memstore"
 )
 
-// podLimit is the memory limit of the shipped pod (deploy/helm), and
-// podStreams the max_streams docs/envoy.md gives for it (the memory
-// bound there).
-const (
-	podLimit   = 256 << 20
-	podStreams = 96
-)
+// podLimit is the memory limit of the shipped pod (deploy/helm).
+const podLimit = 256 << 20
 
 // TestAbuseMemory: the largest floods the caps let in: every stream of
 // every client address sends reports of 1000 new buckets whose ids have
 // about 1000 bytes (the largest ids: about 1 MiB on the wire a report)
 // back to back, and reconnects; from 4 addresses at the default caps (64
 // streams, #36's flood), and from 16 (so that the server's max_streams,
-// not the per-client caps, binds) at max_streams podStreams. The server,
+// not the per-client caps, binds) at the max_streams the server derives
+// from its memory limit (rlqs.MaxStreamsFor: 76 in the pod). The server,
 // on the memory store as one pod runs it, with the Go runtime's soft
 // limit at 90 % of the pod's (as sluice serve sets it from the cgroup,
 // cmd/sluice/memlimit.go), keeps its peak resident memory within the
@@ -47,10 +43,11 @@ func TestAbuseMemory(t *testing.T) {
 		t.Skip("the peak RSS of the product is measured without the race detector")
 	}
 	t.Run("4 clients", func(t *testing.T) { abuseMemory(t, 4, 0) })
-	t.Run("16 clients", func(t *testing.T) { abuseMemory(t, 16, podStreams) })
+	t.Run("16 clients", func(t *testing.T) { abuseMemory(t, 16, 0) })
 }
 
-// abuseMemory floods a server of maxStreams (0: the default) from peers
+// abuseMemory floods a server of maxStreams (0: the default under the
+// pod's memory limit) from peers
 // client addresses and asserts its peak RSS.
 func abuseMemory(t *testing.T, peers, maxStreams int) {
 	st, err := memstore.New(memstore.Options{})
@@ -60,13 +57,18 @@ func abuseMemory(t *testing.T, peers, maxStreams int) {
 	t.Cleanup(func() { _ = st.Close() })
 	cfg := &rlqs.Config{ReportInterval: time.Second, MaxStreams: maxStreams,
 		Domains: []rlqs.Domain{{Domain: "envoy", Policies: []rlqs.Policy{{Name: "u", Match: map[string]string{"user": "*"}, RequestsPerUnit: 100, Unit: "second"}}}}}
+	// The soft limit is set first: the server sizes its default
+	// max_streams by it.
+	soft := int64(podLimit * 9 / 10)
+	if os.Getenv("GOMEMLIMIT") == "" {
+		old := debug.SetMemoryLimit(soft)
+		defer debug.SetMemoryLimit(old)
+	} else {
+		soft = debug.SetMemoryLimit(-1)
+	}
 	in := &instance{t: t, store: st, dir: rlsDir(t), cfg: cfg, log: slog.New(slog.DiscardHandler)}
 	in.start()
 	t.Cleanup(in.stop)
-	if os.Getenv("GOMEMLIMIT") == "" {
-		old := debug.SetMemoryLimit(podLimit * 9 / 10)
-		defer debug.SetMemoryLimit(old)
-	}
 
 	// What an earlier flood of this process left to the OS is returned
 	// first: a pod's flood starts from its own heap.
@@ -91,7 +93,7 @@ func abuseMemory(t *testing.T, peers, maxStreams int) {
 
 	// The flood is on once most of the streams it may hold are held; it
 	// is then measured for 8 s.
-	streams := min(peers*rlqs.DefaultMaxStreamsPerPeer, cmp.Or(maxStreams, rlqs.DefaultMaxStreams))
+	streams := min(peers*rlqs.DefaultMaxStreamsPerPeer, cmp.Or(maxStreams, rlqs.MaxStreamsFor(soft)))
 	var most rlqs.Held
 	sample := func() {
 		h := in.q.Held()
