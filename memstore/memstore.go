@@ -26,6 +26,11 @@
 // caller who fills the store with fresh keys thus evicts fresh keys, never
 // the state of a key that has used up its limit, which would start over.
 //
+// The time comes from a clock.Coarse by default: one atomic load rather
+// than a system clock read (half of a decision's time), lagging the
+// system clock by up to a millisecond, which only delays refills
+// (docs/redis.md, Memory store).
+//
 // A GCRA key takes 40 bytes besides its key's bytes, another algorithm's
 // key 192 (docs/redis.md, TestBytesPerKey).
 package memstore
