@@ -101,11 +101,9 @@ func (c *Coarse) refresh() {
 	for {
 		c.sleep(c.period)
 		t := c.src.Now()
-		w := c.w.Load()
-		if w&1 != 0 { // unread for a whole period: stop
-			if !c.w.CompareAndSwap(w, 1) {
-				continue // read just now: keep going
-			}
+		// Unread for a whole period: stop. (A read that clears the bit
+		// just now fails the swap, and the time is refreshed below.)
+		if w := c.w.Load(); w&1 != 0 && c.w.CompareAndSwap(w, 1) {
 			c.running.Store(false)
 			// A reader that found w stopped and could not start a
 			// refresher (this one was still running) published its
@@ -115,8 +113,11 @@ func (c *Coarse) refresh() {
 			}
 			continue
 		}
-		for !c.w.CompareAndSwap(w, max(t, w>>1)<<1|1) {
-			w = c.w.Load()
+		for {
+			w := c.w.Load()
+			if c.w.CompareAndSwap(w, max(t, w>>1)<<1|1) {
+				break
+			}
 		}
 	}
 }
