@@ -20,10 +20,12 @@ const DefaultCoarsePeriod = time.Millisecond
 // The bound: Coarse never runs ahead of the system clock, and it never
 // goes back. It lags by up to the period, and by however late the Go
 // scheduler runs the refreshing goroutine on a starved CPU. A rate
-// limiter reading it thus sees refills late, never early: a lag can delay
-// an admission (and lengthens RetryAfter and ResetAfter by as much), it
-// never admits more than the limit (TestCoarseNeverAhead). Where every
-// nanosecond of a RetryAfter must hold, use System.
+// limiter reading it keeps its bounds exactly on this clock; on the wall
+// clock a window of length t holds at most what it admits in t + the
+// largest lag Λ (for a rate r, r·Λ more, as when a goroutine is preempted
+// between a System read and its update), and a lag lengthens RetryAfter
+// and ResetAfter by as much (TestCoarseNeverAhead). Where every
+// nanosecond must hold, use System.
 //
 // The zero value is not usable; call NewCoarse.
 type Coarse struct {

@@ -66,8 +66,9 @@ const dead = -1 << 63
 type Options struct {
 	// Clock supplies the time. Nil means clock.NewCoarse(0): the system
 	// clock cached and refreshed every millisecond while the store is
-	// used, which lags it (delaying refills, never admitting early) by
-	// about that much, and costs nothing when idle. clock.NewSystem() reads
+	// used, which lags it by about that much (bounds exact on this clock;
+	// over a wall-clock window of t, what it admits in t + the lag:
+	// docs/redis.md) and costs nothing when idle. clock.NewSystem() reads
 	// the system clock at each decision, exact to the nanosecond at twice
 	// a decision's time. Tests inject a *clock.Fake.
 	Clock clock.Clock
