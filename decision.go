@@ -89,6 +89,16 @@ type Request struct {
 	// reservation never hands its slot to a newcomer at the end of the
 	// queue while the ones between keep theirs. Zero refunds the whole
 	// cost. Reservation.Cancel sets it.
+	//
+	// On FixedWindow it names the window of the charge a refund undoes:
+	// the time from now until that window ends, computed the same way
+	// (the charge's Decision.ResetAfter, less the time since). The store
+	// gives the refund back only when that window is the current one
+	// (now + ReservedAhead lies past the current window's middle: windows
+	// are aligned, so the estimate may be off by up to half a window) and
+	// drops it otherwise, Allowed and changing nothing: a refund that
+	// lands after the window turned would free the next window's
+	// capacity. Zero gives the refund to the current window.
 	ReservedAhead time.Duration
 	// AdmittedAgo makes OpRefund on a SlidingWindowLog give units back
 	// from the admission they were taken by, or from older ones, never

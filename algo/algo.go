@@ -326,8 +326,17 @@ func fixedWindow(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 			count += req.Cost
 		}
 	case sluice.OpRefund:
-		count = max(0, count-req.Cost)
 		d.Allowed = true
+		if !SameWindow(&req, ws, we, now) {
+			// The charge was taken from a window that has ended: giving
+			// it back here would free this window's capacity.
+			d.Remaining = l.Rate - count
+			if count > 0 {
+				d.ResetAfter = dur(we - now)
+			}
+			return d, st, nil
+		}
+		count = max(0, count-req.Cost)
 	case sluice.OpCharge:
 		count = addCount(count, req.Cost)
 		d.Allowed = true
@@ -343,6 +352,22 @@ func fixedWindow(op sluice.Op, st State, req sluice.Request, now int64) (sluice.
 		d.ResetAfter = dur(we - now)
 	}
 	return d, st, nil
+}
+
+// SameWindow reports whether a fixed window's refund, applied at now in
+// the window [ws, we), undoes a charge taken in that window. The refund
+// names its charge's window by Request.ReservedAhead: the window ends at
+// now + ReservedAhead, as the caller estimates it (the charge's
+// Decision.ResetAfter less the time since). Windows are aligned, so the
+// estimate need only be nearer to this window's end than to its start:
+// the charge was in this window when now + ReservedAhead lies past the
+// window's middle. A zero ReservedAhead names no window: the refund goes
+// to the current one (the behaviour before refunds named windows).
+func SameWindow(req *sluice.Request, ws, we, now int64) bool {
+	if req.ReservedAhead <= 0 {
+		return true
+	}
+	return now-ws+int64(req.ReservedAhead) > (we-ws)/2
 }
 
 // slidingCounter estimates the events in the last Period as the current

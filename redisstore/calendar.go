@@ -63,7 +63,9 @@ func appendCalendarArgs(args []string, req *sluice.Request, hint int64) []string
 		"0",
 		strconv.FormatInt(l.Rate, 10),
 		"0",
-		"0",
+		// a refund naming its charge's window: ReservedAhead, negated
+		// (calendar.lua)
+		strconv.FormatInt(-max(int64(req.ReservedAhead), 0), 10),
 		"0",
 		strconv.FormatInt(eff, 10),
 		strconv.FormatInt(req.Cost, 10),

@@ -63,6 +63,15 @@ func plainEligible(op sluice.Op, req *sluice.Request) bool {
 // layout: by the plain path when it may, else by the plain fast script
 // (or, for OpReset, the reset script).
 func (s *Store) applyPlain(ctx context.Context, op sluice.Op, req *sluice.Request) (sluice.Decision, error) {
+	if op == sluice.OpRefund && req.ReservedAhead > 0 {
+		// A refund naming its charge's window: the per-window batch
+		// script checks the window (fixedwindow.lua's step).
+		ds, err := s.run(ctx, op, []sluice.Request{*req}, s.scripts.plainSingle)
+		if err != nil {
+			return sluice.Decision{}, err
+		}
+		return plainClamp(op, ds[0]), nil
+	}
 	if op == sluice.OpReset {
 		ds, err := s.run(ctx, op, []sluice.Request{*req}, nil)
 		if err != nil {

@@ -262,9 +262,10 @@ func appendArgs(args []string, req *sluice.Request, hint int64) ([]string, error
 		// slidinglog.lua); 0 refunds the newest units
 		inc = min(max(int64(req.AdmittedAgo), 0), algo.MaxAdmittedAgo(l))
 	}
-	if req.ReservedAhead > 0 && (req.Algorithm == sluice.GCRA || req.Algorithm == sluice.TokenBucket) {
-		// a refund of a reservation: the inc slot, unused by refunds,
-		// carries its reserved-ahead time, negated (gcra.lua, tokenbucket.lua)
+	if req.ReservedAhead > 0 && (req.Algorithm == sluice.GCRA || req.Algorithm == sluice.TokenBucket || req.Algorithm == sluice.FixedWindow) {
+		// a refund of a reservation, or of a window's charge: the inc
+		// slot, unused by refunds, carries its reserved-ahead time,
+		// negated (gcra.lua, tokenbucket.lua, fixedwindow.lua)
 		inc = -int64(req.ReservedAhead)
 	}
 	return append(args,

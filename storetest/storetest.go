@@ -140,9 +140,10 @@ func scenarios() []scenario {
 	out = append(out, concurrencyScenarios()...)
 	out = append(out, allowAllScenarios()...)
 	out = append(out, errorScenarios()...)
-	out = append(out, reserveScenarios()...)     // reserve.go
-	out = append(out, extremeScenarios()...)     // extreme.go
-	out = append(out, oddIntervalScenarios()...) // oddinterval.go
+	out = append(out, reserveScenarios()...)      // reserve.go
+	out = append(out, extremeScenarios()...)      // extreme.go
+	out = append(out, oddIntervalScenarios()...)  // oddinterval.go
+	out = append(out, windowRefundScenarios()...) // windowrefund.go
 	for _, a := range []sluice.Algorithm{sluice.GCRA, sluice.TokenBucket, sluice.FixedWindow, sluice.SlidingWindowCounter, sluice.SlidingWindowLog} {
 		out = append(out, longRun(a))
 	}

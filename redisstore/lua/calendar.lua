@@ -37,6 +37,11 @@ ALGOS[16] = {
       if op == 2 then return 1, c, q.te, NN end
       c = c + q.cost
     elseif op == 3 then
+      -- A refund naming its charge's window (q.inc = -ReservedAhead, ns)
+      -- applies only when now + ReservedAhead lies past this window's
+      -- middle (algo.SameWindow); else it is dropped.
+      local ws = tonumber(q.ws)
+      if q.inc < 0 and 2 * (((NS - ws) * 1e9 + NN) - q.inc) <= (NS + q.te - ws) * 1e9 then return 1, c, q.te, NN end
       c = c - q.cost
       if c < 0 then c = 0 end
     else

@@ -15,6 +15,10 @@ ALGOS[5] = {
       if op == 2 then return 1, c, q.e, 0 end
       c = c + q.cost
     elseif op == 3 then
+      -- A refund naming its charge's window (q.inc = -ReservedAhead, ns)
+      -- applies only when that window is this one: now + ReservedAhead
+      -- past this window's middle (algo.SameWindow); else it is dropped.
+      if q.inc < 0 and 2 * (q.e - q.inc) <= q.p then return 1, c, q.e, 0 end
       c = c - q.cost
       if c < 0 then c = 0 end
     else
