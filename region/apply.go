@@ -3,6 +3,7 @@ package region
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/sluice-io/sluice"
@@ -45,12 +46,18 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 		}
 		return s.shareDecision(&req, sh), nil
 	case sluice.OpRefund:
+		win := ""
 		if req.Algorithm == sluice.FixedWindow {
-			// A window's units are not given back: the refund could land
-			// in a share of the next window.
-			return sluice.Decision{Allowed: true, Limit: req.Limit, Source: sluice.FromShare}, nil
+			if req.ReservedAhead <= 0 {
+				// A refund that names no window is not given back: it
+				// could land in a share of the next window.
+				return sluice.Decision{Allowed: true, Limit: req.Limit, Source: sluice.FromShare}, nil
+			}
+			win = refundWindow(&req, s.clk.Now())
 		}
-		sh, err := s.led.apply(ctx, "refund", req.Key, req.Cost, "")
+		// spend.lua gives it back only to a live share of the window its
+		// charge was taken from, and drops it otherwise.
+		sh, err := s.led.apply(ctx, "refund", req.Key, req.Cost, win)
 		if err != nil {
 			return sluice.Decision{}, err
 		}
@@ -198,6 +205,21 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 		}
 	}
 	return out, nil
+}
+
+// refundWindow names the window of the charge a fixed window's refund
+// undoes, at now (ns): the one whose end is nearest to now +
+// req.ReservedAhead (the charge's ResetAfter less the time since). A
+// share's ResetAfter is its expiry, a round trip to the home at most
+// before its window's end (windowEnd), and the time since is late by the
+// caller's round trip: the boundary nearest the estimate is the charge's
+// window's end while those errors stay under half a window. The
+// instance's clock stands for the region's Redis clock (one region: NTP
+// keeps them within milliseconds).
+func refundWindow(req *sluice.Request, now int64) string {
+	t := (now + int64(req.ReservedAhead)) / int64(time.Millisecond)
+	_, win := nearestEnd(req.Limit, t)
+	return strconv.FormatInt(win, 10)
 }
 
 // supported checks that shares can decide req.

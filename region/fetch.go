@@ -250,26 +250,31 @@ func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
 // named by its end in ms, the boundary of the calendar nearest to t0 +
 // ResetAfter, as a periodic window is by its number (calendar.go).
 func (s *Store) windowEnd(l sluice.Limit, t0, rtt int64, ra time.Duration) (exp, win int64) {
-	p := l.Period.Milliseconds()
 	lo := t0 + ra.Milliseconds() // ResetAfter rounded down: earlier
 	hi := lo + rtt + 1
-	var end int64 // ms
-	if l.Calendar.IsZero() {
-		win = (lo + p/2) / p
-		end = win * p
-	} else {
-		start, stop := l.Calendar.WindowNanos(lo * int64(time.Millisecond))
-		end = stop / int64(time.Millisecond)
-		if lo*int64(time.Millisecond)-start < stop-lo*int64(time.Millisecond) {
-			end = start / int64(time.Millisecond)
-		}
-		win = end
-	}
+	end, win := nearestEnd(l, lo)
 	if s.skew <= 0 {
 		return lo, win
 	}
 	aligned := end - s.skew/int64(time.Millisecond)
 	return min(max(aligned, lo), hi), win
+}
+
+// nearestEnd is the window boundary of l nearest to t (ms), and the name
+// of the window it ends: its number for a periodic window, its end in ms
+// for a calendar one. A share's window and a refund's are named by it.
+func nearestEnd(l sluice.Limit, t int64) (end, win int64) {
+	if l.Calendar.IsZero() {
+		p := l.Period.Milliseconds()
+		win = (t + p/2) / p
+		return win * p, win
+	}
+	start, stop := l.Calendar.WindowNanos(t * int64(time.Millisecond))
+	end = stop / int64(time.Millisecond)
+	if t*int64(time.Millisecond)-start < stop-t*int64(time.Millisecond) {
+		end = start / int64(time.Millisecond)
+	}
+	return end, end
 }
 
 // refund gives units of a bucket key back to its home; windows are never
