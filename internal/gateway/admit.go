@@ -93,5 +93,37 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 		g.reject(w, c, ds)
 		return false
 	}
+	noteWindows(c, ds, time.Now())
 	return true
+}
+
+// noteWindows records, for each fixed window c reserved on (a calendar
+// budget, a per-day limit), when the window its charge was taken from
+// ends: its decision's ResetAfter from now, read when the decision came
+// back. The settlement's refund names that window by it
+// (Request.ReservedAhead), so that a refund landing after the window
+// turned is dropped instead of freeing the next window's money, and one
+// outside a global budget's home region goes back to the region's share
+// (region.Store).
+func noteWindows(c *call, ds []sluice.Decision, now time.Time) {
+	for i := range c.reqs {
+		if c.reqs[i].Algorithm != sluice.FixedWindow || i >= len(ds) || ds[i].ResetAfter <= 0 {
+			continue
+		}
+		if c.windowEnds == nil {
+			c.windowEnds = make([]time.Time, len(c.reqs))
+		}
+		c.windowEnds[i] = now.Add(ds[i].ResetAfter)
+	}
+}
+
+// windowAhead is the ReservedAhead of a refund of c.reqs[i] at now: the
+// time left until its charge's window ends (at least 1ns once it has:
+// the store drops the refund then, unless its own clock says otherwise),
+// or zero when it is not a window's charge.
+func (c *call) windowAhead(i int, now time.Time) time.Duration {
+	if i >= len(c.windowEnds) || c.windowEnds[i].IsZero() {
+		return 0
+	}
+	return max(c.windowEnds[i].Sub(now), 1)
 }

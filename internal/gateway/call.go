@@ -35,6 +35,7 @@ type call struct {
 	defaultCap  int64 // completion tokens per choice reserved when the client set none (forwardCap)
 	specs       []*spec
 	reqs        []sluice.Request
+	windowEnds  []time.Time // per reqs: when a fixed window's charge's window ends (admit.go's noteWindows); nil when none is a window
 	sent        time.Time // upstream round trip started
 	headersAt   time.Time
 	status      int

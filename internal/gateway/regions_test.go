@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -127,27 +128,13 @@ keys:
 	}
 }
 
-// An org's $1.00 monthly budget with scope global (home eu), spent by two
-// keys through three gateways at once, one in each region (eu, us, ap,
-// each its own redis-server, linked by 40, 80 and 150 ms each way: the
-// region package's harness): the priced usage of every request the
-// gateways let through ends at ≤ $1.00, every region having spent some of
-// it; each request's other limits (its tier's, its team's) are regional
-// and decided in the same all-or-nothing batch.
-func TestGlobalBudgetAcrossRegions(t *testing.T) {
-	w := regiontest.NewWorld(t)
-	org := uniqueName(t)
-	// The upstream reports the full 4000 completion tokens: each request
-	// costs $0.04001, about what it reserves.
-	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, PromptTokens: 5, CachedTokens: 2, CompletionTokens: 4000})
-	doc := strings.Replace(hardStopDoc, "%[4]s", org, -1)
-	doc = strings.Replace(doc, "timezone: Europe/Berlin}]}", "timezone: Europe/Berlin}], scope: global, home: eu}", 1)
-	if !strings.Contains(doc, "scope: global") {
-		t.Fatal("the org's budget was not made global")
-	}
-	var urls []string
-	settled := make(chan Settlement, 1000)
-	stores := map[string]*region.Store{}
+// regionGateways starts a gateway in each of w's regions, on its
+// region.Store, from doc (hardStopDoc's arguments filled in: up, the two
+// client keys). Each settlement is sent on settled, which holds n.
+func regionGateways(t *testing.T, w *regiontest.World, doc string, up *fakeopenai.Server, n int) (urls []string, stores map[string]*region.Store, settled chan Settlement) {
+	t.Helper()
+	settled = make(chan Settlement, n)
+	stores = map[string]*region.Store{}
 	for _, r := range regiontest.Regions {
 		cfg, err := parseInRegions("test.yaml", []byte(fmt.Sprintf(doc, up.URL()+"/v1", sluice.HashKey(clientKey), sluice.HashKey(clientKey2))), append([]string{r}, othersOf(r)...))
 		if err != nil {
@@ -166,6 +153,28 @@ func TestGlobalBudgetAcrossRegions(t *testing.T) {
 		t.Cleanup(srv.Close)
 		urls = append(urls, srv.URL)
 	}
+	return urls, stores, settled
+}
+
+// An org's $1.00 monthly budget with scope global (home eu), spent by two
+// keys through three gateways at once, one in each region (eu, us, ap,
+// each its own redis-server, linked by 40, 80 and 150 ms each way: the
+// region package's harness): the priced usage of every request the
+// gateways let through ends at ≤ $1.00, every region having spent some of
+// it; each request's other limits (its tier's, its team's) are regional
+// and decided in the same all-or-nothing batch.
+func TestGlobalBudgetAcrossRegions(t *testing.T) {
+	w := regiontest.NewWorld(t)
+	org := uniqueName(t)
+	// The upstream reports the full 4000 completion tokens: each request
+	// costs $0.04001, about what it reserves.
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, PromptTokens: 5, CachedTokens: 2, CompletionTokens: 4000})
+	doc := strings.Replace(hardStopDoc, "%[4]s", org, -1)
+	doc = strings.Replace(doc, "timezone: Europe/Berlin}]}", "timezone: Europe/Berlin}], scope: global, home: eu}", 1)
+	if !strings.Contains(doc, "scope: global") {
+		t.Fatal("the org's budget was not made global")
+	}
+	urls, stores, settled := regionGateways(t, w, doc, up, 1000)
 	body := `{"model":"gpt-test","messages":[{"role":"user","content":"write a long essay about the history of rate limiting in distributed systems"}],"max_tokens":4000}`
 	var wg sync.WaitGroup
 	var ok, refused atomic.Int64
@@ -412,5 +421,105 @@ keys:
 	}
 	if up.Count() != 0 {
 		t.Fatalf("the upstream served %d", up.Count())
+	}
+}
+
+// An org's $1.00 monthly budget (Europe/Berlin calendar) with scope
+// global, home eu, spent from the three regions at once by requests that
+// reserve ten times what they spend: max_tokens 2000 priced ($0.02), of
+// which the upstream produces 200 ($0.002 and the prompt's 5 tokens). Each
+// request's unused reservation is refunded naming its charge's window (the
+// budget decision's ResetAfter, less the time since): at home to the
+// home's window, elsewhere to the region's share of the same window. The
+// priced usage ends at ≤ $1.00, and at ≥ $0.90: what is left is at most
+// a reservation's worth in each region's share and at home. With the far
+// regions' refunds dropped (as before they named their window), each
+// request there took $0.02 of the budget for $0.002 of use, and the
+// budget was drained by reservations: measured $0.50 spent (us 25
+// requests, ap 1), against $0.96 with the refunds (us 311, ap 66).
+func TestGlobalBudgetRefundsAcrossRegions(t *testing.T) {
+	w := regiontest.NewWorld(t)
+	org := uniqueName(t)
+	// The fake produces 200 completion tokens and reports 5 prompt
+	// tokens, 2 of them cached, as OpenAI's usage object does.
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, PromptTokens: 5, CachedTokens: 2, CompletionTokens: 200})
+	doc := strings.Replace(hardStopDoc, "%[4]s", org, -1)
+	doc = strings.Replace(doc, "timezone: Europe/Berlin}]}", "timezone: Europe/Berlin}], scope: global, home: eu}", 1)
+	if !strings.Contains(doc, "scope: global") {
+		t.Fatal("the org's budget was not made global")
+	}
+	urls, stores, settled := regionGateways(t, w, doc, up, 4000)
+	body := `{"model":"gpt-test","messages":[{"role":"user","content":"write a short note about rate limiting"}],"max_tokens":2000}`
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	byRegion := make([]atomic.Int64, len(urls))
+	var ok atomic.Int64
+	// Three clients per region, each a request every 10 ms at most: the
+	// regions offer alike, so the far regions' reservations weigh on the
+	// budget as much as the home's. A client stops after 10 refusals in
+	// a row (the budget is spent).
+	for r := range urls {
+		for k := range 3 {
+			key := []string{clientKey, clientKey2}[k%2]
+			wg.Go(func() {
+				tick := time.NewTicker(10 * time.Millisecond) // the clients' pace, not a synchronisation
+				defer tick.Stop()
+				for refused := 0; refused < 10; {
+					select {
+					case <-ctx.Done():
+						return
+					case <-tick.C:
+					}
+					req, _ := http.NewRequestWithContext(ctx, http.MethodPost, urls[r]+"/v1/chat/completions", strings.NewReader(body))
+					req.Header.Set("Authorization", "Bearer "+key)
+					res, err := http.DefaultClient.Do(req)
+					if err != nil {
+						if ctx.Err() == nil {
+							t.Error(err)
+						}
+						return
+					}
+					b, _ := io.ReadAll(res.Body)
+					res.Body.Close()
+					switch res.StatusCode {
+					case 200:
+						refused = 0
+						ok.Add(1)
+						byRegion[r].Add(1)
+					case 429:
+						refused++
+						if !strings.Contains(string(b), `"code":"insufficient_quota"`) {
+							t.Errorf("refusal: %s", b)
+							return
+						}
+					default:
+						t.Errorf("status %d: %s", res.StatusCode, b)
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	var spent pricing.Micros
+	for range ok.Load() {
+		s := <-settled
+		spent += s.Cost
+	}
+	t.Logf("admitted %d (eu %d, us %d, ap %d): spent %s of the global $1.00", ok.Load(), byRegion[0].Load(), byRegion[1].Load(), byRegion[2].Load(), spent)
+	if spent > pricing.Dollar {
+		t.Fatalf("spent %s of a global $1.00 budget from three regions", spent)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the clients did not spend the budget in 30s: %d requests", ok.Load())
+	}
+	for _, r := range []string{"us", "ap"} {
+		if st := stores[r].Stats(); st.Share == 0 {
+			t.Fatalf("%s: no decision from its share: %+v", r, st)
+		}
+	}
+	if spent < pricing.Dollar*9/10 {
+		t.Fatalf("spent only %s of $1.00: the budget was drained by reservations, not by spend", spent)
 	}
 }

@@ -83,7 +83,13 @@ func (g *Gateway) settle(c *call) {
 	g.settleCost(c, &s)
 	refunds := make([]sluice.Request, 0, len(c.reqs))
 	var charges []sluice.Request
+	now := time.Now()
 	for i, req := range c.reqs {
+		if req.Algorithm == sluice.FixedWindow {
+			// A window's refund names its charge's window (admit.go).
+			// Set on refunds only: a charge takes no ReservedAhead.
+			req.ReservedAhead = c.windowAhead(i, now)
+		}
 		switch c.specs[i].kind {
 		case kindConcurrency, kindReservation:
 			refunds = append(refunds, req)
@@ -98,7 +104,7 @@ func (g *Gateway) settle(c *call) {
 				req.Cost = d
 				refunds = append(refunds, req)
 			} else if d < 0 {
-				req.Cost = -d
+				req.Cost, req.ReservedAhead = -d, 0
 				charges = append(charges, req)
 			}
 		case kindRequests:
@@ -213,9 +219,27 @@ func (g *Gateway) chargeUnsent(charges []sluice.Request) error {
 // while retry says the failure allows it, until LeaseTTL has passed or the
 // gateway closes. retried reports that an earlier attempt failed.
 func (g *Gateway) settleRetrying(op sluice.Op, reqs []sluice.Request, retry func(error) bool) (ds []sluice.Decision, retried bool, err error) {
-	giveUp := time.Now().Add(g.cfg.LeaseTTL)
+	start := time.Now()
+	giveUp := start.Add(g.cfg.LeaseTTL)
 	wait := settleRetryMin
+	var ahead []time.Duration // a window refund's ReservedAhead at start
 	for {
+		if retried {
+			// A window's refund names its charge's window by the time
+			// left until it ends: less by now.
+			if ahead == nil {
+				ahead = make([]time.Duration, len(reqs))
+				for i := range reqs {
+					ahead[i] = reqs[i].ReservedAhead
+				}
+			}
+			since := time.Since(start)
+			for i := range reqs {
+				if reqs[i].Algorithm == sluice.FixedWindow && ahead[i] > 0 {
+					reqs[i].ReservedAhead = max(ahead[i]-since, 1)
+				}
+			}
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
 		ds, err = g.store.ApplyAll(ctx, op, reqs)
 		cancel()
