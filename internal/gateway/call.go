@@ -36,7 +36,7 @@ type call struct {
 	specs       []*spec
 	reqs        []sluice.Request
 	windowEnds  []time.Time // per reqs: when a fixed window's charge's window ends (admit.go's noteWindows); nil when none is a window
-	sent        time.Time // upstream round trip started
+	sent        time.Time   // upstream round trip started
 	headersAt   time.Time
 	status      int
 	unreachable bool        // no upstream response
