@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -155,5 +156,75 @@ keys: [{name: one, hash: `+sluice.HashKey(clientKey)+`, tier: t, team: research}
 		if got["team"] != c.team || got["org"] != c.org {
 			t.Errorf("%q: team rpd %q, org rpd %q; want %q, %q", c.zone, got["team"], got["org"], c.team, c.org)
 		}
+	}
+}
+
+// A request admitted on a day's budget and still streaming at local
+// midnight is settled in the next day. Its refund (the reservation,
+// max_tokens priced, less what it used) names the day it was charged in,
+// and that day has ended: it is dropped. Given to the new day, it would
+// free money the new day's own requests had spent: here all of it (the
+// count is clamped at zero), and a day could admit up to the
+// reservations in flight at its start on top of its budget. The store's
+// clock is moved across midnight while the upstream holds the stream
+// (fakeopenai's Hold, as a long generation does).
+func TestBudgetRefundAfterMidnight(t *testing.T) {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clock.NewFake(time.Date(2026, 3, 10, 23, 59, 50, 0, berlin))
+	st, err := memstore.New(memstore.Options{Clock: clk, SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	hold, held := make(chan struct{}), make(chan struct{})
+	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, CompletionTokens: 100})
+	doc := `
+upstream: {base_url: %[1]s, api_key_env: UP}
+store: {timeout: 5s}
+prices:
+  gpt-test: {input: 2.50, output: 10}
+tiers:
+  t: {rpm: 100000, budgets: [{usd: 1.00, per: day, timezone: Europe/Berlin}]}
+keys:
+  - {name: one, hash: %[2]s, tier: t, client: c1}
+  - {name: two, hash: %[3]s, tier: t, client: c2}
+`
+	e := newBudgetEnv(t, doc, up, st)
+	stream := `{"model":"gpt-test","stream":true,` + msgs + `,"max_tokens":2000}`
+	up.Enqueue(fakeopenai.Fault{HoldAfter: 1, Hold: hold, Held: held})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		res := e.do(0, http.MethodPost, "/v1/chat/completions", clientKey, stream)
+		if res.StatusCode != http.StatusOK {
+			t.Errorf("the stream: status %d", res.StatusCode)
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+	}()
+	<-held
+	// Twenty seconds later: the next day. A request of the new day,
+	// settled at once.
+	clk.Advance(20 * time.Second)
+	res := e.do(0, http.MethodPost, "/v1/chat/completions", clientKey, `{"model":"gpt-test",`+msgs+`,"max_tokens":2000}`)
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("the new day's request: status %d", res.StatusCode)
+	}
+	today := e.settle().Cost
+	if got := e.spent(clientKey, "key", "day"); got != today {
+		t.Fatalf("the new day spent %s, its request cost %s", got, today)
+	}
+	// The stream ends: its settlement refunds most of its reservation.
+	close(hold)
+	<-done
+	s := e.settle()
+	if s.ReservedCost <= 2*s.Cost {
+		t.Fatalf("the stream reserved %s and cost %s: no refund to speak of", s.ReservedCost, s.Cost)
+	}
+	if got := e.spent(clientKey, "key", "day"); got != today {
+		t.Fatalf("after yesterday's request settled, the new day's spend is %s, want %s: its refund of %s freed the new day's money",
+			got, today, s.ReservedCost-s.Cost)
 	}
 }
