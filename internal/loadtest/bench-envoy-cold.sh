@@ -14,15 +14,20 @@
 # window, as one ratelimit config file that sluice and ERL both read: with
 # 1 s windows nearly every request counts in a key new in its window.
 #
-# Each round runs, one after another on the same machine:
+# Each round runs, one after another on the same machine, these five in an
+# order that rotates by one each round (round 1: floor, redis, erl, memory,
+# scripts; round 2: redis, erl, memory, scripts, floor; ...), so that no
+# service always runs first or last in a round when the machine's other
+# load comes and goes:
 #   floor      rlsfloor, as fast as it goes
-#   memory     `sluice serve` on the memory store
 #   redis      `sluice serve` on Redis, default settings (plain windows)
 #   erl        envoyproxy/ratelimit on the same Redis, when $ERL_BIN names
 #              its binary (built from its source outside this repository:
 #              see docs/BENCHMARKS.md); skipped when unset
+#   memory     `sluice serve` on the memory store
 #   scripts    `sluice serve` on Redis with store.plain_windows: false
 #              (every decision a script)
+# then, unless REDIS_FLOORS=0, the Redis floors:
 #   floorrate  rlsfloor again, paced at the req/s sluice reached on Redis
 #              (--grpc-rate)
 #   bare       incrload, as fast as it goes
@@ -31,9 +36,16 @@
 #              floor of any script-based decision
 #   script     incrload -sluice: sluice's own fixed-window script, EVALSHA
 #              as fast as the bare pairs go (its cost apart from batching)
+# Every phase's load is the same `sluice loadtest --grpc` (64 streams on 4
+# HTTP/2 connections, the same keys), which reports its own CPU per request
+# too: it shares the cores with the server it loads, so its cost per
+# request is a fixed cost that pulls every req/s ratio toward 1; the
+# summary shows each service's CPU per request beside it (load generator +
+# service + Redis), which is what its req/s on 2 shared cores follows.
 # The summary prints, per round, the issue's ratios: sluice's req/s ÷
 # ERL's, service CPU per request ÷ the empty handler's (sluice on memory,
-# on Redis, ERL), and Redis CPU per request ÷ ERL's.
+# on Redis, ERL), and Redis CPU per request ÷ ERL's, each with the load
+# average at the phase's start, then the median [min–max] over the rounds.
 # A server's CPU per request falls as more requests share a read or a
 # write, so a floor at full speed is one that a slower server cannot reach:
 # the paced floors compare at one rate. Service CPU per request is read
@@ -44,12 +56,13 @@
 # and ERL and per INCRBY+PEXPIRE pair for the floor. The database is
 # flushed before each Redis phase. Only 127.0.0.1 is targeted.
 #
-#   ERL_BIN=/path/to/ratelimit bash internal/loadtest/bench-envoy-cold.sh [duration] [rounds]   # 10s 2
+#   ERL_BIN=/path/to/ratelimit bash internal/loadtest/bench-envoy-cold.sh [duration] [rounds]   # 10s 3
 #   REDIS_FLOORS=0 ...   # only the empty handler, memory, redis, erl and scripts: more rounds in the time
+#   ERL_COMMIT=abc1234   # ERL's commit for the header (default: read from the git work tree that holds ERL_BIN)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DUR=${1:-10s}
-ROUNDS=${2:-2}
+ROUNDS=${2:-3}
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
@@ -83,7 +96,8 @@ RPID=$!
 PIDS+=($RPID)
 for _ in $(seq 100); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 RURL="redis://127.0.0.1:$RPORT/0"
-echo "# $(date -u +%FT%TZ) $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg), $(redis-server --version | cut -d' ' -f1-3), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?), ERL: ${ERL_BIN:-none}${ERL_COMMIT:+ at $ERL_COMMIT}"
+if [ -n "$ERL_BIN" ] && [ -z "${ERL_COMMIT:-}" ]; then ERL_COMMIT=$(git -C "$(dirname "$ERL_BIN")" rev-parse --short HEAD 2>/dev/null || true); fi
+echo "# $(date -u +%FT%TZ) $(nproc) cores ($(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)), load average $(cut -d' ' -f1-3 /proc/loadavg), $(redis-server --version | cut -d' ' -f1-3), commit $(git rev-parse --short HEAD 2>/dev/null || echo ?), ERL: ${ERL_BIN:-none}${ERL_COMMIT:+ at $ERL_COMMIT}"
 
 # redis_before / redis_after bracket a phase: flush, reset INFO, read CPU.
 redis_before() {
@@ -142,13 +156,17 @@ YAML
 
 # loadtest NAME runs the gRPC load against GPORT, server SPID, and records
 # "round name requests server_cpu_s" in $WORK/results (Redis figures added
-# by the caller).
+# by the caller), and "round name client_cpu_s load_average" in
+# $WORK/extra.
 loadtest() {
+  local load
+  load=$(cut -d' ' -f1 /proc/loadavg)
   "$WORK/sluice" loadtest --grpc "127.0.0.1:$GPORT" "${LOAD[@]}" "${LOAD_RATE[@]}" --pid "$SPID" | tee "$WORK/out"
   local req cpu
   req=$(awk '/^requests/ {print $2}' "$WORK/out")
   cpu=$(awk '/^server cpu/ {print $3}' "$WORK/out")
   printf '%s %s %s %s' "$round" "$1" "$req" "$cpu" >>"$WORK/results"
+  printf '%s %s %s %s\n' "$round" "$1" "$(awk '/^client cpu/ {print $3}' "$WORK/out")" "$load" >>"$WORK/extra"
 }
 
 stop() { kill "$SPID"; wait "$SPID" 2>/dev/null || true; }
@@ -177,15 +195,18 @@ serve_floor() {
 }
 
 : >"$WORK/results"
-for round in $(seq "$ROUNDS"); do
+: >"$WORK/extra"
+phase_floor() {
   echo "## round $round: gRPC floor (rlsfloor, no store), load average $(cut -d' ' -f1 /proc/loadavg)"
   serve_floor
   loadtest floor; echo " - - -" >>"$WORK/results"; stop
-
+}
+phase_memory() {
   echo "## round $round: sluice serve, memory store, load average $(cut -d' ' -f1 /proc/loadavg)"
   serve_sluice memory
   loadtest memory; echo " - - -" >>"$WORK/results"; stop
-
+}
+phase_redis() {
   echo "## round $round: sluice serve, Redis, default settings, load average $(cut -d' ' -f1 /proc/loadavg)"
   serve_sluice "$RURL"
   redis_before
@@ -193,22 +214,29 @@ for round in $(seq "$ROUNDS"); do
   redis_after
   stop
   RATE=$(awk '/^throughput/ {print $2}' "$WORK/out")
-
-  if [ -n "$ERL_BIN" ]; then
-    echo "## round $round: envoyproxy/ratelimit, Redis, load average $(cut -d' ' -f1 /proc/loadavg)"
-    serve_erl
-    redis_before
-    loadtest erl
-    redis_after
-    stop
-  fi
-
+}
+phase_erl() {
+  [ -n "$ERL_BIN" ] || return 0
+  echo "## round $round: envoyproxy/ratelimit, Redis, load average $(cut -d' ' -f1 /proc/loadavg)"
+  serve_erl
+  redis_before
+  loadtest erl
+  redis_after
+  stop
+}
+phase_scripts() {
   echo "## round $round: sluice serve, Redis, store.plain_windows: false (scripts), load average $(cut -d' ' -f1 /proc/loadavg)"
   serve_sluice "$RURL" false
   redis_before
   loadtest scripts
   redis_after
   stop
+}
+PHASES=(floor redis erl memory scripts)
+for round in $(seq "$ROUNDS"); do
+  for i in "${!PHASES[@]}"; do
+    "phase_${PHASES[$(((i + round - 1) % ${#PHASES[@]}))]}"
+  done
 
   [ "$REDIS_FLOORS" = 1 ] || continue
   echo "## round $round: gRPC floor at sluice's rate on Redis in this round ($RATE/s, --grpc-rate), load average $(cut -d' ' -f1 /proc/loadavg)"
@@ -243,7 +271,7 @@ for round in $(seq "$ROUNDS"); do
 done
 
 echo "## summary (ratios against the same round's floors; lower is better)"
-python3 - "$WORK/results" <<'PY'
+python3 - "$WORK/results" "$WORK/extra" <<'PY'
 import re, sys
 def secs(s):
     if s in ('-', ''): return None
@@ -262,12 +290,18 @@ for line in open(sys.argv[1]):
     reads = int(f[7]) if len(f) > 7 else None
     rows.setdefault(rnd, {})[name] = dict(n=int(n), cpu=secs(cpu), rcpu=None if rcpu == '-' else float(rcpu),
                                           usec=None if usec == '-' else float(usec), calls=None if calls == '-' else int(calls), reads=reads)
+extra = {}
+for line in open(sys.argv[2]):
+    f = line.split()
+    if len(f) == 4:
+        extra[(f[0], f[1])] = (secs(f[2]) if f[2] else None, f[3])
 def per(x, k):  # a phase's figure k per request (µs for CPU)
     return x[k] / x['n'] * (1e6 if k in ('cpu', 'rcpu') else 1)
 ratios = {}
 def keep(name, v):
     ratios.setdefault(name, []).append(v)
-for rnd, r in sorted(rows.items()):
+for rnd, r in sorted(rows.items(), key=lambda kv: int(kv[0])):
+    print(f"round {rnd}: load average at each phase's start: " + ", ".join(f"{k} {extra[(rnd, k)][1]}" for k in r if (rnd, k) in extra))
     fl = per(r['floor'], 'cpu')
     print(f"round {rnd}: service CPU per request (µs): empty handler {fl:.1f}", end='')
     for name in ('memory', 'redis', 'erl', 'scripts'):
@@ -290,6 +324,17 @@ for rnd, r in sorted(rows.items()):
             keep("Redis CPU per request ÷ ERL's: sluice scripts", per(x, 'rcpu') / per(e, 'rcpu'))
             line += f"; scripts: req/s {x['n']/e['n']:.2f}×, Redis CPU {per(x, 'rcpu')/per(e, 'rcpu'):.2f}×"
         print(line)
+        tot = {}
+        for name in ('floor', 'redis', 'erl'):
+            c = extra.get((rnd, name), (None,))[0]
+            if c is None or name not in r: continue
+            tot[name] = (c / r[name]['n'] * 1e6, per(r[name], 'cpu'), per(r[name], 'rcpu') if r[name]['rcpu'] is not None else 0.0)
+        if 'redis' in tot and 'erl' in tot:
+            fmt = lambda t: f"{t[0]:.1f} + {t[1]:.1f} + {t[2]:.1f} = {sum(t):.1f}"
+            keep("CPU per request, load generator + service + Redis: ERL's ÷ sluice's", sum(tot['erl']) / sum(tot['redis']))
+            keep("CPU per request, service + Redis: ERL's ÷ sluice's", (tot['erl'][1] + tot['erl'][2]) / (tot['redis'][1] + tot['redis'][2]))
+            print(f"round {rnd}: CPU per request (µs), load generator + service + Redis: sluice {fmt(tot['redis'])}, ERL {fmt(tot['erl'])}"
+                  f" -> ERL's ÷ sluice's {sum(tot['erl'])/sum(tot['redis']):.2f}× (without the load generator {(tot['erl'][1]+tot['erl'][2])/(tot['redis'][1]+tot['redis'][2]):.2f}×)")
     if 'floorrate' in r:
         fr = per(r['floorrate'], 'cpu')
         print(f"round {rnd}: service CPU per request (µs): empty handler at sluice's Redis rate {fr:.1f} -> redis {per(s, 'cpu')/fr:.2f}× it")
