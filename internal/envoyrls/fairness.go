@@ -256,8 +256,9 @@ type gatedRequest struct {
 	ctx      context.Context
 	p        *peerState
 	req      rlsv3.RateLimitRequest
-	weight   int64 // taken from p.work
-	oversize bool  // over MaxRequestBytes: not decoded
+	space    callSpace // the answer's memory, allocated with the request
+	weight   int64     // taken from p.work
+	oversize bool      // over MaxRequestBytes: not decoded
 }
 
 // admit takes the cost of a message of n bytes from the peer's work
@@ -328,6 +329,9 @@ func gatedShouldRateLimit(srv any, ctx context.Context, dec func(any) error, int
 	}
 	h := srv.(rlsv3.RateLimitServiceServer)
 	if interceptor == nil {
+		if s, ok := h.(*Service); ok {
+			return s.shouldRateLimit(ctx, &g.req, &g.space)
+		}
 		return h.ShouldRateLimit(ctx, &g.req)
 	}
 	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
