@@ -14,17 +14,17 @@
 # window, as one ratelimit config file that sluice and ERL both read: with
 # 1 s windows nearly every request counts in a key new in its window.
 #
-# The five services run side by side for the whole benchmark, each on its
+# The six services run side by side for the whole benchmark, each on its
 # own port (the Redis ones each on its own database of one redis-server),
 # and the load goes to one at a time, in slices of $SLICE (2s): a round
 # gives each service DURATION in DURATION/SLICE slices, taking them in
 # turn, the order rotating by one each turn (floor, redis, erl, memory,
-# scripts; then redis, erl, memory, scripts, floor; ...). Other engineers'
-# builds and tests come and go within seconds on this shared machine: a
-# service loaded for 10 s in one go could meet a quiet machine and the
-# next one a crowded one, which moved a round's req/s ratio by 2× (see
-# docs/BENCHMARKS.md); in short alternating slices they meet the same
-# crowd. Each service's figures are summed over its slices of the round:
+# scripts, floorgc; then redis, erl, memory, scripts, floorgc, floor; ...).
+# Other engineers' builds and tests come and go within seconds on this
+# shared machine: a service loaded for 10 s in one go could meet a quiet
+# machine and the next one a crowded one, which moved a round's req/s
+# ratio by 2× (see docs/BENCHMARKS.md); in short alternating slices they
+# meet the same crowd. Each service's figures are summed over its slices of the round:
 #   floor      rlsfloor, as fast as it goes
 #   redis      `sluice serve` on Redis, default settings (plain windows)
 #   erl        envoyproxy/ratelimit on the same Redis, when $ERL_BIN names
@@ -33,6 +33,14 @@
 #   memory     `sluice serve` on the memory store
 #   scripts    `sluice serve` on Redis with store.plain_windows: false
 #              (every decision a script)
+#   floorgc    rlsfloor with GOGC=400. The empty handler's live heap is
+#              about 1 MB, so Go's collector runs at its 4 MB minimum goal,
+#              some 75 times a second under this load (GODEBUG=gctrace=1):
+#              half the floor's CPU per request. sluice serve holds some
+#              13 MB and collects every ~2000 requests; at GOGC=400 the
+#              floor collects every ~3000, about as often per request, so
+#              it is the gRPC cost without the collector's toll on a tiny
+#              heap (the issue's target stays against the plain floor).
 # then, unless REDIS_FLOORS=0, the Redis floors, each DURATION in one go:
 #   floorrate  rlsfloor again, paced at the req/s sluice reached on Redis
 #              (--grpc-rate)
@@ -196,10 +204,10 @@ serve_erl() {
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$hport/healthcheck" >/dev/null && break; sleep 0.1; done
 }
 
-# serve_floor starts rlsfloor and sets SPID and GPORT.
+# serve_floor [GOGC] starts rlsfloor and sets SPID and GPORT.
 serve_floor() {
   GPORT=$(freeport)
-  "$WORK/rlsfloor" -addr "127.0.0.1:$GPORT" &
+  env ${1:+GOGC=$1} "$WORK/rlsfloor" -addr "127.0.0.1:$GPORT" &
   SPID=$!
   PIDS+=($SPID)
   for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$GPORT") 2>/dev/null && break; sleep 0.1; done
@@ -210,16 +218,17 @@ serve_floor() {
 # All five up at once: SP and GP map a service to its process and port.
 declare -A SP GP
 serve_floor; SP[floor]=$SPID; GP[floor]=$GPORT
+serve_floor 400; SP[floorgc]=$SPID; GP[floorgc]=$GPORT
 serve_sluice memory memory; SP[memory]=$SPID; GP[memory]=$GPORT
 serve_sluice redis "redis://127.0.0.1:$RPORT/1"; SP[redis]=$SPID; GP[redis]=$GPORT
 serve_sluice scripts "redis://127.0.0.1:$RPORT/2" false; SP[scripts]=$SPID; GP[scripts]=$GPORT
-PHASES=(floor redis erl memory scripts)
+PHASES=(floor redis erl memory scripts floorgc)
 if [ -n "$ERL_BIN" ]; then
   serve_erl; SP[erl]=$SPID; GP[erl]=$GPORT # ERL's REDIS_URL has no database: 0
 else
-  PHASES=(floor redis memory scripts)
+  PHASES=(floor redis memory scripts floorgc)
 fi
-declare -A TITLE=([floor]="gRPC floor (rlsfloor, no store)" [memory]="sluice serve, memory store"
+declare -A TITLE=([floor]="gRPC floor (rlsfloor, no store)" [floorgc]="gRPC floor, GOGC=400" [memory]="sluice serve, memory store"
   [redis]="sluice serve, Redis, default settings" [erl]="envoyproxy/ratelimit, Redis"
   [scripts]="sluice serve, Redis, store.plain_windows: false (scripts)")
 
@@ -228,7 +237,7 @@ slice() {
   SPID=${SP[$1]} GPORT=${GP[$1]}
   echo "## round $round, slice $s: ${TITLE[$1]}, load average $(cut -d' ' -f1 /proc/loadavg)"
   case $1 in
-  floor | memory) loadtest "$1"; echo " - - -" >>"$WORK/results" ;;
+  floor | floorgc | memory) loadtest "$1"; echo " - - -" >>"$WORK/results" ;;
   *) redis_before; loadtest "$1"; redis_after ;;
   esac
 }
@@ -321,6 +330,15 @@ for rnd, r in sorted(rows.items(), key=lambda kv: int(kv[0])):
         keep(f"service CPU ÷ empty handler: {name}", v / fl)
         print(f"; {name} {v:.1f} ({v/fl:.2f}×)", end='')
     print()
+    if 'floorgc' in r:
+        fg = per(r['floorgc'], 'cpu')
+        print(f"round {rnd}: service CPU per request (µs): empty handler at GOGC=400 {fg:.1f}", end='')
+        for name in ('memory', 'redis', 'scripts'):
+            if name not in r: continue
+            v = per(r[name], 'cpu')
+            keep(f"service CPU ÷ empty handler at GOGC=400: {name}", v / fg)
+            print(f"; {name} {v/fg:.2f}×", end='')
+        print()
     s = r['redis']
     if 'erl' in r:
         e = r['erl']
