@@ -256,9 +256,15 @@ type gatedRequest struct {
 	ctx      context.Context
 	p        *peerState
 	req      rlsv3.RateLimitRequest
-	space    callSpace // the answer's memory, allocated with the request
-	weight   int64     // taken from p.work
-	oversize bool      // over MaxRequestBytes: not decoded
+	weight   int64 // taken from p.work
+	oversize bool  // over MaxRequestBytes: not decoded
+}
+
+// serviceCall is a gatedRequest to a Service, with the memory of its
+// answer (callSpace) in the same allocation.
+type serviceCall struct {
+	gatedRequest
+	space callSpace
 }
 
 // admit takes the cost of a message of n bytes from the peer's work
@@ -298,7 +304,16 @@ func gatedShouldRateLimit(srv any, ctx context.Context, dec func(any) error, int
 	if ctx.Err() != nil {
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
-	g := &gatedRequest{ctx: ctx, p: callPeer(ctx)}
+	// A Service's call: the answer's memory comes with the request's.
+	svc, _ := srv.(*Service)
+	var space *callSpace
+	var g *gatedRequest
+	if svc != nil && interceptor == nil {
+		c := &serviceCall{gatedRequest: gatedRequest{ctx: ctx, p: callPeer(ctx)}}
+		g, space = &c.gatedRequest, &c.space
+	} else {
+		g = &gatedRequest{ctx: ctx, p: callPeer(ctx)}
+	}
 	if p := g.p; p != nil {
 		if p.calls.Add(1) > maxPeerCalls {
 			p.calls.Add(-1)
@@ -327,11 +342,11 @@ func gatedShouldRateLimit(srv any, ctx context.Context, dec func(any) error, int
 	if ctx.Err() != nil { // reset while it waited: no work for it
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
+	if space != nil {
+		return svc.shouldRateLimit(ctx, &g.req, space)
+	}
 	h := srv.(rlsv3.RateLimitServiceServer)
 	if interceptor == nil {
-		if s, ok := h.(*Service); ok {
-			return s.shouldRateLimit(ctx, &g.req, &g.space)
-		}
 		return h.ShouldRateLimit(ctx, &g.req)
 	}
 	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
