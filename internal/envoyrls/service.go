@@ -215,10 +215,10 @@ var errInvalid = errors.New("envoyrls: invalid request")
 // callSpace is the memory one check's answer and store batch take, in
 // one allocation: the usual one-descriptor response with everything it
 // points to, and its one store request (a larger batch is allocated: a
-// Request is 144 bytes, and most checks have one descriptor). It is never reused (the answer outlives the call, until
-// gRPC has marshalled it), only allocated with something else the call
-// needs anyway: the gRPC handler allocates it with the request it decodes
-// into (gatedRequest).
+// Request is 144 bytes, and most checks have one descriptor). It is never
+// reused (the answer outlives the call, until gRPC has marshalled it),
+// only allocated with something else the call needs anyway: the gRPC
+// handler allocates it with the request it decodes into (serviceCall).
 type callSpace struct {
 	one   oneResponse
 	batch [1]sluice.Request
