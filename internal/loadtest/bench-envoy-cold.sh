@@ -81,7 +81,7 @@ ROUNDS=${2:-3}
 SLICE=${SLICE:-2s}
 case "$DUR$SLICE" in *s*s) ;; *) echo "duration and SLICE are whole seconds, such as 10s" >&2; exit 2 ;; esac
 NSLICES=$((${DUR%s} / ${SLICE%s}))
-[ "$NSLICES" -ge 1 ] || { echo "duration shorter than a slice ($SLICE)" >&2; exit 2; }
+[ "$NSLICES" -ge 1 ] && [ $((${DUR%s} % ${SLICE%s})) = 0 ] || { echo "duration $DUR is not a multiple of a slice ($SLICE)" >&2; exit 2; }
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$WORK"; }
