@@ -92,15 +92,24 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 // The other ops apply request by request.
 func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
 	var remote []int
+	homes := 0 // global keys whose home this region is
 	if s.global != nil {
 		for i := range reqs {
-			if s.global(&reqs[i]) && s.home(reqs[i].Key) != s.region {
-				remote = append(remote, i)
+			if s.global(&reqs[i]) {
+				if s.home(reqs[i].Key) != s.region {
+					remote = append(remote, i)
+				} else {
+					homes++
+				}
 			}
 		}
 	}
 	if len(remote) == 0 {
-		return s.local.ApplyAll(ctx, op, reqs)
+		ds, err := s.local.ApplyAll(ctx, op, reqs)
+		if err == nil && op == sluice.OpAllow && homes > 0 {
+			s.st.home.Add(uint64(homes))
+		}
+		return ds, err
 	}
 	if op != sluice.OpAllow || len(reqs) == 1 {
 		out := make([]sluice.Decision, len(reqs))
@@ -198,10 +207,10 @@ func supported(req *sluice.Request) error {
 		return fmt.Errorf("%w: a reservation (max wait %s)", ErrUnsupported, req.MaxWait)
 	case req.Algorithm == sluice.GCRA, req.Algorithm == sluice.TokenBucket:
 		return nil
-	case req.Algorithm == sluice.FixedWindow && req.Limit.Calendar.IsZero():
-		return nil
+	case req.Algorithm == sluice.FixedWindow:
+		return nil // periodic or calendar windows (windowEnd)
 	}
-	return fmt.Errorf("%w: algorithm %s (GCRA, token_bucket and fixed_window without a calendar are)", ErrUnsupported, req.Algorithm)
+	return fmt.Errorf("%w: algorithm %s (GCRA, token_bucket and fixed_window are)", ErrUnsupported, req.Algorithm)
 }
 
 // SupportsGlobal reports whether a key of algorithm a and limit l can be

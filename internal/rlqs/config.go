@@ -135,7 +135,24 @@ type Policy struct {
 	Algorithm string `yaml:"algorithm"`
 	// Denied denies every request of the matched buckets (blanket DENY_ALL).
 	Denied bool `yaml:"denied"`
+	// Scope is "regional" (the default): the policy's buckets are the
+	// limit of this region's fleet. "global" is refused (errGlobalScope).
+	Scope string `yaml:"scope"`
 }
+
+// errGlobalScope is why an RLQS policy cannot have scope global, as
+// config check says it (docs/regions.md, docs/envoy.md).
+//
+// The quota service assigns each Envoy a lease of part of a bucket's
+// capacity (sluice.Concurrency and OpTake: held for assignment_ttl,
+// given back when the Envoy's next report resizes it). A region's share of
+// a global key is units charged at the key's home in advance and spent
+// once (OpAllow): nothing a share holds comes back to the home when a
+// lease ends, and a lease held across regions would put a call to the
+// home on every report. Until a lease can be taken from a share exactly,
+// a global limit for Envoy is a rate_limit with scope: global on the
+// envoy: rules (the RLS door), decided per request from the region's share.
+var errGlobalScope = errors.New(`scope: global is not supported for RLQS: an assignment is a lease of part of a bucket's capacity, given back at the next report, and a region's share is units charged at the home once; use a rate_limit with scope: global in the envoy: rules instead (docs/regions.md)`)
 
 // policy is a checked Policy.
 type policy struct {
@@ -231,6 +248,13 @@ func compile(p Policy) (*policy, error) {
 			return nil, fmt.Errorf("match: key %q has an empty value; use \"*\" for any value", k)
 		}
 		out.match = append(out.match, kv{k, v})
+	}
+	switch strings.ToLower(p.Scope) {
+	case "", "regional":
+	case "global":
+		return nil, errGlobalScope
+	default:
+		return nil, fmt.Errorf("scope: unknown scope %q; valid: regional", p.Scope)
 	}
 	if p.Denied {
 		if p.RequestsPerUnit != 0 || p.Unit != "" || p.Algorithm != "" {

@@ -37,7 +37,10 @@ func TestConfigErrors(t *testing.T) {
 		"testdata/bad.yaml:12: domains[0].policies[1].match: key \"user\" has an empty value",
 		"testdata/bad.yaml:17: domains[0].policies[2].denied: a denied policy takes no requests_per_unit, unit or algorithm",
 		"testdata/bad.yaml:20: domains[0].policies[3].match: at least one bucket id key is required",
-		"testdata/bad.yaml:23: domains[1].domain: duplicate domain \"envoy\"",
+		"testdata/bad.yaml:28: domains[1].domain: duplicate domain \"envoy\"",
+		// The quota service's leases cannot be held across regions
+		// exactly (errGlobalScope): refused at config check.
+		"testdata/bad.yaml:27: domains[0].policies[4].scope: global is not supported for RLQS",
 	} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("missing %q in:\n%s", want, msg)

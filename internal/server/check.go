@@ -684,15 +684,8 @@ func appendDecidedBy(b []byte, d sluice.Decision, global bool) []byte {
 	if !global && d.Source != sluice.FromShare {
 		return b
 	}
-	by := "home"
-	switch {
-	case d.Degraded:
-		by = "policy"
-	case d.Source == sluice.FromShare:
-		by = "share"
-	}
 	b = append(b, `,"decided_by":"`...)
-	b = append(b, by...)
+	b = append(b, decidedBy(d)...)
 	return append(b, '"')
 }
 
