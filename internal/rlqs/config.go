@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -41,8 +42,18 @@ const (
 	// DefaultMaxNewBucketsPerPeer bounds the buckets one client IP may
 	// open per report interval, over all its streams and reconnects.
 	DefaultMaxNewBucketsPerPeer = 1000
-	// DefaultMaxStreams bounds the streams of the whole server.
+	// DefaultMaxStreams bounds the streams of the whole server where the
+	// Go runtime has no memory limit; under one (GOMEMLIMIT, which
+	// sluice serve sets from its cgroup), the default is
+	// MaxStreamsFor(the limit).
 	DefaultMaxStreams = 256
+	// StreamMemory is what one stream may cost at worst under a flood of
+	// the largest reports the caps let in, sent back to back: the report
+	// being read (gRPC grows a stream's window to the length a message
+	// announces) and its decoded copy. TestAbuseMemory measured peaks of
+	// 80–108 MiB at 96 streams (once 234 MiB at 86) and 260–268 MiB at
+	// 256, with the soft limit at 230 MiB; this is 3 MiB.
+	StreamMemory = 3 << 20
 	// DefaultMaxBuckets bounds the buckets of the whole server, over all
 	// streams.
 	DefaultMaxBuckets = 100000
@@ -311,6 +322,20 @@ func (c *Config) ttl() time.Duration {
 		return c.AssignmentTTL
 	}
 	return (2*c.interval() + time.Second - 1).Truncate(time.Second)
+}
+
+// MaxStreamsFor is the default bound on the server's streams under a
+// memory limit of limit bytes: as many as fit StreamMemory each, at least
+// 16 and at most DefaultMaxStreams (230 MiB, the soft limit in a 256 MiB
+// pod: 76 streams; from 768 MiB, 256).
+func MaxStreamsFor(limit int64) int {
+	return int(min(int64(DefaultMaxStreams), max(16, limit/StreamMemory)))
+}
+
+// defaultMaxStreams is MaxStreamsFor the Go runtime's memory limit (none:
+// DefaultMaxStreams).
+func defaultMaxStreams() int {
+	return MaxStreamsFor(debug.SetMemoryLimit(-1))
 }
 
 func orDefault(v, d int) int {
