@@ -23,6 +23,9 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 	if err := supported(&req); err != nil {
 		return sluice.Decision{}, err
 	}
+	if s.async != nil && s.async(&req) {
+		return s.applyAsync(ctx, op, req)
+	}
 	home := s.home(req.Key)
 	if home == s.region {
 		d, err := s.local.Apply(ctx, op, req)
@@ -91,27 +94,31 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 // every decision says whether its limit alone would have admitted it.
 // The other ops apply request by request.
 func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
-	var remote []int
+	var remote, async []int
 	if s.global != nil {
 		for i := range reqs {
-			if s.global(&reqs[i]) && s.home(reqs[i].Key) != s.region {
+			switch {
+			case !s.global(&reqs[i]):
+			case s.async != nil && s.async(&reqs[i]):
+				async = append(async, i)
+			case s.home(reqs[i].Key) != s.region:
 				remote = append(remote, i)
 			}
 		}
+	}
+	if len(async) > 0 && (len(remote) > 0 || op != sluice.OpAllow || len(reqs) == 1) {
+		// Asynchronous keys with shares, or ops other than a batch's
+		// allow: request by request.
+		return s.oneByOne(ctx, op, reqs)
+	}
+	if len(async) > 0 {
+		return s.allowAllAsync(ctx, reqs, async)
 	}
 	if len(remote) == 0 {
 		return s.local.ApplyAll(ctx, op, reqs)
 	}
 	if op != sluice.OpAllow || len(reqs) == 1 {
-		out := make([]sluice.Decision, len(reqs))
-		for i := range reqs {
-			d, err := s.Apply(ctx, op, reqs[i])
-			if err != nil {
-				return nil, err
-			}
-			out[i] = d
-		}
-		return out, nil
+		return s.oneByOne(ctx, op, reqs)
 	}
 	for i := range reqs {
 		if err := reqs[i].Validate(op); err != nil {
@@ -189,6 +196,74 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 		}
 	}
 	return out, nil
+}
+
+// oneByOne applies op to reqs one by one.
+func (s *Store) oneByOne(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
+	out := make([]sluice.Decision, len(reqs))
+	for i := range reqs {
+		d, err := s.Apply(ctx, op, reqs[i])
+		if err != nil {
+			return nil, err
+		}
+		out[i] = d
+	}
+	return out, nil
+}
+
+// allowAllAsync decides a batch of keys of this region's store, some of
+// them asynchronous, all or nothing on the store, and counts what it
+// admitted of the asynchronous ones. A batch with an asynchronous key
+// whose counts are stale is denied whole by the failure policy.
+func (s *Store) allowAllAsync(ctx context.Context, reqs []sluice.Request, async []int) ([]sluice.Decision, error) {
+	for i := range reqs {
+		if err := reqs[i].Validate(sluice.OpAllow); err != nil {
+			return nil, fmt.Errorf("region: %w", err)
+		}
+	}
+	now := s.clk.Now()
+	cs := make([]*counts, len(async))
+	for k, i := range async {
+		if err := supported(&reqs[i]); err != nil {
+			return nil, err
+		}
+		cs[k] = s.asyncEntry(&reqs[i])
+		if cs[k] == nil {
+			continue
+		}
+		cs[k].mu.Lock()
+		stale := cs[k].stale(now, s.staleAfter)
+		cs[k].mu.Unlock()
+		if stale && s.policy == FailClosed {
+			s.st.policy.Add(1)
+			out := make([]sluice.Decision, len(reqs))
+			for j := range reqs {
+				out[j] = sluice.Decision{Limit: reqs[j].Limit, Degraded: true, Fallback: s.policy.String(), Source: sluice.FromStore, RetryAfter: s.syncEvery}
+			}
+			return out, nil
+		}
+	}
+	ds, err := s.local.ApplyAll(ctx, sluice.OpAllow, reqs)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range ds {
+		if !d.Allowed {
+			// Not admitted: each decision says what its limit alone
+			// would have done, and nothing was charged.
+			return ds, nil
+		}
+	}
+	for k, i := range async {
+		if cs[k] == nil {
+			continue
+		}
+		s.st.async.Add(1)
+		cs[k].mu.Lock()
+		cs[k].add(now, reqs[i].Cost, windowOf(&reqs[i], now, ds[i]))
+		cs[k].mu.Unlock()
+	}
+	return ds, nil
 }
 
 // supported checks that shares can decide req.

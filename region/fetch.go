@@ -345,6 +345,7 @@ func (s *Store) forget(key string, e *entry) {
 type counters struct {
 	home, share, denied, policy                                             atomic.Uint64
 	fetches, fetchDenied, fetchErrors, fetched, refunds, refunded, stranded atomic.Uint64
+	async, synced, syncErrors                                               atomic.Uint64
 }
 
 // Stats are a Store's counts since it started.
@@ -370,6 +371,13 @@ type Stats struct {
 	// Stranded counts units charged at home that the region could not
 	// use or give back (a reply too late, a failed credit).
 	Stranded uint64
+	// Async counts admissions of asynchronous keys by this region's
+	// store.
+	Async uint64
+	// Synced counts the units of asynchronous keys delivered to other
+	// regions (charged or refunded there); SyncErrors the deliveries
+	// that failed (retried by the next round).
+	Synced, SyncErrors uint64
 	// Keys is the number of global keys tracked.
 	Keys int64
 }
@@ -380,6 +388,7 @@ func (s *Store) Stats() Stats {
 		Home: s.st.home.Load(), Share: s.st.share.Load(), Denied: s.st.denied.Load(), Policy: s.st.policy.Load(),
 		Fetches: s.st.fetches.Load(), FetchDenied: s.st.fetchDenied.Load(), FetchErrors: s.st.fetchErrors.Load(),
 		Fetched: s.st.fetched.Load(), Refunds: s.st.refunds.Load(), Refunded: s.st.refunded.Load(),
-		Stranded: s.st.stranded.Load(), Keys: s.size.Load(),
+		Stranded: s.st.stranded.Load(), Async: s.st.async.Load(), Synced: s.st.synced.Load(), SyncErrors: s.st.syncErrors.Load(),
+		Keys: s.size.Load(),
 	}
 }

@@ -1,0 +1,187 @@
+package region_test
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/region"
+)
+
+// The asynchronous mode's settings in these tests: counts delivered
+// every 100ms, and a region that could not deliver a count for 800ms
+// answers by its failure policy: the interval plus the longest round
+// trip, 300ms, plus another round trip, which a key's first delivery
+// over a connection takes to load its script (NOSCRIPT, then EVAL:
+// with 600ms, eu answered 96 calls by its policy in its first second),
+// plus 100ms for a loaded host's late rounds. δ, the
+// longest a count goes undelivered, is then at most asyncStale whatever
+// the faults: the bound's delay.
+const (
+	asyncInterval = 100 * time.Millisecond
+	asyncStale    = 800 * time.Millisecond
+)
+
+// asyncWorld is the harness's three regions where the global keys whose
+// name holds "async/" are asynchronous, and the others exact.
+func asyncWorld(t *testing.T, o worldOpts) *world {
+	t.Helper()
+	o.home = "eu"
+	o.region = func(opts *region.Options) {
+		opts.Async = func(req *sluice.Request) bool { return strings.Contains(req.Key, "async/") }
+		opts.SyncInterval = asyncInterval
+		opts.StaleAfter = asyncStale
+	}
+	return newWorld(t, o)
+}
+
+// maxIn is the most admissions region name made in any span d: an
+// admission is made between a call's start and its return, so every
+// admitted call whose [at, at+took] meets the span counts.
+func (r run) maxIn(name string, d time.Duration) int64 {
+	var adm []event
+	for _, e := range r.events {
+		if e.allowed && e.region == name {
+			adm = append(adm, e)
+		}
+	}
+	var best int64
+	for _, a := range adm {
+		x := a.at + a.took // spans starting at an admission's latest instant
+		var n int64
+		for _, e := range adm {
+			if e.at <= x+d && e.at+e.took >= x {
+				n++
+			}
+		}
+		best = max(best, n)
+	}
+	return best
+}
+
+// asyncExtra is the asynchronous bound's excess over the limit, Σ_j
+// A_j(δ): what each region admitted at most in a span δ.
+func (r run) asyncExtra(d time.Duration) (sum int64, per map[string]int64) {
+	per = map[string]int64{}
+	for _, name := range regionNames {
+		per[name] = r.maxIn(name, d)
+		sum += per[name]
+	}
+	return sum, per
+}
+
+// checkAsync asserts the asynchronous bound: admitted ≤ C + r·t + 1 +
+// Σ_j A_j(δ) for a bucket, ≤ R + Σ_j A_j(δ) per window for a fixed
+// window, δ = asyncStale (docs/regions.md), and logs what the tighter δ
+// of a fault-free run, the interval plus the longest round trip, gives.
+func checkAsync(t *testing.T, a sluice.Algorithm, lim sluice.Limit, r run) {
+	t.Helper()
+	extra, per := r.asyncExtra(asyncStale)
+	tight, _ := r.asyncExtra(asyncInterval + 2*oneWay("ap", "eu"))
+	if a == sluice.FixedWindow {
+		ws := checkWindowsOver(t, lim, r, extra)
+		var top int64
+		for _, n := range ws {
+			top = max(top, n)
+		}
+		t.Logf("windows %v: the fullest %d, bound %d + %d (Σ A_j(δ) %v; %d with δ = interval + RTT)", ws, top, lim.Rate, extra, per, tight)
+		return
+	}
+	admitted := r.admitted(0, math.MaxInt64)
+	ideal := float64(lim.Capacity()) + float64(lim.Rate)*r.end.Sub(r.start).Seconds()/lim.Period.Seconds()
+	t.Logf("admitted %d, ideal %.0f: excess %.0f, bound + %d (Σ A_j(δ) %v; %d with δ = interval + RTT)", admitted, ideal, float64(admitted)-ideal, extra, per, tight)
+	if float64(admitted) > ideal+1+float64(extra) {
+		t.Fatalf("admitted %d > ideal %.1f + 1 + %d", admitted, ideal, extra)
+	}
+}
+
+// wholeUse is what a bucket's run admitted against its ideal, C + r·t.
+func wholeUse(lim sluice.Limit, r run) float64 {
+	ideal := float64(lim.Capacity()) + float64(lim.Rate)*r.end.Sub(r.start).Seconds()/lim.Period.Seconds()
+	return float64(r.admitted(0, math.MaxInt64)) / ideal
+}
+
+// The asynchronous mode in the scenarios of TestGlobalBound (even, 90%
+// in one region, a client hopping regions every 100ms; twice the limit
+// for 3s): every region decides on its own store, the bound Σ A_j(δ)
+// over the limit holds, and for GCRA the use is at least the exact
+// mode's, measured in the same world just before.
+func TestAsyncBound(t *testing.T) {
+	w := asyncWorld(t, worldOpts{})
+	bucket := sluice.Limit{Rate: 400, Period: time.Second, Burst: 100}
+	window := sluice.Limit{Rate: 400, Period: time.Second}
+	for _, c := range []struct {
+		name    string
+		a       sluice.Algorithm
+		lim     sluice.Limit
+		share   func(time.Duration) []float64
+		compare bool // also run the exact mode and compare the use
+	}{
+		{"gcra/even", sluice.GCRA, bucket, even, true},
+		{"gcra/skewed", sluice.GCRA, bucket, skewed, true},
+		{"gcra/hopping", sluice.GCRA, bucket, hopping, false},
+		{"tokenbucket/even", sluice.TokenBucket, bucket, even, false},
+		{"fixedwindow/even", sluice.FixedWindow, window, even, false},
+		{"fixedwindow/skewed", sluice.FixedWindow, window, skewed, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := 3 * time.Second
+			if soak() {
+				d = time.Minute
+			}
+			var exact float64
+			if c.compare {
+				req := sluice.Request{Key: w.global + "exact/" + c.name, Algorithm: c.a, Limit: c.lim, Cost: 1}
+				var held1 int64
+				r := w.run(t, load{req: req, rate: 2 * float64(c.lim.Rate), d: d, share: c.share, during: func(_ context.Context, start time.Time) {
+					time.Sleep(time.Until(start.Add(time.Second))) // the measure's schedule
+					held1 = w.held(t, req.Key)
+				}})
+				// Use is what was admitted of the ideal over the whole
+				// run, in both modes: what the exact mode's shares hold is
+				// charged but not admitted, and its first fetches take a
+				// round trip, where each region of the asynchronous mode
+				// spends a burst at once.
+				exact = wholeUse(c.lim, r)
+				t.Logf("exact: %s; admitted %.3f of the ideal; after 1s %.3f of the limit with what shares grew by", r, exact, utilization(c.lim, r, held1, w.held(t, req.Key)))
+			}
+			req := sluice.Request{Key: w.global + "async/" + c.name, Algorithm: c.a, Limit: c.lim, Cost: 1}
+			r := w.run(t, load{req: req, rate: 2 * float64(c.lim.Rate), d: d, share: c.share})
+			t.Logf("async: %s", r)
+			t.Logf("degraded at %v", r.degradedAt())
+			for _, name := range regionNames {
+				for _, s := range w.inst[name] {
+					t.Logf("%s: %+v", name, s.Stats())
+				}
+			}
+			if n, err := r.errs(); n > 0 {
+				t.Fatalf("%d errors, first: %v", n, err)
+			}
+			if n := r.count("", 0, math.MaxInt64, func(e event) bool { return e.src == sluice.FromShare }); n > 0 {
+				t.Fatalf("%d decisions from shares: an asynchronous key is decided by the region's store", n)
+			}
+			checkAsync(t, c.a, c.lim, r)
+			if c.a == sluice.FixedWindow {
+				return
+			}
+			u := wholeUse(c.lim, r)
+			t.Logf("async: admitted %.3f of the ideal (exact %.3f); after 1s %.3f of the limit", u, exact, utilization(c.lim, r, 0, 0))
+			if c.compare && r.offered(t, 2*float64(c.lim.Rate), time.Second) && u < exact {
+				t.Fatalf("async use %.3f < the exact mode's %.3f", u, exact)
+			}
+		})
+	}
+}
+
+func (r run) degradedAt() map[string][]time.Duration {
+	m := map[string][]time.Duration{}
+	for _, e := range r.events {
+		if e.degraded {
+			m[e.region] = append(m[e.region], e.at.Round(10*time.Millisecond))
+		}
+	}
+	return m
+}
