@@ -39,7 +39,7 @@ const (
 // pipeline on the region's connection); maxFlying those of one key.
 const (
 	syncFanout = 256
-	maxFlying  = 4
+	maxFlying  = 8
 )
 
 // counts is what an instance admitted of one asynchronous key and has not
@@ -322,7 +322,10 @@ func (s *Store) syncRound(ctx context.Context, wait bool) {
 // deliver charges (or refunds, for negative units) units of req's key at
 // another region's store.
 func (s *Store) deliver(ctx context.Context, st sluice.Store, req sluice.Request, units int64) bool {
-	ctx, cancel := context.WithTimeout(sluice.WaitForReply(ctx), s.fetchTO)
+	// A delivery slower than StaleAfter has put the key under the
+	// failure policy already: fail it, and the next round sends its
+	// units again (after a partition heals, on a new connection).
+	ctx, cancel := context.WithTimeout(sluice.WaitForReply(ctx), min(s.fetchTO, time.Duration(s.staleAfter)))
 	defer cancel()
 	op := sluice.OpCharge
 	if units < 0 {

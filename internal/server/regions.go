@@ -54,7 +54,7 @@ func openRegions(ctx context.Context, sc config.StoreSection, local sluice.Store
 		_ = closeAll()
 		return nil, nil, fmt.Errorf("server: %w", err)
 	}
-	globals := maps.Clone(sc.GlobalPolicies)
+	globals, async := maps.Clone(sc.GlobalPolicies), maps.Clone(sc.AsyncPolicies)
 	hash := region.HashHome(names)
 	rs, err := region.New(region.Options{
 		Region:  sc.Region,
@@ -63,6 +63,9 @@ func openRegions(ctx context.Context, sc config.StoreSection, local sluice.Store
 		Global: func(req *sluice.Request) bool {
 			_, ok := globals[policyOfKey(req.Key)]
 			return ok
+		},
+		Async: func(req *sluice.Request) bool {
+			return async[policyOfKey(req.Key)]
 		},
 		Home: func(key string) string {
 			if h := globals[policyOfKey(key)]; h != "" {
@@ -74,6 +77,8 @@ func openRegions(ctx context.Context, sc config.StoreSection, local sluice.Store
 		TTL:          sc.Global.TTL,
 		FetchTimeout: fetchTimeout,
 		ClockSkew:    sc.Global.ClockSkew,
+		SyncInterval: sc.Global.SyncInterval,
+		StaleAfter:   sc.Global.StaleAfter,
 		Policy:       policy,
 		Logger:       log,
 	})
