@@ -28,11 +28,7 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 	}
 	home := s.home(req.Key)
 	if home == s.region {
-		d, err := s.local.Apply(ctx, op, req)
-		if err == nil && op == sluice.OpAllow {
-			s.st.home.Add(1)
-		}
-		return d, err
+		return s.applyHome(ctx, op, req)
 	}
 	hs := s.regions[home]
 	if hs == nil {
@@ -110,6 +106,18 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 		// Asynchronous keys with shares, or ops other than a batch's
 		// allow: request by request.
 		return s.oneByOne(ctx, op, reqs)
+	}
+	if s.global != nil && s.epochEvery > 0 && op != sluice.OpReset {
+		// The global keys this region is the home of: their epochs first.
+		for i := range reqs {
+			if s.global(&reqs[i]) && (s.async == nil || !s.async(&reqs[i])) && s.home(reqs[i].Key) == s.region {
+				if e := s.entry(&reqs[i]); e != nil {
+					if err := s.checkEpoch(ctx, s.region, s.local, e); err != nil {
+						return nil, err
+					}
+				}
+			}
+		}
 	}
 	if len(async) > 0 {
 		return s.allowAllAsync(ctx, reqs, async)
@@ -196,6 +204,36 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 		}
 	}
 	return out, nil
+}
+
+// applyHome decides a global key whose home is this region on this
+// region's store, its authority, once its epoch is checked (epoch.go):
+// on its first decision here, EpochEvery after the last check, and after
+// a call failed.
+func (s *Store) applyHome(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
+	e := s.entry(&req)
+	if e != nil && s.epochEvery > 0 && op != sluice.OpReset {
+		now := s.clk.Now()
+		e.mu.Lock()
+		e.lastUse = now
+		due := s.epochDue(e, now)
+		e.mu.Unlock()
+		if due {
+			if err := s.checkEpoch(ctx, s.region, s.local, e); err != nil {
+				return sluice.Decision{}, err
+			}
+		}
+	}
+	d, err := s.local.Apply(ctx, op, req)
+	if err != nil && e != nil {
+		e.mu.Lock()
+		e.epochStale = true
+		e.mu.Unlock()
+	}
+	if err == nil && op == sluice.OpAllow {
+		s.st.home.Add(1)
+	}
+	return d, err
 }
 
 // oneByOne applies op to reqs one by one.

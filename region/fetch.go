@@ -28,6 +28,12 @@ type entry struct {
 	winEnd   int64          // ns: the end of the window of the last window share, estimated early
 	short    bool           // the last fetch got less than it asked for, or nothing
 	empty    bool           // the last fetch got nothing: the home is at its limit
+
+	// epoch.go
+	epoch      string // the home's epoch id of the key last seen
+	epochAt    int64  // ns of the last check
+	epochStale bool   // a call to the home failed since
+	epochBusy  bool   // a check is in flight
 }
 
 // minFetch is the fewest units a fetch asks for, when MaxFraction of the
@@ -169,6 +175,14 @@ func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
 		s.st.fetchErrors.Add(1)
 		return
 	}
+	if err := s.checkEpoch(ctx, s.home(req.Key), home, e); err != nil {
+		e.mu.Lock()
+		e.down, e.epochStale = true, true
+		e.retryAt = s.clk.Now() + s.downRetry
+		e.mu.Unlock()
+		s.st.fetchErrors.Add(1)
+		return
+	}
 	sent := s.clk.Now()
 	d, err := home.Apply(ctx, sluice.OpAllow, req)
 	short := err == nil && !d.Allowed
@@ -179,7 +193,7 @@ func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
 	got := s.clk.Now()
 	e.mu.Lock()
 	if err != nil || d.Degraded {
-		e.down = true
+		e.down, e.epochStale = true, true
 		e.retryAt = got + s.downRetry
 		e.mu.Unlock()
 		s.st.fetchErrors.Add(1)
@@ -299,6 +313,17 @@ func (s *Store) Sweep(ctx context.Context) {
 		e.mu.Lock()
 		req, idle, busy, down := e.req, now-e.lastUse > int64(s.idle), e.inflight > 0, e.down && now < e.retryAt
 		e.mu.Unlock()
+		if s.home(key) == s.region {
+			// A key this region is the home of: its entry holds only the
+			// epoch this instance saw, kept as long as it may matter.
+			e.mu.Lock()
+			last := e.lastUse
+			e.mu.Unlock()
+			if now-last > int64(epochTTL(&req)) {
+				s.forget(key, e)
+			}
+			return true
+		}
 		if busy || down || req.Algorithm == sluice.FixedWindow {
 			if idle && !busy && req.Algorithm == sluice.FixedWindow {
 				s.forget(key, e)
@@ -345,7 +370,7 @@ func (s *Store) forget(key string, e *entry) {
 type counters struct {
 	home, share, denied, policy                                             atomic.Uint64
 	fetches, fetchDenied, fetchErrors, fetched, refunds, refunded, stranded atomic.Uint64
-	async, synced, syncErrors                                               atomic.Uint64
+	async, synced, syncErrors, quarantines                                  atomic.Uint64
 }
 
 // Stats are a Store's counts since it started.
@@ -378,6 +403,9 @@ type Stats struct {
 	// regions (charged or refunded there); SyncErrors the deliveries
 	// that failed (retried by the next round).
 	Synced, SyncErrors uint64
+	// Quarantines counts the times this instance found that a home had
+	// lost a key's state, and charged its capacity there (epoch.go).
+	Quarantines uint64
 	// Keys is the number of global keys tracked.
 	Keys int64
 }
@@ -389,6 +417,7 @@ func (s *Store) Stats() Stats {
 		Fetches: s.st.fetches.Load(), FetchDenied: s.st.fetchDenied.Load(), FetchErrors: s.st.fetchErrors.Load(),
 		Fetched: s.st.fetched.Load(), Refunds: s.st.refunds.Load(), Refunded: s.st.refunded.Load(),
 		Stranded: s.st.stranded.Load(), Async: s.st.async.Load(), Synced: s.st.synced.Load(), SyncErrors: s.st.syncErrors.Load(),
-		Keys: s.size.Load(),
+		Quarantines: s.st.quarantines.Load(),
+		Keys:        s.size.Load(),
 	}
 }

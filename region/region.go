@@ -112,6 +112,12 @@ type Options struct {
 	// Policy instead of its store: the longest delay δ of the
 	// asynchronous bound under faults. DefaultStaleAfter when zero.
 	StaleAfter time.Duration
+	// EpochEvery is how often, at most, an instance checks that the home
+	// of an exact global key still holds the key's state (epoch.go): a
+	// home that lost it is charged the key's capacity. It is checked at
+	// once after a call to the home failed. DefaultEpochEvery when zero;
+	// negative never checks.
+	EpochEvery time.Duration
 	// Home names a global key's home region, whose store is the key's
 	// authority. Nil means HashHome over Regions.
 	Home func(key string) string
@@ -219,6 +225,7 @@ type Store struct {
 	sems       []chan struct{} // per remote region, bounds the deliveries in flight
 	syncEvery  time.Duration
 	staleAfter int64
+	epochEvery int64
 
 	st counters
 
@@ -283,6 +290,7 @@ func New(opts Options) (*Store, error) {
 		akeys:      xsync.NewMap[string, *counts](),
 		syncEvery:  def(opts.SyncInterval, DefaultSyncInterval),
 		staleAfter: int64(def(opts.StaleAfter, DefaultStaleAfter)),
+		epochEvery: int64(def(opts.EpochEvery, DefaultEpochEvery)),
 		stop:       make(chan struct{}),
 	}
 	s.led = &ledger{
