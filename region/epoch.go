@@ -1,9 +1,10 @@
 package region
 
-// Epochs: a home that restarts without persistence, or fails over to a
-// replica that lags, forgets the charges it made, while the shares held
-// elsewhere stay spendable and its own bucket is full again: up to C + H
-// over the bound. So each global key carries an epoch marker at its home
+// Epochs: a home that restarts without persistence (or is flushed, or
+// replaced by an empty replica) forgets the charges it made, while the
+// shares held elsewhere stay spendable and its own bucket is full again:
+// up to C + H over the bound. (A failover to a replica that lags keeps
+// the marker and is not caught: docs/regions.md.) So each global key carries an epoch marker at its home
 // (lua/epoch.lua), a random id set at first use, written with the key's
 // state and lost with it. Each instance remembers the id it last saw of
 // a key (a region of other homes in its ledger too, so that its other

@@ -2,8 +2,7 @@
 -- the id the asking region last saw ('' when none), ttl ms, grace ms.
 -- The marker names the life of the key's state at home: it lives as long
 -- as the state may matter, and goes with it when the home loses its data
--- (a restart without persistence, a failover to a replica that lags
--- behind: the marker is one more write lost). A region that remembers an
+-- (a restart without persistence, a flush, an empty replica). A region that remembers an
 -- id and finds no marker learns that the home forgot: the marker is set
 -- again, flagged 'id:q:<ms>' until the asker has charged the key's
 -- capacity (quarantine) and cleared the flag; a flag older than grace (the
