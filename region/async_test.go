@@ -127,6 +127,7 @@ func TestAsyncBound(t *testing.T) {
 		{"tokenbucket/even", sluice.TokenBucket, bucket, even, false},
 		{"fixedwindow/even", sluice.FixedWindow, window, even, false},
 		{"fixedwindow/skewed", sluice.FixedWindow, window, skewed, false},
+		{"fixedwindow/hopping", sluice.FixedWindow, window, hopping, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := 3 * time.Second
