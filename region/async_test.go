@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/redisstore"
 	"github.com/sluice-io/sluice/region"
 )
 
@@ -283,4 +286,100 @@ func TestAsyncHomeRestart(t *testing.T) {
 	if n := r.count("", 2500*time.Millisecond, math.MaxInt64, func(e event) bool { return e.err != nil }); n > 0 {
 		t.Fatalf("%d errors long after the restart", n)
 	}
+}
+
+// One region (us) of an asynchronous key and another (eu), each its own
+// redis-server (eu's persisted, so that it comes back with what it was
+// charged), every clock the fake one, rounds run by the test: what us
+// admits is charged to eu's store by the next round; a count that cannot
+// be delivered for StaleAfter puts the key under the failure policy in us
+// until a round delivers it.
+func TestAsyncCountsDelivered(t *testing.T) {
+	clk := clock.NewFake(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	usSrv, euSrv := redistest.NewStandalone(t), redistest.NewStandalone(t, "--appendonly", "yes", "--appendfsync", "always")
+	open := func(url string) *redisstore.Store {
+		s, err := redisstore.New(context.Background(), redisstore.Options{URL: url, Clock: clk, Timeout: time.Second, DisableDenyCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	local, eu := open(usSrv.URL()), open(euSrv.URL())
+	s, err := region.New(region.Options{
+		Region:       "us",
+		Regions:      map[string]sluice.Store{"us": local, "eu": eu},
+		Ledger:       local.Client(),
+		Global:       func(*sluice.Request) bool { return true },
+		Async:        func(*sluice.Request) bool { return true },
+		Clock:        clk,
+		LedgerClock:  clk,
+		SweepEvery:   -1,
+		SyncInterval: -1,
+		StaleAfter:   time.Second,
+		FetchTimeout: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	// 10 at once, refilled at 10 a minute: refill is negligible here.
+	req := sluice.Request{Key: redistest.Prefix(t) + "async", Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: 10, Period: time.Minute, Burst: 10}, Cost: 1}
+	allow := func(want bool) sluice.Decision {
+		t.Helper()
+		d, err := s.Apply(ctx, sluice.OpAllow, req)
+		if err != nil || d.Allowed != want {
+			t.Fatalf("allow: %+v %v, want allowed %v", d, err, want)
+		}
+		return d
+	}
+	euLeft := func() int64 {
+		t.Helper()
+		p := req
+		p.Cost = 0
+		d, err := eu.Apply(ctx, sluice.OpPeek, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Remaining
+	}
+	for range 3 {
+		if d := allow(true); d.Source != sluice.FromStore || d.Degraded {
+			t.Fatalf("decided by %v, degraded %v: want us's store", d.Source, d.Degraded)
+		}
+	}
+	if n := euLeft(); n != 10 {
+		t.Fatalf("eu has %d left before a round, want 10", n)
+	}
+	s.Sync(ctx)
+	if n := euLeft(); n != 7 {
+		t.Fatalf("eu has %d left after a round, want 7 (us admitted 3)", n)
+	}
+	// eu goes down: us still decides, and holds its counts.
+	euSrv.Kill()
+	allow(true)
+	allow(true)
+	s.Sync(ctx)
+	if st := s.Stats(); st.SyncErrors == 0 || st.Synced != 3 {
+		t.Fatalf("stats %+v: want a failed delivery and 3 units delivered", st)
+	}
+	clk.Advance(999 * time.Millisecond)
+	allow(true) // the oldest count undelivered is 999ms old: not stale yet
+	clk.Advance(2 * time.Millisecond)
+	d, _ := s.Apply(ctx, sluice.OpAllow, req)
+	if d.Allowed || !d.Degraded || d.Fallback != "fail_closed" {
+		t.Fatalf("with a count undelivered for over StaleAfter: %+v, want the failure policy's denial", d)
+	}
+	// eu is back with what it was charged: the round delivers the three
+	// units us held, and us decides again.
+	euSrv.Restart(t)
+	redistest.WaitUntil(t, "a round delivers to eu", 10*time.Second, func() bool {
+		s.Sync(ctx)
+		return s.Stats().Synced == 6
+	})
+	if n := euLeft(); n != 4 {
+		t.Fatalf("eu has %d left, want 4 (us admitted 6)", n)
+	}
+	allow(true)
 }
