@@ -165,19 +165,22 @@ func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
 	s.st.fetches.Add(1)
 	ctx, cancel := context.WithTimeout(sluice.WaitForReply(context.Background()), s.fetchTO)
 	defer cancel()
-	// The share's expiry is set by the region's Redis clock, read before
-	// the fetch: the home charges after it.
-	t0, err := s.led.time(ctx)
-	if err != nil {
+	// The home's epoch first (epoch.go), so that the clock read below
+	// stays next to the charge: a window share's expiry is early by what
+	// lies between.
+	if err := s.checkEpoch(ctx, s.home(req.Key), home, e); err != nil {
 		e.mu.Lock()
+		e.down, e.epochStale = true, true
 		e.retryAt = s.clk.Now() + s.downRetry
 		e.mu.Unlock()
 		s.st.fetchErrors.Add(1)
 		return
 	}
-	if err := s.checkEpoch(ctx, s.home(req.Key), home, e); err != nil {
+	// The share's expiry is set by the region's Redis clock, read before
+	// the fetch: the home charges after it.
+	t0, err := s.led.time(ctx)
+	if err != nil {
 		e.mu.Lock()
-		e.down, e.epochStale = true, true
 		e.retryAt = s.clk.Now() + s.downRetry
 		e.mu.Unlock()
 		s.st.fetchErrors.Add(1)
