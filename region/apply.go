@@ -266,12 +266,12 @@ func (s *Store) allowAllAsync(ctx context.Context, reqs []sluice.Request, async 
 			return nil, err
 		}
 		cs[k] = s.asyncEntry(&reqs[i])
-		if cs[k] == nil {
-			continue
+		stale := cs[k] == nil // untracked (MaxKeys): its counts would not be delivered
+		if !stale {
+			cs[k].mu.Lock()
+			stale = cs[k].stale(now, s.staleAfter)
+			cs[k].mu.Unlock()
 		}
-		cs[k].mu.Lock()
-		stale := cs[k].stale(now, s.staleAfter)
-		cs[k].mu.Unlock()
 		if stale && s.policy == FailClosed {
 			s.st.policy.Add(1)
 			out := make([]sluice.Decision, len(reqs))

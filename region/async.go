@@ -136,31 +136,35 @@ func windowOf(req *sluice.Request, now int64, d sluice.Decision) int64 {
 func (s *Store) applyAsync(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
 	c := s.asyncEntry(&req)
 	now := s.clk.Now()
-	if c != nil && (op == sluice.OpAllow || op == sluice.OpCharge) {
-		c.mu.Lock()
-		c.req.Algorithm, c.req.Limit = req.Algorithm, req.Limit
-		stale := c.stale(now, s.staleAfter)
-		c.mu.Unlock()
-		if stale && op == sluice.OpAllow {
-			// This region's counts have not reached another region for
-			// StaleAfter: admitting more would widen the bound.
+	degraded := false
+	if op == sluice.OpAllow {
+		// A key whose counts have not reached another region for
+		// StaleAfter, or one this instance cannot track (MaxKeys): its
+		// admissions would not be seen elsewhere in time, and would
+		// widen the bound. FailClosed denies; FailOpen decides on this
+		// region's store alone (each region then holds the limit alone).
+		stale := c == nil
+		if c != nil {
+			c.mu.Lock()
+			c.req.Algorithm, c.req.Limit = req.Algorithm, req.Limit
+			stale = c.stale(now, s.staleAfter)
+			c.mu.Unlock()
+		}
+		if stale {
 			s.st.policy.Add(1)
-			d := sluice.Decision{Limit: req.Limit, Degraded: true, Fallback: s.policy.String(), Source: sluice.FromStore}
-			if s.policy == FailOpen {
-				d.Allowed = true
-				c.mu.Lock()
-				c.add(now, req.Cost, c.win)
-				c.mu.Unlock()
-			} else {
-				d.RetryAfter = s.syncEvery
+			if s.policy != FailOpen {
+				return sluice.Decision{Limit: req.Limit, Degraded: true, Fallback: s.policy.String(), Source: sluice.FromStore, RetryAfter: s.syncEvery}, nil
 			}
-			return d, nil
+			degraded = true
 		}
 	}
 	if op == sluice.OpReset {
 		return s.resetEverywhere(ctx, req)
 	}
 	d, err := s.local.Apply(ctx, op, req)
+	if degraded {
+		d.Degraded, d.Fallback = true, s.policy.String()
+	}
 	if err != nil || c == nil {
 		return d, err
 	}

@@ -382,4 +382,24 @@ func TestAsyncCountsDelivered(t *testing.T) {
 		t.Fatalf("eu has %d left, want 4 (us admitted 6)", n)
 	}
 	allow(true)
+
+	// An instance tracking MaxKeys already cannot count a new key's
+	// admissions for delivery: fail_closed denies it.
+	one, err := region.New(region.Options{
+		Region: "us", Regions: map[string]sluice.Store{"us": local, "eu": eu}, Ledger: local.Client(),
+		Global: func(*sluice.Request) bool { return true }, Async: func(*sluice.Request) bool { return true },
+		Clock: clk, LedgerClock: clk, SweepEvery: -1, SyncInterval: -1, MaxKeys: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = one.Close() })
+	if d, err := one.Apply(ctx, sluice.OpAllow, req); err != nil || !d.Allowed {
+		t.Fatalf("first key: %+v %v", d, err)
+	}
+	other := req
+	other.Key += ":other"
+	if d, err := one.Apply(ctx, sluice.OpAllow, other); err != nil || d.Allowed || !d.Degraded {
+		t.Fatalf("a key past MaxKeys: %+v %v, want fail_closed's denial", d, err)
+	}
 }
