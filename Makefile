@@ -100,6 +100,7 @@ bench:
 	bash internal/loadtest/bench-envoy-cold.sh 10s 2
 	$(GO) test -run '^$$' -bench GroupCommit -benchtime 200000x -count 3 ./redisstore/
 	$(GO) test -run '^$$' -bench 'AddedLatency|ServeHTTP' -benchtime=10000x ./internal/gateway/
+	$(GO) test -run '^$$' -bench TailRatio -benchtime=8000x ./internal/gateway/
 	$(GO) test -run '^$$' -bench OverheadRatio -benchtime 5x ./internal/batch/
 	$(GO) test -run '^$$' -bench Memory100k -benchtime 1x ./internal/batch/
 	$(GO) test -run '^$$' -bench PauseOverAdmission -benchtime 3x ./guard/

@@ -53,3 +53,19 @@ func BenchmarkTimeNow(b *testing.B) {
 		_ = time.Now()
 	}
 }
+
+func BenchmarkCoarseNow(b *testing.B) {
+	c := clock.NewCoarse(0)
+	for b.Loop() {
+		_ = c.Now()
+	}
+}
+
+func BenchmarkCoarseNowParallel(b *testing.B) {
+	c := clock.NewCoarse(0)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			_ = c.Now()
+		}
+	})
+}

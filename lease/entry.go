@@ -520,7 +520,7 @@ func (s *Store) returnAsync(e *entry, n int64) {
 func (s *Store) async(f func()) bool {
 	s.closeMu.RLock()
 	defer s.closeMu.RUnlock()
-	if s.isClosed {
+	if s.isClosed.Load() {
 		return false
 	}
 	s.inflight.Go(f)

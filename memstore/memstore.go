@@ -26,6 +26,11 @@
 // caller who fills the store with fresh keys thus evicts fresh keys, never
 // the state of a key that has used up its limit, which would start over.
 //
+// The time comes from a clock.Coarse by default: one atomic load rather
+// than a system clock read (half of a decision's time), lagging the
+// system clock by up to a millisecond, which only delays refills
+// (docs/redis.md, Memory store).
+//
 // A GCRA key takes 40 bytes besides its key's bytes, another algorithm's
 // key 192 (docs/redis.md, TestBytesPerKey).
 package memstore
@@ -59,8 +64,13 @@ const dead = -1 << 63
 
 // Options configure a Store. The zero value is usable.
 type Options struct {
-	// Clock supplies the time. Nil means clock.NewSystem(). Tests inject a
-	// *clock.Fake.
+	// Clock supplies the time. Nil means clock.NewCoarse(0): the system
+	// clock cached and refreshed every millisecond while the store is
+	// used, which lags it by about that much (bounds exact on this clock;
+	// over a wall-clock window of t, what it admits in t + the lag:
+	// docs/redis.md) and costs nothing when idle. clock.NewSystem() reads
+	// the system clock at each decision, exact to the nanosecond at twice
+	// a decision's time. Tests inject a *clock.Fake.
 	Clock clock.Clock
 	// MaxKeys bounds the number of keys held. Zero means DefaultMaxKeys.
 	MaxKeys int
@@ -78,6 +88,7 @@ type Options struct {
 // stops its background sweep.
 type Store struct {
 	clk      clock.Clock
+	coarse   *clock.Coarse // clk, when it is a coarse clock: called directly
 	sys      *clock.System // clk, when it is the system clock: called directly
 	maxKeys  int64
 	maxBytes int64
@@ -120,14 +131,16 @@ func New(opts Options) (*Store, error) {
 		opts.MaxBytes = DefaultMaxBytes
 	}
 	if opts.Clock == nil {
-		opts.Clock = clock.NewSystem()
+		opts.Clock = clock.NewCoarse(0)
 	}
 	if opts.SweepInterval == 0 {
 		opts.SweepInterval = DefaultSweepInterval
 	}
+	coarse, _ := opts.Clock.(*clock.Coarse)
 	sys, _ := opts.Clock.(*clock.System)
 	s := &Store{
 		clk:      opts.Clock,
+		coarse:   coarse,
 		sys:      sys,
 		maxKeys:  int64(opts.MaxKeys),
 		maxBytes: opts.MaxBytes,
@@ -168,7 +181,12 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (d 
 		// apply1, so that this frame stays small.
 		if p := s.params.Load(); p != nil && p.Limit == req.Limit {
 			if c, _ := s.gcra.load(req.Key); c != nil {
-				now := s.now()
+				var now int64
+				if s.coarse != nil {
+					now = s.coarse.Now() // inlined: one atomic load
+				} else {
+					now = s.now()
+				}
 				for {
 					old := c.tat.Load()
 					if old == dead {
@@ -252,8 +270,11 @@ func (s *Store) gcraParams(l sluice.Limit) (*algo.GCRAParams, error) {
 // with it how long ago a reservation was made.
 func (s *Store) Now() int64 { return s.now() }
 
-// now reads the store's clock, calling the system clock directly.
+// now reads the store's clock, calling the coarse or system clock directly.
 func (s *Store) now() int64 {
+	if s.coarse != nil {
+		return s.coarse.Now()
+	}
 	if s.sys != nil {
 		return s.sys.Now()
 	}
@@ -299,7 +320,7 @@ func (s *Store) applyCell(op sluice.Op, req sluice.Request) sluice.Decision {
 			c.mu.Unlock()
 			continue
 		}
-		d, next, _ := algo.Apply(op, c.st, req, s.clk.Now()) // validated by the caller
+		d, next, _ := algo.Apply(op, c.st, req, s.now()) // validated by the caller
 		var grown int64
 		if op != sluice.OpPeek && (d.Allowed || op == sluice.OpTake) { // a take of nothing releases
 			grown = c.commit(next, d, &req)
@@ -431,7 +452,7 @@ func (s *Store) lockMembers(reqs []sluice.Request, order []int) (members []membe
 // be charged. It returns by how many bytes the cells' accounted sizes
 // changed, and reports retry when a GCRA cell changed underneath.
 func (s *Store) step(op sluice.Op, reqs []sluice.Request, order []int, members []member) ([]sluice.Decision, int64, bool) {
-	now := s.clk.Now()
+	now := s.now()
 	ds := make([]sluice.Decision, len(reqs))
 	// pending state per cell, so that repeated keys see each other's charge
 	gcraSeen := map[*gcell]int64{}

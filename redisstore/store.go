@@ -518,25 +518,49 @@ func (s *Store) runFast(ctx context.Context, op sluice.Op, req *sluice.Request, 
 	cctx, cancel, alone := s.boundFor(ctx, op)
 	defer cancel()
 	s.calls.Add(1)
-	vals, err := s.exec(cctx, client, script, []string{key}, args, alone).AsIntSlice()
-	want := 2
+	res := s.exec(cctx, client, script, []string{key}, args, alone)
+	var r reply
 	if req.Algorithm == sluice.FixedWindow {
-		want = 3
-	}
-	if err == nil && len(vals) != want {
-		err = fmt.Errorf("redisstore: script replied %d values, want %d", len(vals), want)
-	}
-	if err != nil {
-		return sluice.Decision{}, s.failed(ctx, err)
-	}
-	r := reply{ok: vals[0] == 1, x: vals[1]}
-	switch req.Algorithm {
-	case sluice.TokenBucket: // the script's TAT − now is tau − level
-		r.x = p.tau - r.x
-	case sluice.FixedWindow:
-		r.y = vals[2]
+		vals, err := res.AsIntSlice()
+		if err == nil && len(vals) != 3 {
+			err = fmt.Errorf("redisstore: script replied %d values, want 3", len(vals))
+		}
+		if err != nil {
+			return sluice.Decision{}, s.failed(ctx, err)
+		}
+		r = reply{ok: vals[0] == 1, x: vals[1], y: vals[2]}
+	} else {
+		// gcra_fast.lua replies TAT − now, or { 0, TAT − now } when denied.
+		var err error
+		if r, err = fastGCRAReply(res); err != nil {
+			return sluice.Decision{}, s.failed(ctx, err)
+		}
+		if req.Algorithm == sluice.TokenBucket { // the script's TAT − now is tau − level
+			r.x = p.tau - r.x
+		}
 	}
 	return decideOp(op, req, r), nil
+}
+
+// fastGCRAReply decodes gcra_fast.lua's reply: an integer, TAT − now,
+// when allowed, or the pair 0, TAT − now when denied.
+func fastGCRAReply(res rueidis.RedisResult) (reply, error) {
+	msg, err := res.ToMessage()
+	if err != nil {
+		return reply{}, err
+	}
+	if msg.IsInt64() {
+		v, _ := msg.AsInt64()
+		return reply{ok: true, x: v}, nil
+	}
+	vals, err := msg.AsIntSlice()
+	if err == nil && (len(vals) != 2 || vals[0] != 0) {
+		err = fmt.Errorf("redisstore: script replied %v, want 0 and a number", vals)
+	}
+	if err != nil {
+		return reply{}, err
+	}
+	return reply{x: vals[1]}, nil
 }
 
 // boundFor is bound, except for a refund or a charge, or a call marked by

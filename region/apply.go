@@ -91,6 +91,7 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 // The other ops apply request by request.
 func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
 	var remote, async []int
+	homes := 0 // exact global keys whose home this region is
 	if s.global != nil {
 		for i := range reqs {
 			switch {
@@ -99,6 +100,8 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 				async = append(async, i)
 			case s.home(reqs[i].Key) != s.region:
 				remote = append(remote, i)
+			default:
+				homes++
 			}
 		}
 	}
@@ -123,7 +126,11 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 		return s.allowAllAsync(ctx, reqs, async)
 	}
 	if len(remote) == 0 {
-		return s.local.ApplyAll(ctx, op, reqs)
+		ds, err := s.local.ApplyAll(ctx, op, reqs)
+		if err == nil && op == sluice.OpAllow && homes > 0 {
+			s.st.home.Add(uint64(homes))
+		}
+		return ds, err
 	}
 	if op != sluice.OpAllow || len(reqs) == 1 {
 		return s.oneByOne(ctx, op, reqs)
@@ -311,10 +318,10 @@ func supported(req *sluice.Request) error {
 		return fmt.Errorf("%w: a reservation (max wait %s)", ErrUnsupported, req.MaxWait)
 	case req.Algorithm == sluice.GCRA, req.Algorithm == sluice.TokenBucket:
 		return nil
-	case req.Algorithm == sluice.FixedWindow && req.Limit.Calendar.IsZero():
-		return nil
+	case req.Algorithm == sluice.FixedWindow:
+		return nil // periodic or calendar windows (windowEnd)
 	}
-	return fmt.Errorf("%w: algorithm %s (GCRA, token_bucket and fixed_window without a calendar are)", ErrUnsupported, req.Algorithm)
+	return fmt.Errorf("%w: algorithm %s (GCRA, token_bucket and fixed_window are)", ErrUnsupported, req.Algorithm)
 }
 
 // SupportsGlobal reports whether a key of algorithm a and limit l can be

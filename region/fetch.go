@@ -262,15 +262,30 @@ func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
 // by this clock (windows are aligned to the Unix epoch), less the skew,
 // is used within those two. Both instances of a region read one clock, so
 // they number a window alike.
+//
+// A calendar window (a day in a time zone, a month: of varying length) is
+// named by its end in ms, the boundary of the calendar nearest to t0 +
+// ResetAfter, as a periodic window is by its number (calendar.go).
 func (s *Store) windowEnd(l sluice.Limit, t0, rtt int64, ra time.Duration) (exp, win int64) {
 	p := l.Period.Milliseconds()
 	lo := t0 + ra.Milliseconds() // ResetAfter rounded down: earlier
 	hi := lo + rtt + 1
-	win = (lo + p/2) / p
+	var end int64 // ms
+	if l.Calendar.IsZero() {
+		win = (lo + p/2) / p
+		end = win * p
+	} else {
+		start, stop := l.Calendar.WindowNanos(lo * int64(time.Millisecond))
+		end = stop / int64(time.Millisecond)
+		if lo*int64(time.Millisecond)-start < stop-lo*int64(time.Millisecond) {
+			end = start / int64(time.Millisecond)
+		}
+		win = end
+	}
 	if s.skew <= 0 {
 		return lo, win
 	}
-	aligned := win*p - s.skew/int64(time.Millisecond)
+	aligned := end - s.skew/int64(time.Millisecond)
 	return min(max(aligned, lo), hi), win
 }
 

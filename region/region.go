@@ -37,8 +37,8 @@ const (
 var (
 	// ErrUnsupported means a global key was asked for what shares cannot
 	// decide: an algorithm other than GCRA, TokenBucket and FixedWindow
-	// (without a Calendar), a reservation (MaxWait), or a batch holding a
-	// global key with others.
+	// (periodic or calendar windows), a reservation (MaxWait), or a batch
+	// holding a global key with others.
 	ErrUnsupported = errors.New("region: not supported for a global key")
 	// ErrUnknownRegion means a key's home names no region of Options.Regions.
 	ErrUnknownRegion = errors.New("region: unknown region")

@@ -159,7 +159,7 @@ func checkConfig(out, errOut io.Writer, path string, kind config.Kind, env bool)
 		if !filepath.IsAbs(dir) {
 			dir = filepath.Join(filepath.Dir(path), dir)
 		}
-		n, err := envoyrls.CheckDir(dir, sec.MergeDomains)
+		n, err := envoyrls.CheckDir(dir, sec.MergeDomains, cfg.Store.RegionNames()...)
 		if err != nil {
 			reportAs(errOut, fmt.Sprintf("%s: envoy.config_dir %s: invalid envoyproxy/ratelimit config", path, dir), err)
 			ok = false

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -88,7 +89,7 @@ func TestConfigCheckBadFixtures(t *testing.T) {
 		},
 		"gateway.bad.yaml": {
 			dir + "gateway.bad.yaml: invalid sluice gateway config, 4 problems:",
-			dir + "gateway.bad.yaml:6: tiers.free.rpmm: unknown field; did you mean rpm? valid: rpm, rpm_burst, tpm, tpm_burst, rpd, concurrency, timezone, lease, models, class, weight, budgets, itpm, itpm_burst, otpm, otpm_burst, session",
+			dir + "gateway.bad.yaml:6: tiers.free.rpmm: unknown field; did you mean rpm? valid: rpm, rpm_burst, tpm, tpm_burst, rpd, concurrency, timezone, lease, models, class, weight, budgets, itpm, itpm_burst, otpm, otpm_burst, session, scope, home",
 			dir + "gateway.bad.yaml:7: tiers.free.tpm: -1 must not be negative",
 			dir + `gateway.bad.yaml:11: keys[0].tier: unknown tier "gold"; valid: free`,
 			dir + `gateway.bad.yaml:12: allowed_hosts[1]: "gw.example:8090": want a host name (no port, no scheme), *.domain, an IP address, or *`,
@@ -101,7 +102,7 @@ func TestConfigCheckBadFixtures(t *testing.T) {
 		},
 		"envoy_dir.bad": {
 			dir + "envoy_dir.bad: invalid envoyproxy/ratelimit config directory, 2 problems:",
-			dir + "envoy_dir.bad/a.yaml:4: descriptors[0].ratelimit: config error, unknown key 'ratelimit'; valid: algorithm, burst, descriptors, detailed_metric, domain, key, lease, metadata, name, quota_mode, rate_limit, replaces, requests_per_unit, shadow_mode, share_threshold, unit, unlimited, value, value_to_metric",
+			dir + "envoy_dir.bad/a.yaml:4: descriptors[0].ratelimit: config error, unknown key 'ratelimit'; valid: algorithm, burst, descriptors, detailed_metric, domain, home, key, lease, metadata, name, quota_mode, rate_limit, replaces, requests_per_unit, scope, shadow_mode, share_threshold, unit, unlimited, value, value_to_metric",
 			dir + "envoy_dir.bad/b.yaml:4: descriptors[0].rate_limit.unit: should not specify rate limit unit when unlimited",
 		},
 	}
@@ -333,5 +334,39 @@ func TestConfigCheckOfflinePool(t *testing.T) {
 	var out, errOut bytes.Buffer
 	if err := run(context.Background(), []string{"config", "check", "--env", path, serve}, &out, &errOut); err != nil {
 		t.Fatalf("--env with the keys set: %v\n%s", err, errOut.String())
+	}
+}
+
+// TestConfigCheckGlobalEnvoyRule: sluice config check reads an Envoy
+// rule's scope: global against the serve config's regions: with
+// store.region and store.regions it is ok, and its home must be one of
+// them; checked alone (no regions) it is an error naming the rule's field.
+func TestConfigCheckGlobalEnvoyRule(t *testing.T) {
+	dir := t.TempDir()
+	rl := filepath.Join(dir, "rl")
+	if err := os.Mkdir(rl, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rule := "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 100, algorithm: gcra, scope: global, home: %s}\n"
+	store := "store:\n  url: redis://127.0.0.1:1\n  region: eu\n  regions:\n    us: {url: redis://127.0.0.1:2}\nenvoy:\n  config_dir: rl\n"
+	cfg := filepath.Join(dir, "sluice.yaml")
+	if err := os.WriteFile(cfg, []byte(store), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		home, arg, want string
+	}{
+		{"us", cfg, "ok: envoy config_dir"},
+		{"mars", cfg, "d.yaml:4: descriptors[0].rate_limit.home: unknown region 'mars'; valid: eu, us"},
+		{"us", rl, "d.yaml:4: descriptors[0].rate_limit.scope: scope global needs serve's store.region and store.regions"},
+	} {
+		if err := os.WriteFile(filepath.Join(rl, "d.yaml"), []byte(fmt.Sprintf(rule, c.home)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), []string{"config", "check", c.arg}, &out, &errOut)
+		if got := out.String() + errOut.String(); !strings.Contains(got, c.want) || (err == nil) != strings.HasPrefix(c.want, "ok") {
+			t.Errorf("home %s, check %s: err %v, want %q in:\n%s", c.home, c.arg, err, c.want, got)
+		}
 	}
 }

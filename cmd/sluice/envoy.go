@@ -39,6 +39,7 @@ func envoyComponent(d server.Deps) (server.Component, error) {
 		ResponseDynamicMetadata: sec.ResponseDynamicMetadata,
 		MergeDomains:            sec.MergeDomains,
 		Lease:                   sec.Lease,
+		Regions:                 cfg.Store.RegionNames(),
 	})
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -18,6 +19,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/sluice-io/sluice/internal/redistest"
 )
 
 // startEnvoyServe runs `sluice serve` with an envoy: section on the
@@ -40,8 +43,15 @@ func startEnvoyServe(t *testing.T, extra string) (grpcAddr, httpAddr string) {
 	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(edge), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return serveEnvoyConfig(t, "store:\n  url: memory\nenvoy:\n  grpc_addr: 127.0.0.1:0\n  http_addr: 127.0.0.1:0\n  response_headers: true\n  config_dir: "+dir+"\n"+extra)
+}
+
+// serveEnvoyConfig runs `sluice serve` on the config doc, whose envoy:
+// section has a grpc_addr and an http_addr, and returns their addresses
+// from its log.
+func serveEnvoyConfig(t *testing.T, doc string) (grpcAddr, httpAddr string) {
+	t.Helper()
 	cfg := filepath.Join(t.TempDir(), "sluice.yaml")
-	doc := "store:\n  url: memory\nenvoy:\n  grpc_addr: 127.0.0.1:0\n  http_addr: 127.0.0.1:0\n  response_headers: true\n  config_dir: " + dir + "\n" + extra
 	if err := os.WriteFile(cfg, []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -219,5 +229,49 @@ func TestServeEnvoyHostCheck(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(body), &resp); err != nil || len(resp.Statuses) != 1 || resp.Statuses[0].LimitRemaining != 20-passed {
 		t.Fatalf("after %d charged requests: %s (%v), want %d remaining", passed, body, err, 20-passed)
+	}
+}
+
+// TestServeEnvoyGlobalRule: `sluice serve` in region us (its own
+// redis-server) with a rate_limit of scope global homed in eu (another):
+// Envoy's checks are answered in us from its share of the limit, charged
+// in eu's Redis in advance (the key there carries the global mark), and
+// the limit is the rule's: 20 pass, the 21st not.
+func TestServeEnvoyGlobalRule(t *testing.T) {
+	eu, us := redistest.NewStandalone(t), redistest.NewStandalone(t)
+	dir := t.TempDir()
+	rule := "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: hour, requests_per_unit: 20, algorithm: gcra, scope: global, home: eu}\n"
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rule), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	grpcAddr, _ := serveEnvoyConfig(t, fmt.Sprintf("store:\n  url: %s\n  region: us\n  regions:\n    eu: {url: %s}\n  global: {clock_skew: 5ms}\nenvoy:\n  grpc_addr: 127.0.0.1:0\n  http_addr: 127.0.0.1:0\n  config_dir: %s\n", us.URL(), eu.URL(), dir))
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	for i := range 21 {
+		resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "tenant", Value: "t1"}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := rlsv3.RateLimitResponse_OK
+		if i == 20 {
+			want = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if resp.GetOverallCode() != want {
+			t.Fatalf("call %d: %v", i, resp)
+		}
+	}
+	keys, err := eu.Do(ctx, "KEYS", "@global=eu:rls:*")
+	if err != nil || len(keys.([]any)) != 1 {
+		t.Fatalf("eu's Redis holds %v (%v), want the rule's global key", keys, err)
+	}
+	if keys, _ := us.Do(ctx, "KEYS", "@global=eu:rls:*"); len(keys.([]any)) != 0 {
+		t.Fatalf("us's Redis holds the home's state: %v", keys)
 	}
 }

@@ -20,6 +20,9 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The Go runtime's soft limit from the container's (memlimit.go);
+	// here, not in run, so that tests driving run keep their own.
+	setMemoryLimit("/sys/fs/cgroup")
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "sluice:", err)
 		os.Exit(exitCode(err))

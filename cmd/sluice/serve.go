@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,6 +57,9 @@ store's SLUICE_REDIS_USERNAME and SLUICE_REDIS_PASSWORD.`,
 				return err
 			}
 			routeGRPCLogs(log)
+			if lim := debug.SetMemoryLimit(-1); lim < math.MaxInt64 {
+				log.Info("go memory limit", "bytes", lim)
+			}
 			tr, err := tracing.FromEnv(cmd.Context(), version)
 			if err != nil {
 				return err

@@ -387,6 +387,9 @@ func (v *validator) compile(f *File) *Config {
 	}
 
 	v.compileAuthz(&f.Authz, cfg, tierNames)
+	if f.Gateway != nil {
+		f.Gateway.Regions = cfg.Store.RegionNames() // a global tier's homes
+	}
 	v.validateExtensions(f)
 	return cfg
 }

@@ -206,7 +206,7 @@ type PolicySection struct {
 	// Scope is regional (the default: each region its own limit) or
 	// global (one limit across the regions of store.regions, decided in
 	// each region from shares charged at the key's home; gcra,
-	// token_bucket and fixed_window without a calendar). Restart-only.
+	// token_bucket and fixed_window). Restart-only.
 	Scope string `yaml:"scope"`
 	// Home is a global policy's home region, whose store is the
 	// authority for its keys; unset spreads keys over the regions by a

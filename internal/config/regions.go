@@ -134,3 +134,13 @@ func (v *validator) compileScope(path string, p *PolicySection, pol *Policy, s *
 		v.addf(path+".mode", "unknown mode %q; valid: exact, async", p.Mode)
 	}
 }
+
+// RegionNames names every region, this instance's (store.region) first,
+// then store.regions' in name order; nil without store.region. The doors
+// check a global limit's home against them.
+func (s *StoreSection) RegionNames() []string {
+	if s.Region == "" {
+		return nil
+	}
+	return append([]string{s.Region}, sortedKeys(s.Regions)...)
+}

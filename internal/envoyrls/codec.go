@@ -35,7 +35,18 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v
 
 func (c codec) Name() string { return proto.Name }
 
+// BufferUnmarshaler is a message that decodes itself from the buffers
+// gRPC read, so that it can weigh its size before decoding it: the quota
+// service's reports (internal/rlqs) take their bytes from a server-wide
+// budget first, and one beyond it is dropped undecoded.
+type BufferUnmarshaler interface {
+	UnmarshalBuffers(data mem.BufferSlice) error
+}
+
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
+	if u, ok := v.(BufferUnmarshaler); ok {
+		return u.UnmarshalBuffers(data)
+	}
 	if g, ok := v.(*gatedRequest); ok {
 		// The message is read, not yet decoded: its size and cost first
 		// (fairness.go).

@@ -204,8 +204,10 @@ func serveHTTP(ctx context.Context, lis net.Listener, h http.Handler, log *slog.
 
 // CheckDir loads a directory of envoyproxy/ratelimit YAML files the way the
 // service does, offline, and returns the number of domains in it. Its
-// errors name the file and the problem, as the service's do.
-func CheckDir(dir string, merge bool) (int, error) {
+// errors name the file and the problem, as the service's do. regions are
+// serve's store.region and store.regions (Options.Regions): without them a
+// rule with `scope: global` is an error.
+func CheckDir(dir string, merge bool, regions ...string) (int, error) {
 	files, err := readDir(dir)
 	if err != nil {
 		return 0, err
@@ -214,7 +216,7 @@ func CheckDir(dir string, merge bool) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	rs, err := parseConfig(files, merge, m)
+	rs, err := parseConfig(files, merge, m, regions)
 	if err != nil {
 		return 0, err
 	}
@@ -224,8 +226,8 @@ func CheckDir(dir string, merge bool) (int, error) {
 // CheckFiles loads the envoyproxy/ratelimit YAML files at paths offline
 // as one configuration, as if they were a directory of their own (a
 // directory that also holds other files, say), and returns the number of
-// domains in them.
-func CheckFiles(paths []string, merge bool) (int, error) {
+// domains in them. regions are as CheckDir's.
+func CheckFiles(paths []string, merge bool, regions ...string) (int, error) {
 	if len(paths) > maxConfigFiles {
 		return 0, fmt.Errorf("%w: more than %d config files", ErrConfig, maxConfigFiles)
 	}
@@ -241,7 +243,7 @@ func CheckFiles(paths []string, merge bool) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	rs, err := parseConfig(files, merge, m)
+	rs, err := parseConfig(files, merge, m, regions)
 	if err != nil {
 		return 0, err
 	}
@@ -265,8 +267,9 @@ func readConfigFile(path string) ([]byte, error) {
 }
 
 // CheckFile loads one envoyproxy/ratelimit YAML file offline, as CheckDir
-// does a directory, and returns the number of domains in it.
-func CheckFile(path string) (int, error) {
+// does a directory, and returns the number of domains in it. regions are
+// as CheckDir's.
+func CheckFile(path string, regions ...string) (int, error) {
 	data, err := readConfigFile(path)
 	if err != nil {
 		return 0, err
@@ -275,7 +278,7 @@ func CheckFile(path string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	rs, err := parseConfig([]configFile{{name: path, data: data}}, false, m)
+	rs, err := parseConfig([]configFile{{name: path, data: data}}, false, m, regions)
 	if err != nil {
 		return 0, err
 	}

@@ -58,6 +58,8 @@ var validKeys = map[string]bool{
 	"algorithm": true,
 	"burst":     true,
 	"lease":     true,
+	"scope":     true,
+	"home":      true,
 }
 
 type yamlReplaces struct {
@@ -73,6 +75,8 @@ type yamlRateLimit struct {
 	Algorithm       string         `yaml:"algorithm"`
 	Burst           uint32         `yaml:"burst"`
 	Lease           bool           `yaml:"lease"`
+	Scope           string         `yaml:"scope"`
+	Home            string         `yaml:"home"`
 }
 
 type yamlDescriptor struct {
@@ -104,11 +108,15 @@ type rule struct {
 	name           string
 	replaces       []string
 	algorithm      sluice.Algorithm
-	lease          bool         // decide hot keys from leased capacity (package lease)
-	limit          sluice.Limit // Rate zero: requests_per_unit 0, which denies everything
-	unit           rlsv3.RateLimitResponse_RateLimit_Unit
-	current        *rlsv3.RateLimitResponse_RateLimit // the response's current_limit
-	stats          *ruleStats
+	lease          bool // decide hot keys from leased capacity (package lease)
+	// mark starts the store keys of a rule with `scope: global`
+	// (region.GlobalPrefix of its home): one limit across regions
+	// (regions.go). "" for a regional rule.
+	mark    string
+	limit   sluice.Limit // Rate zero: requests_per_unit 0, which denies everything
+	unit    rlsv3.RateLimitResponse_RateLimit_Unit
+	current *rlsv3.RateLimitResponse_RateLimit // the response's current_limit
+	stats   *ruleStats
 	// metadata is the descriptor's metadata:, as envoyproxy/ratelimit
 	// converts it (structpb), returned in the response's dynamic metadata
 	// when the descriptor passes and envoy.response_dynamic_metadata is set.
@@ -215,6 +223,7 @@ func readDir(dir string) ([]configFile, error) {
 type loader struct {
 	cfg      *ruleSet
 	merge    bool
+	regions  []string // every region's name, this one first; nil without regions
 	metrics  *metrics
 	doc      *yamlconf.Doc      // the file being loaded
 	problems []yamlconf.Problem // found so far, in all files
@@ -229,8 +238,8 @@ func (l *loader) fail(path, format string, args ...any) {
 // parseConfig loads files into one config. Domains may not repeat unless
 // merge is set. Every problem of every file is reported in one
 // *yamlconf.Error wrapping ErrConfig, by file and then by line.
-func parseConfig(files []configFile, merge bool, m *metrics) (*ruleSet, error) {
-	l := &loader{cfg: &ruleSet{domains: map[string]*domainConfig{}}, merge: merge, metrics: m}
+func parseConfig(files []configFile, merge bool, m *metrics, regions []string) (*ruleSet, error) {
+	l := &loader{cfg: &ruleSet{domains: map[string]*domainConfig{}}, merge: merge, metrics: m, regions: regions}
 	for _, f := range files {
 		l.load(f.name, f.data)
 	}
@@ -502,6 +511,9 @@ func (l *loader) rule(d *domainConfig, dc yamlDescriptor, fullKey, path string) 
 			}
 		}
 		r.current = &rlsv3.RateLimitResponse_RateLimit{Name: rl.Name, RequestsPerUnit: rl.RequestsPerUnit, Unit: unit}
+	}
+	if !l.scope(r, rl, path) { // regions.go
+		return nil
 	}
 	r.stats = l.metrics.rule(d.name, fullKey)
 	l.cfg.rules++

@@ -34,7 +34,7 @@ func loadTestdata(t *testing.T, names ...string) (*ruleSet, error) {
 		}
 		files = append(files, configFile{name: n, data: data})
 	}
-	return parseConfig(files, false, testMetrics(t))
+	return parseConfig(files, false, testMetrics(t), nil)
 }
 
 // TestBadConfigs loads each testdata/*.bad.yaml and expects
@@ -42,7 +42,7 @@ func loadTestdata(t *testing.T, names ...string) (*ruleSet, error) {
 // (and, where there are any, the valid values); then several at once,
 // which must report every problem in a single error, file by file.
 func TestBadConfigs(t *testing.T) {
-	const keys = "; valid: algorithm, burst, descriptors, detailed_metric, domain, key, lease, metadata, name, quota_mode, rate_limit, replaces, requests_per_unit, shadow_mode, share_threshold, unit, unlimited, value, value_to_metric"
+	const keys = "; valid: algorithm, burst, descriptors, detailed_metric, domain, home, key, lease, metadata, name, quota_mode, rate_limit, replaces, requests_per_unit, scope, shadow_mode, share_threshold, unit, unlimited, value, value_to_metric"
 	want := map[string]string{
 		"misspelled_key.bad.yaml":              "4: descriptors[0].ratelimit: config error, unknown key 'ratelimit'" + keys,
 		"misspelled_key2.bad.yaml":             "6: descriptors[0].rate_limit.requestsperunit: config error, unknown key 'requestsperunit'" + keys,
@@ -133,7 +133,7 @@ func TestDuplicateDomain(t *testing.T) {
 	}
 	data, _ := os.ReadFile("testdata/config/basic.yaml")
 	extra, _ := os.ReadFile("testdata/duplicate_domain.bad.yaml")
-	cfg, err := parseConfig([]configFile{{"a.yaml", data}, {"b.yaml", extra}}, true, testMetrics(t))
+	cfg, err := parseConfig([]configFile{{"a.yaml", data}, {"b.yaml", extra}}, true, testMetrics(t), nil)
 	if err != nil {
 		t.Fatalf("merge: %v", err)
 	}
@@ -168,7 +168,7 @@ func TestLookup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := parseConfig(files, false, testMetrics(t))
+	cfg, err := parseConfig(files, false, testMetrics(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,7 @@ func TestDeployExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := parseConfig(files, false, testMetrics(t))
+	cfg, err := parseConfig(files, false, testMetrics(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,9 @@ import (
 //
 //	rls:{<domain>}:<algorithm>:<period seconds>:<key>=<value>|<key>=<value>
 //
+// A rule with `scope: global` puts region.GlobalPrefix before the key
+// (regions.go): "@global=eu:rls:{...}..." or "@global:rls:{...}...".
+//
 // The algorithm and period are part of the key so that changing either in
 // the configuration starts a fresh counter instead of misreading the old
 // state (envoyproxy/ratelimit's keys change with the unit too).
@@ -47,7 +50,11 @@ func (s *Service) keys(dom *domainConfig, req *rlsv3.RateLimitRequest, items []i
 		if it.kind == kindNone || it.kind == kindUnlimited {
 			continue
 		}
-		buf = append(buf[:0], s.prefix...)
+		buf = buf[:0]
+		if it.rule != nil {
+			buf = append(buf, it.rule.mark...)
+		}
+		buf = append(buf, s.prefix...)
 		buf = append(buf, '{')
 		buf = appendEscaped(buf, dom.name)
 		buf = append(buf, '}', ':')

@@ -82,6 +82,11 @@ type Options struct {
 	// OnReload, if set, is called after every reload that Watch triggers,
 	// with its error.
 	OnReload func(error)
+	// Regions names every region, this instance's first, when the store
+	// is a region.Store (serve's store.region and store.regions): a
+	// rate_limit with `scope: global` is then one limit across the
+	// regions (regions.go). Empty makes such a rule a config error.
+	Regions []string
 }
 
 // Service answers Envoy's rate-limit checks from envoyproxy/ratelimit's
@@ -101,6 +106,7 @@ type Service struct {
 	still   time.Duration
 	onLoad  func(error)
 	metrics *metrics
+	regions []string
 	cfg     atomic.Pointer[ruleSet]
 
 	watching func() // test hook: Watch has added its watch
@@ -144,6 +150,7 @@ func New(opts Options) (*Service, error) {
 		still:   opts.ReloadStill,
 		onLoad:  opts.OnReload,
 		metrics: m,
+		regions: slices.Clone(opts.Regions),
 	}
 	if err := s.Reload(); err != nil {
 		return nil, err
@@ -162,7 +169,7 @@ func (s *Service) Reload() error {
 func (s *Service) load(files []configFile, err error) error {
 	if err == nil {
 		var cfg *ruleSet
-		if cfg, err = parseConfig(files, s.merge, s.metrics); err == nil {
+		if cfg, err = parseConfig(files, s.merge, s.metrics, s.regions); err == nil {
 			s.cfg.Store(cfg)
 			s.metrics.loads.WithLabelValues("success").Inc()
 			s.metrics.rules.Set(float64(cfg.rules))

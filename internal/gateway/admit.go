@@ -77,6 +77,7 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 	}
 	g.setLimitHeaders(w.Header(), c, ds)
 	g.setBudgetHeaders(w.Header(), c, ds)
+	setDecidedBy(w.Header(), c, ds) // regions.go
 	if c.ep.anthropic() {
 		setAnthropicHeaders(w.Header(), c, ds, time.Now())
 	}

@@ -52,6 +52,13 @@ type benchRig struct {
 type preUpstream struct {
 	mu  sync.Mutex
 	lat []time.Duration
+	// in is each request's time in the proxy's handler, from its call to
+	// its return (the response written and flushed); what the client
+	// waited beyond it is the sockets' and the scheduler's.
+	in []time.Duration
+	// rt is each upstream round trip's time, from the send to the
+	// response's headers.
+	rt []time.Duration
 }
 
 type preStartKey struct{}
@@ -63,7 +70,12 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 
 func (p *preUpstream) handler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), preStartKey{}, time.Now())))
+		start := time.Now()
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), preStartKey{}, start)))
+		d := time.Since(start)
+		p.mu.Lock()
+		p.in = append(p.in, d)
+		p.mu.Unlock()
 	})
 }
 
@@ -75,7 +87,13 @@ func (p *preUpstream) transport(next http.RoundTripper) http.RoundTripper {
 			p.lat = append(p.lat, d)
 			p.mu.Unlock()
 		}
-		return next.RoundTrip(r)
+		start := time.Now()
+		res, err := next.RoundTrip(r)
+		d := time.Since(start)
+		p.mu.Lock()
+		p.rt = append(p.rt, d)
+		p.mu.Unlock()
+		return res, err
 	})
 }
 
@@ -84,15 +102,37 @@ func (p *preUpstream) take() []time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := p.lat
-	p.lat = nil
+	p.lat, p.in, p.rt = nil, nil, nil
 	slices.Sort(out)
 	return out
 }
 
+// takeIn returns the handler and upstream round trip times recorded
+// since the last take, sorted, and forgets them.
+func (p *preUpstream) takeIn() (in, rt []time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	in, rt = p.in, p.rt
+	p.in, p.rt = nil, nil
+	slices.Sort(in)
+	slices.Sort(rt)
+	return in, rt
+}
+
 func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
 	b.Helper()
+	return newBenchRigOn(b, storeName, conns, nil)
+}
+
+// newBenchRigOn is newBenchRig before the fake upstream up, or a new one
+// when up is nil.
+func newBenchRigOn(b *testing.B, storeName string, conns int, up *fakeopenai.Server) *benchRig {
+	b.Helper()
+	if up == nil {
+		up = fakeopenai.New(b, fakeopenai.Options{CompletionTokens: 2, MaxRecorded: 1})
+	}
 	if storeName == "bare-proxy" {
-		return newBareProxyRig(b, conns)
+		return newBareProxyRig(b, conns, up)
 	}
 	var st sluice.Store
 	var srv *redistest.Server
@@ -124,7 +164,6 @@ func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
 			st, ls = l, l
 		}
 	}
-	up := fakeopenai.New(b, fakeopenai.Options{CompletionTokens: 2, MaxRecorded: 1})
 	rig := &benchRig{up: up, redis: srv, lease: ls, pre: &preUpstream{}}
 	run := fmt.Sprintf("%x", time.Now().UnixNano())
 	cfg := &Config{
@@ -156,8 +195,7 @@ func newBenchRig(b *testing.B, storeName string, conns int) *benchRig {
 // newBareProxyRig is the floor of what any proxy adds: a fake upstream
 // behind an httputil.ReverseProxy that only rewrites the URL, with the
 // gateway's upstream transport, and no limits.
-func newBareProxyRig(b *testing.B, conns int) *benchRig {
-	up := fakeopenai.New(b, fakeopenai.Options{CompletionTokens: 2, MaxRecorded: 1})
+func newBareProxyRig(b *testing.B, conns int, up *fakeopenai.Server) *benchRig {
 	target, err := url.Parse(up.URL())
 	if err != nil {
 		b.Fatal(err)
@@ -504,6 +542,10 @@ func BenchmarkServeHTTPOutcome(b *testing.B) {
 func serveParallel(b *testing.B, gw *Gateway, keys []string) {
 	b.ReportAllocs()
 	b.ResetTimer()
+	// The process's CPU per request: what a loaded machine's wall time
+	// per request hides (sec/op moves with the neighbours' builds).
+	c0 := processCPU(b)
+	defer func() { b.ReportMetric(float64(processCPU(b)-c0)/1e3/float64(b.N), "cpu-µs/op") }()
 	var n atomic.Int64
 	b.RunParallel(func(pb *testing.PB) {
 		key := "Bearer " + keys[n.Add(1)%int64(len(keys))]

@@ -27,6 +27,10 @@ type LevelConfig struct {
 	Org string `yaml:"org"`
 	// Budgets are the level's dollar budgets, shared by its keys.
 	Budgets []BudgetConfig `yaml:"budgets"`
+	// Scope and Home are TierConfig's, for the level's limits and
+	// budgets (regions.go).
+	Scope string `yaml:"scope"`
+	Home  string `yaml:"home"`
 }
 
 // BudgetConfig is a dollar budget: at most USD spent per window.

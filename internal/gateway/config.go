@@ -123,6 +123,11 @@ type Config struct {
 	MCPServers []mcpgate.ServerConfig `yaml:"mcp_servers"`
 	// Batches serves OpenAI's Batch API under quotas (batches.go).
 	Batches BatchConfig `yaml:"batches"`
+	// Regions names the regions of serve's store (store.region first,
+	// then store.regions), set by the service's config loader, never read
+	// from the file: a tier, team or org with scope global needs them.
+	// Nil for `sluice gateway` alone.
+	Regions []string `yaml:"-"`
 }
 
 // UpstreamConfig is the `upstream:` section.
@@ -232,6 +237,13 @@ type TierConfig struct {
 	// Session is a budget per session (agent run) of each key of the tier,
 	// named by the client in X-Sluice-Session (session.go).
 	Session *SessionConfig `yaml:"session"`
+	// Scope is "regional" (the default: each region's gateways hold the
+	// tier's limits on their own) or "global": the tier's rpm, rpd, tpm,
+	// itpm and otpm, its models' and its keys' budgets are each one limit
+	// across the regions of serve's store.regions, and Home, when set,
+	// names their home region (regions.go, docs/regions.md).
+	Scope string `yaml:"scope"`
+	Home  string `yaml:"home"`
 }
 
 // Tier returns a TierConfig with the limits l for the whole tier.

@@ -141,6 +141,7 @@ func (c *Config) Check(doc *yamlconf.Doc) {
 	}
 	c.checkQueue(doc)
 	c.checkLevels(doc)
+	c.checkScopes(doc) // regions.go
 }
 
 var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)

@@ -217,6 +217,7 @@ func New(opts Options) (*Gateway, error) {
 			t.specs = append(t.specs, spec{kind: kindReservation, name: "reservation", suffix: "reservation",
 				alg: sluice.Concurrency, limit: sluice.Limit{Rate: 1 << 40, Period: cfg.LeaseTTL}})
 		}
+		t.specs = markSpecs(t.specs, tc.Scope, tc.Home) // regions.go
 		t.policies = map[string]string{"": rateLimitPolicy(t.specs, "")}
 		for _, s := range t.specs {
 			if s.model != "" {
@@ -229,7 +230,7 @@ func New(opts Options) (*Gateway, error) {
 		cl := &client{id: k.Client, name: k.Name, tier: tiers[k.Tier], prefix: "{gw:" + k.Client + "}:", shown: consoleIdentity(k)}
 		g.attachLevels(cl, k)
 		for _, s := range cl.tier.specs {
-			cl.specKeys = append(cl.specKeys, cl.prefix+s.suffix)
+			cl.specKeys = append(cl.specKeys, s.mark+cl.prefix+s.suffix)
 		}
 		g.keys[k.Hash] = cl
 	}

@@ -56,6 +56,9 @@ type spec struct {
 	window, zone string
 	// sel is the kinds of token a token limit counts (tokenkinds.go).
 	sel tokenSel
+	// mark starts the store key of a global limit or budget (regions.go);
+	// "" for a regional one.
+	mark string
 }
 
 func (s *spec) describe() string {

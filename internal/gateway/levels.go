@@ -60,9 +60,10 @@ func lengthPrefixed(name string) string { return strconv.Itoa(len(name)) + ":" +
 func (g *Gateway) attachLevels(cl *client, k KeyConfig) {
 	cfg := g.cfg
 	team, hasTeam := cfg.Teams[k.Team]
+	tier := cfg.Tiers[k.Tier]
 	budgets := k.Budgets
 	if len(budgets) == 0 {
-		budgets = cfg.Tiers[k.Tier].Budgets
+		budgets = tier.Budgets
 	}
 	if !hasTeam && len(budgets) == 0 {
 		return
@@ -71,7 +72,7 @@ func (g *Gateway) attachLevels(cl *client, k KeyConfig) {
 	add := func(prefix string, specs []spec) {
 		for _, s := range specs {
 			lv.specs = append(lv.specs, s)
-			lv.keys = append(lv.keys, prefix+s.suffix)
+			lv.keys = append(lv.keys, s.mark+prefix+s.suffix)
 		}
 	}
 	if hasTeam {
@@ -80,18 +81,18 @@ func (g *Gateway) attachLevels(cl *client, k KeyConfig) {
 			tag = "{gw:o:" + team.Org + "}:"
 		}
 		cl.prefix = tag + "c:" + lengthPrefixed(cl.id) + ":"
-		add(cl.prefix, appendBudgetSpecs(nil, budgets, "", ""))
+		add(cl.prefix, markSpecs(appendBudgetSpecs(nil, budgets, "", ""), tier.Scope, tier.Home))
 		lv.team = k.Team
 		teamSpecs := appendSpecs(nil, team.Limits.inZone(cfg.Timezone), "", cfg.LeaseTTL)
-		add(tag+"t:"+lengthPrefixed(k.Team)+":", appendBudgetSpecs(setLevel(teamSpecs, "team", k.Team), team.Budgets, "team", k.Team))
+		add(tag+"t:"+lengthPrefixed(k.Team)+":", markSpecs(appendBudgetSpecs(setLevel(teamSpecs, "team", k.Team), team.Budgets, "team", k.Team), team.Scope, team.Home))
 		if team.Org != "" {
 			lv.org = team.Org
 			org := cfg.Orgs[team.Org]
 			orgSpecs := appendSpecs(nil, org.Limits.inZone(cfg.Timezone), "", cfg.LeaseTTL)
-			add(tag+"o:", appendBudgetSpecs(setLevel(orgSpecs, "org", team.Org), org.Budgets, "org", team.Org))
+			add(tag+"o:", markSpecs(appendBudgetSpecs(setLevel(orgSpecs, "org", team.Org), org.Budgets, "org", team.Org), org.Scope, org.Home))
 		}
 	} else {
-		add(cl.prefix, appendBudgetSpecs(nil, budgets, "", ""))
+		add(cl.prefix, markSpecs(appendBudgetSpecs(nil, budgets, "", ""), tier.Scope, tier.Home))
 	}
 	all := append(append([]spec(nil), cl.tier.specs...), lv.specs...)
 	lv.policies = map[string]string{"": rateLimitPolicy(all, "")}

@@ -144,9 +144,17 @@ func findUsage(body []byte) *usageJSON {
 	if i := bytes.LastIndex(body, []byte(`"usage"`)); i >= 0 {
 		rest := bytes.TrimLeft(body[i+len(`"usage"`):], " \t\r\n")
 		if len(rest) > 0 && rest[0] == ':' {
+			rest = bytes.TrimLeft(rest[1:], " \t\r\n")
 			var u usageJSON
-			if json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u) == nil {
-				return &u // a "usage" inside a string would be escaped
+			// The object alone, when its end is found: a json.Decoder
+			// copied the rest of the body into a buffer of its own first
+			// (findUsage was 14% of BenchmarkServeHTTP's CPU).
+			if n := objectLen(rest); n > 0 {
+				if json.Unmarshal(rest[:n], &u) == nil {
+					return &u // a "usage" inside a string would be escaped
+				}
+			} else if json.NewDecoder(bytes.NewReader(rest)).Decode(&u) == nil {
+				return &u
 			}
 		}
 	}
@@ -157,6 +165,38 @@ func findUsage(body []byte) *usageJSON {
 		return whole.Usage
 	}
 	return nil
+}
+
+// objectLen is the length of the JSON object b starts with, up to and
+// including its closing brace, or 0 if b does not start with '{' or the
+// object does not end in b. It only matches braces outside strings;
+// json.Unmarshal checks the rest.
+func objectLen(b []byte) int {
+	if len(b) == 0 || b[0] != '{' {
+		return 0
+	}
+	depth, inString := 0, false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case inString:
+			switch c {
+			case '\\':
+				i++ // the escaped byte
+			case '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '{' || c == '[':
+			depth++
+		case c == '}' || c == ']':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		}
+	}
+	return 0
 }
 
 // sseReader relays an SSE stream as it arrives. Each Read returns every

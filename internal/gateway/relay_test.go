@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
+	"reflect"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -52,6 +55,53 @@ func TestFindUsage(t *testing.T) {
 	if findUsage([]byte(`{"data":[]}`)) != nil {
 		t.Fatal("usage found where there is none")
 	}
+}
+
+// findUsageByDecoder is findUsage as it was before objectLen: the rest of
+// the body after the last "usage" key through a json.Decoder. FuzzFindUsage
+// holds findUsage to it.
+func findUsageByDecoder(body []byte) *usageJSON {
+	if i := bytes.LastIndex(body, []byte(`"usage"`)); i >= 0 {
+		rest := bytes.TrimLeft(body[i+len(`"usage"`):], " \t\r\n")
+		if len(rest) > 0 && rest[0] == ':' {
+			var u usageJSON
+			if json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u) == nil {
+				return &u
+			}
+		}
+	}
+	var whole struct {
+		Usage *usageJSON `json:"usage"`
+	}
+	if json.Unmarshal(body, &whole) == nil {
+		return whole.Usage
+	}
+	return nil
+}
+
+// FuzzFindUsage: findUsage reads the usage a json.Decoder read from the
+// same bytes, whatever they hold (strings with braces and escapes, usage
+// null or not an object, a truncated body, trailing bytes).
+func FuzzFindUsage(f *testing.F) {
+	for _, s := range []string{
+		`{"choices":[{"message":{"content":"the \"usage\": {\"prompt_tokens\": 99}"}}],"usage": {"prompt_tokens":5,"completion_tokens":6,"total_tokens":11}}`,
+		`{"usage":{"prompt_tokens":1,"prompt_tokens_details":{"cached_tokens":1},"x":"}{\\\"","y":[{}]},"z":1}`,
+		`{"usage": null}`,
+		`{"usage":{"prompt_tokens":1}`,
+		`{"usage":{"prompt_tokens":1]}`,
+		`{"usage":{"prompt_tokens":1}} trailing`,
+		`{"usage":"}"}`,
+		`{"usage" : 	{"input_tokens":3,"output_tokens":4,"cache_creation":{"ephemeral_1h_input_tokens":2}}}`,
+		`{"data":[]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, want := findUsage(body), findUsageByDecoder(body)
+		if (got == nil) != (want == nil) || (got != nil && !reflect.DeepEqual(*got, *want)) {
+			t.Fatalf("findUsage(%q) = %+v, the decoder read %+v", body, got, want)
+		}
+	})
 }
 
 func TestInsertIncludeUsage(t *testing.T) {

@@ -139,11 +139,15 @@ func (g *Gateway) settle(c *call) {
 			s.Err = errors.Join(s.Err, fmt.Errorf("gateway: settle %s: charge: %w", c.id, err))
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
-	defer cancel()
-	if err := g.queue.settle(ctx, g.store, c, s.Actual, refundRequests, held); err != nil { // and wakes the queue
-		s.Err = errors.Join(s.Err, err)
+	if g.queue != nil {
+		// A deadline (a timer) only when there is a queue to settle.
+		qctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
+		if err := g.queue.settle(qctx, g.store, c, s.Actual, refundRequests, held); err != nil { // and wakes the queue
+			s.Err = errors.Join(s.Err, err)
+		}
+		cancel()
 	}
+	ctx := context.Background()
 	m := g.metrics
 	m.requests.WithLabelValues(s.Tier, s.Model, statusLabel(c)).Inc()
 	m.tokens.WithLabelValues(s.Tier, s.Model, "prompt").Add(float64(s.PromptTokens))

@@ -45,6 +45,11 @@ type StatusLimit struct {
 	Remaining int64  `json:"remaining"`
 	// ResetSeconds is the time until the limit is full again.
 	ResetSeconds int64 `json:"reset_seconds"`
+	// DecidedBy, for a global limit (scope global, regions.go), is the
+	// tier that answers it in this region: "home" (Remaining is the
+	// limit's, counted at its home store), "share" (Remaining is what this
+	// region holds of it, charged at the home in advance) or "policy".
+	DecidedBy string `json:"decided_by,omitempty"`
 }
 
 // StatusBudget is one dollar budget of a Status.
@@ -61,6 +66,9 @@ type StatusBudget struct {
 	RemainingUSD string `json:"remaining_usd"`
 	// ResetSeconds is the time until the window resets.
 	ResetSeconds int64 `json:"reset_seconds"`
+	// DecidedBy is StatusLimit's, for a global budget: with "share",
+	// RemainingUSD is what this region holds of the budget.
+	DecidedBy string `json:"decided_by,omitempty"`
 }
 
 // statusReuse is how long a client's /v1/status answer is reused while
@@ -185,11 +193,12 @@ func (g *Gateway) peekClient(ctx context.Context, cl *client, sid string) (Statu
 					Scope: s.scope(), Window: s.window, Zone: s.zone, Model: s.model,
 					LimitUSD: pricing.Micros(s.limit.Rate).String(), SpentUSD: pricing.Micros(s.limit.Rate - left).String(),
 					RemainingUSD: pricing.Micros(left).String(), ResetSeconds: sluice.CeilSeconds(max(d.ResetAfter, d.RetryAfter)),
+					DecidedBy: s.decidedBy(d),
 				})
 				continue
 			}
 			body.Limits = append(body.Limits, StatusLimit{Scope: s.scope(), Name: s.name, Model: s.model, Limit: limitText(s.alg, s.limit),
-				Remaining: max(d.Remaining, 0), ResetSeconds: sluice.CeilSeconds(d.ResetAfter)})
+				Remaining: max(d.Remaining, 0), ResetSeconds: sluice.CeilSeconds(d.ResetAfter), DecidedBy: s.decidedBy(d)})
 		}
 	}
 	return body, nil

@@ -3,12 +3,15 @@ package rlqs_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -196,6 +199,11 @@ func TestAbuse(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = child.Wait() }()
+	// The peak resident memory of this process (the server, the quiet
+	// clients, the test) from here on: the kernel's high-water mark, reset
+	// (proc(5), clear_refs 5) so that what earlier tests took is not
+	// counted.
+	hwm0, hwmErr := resetPeakRSS()
 	var most rlqs.Held
 	var mostBuckets atomic.Int64 // most.Buckets, read while the sampler runs
 	done := make(chan struct{})
@@ -221,6 +229,7 @@ func TestAbuse(t *testing.T) {
 	}
 	loud, loudRLS, qs, rs := measure()
 	floodOn := q.Held().Streams >= 32 // the flood lasted the measurement
+	peak, _ := peakRSS()
 	cancel()
 	wg.Wait()
 	<-done
@@ -234,6 +243,7 @@ func TestAbuse(t *testing.T) {
 	quiet2, quietRLS2, _, _ := measure()
 	quiet, quietRLS = max(quiet, quiet2), max(quietRLS, quietRLS2)
 	dropped := testutil.ToFloat64(dropCounter(reg))
+	t.Logf("peak RSS during the flood %d MiB (%d MiB when it began)%v", peak>>20, hwm0>>20, hwmErr)
 	t.Logf("RLQS p99 quiet %v, under abuse %v (%.1f×); RLS p99 quiet %v, under abuse %v (%.1f×); most held %+v; %.0f usages dropped; %d log lines",
 		quiet, loud, float64(loud)/float64(quiet), quietRLS, loudRLS, float64(loudRLS)/float64(quietRLS), most, dropped, logs.n.Load())
 	// The goal (#36): under the flood, the quiet clients' p99 within 10×
@@ -293,15 +303,25 @@ func dropCounter(reg *prometheus.Registry) prometheus.Collector {
 // nothing unless RLQS_ABUSE_ADDR is set): four client addresses, each
 // with 16 streams (the cap), each sending reports of 1000 new buckets
 // (the cap) back to back and opening a new stream after every 5.
+// RLQS_ABUSE_PEERS sets the number of addresses (127.0.0.2 on) and
+// RLQS_ABUSE_ID_BYTES pads each bucket id to about that size, within the
+// 16 entries and 1024 bytes a bucket id may have (TestAbuseMemory).
 func TestAbuser(t *testing.T) {
 	addr := os.Getenv("RLQS_ABUSE_ADDR")
 	if addr == "" {
 		t.Skip("run by TestAbuse")
 	}
+	peers, idBytes := 4, 0
+	if n, err := strconv.Atoi(os.Getenv("RLQS_ABUSE_PEERS")); err == nil {
+		peers = n
+	}
+	if n, err := strconv.Atoi(os.Getenv("RLQS_ABUSE_ID_BYTES")); err == nil {
+		idBytes = n
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 38*time.Second) // killed earlier by TestAbuse
 	defer cancel()
 	var wg sync.WaitGroup
-	for a := range 4 {
+	for a := range peers {
 		c := dialFrom(t, fmt.Sprintf("127.0.0.%d", 2+a), addr)
 		// Two reports of 1000 buckets, sent in turn by each stream: on a
 		// new stream every bucket is new to the server.
@@ -309,7 +329,7 @@ func TestAbuser(t *testing.T) {
 		for k := range 2 {
 			var us []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage
 			for b := range rlqs.DefaultMaxUsagesPerReport {
-				us = append(us, usage(map[string]string{"user": fmt.Sprintf("%d-%d-%d", a, k, b)}, 1000, 1000))
+				us = append(us, usage(paddedID(fmt.Sprintf("%d-%d-%d", a, k, b), idBytes), 1000, 1000))
 			}
 			msgs = append(msgs, &rlqsv3.RateLimitQuotaUsageReports{Domain: "envoy", BucketQuotaUsages: us})
 		}
@@ -344,7 +364,48 @@ func TestAbuser(t *testing.T) {
 	wg.Wait()
 }
 
+// paddedID is the bucket id {user: user} with entries added up to about
+// size bytes of keys and values, at most 16 entries of at most 1024 bytes
+// in all (the largest id the server takes).
+func paddedID(user string, size int) map[string]string {
+	id := map[string]string{"user": user}
+	n := len("user") + len(user)
+	for k := 0; len(id) < 16 && n+64 <= min(size, 1024); k++ {
+		key := fmt.Sprintf("k%02d", k)
+		id[key] = strings.Repeat("v", 64-len(key))
+		n += 64
+	}
+	return id
+}
+
 // p99 is the nearest-rank 99th percentile of sorted ds.
 func p99(ds []time.Duration) time.Duration {
 	return ds[(len(ds)*99+99)/100-1]
+}
+
+// resetPeakRSS resets this process's VmHWM to its resident size and
+// returns it (proc(5): writing 5 to /proc/PID/clear_refs).
+func resetPeakRSS() (int64, error) {
+	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+		return 0, fmt.Errorf("reset the peak RSS: %w", err)
+	}
+	return peakRSS()
+}
+
+// peakRSS reads this process's VmHWM, in bytes.
+func peakRSS() (int64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, fmt.Errorf("peak RSS: %w", err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			var kb int64
+			if _, err := fmt.Sscan(v, &kb); err != nil {
+				return 0, fmt.Errorf("peak RSS: %q: %w", line, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("peak RSS: no VmHWM in /proc/self/status")
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -41,8 +42,18 @@ const (
 	// DefaultMaxNewBucketsPerPeer bounds the buckets one client IP may
 	// open per report interval, over all its streams and reconnects.
 	DefaultMaxNewBucketsPerPeer = 1000
-	// DefaultMaxStreams bounds the streams of the whole server.
+	// DefaultMaxStreams bounds the streams of the whole server where the
+	// Go runtime has no memory limit; under one (GOMEMLIMIT, which
+	// sluice serve sets from its cgroup), the default is
+	// MaxStreamsFor(the limit).
 	DefaultMaxStreams = 256
+	// StreamMemory is what one stream may cost at worst under a flood of
+	// the largest reports the caps let in, sent back to back: the report
+	// being read (gRPC grows a stream's window to the length a message
+	// announces) and its decoded copy. TestAbuseMemory measured peaks of
+	// 80–108 MiB at 96 streams (once 234 MiB at 86) and 260–268 MiB at
+	// 256, with the soft limit at 230 MiB; this is 3 MiB.
+	StreamMemory = 3 << 20
 	// DefaultMaxBuckets bounds the buckets of the whole server, over all
 	// streams.
 	DefaultMaxBuckets = 100000
@@ -135,7 +146,24 @@ type Policy struct {
 	Algorithm string `yaml:"algorithm"`
 	// Denied denies every request of the matched buckets (blanket DENY_ALL).
 	Denied bool `yaml:"denied"`
+	// Scope is "regional" (the default): the policy's buckets are the
+	// limit of this region's fleet. "global" is refused (errGlobalScope).
+	Scope string `yaml:"scope"`
 }
+
+// errGlobalScope is why an RLQS policy cannot have scope global, as
+// config check says it (docs/regions.md, docs/envoy.md).
+//
+// The quota service assigns each Envoy a lease of part of a bucket's
+// capacity (sluice.Concurrency and OpTake: held for assignment_ttl,
+// given back when the Envoy's next report resizes it). A region's share of
+// a global key is units charged at the key's home in advance and spent
+// once (OpAllow): nothing a share holds comes back to the home when a
+// lease ends, and a lease held across regions would put a call to the
+// home on every report. Until a lease can be taken from a share exactly,
+// a global limit for Envoy is a rate_limit with scope: global on the
+// envoy: rules (the RLS door), decided per request from the region's share.
+var errGlobalScope = errors.New(`scope: global is not supported for RLQS: an assignment is a lease of part of a bucket's capacity, given back at the next report, and a region's share is units charged at the home once; use a rate_limit with scope: global in the envoy: rules instead (docs/regions.md)`)
 
 // policy is a checked Policy.
 type policy struct {
@@ -232,6 +260,13 @@ func compile(p Policy) (*policy, error) {
 		}
 		out.match = append(out.match, kv{k, v})
 	}
+	switch strings.ToLower(p.Scope) {
+	case "", "regional":
+	case "global":
+		return nil, errGlobalScope
+	default:
+		return nil, fmt.Errorf("scope: unknown scope %q; valid: regional", p.Scope)
+	}
 	if p.Denied {
 		if p.RequestsPerUnit != 0 || p.Unit != "" || p.Algorithm != "" {
 			return nil, errors.New("denied: a denied policy takes no requests_per_unit, unit or algorithm")
@@ -287,6 +322,20 @@ func (c *Config) ttl() time.Duration {
 		return c.AssignmentTTL
 	}
 	return (2*c.interval() + time.Second - 1).Truncate(time.Second)
+}
+
+// MaxStreamsFor is the default bound on the server's streams under a
+// memory limit of limit bytes: as many as fit StreamMemory each, at least
+// 16 and at most DefaultMaxStreams (230 MiB, the soft limit in a 256 MiB
+// pod: 76 streams; from 768 MiB, 256).
+func MaxStreamsFor(limit int64) int {
+	return int(min(int64(DefaultMaxStreams), max(16, limit/StreamMemory)))
+}
+
+// defaultMaxStreams is MaxStreamsFor the Go runtime's memory limit (none:
+// DefaultMaxStreams).
+func defaultMaxStreams() int {
+	return MaxStreamsFor(debug.SetMemoryLimit(-1))
 }
 
 func orDefault(v, d int) int {

@@ -3,6 +3,7 @@ package rlqs
 import (
 	"crypto/sha256"
 	"errors"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -37,7 +38,10 @@ func TestConfigErrors(t *testing.T) {
 		"testdata/bad.yaml:12: domains[0].policies[1].match: key \"user\" has an empty value",
 		"testdata/bad.yaml:17: domains[0].policies[2].denied: a denied policy takes no requests_per_unit, unit or algorithm",
 		"testdata/bad.yaml:20: domains[0].policies[3].match: at least one bucket id key is required",
-		"testdata/bad.yaml:23: domains[1].domain: duplicate domain \"envoy\"",
+		"testdata/bad.yaml:28: domains[1].domain: duplicate domain \"envoy\"",
+		// The quota service's leases cannot be held across regions
+		// exactly (errGlobalScope): refused at config check.
+		"testdata/bad.yaml:27: domains[0].policies[4].scope: global is not supported for RLQS",
 	} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("missing %q in:\n%s", want, msg)
@@ -84,5 +88,20 @@ func TestConfigLookup(t *testing.T) {
 	}
 	if h := sha256.Sum256([]byte(canonical(id))); hashID(id) != [16]byte(h[:16]) {
 		t.Error("hashID is not the hash of canonical")
+	}
+}
+
+// TestMaxStreamsFor: the server's default stream bound follows the Go
+// runtime's memory limit (the shipped 256 MiB pod's soft limit of 230 MiB
+// gives 76, TestAbuseMemory's flood fitting it), never under 16 nor over
+// DefaultMaxStreams (no limit).
+func TestMaxStreamsFor(t *testing.T) {
+	for _, c := range []struct {
+		limit int64
+		want  int
+	}{{256 << 20 * 9 / 10, 76}, {512 << 20 * 9 / 10, 153}, {1 << 62, DefaultMaxStreams}, {math.MaxInt64, DefaultMaxStreams}, {1 << 20, 16}} {
+		if got := MaxStreamsFor(c.limit); got != c.want {
+			t.Errorf("MaxStreamsFor(%d MiB) = %d, want %d", c.limit>>20, got, c.want)
+		}
 	}
 }

@@ -88,7 +88,7 @@ func (t *peerTable) setLimits(c *Config) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.interval = int64(c.interval())
-	t.maxStreams = orDefault(c.MaxStreams, DefaultMaxStreams)
+	t.maxStreams = orDefault(c.MaxStreams, defaultMaxStreams())
 	t.maxBuckets = orDefault(c.MaxBuckets, DefaultMaxBuckets)
 	t.maxPeer = orDefault(c.MaxStreamsPerPeer, DefaultMaxStreamsPerPeer)
 	t.maxReports = orDefault(c.MaxReportsPerPeer, DefaultMaxReportsPerPeer)

@@ -266,19 +266,24 @@ var (
 
 // bucket is one bucket id's state on one stream.
 type bucket struct {
-	policy   *policy
-	key      string // store key part: domain (hash tag), policy and hash of the id
-	fill     time.Duration
-	assigned int64 // tokens per fill of the assignment in force; 0: none
-	demand   int64 // the stream's demand per fill at its last report
-	fleet    int64 // the fleet's demand per fill, as the last report read it
-	reported int64 // clock time of the last report that went to the store
-	taken    bool  // the store answered for it: assigned is an assignment
-	carry    int64 // requests of reports answered without the store since
+	policy *policy
+	key    string // store key part: domain (hash tag), policy and hash of the id
+	// demandKey is key + demandSuffix, whose first part key is.
+	demandKey string
+	fill      time.Duration
+	assigned  int64 // tokens per fill of the assignment in force; 0: none
+	demand    int64 // the stream's demand per fill at its last report
+	fleet     int64 // the fleet's demand per fill, as the last report read it
+	reported  int64 // clock time of the last report that went to the store
+	taken     bool  // the store answered for it: assigned is an assignment
+	carry     int64 // requests of reports answered without the store since
 	// strategy is the token bucket of assigned tokens per fill, kept
 	// while the assignment is (read only: answers share it).
 	strategy *typev3.RateLimitStrategy
 }
+
+// demandSuffix ends the key of a bucket's demand leases.
+const demandSuffix = ":demand"
 
 // stream is one Envoy's stream.
 type stream struct {
@@ -333,17 +338,33 @@ func (s *Server) StreamRateLimitQuotas(gs grpc.BidiStreamingServer[rlqsv3.RateLi
 				}
 				continue
 			}
-			msg, err := gs.Recv()
-			var size int64
+			// The reports decoded or held, server-wide, are bounded in
+			// bytes: a report beyond the budget is dropped as soon as it
+			// is read, undecoded and unanswered (the Envoy keeps its
+			// assignments; gate.go).
+			in := &gatedReport{s: s, limit: maxReportBytes(s.cfg.Load().maxUsage)}
+			err := gs.RecvMsg(in)
+			var msg *rlqsv3.RateLimitQuotaUsageReports
+			size := in.size
+			if err == nil && in.refused != nil {
+				s.m.refused.WithLabelValues("report_bytes").Inc()
+				err = in.refused
+			}
 			if err == nil {
-				// The reports held, server-wide, are bounded in bytes: a
-				// report beyond the budget is dropped as soon as it is
-				// read, unanswered (the Envoy keeps its assignments).
-				size = int64(proto.Size(msg))
-				if !s.pending.take(size) {
-					s.m.dropped.WithLabelValues("pending").Add(float64(len(msg.GetBucketQuotaUsages())))
+				if in.dropped > 0 {
+					s.m.dropped.WithLabelValues("pending").Add(float64(in.dropped))
 					s.warn.log("pending", "rlqs: reports held at max_pending_bytes; reports dropped")
 					continue
+				}
+				msg = &in.msg
+				if size == 0 {
+					// Decoded by a plain proto codec: weighed now.
+					size = int64(proto.Size(msg))
+					if !s.pending.take(size) {
+						s.m.dropped.WithLabelValues("pending").Add(float64(len(msg.GetBucketQuotaUsages())))
+						s.warn.log("pending", "rlqs: reports held at max_pending_bytes; reports dropped")
+						continue
+					}
 				}
 			}
 			select {
@@ -528,7 +549,10 @@ func (s *Server) answer(ctx context.Context, cfg *compiled, st *stream, usages [
 			// A new bucket, or a reload changed its policy: the same key
 			// while the fill interval stays (leases are in its tokens).
 			b.policy, b.fill = p, p.fill
-			b.key = s.prefix + "{" + st.dom.name + "}:" + p.name + ":" + strconv.FormatInt(int64(p.fill/time.Second), 10) + ":" + hex.EncodeToString(h[:12])
+			// One string for both keys: the demand key is the share's
+			// with a suffix, not a concatenation per report.
+			b.demandKey = s.prefix + "{" + st.dom.name + "}:" + p.name + ":" + strconv.FormatInt(int64(p.fill/time.Second), 10) + ":" + hex.EncodeToString(h[:12]) + demandSuffix
+			b.key = b.demandKey[:len(b.demandKey)-len(demandSuffix)]
 		}
 		if b.reported != 0 && now-b.reported < int64(cfg.interval/2) {
 			// Reported again within half an interval of its last store
@@ -603,7 +627,7 @@ func (s *Server) take(ctx context.Context, cfg *compiled, st *stream, work []pen
 	reqs := make([]sluice.Request, 0, 2*len(work))
 	for _, w := range work {
 		reqs = append(reqs,
-			sluice.Request{Key: w.b.key + ":demand", Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: demandRate, Period: lease}, Cost: w.demand, Lease: st.id},
+			sluice.Request{Key: w.b.demandKey, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: demandRate, Period: lease}, Cost: w.demand, Lease: st.id},
 			sluice.Request{Key: w.b.key, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: w.b.policy.capacity, Period: lease}, Cost: w.want, Lease: st.id})
 	}
 	sctx, cancel := context.WithTimeout(ctx, cfg.interval/2)

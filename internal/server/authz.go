@@ -58,6 +58,7 @@ func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("X-Sluice-Tier", targets[0].tier)
 	h.Set("X-Sluice-Identity", targets[0].identity)
+	setDecidedBy(h, res) // regions.go
 	s.writeDecision(w, res, cfg.Authz.DenyStatus, true)
 }
 

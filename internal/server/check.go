@@ -686,13 +686,8 @@ func appendDecidedBy(b []byte, d sluice.Decision, p *config.Policy) []byte {
 	if !p.Global && d.Source != sluice.FromShare {
 		return b
 	}
-	by := "home"
-	switch {
-	case d.Degraded:
-		by = "policy"
-	case d.Source == sluice.FromShare:
-		by = "share"
-	case p.Async:
+	by := decidedBy(d)
+	if by == "home" && p.Async {
 		by = "region"
 	}
 	b = append(b, `,"decided_by":"`...)

@@ -72,6 +72,7 @@ func (s *Server) newConsole(cc *console.Config, sink console.TopSink, fleet cons
 	s.handle("GET /ui/api/overrides", "console", s.consoleOn(s.consoleRead(s.handleConsoleOverrides)))
 	s.handle("GET /ui/api/spend", "console", s.consoleOn(s.consoleRead(s.handleSpend)))
 	s.handle("GET /ui/api/upstreams", "console", s.consoleOn(s.consoleRead(s.handleUpstreams)))
+	s.handle("GET /ui/api/regions", "console", s.consoleOn(s.consoleRead(s.handleRegions)))
 	s.handle("POST /ui/api/reset", "console", s.consoleOn(s.sameOrigin(s.handleConsoleReset)))
 	s.handle("POST /ui/api/simulate", "console", s.consoleOn(s.sameOrigin(s.handleSimulate)))
 	s.handle("POST /ui/api/session", "console", s.consoleOn(s.sameOrigin(s.handleSessionStart)))
@@ -285,6 +286,9 @@ func (s *Server) handleOverview(w http.ResponseWriter, r *http.Request) {
 	out["overrides_shared"], out["algorithms"] = s.ovr.Shared(), algos
 	if gw := cfg.File.Gateway; gw != nil {
 		out["gateway"] = gatewaySummary(cfg)
+	}
+	if rs := s.guard.regionStore(); rs != nil {
+		out["region"] = rs.Region() // the region view (console_regions.go)
 	}
 	writeAny(w, out)
 }

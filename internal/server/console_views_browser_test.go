@@ -468,3 +468,39 @@ func TestConsoleBrowserTopEstimated(t *testing.T) {
 		t.Errorf("the note on estimates reads %q", note)
 	}
 }
+
+// TestConsoleBrowserRegions: in Chromium, the console of `sluice serve`
+// in region us shows its regions to the admin only: eu reachable with its
+// round trip, ap, cut off, unreachable; the global policy and its home;
+// what decided this instance's global keys. It fits at 390 px.
+func TestConsoleBrowserRegions(t *testing.T) {
+	ctx := browser(t)
+	s, w := regionsService(t)
+	if a := s.check(t, `{"policy":"world","key":"c1"}`); a.status != 200 {
+		t.Fatalf("check: %d %s", a.status, a.raw)
+	}
+	w.Links[[2]string{"us", "ap"}].Partition()
+	run := browserRunner(ctx, t, 20*time.Second)
+	run("without the token, no regions", chromedp.Navigate(s.url+"/ui/"), chromedp.WaitVisible(chromedp.CSS("#regions-section .admin-hide")))
+	if n := evalIn[int](ctx, t, `document.querySelectorAll('#regions tbody tr[data-region]').length`); n != 0 {
+		t.Fatalf("%d region rows without the token", n)
+	}
+	run("admin token: the regions", chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+		poll(`document.querySelectorAll('#regions tbody tr[data-region]').length === 2`))
+	rows := evalIn[[]string](ctx, t, `[...document.querySelectorAll("#regions tbody tr")].map(tr => [tr.dataset.region, tr.dataset.reachable, tr.cells[2].textContent.endsWith(" ms")].join("|"))`)
+	if want := []string{"ap|false|false", "eu|true|true"}; fmt.Sprint(rows) != fmt.Sprint(want) {
+		t.Errorf("region rows %q, want %q", rows, want)
+	}
+	if got := evalIn[string](ctx, t, `document.querySelector("#region-globals tbody").textContent`); got != "worldeu" {
+		t.Errorf("global policies %q", got)
+	}
+	if got := evalIn[string](ctx, t, `document.querySelector("#region-counters").textContent`); !strings.Contains(got, "share 1") || !strings.Contains(got, "units held in") || !strings.Contains(got, "cut off from a home: fail_closed") {
+		t.Errorf("counters %q", got)
+	}
+	run("at 390 px", chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile), chromedp.Reload(),
+		poll(`document.querySelectorAll('#regions tbody tr[data-region]').length === 2`))
+	if got := evalIn[[]string](ctx, t, overflowing); len(got) > 0 {
+		t.Errorf("at 390 px, overflowing or wrapped: %q", got)
+	}
+}

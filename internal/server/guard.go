@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/clock"
@@ -11,6 +12,7 @@ import (
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/metrics"
 	"github.com/sluice-io/sluice/lease"
+	"github.com/sluice-io/sluice/memstore"
 	"github.com/sluice-io/sluice/redisstore"
 	"github.com/sluice-io/sluice/region"
 )
@@ -20,6 +22,10 @@ import (
 // background probe, and the failure policy. This file wires it to the
 // configuration, so that each call uses the policy of the configuration
 // it loaded, and to the metrics.
+
+// memoryProbeInterval is the guard's probe period on the memory store,
+// which never fails: long, so that an idle service sleeps.
+const memoryProbeInterval = time.Hour
 
 // newGuard wraps store in a guard configured by sc. The service closes it.
 func newGuard(store sluice.Store, sc config.StoreSection, clk clock.Clock, log *slog.Logger) (*guard.Guard, error) {
@@ -31,11 +37,34 @@ func newGuard(store sluice.Store, sc config.StoreSection, clk clock.Clock, log *
 	if sc.IsMemory() {
 		o.Timeout = -1 // memory answers at once; no deadline to keep
 	}
+	if isMemstore(store) {
+		// Nor can it fail: New's probe finds it ready, and a background
+		// probe every 200 ms only woke an idle process five times a
+		// second (TestServeIdle). A store wrapped by something that may
+		// fail (no Unwrap down to the memory store) keeps the probe.
+		o.ProbeInterval = memoryProbeInterval
+	}
 	g, err := guard.New(store, o)
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
 	return g, nil
+}
+
+// isMemstore reports whether store is the memory store, seen through
+// wrappers that Unwrap (tracing).
+func isMemstore(store sluice.Store) bool {
+	for st := store; st != nil; {
+		if _, ok := st.(*memstore.Store); ok {
+			return true
+		}
+		u, ok := st.(interface{ Unwrap() sluice.Store })
+		if !ok {
+			return false
+		}
+		st = u.Unwrap()
+	}
+	return false
 }
 
 // parsePolicy reads a config's failure policy; the empty one is the

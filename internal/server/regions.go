@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net/http"
 	"strings"
 
 	"github.com/sluice-io/sluice"
@@ -60,19 +61,11 @@ func openRegions(ctx context.Context, sc config.StoreSection, local sluice.Store
 		Region:  sc.Region,
 		Regions: stores,
 		Ledger:  ledger.Client(),
-		Global: func(req *sluice.Request) bool {
-			_, ok := globals[policyOfKey(req.Key)]
-			return ok
-		},
-		Async: func(req *sluice.Request) bool {
-			return async[policyOfKey(req.Key)]
-		},
-		Home: func(key string) string {
-			if h := globals[policyOfKey(key)]; h != "" {
-				return h
-			}
-			return hash(key)
-		},
+		Global:  func(req *sluice.Request) bool { return isGlobal(globals, req.Key) },
+		// mode: async is a policy's (the HTTP API's); the other doors'
+		// global keys are exact.
+		Async:        func(req *sluice.Request) bool { return async[policyOfKey(req.Key)] },
+		Home:         func(key string) string { return homeOf(globals, hash, key) },
 		Horizon:      sc.Global.Horizon,
 		TTL:          sc.Global.TTL,
 		FetchTimeout: fetchTimeout,
@@ -88,6 +81,33 @@ func openRegions(ctx context.Context, sc config.StoreSection, local sluice.Store
 	}
 	closers = append(closers, closerFunc(rs.Close))
 	return rs, closerFunc(closeAll), nil
+}
+
+// isGlobal reports whether key is held to one limit across regions: a
+// key of a policy with scope global (the HTTP API's), or a key another
+// door marked global (region.GlobalKey: the Envoy rate limit service's
+// rules and the AI gateway's limits and budgets with scope global).
+func isGlobal(globals map[string]string, key string) bool {
+	if _, ok := region.KeyScope(key); ok {
+		return true
+	}
+	_, ok := globals[policyOfKey(key)]
+	return ok
+}
+
+// homeOf is a global key's home region: the one its policy or its mark
+// names, else hash's.
+func homeOf(globals map[string]string, hash func(string) string, key string) string {
+	if h, ok := region.KeyScope(key); ok {
+		if h != "" {
+			return h
+		}
+		return hash(key)
+	}
+	if h := globals[policyOfKey(key)]; h != "" {
+		return h
+	}
+	return hash(key)
 }
 
 type closerFunc func() error
@@ -125,5 +145,49 @@ func regionStats(rs *region.Store) *metrics.RegionStats {
 		Region: rs.Region(), Home: st.Home, Share: st.Share, Denied: st.Denied, Policy: st.Policy,
 		Fetches: st.Fetches, FetchDenied: st.FetchDenied, FetchErrors: st.FetchErrors,
 		Fetched: st.Fetched, Refunded: st.Refunded, Stranded: st.Stranded,
+	}
+}
+
+// DecidedByHeader names, on a forward-auth answer (/v1/authz) that a
+// global policy took part in, the tier that decided it: "home", "share" or
+// "policy" (appendDecidedBy). With several global policies, the one that
+// denied names it, else the weakest tier (policy, then share, then home).
+// The gateway sets the same header (gateway.DecidedByHeader).
+const DecidedByHeader = "Sluice-Decided-By"
+
+// decidedBy is the tier that decided d, a global policy's decision.
+func decidedBy(d sluice.Decision) string {
+	switch {
+	case d.Degraded:
+		return "policy"
+	case d.Source == sluice.FromShare:
+		return "share"
+	}
+	return "home"
+}
+
+// setDecidedBy sets DecidedByHeader when a global policy took part in res.
+func setDecidedBy(h http.Header, res *outcome) {
+	rank := map[string]int{"home": 1, "region": 1, "share": 2, "policy": 3}
+	by, denied := "", false
+	for i, t := range res.targets {
+		d := res.decisions[i]
+		if !t.policy.Global && d.Source != sluice.FromShare {
+			continue
+		}
+		tier := decidedBy(d)
+		if tier == "home" && t.policy.Async {
+			tier = "region"
+		}
+		switch {
+		case denied:
+		case !d.Allowed:
+			by, denied = tier, true
+		case rank[tier] > rank[by]:
+			by = tier
+		}
+	}
+	if by != "" {
+		h.Set(DecidedByHeader, by)
 	}
 }

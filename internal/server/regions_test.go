@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/region"
 )
 
 // `sluice serve` in region us, its own Redis, with a global policy homed
@@ -31,6 +32,7 @@ func TestRegionsServe(t *testing.T) {
   global: {clock_skew: 5ms}
 `, us.URL(), eu.URL())
 	cfg = strings.Replace(cfg, "anon: {limit: 2/min}", "anon: {limit: 2/min}\n  world: {algorithm: fixed_window, limit: 10/h, scope: global, home: eu}\n  loose: {algorithm: fixed_window, limit: 10/h, scope: global, mode: async}", 1)
+	cfg = strings.Replace(cfg, "anonymous: {policies: [anon]}", "anonymous: {policies: [anon, world]}", 1)
 	s := startService(t, svcOptions{redis: true, config: cfg})
 	id := redistest.Prefix(t)
 	admitted := 0
@@ -57,6 +59,16 @@ func TestRegionsServe(t *testing.T) {
 	if a.status != 200 || a.body["decided_by"] != nil {
 		t.Fatalf("regional policy: %d %s", a.status, a.raw)
 	}
+	// Forward auth names the tier that decided the global policy in
+	// Sluice-Decided-By; a caller with regional policies only gets none.
+	a = s.do(t, "GET", "/v1/authz", "", "X-User-ID", id+"-authz")
+	if a.status != 200 || a.header.Get(DecidedByHeader) != "share" {
+		t.Fatalf("authz of a global policy: %d %s %q", a.status, a.raw, a.header.Get(DecidedByHeader))
+	}
+	a = s.do(t, "GET", "/v1/authz", "", "X-API-Key", freeKey)
+	if a.status != 200 || a.header.Get(DecidedByHeader) != "" {
+		t.Fatalf("authz of regional policies: %d %s %q", a.status, a.raw, a.header.Get(DecidedByHeader))
+	}
 	admitted = 0
 	for i := range 12 {
 		a := s.check(t, fmt.Sprintf(`{"policy":"loose","key":%q}`, id))
@@ -77,7 +89,7 @@ func TestRegionsServe(t *testing.T) {
 		return err == nil && len(keys.([]any)) > 0
 	})
 	m := s.do(t, "GET", "/metrics", "").raw
-	for _, want := range []string{`sluice_region_decisions_total{region="us",tier="share"} 10`, `sluice_region_units_total{kind="fetched",region="us"} 10`} {
+	for _, want := range []string{`sluice_region_decisions_total{region="us",tier="share"} 11`, `sluice_region_units_total{kind="fetched",region="us"} 12`} {
 		if !strings.Contains(m, want) {
 			t.Fatalf("metrics lack %s:\n%s", want, grepLines(m, "sluice_region_"))
 		}
@@ -106,6 +118,39 @@ func TestPolicyOfKey(t *testing.T) {
 	for _, k := range []string{"sluice:{topk}:api.v2:x", "other:{a}:api.v2:gcra", "sluice:{a}", "sluice:{a}:gcra"} {
 		if got := policyOfKey(k); got != "" {
 			t.Fatalf("%q: policy %q, want none", k, got)
+		}
+	}
+}
+
+// The region store of serve holds global the keys of global policies and
+// the keys other doors mark global (region.GlobalKey), each at its home:
+// the mark's, the policy's, or the hash's; every other key is regional.
+func TestRegionScopeOfDoorsKeys(t *testing.T) {
+	globals := map[string]string{"world": "eu", "anywhere": ""}
+	hash := func(string) string { return "hashed" }
+	pol := func(name string) string {
+		return storeKey("user:1", &config.Policy{Name: name, Algorithm: sluice.GCRA})
+	}
+	for _, c := range []struct {
+		key    string
+		global bool
+		home   string
+	}{
+		{pol("world"), true, "eu"},
+		{pol("anywhere"), true, "hashed"},
+		{pol("local"), false, ""},
+		{region.GlobalKey("ap", "rls:{d}:gcra:1:k=v"), true, "ap"},
+		{region.GlobalKey("", "{gw:c}:rpm"), true, "hashed"},
+		{"rls:{d}:gcra:1:k=@global=ap:", false, ""},
+		{"{gw:c}:rpm", false, ""},
+	} {
+		if got := isGlobal(globals, c.key); got != c.global {
+			t.Errorf("%q: global %v, want %v", c.key, got, c.global)
+		}
+		if c.global {
+			if got := homeOf(globals, hash, c.key); got != c.home {
+				t.Errorf("%q: home %q, want %q", c.key, got, c.home)
+			}
 		}
 	}
 }

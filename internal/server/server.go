@@ -97,6 +97,9 @@ type Server struct {
 	gwCounts  gatewayCounts   // the gateway's decisions (console_gateway.go)
 	gwLookup  atomic.Pointer[LookupFunc]
 	upstreams gatewaySource // the gateway's upstream headroom (console_upstreams.go)
+	// regionsProbe is the console's last probe of the other regions
+	// (console_regions.go).
+	regionsProbe regionsProbe
 	// simulating holds the one console simulation that may run at a time.
 	simulating chan struct{}
 	draining   atomic.Bool

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/memstore"
 )
 
@@ -36,8 +37,19 @@ func newStore() *memstore.Store {
 	return s
 }
 
-func sluiceSerial(b *testing.B) {
-	s := newStore()
+func sluiceSerial(b *testing.B) { serial(b, newStore()) }
+
+// sluiceSerialExact is sluiceSerial on the exact system clock instead of
+// the memory store's default coarse one (docs/BENCHMARKS.md).
+func sluiceSerialExact(b *testing.B) {
+	s, err := memstore.New(memstore.Options{SweepInterval: -1, Clock: clock.NewSystem()})
+	if err != nil {
+		panic(err) // options are constant
+	}
+	serial(b, s)
+}
+
+func serial(b *testing.B, s *memstore.Store) {
 	req := sluice.Request{Key: "user:42", Algorithm: sluice.GCRA, Limit: huge, Cost: 1}
 	ctx := context.Background()
 	b.ReportAllocs()
@@ -160,6 +172,7 @@ func main() {
 	}
 	pairs := []pair{
 		{"single key, serial", "≤ 0.5", sluiceSerial, xrateSerial},
+		{"single key, serial, exact clock", "", sluiceSerialExact, xrateSerial},
 		{"single key, RunParallel", "≤ 0.5", sluiceParallel, xrateParallel},
 		{"100k random keys, RunParallel", "≤ 0.5", sluiceManyKeys, xrateManyKeys},
 	}

@@ -266,6 +266,7 @@
     await loadOverrides().catch((e) => { $("#overrides-msg").textContent = e.message; });
     await loadSpend().catch((e) => { $("#spend-msg").textContent = e.message; });
     await loadUpstreams().catch((e) => { $("#upstreams-msg").textContent = e.message; });
+    await loadRegions().catch((e) => { $("#regions-msg").textContent = e.message; });
   });
   $("#override-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
@@ -412,11 +413,34 @@
     if (!r.upstreams.length) fill($("#upstreams tbody"), [row(["no upstream is configured", "", "", "", "", "", "", ""])]);
   }
 
+  // loadRegions shows the regions (admin only, when store.region is set):
+  // this region, whether each other region's store answers and how fast,
+  // the global policies and their homes, what decided this instance's
+  // global keys, its fetches and units, and the failure policies in force.
+  async function loadRegions() {
+    $("#regions-section").hidden = !(overview && overview.region);
+    if (!overview || !overview.region || !document.body.classList.contains("admin")) return;
+    const r = await api("api/regions");
+    const down = r.regions.filter((x) => !x.reachable).length;
+    $("#regions-scope").textContent = "(this region: " + r.region + (down ? "; " + down + " unreachable" : "") + ")";
+    fill($("#regions tbody"), r.regions.map((x) => {
+      const tr = row([x.name, el("span", x.reachable ? "yes" : "no", x.reachable ? "allow" : "deny"), x.reachable ? x.rtt_ms.toFixed(1) + " ms" : "–"]);
+      tr.dataset.region = x.name; tr.dataset.reachable = String(x.reachable);
+      return tr;
+    }));
+    fill($("#region-globals tbody"), r.policies.length ? r.policies.map((p) => row([p.name, p.home || "by hash"])) : [row(["no global policy", ""])]);
+    const d = r.decisions, f = r.fetches, u = r.units;
+    $("#region-counters").textContent = "decided: home " + d.home + " · share " + d.share + " · denied " + d.denied + " · failure policy " + d.policy +
+      "; fetches " + f.sent + " (denied " + f.denied + ", failed " + f.error + "); units fetched " + u.fetched + " · refunded " + u.refunded + " · stranded " + u.stranded +
+      "; " + r.keys + " global keys tracked" + (r.held ? ", " + r.held.units + " units held in " + r.held.shares + " shares" + (r.held.debts ? " (" + r.held.debts + " in debt)" : "") : ", shares unreadable") +
+      "; cut off from a home: " + r.failure_policy + "; this region's store down: " + r.store_failure_policy;
+  }
+
   async function tick() {
-    await Promise.all([loadFleet(), loadTop(), loadOverrides(), loadSpend(), loadUpstreams()].map((p) => p.catch(() => {})));
+    await Promise.all([loadFleet(), loadTop(), loadOverrides(), loadSpend(), loadUpstreams(), loadRegions()].map((p) => p.catch(() => {})));
     setTimeout(tick, refreshMs);
   }
-  loadOverview().then(() => Promise.all([loadOverrides(), loadSpend(), loadUpstreams()].map((p) => p.catch(() => {}))), (e) => { $("#store").textContent = e.message; });
+  loadOverview().then(() => Promise.all([loadOverrides(), loadSpend(), loadUpstreams(), loadRegions()].map((p) => p.catch(() => {}))), (e) => { $("#store").textContent = e.message; });
   setInterval(() => loadOverview().catch(() => {}), 15000);
   tick();
 })();
