@@ -165,16 +165,27 @@ func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
 	s.st.fetches.Add(1)
 	ctx, cancel := context.WithTimeout(sluice.WaitForReply(context.Background()), s.fetchTO)
 	defer cancel()
-	// The home's epoch first (epoch.go), so that the clock read below
-	// stays next to the charge: a window share's expiry is early by what
-	// lies between.
-	if err := s.checkEpoch(ctx, s.home(req.Key), home, e); err != nil {
-		e.mu.Lock()
-		e.down, e.epochStale = true, true
-		e.retryAt = s.clk.Now() + s.downRetry
-		e.mu.Unlock()
-		s.st.fetchErrors.Add(1)
-		return
+	// The home's epoch (epoch.go), beside the fetch rather than before
+	// it: a cold key's first fetch would take two round trips, more than
+	// FetchWait from a far region (TestGlobalBudgetAcrossRegions: ap,
+	// 300ms away, was denied its first calls), and a window share's
+	// expiry, read below, would be early by the check. A loss it finds is
+	// charged after this fetch: the bound holds from then on, and this
+	// fetch's units at most are spent meanwhile.
+	e.mu.Lock()
+	due := s.epochDue(e, s.clk.Now()) && !e.epochBusy
+	e.mu.Unlock()
+	if due {
+		name := s.home(req.Key)
+		s.inflight.Go(func() {
+			cctx, ccancel := context.WithTimeout(context.Background(), s.fetchTO)
+			defer ccancel()
+			if err := s.checkEpoch(cctx, name, home, e); err != nil {
+				e.mu.Lock()
+				e.epochStale = true
+				e.mu.Unlock()
+			}
+		})
 	}
 	// The share's expiry is set by the region's Redis clock, read before
 	// the fetch: the home charges after it.
