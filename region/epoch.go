@@ -4,20 +4,22 @@ package region
 // replaced by an empty replica) forgets the charges it made, while the
 // shares held elsewhere stay spendable and its own bucket is full again:
 // up to C + H over the bound. (A failover to a replica that lags keeps
-// the marker and is not caught: docs/regions.md.) So each global key carries an epoch marker at its home
-// (lua/epoch.lua), a random id set at first use, written with the key's
-// state and lost with it. Each instance remembers the id it last saw of
-// a key (a region of other homes in its ledger too, so that its other
-// instance and its restarts know it) and checks it before deciding or
-// fetching, at most every EpochEvery and at once after a call to the home
-// failed. When the home forgot the id, the instance that finds out
-// charges the key's whole capacity at home (OpCharge C, a fixed window's
-// limit), once per loss: the bucket is as if spent when the home came
-// back, so it admits the refill only, r·t, for τ = C/r (a window: the rest
-// of the window), and
+// the marker and is not caught: docs/regions.md.) So each global key
+// carries an epoch marker at its home (lua/epoch.lua), a random id set at
+// first use, written with the key's state and lost with it. Each
+// instance remembers the id it last saw of a key (a region of other homes
+// in its ledger too, so that its other instance and its restarts know
+// it) and checks it before a decision at home, or beside a fetch (not
+// before it: a cold key would wait two round trips), at most every
+// EpochEvery and at once after a call to the home failed. When the home
+// forgot the id, the instance that finds out charges the key's whole
+// capacity at home (OpCharge C, a fixed window's limit), once per loss:
+// the bucket is as if spent when the home came back, so it admits the
+// refill only, r·t, for τ = C/r (a window: the rest of the window), and
 //
 //	admitted over [0, t] ≤ C + r·t + 2 (+ what the home region admitted
-//	between the restart and its next check)
+//	between the restart and its next check, and the fetches sent beside
+//	the check that found the loss)
 //
 // as every unit spent before the restart was charged in the first life
 // (≤ C + r·t_r + 1) and every one after in the second, where C was
