@@ -373,8 +373,8 @@ func (r *leasedRig) waitFills() {
 
 // TestLeasedLevels: a leased tier's key takes its team's and org's rpm and
 // tpm from leases as well as its own limits, so a hot key of a team in an
-// org costs Redis one script call per request (its settlement), with no
-// round trip for the levels on the client's path; and the levels are still
+// org costs Redis no round trip for the levels on the client's path (its
+// settlement goes back into the leases, the levels' too); and they are still
 // charged exactly: two keys, one leased, one not, each of a team in an org
 // of its own, send the same requests at the same (fake) times, and once
 // the leases are given back their teams' and orgs' limits hold the same
