@@ -83,6 +83,13 @@ func (s *Store) settleOne(op sluice.Op, req *sluice.Request) int64 {
 		return req.Cost
 	}
 	e.mu.Lock()
+	if s.closed() {
+		// Read under the lock: Close marks the Store closed before it
+		// drops the leases (each under its lock), so a unit put back here
+		// either is given back by Close's drop or not put back at all.
+		e.mu.Unlock()
+		return req.Cost
+	}
 	now := s.clk.Now() // under the lock, as in take
 	var expired, k int64
 	if e.tokens > 0 && now >= e.expiry {

@@ -184,3 +184,15 @@ func TestSettleLocalPassThrough(t *testing.T) {
 		t.Fatalf("OpAllow came back as %+v", got)
 	}
 }
+
+// After Close, nothing is settled locally: the leases were given back.
+func TestSettleLocalAfterClose(t *testing.T) {
+	r := newSettleRig(t, sluice.GCRA, sluice.Limit{Rate: 10_000, Period: time.Second, Burst: 2000})
+	r.fresh(t, 3)
+	if err := r.s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if rest := r.s.SettleLocal(sluice.OpRefund, one(r.req, 2)); len(rest) != 1 || rest[0].Cost != 2 {
+		t.Fatalf("refund after Close left %+v; want it whole for the store", rest)
+	}
+}
