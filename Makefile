@@ -97,7 +97,7 @@ bench:
 	bash internal/loadtest/bench-service.sh 10s
 	bash internal/loadtest/bench-envoy.sh 10s
 	bash internal/loadtest/bench-envoy-lease.sh 10s
-	bash internal/loadtest/bench-envoy-cold.sh 10s 2
+	bash internal/loadtest/bench-envoy-cold.sh 10s 3
 	$(GO) test -run '^$$' -bench GroupCommit -benchtime 200000x -count 3 ./redisstore/
 	$(GO) test -run '^$$' -bench 'AddedLatency|ServeHTTP' -benchtime=10000x ./internal/gateway/
 	$(GO) test -run '^$$' -bench TailRatio -benchtime=8000x ./internal/gateway/

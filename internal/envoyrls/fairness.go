@@ -260,6 +260,13 @@ type gatedRequest struct {
 	oversize bool  // over MaxRequestBytes: not decoded
 }
 
+// serviceCall is a gatedRequest to a Service, with the memory of its
+// answer (callSpace) in the same allocation.
+type serviceCall struct {
+	gatedRequest
+	space callSpace
+}
+
 // admit takes the cost of a message of n bytes from the peer's work
 // budget, waiting its turn behind the peer's earlier calls. It reports
 // false for a message over MaxRequestBytes, which is not to be decoded.
@@ -297,7 +304,16 @@ func gatedShouldRateLimit(srv any, ctx context.Context, dec func(any) error, int
 	if ctx.Err() != nil {
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
-	g := &gatedRequest{ctx: ctx, p: callPeer(ctx)}
+	// A Service's call: the answer's memory comes with the request's.
+	svc, _ := srv.(*Service)
+	var space *callSpace
+	var g *gatedRequest
+	if svc != nil && interceptor == nil {
+		c := &serviceCall{gatedRequest: gatedRequest{ctx: ctx, p: callPeer(ctx)}}
+		g, space = &c.gatedRequest, &c.space
+	} else {
+		g = &gatedRequest{ctx: ctx, p: callPeer(ctx)}
+	}
 	if p := g.p; p != nil {
 		if p.calls.Add(1) > maxPeerCalls {
 			p.calls.Add(-1)
@@ -325,6 +341,9 @@ func gatedShouldRateLimit(srv any, ctx context.Context, dec func(any) error, int
 	}
 	if ctx.Err() != nil { // reset while it waited: no work for it
 		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	if space != nil {
+		return svc.shouldRateLimit(ctx, &g.req, space)
 	}
 	h := srv.(rlsv3.RateLimitServiceServer)
 	if interceptor == nil {

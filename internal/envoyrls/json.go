@@ -76,7 +76,7 @@ func (s *Service) JSONHandler() http.Handler {
 			http.Error(w, "envoyrls: bad request: "+err.Error(), http.StatusBadRequest)
 			return
 		}
-		resp, err := s.check(r.Context(), &req)
+		resp, err := s.check(r.Context(), &req, nil)
 		if err != nil {
 			code := http.StatusInternalServerError
 			if errors.Is(err, errInvalid) {

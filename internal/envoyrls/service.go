@@ -219,10 +219,27 @@ const smallRequest = 4
 // errInvalid marks a malformed request.
 var errInvalid = errors.New("envoyrls: invalid request")
 
+// callSpace is the memory one check's answer and store batch take, in
+// one allocation: the usual one-descriptor response with everything it
+// points to, and its one store request (a larger batch is allocated: a
+// Request is 144 bytes, and most checks have one descriptor). It is never
+// reused (the answer outlives the call, until gRPC has marshalled it),
+// only allocated with something else the call needs anyway: the gRPC
+// handler allocates it with the request it decodes into (serviceCall).
+type callSpace struct {
+	one   oneResponse
+	batch [1]sluice.Request
+}
+
 // ShouldRateLimit implements envoy.service.ratelimit.v3.RateLimitService.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	return s.shouldRateLimit(ctx, req, new(callSpace))
+}
+
+// shouldRateLimit is ShouldRateLimit with its call's memory given.
+func (s *Service) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest, space *callSpace) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
-	resp, err := s.check(ctx, req)
+	resp, err := s.check(ctx, req, space)
 	s.metrics.seconds.Observe(time.Since(start).Seconds())
 	if err != nil {
 		if errors.Is(err, errInvalid) {
@@ -236,7 +253,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	return resp, nil
 }
 
-func (s *Service) check(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+// check answers req; space, if not nil, holds its answer and batch.
+func (s *Service) check(ctx context.Context, req *rlsv3.RateLimitRequest, space *callSpace) (*rlsv3.RateLimitResponse, error) {
 	if req.GetDomain() == "" {
 		return nil, fmt.Errorf("%w: rate limit domain must not be empty", errInvalid)
 	}
@@ -275,7 +293,7 @@ func (s *Service) check(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv
 	if dom != nil {
 		s.plan(dom, req, items)
 	}
-	resp, err := s.apply(ctx, items)
+	resp, err := s.apply(ctx, items, space)
 	if err == nil && s.dynamic {
 		resp.DynamicMetadata = dynamicMetadata(req, items)
 	}
@@ -397,9 +415,15 @@ func (s *Service) detailedStats(domain string, d *ratelimitv3.RateLimitDescripto
 	return s.metrics.detailedRule(domain, entries, fallback)
 }
 
-// apply charges the store and builds the response.
-func (s *Service) apply(ctx context.Context, items []item) (*rlsv3.RateLimitResponse, error) {
-	batch := make([]sluice.Request, 0, len(items))
+// apply charges the store and builds the response in space, if not nil
+// and large enough.
+func (s *Service) apply(ctx context.Context, items []item, space *callSpace) (*rlsv3.RateLimitResponse, error) {
+	var batch []sluice.Request
+	if space != nil && len(items) <= len(space.batch) {
+		batch = space.batch[:0]
+	} else {
+		batch = make([]sluice.Request, 0, len(items))
+	}
 	var idxBuf [smallRequest]int
 	idx := idxBuf[:0]
 	needPeek := false
@@ -425,7 +449,7 @@ func (s *Service) apply(ctx context.Context, items []item) (*rlsv3.RateLimitResp
 			return nil, err
 		}
 		if over {
-			return s.response(items), nil
+			return s.response(items, space), nil
 		}
 	}
 	// Charge all or nothing. A batch denied only by shadow-mode descriptors,
@@ -455,7 +479,7 @@ func (s *Service) apply(ctx context.Context, items []item) (*rlsv3.RateLimitResp
 		}
 		batch, idx = batch[:n], idx[:n]
 	}
-	return s.response(items), nil
+	return s.response(items, space), nil
 }
 
 // peek asks the store, changing nothing, about every limited and
@@ -546,14 +570,20 @@ func (it *item) request() sluice.Request {
 	return sluice.Request{Key: it.key, Algorithm: it.algo, Limit: it.limit, Cost: it.cost, UseLease: it.lease}
 }
 
-// response builds the reply from the items' decisions.
-func (s *Service) response(items []item) *rlsv3.RateLimitResponse {
+// response builds the reply from the items' decisions, in space if not
+// nil.
+func (s *Service) response(items []item, space *callSpace) *rlsv3.RateLimitResponse {
 	var resp *rlsv3.RateLimitResponse
 	var sts []rlsv3.RateLimitResponse_DescriptorStatus
 	var durs []durationpb.Duration
 	if len(items) == 1 {
-		// The usual case in one allocation instead of four.
-		one := new(oneResponse)
+		// The usual case in one allocation instead of four, or none.
+		var one *oneResponse
+		if space != nil {
+			one = &space.one
+		} else {
+			one = new(oneResponse)
+		}
 		resp, sts, durs = &one.resp, one.status[:], one.reset[:]
 		resp.Statuses = one.statuses[:]
 	} else {

@@ -872,14 +872,17 @@ func TestBudgetRedisPausedAtSettlement(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	t.Cleanup(func() { _ = srv.Thaw() })
-	st, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), DisableDenyCache: true, Timeout: 300 * time.Millisecond})
+	// A store timeout well under the 2 s stall, so that the settlement's
+	// first attempts time out; not so short that a call on a loaded host
+	// after the thaw does (300 ms gave a 503 at load 14 under -race).
+	st, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), DisableDenyCache: true, Timeout: 700 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
 	e := newBudgetEnv(t, `
 upstream: {base_url: %[1]s, api_key_env: UP}
-store: {timeout: 300ms}
+store: {timeout: 700ms}
 prices: {gpt-test: {input: 2.50, output: 10}}
 tiers: {t: {concurrency: 1, budgets: [{usd: 1, per: month}]}}
 keys: [{name: one, hash: %[2]s, tier: t}]

@@ -12,10 +12,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/encoding/proto"
 )
 
 // GRPCOptions configure a run against an Envoy rate limit service
@@ -60,6 +61,10 @@ type GRPCResult struct {
 	// ServerCPU is the server process's user+system CPU time over the run,
 	// when GRPCOptions.PID is set.
 	ServerCPU time.Duration
+	// ClientCPU is this process's (the load generator's) user+system CPU
+	// time over the run: on a machine it shares with the server, CPU the
+	// server could not use.
+	ClientCPU time.Duration
 	// FirstError is the first failed call's error, if any failed.
 	FirstError error
 }
@@ -87,6 +92,9 @@ func (r *GRPCResult) String() string {
 	if r.ServerCPU > 0 {
 		fmt.Fprintf(&b, "server cpu %s total, %s per request\n", r.ServerCPU.Round(time.Millisecond), fmtDur(r.CPUPerRequest()))
 	}
+	if r.ClientCPU > 0 && r.Requests > 0 {
+		fmt.Fprintf(&b, "client cpu %s total, %s per request\n", r.ClientCPU.Round(time.Millisecond), fmtDur(r.ClientCPU/time.Duration(r.Requests)))
+	}
 	return b.String()
 }
 
@@ -112,22 +120,19 @@ func RunGRPC(ctx context.Context, o GRPCOptions) (*GRPCResult, error) {
 	if o.Timeout == 0 {
 		o.Timeout = 5 * time.Second
 	}
-	type entry struct{ key, prefix, suffix string }
-	var tmpl []entry
+	var tmpl []descTemplate
 	for _, d := range o.Descriptors {
 		k, v, ok := strings.Cut(d, "=")
 		if !ok || k == "" {
 			return nil, fmt.Errorf("loadtest: descriptor %q: want key=value", d)
 		}
-		p, s, _ := strings.Cut(v, "{key}")
-		if !strings.Contains(v, "{key}") {
-			p, s = v, "\x00"
-		}
-		tmpl = append(tmpl, entry{k, p, s})
+		p, s, keyed := strings.Cut(v, "{key}")
+		tmpl = append(tmpl, descTemplate{key: k, prefix: p, suffix: s, keyed: keyed})
 	}
 	conns := make([]*grpc.ClientConn, o.Connections)
 	for i := range conns {
-		c, err := grpc.NewClient(o.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		c, err := grpc.NewClient(o.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.ForceCodecV2(wireCodec{base: encoding.GetCodecV2(proto.Name)})))
 		if err != nil {
 			return nil, fmt.Errorf("loadtest: dial %s: %w", o.Addr, err)
 		}
@@ -138,12 +143,21 @@ func RunGRPC(ctx context.Context, o GRPCOptions) (*GRPCResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	self0, err := procCPU(os.Getpid())
+	if err != nil {
+		return nil, err
+	}
 	runCtx := ctx
 	if o.Duration > 0 {
 		var cancel context.CancelFunc
 		runCtx, cancel = context.WithTimeout(ctx, o.Duration)
 		defer cancel()
 	}
+	size := 0 // a request's largest wire size
+	for _, e := range tmpl {
+		size += 24 + len(e.key) + len(e.prefix) + len(e.suffix) + 20
+	}
+	size += 8 + len(o.Domain)
 	var sent, paced atomic.Int64
 	type worker struct {
 		hist       *Histogram
@@ -157,7 +171,7 @@ func RunGRPC(ctx context.Context, o GRPCOptions) (*GRPCResult, error) {
 	for w := range workers {
 		wk := &worker{hist: NewHistogram()}
 		workers[w] = wk
-		client := rlsv3.NewRateLimitServiceClient(conns[w%len(conns)])
+		conn := conns[w%len(conns)]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -165,6 +179,7 @@ func RunGRPC(ctx context.Context, o GRPCOptions) (*GRPCResult, error) {
 			// workers spread over all of them (walking one sequence a
 			// step apart, they touched some 2k of 100k).
 			rng := rand.New(rand.NewPCG(uint64(w), 0x9E3779B97F4A7C15))
+			var resp wireResponse
 			for runCtx.Err() == nil {
 				if o.Requests > 0 && sent.Add(1) > o.Requests {
 					return
@@ -181,18 +196,10 @@ func RunGRPC(ctx context.Context, o GRPCOptions) (*GRPCResult, error) {
 						}
 					}
 				}
-				k := strconv.Itoa(rng.IntN(o.Keys))
-				req := &rlsv3.RateLimitRequest{Domain: o.Domain, Descriptors: make([]*ratelimitv3.RateLimitDescriptor, len(tmpl))}
-				for i, e := range tmpl {
-					v := e.prefix
-					if e.suffix != "\x00" {
-						v = e.prefix + k + e.suffix
-					}
-					req.Descriptors[i] = &ratelimitv3.RateLimitDescriptor{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: e.key, Value: v}}}
-				}
+				req := &wireRequest{b: appendRequest(make([]byte, 0, size), o.Domain, tmpl, rng.IntN(o.Keys))}
 				cctx, cancel := context.WithTimeout(runCtx, o.Timeout)
 				t0 := time.Now()
-				resp, err := client.ShouldRateLimit(cctx, req)
+				err := conn.Invoke(cctx, rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, req, &resp)
 				cancel()
 				if err != nil {
 					// A call cut by the end of the run is not an error. Its
@@ -208,7 +215,7 @@ func RunGRPC(ctx context.Context, o GRPCOptions) (*GRPCResult, error) {
 				}
 				wk.hist.Record(time.Since(t0))
 				wk.n++
-				if resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
+				if resp.code == rlsv3.RateLimitResponse_OVER_LIMIT {
 					wk.over++
 				} else {
 					wk.ok++
@@ -223,6 +230,11 @@ func RunGRPC(ctx context.Context, o GRPCOptions) (*GRPCResult, error) {
 		return nil, err
 	}
 	res.ServerCPU = cpu1 - cpu0
+	self1, err := procCPU(os.Getpid())
+	if err != nil {
+		return nil, err
+	}
+	res.ClientCPU = self1 - self0
 	var firstErr error
 	for _, wk := range workers {
 		res.Requests += wk.n

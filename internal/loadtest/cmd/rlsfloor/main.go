@@ -2,12 +2,17 @@
 // decides nothing (loadtest.EmptyRLS): every call is answered OVERALL OK
 // with one OK status per descriptor, and no store is asked. It runs on the
 // very gRPC server that `sluice serve` builds (envoyrls.NewGRPCServerFor:
-// same options, codec, health and reflection) on a plain TCP listener, as
-// sluice's does, so its CPU per request is the gRPC floor that
-// internal/loadtest/bench-envoy-cold.sh measures sluice against. It is a
-// benchmark tool: nothing imports it, and only the scripts build it.
+// same options, codec, health and reflection) on a plain TCP listener
+// (sluice's own accepts through the peers' budgets, which are sluice's
+// work), so its CPU per request is the gRPC floor that
+// internal/loadtest/bench-envoy-cold.sh measures sluice against. Its heap
+// is ~1 MB, so Go's collector runs at its 4 MB minimum goal, far more
+// often per request than in `sluice serve`: the script also runs it with
+// GOGC=400, a floor without that toll. It is a benchmark tool: nothing
+// imports it, and only the scripts build it.
 //
 //	rlsfloor -addr 127.0.0.1:18081
+//	GOGC=400 rlsfloor -addr 127.0.0.1:18082
 package main
 
 import (
