@@ -474,11 +474,19 @@ func TestLeasedLevels(t *testing.T) {
 
 // TestReservationsTakenAheadRedisPaused: Redis stopped (SIGSTOP) while a
 // hot leased client sends requests: they are admitted from leases and
-// reservations taken before the pause, with no Redis call on their path;
-// the pool's next batch and their settlements time out and retry; once
-// Redis is back every settlement applies (its reservation was held), and
-// Redis holds no reservation but the pool's.
+// reservations taken before the pause, with no Redis call on their path.
+// Settled into the leases (the gateway's default), they settle while Redis
+// is stopped, with no retry. Settled in Redis (what the chunks cannot
+// take: here all of it, the gateway's lease layer unset), the pool's next
+// batch and their settlements time out and retry; once Redis is back every
+// settlement applies (its reservation was held), and Redis holds no
+// reservation but the pool's.
 func TestReservationsTakenAheadRedisPaused(t *testing.T) {
+	t.Run("leases", func(t *testing.T) { testReservationsRedisPaused(t, true) })
+	t.Run("redis", func(t *testing.T) { testReservationsRedisPaused(t, false) })
+}
+
+func testReservationsRedisPaused(t *testing.T, intoLeases bool) {
 	ctx := context.Background()
 	const key = "sk-paused-client-0001"
 	r := newLeasedRig(t, Config{
@@ -486,6 +494,9 @@ func TestReservationsTakenAheadRedisPaused(t *testing.T) {
 		Keys:  []KeyConfig{{Name: "a", Hash: sluice.HashKey(key), Tier: "t", Client: "paused"}},
 		Store: StoreConfig{Timeout: 200 * time.Millisecond},
 	}, nil)
+	if !intoLeases {
+		r.gw.leases = nil // every settlement goes to Redis
+	}
 	r.send(key, 100) // hot: leases and a pool of reservations
 	r.waitFills()
 	cl := r.gw.keys[sluice.HashKey(key)]
@@ -510,6 +521,27 @@ func TestReservationsTakenAheadRedisPaused(t *testing.T) {
 		if res.StatusCode != 200 {
 			t.Fatalf("status %d while Redis is stopped", res.StatusCode)
 		}
+	}
+	if intoLeases {
+		// The leases took every refund back: settled with Redis stopped.
+		for range n {
+			select {
+			case s := <-r.settled:
+				if s.Err != nil || !s.UsageReported {
+					t.Fatalf("settlement into the leases %+v", s)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("no settlement within 10s while Redis is stopped")
+			}
+		}
+		if got := testutil.ToFloat64(r.gw.metrics.settleRetries); got != 0 {
+			t.Fatalf("%v settlement retries; the leases took them", got)
+		}
+		if err := r.srv.Thaw(); err != nil {
+			t.Fatal(err)
+		}
+		r.send(key, 3)
+		return
 	}
 	// Every settlement's first attempt times out and is retried.
 	if !redistest.PollUntil(time.Now().Add(10*time.Second), func() bool { return testutil.ToFloat64(r.gw.metrics.settleRetries) >= n }) {
