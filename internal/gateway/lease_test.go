@@ -581,3 +581,35 @@ func testReservationsRedisPaused(t *testing.T, intoLeases bool) {
 	// And the request after the pause gets one from a fresh batch.
 	r.send(key, 3)
 }
+
+// A client pausing between bursts keeps a pool sized to its bursts: the
+// batch after the pause is at least half the one before (not sized by the
+// pause's low rate, which left the pool dry within a few requests, and
+// those requests took their own reservations and settled in Redis).
+func TestReservationsAfterPause(t *testing.T) {
+	const key = "sk-pause-client-0001"
+	r := newLeasedRig(t, Config{
+		Tiers: map[string]TierConfig{"t": Tier(Limits{RPM: 1 << 30, TPM: 1 << 36, RPD: 1 << 36})},
+		Keys:  []KeyConfig{{Name: "a", Hash: sluice.HashKey(key), Tier: "t", Client: "pause"}},
+	}, nil)
+	var skew atomic.Int64
+	r.gw.now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	cl := r.gw.keys[sluice.HashKey(key)]
+	batch := func() int {
+		cl.resv.mu.Lock()
+		defer cl.resv.mu.Unlock()
+		return cl.resv.batch
+	}
+	r.send(key, 100)
+	r.waitFills()
+	before := batch()
+	if before < 8 {
+		t.Fatalf("batch %d after 100 requests in a row", before)
+	}
+	skew.Store(int64(r.gw.resvAge() + time.Second)) // a pause: the pool ages out
+	r.send(key, 2)                                  // the second is hot again and refills
+	r.waitFills()
+	if after := batch(); after < before/2 {
+		t.Fatalf("batch %d after a pause, %d before; want at least half", after, before)
+	}
+}
