@@ -124,10 +124,11 @@ soak-pool:
 
 # soak-regions is #40's runs at their real lengths: three regions, each its
 # own redis-server and two instances, linked by 40/80/150 ms delay proxies;
-# each traffic split for a minute and one region partitioned for 60 s. It
-# fails on any admission past the bound or use under the floors.
+# each traffic split for a minute and one region partitioned for 60 s, in
+# the exact and the async mode. It fails on any admission past the bound
+# or use under the floors.
 soak-regions:
-	SLUICE_REGIONS_SOAK=1 $(GO) test -race -count=1 -v -timeout 20m -run '^(TestGlobalBound|TestGlobalPartition)$$' ./region/
+	SLUICE_REGIONS_SOAK=1 $(GO) test -race -count=1 -v -timeout 40m -run '^(TestGlobalBound|TestGlobalPartition|TestAsyncBound|TestAsyncPartition)$$' ./region/
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseLimit -fuzztime 30s .

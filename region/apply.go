@@ -23,13 +23,12 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 	if err := supported(&req); err != nil {
 		return sluice.Decision{}, err
 	}
+	if s.async != nil && s.async(&req) {
+		return s.applyAsync(ctx, op, req)
+	}
 	home := s.home(req.Key)
 	if home == s.region {
-		d, err := s.local.Apply(ctx, op, req)
-		if err == nil && op == sluice.OpAllow {
-			s.st.home.Add(1)
-		}
-		return d, err
+		return s.applyHome(ctx, op, req)
 	}
 	hs := s.regions[home]
 	if hs == nil {
@@ -91,18 +90,40 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 // every decision says whether its limit alone would have admitted it.
 // The other ops apply request by request.
 func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
-	var remote []int
-	homes := 0 // global keys whose home this region is
+	var remote, async []int
+	homes := 0 // exact global keys whose home this region is
 	if s.global != nil {
 		for i := range reqs {
-			if s.global(&reqs[i]) {
-				if s.home(reqs[i].Key) != s.region {
-					remote = append(remote, i)
-				} else {
-					homes++
+			switch {
+			case !s.global(&reqs[i]):
+			case s.async != nil && s.async(&reqs[i]):
+				async = append(async, i)
+			case s.home(reqs[i].Key) != s.region:
+				remote = append(remote, i)
+			default:
+				homes++
+			}
+		}
+	}
+	if len(async) > 0 && (len(remote) > 0 || op != sluice.OpAllow || len(reqs) == 1) {
+		// Asynchronous keys with shares, or ops other than a batch's
+		// allow: request by request.
+		return s.oneByOne(ctx, op, reqs)
+	}
+	if s.global != nil && s.epochEvery > 0 && op != sluice.OpReset {
+		// The global keys this region is the home of: their epochs first.
+		for i := range reqs {
+			if s.global(&reqs[i]) && (s.async == nil || !s.async(&reqs[i])) && s.home(reqs[i].Key) == s.region {
+				if e := s.entry(&reqs[i]); e != nil {
+					if err := s.checkEpoch(ctx, s.region, s.local, e); err != nil {
+						return nil, err
+					}
 				}
 			}
 		}
+	}
+	if len(async) > 0 {
+		return s.allowAllAsync(ctx, reqs, async)
 	}
 	if len(remote) == 0 {
 		ds, err := s.local.ApplyAll(ctx, op, reqs)
@@ -112,15 +133,7 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 		return ds, err
 	}
 	if op != sluice.OpAllow || len(reqs) == 1 {
-		out := make([]sluice.Decision, len(reqs))
-		for i := range reqs {
-			d, err := s.Apply(ctx, op, reqs[i])
-			if err != nil {
-				return nil, err
-			}
-			out[i] = d
-		}
-		return out, nil
+		return s.oneByOne(ctx, op, reqs)
 	}
 	for i := range reqs {
 		if err := reqs[i].Validate(op); err != nil {
@@ -198,6 +211,104 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 		}
 	}
 	return out, nil
+}
+
+// applyHome decides a global key whose home is this region on this
+// region's store, its authority, once its epoch is checked (epoch.go):
+// on its first decision here, EpochEvery after the last check, and after
+// a call failed.
+func (s *Store) applyHome(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
+	e := s.entry(&req)
+	if e != nil && s.epochEvery > 0 && op != sluice.OpReset {
+		now := s.clk.Now()
+		e.mu.Lock()
+		e.lastUse = now
+		due := s.epochDue(e, now)
+		e.mu.Unlock()
+		if due {
+			if err := s.checkEpoch(ctx, s.region, s.local, e); err != nil {
+				return sluice.Decision{}, err
+			}
+		}
+	}
+	d, err := s.local.Apply(ctx, op, req)
+	if err != nil && e != nil {
+		e.mu.Lock()
+		e.epochStale = true
+		e.mu.Unlock()
+	}
+	if err == nil && op == sluice.OpAllow {
+		s.st.home.Add(1)
+	}
+	return d, err
+}
+
+// oneByOne applies op to reqs one by one.
+func (s *Store) oneByOne(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
+	out := make([]sluice.Decision, len(reqs))
+	for i := range reqs {
+		d, err := s.Apply(ctx, op, reqs[i])
+		if err != nil {
+			return nil, err
+		}
+		out[i] = d
+	}
+	return out, nil
+}
+
+// allowAllAsync decides a batch of keys of this region's store, some of
+// them asynchronous, all or nothing on the store, and counts what it
+// admitted of the asynchronous ones. A batch with an asynchronous key
+// whose counts are stale is denied whole by the failure policy.
+func (s *Store) allowAllAsync(ctx context.Context, reqs []sluice.Request, async []int) ([]sluice.Decision, error) {
+	for i := range reqs {
+		if err := reqs[i].Validate(sluice.OpAllow); err != nil {
+			return nil, fmt.Errorf("region: %w", err)
+		}
+	}
+	now := s.clk.Now()
+	cs := make([]*counts, len(async))
+	for k, i := range async {
+		if err := supported(&reqs[i]); err != nil {
+			return nil, err
+		}
+		cs[k] = s.asyncEntry(&reqs[i])
+		stale := cs[k] == nil // untracked (MaxKeys): its counts would not be delivered
+		if !stale {
+			cs[k].mu.Lock()
+			stale = cs[k].stale(now, s.staleAfter)
+			cs[k].mu.Unlock()
+		}
+		if stale && s.policy == FailClosed {
+			s.st.policy.Add(1)
+			out := make([]sluice.Decision, len(reqs))
+			for j := range reqs {
+				out[j] = sluice.Decision{Limit: reqs[j].Limit, Degraded: true, Fallback: s.policy.String(), Source: sluice.FromStore, RetryAfter: s.syncEvery}
+			}
+			return out, nil
+		}
+	}
+	ds, err := s.local.ApplyAll(ctx, sluice.OpAllow, reqs)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range ds {
+		if !d.Allowed {
+			// Not admitted: each decision says what its limit alone
+			// would have done, and nothing was charged.
+			return ds, nil
+		}
+	}
+	for k, i := range async {
+		if cs[k] == nil {
+			continue
+		}
+		s.st.async.Add(1)
+		cs[k].mu.Lock()
+		cs[k].add(now, reqs[i].Cost, windowOf(&reqs[i], now, ds[i]))
+		cs[k].mu.Unlock()
+	}
+	return ds, nil
 }
 
 // supported checks that shares can decide req.

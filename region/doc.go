@@ -28,6 +28,13 @@
 // home. A window's share ends with the window it was charged in,
 // estimated early (ClockSkew), and is never refunded.
 //
+// A global key may instead be asynchronous (Options.Async): decided on
+// each region's store alone, the units each instance admitted delivered
+// to the other regions' stores every SyncInterval, and answered by Policy
+// while a count of it is StaleAfter old undelivered (async.go). It uses
+// all of the limit, and exceeds it by what the regions admit within the
+// delivery delay.
+//
 // A region cut off from a home spends what it holds, then its Policy
 // answers (FailClosed keeps the bound). The bounds, the failure table and
 // a deployment guide are in docs/regions.md.

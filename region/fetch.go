@@ -28,6 +28,12 @@ type entry struct {
 	winEnd   int64          // ns: the end of the window of the last window share, estimated early
 	short    bool           // the last fetch got less than it asked for, or nothing
 	empty    bool           // the last fetch got nothing: the home is at its limit
+
+	// epoch.go
+	epoch      string // the home's epoch id of the key last seen
+	epochAt    int64  // ns of the last check
+	epochStale bool   // a call to the home failed since
+	epochBusy  bool   // a check is in flight
 }
 
 // minFetch is the fewest units a fetch asks for, when MaxFraction of the
@@ -159,6 +165,28 @@ func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
 	s.st.fetches.Add(1)
 	ctx, cancel := context.WithTimeout(sluice.WaitForReply(context.Background()), s.fetchTO)
 	defer cancel()
+	// The home's epoch (epoch.go), beside the fetch rather than before
+	// it: a cold key's first fetch would take two round trips, more than
+	// FetchWait from a far region (TestGlobalBudgetAcrossRegions: ap,
+	// 300ms away, was denied its first calls), and a window share's
+	// expiry, read below, would be early by the check. A loss it finds is
+	// charged after this fetch: the bound holds from then on, and this
+	// fetch's units at most are spent meanwhile.
+	e.mu.Lock()
+	due := s.epochDue(e, s.clk.Now()) && !e.epochBusy
+	e.mu.Unlock()
+	if due {
+		name := s.home(req.Key)
+		s.inflight.Go(func() {
+			cctx, ccancel := context.WithTimeout(context.Background(), s.fetchTO)
+			defer ccancel()
+			if err := s.checkEpoch(cctx, name, home, e); err != nil {
+				e.mu.Lock()
+				e.epochStale = true
+				e.mu.Unlock()
+			}
+		})
+	}
 	// The share's expiry is set by the region's Redis clock, read before
 	// the fetch: the home charges after it.
 	t0, err := s.led.time(ctx)
@@ -179,7 +207,7 @@ func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
 	got := s.clk.Now()
 	e.mu.Lock()
 	if err != nil || d.Degraded {
-		e.down = true
+		e.down, e.epochStale = true, true
 		e.retryAt = got + s.downRetry
 		e.mu.Unlock()
 		s.st.fetchErrors.Add(1)
@@ -314,6 +342,17 @@ func (s *Store) Sweep(ctx context.Context) {
 		e.mu.Lock()
 		req, idle, busy, down := e.req, now-e.lastUse > int64(s.idle), e.inflight > 0, e.down && now < e.retryAt
 		e.mu.Unlock()
+		if s.home(key) == s.region {
+			// A key this region is the home of: its entry holds only the
+			// epoch this instance saw, kept as long as it may matter.
+			e.mu.Lock()
+			last := e.lastUse
+			e.mu.Unlock()
+			if now-last > int64(epochTTL(&req)) {
+				s.forget(key, e)
+			}
+			return true
+		}
 		if busy || down || req.Algorithm == sluice.FixedWindow {
 			if idle && !busy && req.Algorithm == sluice.FixedWindow {
 				s.forget(key, e)
@@ -360,6 +399,7 @@ func (s *Store) forget(key string, e *entry) {
 type counters struct {
 	home, share, denied, policy                                             atomic.Uint64
 	fetches, fetchDenied, fetchErrors, fetched, refunds, refunded, stranded atomic.Uint64
+	async, synced, syncErrors, quarantines                                  atomic.Uint64
 }
 
 // Stats are a Store's counts since it started.
@@ -385,6 +425,16 @@ type Stats struct {
 	// Stranded counts units charged at home that the region could not
 	// use or give back (a reply too late, a failed credit).
 	Stranded uint64
+	// Async counts admissions of asynchronous keys by this region's
+	// store.
+	Async uint64
+	// Synced counts the units of asynchronous keys delivered to other
+	// regions (charged or refunded there); SyncErrors the deliveries
+	// that failed (retried by the next round).
+	Synced, SyncErrors uint64
+	// Quarantines counts the times this instance found that a home had
+	// lost a key's state, and charged its capacity there (epoch.go).
+	Quarantines uint64
 	// Keys is the number of global keys tracked.
 	Keys int64
 }
@@ -395,6 +445,8 @@ func (s *Store) Stats() Stats {
 		Home: s.st.home.Load(), Share: s.st.share.Load(), Denied: s.st.denied.Load(), Policy: s.st.policy.Load(),
 		Fetches: s.st.fetches.Load(), FetchDenied: s.st.fetchDenied.Load(), FetchErrors: s.st.fetchErrors.Load(),
 		Fetched: s.st.fetched.Load(), Refunds: s.st.refunds.Load(), Refunded: s.st.refunded.Load(),
-		Stranded: s.st.stranded.Load(), Keys: s.size.Load(),
+		Stranded: s.st.stranded.Load(), Async: s.st.async.Load(), Synced: s.st.synced.Load(), SyncErrors: s.st.syncErrors.Load(),
+		Quarantines: s.st.quarantines.Load(),
+		Keys:        s.size.Load(),
 	}
 }

@@ -18,7 +18,7 @@ import (
 var luaFiles embed.FS
 
 // scripts are the ledger's three Lua scripts, each lib.lua and its own.
-type scripts struct{ spend, credit, take *rueidis.Lua }
+type scripts struct{ spend, credit, take, epoch *rueidis.Lua }
 
 func loadScripts() (*scripts, error) {
 	lib, err := luaFiles.ReadFile("lua/lib.lua")
@@ -40,6 +40,9 @@ func loadScripts() (*scripts, error) {
 		return nil, err
 	}
 	if s.take, err = load("take.lua"); err != nil {
+		return nil, err
+	}
+	if s.epoch, err = load("epoch.lua"); err != nil {
 		return nil, err
 	}
 	return &s, nil

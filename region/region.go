@@ -1,6 +1,7 @@
 package region
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -96,6 +97,27 @@ type Options struct {
 	// across regions; the others are regional and go to this region's
 	// store untouched. Nil makes every key regional.
 	Global func(req *sluice.Request) bool
+	// Async reports whether a global key is asynchronous: decided on this
+	// region's store alone, its admissions delivered to the other regions'
+	// stores every SyncInterval (package doc, async.go). Nil makes every
+	// global key exact.
+	Async func(req *sluice.Request) bool
+	// SyncInterval is how often an instance delivers the units it
+	// admitted of asynchronous keys to the other regions.
+	// DefaultSyncInterval when zero; negative runs no loop (tests call
+	// Sync).
+	SyncInterval time.Duration
+	// StaleAfter is how old a count an instance could not deliver to
+	// another region may grow before the instance answers the key by
+	// Policy instead of its store: the longest delay δ of the
+	// asynchronous bound under faults. DefaultStaleAfter when zero.
+	StaleAfter time.Duration
+	// EpochEvery is how often, at most, an instance checks that the home
+	// of an exact global key still holds the key's state (epoch.go): a
+	// home that lost it is charged the key's capacity. It is checked at
+	// once after a call to the home failed. DefaultEpochEvery when zero;
+	// negative never checks.
+	EpochEvery time.Duration
 	// Home names a global key's home region, whose store is the key's
 	// authority. Nil means HashHome over Regions.
 	Home func(key string) string
@@ -179,6 +201,7 @@ type Store struct {
 	local     sluice.Store
 	led       *ledger
 	global    func(*sluice.Request) bool
+	async     func(*sluice.Request) bool
 	home      func(string) string
 	horizon   float64 // s
 	frac      float64
@@ -195,6 +218,14 @@ type Store struct {
 
 	keys *xsync.Map[string, *entry]
 	size atomic.Int64
+
+	// the asynchronous mode (async.go)
+	akeys      *xsync.Map[string, *counts]
+	remotes    []string        // the other regions, sorted
+	sems       []chan struct{} // per remote region, bounds the deliveries in flight
+	syncEvery  time.Duration
+	staleAfter int64
+	epochEvery int64
 
 	st counters
 
@@ -223,7 +254,7 @@ func New(opts Options) (*Store, error) {
 	if opts.Ledger == nil {
 		return nil, errors.New("region: Options.Ledger is required")
 	}
-	if opts.Horizon < 0 || opts.ClockSkew < 0 || opts.TTL < 0 || opts.IdleAfter < 0 || opts.FetchTimeout < 0 || opts.DownRetry < 0 || opts.CallTimeout < 0 || opts.MaxKeys < 0 {
+	if opts.Horizon < 0 || opts.StaleAfter < 0 || opts.ClockSkew < 0 || opts.TTL < 0 || opts.IdleAfter < 0 || opts.FetchTimeout < 0 || opts.DownRetry < 0 || opts.CallTimeout < 0 || opts.MaxKeys < 0 {
 		return nil, errors.New("region: negative option")
 	}
 	if opts.MaxFraction < 0 || opts.MaxFraction > 1 || math.IsNaN(opts.MaxFraction) {
@@ -237,25 +268,30 @@ func New(opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{
-		region:    opts.Region,
-		regions:   opts.Regions,
-		local:     opts.Regions[opts.Region],
-		global:    opts.Global,
-		home:      opts.Home,
-		horizon:   def(opts.Horizon, DefaultHorizon).Seconds(),
-		frac:      opts.MaxFraction,
-		ttl:       int64(def(opts.TTL, DefaultTTL)),
-		idle:      def(opts.IdleAfter, DefaultIdleAfter),
-		fetchTO:   def(opts.FetchTimeout, DefaultFetchTimeout),
-		fetchWait: def(opts.FetchWait, DefaultFetchWait),
-		downRetry: int64(def(opts.DownRetry, DefaultDownRetry)),
-		skew:      int64(opts.ClockSkew),
-		policy:    opts.Policy,
-		maxKeys:   int64(opts.MaxKeys),
-		clk:       opts.Clock,
-		log:       opts.Logger,
-		keys:      xsync.NewMap[string, *entry](),
-		stop:      make(chan struct{}),
+		region:     opts.Region,
+		regions:    opts.Regions,
+		local:      opts.Regions[opts.Region],
+		global:     opts.Global,
+		async:      opts.Async,
+		home:       opts.Home,
+		horizon:    def(opts.Horizon, DefaultHorizon).Seconds(),
+		frac:       opts.MaxFraction,
+		ttl:        int64(def(opts.TTL, DefaultTTL)),
+		idle:       def(opts.IdleAfter, DefaultIdleAfter),
+		fetchTO:    def(opts.FetchTimeout, DefaultFetchTimeout),
+		fetchWait:  def(opts.FetchWait, DefaultFetchWait),
+		downRetry:  int64(def(opts.DownRetry, DefaultDownRetry)),
+		skew:       int64(opts.ClockSkew),
+		policy:     opts.Policy,
+		maxKeys:    int64(opts.MaxKeys),
+		clk:        opts.Clock,
+		log:        opts.Logger,
+		keys:       xsync.NewMap[string, *entry](),
+		akeys:      xsync.NewMap[string, *counts](),
+		syncEvery:  def(opts.SyncInterval, DefaultSyncInterval),
+		staleAfter: int64(def(opts.StaleAfter, DefaultStaleAfter)),
+		epochEvery: int64(def(opts.EpochEvery, DefaultEpochEvery)),
+		stop:       make(chan struct{}),
 	}
 	s.led = &ledger{
 		client:  opts.Ledger,
@@ -293,6 +329,18 @@ func New(opts Options) (*Store, error) {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	for n := range opts.Regions {
+		if n != opts.Region {
+			s.remotes = append(s.remotes, n)
+		}
+	}
+	slices.Sort(s.remotes)
+	for range s.remotes {
+		s.sems = append(s.sems, make(chan struct{}, syncFanout))
+	}
+	if s.async != nil && s.syncEvery > 0 {
+		s.bg.Go(func() { s.syncLoop(s.syncEvery) })
+	}
 	if every := opts.SweepEvery; every >= 0 {
 		if every == 0 {
 			every = s.idle / 2
@@ -318,13 +366,20 @@ func (s *Store) Unwrap() sluice.Store { return s.local }
 // HomeOf returns the home region of a global key.
 func (s *Store) HomeOf(key string) string { return s.home(key) }
 
-// Close stops the sweep and waits for the fetches and refunds in flight.
+// Close stops the sweep and the deliveries of asynchronous counts (a last
+// round delivers what this instance admitted) and waits for the fetches
+// and refunds in flight.
 // The region's shares stay in its store for its other instances; the
 // last instance's are lost when they expire (under-admission, never
 // over). It leaves the stores and the ledger client open.
 func (s *Store) Close() error {
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.bg.Wait()
+	if s.async != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), s.fetchTO)
+		s.Sync(ctx)
+		cancel()
+	}
 	s.closeMu.Lock()
 	s.closed = true
 	s.closeMu.Unlock()

@@ -122,6 +122,9 @@ type Policy struct {
 	Global bool
 	// Home is a global policy's home region; empty hashes the key.
 	Home string
+	// Async reports a global policy's `mode: async`: decided on each
+	// region's store, counts shared at an interval.
+	Async bool
 }
 
 // Tier is a plan: policies applied together, all or nothing.

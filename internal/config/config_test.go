@@ -113,6 +113,12 @@ func TestBadConfigs(t *testing.T) {
 			`16: policies.far.home: unknown region "mars"; valid: eu, us`,
 			`19: policies.odd.scope: unknown scope "planetary"; valid: regional, global`,
 		},
+		"regions_async": {
+			`6: store.global.stale_after: 600ms must be at least twice sync_interval (500ms)`,
+			`12: policies.homed.home: an async policy has no home`,
+			`15: policies.regional.mode: only a policy with scope: global has a mode`,
+			`19: policies.eventual.mode: unknown mode "eventual"; valid: exact, async`,
+		},
 		"many": {
 			`2: max_chekcs: unknown field; did you mean max_checks? valid: listen, admin_token,`,
 			`5: store.failure_policy: unknown failure policy "fail_sometimes"; valid: local, fail_open, fail_closed, error`,

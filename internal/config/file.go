@@ -135,6 +135,9 @@ type StoreSection struct {
 	// key. It is not read from the file. Restart-only: the store is
 	// opened with the policies' scopes at start.
 	GlobalPolicies map[string]string `yaml:"-"`
+	// AsyncPolicies is compiled from the global policies with `mode:
+	// async`. It is not read from the file. Restart-only.
+	AsyncPolicies map[string]bool `yaml:"-"`
 }
 
 // RegionSection is one entry of `store.regions:`.
@@ -166,6 +169,14 @@ type GlobalSection struct {
 	// clock less it. Unset trusts no clock (a share ends up to a round
 	// trip early).
 	ClockSkew time.Duration `yaml:"clock_skew"`
+	// SyncInterval is how often an instance delivers the counts of
+	// policies with `mode: async` to the other regions; default 100ms.
+	SyncInterval time.Duration `yaml:"sync_interval"`
+	// StaleAfter is how old a count of an async policy may grow
+	// undelivered (a partition) before the region answers the policy by
+	// failure_policy: the longest delay of the async bound; default 1s,
+	// at least sync_interval plus two round trips to the farthest region.
+	StaleAfter time.Duration `yaml:"stale_after"`
 }
 
 // PolicySection is one entry of `policies:`.
@@ -201,6 +212,13 @@ type PolicySection struct {
 	// authority for its keys; unset spreads keys over the regions by a
 	// hash of the key.
 	Home string `yaml:"home"`
+	// Mode is a global policy's: exact (the default: every admission
+	// backed by a charge at the key's home, ≤ the limit + 1) or async
+	// (each region decides on its own store, and the regions' counts are
+	// shared every store.global.sync_interval: the limit is used in
+	// full, and exceeded by at most what the regions admit in a sync
+	// interval plus a round trip; docs/regions.md). Restart-only.
+	Mode string `yaml:"mode"`
 	// Timezone makes a limit per day, week, month or year a calendar
 	// window in this IANA zone, such as "Europe/Berlin": "5000/day" then
 	// resets at local midnight, 23 or 25 hours apart across DST changes.

@@ -4,6 +4,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sluice-io/sluice/region"
 )
@@ -12,6 +13,12 @@ import (
 const (
 	ScopeRegional = "regional"
 	ScopeGlobal   = "global"
+)
+
+// Modes of a global policy.
+const (
+	ModeExact = "exact"
+	ModeAsync = "async"
 )
 
 // compileRegions checks store.region, store.regions and store.global.
@@ -51,11 +58,25 @@ func (v *validator) compileRegions(s *StoreSection) {
 	if _, err := region.ParsePolicy(s.Global.FailurePolicy); err != nil {
 		v.addf("store.global.failure_policy", "unknown policy %q; valid: fail_closed, fail_open", s.Global.FailurePolicy)
 	}
-	for path, d := range map[string]int64{"horizon": int64(s.Global.Horizon), "ttl": int64(s.Global.TTL), "fetch_timeout": int64(s.Global.FetchTimeout), "clock_skew": int64(s.Global.ClockSkew)} {
+	for path, d := range map[string]int64{"horizon": int64(s.Global.Horizon), "ttl": int64(s.Global.TTL), "fetch_timeout": int64(s.Global.FetchTimeout), "clock_skew": int64(s.Global.ClockSkew), "sync_interval": int64(s.Global.SyncInterval), "stale_after": int64(s.Global.StaleAfter)} {
 		if d < 0 {
 			v.addf("store.global."+path, "must not be negative")
 		}
 	}
+	interval, stale := def(s.Global.SyncInterval, region.DefaultSyncInterval), def(s.Global.StaleAfter, region.DefaultStaleAfter)
+	if s.Global.SyncInterval > 0 && s.Global.SyncInterval < 10*time.Millisecond {
+		v.addf("store.global.sync_interval", "must be at least 10ms (a round of deliveries per key and region each)")
+	}
+	if stale < 2*interval {
+		v.addf("store.global.stale_after", "%s must be at least twice sync_interval (%s), plus two round trips to the farthest region", stale, interval)
+	}
+}
+
+func def(v, d time.Duration) time.Duration {
+	if v == 0 {
+		return d
+	}
+	return v
 }
 
 // compileScope reads a policy's scope and home.
@@ -64,6 +85,9 @@ func (v *validator) compileScope(path string, p *PolicySection, pol *Policy, s *
 	case "", ScopeRegional:
 		if p.Home != "" {
 			v.addf(path+".home", "only a policy with scope: global has a home")
+		}
+		if p.Mode != "" {
+			v.addf(path+".mode", "only a policy with scope: global has a mode")
 		}
 		return
 	case ScopeGlobal:
@@ -95,6 +119,20 @@ func (v *validator) compileScope(path string, p *PolicySection, pol *Policy, s *
 		s.GlobalPolicies = map[string]string{}
 	}
 	s.GlobalPolicies[pol.Name] = p.Home
+	switch strings.ToLower(p.Mode) {
+	case "", ModeExact:
+	case ModeAsync:
+		if p.Home != "" {
+			v.addf(path+".home", "an async policy has no home: every region decides on its own store")
+		}
+		pol.Async = true
+		if s.AsyncPolicies == nil {
+			s.AsyncPolicies = map[string]bool{}
+		}
+		s.AsyncPolicies[pol.Name] = true
+	default:
+		v.addf(path+".mode", "unknown mode %q; valid: exact, async", p.Mode)
+	}
 }
 
 // RegionNames names every region, this instance's (store.region) first,

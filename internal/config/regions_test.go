@@ -18,6 +18,7 @@ store:
 policies:
   api: {limit: 1000/s, scope: global, home: us}
   spread: {limit: 100/min, algorithm: fixed_window, scope: global}
+  loose: {limit: 100/s, scope: global, mode: async}
   local: {limit: 10/s}
 `))
 	if err != nil {
@@ -29,8 +30,14 @@ policies:
 	if p := cfg.Policies["local"]; p.Global {
 		t.Fatal("local is global")
 	}
-	want := map[string]string{"api": "us", "spread": ""}
-	if len(cfg.Store.GlobalPolicies) != 2 || cfg.Store.GlobalPolicies["api"] != want["api"] || cfg.Store.GlobalPolicies["spread"] != "" {
+	if p := cfg.Policies["loose"]; !p.Global || !p.Async || cfg.Policies["api"].Async {
+		t.Fatalf("loose: global %v async %v; api async %v", p.Global, p.Async, cfg.Policies["api"].Async)
+	}
+	if len(cfg.Store.AsyncPolicies) != 1 || !cfg.Store.AsyncPolicies["loose"] {
+		t.Fatalf("async policies %v, want loose", cfg.Store.AsyncPolicies)
+	}
+	want := map[string]string{"api": "us", "spread": "", "loose": ""}
+	if len(cfg.Store.GlobalPolicies) != 3 || cfg.Store.GlobalPolicies["api"] != want["api"] || cfg.Store.GlobalPolicies["spread"] != "" {
 		t.Fatalf("global policies %v, want %v", cfg.Store.GlobalPolicies, want)
 	}
 	if len(cfg.Store.Regions) != 2 || cfg.Store.Global.FailurePolicy != "fail_open" {

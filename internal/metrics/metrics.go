@@ -152,6 +152,12 @@ type RegionStats struct {
 	// Fetched, Refunded and Stranded count units credited to shares,
 	// given back to homes, and lost to late replies or failed credits.
 	Fetched, Refunded, Stranded uint64
+	// Async counts admissions of asynchronous keys by this region's
+	// store; Synced the units of them delivered to other regions, and
+	// SyncErrors the deliveries that failed (retried next round).
+	Async, Synced, SyncErrors uint64
+	// Quarantines counts the homes found to have lost a key's state.
+	Quarantines uint64
 }
 
 // NodeStats are one store node's counters.
@@ -190,8 +196,10 @@ var (
 	nodeErrorsDesc     = prometheus.NewDesc("sluice_store_node_errors_total", "Calls to each store node that failed or missed the deadline.", []string{"node"}, nil)
 	nodeOpensDesc      = prometheus.NewDesc("sluice_store_node_circuit_opens_total", "Times each store node's circuit opened.", []string{"node"}, nil)
 	nodeOpenDesc       = prometheus.NewDesc("sluice_store_node_circuit_open", "1 while a store node's circuit is open (the failure policy answers for its keys).", []string{"node"}, nil)
-	regionDecDesc      = prometheus.NewDesc("sluice_region_decisions_total", "Decisions of global keys by the tier that made them: home (the key's home store, this region), share (a share held in this region), denied (no share left, the home had none to give yet), policy (the home unreachable, the failure policy answered).", []string{"region", "tier"}, nil)
+	regionDecDesc      = prometheus.NewDesc("sluice_region_decisions_total", "Decisions of global keys by the tier that made them: home (the key's home store, this region), share (a share held in this region), denied (no share left, the home had none to give yet), policy (the home unreachable, the failure policy answered), region (an asynchronous key, decided by this region's store).", []string{"region", "tier"}, nil)
 	regionFetchDesc    = prometheus.NewDesc("sluice_region_fetches_total", "Share fetches sent to global keys' homes, by result: ok, denied (the home had nothing to give), error.", []string{"region", "result"}, nil)
+	regionSyncDesc     = prometheus.NewDesc("sluice_region_sync_total", "Asynchronous global keys: units delivered to the other regions (ok) and deliveries that failed (error, retried by the next round).", []string{"region", "result"}, nil)
+	regionQuarDesc     = prometheus.NewDesc("sluice_region_quarantines_total", "Global keys whose home was found to have lost their state (a restart without persistence), each charged its capacity there once.", []string{"region"}, nil)
 	regionUnitsDesc    = prometheus.NewDesc("sluice_region_units_total", "Units of global keys' capacity: fetched (charged at home, credited to this region's shares), refunded (given back to the home), stranded (charged at home, never spendable here).", []string{"region", "kind"}, nil)
 )
 
@@ -199,7 +207,7 @@ var (
 type storeCollector struct{ m *Metrics }
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeStarvedDesc, storeLateDesc, storeCircuitDesc, storeInstancesDesc, leaseHitsDesc, leaseFetchesDesc, leaseReturnsDesc, plainDesc, plainLateDesc, groupsDesc, groupedDesc, degradedByDesc, nodeCallsDesc, nodeErrorsDesc, nodeOpensDesc, nodeOpenDesc, regionDecDesc, regionFetchDesc, regionUnitsDesc} {
+	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeStarvedDesc, storeLateDesc, storeCircuitDesc, storeInstancesDesc, leaseHitsDesc, leaseFetchesDesc, leaseReturnsDesc, plainDesc, plainLateDesc, groupsDesc, groupedDesc, degradedByDesc, nodeCallsDesc, nodeErrorsDesc, nodeOpensDesc, nodeOpenDesc, regionDecDesc, regionFetchDesc, regionUnitsDesc, regionSyncDesc, regionQuarDesc} {
 		ch <- d
 	}
 }
@@ -229,7 +237,7 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(degradedByDesc, prometheus.CounterValue, float64(n), policy)
 	}
 	if r := st.Region; r != nil {
-		for tier, n := range map[string]uint64{"home": r.Home, "share": r.Share, "denied": r.Denied, "policy": r.Policy} {
+		for tier, n := range map[string]uint64{"home": r.Home, "share": r.Share, "denied": r.Denied, "policy": r.Policy, "region": r.Async} {
 			ch <- prometheus.MustNewConstMetric(regionDecDesc, prometheus.CounterValue, float64(n), r.Region, tier)
 		}
 		for result, n := range map[string]uint64{"ok": r.Fetches - min(r.Fetches, r.FetchDenied+r.FetchErrors), "denied": r.FetchDenied, "error": r.FetchErrors} {
@@ -238,6 +246,9 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 		for kind, n := range map[string]uint64{"fetched": r.Fetched, "refunded": r.Refunded, "stranded": r.Stranded} {
 			ch <- prometheus.MustNewConstMetric(regionUnitsDesc, prometheus.CounterValue, float64(n), r.Region, kind)
 		}
+		ch <- prometheus.MustNewConstMetric(regionSyncDesc, prometheus.CounterValue, float64(r.Synced), r.Region, "ok")
+		ch <- prometheus.MustNewConstMetric(regionSyncDesc, prometheus.CounterValue, float64(r.SyncErrors), r.Region, "error")
+		ch <- prometheus.MustNewConstMetric(regionQuarDesc, prometheus.CounterValue, float64(r.Quarantines), r.Region)
 	}
 	for _, n := range st.Nodes {
 		open := 0.0

@@ -568,14 +568,14 @@ func (s *Server) writeDecision(w http.ResponseWriter, res *outcome, denyStatus i
 	}
 	bp := respPool.Get().(*[]byte)
 	b := appendDecision((*bp)[:0], d, lim, res.targets[res.limiting].req.Algorithm)
-	b = appendDecidedBy(b, d, res.targets[res.limiting].policy.Global)
+	b = appendDecidedBy(b, d, res.targets[res.limiting].policy)
 	b = append(b, `,"results":[`...)
 	for i, t := range res.targets {
 		if i > 0 {
 			b = append(b, ',')
 		}
 		b = appendDecision(b, res.decisions[i], t.policy.Name, t.req.Algorithm)
-		b = appendDecidedBy(b, res.decisions[i], t.policy.Global)
+		b = appendDecidedBy(b, res.decisions[i], t.policy)
 		b = append(b, `,"key":`...)
 		b = appendString(b, t.identity)
 		b = append(b, `,"tier":`...)
@@ -678,14 +678,20 @@ func appendDecision(b []byte, d sluice.Decision, policy string, alg sluice.Algor
 // global), which tier made it: "home" (the key's home store, in this
 // region), "share" (a share of the key's capacity held in this region,
 // charged at home in advance) or "policy" (the home was unreachable and
-// the region's share spent: the failure policy). Regional policies'
-// answers are unchanged.
-func appendDecidedBy(b []byte, d sluice.Decision, global bool) []byte {
-	if !global && d.Source != sluice.FromShare {
+// the region's share spent: the failure policy); for an async policy
+// (mode: async), "region" (this region's store, the others' counts
+// shared at an interval) or "policy" (its counts could not reach another
+// region for stale_after). Regional policies' answers are unchanged.
+func appendDecidedBy(b []byte, d sluice.Decision, p *config.Policy) []byte {
+	if !p.Global && d.Source != sluice.FromShare {
 		return b
 	}
+	by := decidedBy(d)
+	if by == "home" && p.Async {
+		by = "region"
+	}
 	b = append(b, `,"decided_by":"`...)
-	b = append(b, decidedBy(d)...)
+	b = append(b, by...)
 	return append(b, '"')
 }
 

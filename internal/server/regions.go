@@ -55,18 +55,23 @@ func openRegions(ctx context.Context, sc config.StoreSection, local sluice.Store
 		_ = closeAll()
 		return nil, nil, fmt.Errorf("server: %w", err)
 	}
-	globals := maps.Clone(sc.GlobalPolicies)
+	globals, async := maps.Clone(sc.GlobalPolicies), maps.Clone(sc.AsyncPolicies)
 	hash := region.HashHome(names)
 	rs, err := region.New(region.Options{
-		Region:       sc.Region,
-		Regions:      stores,
-		Ledger:       ledger.Client(),
-		Global:       func(req *sluice.Request) bool { return isGlobal(globals, req.Key) },
+		Region:  sc.Region,
+		Regions: stores,
+		Ledger:  ledger.Client(),
+		Global:  func(req *sluice.Request) bool { return isGlobal(globals, req.Key) },
+		// mode: async is a policy's (the HTTP API's); the other doors'
+		// global keys are exact.
+		Async:        func(req *sluice.Request) bool { return async[policyOfKey(req.Key)] },
 		Home:         func(key string) string { return homeOf(globals, hash, key) },
 		Horizon:      sc.Global.Horizon,
 		TTL:          sc.Global.TTL,
 		FetchTimeout: fetchTimeout,
 		ClockSkew:    sc.Global.ClockSkew,
+		SyncInterval: sc.Global.SyncInterval,
+		StaleAfter:   sc.Global.StaleAfter,
 		Policy:       policy,
 		Logger:       log,
 	})
@@ -140,6 +145,7 @@ func regionStats(rs *region.Store) *metrics.RegionStats {
 		Region: rs.Region(), Home: st.Home, Share: st.Share, Denied: st.Denied, Policy: st.Policy,
 		Fetches: st.Fetches, FetchDenied: st.FetchDenied, FetchErrors: st.FetchErrors,
 		Fetched: st.Fetched, Refunded: st.Refunded, Stranded: st.Stranded,
+		Async: st.Async, Synced: st.Synced, SyncErrors: st.SyncErrors, Quarantines: st.Quarantines,
 	}
 }
 
@@ -163,7 +169,7 @@ func decidedBy(d sluice.Decision) string {
 
 // setDecidedBy sets DecidedByHeader when a global policy took part in res.
 func setDecidedBy(h http.Header, res *outcome) {
-	rank := map[string]int{"home": 1, "share": 2, "policy": 3}
+	rank := map[string]int{"home": 1, "region": 1, "share": 2, "policy": 3}
 	by, denied := "", false
 	for i, t := range res.targets {
 		d := res.decisions[i]
@@ -171,6 +177,9 @@ func setDecidedBy(h http.Header, res *outcome) {
 			continue
 		}
 		tier := decidedBy(d)
+		if tier == "home" && t.policy.Async {
+			tier = "region"
+		}
 		switch {
 		case denied:
 		case !d.Allowed:

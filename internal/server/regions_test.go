@@ -17,7 +17,9 @@ import (
 // in eu (another redis-server): its checks are decided from us's share
 // (decided_by "share"), charged in eu's Redis in advance, and the limit
 // holds across both; a regional policy is answered as before. /metrics
-// counts the tiers by region.
+// counts the tiers by region. A global policy with mode: async is decided
+// by us's own store (decided_by "region") and its count is delivered to
+// eu's Redis within a sync interval.
 func TestRegionsServe(t *testing.T) {
 	eu, us := redistest.NewStandalone(t), redistest.NewStandalone(t)
 	cfg := testConfig + fmt.Sprintf(`store:
@@ -29,7 +31,7 @@ func TestRegionsServe(t *testing.T) {
     eu: {url: %q}
   global: {clock_skew: 5ms}
 `, us.URL(), eu.URL())
-	cfg = strings.Replace(cfg, "anon: {limit: 2/min}", "anon: {limit: 2/min}\n  world: {algorithm: fixed_window, limit: 10/h, scope: global, home: eu}", 1)
+	cfg = strings.Replace(cfg, "anon: {limit: 2/min}", "anon: {limit: 2/min}\n  world: {algorithm: fixed_window, limit: 10/h, scope: global, home: eu}\n  loose: {algorithm: fixed_window, limit: 10/h, scope: global, mode: async}", 1)
 	cfg = strings.Replace(cfg, "anonymous: {policies: [anon]}", "anonymous: {policies: [anon, world]}", 1)
 	s := startService(t, svcOptions{redis: true, config: cfg})
 	id := redistest.Prefix(t)
@@ -67,6 +69,25 @@ func TestRegionsServe(t *testing.T) {
 	if a.status != 200 || a.header.Get(DecidedByHeader) != "" {
 		t.Fatalf("authz of regional policies: %d %s %q", a.status, a.raw, a.header.Get(DecidedByHeader))
 	}
+	admitted = 0
+	for i := range 12 {
+		a := s.check(t, fmt.Sprintf(`{"policy":"loose","key":%q}`, id))
+		if a.body["decided_by"] != "region" {
+			t.Fatalf("async check %d: %d %s, want decided_by region", i, a.status, a.raw)
+		}
+		if a.status == 200 {
+			admitted++
+		}
+	}
+	if admitted != 10 {
+		t.Fatalf("admitted %d of an async limit of 10 in us", admitted)
+	}
+	// us's 10 admissions reach eu's Redis, charged to the key's window
+	// there, within a sync interval (100ms) and a call.
+	redistest.WaitUntil(t, "eu's Redis holds us's async count", 5*time.Second, func() bool {
+		keys, err := eu.Do(ctx, "KEYS", "*loose*")
+		return err == nil && len(keys.([]any)) > 0
+	})
 	m := s.do(t, "GET", "/metrics", "").raw
 	for _, want := range []string{`sluice_region_decisions_total{region="us",tier="share"} 11`, `sluice_region_units_total{kind="fetched",region="us"} 12`} {
 		if !strings.Contains(m, want) {
