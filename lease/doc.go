@@ -108,8 +108,9 @@
 //     holds a tenth).
 //
 // The leased-specific answers differ in: Remaining (above), RetryAfter of
-// local denials (above), refunds and charges (passed to the store; they do
-// not touch the local chunk), OpPeek (answered from the chunk when it
+// local denials (above), refunds and charges (Apply passes them to the
+// store; they do not touch the local chunk: SettleLocal settles them into
+// it, settle.go), OpPeek (answered from the chunk when it
 // holds the cost, else by the store, which does not know the chunk), and
 // OpReset (drops the local chunk without refunding it). A request with a
 // MaxWait (a reservation) goes to the store, as does any batch holding

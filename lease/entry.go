@@ -25,6 +25,10 @@ type entry struct {
 	gen    uint64 // bumped when held capacity is dropped, so put-backs of older units are not mixed in
 	tokens int64  // capacity held: charged in the store, not yet admitted
 	expiry int64  // local ns from which tokens must not be used
+	// lent is what this generation of the lease admitted (or charged) and
+	// was not settled back into it: the most a refund may put back
+	// (settle.go). drop zeroes it with the generation.
+	lent int64
 
 	fetching bool
 	done     chan struct{} // closed when the fetch in flight ends
@@ -54,6 +58,7 @@ func (e *entry) window() bool {
 func (e *entry) drop() int64 {
 	n := e.tokens
 	e.tokens = 0
+	e.lent = 0
 	e.gen++
 	return n
 }
@@ -254,6 +259,7 @@ func (s *Store) take(ctx context.Context, e *entry, cost int64) (sluice.Decision
 		}
 		if e.tokens >= cost {
 			e.tokens -= cost
+			e.lent += cost
 			d, gen := e.allowed(now), e.gen
 			var chunk int64
 			if !e.fetching && now >= e.starvedUntil && now >= e.failedUntil {
@@ -339,6 +345,7 @@ func (s *Store) putBack(e *entry, gen uint64, cost int64) {
 	e.mu.Lock()
 	if e.gen == gen {
 		e.tokens += cost
+		e.lent -= cost
 	}
 	e.mu.Unlock()
 }
@@ -432,7 +439,9 @@ func (s *Store) record(e *entry, f *fetched, owner bool) {
 		}
 	case d.Allowed:
 		e.backoff = 0
-		if e.tokens > 0 && recv >= e.expiry {
+		if recv >= e.expiry {
+			// The lease lapsed: a new generation, so that what the old
+			// one lent is not settled into the new one (SettleLocal).
 			expired = e.drop()
 		}
 		// TTL counts from the charge, which Redis made after sent: not from

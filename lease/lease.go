@@ -122,7 +122,7 @@ type Store struct {
 	keys *xsync.Map[string, *entry]
 	size atomic.Int64
 
-	hits, localDenials, fetches, fetched, returns, returned, stranded, direct, fetchErrors, lateFetches atomic.Uint64
+	hits, localDenials, fetches, fetched, returns, returned, stranded, direct, fetchErrors, lateFetches, settled atomic.Uint64
 
 	rateWindow int64 // ns over which a key's rate is measured
 
@@ -242,6 +242,9 @@ type Stats struct {
 	// Direct is the number of decisions passed to the wrapped store
 	// (unleased algorithms, cold keys, small limits, empty leases).
 	Direct uint64
+	// SettledUnits is the capacity refunds and charges settled into
+	// leases by SettleLocal, with no store call.
+	SettledUnits uint64
 	// Keys is the number of keys tracked.
 	Keys int64
 }
@@ -252,7 +255,7 @@ func (s *Store) Stats() Stats {
 		Hits: s.hits.Load(), LocalDenials: s.localDenials.Load(),
 		Fetches: s.fetches.Load(), FetchedUnits: s.fetched.Load(), FetchErrors: s.fetchErrors.Load(), LateFetches: s.lateFetches.Load(),
 		Returns: s.returns.Load(), ReturnedUnits: s.returned.Load(),
-		Stranded: s.stranded.Load(), Direct: s.direct.Load(), Keys: s.size.Load(),
+		Stranded: s.stranded.Load(), Direct: s.direct.Load(), SettledUnits: s.settled.Load(), Keys: s.size.Load(),
 	}
 }
 

@@ -83,7 +83,7 @@ func TestConfigCheckBadFixtures(t *testing.T) {
 		"serve.bad.yaml": {
 			dir + "serve.bad.yaml: invalid sluice serve config, 4 problems:",
 			dir + `serve.bad.yaml:3: store.failure_policy: unknown failure policy "fail_maybe"; valid: local, fail_open, fail_closed, error`,
-			dir + "serve.bad.yaml:7: policies.free.brust: unknown field; did you mean burst? valid: algorithm, limit, burst, shadow, lease, max_wait, delay, nginx, scope, home, timezone, reset_at, week_starts",
+			dir + "serve.bad.yaml:7: policies.free.brust: unknown field; did you mean burst? valid: algorithm, limit, burst, shadow, lease, max_wait, delay, nginx, scope, home, mode, timezone, reset_at, week_starts",
 			dir + `serve.bad.yaml:10: tiers.free.policies[1]: unknown policy "gold"; valid: free`,
 			dir + `serve.bad.yaml:12: authz.default_tier: unknown tier "platinum"; valid: free`,
 		},

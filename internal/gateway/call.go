@@ -54,6 +54,7 @@ type call struct {
 	anth        anthropicUsage
 	settled     atomic.Bool
 	reserving   chan struct{}  // closed once a leased tier's reservation is taken (applyLeased)
+	pooledResv  bool           // the reservation was taken ahead (resvPool): no other settler knows its id
 	capacity    *capacityGrant // the model's shared capacity charged (queue.go)
 	path        string         // the request's path, as received
 	route       *upstream.Route

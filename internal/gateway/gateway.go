@@ -62,6 +62,7 @@ import (
 	"github.com/sluice-io/sluice/internal/pricing"
 	"github.com/sluice-io/sluice/internal/tracing"
 	"github.com/sluice-io/sluice/internal/upstream"
+	"github.com/sluice-io/sluice/lease"
 )
 
 // Options configure a Gateway. Config and Store are required.
@@ -113,6 +114,7 @@ type Options struct {
 type Gateway struct {
 	cfg          *Config
 	store        sluice.Store
+	leases       *lease.Store // the store's lease layer, nil without (settlement into leases, settle.go)
 	upstream     *url.URL
 	upstreamPath string
 	upstreamKey  string
@@ -178,6 +180,7 @@ func New(opts Options) (*Gateway, error) {
 		admin:        opts.Admin,
 		cfg:          cfg,
 		store:        opts.Store,
+		leases:       leaseLayer(opts.Store),
 		upstream:     up,
 		upstreamPath: strings.TrimSuffix(up.Path, "/"),
 		upstreamKey:  getenv(cfg.Upstream.APIKeyEnv),

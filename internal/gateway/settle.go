@@ -122,6 +122,11 @@ func (g *Gateway) settle(c *call) {
 	// unreachable (refundHeld): an attempt that was applied after all
 	// leaves the lease released, and the next attempt changes nothing.
 	held := true
+	if c.pooledResv && g.leases != nil {
+		// Only this settlement knows the reservation's id: what the
+		// leases take back needs no store call (settleIntoLeases).
+		refunds = g.settleIntoLeases(c, refunds)
+	}
 	if len(refunds) > 0 {
 		ds, retried, err := g.refundHeld(refunds)
 		if err != nil {
@@ -139,6 +144,9 @@ func (g *Gateway) settle(c *call) {
 		// After a retry a released lease is this settlement's own earlier
 		// attempt, which the store ran after all (a stalled Redis runs
 		// what it had received when it resumes): the refund is done.
+	}
+	if len(charges) > 0 && held && c.pooledResv && g.leases != nil {
+		charges = g.leases.SettleLocal(sluice.OpCharge, charges) // drawn from the leases first
 	}
 	if len(charges) > 0 && held {
 		if err := g.chargeUnsent(charges); err != nil {

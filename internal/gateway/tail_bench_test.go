@@ -140,6 +140,9 @@ func BenchmarkTailRatio(b *testing.B) {
 					per := func(v, v0 uint64) float64 { return float64(v-v0) / float64(len(lat[k])) }
 					b.ReportMetric(per(st.Hits, leaseStart.Hits), m+"-lease-hits/req")
 					b.ReportMetric(per(st.Fetches, leaseStart.Fetches), m+"-lease-fetches/req")
+					// Units of refunds and charges settled into the leases
+					// with no Redis call (lease.Store.SettleLocal).
+					b.ReportMetric(per(st.SettledUnits, leaseStart.SettledUnits), m+"-lease-settled-units/req")
 				}
 			}
 		})
