@@ -13,27 +13,19 @@ import (
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/internal/regiontest"
 	"github.com/sluice-io/sluice/redisstore"
 	"github.com/sluice-io/sluice/region"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-// The three regions of the harness; eu is the home of its global keys.
-var regionNames = []string{"eu", "us", "ap"}
+// The three regions of the harness (internal/regiontest's World); eu is
+// the home of its global keys.
+var regionNames = regiontest.Regions
 
 // oneWay is the latency between two regions, each way: 40, 80 and 150 ms.
-func oneWay(a, b string) time.Duration {
-	pair := []string{a, b}
-	slices.Sort(pair)
-	switch strings.Join(pair, "-") {
-	case "eu-us":
-		return 40 * time.Millisecond
-	case "ap-us":
-		return 80 * time.Millisecond
-	}
-	return 150 * time.Millisecond // ap-eu
-}
+func oneWay(a, b string) time.Duration { return regiontest.OneWay(a, b) }
 
 // world is three regions, each its own redis-server and two instances
 // (region.Stores), the regions linked through wan proxies.
@@ -56,21 +48,13 @@ func newWorld(t testing.TB, o worldOpts) *world {
 	t.Helper()
 	t0 := time.Now()
 	defer func() { t.Logf("world up in %s", time.Since(t0)) }()
-	w := &world{srv: map[string]*redistest.Server{}, link: map[[2]string]*wan{}, inst: map[string][]*region.Store{}, global: redistest.Prefix(t) + "g:"}
+	w := &world{inst: map[string][]*region.Store{}, global: redistest.Prefix(t) + "g:"}
 	var extra []string
 	if o.persist {
 		extra = []string{"--appendonly", "yes", "--appendfsync", "always"}
 	}
-	for _, r := range regionNames {
-		w.srv[r] = redistest.NewStandalone(t, extra...)
-	}
-	for _, a := range regionNames {
-		for _, b := range regionNames {
-			if a != b {
-				w.link[[2]string{a, b}] = newWAN(t, w.srv[b].Addr, oneWay(a, b))
-			}
-		}
-	}
+	rw := regiontest.NewWorld(t, extra...)
+	w.srv, w.link = rw.Redis, rw.Links
 	ctx := context.Background()
 	var mu sync.Mutex
 	open := func(url string, timeout time.Duration) (*redisstore.Store, error) {
