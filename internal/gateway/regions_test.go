@@ -250,7 +250,13 @@ func TestGlobalBudgetAcrossRegions(t *testing.T) {
 	if spent < pricing.Dollar/2 {
 		t.Fatalf("spent only %s of $1.00", spent)
 	}
-	for _, r := range []string{"us", "ap"} {
+	// us (40 ms from the home) decides from its share; ap's first fetch
+	// (two 150 ms legs, more on a loaded host) can land after eu and us
+	// spent the budget (once under a loaded -race run), so ap is logged:
+	// TestGlobalBudgetRefundsAcrossRegions paces its clients and holds ap
+	// to spending from its share.
+	t.Logf("ap: %+v", stores["ap"].Stats())
+	for _, r := range []string{"us"} {
 		if st := stores[r].Stats(); st.Share == 0 {
 			t.Fatalf("%s: no decision from its share: %+v", r, st)
 		}
