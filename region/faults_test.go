@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/region"
 )
 
 // soak reports a run of make soak-regions: faults and loads at the
@@ -116,6 +117,20 @@ func TestGlobalPartition(t *testing.T) {
 				want := 0.8 * float64(c.lim.Rate) * 0.7
 				if got < want {
 					t.Fatalf("admitted %.0f during the partition, want ≥ %.0f", got, want)
+				}
+			}
+			// After the heal, from two share intervals (2 × Horizon, 500
+			// ms) on, the fleet uses the limit (#40: ≥ 95 % within two
+			// share intervals): eu and us never stopped, and ap's demand
+			// adds to theirs once it fetches again. For the bucket:
+			// admitted over [heal + 500 ms, end] against the rate.
+			if c.a != sluice.FixedWindow && r.offered(t, 800, healAt) {
+				from := healAt + 2*region.DefaultHorizon
+				got := float64(r.count("", from, r.planned, func(e event) bool { return e.allowed }))
+				u := got / (float64(c.lim.Rate) * (r.planned - from).Seconds())
+				t.Logf("use from two share intervals after the heal: %.3f", u)
+				if u < floor(0.95) {
+					t.Fatalf("use %.3f < %.2f from two share intervals after the heal", u, floor(0.95))
 				}
 			}
 			for _, name := range regionNames {
