@@ -448,11 +448,25 @@ func (c cannedUpstream) RoundTrip(req *http.Request) (*http.Response, error) {
 // store, upstream and client sockets excluded: auth, parsing, estimation,
 // one ApplyAll, proxying, usage capture and settlement.
 func BenchmarkServeHTTP(b *testing.B) {
+	o, keys := cpuBenchOptions(b)
+	gw, err := New(o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer gw.Close()
+	serveParallel(b, gw, keys)
+}
+
+// cpuBenchOptions are the CPU benchmarks' gateway: a memory store (closed
+// when the benchmark ends), one tier whose limits never bind, 64 keys on
+// it (returned), and an upstream that answers at once with a canned
+// completion.
+func cpuBenchOptions(b *testing.B) (Options, []string) {
 	st, err := memstore.New(memstore.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer st.Close()
+	b.Cleanup(func() { _ = st.Close() })
 	cfg := &Config{
 		Upstream: UpstreamConfig{BaseURL: "http://upstream.invalid/v1"},
 		Models:   []string{"gpt-test"},
@@ -464,12 +478,7 @@ func BenchmarkServeHTTP(b *testing.B) {
 		cfg.Keys = append(cfg.Keys, KeyConfig{Name: "b", Hash: sluice.HashKey(keys[i]), Tier: "big"})
 	}
 	resp := []byte(`{"id":"x","object":"chat.completion","model":"gpt-test","choices":[{"index":0,"message":{"role":"assistant","content":"tok tok "},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":2,"total_tokens":14}}`)
-	gw, err := New(Options{Config: cfg, Store: st, Transport: cannedUpstream{body: resp}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer gw.Close()
-	serveParallel(b, gw, keys)
+	return Options{Config: cfg, Store: st, Transport: cannedUpstream{body: resp}}, keys
 }
 
 // BenchmarkServeHTTPOutcome is BenchmarkServeHTTP without and with the
@@ -480,22 +489,7 @@ func BenchmarkServeHTTP(b *testing.B) {
 //
 //	go test -run '^$' -bench ServeHTTPOutcome -benchtime 20000x ./internal/gateway
 func BenchmarkServeHTTPOutcome(b *testing.B) {
-	st, err := memstore.New(memstore.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
-	cfg := &Config{
-		Upstream: UpstreamConfig{BaseURL: "http://upstream.invalid/v1"},
-		Models:   []string{"gpt-test"},
-		Tiers:    map[string]TierConfig{"big": {RPM: 1 << 30, TPM: 1 << 36, RPD: 1 << 36, Concurrency: 1 << 20}},
-	}
-	var keys []string
-	for i := range 64 {
-		keys = append(keys, fmt.Sprintf("sk-cpu-%d", i))
-		cfg.Keys = append(cfg.Keys, KeyConfig{Name: "b", Hash: sluice.HashKey(keys[i]), Tier: "big"})
-	}
-	resp := []byte(`{"id":"x","object":"chat.completion","model":"gpt-test","choices":[{"index":0,"message":{"role":"assistant","content":"tok tok "},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":2,"total_tokens":14}}`)
+	base, keys := cpuBenchOptions(b)
 	var mu sync.RWMutex
 	counts := map[string]*atomic.Int64{"big": {}}
 	hook := func(o Outcome) {
@@ -506,7 +500,7 @@ func BenchmarkServeHTTPOutcome(b *testing.B) {
 	}
 	gws := map[bool]*Gateway{}
 	for _, on := range []bool{false, true} {
-		o := Options{Config: cfg, Store: st, Transport: cannedUpstream{body: resp}}
+		o := base
 		if on {
 			o.OnOutcome = hook
 		}
