@@ -5,9 +5,12 @@ import (
 	"errors"
 	"math"
 	"os"
+	"runtime/debug"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/internal/yamlconf"
 )
 
@@ -103,5 +106,24 @@ func TestMaxStreamsFor(t *testing.T) {
 		if got := MaxStreamsFor(c.limit); got != c.want {
 			t.Errorf("MaxStreamsFor(%d MiB) = %d, want %d", c.limit>>20, got, c.want)
 		}
+	}
+}
+
+// TestMaxStreamsDefaultFollowsMemoryLimit: a server whose config leaves
+// max_streams unset bounds its streams by MaxStreamsFor the Go runtime's
+// memory limit at the time (sluice serve sets it from the cgroup), and a
+// configured max_streams wins over it.
+func TestMaxStreamsDefaultFollowsMemoryLimit(t *testing.T) {
+	old := debug.SetMemoryLimit(48 << 20)
+	defer debug.SetMemoryLimit(old)
+	if got, want := newPeerTable(clock.NewFake(time.Unix(0, 0)), &Config{}).maxStreams, MaxStreamsFor(48<<20); got != want || want != 16 {
+		t.Errorf("max_streams unset under a 48 MiB limit: %d, want %d (16)", got, want)
+	}
+	if got := newPeerTable(clock.NewFake(time.Unix(0, 0)), &Config{MaxStreams: 300}).maxStreams; got != 300 {
+		t.Errorf("max_streams: 300 configured: %d", got)
+	}
+	debug.SetMemoryLimit(math.MaxInt64)
+	if got := newPeerTable(clock.NewFake(time.Unix(0, 0)), &Config{}).maxStreams; got != DefaultMaxStreams {
+		t.Errorf("max_streams unset, no memory limit: %d, want %d", got, DefaultMaxStreams)
 	}
 }
