@@ -403,3 +403,52 @@ func TestAsyncCountsDelivered(t *testing.T) {
 		t.Fatalf("a key past MaxKeys: %+v %v, want fail_closed's denial", d, err)
 	}
 }
+
+// TestAsyncKeyFloodForgotten: an instance tracking MaxKeys asynchronous
+// keys (here one, filled by one client's key) forgets a key two sync
+// rounds after its last use once its counts are delivered, so a flood of
+// new keys holds the table for 2 × SyncInterval, not IdleAfter (an hour
+// here): another client's new key is then counted, not answered by the
+// failure policy.
+func TestAsyncKeyFloodForgotten(t *testing.T) {
+	clk := clock.NewFake(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	usSrv, euSrv := redistest.NewStandalone(t), redistest.NewStandalone(t)
+	open := func(url string) *redisstore.Store {
+		s, err := redisstore.New(context.Background(), redisstore.Options{URL: url, Clock: clk, Timeout: time.Second, DisableDenyCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	local, eu := open(usSrv.URL()), open(euSrv.URL())
+	s, err := region.New(region.Options{
+		Region: "us", Regions: map[string]sluice.Store{"us": local, "eu": eu}, Ledger: local.Client(),
+		Global: func(*sluice.Request) bool { return true }, Async: func(*sluice.Request) bool { return true },
+		Clock: clk, LedgerClock: clk, SweepEvery: -1, MaxKeys: 1, IdleAfter: time.Hour,
+		// The loop runs too (by the real clock); the test's own rounds
+		// are the ones that count, on the fake clock.
+		SyncInterval: 50 * time.Millisecond, StaleAfter: time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	lim := sluice.Limit{Rate: 10, Period: time.Minute, Burst: 10}
+	flood := sluice.Request{Key: redistest.Prefix(t) + "flood:1", Algorithm: sluice.GCRA, Limit: lim, Cost: 1}
+	if d, err := s.Apply(ctx, sluice.OpAllow, flood); err != nil || !d.Allowed {
+		t.Fatalf("the flood's key: %+v %v", d, err)
+	}
+	other := flood
+	other.Key = redistest.Prefix(t) + "other"
+	if d, err := s.Apply(ctx, sluice.OpAllow, other); err != nil || d.Allowed || !d.Degraded {
+		t.Fatalf("a key past MaxKeys while the flood's is held: %+v %v, want the failure policy", d, err)
+	}
+	clk.Advance(200 * time.Millisecond)
+	s.Sync(ctx) // delivers the flood key's count
+	s.Sync(ctx) // nothing left, unused for two rounds: forgotten
+	if d, err := s.Apply(ctx, sluice.OpAllow, other); err != nil || !d.Allowed || d.Degraded {
+		t.Fatalf("another client's key two rounds after the flood's: %+v %v, want counted and admitted", d, err)
+	}
+}
