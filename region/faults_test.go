@@ -233,8 +233,16 @@ func TestGlobalHomeRestartUnpersisted(t *testing.T) {
 	admitted := r.admitted(0, math.MaxInt64)
 	ideal := float64(lim.Capacity()) + float64(lim.Rate)*r.end.Sub(r.start).Seconds()
 	t.Logf("admitted %d of an ideal %.0f (%d before the restart); %d held in shares at the restart; %d quarantines", admitted, ideal, r.admitted(0, killAt), held, q)
-	if float64(admitted) > ideal+2 {
-		t.Fatalf("admitted %d > ideal %.1f + 2", admitted, ideal)
+	// The bound docs/regions.md states (failure table): C + r·t + 2, plus
+	// what the home region admits between the restart and its next check,
+	// and the fetches sent beside the check that finds the loss. Those two
+	// terms are timing's: 0 in quiet runs, 121 once in a make test run
+	// (three race binaries on 2 cores). An eighth of the burst (200) bounds
+	// them here; a home that forgot with no check admits a fresh burst,
+	// 1500 over (4511 measured).
+	slack := 2 + float64(lim.Capacity())/8
+	if float64(admitted) > ideal+slack {
+		t.Fatalf("admitted %d > ideal %.1f + %.0f", admitted, ideal, slack)
 	}
 	if q == 0 {
 		t.Fatal("no instance found that the home had lost the key's state")
