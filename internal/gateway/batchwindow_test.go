@@ -2,11 +2,15 @@ package gateway
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/openai/openai-go/v3"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/clock"
@@ -15,6 +19,7 @@ import (
 	"github.com/sluice-io/sluice/internal/redistest"
 	"github.com/sluice-io/sluice/memstore"
 	"github.com/sluice-io/sluice/redisstore"
+	"github.com/sluice-io/sluice/region"
 )
 
 // batchWindowDoc: the Batch API on, and a key with a daily and a monthly
@@ -154,5 +159,148 @@ func testBatchHoldWindow(t *testing.T, clk *clock.Fake, stores ...sluice.Store) 
 	r.complete(c)
 	if day() != used || month() != 3*used {
 		t.Fatalf("today's batch settled today: day %s (want %s), month %s (want %s)", day(), used, month(), 3*used)
+	}
+}
+
+// The same outside a global budget's home: a key's daily and monthly
+// budgets with scope global, home eu, and two gateways in ap, each on its
+// own region.Store over ap's ledger (one redis-server and one fake clock
+// stand for both regions, as the region package's fake-clock tests do). A
+// batch created and settled in ap within its day gives its unused
+// reservation back to ap's share of that day (it was dropped when the
+// refund named no window: the share never got it); a second look through
+// the other replica refunds nothing more (a region.Store applies a refund
+// batch with remote keys one by one, so the queue lease must be released
+// first, alone); a batch held over the turn of the day gives nothing to
+// the new day's share, and its month's part goes back to the month.
+func TestBatchHoldNamesItsWindowAcrossRegions(t *testing.T) {
+	start := time.Date(2026, 11, 14, 23, 0, 0, 0, time.UTC)
+	clk := clock.NewFake(start)
+	srv := redistest.Standalone(t)
+	open := func() *redisstore.Store {
+		s, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), Clock: clk, Timeout: 5 * time.Second, DisableDenyCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	home := open()
+	up := fakeopenai.NewBatches(t, fakeopenai.BatchOptions{APIKey: upstreamKey, CompletionTokens: 10})
+	doc := strings.Replace(uniqueClients(t, batchWindowDoc), "per: month}]}}", "per: month}], scope: global, home: eu}}", 1)
+	cfg, err := parseInRegions("test.yaml", []byte(fmt.Sprintf(doc, up.URL()+"/v1", sluice.HashKey(clientKey), sluice.HashKey(clientKey2))), []string{"ap", "eu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shares []*region.Store
+	var urls []string
+	var gw *Gateway
+	for range 2 {
+		local := open()
+		rs, err := region.New(region.Options{
+			Region:      "ap",
+			Regions:     map[string]sluice.Store{"ap": local, "eu": home},
+			Ledger:      local.Client(),
+			Global:      func(req *sluice.Request) bool { _, ok := region.KeyScope(req.Key); return ok },
+			Home:        func(string) string { return "eu" },
+			Clock:       clk,
+			LedgerClock: clk,
+			SweepEvery:  -1,
+			FetchWait:   time.Minute, // the fake clock does not move while a fetch runs
+			CallTimeout: 5 * time.Second,
+			// One fetch takes what the day's demand needs, up to the whole
+			// budget: no fetch runs in the background while the test reads
+			// the shares.
+			MaxFraction: 1,
+			Horizon:     24 * time.Hour,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = rs.Close() })
+		g, err := New(Options{Config: cfg, Store: rs, Registerer: prometheus.NewRegistry(), Getenv: func(string) string { return upstreamKey },
+			Logger: slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.now = clk.Time
+		s := httptest.NewServer(g)
+		t.Cleanup(s.Close)
+		shares, urls, gw = append(shares, rs), append(urls, s.URL), g
+	}
+	// held peeks the window budget's share in ap and its state at home.
+	held := func(window string) (share, atHome int64) {
+		t.Helper()
+		cl := gw.keys[sluice.HashKey(clientKey)]
+		for i, s := range cl.levels.specs {
+			if s.kind != kindBudget || s.window != window {
+				continue
+			}
+			if h, ok := region.KeyScope(cl.levels.keys[i]); !ok || h != "eu" {
+				t.Fatalf("the %s budget is not global: %q", window, cl.levels.keys[i])
+			}
+			req := sluice.Request{Key: cl.levels.keys[i], Algorithm: s.alg, Limit: s.limit}
+			d, err := shares[0].Apply(context.Background(), sluice.OpPeek, req)
+			if err != nil || d.Source != sluice.FromShare {
+				t.Fatalf("share: %+v %v", d, err)
+			}
+			h, err := home.Apply(context.Background(), sluice.OpPeek, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d.Remaining, h.Remaining
+		}
+		t.Fatalf("no %s budget", window)
+		return 0, 0
+	}
+	r := newBatchRun(t, up, urls[0])
+	// What a batch of the file costs at batch prices, reserved (its
+	// max_tokens) and used (10 completion tokens a line, as the fake
+	// reports), the fake counting the prompt as OpenAI does.
+	price, _ := gw.prices.Lookup("gpt-test")
+	var prompt int64
+	for _, l := range strings.Split(strings.TrimSpace(batchFile(6, 20)), "\n") {
+		prompt += int64(fakeopenai.CountPromptTokens([]byte(l[strings.Index(l, `"body":`)+7 : len(l)-1])))
+	}
+	used := (int64(price.Cost(pricing.OpenAIUsage(prompt, 0, 60, 0)))*50 + 99) / 100
+
+	a := r.create()
+	s0, h0 := held("day")
+	resv := 100_000_000 - h0 - s0 // fetched at home, less what ap holds
+	if resv <= used || s0 <= 0 {
+		t.Fatalf("a batch in ap: share %d, home %d left: reserved %d, uses %d", s0, h0, resv, used)
+	}
+	r.complete(a)
+	if s, h := held("day"); s != s0+resv-used || h != h0 {
+		t.Fatalf("a batch settled in its day: ap's share %d (want %d + %d refunded), home %d (want %d)", s, s0, resv-used, h, h0)
+	}
+	// The other replica's look at the ended batch finds it settled.
+	other := &batchRun{t: t, up: up, sdk: sdk(urls[1], clientKey), file: r.file}
+	if _, err := other.sdk.Batches.Get(context.Background(), a); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := held("day"); s != s0+resv-used {
+		t.Fatalf("a second settlement through the other replica: ap's share %d, want %d", s, s0+resv-used)
+	}
+
+	b := r.create() // 23:00, held into the next day
+	m1, _ := held("month")
+	clk.Advance(14 * time.Hour)
+	c := r.create() // the new day's share, charged at home in the new day
+	s2, h2 := held("day")
+	m2, _ := held("month")
+	if m2 != m1-resv {
+		t.Fatalf("month share %d after c, want %d", m2, m1-resv)
+	}
+	other.complete(b)
+	if s, h := held("day"); s != s2 || h != h2 {
+		t.Fatalf("a hold from yesterday settled today: ap's share of today %d (want %d), home %d (want %d)", s, s2, h, h2)
+	}
+	if m, _ := held("month"); m != m2+resv-used {
+		t.Fatalf("its month (the same window) got back %d, want %d", m-m2, resv-used)
+	}
+	r.complete(c)
+	if s, _ := held("day"); s != s2+resv-used {
+		t.Fatalf("today's batch settled today: ap's share %d, want %d", s, s2+resv-used)
 	}
 }
