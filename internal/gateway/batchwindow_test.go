@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"math"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -302,5 +304,39 @@ func TestBatchHoldNamesItsWindowAcrossRegions(t *testing.T) {
 	r.complete(c)
 	if s, _ := held("day"); s != s2+resv-used {
 		t.Fatalf("today's batch settled today: ap's share %d, want %d", s, s2+resv-used)
+	}
+}
+
+// A hold's window ends fit the provider's metadata value (512
+// characters, OpenAI's bound, which fakeopenai.Batches enforces) for the
+// most budgets a request can have, and read back as written; ends past
+// the bound are left out (their refunds name no window), and a value
+// from before ends were recorded reads as its amount alone.
+func TestHoldWindowsMetadata(t *testing.T) {
+	h := hold{cost: math.MaxInt64, ends: map[string]int64{}}
+	end := time.Date(2099, 12, 31, 23, 59, 59, 999e6, time.UTC).UnixMilli()
+	for i := range maxHoldEnds {
+		h.ends[windowTag(fmt.Sprint("budget", i))] = end + int64(i)
+	}
+	v := h.costValue()
+	if len(v) > maxMetadataValue {
+		t.Fatalf("%d characters: %q", len(v), v)
+	}
+	var back hold
+	if err := back.parseCost(v); err != nil || back.cost != h.cost || !maps.Equal(back.ends, h.ends) {
+		t.Fatalf("read back %+v, %v; wrote %+v", back, err, h)
+	}
+	for i := range 40 {
+		h.ends[windowTag(fmt.Sprint("more", i))] = end
+	}
+	if v := h.costValue(); len(v) > maxMetadataValue {
+		t.Fatalf("%d budgets: %d characters", len(h.ends), len(v))
+	}
+	var old hold
+	if err := old.parseCost("40000"); err != nil || old.cost != 40000 || old.ends != nil {
+		t.Fatalf("an old hold: %+v %v", old, err)
+	}
+	if err := old.parseCost("x 1a2b3c4d:zz"); err == nil {
+		t.Fatal("a bad amount was read")
 	}
 }
