@@ -22,7 +22,8 @@ package gateway
 // retrieve, list or cancel), it settles once: the output file's usage is
 // priced, the difference refunded (or charged), and the queue hold
 // released, all in one refund batch that applies only while the hold's
-// lease is held, so replicas settle a batch once.
+// lease is held, so replicas settle a batch once. Each budget's refund
+// names the window its charge was taken from (batchwindow.go).
 
 import (
 	"bytes"
