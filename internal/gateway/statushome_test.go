@@ -135,10 +135,11 @@ func TestGlobalStatusAcrossRegions(t *testing.T) {
 	}
 
 	// Spent in us too, from its share: us answers the home's remaining
-	// and its share. Nothing moves while the rows are read: every
-	// request settled (refunds into the share, no debt to fetch for).
+	// and its share. A fetch us sent while spending may still be on its
+	// way (charged at home, not yet credited to the share): the rows are
+	// compared once a read finds the share and the home as the one before
+	// it did (fetches follow demand, which has stopped).
 	spend(1, 3)
-	expire()
 	var key sluice.Request
 	cl := gws["us"].keys[sluice.HashKey(clientKey)]
 	for i, s := range cl.levels.specs {
@@ -146,17 +147,33 @@ func TestGlobalStatusAcrossRegions(t *testing.T) {
 			key = sluice.Request{Key: cl.levels.keys[i], Algorithm: s.alg, Limit: s.limit}
 		}
 	}
-	sh, err := stores["us"].Apply(context.Background(), sluice.OpPeek, key)
-	if err != nil || sh.Source != sluice.FromShare || sh.Remaining <= 0 {
-		t.Fatalf("us's share: %+v %v", sh, err)
+	share := func() int64 {
+		t.Helper()
+		sh, err := stores["us"].Apply(context.Background(), sluice.OpPeek, key)
+		if err != nil || sh.Source != sluice.FromShare || sh.Remaining <= 0 {
+			t.Fatalf("us's share: %+v %v", sh, err)
+		}
+		return sh.Remaining
 	}
-	eu, us, ap := budget(0, clientKey), budget(1, clientKey), budget(2, clientKey)
-	if us.RemainingSource != "home" || usd(us.RemainingUSD) != usd(eu.RemainingUSD)+pricing.Micros(sh.Remaining) {
-		t.Fatalf("us answers %+v; the home %s, us's share %d", us, eu.RemainingUSD, sh.Remaining)
+	var us StatusBudget
+	for try := 0; ; try++ {
+		expire()
+		s1, h1 := share(), budget(0, clientKey)
+		eu, us, ap = budget(0, clientKey), budget(1, clientKey), budget(2, clientKey)
+		if s2, h2 := share(), budget(0, clientKey2); s1 == s2 && h1.RemainingUSD == eu.RemainingUSD && eu.RemainingUSD == h2.RemainingUSD {
+			if us.RemainingSource != "home" || usd(us.RemainingUSD) != usd(eu.RemainingUSD)+pricing.Micros(s1) {
+				t.Fatalf("us answers %+v; the home %s, us's share %d", us, eu.RemainingUSD, s1)
+			}
+			if ap.RemainingUSD != eu.RemainingUSD {
+				t.Fatalf("ap answers %s left, the home %s", ap.RemainingUSD, eu.RemainingUSD)
+			}
+			break
+		}
+		if try == 20 {
+			t.Fatalf("the share and the home still moved after %d reads", try)
+		}
 	}
-	if ap.RemainingUSD != eu.RemainingUSD {
-		t.Fatalf("ap answers %s left, the home %s", ap.RemainingUSD, eu.RemainingUSD)
-	}
+	t.Logf("us answers %s left (the home %s, its share %s)", us.RemainingUSD, eu.RemainingUSD, pricing.Micros(usd(us.RemainingUSD)-usd(eu.RemainingUSD)))
 
 	// A flood of status calls in ap, from both keys of the org: one
 	// read at the home.
