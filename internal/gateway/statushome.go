@@ -10,7 +10,9 @@ package gateway
 // plus this region's share (remaining_source "home"). What other regions
 // hold in their shares is not counted: they alone can spend it (a
 // window's share until its window ends, a bucket's until it is spent or
-// flows back). When the home does not answer within homeStatusTimeout the
+// flows back), nor a fetch in flight (charged at home, not yet credited
+// to the share): the answer is low by at most those, never high. When the
+// home does not answer within homeStatusTimeout the
 // row keeps the share's figure, and says so (remaining_source "share").
 //
 // The home's answer is kept per store key for homeStatusReuse, shared by
