@@ -62,7 +62,7 @@ func TestGlobalStatusAcrossRegions(t *testing.T) {
 		// Generous on a loaded host (a read from ap is a 300 ms round
 		// trip, two when the peek's script is loaded first); the default,
 		// homeStatusTimeout, is set below for the partition.
-		gw.homeReads.timeout = 10 * time.Second
+		gw.homeReads.SetTimeout(10 * time.Second)
 	}
 	expire := func() { skew.Add(int64(2 * homeStatusReuse)) }
 	spend := func(r, n int) {
@@ -195,7 +195,7 @@ func TestGlobalStatusAcrossRegions(t *testing.T) {
 	// Cut off from the home: the share's figure, said to be the share's,
 	// within the timeout; the next call at once, from the kept failure.
 	w.Links[[2]string{"ap", "eu"}].Partition()
-	gws["ap"].homeReads.timeout = homeStatusTimeout
+	gws["ap"].homeReads.SetTimeout(homeStatusTimeout)
 	expire()
 	t0 := time.Now()
 	ap = budget(2, clientKey)

@@ -345,6 +345,7 @@ func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
 		s.writeDecideError(w, err)
 		return
 	}
+	s.withHome(r.Context(), res) // statushome.go
 	s.writeDecision(w, res, http.StatusOK, false)
 }
 
@@ -356,6 +357,9 @@ type outcome struct {
 	// limiting is the index of the target whose decision the combined one
 	// reports (the most constrained enforced one).
 	limiting int
+	// sources are the remaining_source of each target of a status (set
+	// for exact global policies, statushome.go); nil otherwise.
+	sources []string
 }
 
 // decide applies op to the targets: the enforced policies together in one
@@ -569,6 +573,7 @@ func (s *Server) writeDecision(w http.ResponseWriter, res *outcome, denyStatus i
 	bp := respPool.Get().(*[]byte)
 	b := appendDecision((*bp)[:0], d, lim, res.targets[res.limiting].req.Algorithm)
 	b = appendDecidedBy(b, d, res.targets[res.limiting].policy)
+	b = res.appendSource(b, res.limiting)
 	b = append(b, `,"results":[`...)
 	for i, t := range res.targets {
 		if i > 0 {
@@ -576,6 +581,7 @@ func (s *Server) writeDecision(w http.ResponseWriter, res *outcome, denyStatus i
 		}
 		b = appendDecision(b, res.decisions[i], t.policy.Name, t.req.Algorithm)
 		b = appendDecidedBy(b, res.decisions[i], t.policy)
+		b = res.appendSource(b, i)
 		b = append(b, `,"key":`...)
 		b = appendString(b, t.identity)
 		b = append(b, `,"tier":`...)
@@ -692,6 +698,19 @@ func appendDecidedBy(b []byte, d sluice.Decision, p *config.Policy) []byte {
 	}
 	b = append(b, `,"decided_by":"`...)
 	b = append(b, by...)
+	return append(b, '"')
+}
+
+// appendSource appends target i's remaining_source, when it has one: for
+// an exact global policy in a status, "home" when its remaining counts the
+// home's (plus, outside the home, this region's share), "share" when it
+// is this region's share alone, the home not having answered in time.
+func (out *outcome) appendSource(b []byte, i int) []byte {
+	if i >= len(out.sources) || out.sources[i] == "" {
+		return b
+	}
+	b = append(b, `,"remaining_source":"`...)
+	b = append(b, out.sources[i]...)
 	return append(b, '"')
 }
 

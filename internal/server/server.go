@@ -40,6 +40,7 @@ import (
 	"github.com/sluice-io/sluice/guard"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/console"
+	"github.com/sluice-io/sluice/internal/homeread"
 	"github.com/sluice-io/sluice/internal/hostcheck"
 	"github.com/sluice-io/sluice/internal/metrics"
 	"github.com/sluice-io/sluice/internal/overrides"
@@ -97,6 +98,9 @@ type Server struct {
 	gwCounts  gatewayCounts   // the gateway's decisions (console_gateway.go)
 	gwLookup  atomic.Pointer[LookupFunc]
 	upstreams gatewaySource // the gateway's upstream headroom (console_upstreams.go)
+	// homeReads are /v1/status's reads at global policies' homes
+	// (statushome.go).
+	homeReads *homeread.Cache
 	// regionsProbe is the console's last probe of the other regions
 	// (console_regions.go).
 	regionsProbe regionsProbe
@@ -166,6 +170,7 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.guard = newStoreGuard(g, s.Config)
+	s.homeReads = s.newHomeReads()
 	opts.Metrics.SetStoreStats(s.guard.stats)
 	s.cfg.Store(opts.Config)
 	s.mux = http.NewServeMux()
