@@ -139,6 +139,9 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 		}
 		return ds, err
 	}
+	if op == sluice.OpRefund && len(reqs) > 1 && holdsLease(reqs) {
+		return s.refundLeased(ctx, reqs, remote) // at most once per lease (refund.go)
+	}
 	if op != sluice.OpAllow || len(reqs) == 1 {
 		return s.oneByOne(ctx, op, reqs)
 	}
