@@ -1,0 +1,365 @@
+package rlqs
+
+// Global limits across regions (scope: global)
+//
+// A global policy's bucket is one limit for the Envoys of every region
+// together. It is the quota service's own escrow one tier up: each
+// instance holds a *region lease* of part of the bucket's capacity C at
+// the home region's store (a concurrency lease, OpTake, renewed in the
+// background for leaseTTL), and its streams divide only what it holds,
+// exactly as a single region's streams divide C:
+//
+//   - the lease is sized by the instance's demand (its streams' demand key,
+//     this instance's own) against the world's: each instance also sets its
+//     demand as its lease in a second concurrency key at the home, whose
+//     slots used are the demand of every region; it asks
+//     C × its demand / the world's when the world wants more than C, its
+//     demand and half again when not (shareOf, as a stream does);
+//   - the streams take their leases from a local capacity (cap) that is
+//     never more than the lease held at home: cap grows only after the home
+//     granted, and shrinks *before* the lease does. A shrink lowers cap
+//     with the bucket's gate held for writing, so that once it is released
+//     no take with the old cap is in flight; then it reads what the streams
+//     hold (OpPeek) and asks the home for no less. The lease at home is thus
+//     at least what the instance's streams hold, at every instant, and the
+//     leases at home sum to at most C: every region's Envoys together
+//     spend at most C per fill, as one region's do;
+//   - a lease ends at home leaseTTL after the home took it, by the home's
+//     clock; the instance counts it from *before* it sent the renewal
+//     (region/'s share expiry, docs/regions.md), so its estimate is never
+//     late, and never assigns tokens that could outlive it: an assignment's
+//     TTL is cut to the whole seconds left before the lease ends less a
+//     delivery margin, and a bucket with less than a second left is denied
+//     (fail_closed). A region cut off from the home thus spends what it
+//     holds, shrinking, then stops; after the heal its next renewal takes
+//     its part again.
+//
+// Renewals run in the background (every half report interval, and at
+// once when a report wants more than the instance holds): a report never
+// waits for a call across regions, but a bucket's first report waits for
+// its first renewal, bounded by the report's store time (half an
+// interval). The leases are per instance, not per region: two instances
+// of a region would otherwise have to agree on what the region holds
+// before either could shrink.
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-io/sluice"
+)
+
+// Global connects a Server to the other regions, for the policies with
+// scope global.
+type Global struct {
+	// Region is this instance's region; required.
+	Region string
+	// StoreOf returns a region's store as this instance reaches it (its
+	// own region's, and the others' across regions: region.Store.StoreOf),
+	// or nil for a region it does not know; required.
+	StoreOf func(region string) sluice.Store
+	// HomeOf is the home region of a global bucket whose policy names
+	// none, by its key (region.Store.HomeOf: a hash over the regions);
+	// required.
+	HomeOf func(key string) string
+	// FailOpen keeps assigning what an instance last held while its lease
+	// cannot be renewed, beyond the lease's end: availability over the
+	// bound (store.global.failure_policy: fail_open). False (fail_closed)
+	// stops assigning before the lease ends.
+	FailOpen bool
+}
+
+// homeSlack is what a region lease outlives the longest assignment
+// given under it by, beyond two report intervals: the renewal's round trip
+// to the farthest home (300 ms here) and the scheduling of a loaded host.
+const homeSlack = 500 * time.Millisecond
+
+// maxRenewals bounds the renewals of one server in flight at once.
+const maxRenewals = 64
+
+// leaseTTL is how long a region lease lives at the home from a renewal:
+// the assignments' TTL, two report intervals (a renewal every half
+// interval: three chances to renew before an assignment must be cut),
+// and homeSlack.
+func (c *compiled) leaseTTL() time.Duration { return c.ttl + 2*c.interval + homeSlack }
+
+// margin is what an assignment's end is kept before the lease's, for the
+// answer's way to the Envoy, whose TTL starts when it arrives.
+func (c *compiled) margin() time.Duration { return max(50*time.Millisecond, c.interval/4) }
+
+// globals are a Server's region leases, one per global bucket key.
+type globals struct {
+	s    *Server
+	opt  Global
+	mu   sync.Mutex
+	byKy map[string]*globalBucket
+	gen  uint64 // lessee generations, under mu
+	// switchMu is held by the one shrink of a cap at a time: with a
+	// single writer, reports holding several buckets' gates for reading
+	// cannot deadlock with it.
+	switchMu sync.Mutex
+	kick     chan struct{}
+	sem      chan struct{}
+}
+
+// globalBucket is one global bucket key's lease at its home, on one
+// instance.
+type globalBucket struct {
+	homeKey  string // the bucket's key at the home (its demand key: + demandSuffix)
+	home     sluice.Store
+	lessee   string // the lease id at the home: region, instance and generation
+	capacity int64  // C, tokens per fill
+	local    string // the key the instance's streams take from
+	domain   string // labels
+	policy   string
+
+	// gate is held for reading by a report's take while it uses cap, and
+	// for writing by a shrink of cap.
+	gate    sync.RWMutex
+	cap     atomic.Int64 // what the streams divide: at most the lease at home
+	expires atomic.Int64 // clock ns by which the lease at home has not ended; 0 none
+	demand  atomic.Int64 // the instance's demand per fill (its streams')
+	world   atomic.Int64 // every region's demand, as the last renewal read it
+	hungry  atomic.Bool  // a report wanted more than cap
+	busy    atomic.Bool  // a renewal is in flight
+	lastUse int64        // clock ns of the last report (under globals.mu)
+	sent    atomic.Int64 // clock ns of the last renewal sent
+	held    atomic.Int64 // the lease at home, as the last renewal left it
+	short   atomic.Bool  // the last renewal got less than the instance's share: the next comes sooner
+	ready   chan struct{}
+	once    sync.Once
+}
+
+func newGlobals(s *Server, opt Global) (*globals, error) {
+	if opt.Region == "" || opt.StoreOf == nil || opt.HomeOf == nil {
+		return nil, fmt.Errorf("%w: Options.Global needs Region, StoreOf and HomeOf", ErrConfig)
+	}
+	return &globals{s: s, opt: opt, byKy: map[string]*globalBucket{}, kick: make(chan struct{}, 1), sem: make(chan struct{}, maxRenewals)}, nil
+}
+
+// bucket returns the lease of the global bucket whose key at the home is
+// homeKey, and whose streams on this instance take from local, creating
+// it (and sending its first renewal) when new.
+func (g *globals) bucket(homeKey, local string, p *policy, domain string, now int64) (*globalBucket, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gb := g.byKy[local]; gb != nil {
+		gb.lastUse = now
+		return gb, nil
+	}
+	home := p.home
+	if home == "" {
+		home = g.opt.HomeOf(homeKey)
+	}
+	hs := g.opt.StoreOf(home)
+	if hs == nil {
+		return nil, fmt.Errorf("rlqs: policy %s: home region %q has no store", p.name, home)
+	}
+	g.gen++
+	gb := &globalBucket{homeKey: homeKey, home: hs, capacity: p.capacity, local: local, domain: domain, policy: p.name,
+		lessee: g.opt.Region + "/" + g.s.id + "/" + fmt.Sprint(g.gen), lastUse: now, ready: make(chan struct{})}
+	g.byKy[local] = gb
+	gb.hungry.Store(true)
+	g.nudge()
+	return gb, nil
+}
+
+// nudge wakes the renewer.
+func (g *globals) nudge() {
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// ttlAt is the TTL of an assignment given at now under gb's lease: the
+// configured one, cut to the whole seconds before the lease ends less the
+// margin; under a second, none can be given (0). Fail open: always the
+// configured one.
+func (g *globals) ttlAt(cfg *compiled, gb *globalBucket, now int64) time.Duration {
+	if g.opt.FailOpen && gb.expires.Load() != 0 {
+		return cfg.ttl
+	}
+	left := time.Duration(gb.expires.Load()-now) - cfg.margin()
+	return min(cfg.ttl, left.Truncate(time.Second))
+}
+
+// run renews the leases until the server drains: each every half
+// interval, and at once when a report wants more than its instance holds.
+func (g *globals) run() {
+	tick := time.NewTicker(25 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-g.s.done:
+			g.releaseAll()
+			return
+		case <-tick.C:
+		case <-g.kick:
+		}
+		cfg := g.s.config()
+		now := g.s.clock.Now()
+		g.mu.Lock()
+		var due []*globalBucket
+		for k, gb := range g.byKy {
+			if time.Duration(now-gb.lastUse) > cfg.leaseTTL() {
+				// No report for longer than any stream lease and
+				// assignment under it lives: nothing is spent from it.
+				delete(g.byKy, k)
+				gb.once.Do(func() { close(gb.ready) })
+				if !gb.busy.Swap(true) {
+					go g.release(gb, cfg)
+				}
+				continue
+			}
+			if gb.busy.Load() {
+				continue
+			}
+			every := cfg.interval / 2
+			if gb.short.Load() {
+				// Capacity is being freed elsewhere (the others' streams
+				// shrink at their reports): ask again soon.
+				every = cfg.interval / 8
+			}
+			if time.Duration(now-gb.sent.Load()) >= every || gb.hungry.Load() {
+				due = append(due, gb)
+			}
+		}
+		g.mu.Unlock()
+		for _, gb := range due {
+			select {
+			case g.sem <- struct{}{}:
+			default:
+				continue // at the bound: the next tick
+			}
+			gb.busy.Store(true)
+			go func() {
+				defer func() { <-g.sem; gb.busy.Store(false) }()
+				g.renew(cfg, gb)
+			}()
+		}
+	}
+}
+
+// release gives a forgotten lease back at its home (best effort: it ends
+// at its TTL anyway).
+func (g *globals) release(gb *globalBucket, cfg *compiled) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(time.Second, cfg.interval))
+	defer cancel()
+	_, _ = gb.home.ApplyAll(ctx, sluice.OpTake, gb.homeReqs(cfg, 0, 0))
+}
+
+// releaseAll gives back every lease, as the server drains.
+func (g *globals) releaseAll() {
+	cfg := g.s.cfg.Load()
+	g.mu.Lock()
+	all := make([]*globalBucket, 0, len(g.byKy))
+	for k, gb := range g.byKy {
+		delete(g.byKy, k)
+		all = append(all, gb)
+	}
+	g.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, gb := range all {
+		wg.Go(func() {
+			for gb.busy.Swap(true) {
+				time.Sleep(5 * time.Millisecond) // a renewal in flight ends within its timeout
+			}
+			g.release(gb, cfg)
+		})
+	}
+	wg.Wait()
+}
+
+// homeReqs are a renewal's takes at the home: the instance's demand, then
+// its lease of the capacity.
+func (gb *globalBucket) homeReqs(cfg *compiled, demand, want int64) []sluice.Request {
+	l := cfg.leaseTTL()
+	return []sluice.Request{
+		{Key: gb.homeKey + demandSuffix, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: demandRate, Period: l}, Cost: demand, Lease: gb.lessee},
+		{Key: gb.homeKey, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: gb.capacity, Period: l}, Cost: want, Lease: gb.lessee},
+	}
+}
+
+// renew sizes gb's lease at its home by the instance's demand: a shrink
+// of the local capacity first, then the take at the home, then a growth
+// of the local capacity to what the home granted.
+func (g *globals) renew(cfg *compiled, gb *globalBucket) {
+	defer gb.once.Do(func() { close(gb.ready) })
+	gb.hungry.Store(false)
+	c := gb.capacity
+	demand := gb.demand.Load()
+	target := shareOf(c, demand, max(demand, gb.world.Load()), gb.held.Load())
+	if target < gb.cap.Load() {
+		g.setCap(gb, target)
+	}
+	// What the streams hold now: no take with a larger cap is in flight.
+	inUse := max(gb.cap.Load(), gb.held.Load())
+	ctx, cancel := context.WithTimeout(context.Background(), max(time.Second, cfg.interval))
+	defer cancel()
+	if ds, err := g.s.store.ApplyAll(ctx, sluice.OpPeek, []sluice.Request{{Key: gb.local, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: demandRate, Period: cfg.leaseTTL()}}}); err == nil && !ds[0].Degraded {
+		inUse = demandRate - ds[0].Remaining
+	}
+	want := max(target, inUse, gb.cap.Load())
+	t0 := g.s.clock.Now()
+	gb.sent.Store(t0)
+	reqs := gb.homeReqs(cfg, max(1, demand), want)
+	ds, err := gb.home.ApplyAll(ctx, sluice.OpTake, reqs)
+	if err == nil && (ds[0].Degraded || ds[1].Degraded) {
+		err = ErrDegraded
+	}
+	if err != nil {
+		g.s.m.leases.WithLabelValues(gb.domain, gb.policy, "error").Inc()
+		g.s.warn.log("region_lease", "rlqs: a region lease could not be renewed at its home; its assignments end with it", "domain", gb.domain, "policy", gb.policy, "err", err.Error())
+		return
+	}
+	world := demandRate - ds[0].Remaining
+	got := ds[1].Taken
+	// The world's demand moved since the last renewal: where it now
+	// gives a larger share and capacity is free, take it at once.
+	if again := shareOf(c, demand, max(demand, world), got); again > got && ds[1].Remaining > 0 {
+		target = max(target, again)
+		r := reqs[1:]
+		r[0].Cost = max(again, inUse)
+		if ds2, err := gb.home.ApplyAll(ctx, sluice.OpTake, r); err == nil && !ds2[0].Degraded && ds2[0].Taken > got {
+			got = ds2[0].Taken
+		}
+	}
+	g.s.m.leases.WithLabelValues(gb.domain, gb.policy, "ok").Inc()
+	gb.world.Store(world)
+	gb.held.Store(got)
+	gb.short.Store(got < target)
+	gb.expires.Store(t0 + int64(cfg.leaseTTL()))
+	g.setCap(gb, min(got, target))
+}
+
+// wantsMore reports whether an instance whose demand is now demand
+// would hold more than stickiness over what it does: its next renewal
+// is then sent at once, not at its turn.
+func (gb *globalBucket) wantsMore(demand int64) bool {
+	c := gb.cap.Load()
+	return float64(shareOf(gb.capacity, demand, max(demand, gb.world.Load()), 0)) > float64(c)*(1+stickiness)
+}
+
+// setCap sets the capacity gb's streams divide; a decrease waits for the
+// takes using the larger one.
+func (g *globals) setCap(gb *globalBucket, v int64) {
+	if v >= gb.cap.Load() {
+		gb.cap.Store(v)
+		return
+	}
+	g.switchMu.Lock()
+	gb.gate.Lock()
+	gb.cap.Store(v)
+	gb.gate.Unlock()
+	g.switchMu.Unlock()
+}
+
+// usable reports whether a stream of gb may be given tokens at now: not
+// when the lease cannot cover an assignment of a whole second.
+func (g *globals) usable(cfg *compiled, gb *globalBucket, now int64) bool {
+	return g.ttlAt(cfg, gb, now) >= time.Second
+}
