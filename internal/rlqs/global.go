@@ -249,7 +249,9 @@ func (g *globals) run() {
 func (g *globals) release(gb *globalBucket, cfg *compiled) {
 	ctx, cancel := context.WithTimeout(context.Background(), max(time.Second, cfg.interval))
 	defer cancel()
-	_, _ = gb.home.ApplyAll(ctx, sluice.OpTake, gb.homeReqs(cfg, 0, 0))
+	for _, r := range gb.homeReqs(cfg, 1, 1) {
+		_, _ = gb.home.Apply(ctx, sluice.OpRefund, r) // a concurrency refund releases the lease
+	}
 }
 
 // releaseAll gives back every lease, as the server drains.

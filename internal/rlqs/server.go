@@ -719,11 +719,18 @@ func (s *Server) take(ctx context.Context, cfg *compiled, st *stream, work []pen
 			}
 		}
 	}
+	// Each bucket's demand (dx[i]), then its share (cx[i]; -1 for a
+	// global bucket that takes none: its stream's lease, if any, lapses,
+	// as a take of no cost is not one).
 	reqs := make([]sluice.Request, 0, 2*len(work))
-	for _, w := range work {
-		reqs = append(reqs,
-			sluice.Request{Key: w.b.demandKey, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: demandRate, Period: lease}, Cost: w.demand, Lease: st.id},
-			sluice.Request{Key: w.b.key, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: max(1, w.rate), Period: lease}, Cost: w.want, Lease: st.id})
+	dx, cx := make([]int, len(work)), make([]int, len(work))
+	for i, w := range work {
+		dx[i], cx[i] = len(reqs), -1
+		reqs = append(reqs, sluice.Request{Key: w.b.demandKey, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: demandRate, Period: lease}, Cost: w.demand, Lease: st.id})
+		if w.want > 0 {
+			cx[i] = len(reqs)
+			reqs = append(reqs, sluice.Request{Key: w.b.key, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: max(1, w.rate), Period: lease}, Cost: w.want, Lease: st.id})
+		}
 	}
 	ds, err := s.apply(sctx, st, reqs)
 	if err != nil {
@@ -740,12 +747,12 @@ func (s *Server) take(ctx context.Context, cfg *compiled, st *stream, work []pen
 	var again []sluice.Request
 	var which []int
 	for i, w := range work {
-		fresh := demandRate - ds[2*i].Remaining
-		if w.want == 0 && w.b.glob != nil {
+		if cx[i] < 0 {
 			continue // nothing to take under the region lease
 		}
-		if want := shareOf(w.rate, w.mine, fresh, w.b.assigned); want > ds[2*i+1].Taken && ds[2*i+1].Remaining > 0 {
-			r := reqs[2*i+1]
+		fresh := demandRate - ds[dx[i]].Remaining
+		if want := shareOf(w.rate, w.mine, fresh, w.b.assigned); want > ds[cx[i]].Taken && ds[cx[i]].Remaining > 0 {
+			r := reqs[cx[i]]
 			r.Cost = want
 			again = append(again, r)
 			which = append(which, i)
@@ -754,16 +761,19 @@ func (s *Server) take(ctx context.Context, cfg *compiled, st *stream, work []pen
 	if len(again) > 0 {
 		if ds2, err := s.apply(sctx, st, again); err == nil {
 			for k, i := range which {
-				if ds2[k].Taken > ds[2*i+1].Taken {
-					ds[2*i+1] = ds2[k]
+				if ds2[k].Taken > ds[cx[i]].Taken {
+					ds[cx[i]] = ds2[k]
 				}
 			}
 		}
 	}
 	for i, w := range work {
 		b, p := w.b, w.b.policy
-		b.fleet = demandRate - ds[2*i].Remaining
-		got := ds[2*i+1].Taken
+		b.fleet = demandRate - ds[dx[i]].Remaining
+		var got int64
+		if cx[i] >= 0 {
+			got = ds[cx[i]].Taken
+		}
 		b.ttl = 0
 		if gb := b.glob; gb != nil {
 			// The instance's demand sizes its region lease; a stream
