@@ -78,7 +78,7 @@ type Global struct {
 const homeSlack = 500 * time.Millisecond
 
 // maxRenewals bounds the renewals of one server in flight at once.
-const maxRenewals = 64
+const maxRenewals = 256
 
 // leaseTTL is how long a region lease lives at the home from a renewal:
 // the assignments' TTL, two report intervals (a renewal every half
@@ -103,6 +103,7 @@ type globals struct {
 	switchMu sync.Mutex
 	kick     chan struct{}
 	sem      chan struct{}
+	stopped  chan struct{} // closed when run returns
 }
 
 // globalBucket is one global bucket key's lease at its home, on one
@@ -110,10 +111,10 @@ type globals struct {
 type globalBucket struct {
 	homeKey  string // the bucket's key at the home (its demand key: + demandSuffix)
 	home     sluice.Store
-	lessee   string // the lease id at the home: region, instance and generation
-	capacity int64  // C, tokens per fill
-	local    string // the key the instance's streams take from
-	domain   string // labels
+	lessee   string       // the lease id at the home: region, instance and generation
+	capacity atomic.Int64 // C, tokens per fill (a reload may change it)
+	local    string       // the key the instance's streams take from
+	domain   string       // labels
 	policy   string
 
 	// gate is held for reading by a report's take while it uses cap, and
@@ -137,31 +138,37 @@ func newGlobals(s *Server, opt Global) (*globals, error) {
 	if opt.Region == "" || opt.StoreOf == nil || opt.HomeOf == nil {
 		return nil, fmt.Errorf("%w: Options.Global needs Region, StoreOf and HomeOf", ErrConfig)
 	}
-	return &globals{s: s, opt: opt, byKy: map[string]*globalBucket{}, kick: make(chan struct{}, 1), sem: make(chan struct{}, maxRenewals)}, nil
+	return &globals{s: s, opt: opt, byKy: map[string]*globalBucket{}, kick: make(chan struct{}, 1), sem: make(chan struct{}, maxRenewals), stopped: make(chan struct{})}, nil
 }
 
 // bucket returns the lease of the global bucket whose key at the home is
 // homeKey, and whose streams on this instance take from local, creating
 // it (and sending its first renewal) when new.
 func (g *globals) bucket(homeKey, local string, p *policy, domain string, now int64) (*globalBucket, error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if gb := g.byKy[local]; gb != nil {
-		gb.lastUse = now
-		return gb, nil
-	}
 	home := p.home
 	if home == "" {
 		home = g.opt.HomeOf(homeKey)
+	}
+	// A reload that moves the home starts a new lease there (the old
+	// one is released when it goes idle); one that changes the limit
+	// reaches the lease at its next renewal.
+	k := local + "|" + home
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gb := g.byKy[k]; gb != nil {
+		gb.lastUse = now
+		gb.capacity.Store(p.capacity)
+		return gb, nil
 	}
 	hs := g.opt.StoreOf(home)
 	if hs == nil {
 		return nil, fmt.Errorf("rlqs: policy %s: home region %q has no store", p.name, home)
 	}
 	g.gen++
-	gb := &globalBucket{homeKey: homeKey, home: hs, capacity: p.capacity, local: local, domain: domain, policy: p.name,
+	gb := &globalBucket{homeKey: homeKey, home: hs, local: local, domain: domain, policy: p.name,
 		lessee: g.opt.Region + "/" + g.s.id + "/" + fmt.Sprint(g.gen), lastUse: now, ready: make(chan struct{})}
-	g.byKy[local] = gb
+	gb.capacity.Store(p.capacity)
+	g.byKy[k] = gb
 	gb.hungry.Store(true)
 	g.nudge()
 	return gb, nil
@@ -190,6 +197,7 @@ func (g *globals) ttlAt(cfg *compiled, gb *globalBucket, now int64) time.Duratio
 // run renews the leases until the server drains: each every half
 // interval, and at once when a report wants more than its instance holds.
 func (g *globals) run() {
+	defer close(g.stopped)
 	tick := time.NewTicker(25 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -282,7 +290,7 @@ func (gb *globalBucket) homeReqs(cfg *compiled, demand, want int64) []sluice.Req
 	l := cfg.leaseTTL()
 	return []sluice.Request{
 		{Key: gb.homeKey + demandSuffix, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: demandRate, Period: l}, Cost: demand, Lease: gb.lessee},
-		{Key: gb.homeKey, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: gb.capacity, Period: l}, Cost: want, Lease: gb.lessee},
+		{Key: gb.homeKey, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: gb.capacity.Load(), Period: l}, Cost: want, Lease: gb.lessee},
 	}
 }
 
@@ -292,7 +300,7 @@ func (gb *globalBucket) homeReqs(cfg *compiled, demand, want int64) []sluice.Req
 func (g *globals) renew(cfg *compiled, gb *globalBucket) {
 	defer gb.once.Do(func() { close(gb.ready) })
 	gb.hungry.Store(false)
-	c := gb.capacity
+	c := gb.capacity.Load()
 	demand := gb.demand.Load()
 	target := shareOf(c, demand, max(demand, gb.world.Load()), gb.held.Load())
 	if target < gb.cap.Load() {
@@ -343,7 +351,7 @@ func (g *globals) renew(cfg *compiled, gb *globalBucket) {
 // is then sent at once, not at its turn.
 func (gb *globalBucket) wantsMore(demand int64) bool {
 	c := gb.cap.Load()
-	return float64(shareOf(gb.capacity, demand, max(demand, gb.world.Load()), 0)) > float64(c)*(1+stickiness)
+	return float64(shareOf(gb.capacity.Load(), demand, max(demand, gb.world.Load()), 0)) > float64(c)*(1+stickiness)
 }
 
 // setCap sets the capacity gb's streams divide; a decrease waits for the
