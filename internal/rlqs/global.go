@@ -342,8 +342,11 @@ func (g *globals) renew(cfg *compiled, gb *globalBucket) {
 	gb.world.Store(world)
 	gb.held.Store(got)
 	gb.short.Store(got < target)
-	gb.expires.Store(t0 + int64(cfg.leaseTTL()))
+	// The cap first: a lease that had ended at the home (others took its
+	// part) may come back smaller than the cap, and no take may use the
+	// larger one under the new expiry.
 	g.setCap(gb, min(got, target))
+	gb.expires.Store(t0 + int64(cfg.leaseTTL()))
 }
 
 // wantsMore reports whether an instance whose demand is now demand
