@@ -32,6 +32,11 @@
 // fleet wants more than C, and its demand and half again when not. Both
 // takes of every bucket of a report go to the store in one ApplyAll (the
 // domain is the keys' hash tag): one round trip per report.
+//
+// A policy with scope global is one limit for every region's Envoys: each
+// instance leases part of C at the home region's store, sized by its
+// demand against every region's, and its streams divide only what it
+// holds; no assignment outlives that lease (global.go).
 package rlqs
 
 import (
