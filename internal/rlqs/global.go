@@ -35,8 +35,9 @@ package rlqs
 //     its part again.
 //
 // Renewals run in the background (every half report interval, and at
-// once when a report wants more than the instance holds): a report never
-// waits for a call across regions, but a bucket's first report waits for
+// once when a report wants more than the instance holds), those due
+// together in one call per home and domain of up to renewBatch buckets:
+// a report never waits for a call across regions, but a bucket's first report waits for
 // its first renewal, bounded by the report's store time (half an
 // interval). The leases are per instance, not per region: two instances
 // of a region would otherwise have to agree on what the region holds
@@ -77,8 +78,8 @@ type Global struct {
 // to the farthest home (300 ms here) and the scheduling of a loaded host.
 const homeSlack = 500 * time.Millisecond
 
-// maxRenewals bounds the renewals of one server in flight at once.
-const maxRenewals = 256
+// maxRenewals bounds the batch renewals of one server in flight at once.
+const maxRenewals = 64
 
 // leaseTTL is how long a region lease lives at the home from a renewal:
 // the assignments' TTL, two report intervals (a renewal every half
@@ -111,6 +112,7 @@ type globals struct {
 type globalBucket struct {
 	homeKey  string // the bucket's key at the home (its demand key: + demandSuffix)
 	home     sluice.Store
+	region   string       // the home's name
 	lessee   string       // the lease id at the home: region, instance and generation
 	capacity atomic.Int64 // C, tokens per fill (a reload may change it)
 	local    string       // the key the instance's streams take from
@@ -165,7 +167,7 @@ func (g *globals) bucket(homeKey, local string, p *policy, domain string, now in
 		return nil, fmt.Errorf("rlqs: policy %s: home region %q has no store", p.name, home)
 	}
 	g.gen++
-	gb := &globalBucket{homeKey: homeKey, home: hs, local: local, domain: domain, policy: p.name,
+	gb := &globalBucket{homeKey: homeKey, home: hs, region: home, local: local, domain: domain, policy: p.name,
 		lessee: g.opt.Region + "/" + g.s.id + "/" + fmt.Sprint(g.gen), lastUse: now, ready: make(chan struct{})}
 	gb.capacity.Store(p.capacity)
 	g.byKy[k] = gb
@@ -237,19 +239,50 @@ func (g *globals) run() {
 			}
 		}
 		g.mu.Unlock()
-		for _, gb := range due {
+		for _, batch := range batches(due) {
 			select {
 			case g.sem <- struct{}{}:
 			default:
 				continue // at the bound: the next tick
 			}
-			gb.busy.Store(true)
+			for _, gb := range batch {
+				gb.busy.Store(true)
+			}
 			go func() {
-				defer func() { <-g.sem; gb.busy.Store(false) }()
-				g.renew(cfg, gb)
+				defer func() {
+					<-g.sem
+					for _, gb := range batch {
+						gb.busy.Store(false)
+					}
+				}()
+				g.renewAll(cfg, batch)
 			}()
 		}
 	}
+}
+
+// renewBatch is the most buckets renewed in one call to their home, as
+// a report's buckets are taken in chunks (chunkBuckets): one script of a
+// bounded size on each Redis.
+const renewBatch = chunkBuckets
+
+// batches groups due renewals by home and domain (one call takes keys of
+// one hash tag at one store), at most renewBatch a group.
+func batches(due []*globalBucket) [][]*globalBucket {
+	type at struct{ home, domain string }
+	var out [][]*globalBucket
+	open := map[at]int{} // the group being filled, by home and domain
+	for _, gb := range due {
+		k := at{gb.region, gb.domain}
+		i, ok := open[k]
+		if !ok || len(out[i]) == renewBatch {
+			i = len(out)
+			open[k] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], gb)
+	}
+	return out
 }
 
 // release gives a forgotten lease back at its home (best effort: it ends
@@ -294,59 +327,107 @@ func (gb *globalBucket) homeReqs(cfg *compiled, demand, want int64) []sluice.Req
 	}
 }
 
-// renew sizes gb's lease at its home by the instance's demand: a shrink
-// of the local capacity first, then the take at the home, then a growth
-// of the local capacity to what the home granted.
-func (g *globals) renew(cfg *compiled, gb *globalBucket) {
-	defer gb.once.Do(func() { close(gb.ready) })
-	gb.hungry.Store(false)
-	c := gb.capacity.Load()
-	demand := gb.demand.Load()
-	target := shareOf(c, demand, max(demand, gb.world.Load()), gb.held.Load())
-	if target < gb.cap.Load() {
-		g.setCap(gb, target)
+// renew sizes gb's lease at its home by the instance's demand.
+func (g *globals) renew(cfg *compiled, gb *globalBucket) { g.renewAll(cfg, []*globalBucket{gb}) }
+
+// renewing is one bucket's part of a batch renewal.
+type renewing struct {
+	gb                  *globalBucket
+	demand, target, use int64
+}
+
+// renewAll sizes the leases of gbs, buckets of one domain (their keys'
+// hash tag) at one home, at most renewBatch of them: a shrink of each
+// local capacity first, then one peek of what their streams hold on this
+// region's store, one call of their takes at the home (and one more for
+// those whose share grew with the world's demand), then a growth of each
+// local capacity to what the home granted.
+func (g *globals) renewAll(cfg *compiled, gbs []*globalBucket) {
+	defer func() {
+		for _, gb := range gbs {
+			gb.once.Do(func() { close(gb.ready) })
+		}
+	}()
+	rs := make([]renewing, len(gbs))
+	peek := make([]sluice.Request, len(gbs))
+	for i, gb := range gbs {
+		gb.hungry.Store(false)
+		demand := gb.demand.Load()
+		target := shareOf(gb.capacity.Load(), demand, max(demand, gb.world.Load()), gb.held.Load())
+		if target < gb.cap.Load() {
+			g.setCap(gb, target)
+		}
+		// Unless the peek answers: what the lease holds (never less).
+		rs[i] = renewing{gb: gb, demand: demand, target: target, use: max(gb.cap.Load(), gb.held.Load())}
+		peek[i] = sluice.Request{Key: gb.local, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: demandRate, Period: cfg.leaseTTL()}}
 	}
-	// What the streams hold now: no take with a larger cap is in flight.
-	inUse := max(gb.cap.Load(), gb.held.Load())
 	ctx, cancel := context.WithTimeout(context.Background(), max(time.Second, cfg.interval))
 	defer cancel()
-	if ds, err := g.s.store.ApplyAll(ctx, sluice.OpPeek, []sluice.Request{{Key: gb.local, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: demandRate, Period: cfg.leaseTTL()}}}); err == nil && !ds[0].Degraded {
-		inUse = demandRate - ds[0].Remaining
-	}
-	want := max(target, inUse, gb.cap.Load())
-	t0 := g.s.clock.Now()
-	gb.sent.Store(t0)
-	reqs := gb.homeReqs(cfg, max(1, demand), want)
-	ds, err := gb.home.ApplyAll(ctx, sluice.OpTake, reqs)
-	if err == nil && (ds[0].Degraded || ds[1].Degraded) {
-		err = ErrDegraded
-	}
-	if err != nil {
-		g.s.m.leases.WithLabelValues(gb.domain, gb.policy, "error").Inc()
-		g.s.warn.log("region_lease", "rlqs: a region lease could not be renewed at its home; its assignments end with it", "domain", gb.domain, "policy", gb.policy, "err", err.Error())
-		return
-	}
-	world := demandRate - ds[0].Remaining
-	got := ds[1].Taken
-	// The world's demand moved since the last renewal: where it now
-	// gives a larger share and capacity is free, take it at once.
-	if again := shareOf(c, demand, max(demand, world), got); again > got && ds[1].Remaining > 0 {
-		target = max(target, again)
-		r := reqs[1:]
-		r[0].Cost = max(again, inUse)
-		if ds2, err := gb.home.ApplyAll(ctx, sluice.OpTake, r); err == nil && !ds2[0].Degraded && ds2[0].Taken > got {
-			got = ds2[0].Taken
+	// What the streams hold now: no take with a larger cap is in flight.
+	if ds, err := g.s.store.ApplyAll(ctx, sluice.OpPeek, peek); err == nil {
+		for i := range rs {
+			if !ds[i].Degraded {
+				rs[i].use = demandRate - ds[i].Remaining
+			}
 		}
 	}
-	g.s.m.leases.WithLabelValues(gb.domain, gb.policy, "ok").Inc()
-	gb.world.Store(world)
-	gb.held.Store(got)
-	gb.short.Store(got < target)
-	// The cap first: a lease that had ended at the home (others took its
-	// part) may come back smaller than the cap, and no take may use the
-	// larger one under the new expiry.
-	g.setCap(gb, min(got, target))
-	gb.expires.Store(t0 + int64(cfg.leaseTTL()))
+	reqs := make([]sluice.Request, 0, 2*len(rs))
+	for _, r := range rs {
+		reqs = append(reqs, r.gb.homeReqs(cfg, max(1, r.demand), max(r.target, r.use, r.gb.cap.Load()))...)
+	}
+	t0 := g.s.clock.Now()
+	for _, r := range rs {
+		r.gb.sent.Store(t0)
+	}
+	home := gbs[0].home
+	ds, err := home.ApplyAll(ctx, sluice.OpTake, reqs)
+	for i := 0; err == nil && i < len(ds); i++ {
+		if ds[i].Degraded {
+			err = ErrDegraded
+		}
+	}
+	if err != nil {
+		for _, r := range rs {
+			g.s.m.leases.WithLabelValues(r.gb.domain, r.gb.policy, "error").Inc()
+		}
+		g.s.warn.log("region_lease", "rlqs: region leases could not be renewed at their home; their assignments end with them", "domain", gbs[0].domain, "buckets", len(gbs), "err", err.Error())
+		return
+	}
+	// Where the world's demand moved since the last renewal, and now
+	// gives a larger share while capacity is free, it is taken at once.
+	var again []sluice.Request
+	var which []int
+	for i, r := range rs {
+		world, got := demandRate-ds[2*i].Remaining, ds[2*i+1].Taken
+		if more := shareOf(r.gb.capacity.Load(), r.demand, max(r.demand, world), got); more > got && ds[2*i+1].Remaining > 0 {
+			rs[i].target = max(r.target, more)
+			q := reqs[2*i+1]
+			q.Cost = max(more, r.use)
+			again = append(again, q)
+			which = append(which, i)
+		}
+	}
+	if len(again) > 0 {
+		if ds2, err := home.ApplyAll(ctx, sluice.OpTake, again); err == nil {
+			for k, i := range which {
+				if !ds2[k].Degraded && ds2[k].Taken > ds[2*i+1].Taken {
+					ds[2*i+1] = ds2[k]
+				}
+			}
+		}
+	}
+	for i, r := range rs {
+		gb, got := r.gb, ds[2*i+1].Taken
+		g.s.m.leases.WithLabelValues(gb.domain, gb.policy, "ok").Inc()
+		gb.world.Store(demandRate - ds[2*i].Remaining)
+		gb.held.Store(got)
+		gb.short.Store(got < r.target)
+		// The cap first: a lease that had ended at the home (others took
+		// its part) may come back smaller than the cap, and no take may
+		// use the larger one under the new expiry.
+		g.setCap(gb, min(got, r.target))
+		gb.expires.Store(t0 + int64(cfg.leaseTTL()))
+	}
 }
 
 // wantsMore reports whether an instance whose demand is now demand

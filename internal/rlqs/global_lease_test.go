@@ -2,6 +2,7 @@ package rlqs
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -157,5 +158,66 @@ func TestRegionLeaseSteps(t *testing.T) {
 	g.opt.FailOpen = true
 	if ttl := g.ttlAt(c, gb, clk.Now()); ttl != 2*time.Second {
 		t.Errorf("fail open, cut off: TTL %v, want 2s", ttl)
+	}
+}
+
+// TestRegionLeaseBatches: renewals due together go to their home in
+// batches of one domain (the keys' hash tag) and at most renewBatch
+// buckets, one call each (and one peek on the region's store), and each
+// bucket's lease is its own.
+func TestRegionLeaseBatches(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	local, err := memstore.New(memstore.Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = local.Close() }()
+	mem, err := memstore.New(memstore.Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = mem.Close() }()
+	home := &countingStore{Store: mem} // coalesce_test.go's
+	pol := func(name string) Policy {
+		return Policy{Name: name, Match: map[string]string{"route": "*"}, RequestsPerUnit: 100, Unit: "second", Scope: "global", Home: "eu"}
+	}
+	cfg := &Config{ReportInterval: time.Second, Regions: []string{"us", "eu"},
+		Domains: []Domain{{Domain: "a", Policies: []Policy{pol("p")}}, {Domain: "b", Policies: []Policy{pol("p")}}}}
+	s, err := New(Options{Store: local, Config: cfg, Clock: clk, Global: &Global{Region: "us", StoreOf: func(string) sluice.Store { return home }, HomeOf: func(string) string { return "eu" }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Drain()
+	<-s.glob.stopped
+	c := s.cfg.Load()
+	var due []*globalBucket
+	for i := range renewBatch + 5 {
+		dom := "a"
+		if i == renewBatch+4 {
+			dom = "b"
+		}
+		key := fmt.Sprintf("rlqs:{%s}:p:1:%d", dom, i)
+		gb, err := s.glob.bucket(key, key+":@x", c.domains[dom].policies[0], dom, clk.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		gb.demand.Store(int64(10 + i))
+		due = append(due, gb)
+	}
+	bs := batches(due)
+	if len(bs) != 3 || len(bs[0]) != renewBatch || len(bs[1]) != 4 || len(bs[2]) != 1 || bs[2][0].domain != "b" {
+		t.Fatalf("batches of %d, %d, %d, ...: want %d and 4 of domain a, 1 of b", len(bs[0]), len(bs[1]), len(bs[2]), renewBatch)
+	}
+	for _, b := range bs {
+		s.glob.renewAll(c, b)
+	}
+	if n := home.calls.Load(); n != 3 {
+		t.Errorf("%d calls to the home for 3 batches, want 3", n)
+	}
+	for i, gb := range due {
+		want := int64(10+i) + int64(10+i)/2 + 1 // demand and half again: the world wants less than C
+		if got := used(t, mem, gb.homeKey); got != want || gb.cap.Load() != want || gb.expires.Load() == 0 {
+			t.Errorf("bucket %d: home lease %d, cap %d, expires %d; want %d", i, got, gb.cap.Load(), gb.expires.Load(), want)
+		}
 	}
 }
