@@ -165,7 +165,8 @@ func (run *globalRun) use(t *testing.T, name string, from time.Duration) (int64,
 // home), and once the leases have settled at least 90 % of the limit:
 // with even demand, and with 90 % of it in ap, the region farthest from
 // the home. Without the region leases each region would admit the limit:
-// three times it.
+// three times it (measured with them removed: 900 in a second with even
+// demand, 701 with 90 % in ap).
 func TestGlobalRLQS(t *testing.T) {
 	gw := newGlobalWorld(t)
 	const length = 5500 * time.Millisecond
