@@ -310,8 +310,12 @@ func (s *Store) allowAllAsync(ctx context.Context, reqs []sluice.Request, async 
 			return out, nil
 		}
 	}
+	if err := s.checkAsyncEpochs(ctx, cs); err != nil {
+		return nil, err
+	}
 	ds, err := s.local.ApplyAll(ctx, sluice.OpAllow, reqs)
 	if err != nil {
+		s.asyncCallFailed(cs)
 		return nil, err
 	}
 	for _, d := range ds {

@@ -30,6 +30,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -110,39 +111,9 @@ func (s *Store) checkEpoch(ctx context.Context, home string, hs sluice.Store, e 
 		}
 		seen = v
 	}
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	vs, err := s.led.s.epoch.Exec(ctx, hc, []string{epochPrefix + req.Key}, []string{hex.EncodeToString(b[:]), seen, fmt.Sprint(ttl.Milliseconds()), fmt.Sprint(s.fetchTO.Milliseconds())}).ToArray()
+	cur, err := s.verifyEpoch(ctx, hc, hs, req, seen, home)
 	if err != nil {
-		return unavailable("epoch", err)
-	}
-	if len(vs) != 2 {
-		return fmt.Errorf("region: epoch reply of %d values, want 2", len(vs))
-	}
-	cur, err := vs[0].ToString()
-	if err != nil {
-		return fmt.Errorf("region: epoch reply: %w", err)
-	}
-	lost, err := vs[1].AsInt64()
-	if err != nil {
-		return fmt.Errorf("region: epoch reply: %w", err)
-	}
-	if lost == 1 {
-		// The home forgot: charge it as if its bucket were spent when it
-		// came back. The marker stays flagged until the charge is made:
-		// a charge that failed is made by a check FetchTimeout later (one
-		// that was only slow is then made twice: under-admission only).
-		q := req
-		q.Cost = req.Capacity()
-		q.MaxWait, q.Lease, q.UseLease = 0, "", false
-		if _, err := hs.Apply(ctx, sluice.OpCharge, q); err != nil {
-			return fmt.Errorf("region: quarantine of a key whose home lost its state: %w", err)
-		}
-		if err := hc.Do(ctx, hc.B().Set().Key(epochPrefix+req.Key).Value(cur).Xx().Px(ttl).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
-			return unavailable("epoch", err)
-		}
-		s.st.quarantines.Add(1)
-		s.log.Warn("region: a home lost a global key's state: charged its capacity (quarantine)", "region", s.region, "home", home)
+		return err
 	}
 	if remote {
 		if err := s.led.client.Do(ctx, s.led.client.B().Set().Key(s.led.key(req.Key)+":ep").Value(cur).Px(ttl).Build()).Error(); err != nil {
@@ -153,4 +124,183 @@ func (s *Store) checkEpoch(ctx context.Context, home string, hs sluice.Store, e 
 	e.epoch, e.epochAt, e.epochStale = cur, s.clk.Now(), false
 	e.mu.Unlock()
 	return nil
+}
+
+// epochKey names the epoch marker of key, in key's Redis Cluster hash
+// slot where it can (a key with a hash tag keeps it; a key with none and
+// no '}' becomes the tag), so that on a Cluster the marker is on the node
+// that holds the key's state, and its replication id is that node's.
+func epochKey(key string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 && strings.IndexByte(key[i+1:], '}') > 0 || strings.IndexByte(key, '}') >= 0 {
+		return epochPrefix + key
+	}
+	return epochPrefix + "{" + key + "}"
+}
+
+// verifyEpoch runs the epoch check of req's key on hc, the Redis holding
+// its state (lua/epoch.lua), seen the id the caller last saw of it, and
+// when the state may have been lost there (the marker gone while seen is
+// set, or the server's replication id changed since the marker was set:
+// a failover to a replica, a restart from files), charges the key's
+// capacity on st, the store over hc (quarantine), once per loss. where
+// names the region of hc for the log. It returns the marker's id.
+func (s *Store) verifyEpoch(ctx context.Context, hc rueidis.Client, st sluice.Store, req sluice.Request, seen, where string) (string, error) {
+	ttl := epochTTL(&req)
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	mk := epochKey(req.Key)
+	vs, err := s.led.s.epoch.Exec(ctx, hc, []string{mk}, []string{hex.EncodeToString(b[:]), seen, fmt.Sprint(ttl.Milliseconds()), fmt.Sprint(s.fetchTO.Milliseconds())}).ToArray()
+	if err != nil {
+		return "", unavailable("epoch", err)
+	}
+	if len(vs) != 3 {
+		return "", fmt.Errorf("region: epoch reply of %d values, want 3", len(vs))
+	}
+	cur, err := vs[0].ToString()
+	if err != nil {
+		return "", fmt.Errorf("region: epoch reply: %w", err)
+	}
+	lost, err := vs[1].AsInt64()
+	if err != nil {
+		return "", fmt.Errorf("region: epoch reply: %w", err)
+	}
+	clear, err := vs[2].ToString()
+	if err != nil {
+		return "", fmt.Errorf("region: epoch reply: %w", err)
+	}
+	if lost == 1 {
+		// The store forgot, or may have: charge it as if its bucket were
+		// spent when it came back. The marker stays flagged until the
+		// charge is made: a charge that failed is made by a check
+		// FetchTimeout later (one that was only slow is then made twice:
+		// under-admission only).
+		q := req
+		q.Cost = req.Capacity()
+		q.MaxWait, q.Lease, q.UseLease = 0, "", false
+		if _, err := st.Apply(ctx, sluice.OpCharge, q); err != nil {
+			return "", fmt.Errorf("region: quarantine of a key whose store lost its state: %w", err)
+		}
+		if err := hc.Do(ctx, hc.B().Set().Key(mk).Value(clear).Xx().Px(ttl).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
+			return "", unavailable("epoch", err)
+		}
+		s.st.quarantines.Add(1)
+		s.log.Warn("region: a store lost a global key's state, or may have (restarted, failed over): charged its capacity (quarantine)", "region", s.region, "store", where)
+	}
+	return cur, nil
+}
+
+// The asynchronous mode's epochs. An asynchronous key is decided on each
+// region's own store, which holds the region's admissions and the others'
+// delivered counts: a region's Redis that restarts without persistence
+// (or fails over to a replica that lags) forgets them, and its bucket is
+// full again, up to C over the bound. So an asynchronous key carries an
+// epoch marker on each region's store too, checked by the region's own
+// instances as a home region checks its keys (before a decision, at most
+// every EpochEvery, at once after a call failed), and a store found to
+// have lost the key's state is charged its capacity (on that store alone:
+// the other regions lost nothing). Each instance remembers the id it saw
+// in memory (the region's Redis is what may forget it), for as long as
+// the state may matter (epochTTL), also after the key's counts are
+// forgotten (asyncSeen).
+
+// asyncSeen is an id an instance saw of an asynchronous key's marker on
+// its region's store, remembered after the key's counts were forgotten,
+// until exp (ns).
+type asyncSeen struct {
+	id  string
+	exp int64
+}
+
+// asyncEpochDue reports whether c's key's epoch is to be checked at now.
+// Called with c.mu held.
+func (s *Store) asyncEpochDue(c *counts, now int64) bool {
+	return s.epochEvery > 0 && !c.epochBusy && (c.epochAt == 0 || c.epochStale || now-c.epochAt >= s.epochEvery)
+}
+
+// checkAsyncEpoch checks, when due, that this region's store still holds
+// the state of c's key (lua/epoch.lua on the region's Redis), and charges
+// its capacity there when it lost it. One check runs at a time per key
+// and instance; a caller finding one in flight goes on.
+func (s *Store) checkAsyncEpoch(ctx context.Context, c *counts) error {
+	now := s.clk.Now()
+	c.mu.Lock()
+	if !s.asyncEpochDue(c, now) {
+		c.mu.Unlock()
+		return nil
+	}
+	c.epochBusy = true
+	seen, req := c.epoch, c.req
+	c.mu.Unlock()
+	if seen == "" {
+		if m, ok := s.aseen.Load(req.Key); ok && m.exp > now {
+			seen = m.id
+		}
+	}
+	cur, err := s.verifyEpoch(ctx, s.led.client, s.local, req, seen, s.region)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.epochBusy = false
+	if err != nil {
+		c.epochStale = true
+		return err
+	}
+	c.epoch, c.epochAt, c.epochStale = cur, s.clk.Now(), false
+	return nil
+}
+
+// rememberAsyncEpoch keeps the id c's key's marker had when its counts
+// are forgotten, for as long as the state may matter; at most MaxKeys
+// ids (past them, a key's loss is caught only if its marker is flagged by
+// a failover, not if it is gone). Called with c.mu held.
+func (s *Store) rememberAsyncEpoch(c *counts) {
+	key := c.req.Key
+	if c.epoch == "" {
+		return
+	}
+	exp := c.epochAt + int64(epochTTL(&c.req))
+	if _, ok := s.aseen.Load(key); !ok && s.aseenN.Load() >= s.maxKeys {
+		return
+	}
+	if _, loaded := s.aseen.LoadAndStore(key, asyncSeen{id: c.epoch, exp: exp}); !loaded {
+		s.aseenN.Add(1)
+	}
+}
+
+// pruneAsyncSeen forgets the remembered ids whose state no longer
+// matters.
+func (s *Store) pruneAsyncSeen(now int64) {
+	s.aseen.Range(func(key string, m asyncSeen) bool {
+		if m.exp <= now {
+			if _, ok := s.aseen.LoadAndDelete(key); ok {
+				s.aseenN.Add(-1)
+			}
+		}
+		return true
+	})
+}
+
+// checkAsyncEpochs checks the epochs of a batch's asynchronous keys
+// (their counts, nil for a key not tracked) before the batch is decided.
+func (s *Store) checkAsyncEpochs(ctx context.Context, cs []*counts) error {
+	for _, c := range cs {
+		if c == nil {
+			continue
+		}
+		if err := s.checkAsyncEpoch(ctx, c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// asyncCallFailed makes the epochs of cs's keys due: a call to this
+// region's store failed, which may have restarted.
+func (s *Store) asyncCallFailed(cs []*counts) {
+	for _, c := range cs {
+		if c != nil {
+			c.mu.Lock()
+			c.epochStale = true
+			c.mu.Unlock()
+		}
+	}
 }

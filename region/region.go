@@ -226,6 +226,8 @@ type Store struct {
 	syncEvery  time.Duration
 	staleAfter int64
 	epochEvery int64
+	aseen      *xsync.Map[string, asyncSeen] // epoch.go
+	aseenN     atomic.Int64
 
 	st counters
 
@@ -288,6 +290,7 @@ func New(opts Options) (*Store, error) {
 		log:        opts.Logger,
 		keys:       xsync.NewMap[string, *entry](),
 		akeys:      xsync.NewMap[string, *counts](),
+		aseen:      xsync.NewMap[string, asyncSeen](),
 		syncEvery:  def(opts.SyncInterval, DefaultSyncInterval),
 		staleAfter: int64(def(opts.StaleAfter, DefaultStaleAfter)),
 		epochEvery: int64(def(opts.EpochEvery, DefaultEpochEvery)),
