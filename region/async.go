@@ -18,7 +18,9 @@ package region
 // An instance that cannot deliver its counts (a partition, a peer's Redis
 // down) stops admitting the key by its failure policy once the oldest
 // count it holds undelivered is StaleAfter old (FailClosed), so δ ≤
-// StaleAfter, whatever the faults.
+// StaleAfter, whatever the faults. A region's store that restarts without
+// its data, or fails over, is caught by the key's epoch marker there and
+// charged the key's capacity (epoch.go): + 1 per life of its state.
 
 import (
 	"context"

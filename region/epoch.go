@@ -3,27 +3,39 @@ package region
 // Epochs: a home that restarts without persistence (or is flushed, or
 // replaced by an empty replica) forgets the charges it made, while the
 // shares held elsewhere stay spendable and its own bucket is full again:
-// up to C + H over the bound. (A failover to a replica that lags keeps
-// the marker and is not caught: docs/regions.md.) So each global key
-// carries an epoch marker at its home (lua/epoch.lua), a random id set at
-// first use, written with the key's state and lost with it. Each
+// up to C + H over the bound. A home that fails over to a replica that
+// lags keeps its state but not its last charges (the fetches whose shares
+// other regions spend, and its own region's decisions): up to the
+// charges of the lag over the bound. So each global key carries an epoch
+// marker at its home (lua/epoch.lua), a random id set at first use,
+// written with the key's state and lost with it, in the key's hash slot,
+// and stamped with the server's replication id (master_replid: the
+// history of writes the server is the master of, which a promoted
+// replica, or a server restarted from its files, changes). Each
 // instance remembers the id it last saw of a key (a region of other homes
 // in its ledger too, so that its other instance and its restarts know
 // it) and checks it before a decision at home, or beside a fetch (not
 // before it: a cold key would wait two round trips), at most every
 // EpochEvery and at once after a call to the home failed. When the home
-// forgot the id, the instance that finds out charges the key's whole
-// capacity at home (OpCharge C, a fixed window's limit), once per loss:
-// the bucket is as if spent when the home came back, so it admits the
-// refill only, r·t, for τ = C/r (a window: the rest of the window), and
+// forgot the id, or holds it under another history, the instance that
+// finds out charges the key's whole capacity at home (OpCharge C, a fixed
+// window's limit), once per loss: the bucket is as if spent when the home
+// came back, so it admits the refill only, r·t, for τ = C/r (a window:
+// the rest of the window), and
 //
-//	admitted over [0, t] ≤ C + r·t + 2 (+ what the home region admitted
-//	between the restart and its next check, and the fetches sent beside
-//	the check that found the loss)
+//	admitted over [0, t] ≤ C + r·t + 2 (+ what the home admitted, in its
+//	region and by fetches, between the restart or failover and the
+//	check that found it)
 //
-// as every unit spent before the restart was charged in the first life
-// (≤ C + r·t_r + 1) and every one after in the second, where C was
-// charged first (≤ r·(t − t_r) + 1).
+// as every unit spent before the restart or failover was charged in the
+// first life (≤ C + r·t_r + 1: its charges that the replica missed
+// included) and every one after the check in the second, where C was
+// charged first (≤ r·(t − t_r) + 1). A replica's lag need not be known:
+// whatever it missed was charged in the first life. The price is a
+// quarantine per key on every failover and every restart, lagging or not
+// (the replication id cannot tell appendfsync always, which loses
+// nothing, from everysec, which loses up to a second): under-admission,
+// at most C per key, once.
 
 import (
 	"context"

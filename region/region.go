@@ -113,10 +113,11 @@ type Options struct {
 	// asynchronous bound under faults. DefaultStaleAfter when zero.
 	StaleAfter time.Duration
 	// EpochEvery is how often, at most, an instance checks that the home
-	// of an exact global key still holds the key's state (epoch.go): a
-	// home that lost it is charged the key's capacity. It is checked at
-	// once after a call to the home failed. DefaultEpochEvery when zero;
-	// negative never checks.
+	// of an exact global key (the region's store, for an asynchronous
+	// key) still holds the key's state (epoch.go): a store that lost it,
+	// restarted or failed over, is charged the key's capacity. It is
+	// checked at once after a call to that store failed.
+	// DefaultEpochEvery when zero; negative never checks.
 	EpochEvery time.Duration
 	// Home names a global key's home region, whose store is the key's
 	// authority. Nil means HashHome over Regions.

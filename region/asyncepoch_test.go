@@ -1,0 +1,88 @@
+package region_test
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/region"
+)
+
+// eu's redis-server, not persisted, is restarted mid-run under an
+// asynchronous key: it comes back empty, its bucket full, every count it
+// held (its own admissions and the ones the other regions delivered)
+// forgotten. Without an epoch check eu admits a fresh burst; with it
+// (epoch.go), eu's first call after the restart finds the key's marker
+// gone on its store and charges the key's capacity there, and the async
+// bound of docs/regions.md holds: ≤ C + r·t + 2 + Σ_j A_j(δ) (one + 1 per
+// life of eu's state), plus what eu admits between its restart and the
+// check (its next call: the calls failed while it was down).
+//
+// 90 % of the demand is in eu, so that the span δ = StaleAfter of the
+// bound holds little of the other regions' admissions, and the burst (24
+// s of the rate) is spent at eu's demand over 3 s, before the restart
+// (at 4 s) and again after it, so that what a forgetful eu gives again
+// (≈ C, 1200) is more than the bound's Σ_j A_j(δ) (≈ eu's demand over δ,
+// 400): the test sees the loss.
+func TestAsyncRegionRestartUnpersisted(t *testing.T) {
+	lim := sluice.Limit{Rate: 50, Period: time.Second, Burst: 1200}
+	const restartAt, d = 4 * time.Second, 8 * time.Second
+	toEU := func(time.Duration) []float64 { return []float64{0.9, 0.05, 0.05} }
+	var without int64
+	for _, check := range []bool{false, true} {
+		name := map[bool]string{false: "without the check", true: "with the check"}[check]
+		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
+			w := newWorld(t, worldOpts{home: "eu", region: func(opts *region.Options) {
+				opts.Async = func(*sluice.Request) bool { return true }
+				opts.SyncInterval = asyncInterval
+				opts.StaleAfter = asyncStale
+				if !check {
+					opts.EpochEvery = -1
+				}
+			}})
+			req := sluice.Request{Key: w.global + "async/restart", Algorithm: sluice.GCRA, Limit: lim, Cost: 1}
+			var back time.Duration
+			r := w.run(t, load{req: req, rate: 444, d: d, share: toEU, during: func(ctx context.Context, start time.Time) {
+				time.Sleep(time.Until(start.Add(restartAt))) // the fault's schedule
+				w.srv["eu"].Restart(t)
+				back = time.Since(start)
+			}})
+			t.Log(r)
+			var q uint64
+			for _, name := range regionNames {
+				for _, s := range w.inst[name] {
+					t.Logf("%s: %+v", name, s.Stats())
+					q += s.Stats().Quarantines
+				}
+			}
+			if n := r.count("", 0, math.MaxInt64, func(e event) bool { return e.err != nil && e.region != "eu" }); n > 0 {
+				t.Fatalf("%d errors outside the restarted region", n)
+			}
+			extra, per := r.asyncExtra(asyncStale)
+			admitted := r.admitted(0, math.MaxInt64)
+			ideal := float64(lim.Capacity()) + float64(lim.Rate)*r.end.Sub(r.start).Seconds()
+			// What eu admits between its restart and its check: nothing
+			// when its calls failed while it was down (measured 0); a
+			// sixteenth of the burst leaves a loaded host's late call room.
+			slack := 2 + float64(extra) + float64(lim.Capacity())/16
+			t.Logf("admitted %d of an ideal %.0f (%d after eu was back at %s); bound + %.0f (Σ A_j(δ) %v); %d quarantines",
+				admitted, ideal, r.admitted(back, math.MaxInt64), back, slack, per, q)
+			if !check {
+				without = admitted
+				if float64(admitted) <= ideal+slack {
+					t.Fatalf("without the check: admitted %d ≤ ideal %.0f + %.0f: the restart lost nothing the test can see", admitted, ideal, slack)
+				}
+				return
+			}
+			if q == 0 {
+				t.Fatal("no instance found that eu's store had lost the key's state")
+			}
+			if float64(admitted) > ideal+slack {
+				t.Fatalf("admitted %d > ideal %.1f + %.0f (%d without the check)", admitted, ideal, slack, without)
+			}
+		})
+	}
+}
