@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/internal/redistest"
+	"github.com/sluice-io/sluice/redisstore"
 	"github.com/sluice-io/sluice/region"
 )
 
@@ -84,5 +87,61 @@ func TestAsyncRegionRestartUnpersisted(t *testing.T) {
 				t.Fatalf("admitted %d > ideal %.1f + %.0f (%d without the check)", admitted, ideal, slack, without)
 			}
 		})
+	}
+}
+
+// An asynchronous key's epoch is remembered by the instance after its
+// counts are forgotten (two rounds after its last use): us's redis-server,
+// not persisted, restarted once the key went idle, has forgotten the spent
+// bucket, and the key's next call finds the marker gone and charges the
+// capacity (quarantine) instead of admitting a fresh burst. Every clock is
+// the fake one; the rounds are the test's.
+func TestAsyncEpochRememberedWhenIdle(t *testing.T) {
+	clk := clock.NewFake(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	usSrv, euSrv := redistest.NewStandalone(t), redistest.NewStandalone(t)
+	open := func(url string) *redisstore.Store {
+		s, err := redisstore.New(context.Background(), redisstore.Options{URL: url, Clock: clk, Timeout: time.Second, DisableDenyCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	local, eu := open(usSrv.URL()), open(euSrv.URL())
+	s, err := region.New(region.Options{
+		Region: "us", Regions: map[string]sluice.Store{"us": local, "eu": eu}, Ledger: local.Client(),
+		Global: func(*sluice.Request) bool { return true }, Async: func(*sluice.Request) bool { return true },
+		Clock: clk, LedgerClock: clk, SweepEvery: -1, SyncInterval: -1, StaleAfter: time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	// 10 at once, refilled at 10 a minute: refill is negligible here.
+	req := sluice.Request{Key: redistest.Prefix(t) + "async", Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: 10, Period: time.Minute, Burst: 10}, Cost: 1}
+	for i := range 11 {
+		d, err := s.Apply(ctx, sluice.OpAllow, req)
+		if err != nil || d.Allowed != (i < 10) {
+			t.Fatalf("call %d: %+v %v, want allowed %v", i, d, err, i < 10)
+		}
+	}
+	clk.Advance(2 * time.Second)
+	s.Sync(ctx) // delivers the ten to eu
+	s.Sync(ctx) // nothing left, idle past IdleAfter: forgotten
+	if n := s.Stats().Keys; n != 0 {
+		t.Fatalf("%d keys tracked, want the idle one forgotten", n)
+	}
+	usSrv.Restart(t)
+	var d sluice.Decision
+	redistest.WaitUntil(t, "us's store answers again", 10*time.Second, func() bool {
+		d, err = s.Apply(ctx, sluice.OpAllow, req)
+		return err == nil
+	})
+	if d.Allowed {
+		t.Fatalf("after us's store forgot the spent bucket: %+v, want denied (quarantined)", d)
+	}
+	if q := s.Stats().Quarantines; q != 1 {
+		t.Fatalf("%d quarantines, want 1", q)
 	}
 }

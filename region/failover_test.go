@@ -3,12 +3,14 @@ package region_test
 import (
 	"context"
 	"math"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/internal/redistest"
 	"github.com/sluice-io/sluice/redisstore"
 	"github.com/sluice-io/sluice/region"
@@ -202,4 +204,59 @@ func (f *failoverHome) failover(t *testing.T) string {
 		t.Errorf("sentinel names the replica: %v", err)
 	}
 	return lag
+}
+
+// The home's replication id changes (its server is made a replica, of a
+// server that is not there, and promoted again: what a promoted replica
+// shows, here with all of its data): the next epoch check quarantines
+// the key once, whatever the lag, and the next checks do not. A fake
+// clock makes the checks due.
+func TestEpochReplicationIDChange(t *testing.T) {
+	clk := clock.NewFake(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	srv := redistest.NewStandalone(t)
+	local, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), Clock: clk, Timeout: time.Second, DisableDenyCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = local.Close() })
+	s, err := region.New(region.Options{
+		Region: "eu", Regions: map[string]sluice.Store{"eu": local}, Ledger: local.Client(),
+		Global: func(*sluice.Request) bool { return true }, Home: func(string) string { return "eu" },
+		Clock: clk, LedgerClock: clk, SweepEvery: -1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx := context.Background()
+	req := sluice.Request{Key: redistest.Prefix(t) + "k", Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: 10, Period: time.Minute, Burst: 10}, Cost: 1}
+	allow := func(want bool) {
+		t.Helper()
+		if d, err := s.Apply(ctx, sluice.OpAllow, req); err != nil || d.Allowed != want {
+			t.Fatalf("allow: %+v %v, want allowed %v", d, err, want)
+		}
+	}
+	allow(true)
+	allow(true)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	_ = ln.Close()
+	for _, args := range [][]string{{"REPLICAOF", "127.0.0.1", dead}, {"REPLICAOF", "NO", "ONE"}} {
+		if _, err := srv.Do(ctx, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Advance(time.Second) // the epoch is due
+	allow(false)             // quarantined: the bucket's capacity charged
+	if q := s.Stats().Quarantines; q != 1 {
+		t.Fatalf("%d quarantines after the replication id changed, want 1", q)
+	}
+	clk.Advance(time.Minute) // refilled by 10
+	allow(true)
+	if q := s.Stats().Quarantines; q != 1 {
+		t.Fatalf("%d quarantines, want still 1: one per change", q)
+	}
 }
