@@ -145,3 +145,70 @@ func TestAsyncEpochRememberedWhenIdle(t *testing.T) {
 		t.Fatalf("%d quarantines, want 1", q)
 	}
 }
+
+// BenchmarkAsyncEpochCheck decides an asynchronous key on two instances
+// of one region, one checking the key's epoch on the region's store (once
+// a second, epoch.go) and one not, one call each per iteration in one
+// interleaved run, and reports both p50s and p99s: the check adds a lock
+// per decision and a script on the region's Redis once a second per key.
+//
+//	go test -run '^$' -bench AsyncEpochCheck -benchtime 4000x ./region/
+func BenchmarkAsyncEpochCheck(b *testing.B) {
+	usSrv, euSrv := redistest.NewStandalone(b), redistest.NewStandalone(b)
+	open := func(url string) *redisstore.Store {
+		s, err := redisstore.New(context.Background(), redisstore.Options{URL: url, Timeout: time.Second, DisableDenyCache: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	local, eu := open(usSrv.URL()), open(euSrv.URL())
+	inst := func(every time.Duration) *region.Store {
+		s, err := region.New(region.Options{
+			Region: "us", Regions: map[string]sluice.Store{"us": local, "eu": eu}, Ledger: local.Client(),
+			Global: func(*sluice.Request) bool { return true }, Async: func(*sluice.Request) bool { return true },
+			EpochEvery: every,
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	checked, unchecked := inst(0), inst(-1)
+	lim := sluice.Limit{Rate: 1 << 30, Period: time.Second}
+	req := sluice.Request{Key: redistest.Prefix(b) + "bench", Algorithm: sluice.GCRA, Limit: lim, Cost: 1}
+	ctx := context.Background()
+	for _, s := range []*region.Store{checked, unchecked} {
+		if _, err := s.Apply(ctx, sluice.OpAllow, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+	c := make([]time.Duration, 0, b.N)
+	u := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		order := [2]*region.Store{checked, unchecked}
+		if i%2 == 1 {
+			order[0], order[1] = order[1], order[0]
+		}
+		for _, s := range order {
+			t0 := time.Now()
+			if _, err := s.Apply(ctx, sluice.OpAllow, req); err != nil {
+				b.Fatal(err)
+			}
+			if s == checked {
+				c = append(c, time.Since(t0))
+			} else {
+				u = append(u, time.Since(t0))
+			}
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(p(u, 0.5).Microseconds()), "p50-unchecked-µs")
+	b.ReportMetric(float64(p(c, 0.5).Microseconds()), "p50-checked-µs")
+	b.ReportMetric(float64(p(u, 0.99).Microseconds()), "p99-unchecked-µs")
+	b.ReportMetric(float64(p(c, 0.99).Microseconds()), "p99-checked-µs")
+}
