@@ -189,6 +189,10 @@ func (f *failoverHome) failover(t *testing.T) string {
 		lag = strconv.FormatInt(p-r, 10) + " bytes of its replication stream"
 	}
 	f.primary.Kill()
+	killed := time.Now()
+	defer func() {
+		t.Logf("replica promoted %s after the primary died", time.Since(killed).Round(time.Millisecond))
+	}()
 	// SENTINEL FAILOVER may answer INPROG or NOGOODSLAVE while the
 	// sentinel is still learning the master is gone: ask again.
 	var err error
