@@ -142,8 +142,11 @@ func (s *Store) checkEpoch(ctx context.Context, home string, hs sluice.Store, e 
 // slot where it can (a key with a hash tag keeps it; a key with none and
 // no '}' becomes the tag), so that on a Cluster the marker is on the node
 // that holds the key's state, and its replication id is that node's.
+// A key holding a '}' (a hash tag has one) keeps its own name after the
+// prefix: its slot is its tag's when it has one, and otherwise, on a
+// Cluster, the marker may sit on another node than the state.
 func epochKey(key string) string {
-	if i := strings.IndexByte(key, '{'); i >= 0 && strings.IndexByte(key[i+1:], '}') > 0 || strings.IndexByte(key, '}') >= 0 {
+	if strings.IndexByte(key, '}') >= 0 {
 		return epochPrefix + key
 	}
 	return epochPrefix + "{" + key + "}"
@@ -165,8 +168,8 @@ func (s *Store) verifyEpoch(ctx context.Context, hc rueidis.Client, st sluice.St
 	if err != nil {
 		return "", unavailable("epoch", err)
 	}
-	if len(vs) != 3 {
-		return "", fmt.Errorf("region: epoch reply of %d values, want 3", len(vs))
+	if len(vs) != 4 {
+		return "", fmt.Errorf("region: epoch reply of %d values, want 4", len(vs))
 	}
 	cur, err := vs[0].ToString()
 	if err != nil {
@@ -179,6 +182,9 @@ func (s *Store) verifyEpoch(ctx context.Context, hc rueidis.Client, st sluice.St
 	clear, err := vs[2].ToString()
 	if err != nil {
 		return "", fmt.Errorf("region: epoch reply: %w", err)
+	}
+	if known, err := vs[3].AsInt64(); err == nil && known == 0 && s.infoWarned.CompareAndSwap(false, true) {
+		s.log.Warn("region: a store's Redis refused INFO to the epoch check (ACL): a failover to a replica that lags, or a restart from files, is not caught there; grant +info", "region", s.region, "store", where)
 	}
 	if lost == 1 {
 		// The store forgot, or may have: charge it as if its bucket were

@@ -264,3 +264,54 @@ func TestEpochReplicationIDChange(t *testing.T) {
 		t.Fatalf("%d quarantines, want still 1: one per change", q)
 	}
 }
+
+// A Redis user the ACL denies INFO (a user of +@all -@dangerous, say):
+// the epoch check cannot read the replication id (it logs so, once), but
+// still writes and checks the marker, so a lost state is still caught;
+// decisions go on.
+func TestEpochWithoutInfo(t *testing.T) {
+	clk := clock.NewFake(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	srv := redistest.NewStandalone(t)
+	ctx := context.Background()
+	if err := srv.AddUser(ctx, "app", "pw"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Do(ctx, "ACL", "SETUSER", "app", "-info"); err != nil {
+		t.Fatal(err)
+	}
+	// The eu store (the home) as the user; the us store (this region) as
+	// the default user, where the memory of eu's marker is kept.
+	us := redistest.NewStandalone(t)
+	open := func(url string) *redisstore.Store {
+		s, err := redisstore.New(ctx, redisstore.Options{URL: url, Clock: clk, Timeout: time.Second, DisableDenyCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	eu, local := open("redis://app:pw@"+srv.Addr), open(us.URL())
+	s, err := region.New(region.Options{
+		Region: "us", Regions: map[string]sluice.Store{"us": local, "eu": eu}, Ledger: local.Client(),
+		Global: func(*sluice.Request) bool { return true }, Home: func(string) string { return "eu" },
+		Clock: clk, LedgerClock: clk, SweepEvery: -1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	req := sluice.Request{Key: redistest.Prefix(t) + "k", Algorithm: sluice.GCRA, Limit: sluice.Limit{Rate: 10, Period: time.Minute, Burst: 10}, Cost: 1}
+	// The first call waits for the first fetch, beside which the epoch is
+	// checked: the marker is written without a replication id.
+	if d, err := s.Apply(ctx, sluice.OpAllow, req); err != nil || !d.Allowed {
+		t.Fatalf("allow: %+v %v", d, err)
+	}
+	redistest.WaitUntil(t, "the marker is set", 5*time.Second, func() bool {
+		keys, err := srv.Do(ctx, "KEYS", "sluice:epoch:*")
+		list, _ := keys.([]any)
+		return err == nil && len(list) == 1
+	})
+	if q := s.Stats().Quarantines; q != 0 {
+		t.Fatalf("%d quarantines, want 0", q)
+	}
+}

@@ -229,6 +229,7 @@ type Store struct {
 	epochEvery int64
 	aseen      *xsync.Map[string, asyncSeen] // epoch.go
 	aseenN     atomic.Int64
+	infoWarned atomic.Bool // a store refused INFO to the epoch check, logged once
 
 	st counters
 

@@ -15,12 +15,16 @@
 -- failed) makes the next asker charge. A lost marker is caught only by an
 -- asker that remembers an id; a changed rid by the first asker. Reply:
 -- {the current id, 1 when the capacity is to be charged by the asker, else
--- 0, the marker's value to clear the flag with}.
+-- 0, the marker's value to clear the flag with, 1 when rid is known}.
 local cur = redis.call('GET', KEYS[1])
 local ttl, grace = tonumber(ARGV[3]), tonumber(ARGV[4])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local rid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') or ''
+-- A user the ACL denies INFO gets '' (and 0 in the reply's fourth value):
+-- the marker then catches a lost state only, not a failover.
+local info = redis.pcall('INFO', 'replication')
+local rid = type(info) == 'string' and string.match(info, 'master_replid:(%w+)') or ''
+local known = rid ~= '' and 1 or 0
 if cur then
   redis.call('PEXPIRE', KEYS[1], ttl)
   local body, at = string.match(cur, '^(.*):q:(%d+)$')
@@ -33,15 +37,15 @@ if cur then
   end
   local clear = id .. '@' .. rid
   if mrid == rid and (not at or now - tonumber(at) < grace) then
-    return {id, 0, clear}
+    return {id, 0, clear, known}
   end
   redis.call('SET', KEYS[1], clear .. ':q:' .. now, 'PX', ttl)
-  return {id, 1, clear}
+  return {id, 1, clear, known}
 end
 local clear = ARGV[1] .. '@' .. rid
 if ARGV[2] ~= '' then
   redis.call('SET', KEYS[1], clear .. ':q:' .. now, 'PX', ttl)
-  return {ARGV[1], 1, clear}
+  return {ARGV[1], 1, clear, known}
 end
 redis.call('SET', KEYS[1], clear, 'PX', ttl)
-return {ARGV[1], 0, clear}
+return {ARGV[1], 0, clear, known}
