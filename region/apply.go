@@ -310,8 +310,8 @@ func (s *Store) allowAllAsync(ctx context.Context, reqs []sluice.Request, async 
 			return out, nil
 		}
 	}
-	if err := s.checkAsyncEpochs(ctx, cs); err != nil {
-		return nil, err
+	for _, c := range cs {
+		s.startAsyncEpoch(c) // epoch.go
 	}
 	ds, err := s.local.ApplyAll(ctx, sluice.OpAllow, reqs)
 	if err != nil {

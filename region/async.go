@@ -169,13 +169,9 @@ func (s *Store) applyAsync(ctx context.Context, op sluice.Op, req sluice.Request
 	if op == sluice.OpReset {
 		return s.resetEverywhere(ctx, req)
 	}
-	if c != nil {
-		// This region's store may have lost the key's state (a restart
-		// without persistence, a failover): its epoch first (epoch.go).
-		if err := s.checkAsyncEpoch(ctx, c); err != nil {
-			return sluice.Decision{}, err
-		}
-	}
+	// This region's store may have lost the key's state (a restart
+	// without persistence, a failover): its epoch, beside (epoch.go).
+	s.startAsyncEpoch(c)
 	d, err := s.local.Apply(ctx, op, req)
 	if degraded {
 		d.Degraded, d.Fallback = true, s.policy.String()
