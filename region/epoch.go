@@ -164,7 +164,11 @@ func (s *Store) verifyEpoch(ctx context.Context, hc rueidis.Client, st sluice.St
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	mk := epochKey(req.Key)
-	vs, err := s.led.s.epoch.Exec(ctx, hc, []string{mk}, []string{hex.EncodeToString(b[:]), seen, fmt.Sprint(ttl.Milliseconds()), fmt.Sprint(s.fetchTO.Milliseconds())}).ToArray()
+	trust := "0"
+	if s.trustHist {
+		trust = "1"
+	}
+	vs, err := s.led.s.epoch.Exec(ctx, hc, []string{mk}, []string{hex.EncodeToString(b[:]), seen, fmt.Sprint(ttl.Milliseconds()), fmt.Sprint(s.fetchTO.Milliseconds()), trust}).ToArray()
 	if err != nil {
 		return "", unavailable("epoch", err)
 	}

@@ -2,6 +2,7 @@ package region_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"net"
 	"strconv"
@@ -218,6 +219,15 @@ func (f *failoverHome) failover(t *testing.T) string {
 // the key once, whatever the lag, and the next checks do not. A fake
 // clock makes the checks due.
 func TestEpochReplicationIDChange(t *testing.T) {
+	for _, trust := range []bool{false, true} {
+		t.Run(fmt.Sprintf("trust=%v", trust), func(t *testing.T) { testEpochReplicationIDChange(t, trust) })
+	}
+}
+
+// testEpochReplicationIDChange: with TrustHistory, the same change of
+// replication id is trusted (the marker kept): no quarantine, the key
+// goes on with what its bucket holds.
+func testEpochReplicationIDChange(t *testing.T, trust bool) {
 	clk := clock.NewFake(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	srv := redistest.NewStandalone(t)
 	local, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), Clock: clk, Timeout: time.Second, DisableDenyCache: true})
@@ -228,7 +238,7 @@ func TestEpochReplicationIDChange(t *testing.T) {
 	s, err := region.New(region.Options{
 		Region: "eu", Regions: map[string]sluice.Store{"eu": local}, Ledger: local.Client(),
 		Global: func(*sluice.Request) bool { return true }, Home: func(string) string { return "eu" },
-		Clock: clk, LedgerClock: clk, SweepEvery: -1,
+		Clock: clk, LedgerClock: clk, SweepEvery: -1, TrustHistory: trust,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -256,7 +266,14 @@ func TestEpochReplicationIDChange(t *testing.T) {
 		}
 	}
 	clk.Advance(time.Second) // the epoch is due
-	allow(false)             // quarantined: the bucket's capacity charged
+	if trust {
+		allow(true) // trusted: 8 left
+		if q := s.Stats().Quarantines; q != 0 {
+			t.Fatalf("%d quarantines with TrustHistory, want 0", q)
+		}
+		return
+	}
+	allow(false) // quarantined: the bucket's capacity charged
 	if q := s.Stats().Quarantines; q != 1 {
 		t.Fatalf("%d quarantines after the replication id changed, want 1", q)
 	}

@@ -119,6 +119,16 @@ type Options struct {
 	// checked at once after a call to that store failed.
 	// DefaultEpochEvery when zero; negative never checks.
 	EpochEvery time.Duration
+	// TrustHistory keeps the epoch check to lost markers: a store whose
+	// replication id changed since a key's marker was set (a failover to
+	// a replica, a restart from its files) is trusted to hold the key's
+	// charges, and not quarantined. Set it only for stores that persist
+	// every write and fail over to replicas in sync: a failover to a
+	// replica that lags then exceeds the limit by the charges it missed
+	// (its lag × the key's rate; docs/regions.md, failure table). The
+	// default quarantines once per change of history: under-admission
+	// (a key's capacity C, once) on every restart or failover.
+	TrustHistory bool
 	// Home names a global key's home region, whose store is the key's
 	// authority. Nil means HashHome over Regions.
 	Home func(key string) string
@@ -227,6 +237,7 @@ type Store struct {
 	syncEvery  time.Duration
 	staleAfter int64
 	epochEvery int64
+	trustHist  bool                          // TrustHistory
 	aseen      *xsync.Map[string, asyncSeen] // epoch.go
 	aseenN     atomic.Int64
 	infoWarned atomic.Bool // a store refused INFO to the epoch check, logged once
@@ -296,6 +307,7 @@ func New(opts Options) (*Store, error) {
 		syncEvery:  def(opts.SyncInterval, DefaultSyncInterval),
 		staleAfter: int64(def(opts.StaleAfter, DefaultStaleAfter)),
 		epochEvery: int64(def(opts.EpochEvery, DefaultEpochEvery)),
+		trustHist:  opts.TrustHistory,
 		stop:       make(chan struct{}),
 	}
 	s.led = &ledger{

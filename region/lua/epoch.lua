@@ -1,6 +1,7 @@
 -- KEYS[1] a key's epoch marker at the store that holds the key's state
 -- (an exact key's home; an asynchronous key's own region); ARGV: a new
--- random id, the id the asker last saw ('' when none), ttl ms, grace ms.
+-- random id, the id the asker last saw ('' when none), ttl ms, grace ms,
+-- '1' to trust a changed rid (TrustHistory: adopt it, no quarantine).
 -- The marker names the life of the key's state there, and is lost with it.
 -- It reads 'id@rid', rid the server's replication id (INFO replication's
 -- master_replid) when the marker was set: the id of the history of writes
@@ -36,6 +37,10 @@ if cur then
     if not at then redis.call('SET', KEYS[1], id .. '@' .. rid, 'PX', ttl) end
   end
   local clear = id .. '@' .. rid
+  if mrid ~= rid and not at and ARGV[5] == '1' then
+    redis.call('SET', KEYS[1], clear, 'PX', ttl)
+    mrid = rid
+  end
   if mrid == rid and (not at or now - tonumber(at) < grace) then
     return {id, 0, clear, known}
   end
