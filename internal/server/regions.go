@@ -40,8 +40,11 @@ func openRegions(ctx context.Context, sc config.StoreSection, local sluice.Store
 	for name, r := range sc.Regions {
 		// Calls across regions are fetches and refunds, each with its own
 		// deadline (FetchTimeout); no deny cache: a denied fetch is asked
-		// again for what is left.
-		s, err := redisstore.New(ctx, redisstore.Options{URL: r.URL, Timeout: fetchTimeout, DisableDenyCache: true, Logger: log})
+		// again for what is left. The layout of fixed windows is the
+		// home's own (store.plain_windows, the same in every region's
+		// config): in the other one, a fetch charged a key the home's own
+		// checks never read, and the limit held twice over.
+		s, err := redisstore.New(ctx, redisstore.Options{URL: r.URL, Timeout: fetchTimeout, DisableDenyCache: true, PlainWindows: sc.PlainWindows, Logger: log})
 		if err != nil {
 			_ = closeAll()
 			return nil, nil, fmt.Errorf("server: open the store of region %s: %w", name, err)
