@@ -339,8 +339,9 @@ func (s *Store) sweepLoop(every time.Duration) {
 // Sweep refunds at home the bucket shares that expired or went unspent
 // for IdleAfter in this region, and what a share holds beyond twice this
 // instance's need (a fetch and the low-water mark), and forgets keys this instance has not
-// been asked for since. A refund that fails puts the units back in the
-// share, expired, for a later sweep. The background sweep calls it.
+// been asked for since. The units of a refund that fails are counted
+// stranded, not put back (it may have run at home). The background sweep
+// calls it.
 func (s *Store) Sweep(ctx context.Context) {
 	now := s.clk.Now()
 	s.keys.Range(func(key string, e *entry) bool {
@@ -381,10 +382,11 @@ func (s *Store) Sweep(ctx context.Context) {
 			return true
 		}
 		if !s.refund(home, req, n) {
-			// Still charged at home: keep them, unspendable, for later.
-			if _, err := s.led.credit(ctx, key, n, 0, ""); err != nil {
-				s.st.stranded.Add(uint64(n))
-			}
+			// Not put back: the home may have run it (only its reply
+			// lost), and in a live share they were spendable, and
+			// refunded again by the next sweep. Lost at worst, charged at
+			// home until the bucket refills.
+			s.st.stranded.Add(uint64(n))
 			return true
 		}
 		if idle {
