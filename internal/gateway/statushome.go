@@ -70,5 +70,5 @@ func withHome(s *spec, d sluice.Decision, hd *sluice.Decision, capacity int64) (
 	case hd == nil:
 		return d, homeread.SourceShare
 	}
-	return homeread.Merge(d, *hd, capacity), homeread.SourceHome
+	return homeread.Merge(d, *hd, 0, capacity), homeread.SourceHome
 }

@@ -122,14 +122,16 @@ func (r *read) finished() bool {
 	}
 }
 
-// Get returns the home's decision for req (an OpPeek there), read now or
-// at most Reuse ago, and whether there is one: false when c reads
+// Get returns the home's decision for req's key (an OpPeek there of cost
+// 0, whatever req's: one answer serves every caller of the key), read
+// now or at most Reuse ago, and whether there is one: false when c reads
 // nothing, the key has no home (regional or asynchronous), the home did
 // not answer within Timeout, MaxKeys are kept, or ctx ended first.
 func (c *Cache) Get(ctx context.Context, req sluice.Request) (sluice.Decision, bool) {
 	if !c.Enabled() {
 		return sluice.Decision{}, false
 	}
+	req.Cost = 0
 	t := c.now()
 	c.mu.Lock()
 	e := c.m[req.Key]
@@ -174,15 +176,15 @@ func (c *Cache) fresh(e *read, t time.Time) bool {
 }
 
 // Merge is what a status answers for a global key decided d from this
-// region's share, with hd the home's decision for it: the home's
-// remaining added to the share's (at most capacity), the home's reset
-// time, and admitted when either admits (a check here spends the share,
-// or waits for a fetch from the home).
-func Merge(d, hd sluice.Decision, capacity int64) sluice.Decision {
+// region's share for a request of cost, with hd the home's decision for
+// the key (Get's): the home's remaining added to the share's (at most
+// capacity), the home's reset time, and admitted when the share admits
+// or the home has cost left (a check here would wait for a fetch from
+// it); a denial keeps the share's retry time.
+func Merge(d, hd sluice.Decision, cost, capacity int64) sluice.Decision {
 	d.Remaining = min(max(d.Remaining, 0)+max(hd.Remaining, 0), capacity)
 	d.ResetAfter = hd.ResetAfter
-	d.Allowed = d.Allowed || hd.Allowed
-	d.RetryAfter = hd.RetryAfter
+	d.Allowed = d.Allowed || hd.Remaining >= cost
 	if d.Allowed {
 		d.RetryAfter = 0
 	}

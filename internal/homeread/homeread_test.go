@@ -76,15 +76,20 @@ func TestCacheBounds(t *testing.T) {
 }
 
 // Merge adds the home's remaining to the share's, within the capacity,
-// and admits when either admits.
+// and admits when the share admits or the home has the cost left.
 func TestMerge(t *testing.T) {
 	share := sluice.Decision{Remaining: 3, ResetAfter: time.Second, RetryAfter: time.Second, Source: sluice.FromShare}
-	d := homeread.Merge(share, sluice.Decision{Allowed: true, Remaining: 6, ResetAfter: time.Minute}, 8)
+	d := homeread.Merge(share, sluice.Decision{Allowed: true, Remaining: 6, ResetAfter: time.Minute}, 5, 8)
 	if !d.Allowed || d.Remaining != 8 || d.ResetAfter != time.Minute || d.RetryAfter != 0 || d.Source != sluice.FromShare {
 		t.Fatalf("%+v", d)
 	}
-	d = homeread.Merge(sluice.Decision{Remaining: -2}, sluice.Decision{Remaining: 0, RetryAfter: 5 * time.Second}, 8)
-	if d.Allowed || d.Remaining != 0 || d.RetryAfter != 5*time.Second {
+	// Cost 7: neither the share (3) nor the home (6) has it.
+	d = homeread.Merge(share, sluice.Decision{Allowed: true, Remaining: 6, ResetAfter: time.Minute}, 7, 8)
+	if d.Allowed || d.Remaining != 8 || d.RetryAfter != time.Second {
+		t.Fatalf("%+v", d)
+	}
+	d = homeread.Merge(sluice.Decision{Remaining: -2}, sluice.Decision{Remaining: 0}, 1, 8)
+	if d.Allowed || d.Remaining != 0 {
 		t.Fatalf("%+v", d)
 	}
 }

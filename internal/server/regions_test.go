@@ -165,7 +165,7 @@ func TestRegionScopeOfDoorsKeys(t *testing.T) {
 // holds no share, answers the policy's global remaining, read at the
 // home: what eu answers after 4 checks in eu (before, us answered 0, its
 // share), with decided_by share and remaining_source home, and allowed
-// (a check in us would fetch from the home). After checks in us, from its
+// for a cost the home has left (a check in us would fetch from it). After checks in us, from its
 // share, it is the home's remaining plus us's share. 40 concurrent status
 // calls in us read the home once (eu's Redis MONITOR counts the peeks of
 // the key). Cut off from eu, status answers from the share within the
@@ -215,6 +215,14 @@ func TestRegionsServeStatusGlobal(t *testing.T) {
 	}
 	if r := a.body["results"].([]any)[0].(map[string]any); r["remaining_source"] != "home" || r["remaining"] != 6.0 {
 		t.Fatalf("us's result: %v", r)
+	}
+	// A cost: allowed when the home has it left, from the same read (kept
+	// for every caller of the key, whatever its cost).
+	for cost, allowed := range map[int]bool{6: true, 7: false} {
+		a := far.do(t, "GET", fmt.Sprintf("/v1/status?policy=world&key=%s&cost=%d", id, cost), "")
+		if a.status != 200 || a.body["allowed"] != allowed || a.num("remaining") != 6 {
+			t.Fatalf("us, cost %d: %d %s", cost, a.status, a.raw)
+		}
 	}
 
 	// 2 checks in us, from its share: us answers the home's remaining and

@@ -47,7 +47,7 @@ func (s *Server) withHome(ctx context.Context, res *outcome) {
 		}
 		wg.Go(func() {
 			if hd, ok := s.homeReads.Get(ctx, t.req); ok {
-				res.decisions[i] = homeread.Merge(d, hd, t.req.Capacity())
+				res.decisions[i] = homeread.Merge(d, hd, t.req.Cost, t.req.Capacity())
 				res.sources[i] = homeread.SourceHome
 			}
 		})
