@@ -119,6 +119,14 @@ type Options struct {
 	// (up to 2× the limit). Turn it on for the whole fleet at once, or
 	// accept that for one window.
 	PlainWindows bool
+	// PlainLayoutOnly, with PlainWindows, keeps that layout of the
+	// counts but decides every op by the scripts, and samples no clock:
+	// for a store across a slow link whose counts must be those of the
+	// instances near it (a region.Store's store of another region, whose
+	// calls are fetches of many units). The sampler's TIME reads expect a
+	// Redis a few milliseconds away: across regions each read missed its
+	// deadline, and rueidis closed the connection under the calls on it.
+	PlainLayoutOnly bool
 
 	// localMono replaces the local monotonic clock of the plain path's
 	// estimates, and plainSlack how long a window's key outlives its
@@ -160,6 +168,7 @@ type core struct {
 
 	// Options.PlainWindows (plain.go, plainkey.go, redisclock.go)
 	plainOn               bool
+	layoutOnly            bool // Options.PlainLayoutOnly: no clock sampler
 	plainArgs             atomic.Pointer[plainParams]
 	plainCalls, plainLate atomic.Uint64
 	clocks                clocks
@@ -203,6 +212,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		log:           opts.Logger,
 		beatKey:       opts.InstancesKey,
 		plainOn:       opts.PlainWindows,
+		layoutOnly:    opts.PlainLayoutOnly,
 		noGroupCommit: opts.noGroupCommit,
 	}
 	if c.plainOn {
@@ -267,8 +277,8 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 // the plain path needs one.
 func (c *core) started() *Store {
 	s := &Store{core: c}
-	if c.plainOn && c.testClk == nil {
-		s.startClocks()
+	if c.plainOn && c.testClk == nil && !c.layoutOnly {
+		s.startClocks() // else no estimate: the scripts decide (plainAllow)
 	}
 	return s
 }

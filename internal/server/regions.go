@@ -43,8 +43,11 @@ func openRegions(ctx context.Context, sc config.StoreSection, local sluice.Store
 		// again for what is left. The layout of fixed windows is the
 		// home's own (store.plain_windows, the same in every region's
 		// config): in the other one, a fetch charged a key the home's own
-		// checks never read, and the limit held twice over.
-		s, err := redisstore.New(ctx, redisstore.Options{URL: r.URL, Timeout: fetchTimeout, DisableDenyCache: true, PlainWindows: sc.PlainWindows, Logger: log})
+		// checks never read, and the limit held twice over. Only the
+		// layout: no plain path, whose clock sampler expects a Redis
+		// nearby.
+		s, err := redisstore.New(ctx, redisstore.Options{URL: r.URL, Timeout: fetchTimeout, DisableDenyCache: true,
+			PlainWindows: sc.PlainWindows, PlainLayoutOnly: true, Logger: log})
 		if err != nil {
 			_ = closeAll()
 			return nil, nil, fmt.Errorf("server: open the store of region %s: %w", name, err)

@@ -243,13 +243,15 @@ func TestRegionsServeStatusGlobal(t *testing.T) {
 		return a.num("remaining") == 4
 	})
 
-	// A flood of status calls in us: one read at the home.
+	// A flood of status calls in us: one read at the home. (A fetch us
+	// sent on its last check may still be on its way: charged at home,
+	// not yet in the share, it makes the answers low, never high.)
 	expire()
 	peeks := monitorCount(t, eu, id)
 	var wg sync.WaitGroup
 	for range 40 {
 		wg.Go(func() {
-			if a := far.do(t, "GET", "/v1/status?policy=world&key="+id, ""); a.num("remaining") != 4 {
+			if a := far.do(t, "GET", "/v1/status?policy=world&key="+id, ""); a.num("remaining") > 4 || a.body["remaining_source"] != "home" {
 				t.Errorf("in the flood: %d %s", a.status, a.raw)
 			}
 		})
