@@ -457,6 +457,48 @@ func BenchmarkServeHTTP(b *testing.B) {
 	serveParallel(b, gw, keys)
 }
 
+// BenchmarkServeHTTPLeased is BenchmarkServeHTTP on the store
+// BenchmarkTailRatio's redis-lease mode runs: Redis (a real redis-server)
+// behind leases, a leased tier with no concurrency limit, so that the
+// limits are decided from the leases, the reservations taken ahead and
+// the settlements made into the leases (settle.go). Its allocations and
+// CPU per request are the gateway's own on that path, without the
+// sockets that make most of BenchmarkTailRatio's profile.
+func BenchmarkServeHTTPLeased(b *testing.B) {
+	o, keys := cpuBenchOptions(b)
+	srv := redistest.Standalone(b)
+	r, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), DisableDenyCache: true, Timeout: time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = r.Close() })
+	l, err := lease.New(lease.Options{Store: r})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = l.Close() })
+	o.Store = l
+	o.Config.Lease = true
+	o.Config.Tiers = map[string]TierConfig{"big": {RPM: 1 << 30, TPM: 1 << 36, RPD: 1 << 36}}
+	gw, err := New(o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer gw.Close()
+	// As BenchmarkTailRatio: the leases hold chunks and know their keys'
+	// rates, and the reservation pools are filled, before the timer.
+	for i := range warmPerConn * len(keys) {
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(benchBody))
+		req.Header.Set("Authorization", "Bearer "+keys[i%len(keys)])
+		w := httptest.NewRecorder()
+		gw.ServeHTTP(w, req)
+		if w.Code != 200 {
+			b.Fatalf("status %d: %s", w.Code, w.Body)
+		}
+	}
+	serveParallel(b, gw, keys)
+}
+
 // cpuBenchOptions are the CPU benchmarks' gateway: a memory store (closed
 // when the benchmark ends), one tier whose limits never bind, 64 keys on
 // it (returned), and an upstream that answers at once with a canned
