@@ -150,6 +150,10 @@ func findUsage(body []byte) *usageJSON {
 			// copied the rest of the body into a buffer of its own first
 			// (findUsage was 14% of BenchmarkServeHTTP's CPU).
 			if n := objectLen(rest); n > 0 {
+				if decodeUsage(rest[:n], &u) {
+					return &u
+				}
+				u = usageJSON{}
 				if json.Unmarshal(rest[:n], &u) == nil {
 					return &u // a "usage" inside a string would be escaped
 				}
