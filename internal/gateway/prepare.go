@@ -70,7 +70,9 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 		c.maxTokens = p.budget
 	}
 	c.promptEst = p.promptEst
-	c.rateIn = p.rateIn
+	if g.pool != nil {
+		c.rateIn = p.rateLimitTokens()
+	}
 	c.bud.serviceTier = p.serviceTier
 	c.background = p.background
 	c.bud.audio = p.audio

@@ -135,10 +135,10 @@ type parsedBody struct {
 	choices  int64
 	// serviceTier is the service_tier asked for, "" when none.
 	serviceTier string
-	// rateIn is the prompt as OpenAI's and Azure OpenAI's rate limiters
-	// estimate it, from its characters and images (aitoken's
-	// RateLimitTokens): what an upstream of those kinds counts.
-	rateIn int64
+	// rateReq and rateRaw are what rateLimitTokens reads: the prompt,
+	// and the raw members counted beside it (none for embeddings).
+	rateReq aitoken.Request
+	rateRaw [4]json.RawMessage
 	// background is a responses request run in the background.
 	background bool
 	// audio is a request with audio input or output.
@@ -182,7 +182,7 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 	// Exact for OpenAI models, the heuristic for others (package aitoken).
 	counter := aitoken.ForModel(w.Model)
 	p := &parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: counter.PromptTokensCached(&req, cache), choices: 1,
-		rateIn: req.RateLimitTokens()}
+		rateReq: req}
 	if w.ServiceTier != nil {
 		p.serviceTier = *w.ServiceTier
 	}
@@ -199,9 +199,7 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 		return p, nil // no completion: the prompt is the whole cost
 	}
 	p.promptEst = addSat(p.promptEst, rawInputTokens(counter, w.ResponseFormat, w.Text, w.Prediction, w.Suffix))
-	for _, raw := range []json.RawMessage{w.ResponseFormat, w.Text, w.Prediction, w.Suffix} {
-		p.rateIn = addSat(p.rateIn, aitoken.RateLimitChars(raw))
-	}
+	p.rateRaw = [...]json.RawMessage{w.ResponseFormat, w.Text, w.Prediction, w.Suffix}
 	for i, v := range []*int64{w.MaxCompletionTokens, w.MaxTokens, w.MaxOutputTokens} {
 		if v == nil {
 			continue
@@ -227,6 +225,19 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 		p.choices *= promptCount(w.Prompt)
 	}
 	return p, nil
+}
+
+// rateLimitTokens is the prompt as OpenAI's and Azure OpenAI's rate
+// limiters estimate it, from its characters and images (aitoken's
+// RateLimitTokens): what an upstream of those kinds counts. Only an
+// upstream pool reads it (pool.go), so it is counted only then: it
+// decoded the messages a second time on every request.
+func (p *parsedBody) rateLimitTokens() int64 {
+	n := p.rateReq.RateLimitTokens()
+	for _, raw := range p.rateRaw {
+		n = addSat(n, aitoken.RateLimitChars(raw))
+	}
+	return n
 }
 
 // promptCount is how many prompts a completions request's prompt holds:
