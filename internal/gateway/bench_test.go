@@ -466,21 +466,7 @@ func BenchmarkServeHTTP(b *testing.B) {
 // sockets that make most of BenchmarkTailRatio's profile.
 func BenchmarkServeHTTPLeased(b *testing.B) {
 	o, keys := cpuBenchOptions(b)
-	srv := redistest.Standalone(b)
-	r, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), DisableDenyCache: true, Timeout: time.Second})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = r.Close() })
-	l, err := lease.New(lease.Options{Store: r})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = l.Close() })
-	o.Store = l
-	o.Config.Lease = true
-	o.Config.Tiers = map[string]TierConfig{"big": {RPM: 1 << 30, TPM: 1 << 36, RPD: 1 << 36}}
-	gw, err := New(o)
+	gw, err := New(leasedBenchOptions(b, o))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -499,11 +485,33 @@ func BenchmarkServeHTTPLeased(b *testing.B) {
 	serveParallel(b, gw, keys)
 }
 
+// leasedBenchOptions are o (cpuBenchOptions) on BenchmarkTailRatio's
+// redis-lease store: a real redis-server behind leases, and the tier
+// leased with no concurrency limit. The stores close when tb ends.
+func leasedBenchOptions(tb testing.TB, o Options) Options {
+	srv := redistest.Standalone(tb)
+	r, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), DisableDenyCache: true, Timeout: time.Second})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = r.Close() })
+	l, err := lease.New(lease.Options{Store: r})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = l.Close() })
+	cfg := *o.Config
+	cfg.Lease = true
+	cfg.Tiers = map[string]TierConfig{"big": {RPM: 1 << 30, TPM: 1 << 36, RPD: 1 << 36}}
+	o.Store, o.Config = l, &cfg
+	return o
+}
+
 // cpuBenchOptions are the CPU benchmarks' gateway: a memory store (closed
 // when the benchmark ends), one tier whose limits never bind, 64 keys on
 // it (returned), and an upstream that answers at once with a canned
 // completion.
-func cpuBenchOptions(b *testing.B) (Options, []string) {
+func cpuBenchOptions(b testing.TB) (Options, []string) {
 	st, err := memstore.New(memstore.Options{})
 	if err != nil {
 		b.Fatal(err)
