@@ -54,8 +54,8 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 	if c.ep.anthropic() {
 		return g.prepareAnthropic(w, r, c, body)
 	}
-	p, perr := parseBodyCached(body, c.ep, g.tokenCache)
-	if perr != nil {
+	var p parsedBody
+	if perr := parseBodyInto(&p, body, c.ep, g.tokenCache); perr != nil {
 		w.Header().Set("x-should-retry", "false")
 		writeError(w, http.StatusBadRequest, "invalid_request_error", perr.code, perr.param, perr.msg)
 		return false

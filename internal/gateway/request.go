@@ -161,11 +161,21 @@ func parseBody(body []byte, ep endpoint) (*parsedBody, *requestError) {
 // parseBodyCached is parseBody, counting the prompt with cache (nil:
 // none), which remembers the exact counts of large messages.
 func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBody, *requestError) {
+	p := new(parsedBody)
+	if err := parseBodyInto(p, body, ep, cache); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// parseBodyInto is parseBodyCached into p, which the caller owns (prepare
+// keeps it on its stack: a heap object per request less).
+func parseBodyInto(p *parsedBody, body []byte, ep endpoint, cache *aitoken.Cache) *requestError {
 	if !utf8.Valid(body) {
-		return nil, badRequest("invalid_json", "", "The request body is not valid UTF-8 JSON.")
+		return badRequest("invalid_json", "", "The request body is not valid UTF-8 JSON.")
 	}
 	if t := bytes.TrimLeft(body, " \t\r\n"); len(t) == 0 || t[0] != '{' {
-		return nil, badRequest("invalid_json", "", "The request body must be a JSON object.")
+		return badRequest("invalid_json", "", "The request body must be a JSON object.")
 	}
 	w := wireBodies.Get().(*wireBody)
 	*w = wireBody{}
@@ -173,23 +183,23 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 	if err := json.Unmarshal(body, w); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			return nil, badRequest("invalid_type", te.Field, "Invalid type for '%s': %v", te.Field, err)
+			return badRequest("invalid_type", te.Field, "Invalid type for '%s': %v", te.Field, err)
 		}
-		return nil, badRequest("invalid_json", "", "We could not parse the JSON body of your request: %v", err)
+		return badRequest("invalid_json", "", "We could not parse the JSON body of your request: %v", err)
 	}
 	if name, f, dup := ambiguousMember(body, readFields); dup {
-		return nil, duplicateMember(name)
+		return duplicateMember(name)
 	} else if f != "" {
-		return nil, badRequest("invalid_request_error", name,
+		return badRequest("invalid_request_error", name,
 			"Unrecognized request argument %q: did you mean %q? Member names are case-sensitive.", name, f)
 	}
 	if w.Model == "" {
-		return nil, badRequest("missing_required_parameter", "model", "You must provide a model parameter.")
+		return badRequest("missing_required_parameter", "model", "You must provide a model parameter.")
 	}
 	req := aitoken.Request{Messages: w.Messages, Prompt: w.Prompt, Input: w.Input, Instructions: w.Instructions, Tools: w.Tools, Functions: w.Functions}
 	// Exact for OpenAI models, the heuristic for others (package aitoken).
 	counter := aitoken.ForModel(w.Model)
-	p := &parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: counter.PromptTokensCached(&req, cache), choices: 1,
+	*p = parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: counter.PromptTokensCached(&req, cache), choices: 1,
 		rateReq: req}
 	if w.ServiceTier != nil {
 		p.serviceTier = *w.ServiceTier
@@ -204,7 +214,7 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 	p.audio = slices.Contains(w.Modalities, "audio") || (len(w.Audio) > 0 && string(w.Audio) != "null") ||
 		bytes.Contains(body, []byte(`"input_audio"`))
 	if ep == epEmbeddings {
-		return p, nil // no completion: the prompt is the whole cost
+		return nil // no completion: the prompt is the whole cost
 	}
 	p.promptEst = addSat(p.promptEst, rawInputTokens(counter, w.ResponseFormat, w.Text, w.Prediction, w.Suffix))
 	p.rateRaw = [...]json.RawMessage{w.ResponseFormat, w.Text, w.Prediction, w.Suffix}
@@ -214,7 +224,7 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 		}
 		if *v < 1 {
 			// Some servers read 0 or -1 as "no limit".
-			return nil, badRequest("invalid_value", budgetFields[i], "Invalid '%s': integer below minimum value. Expected a value >= 1, but got %d instead.", budgetFields[i], *v)
+			return badRequest("invalid_value", budgetFields[i], "Invalid '%s': integer below minimum value. Expected a value >= 1, but got %d instead.", budgetFields[i], *v)
 		}
 		p.budget, p.explicit = max(p.budget, *v), true
 	}
@@ -224,7 +234,7 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 			continue
 		}
 		if *v < 1 || *v > maxChoices {
-			return nil, badRequest("invalid_value", name, "Invalid '%s': expected an integer from 1 to %d, but got %d instead.", name, maxChoices, *v)
+			return badRequest("invalid_value", name, "Invalid '%s': expected an integer from 1 to %d, but got %d instead.", name, maxChoices, *v)
 		}
 		p.choices = max(p.choices, *v)
 	}
@@ -232,7 +242,7 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 		// Each prompt of a batch gets its own choices.
 		p.choices *= promptCount(w.Prompt)
 	}
-	return p, nil
+	return nil
 }
 
 // rateLimitTokens is the prompt as OpenAI's and Azure OpenAI's rate
