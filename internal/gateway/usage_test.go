@@ -35,3 +35,23 @@ func TestDecodeUsageShapes(t *testing.T) {
 		}
 	}
 }
+
+// TestCaptureBuffers: a response copy has room for its body whatever its
+// size, from a pooled size class up to 64 KiB and allocated past it, and
+// a buffer of no class is not pooled.
+func TestCaptureBuffers(t *testing.T) {
+	for _, n := range []int{1, 1023, 1024, 1025, 64 << 10, 64<<10 + 1, 1 << 20} {
+		b := getCapture(n)
+		if len(b) != 0 || cap(b) < n {
+			t.Fatalf("getCapture(%d): len %d cap %d", n, len(b), cap(b))
+		}
+		if n <= 64<<10 && cap(b)&(cap(b)-1) != 0 {
+			t.Fatalf("getCapture(%d): cap %d is no size class", n, cap(b))
+		}
+		putCapture(append(b, 'x'))
+	}
+	putCapture(make([]byte, 0, 1000)) // no class: dropped
+	if b := getCapture(1000); cap(b) != 1024 {
+		t.Fatalf("getCapture(1000) has cap %d, want the 1 KiB class", cap(b))
+	}
+}
