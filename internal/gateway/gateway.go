@@ -363,7 +363,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := &call{id: sluice.NewLeaseID(), start: start, client: cl, model: "-", path: r.URL.Path}
-	w.Header().Set("x-sluice-request-id", c.id)
+	w.Header()["X-Sluice-Request-Id"] = []string{c.id} // canonical: Set would make the key again per request
 	ep := endpoints[r.URL.Path]
 	if ep == epNone && strings.EqualFold(r.Method, http.MethodPost) {
 		if alias := meteredAlias(r.URL.Path); alias != "" {
