@@ -85,27 +85,6 @@ func (e *entry) lowWater(s *Store) float64 {
 	return max(float64(e.target(s))/2, e.rate*2*e.lat/1e9)
 }
 
-// entry returns the key's entry, created for a request; nil when MaxKeys
-// are tracked already.
-func (s *Store) entry(req *sluice.Request) *entry {
-	if e, ok := s.keys.Load(req.Key); ok {
-		e.mu.Lock()
-		e.req.Algorithm, e.req.Limit, e.req.Cost = req.Algorithm, req.Limit, req.Cost
-		e.mu.Unlock()
-		return e
-	}
-	if s.size.Load() >= s.maxKeys {
-		return nil
-	}
-	e, loaded := s.keys.LoadOrCompute(req.Key, func() (*entry, bool) {
-		return &entry{req: sluice.Request{Key: req.Key, Algorithm: req.Algorithm, Limit: req.Limit, Cost: req.Cost}}, false
-	})
-	if !loaded {
-		s.size.Add(1)
-	}
-	return e
-}
-
 // maxInflight bounds the fetches of one key an instance has in flight at
 // once: a far region's demand can need more than one fetch per round trip
 // (a fetch is at most MaxFraction of the capacity).
@@ -364,7 +343,6 @@ func (s *Store) Sweep(ctx context.Context) {
 			}
 			return true
 		}
-		home := s.regions[s.home(key)]
 		// A share over twice what this instance's demand keeps (a fetch
 		// and the low-water mark) goes back too: the demand moved away,
 		// and another region may need it. (The region's other instance
@@ -373,18 +351,7 @@ func (s *Store) Sweep(ctx context.Context) {
 		e.mu.Lock()
 		keep := 2 * (e.target(s) + int64(math.Ceil(lw)))
 		e.mu.Unlock()
-		n, err := s.led.take(ctx, key, s.idle, false, keep)
-		if err != nil || n == 0 {
-			if err == nil && idle {
-				s.forget(key, e)
-			}
-			return true
-		}
-		if !s.refund(home, req, n) {
-			// Still charged at home: keep them, unspendable, for later.
-			if _, err := s.led.credit(ctx, key, n, 0, ""); err != nil {
-				s.st.stranded.Add(uint64(n))
-			}
+		if !s.takeBack(ctx, req, s.idle, false, keep) {
 			return true
 		}
 		if idle {
@@ -392,12 +359,7 @@ func (s *Store) Sweep(ctx context.Context) {
 		}
 		return true
 	})
-}
-
-func (s *Store) forget(key string, e *entry) {
-	if _, ok := s.keys.LoadAndDelete(key); ok {
-		s.size.Add(-1)
-	}
+	s.refundOrphans(ctx)
 }
 
 // counters are a Store's statistics.

@@ -216,8 +216,12 @@ type Store struct {
 	clk       clock.Clock
 	log       *slog.Logger
 
-	keys *xsync.Map[string, *entry]
-	size atomic.Int64
+	keys    *xsync.Map[string, *entry]
+	size    atomic.Int64
+	evictAt atomic.Int64 // ns of the last eviction pass (keys.go)
+
+	orphanMu sync.Mutex
+	orphans  []orphan // evicted keys whose shares the sweep refunds (keys.go)
 
 	// the asynchronous mode (async.go)
 	akeys      *xsync.Map[string, *counts]
