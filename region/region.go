@@ -197,6 +197,7 @@ func HashHome(regions []string) func(key string) string {
 // their capacity charged at their home. See the package doc.
 type Store struct {
 	region    string
+	id        string // this instance, in the demand tables (fair.go)
 	regions   map[string]sluice.Store
 	local     sluice.Store
 	led       *ledger
@@ -273,6 +274,7 @@ func New(opts Options) (*Store, error) {
 	}
 	s := &Store{
 		region:     opts.Region,
+		id:         newInstanceID(),
 		regions:    opts.Regions,
 		local:      opts.Regions[opts.Region],
 		global:     opts.Global,

@@ -1,0 +1,250 @@
+package region
+
+// Sharing by demand. The home serves charges as they come, so when a key
+// is at its limit the regions nearest the home would take more of it: the
+// home region's own calls take each unit as it refills, and a far
+// region's fetch lands a one-way trip after it was timed (at twice the
+// limit, even demand: eu, the home, 569-784 admitted, ap, 150ms away,
+// 69-127 of ~1240). So each global bucket key (GCRA, token bucket) has a
+// demand table at its home (lua/fair.lua, `sluice:fair:<key>`, one hash in
+// the home's Redis): every fetch reports its instance's demand (the
+// moving average of the units it was asked for, admitted or not), and the
+// home region's instances report theirs every fairEvery. While the
+// regions' demand together is under the key's rate, nothing changes: each
+// fetch is charged at home as it comes. Over it, the key is at its limit:
+//
+//   - the home region's instances, every fairEvery each, charge what the
+//     home's store holds (OpAllow) and allot it to the regions' pools in
+//     the table in proportion to their demand, each pool up to
+//     max(C, r·fairPoolSpan) × its part (what a full pool would not take
+//     goes to the others, the rest back to the store);
+//   - a fetch takes its units from its region's pool, one script at the
+//     home, instead of charging the store;
+//   - the home region decides the key from a share too (fetched from its
+//     pool like the others), so its calls wait for their part as the far
+//     regions' do.
+//
+// Every unit in a pool was charged at home before, and is credited to a
+// share once, so the bound is unchanged (C + r·t + 1 from a key's first
+// request); the pools add to what is held at an instant (H, at most
+// max(C, r·fairPoolSpan)). A pool whose region's demand went stale is
+// refunded at home. A far region's pool fills while its fetches travel,
+// so it is not raced by the near ones for each unit of the refill.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluice-io/sluice"
+)
+
+// Bounds of the demand table.
+const (
+	// fairPrefix names a key's demand table at its home.
+	fairPrefix = "sluice:fair:"
+	// fairFresh is how long an instance's report of its demand counts.
+	fairFresh = 2 * time.Second
+	// fairMaxInstances bounds the reports a table counts (it holds one
+	// field per instance and one per region).
+	fairMaxInstances = 64
+	// fairEvery is how often an instance of the home region reports its
+	// demand on a key it decides and, while the key is at its limit,
+	// allots the home's refill to the regions' pools.
+	fairEvery = 50 * time.Millisecond
+	// fairPoolSpan is how much of the refill the pools hold at most,
+	// together, when the burst is smaller: a far region takes its part
+	// of a round trip (300ms) per fetch.
+	fairPoolSpan = 500 * time.Millisecond
+	// fairGC is how long a table outlives its last report.
+	fairGC = 10 * time.Second
+)
+
+// fairGrant is the demand table's answer.
+type fairGrant struct {
+	n     int64         // units granted from the pool (ask) or allotted (allot)
+	sat   bool          // the key is at its limit: its refill is shared by demand
+	wait  time.Duration // until the region's pool may hold the ask
+	freed int64         // units charged at home that the caller refunds there
+}
+
+// newInstanceID names this instance in the demand tables.
+func newInstanceID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// fairClient is the Redis client of req's home, when req's key is shared
+// by demand: a bucket (a window's share ends with its window, and its
+// refill is the next window) whose home is a Redis. Nil otherwise.
+func (s *Store) fairClient(req *sluice.Request) rueidis.Client {
+	if req.Algorithm == sluice.FixedWindow {
+		return nil
+	}
+	return s.homeClient(s.home(req.Key))
+}
+
+// table runs op ("ask" or "allot") on req's key's demand table at home:
+// it reports this instance's demand (ask) and takes up to n units from
+// its region's pool, or allots n units charged at home to the pools.
+func (s *Store) table(ctx context.Context, hc rueidis.Client, op string, req *sluice.Request, demand float64, n int64) (fairGrant, error) {
+	l := req.Limit
+	rate := float64(l.Rate) / l.Period.Seconds()
+	pools := max(float64(req.Capacity()), rate*fairPoolSpan.Seconds())
+	vs, err := s.led.s.fair.Exec(ctx, hc, []string{fairPrefix + req.Key}, []string{
+		s.led.now(), op, s.id, s.region,
+		strconv.FormatFloat(demand, 'f', 3, 64), strconv.FormatInt(n, 10),
+		strconv.FormatFloat(rate, 'f', 6, 64), strconv.FormatFloat(pools, 'f', 3, 64),
+		strconv.FormatInt(fairFresh.Milliseconds(), 10), strconv.Itoa(fairMaxInstances), strconv.FormatInt(fairGC.Milliseconds(), 10),
+	}).ToArray()
+	if err != nil {
+		return fairGrant{}, unavailable("demand table", err)
+	}
+	if len(vs) > 5 { vs2, _ := ints(vs[5:], len(vs)-5); if debugFair != nil { debugFair(s.region, "dbg", 0, vs2) } ; vs = vs[:5] }
+	v, err := ints(vs, 5)
+	if err != nil {
+		return fairGrant{}, fmt.Errorf("region: demand table: %w", err)
+	}
+	if v[0] < 0 || v[0] > n || v[4] < 0 {
+		return fairGrant{}, fmt.Errorf("region: demand table %s: %d of %d, %d freed", op, v[0], n, v[4])
+	}
+	if debugFair != nil {
+		debugFair(s.region, op, n, v)
+	}
+	return fairGrant{n: v[0], sat: v[1] == 1, wait: time.Duration(max(v[3], 0)) * time.Millisecond, freed: v[4]}, nil
+}
+
+// fairTicket is an ask of the demand table beside a fetch's charge.
+type fairTicket struct {
+	done chan struct{}
+	g    fairGrant
+	err  error
+}
+
+// ask asks req's key's demand table for n units of this region's pool,
+// reporting this instance's demand: at once when the key was at its limit
+// at the last ask (the fetch then takes its units from the pool only),
+// else beside the charge (no added round trip). Nil when the key is not
+// shared by demand.
+func (s *Store) ask(ctx context.Context, home sluice.Store, e *entry, req *sluice.Request) (t *fairTicket, sat bool) {
+	hc := s.fairClient(req)
+	if hc == nil {
+		return nil, false
+	}
+	e.mu.Lock()
+	sat, demand := e.fairSat, e.rate
+	e.mu.Unlock()
+	t = &fairTicket{done: make(chan struct{})}
+	n := req.Cost
+	run := func() {
+		defer close(t.done)
+		t.g, t.err = s.table(ctx, hc, "ask", req, demand, n)
+		if t.err != nil {
+			s.st.fairErrors.Add(1)
+			return
+		}
+		e.mu.Lock()
+		e.fairSat = t.g.sat
+		e.mu.Unlock()
+		s.refundFreed(home, req, t.g.freed)
+	}
+	if sat {
+		run()
+	} else {
+		go run()
+	}
+	return t, sat
+}
+
+// refundFreed refunds at home, in the background, the units of pools
+// whose regions' demand went stale.
+func (s *Store) refundFreed(home sluice.Store, req *sluice.Request, n int64) {
+	if n <= 0 {
+		return
+	}
+	r := *req
+	s.inflight.Go(func() { s.refund(home, r, n) })
+}
+
+// reportHome reports the demand of a key this region is the home of,
+// every fairEvery at most, in the background, and while the key is at
+// its limit allots the store's refill to the regions' pools. It reports
+// whether the key was at its limit at the last report: then applyHome
+// decides it from a share.
+func (s *Store) reportHome(e *entry, req *sluice.Request, now int64) bool {
+	e.mu.Lock()
+	sat := e.fairSat && !noHomeShare
+	e.shared = e.shared || sat
+	if e.fairBusy || now-e.fairAt < int64(fairEvery) {
+		e.mu.Unlock()
+		return sat
+	}
+	e.fairBusy, e.fairAt = true, now
+	demand := e.rate
+	r := *req
+	r.MaxWait, r.Lease, r.UseLease = 0, "", false
+	e.mu.Unlock()
+	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
+	if s.closed {
+		return sat
+	}
+	s.inflight.Go(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), s.fetchTO)
+		defer cancel()
+		g, err := s.table(ctx, s.led.client, "ask", &r, demand, 0)
+		if err == nil {
+			s.refundFreed(s.local, &r, g.freed)
+			if g.sat && !noAllot {
+				err = s.allot(ctx, &r)
+			}
+		} else {
+			s.st.fairErrors.Add(1)
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.fairBusy = false
+		if err == nil {
+			e.fairSat = g.sat
+		}
+	})
+	return sat
+}
+
+// allot charges what the home's store holds of req's key, up to its
+// capacity, and allots it to the regions' pools by demand; what the pools
+// do not take is refunded.
+func (s *Store) allot(ctx context.Context, req *sluice.Request) error {
+	q := *req
+	q.Cost = q.Capacity()
+	d, err := s.local.Apply(ctx, sluice.OpAllow, q)
+	if err == nil && !d.Degraded && !d.Allowed && d.Remaining > 0 && d.Remaining < q.Cost {
+		q.Cost = d.Remaining
+		d, err = s.local.Apply(ctx, sluice.OpAllow, q)
+	}
+	if err != nil || d.Degraded || !d.Allowed {
+		return err
+	}
+	g, err := s.table(ctx, s.led.client, "allot", &q, 0, q.Cost)
+	if err != nil {
+		// The script may have run (a reply lost, or one out of range):
+		// the units may be in the pools, so they are not refunded
+		// (refunding them let 1343 through a 1300 bound when a rounding
+		// error made the reply out of range). Under-admission only.
+		s.st.stranded.Add(uint64(q.Cost))
+		return err
+	}
+	s.st.allotted.Add(uint64(g.n))
+	s.refundFreed(s.local, &q, g.freed)
+	return nil
+}
+
+var noAllot, noHomeShare, noHomeSweep bool
+
+var debugFair func(region, op string, n int64, v []int64)
