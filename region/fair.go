@@ -60,7 +60,7 @@ const (
 	// fairPoolSpan is how much of the refill the pools hold at most,
 	// together, when the burst is smaller: a far region takes its part
 	// of a round trip (300ms) per fetch.
-	fairPoolSpan = 500 * time.Millisecond
+	fairPoolSpan = time.Second
 	// fairGC is how long a table outlives its last report.
 	fairGC = 10 * time.Second
 )
@@ -71,6 +71,7 @@ type fairGrant struct {
 	sat   bool          // the key is at its limit: its refill is shared by demand
 	wait  time.Duration // until the region's pool may hold the ask
 	freed int64         // units charged at home that the caller refunds there
+	due   bool          // the caller is to allot the home's refill now
 }
 
 // newInstanceID names this instance in the demand tables.
@@ -102,22 +103,19 @@ func (s *Store) table(ctx context.Context, hc rueidis.Client, op string, req *sl
 		strconv.FormatFloat(demand, 'f', 3, 64), strconv.FormatInt(n, 10),
 		strconv.FormatFloat(rate, 'f', 6, 64), strconv.FormatFloat(pools, 'f', 3, 64),
 		strconv.FormatInt(fairFresh.Milliseconds(), 10), strconv.Itoa(fairMaxInstances), strconv.FormatInt(fairGC.Milliseconds(), 10),
+		strconv.FormatInt(fairEvery.Milliseconds(), 10),
 	}).ToArray()
 	if err != nil {
 		return fairGrant{}, unavailable("demand table", err)
 	}
-	if len(vs) > 5 { vs2, _ := ints(vs[5:], len(vs)-5); if debugFair != nil { debugFair(s.region, "dbg", 0, vs2) } ; vs = vs[:5] }
-	v, err := ints(vs, 5)
+	v, err := ints(vs, 6)
 	if err != nil {
 		return fairGrant{}, fmt.Errorf("region: demand table: %w", err)
 	}
 	if v[0] < 0 || v[0] > n || v[4] < 0 {
 		return fairGrant{}, fmt.Errorf("region: demand table %s: %d of %d, %d freed", op, v[0], n, v[4])
 	}
-	if debugFair != nil {
-		debugFair(s.region, op, n, v)
-	}
-	return fairGrant{n: v[0], sat: v[1] == 1, wait: time.Duration(max(v[3], 0)) * time.Millisecond, freed: v[4]}, nil
+	return fairGrant{n: v[0], sat: v[1] == 1, wait: time.Duration(max(v[3], 0)) * time.Millisecond, freed: v[4], due: v[5] == 1}, nil
 }
 
 // fairTicket is an ask of the demand table beside a fetch's charge.
@@ -141,10 +139,10 @@ func (s *Store) ask(ctx context.Context, home sluice.Store, e *entry, req *sluic
 	sat, demand := e.fairSat, e.rate
 	e.mu.Unlock()
 	t = &fairTicket{done: make(chan struct{})}
-	n := req.Cost
+	r := *req // the fetch changes its own as the home answers
 	run := func() {
 		defer close(t.done)
-		t.g, t.err = s.table(ctx, hc, "ask", req, demand, n)
+		t.g, t.err = s.table(ctx, hc, "ask", &r, demand, r.Cost)
 		if t.err != nil {
 			s.st.fairErrors.Add(1)
 			return
@@ -152,7 +150,14 @@ func (s *Store) ask(ctx context.Context, home sluice.Store, e *entry, req *sluic
 		e.mu.Lock()
 		e.fairSat = t.g.sat
 		e.mu.Unlock()
-		s.refundFreed(home, req, t.g.freed)
+		s.refundFreed(home, &r, t.g.freed)
+		if t.g.due {
+			s.inflight.Go(func() {
+				actx, cancel := context.WithTimeout(context.Background(), s.fetchTO)
+				defer cancel()
+				_ = s.allot(actx, home, hc, &r)
+			})
+		}
 	}
 	if sat {
 		run()
@@ -179,7 +184,7 @@ func (s *Store) refundFreed(home sluice.Store, req *sluice.Request, n int64) {
 // decides it from a share.
 func (s *Store) reportHome(e *entry, req *sluice.Request, now int64) bool {
 	e.mu.Lock()
-	sat := e.fairSat && !noHomeShare
+	sat := e.fairSat
 	e.shared = e.shared || sat
 	if e.fairBusy || now-e.fairAt < int64(fairEvery) {
 		e.mu.Unlock()
@@ -199,39 +204,40 @@ func (s *Store) reportHome(e *entry, req *sluice.Request, now int64) bool {
 		ctx, cancel := context.WithTimeout(context.Background(), s.fetchTO)
 		defer cancel()
 		g, err := s.table(ctx, s.led.client, "ask", &r, demand, 0)
-		if err == nil {
-			s.refundFreed(s.local, &r, g.freed)
-			if g.sat && !noAllot {
-				err = s.allot(ctx, &r)
-			}
-		} else {
-			s.st.fairErrors.Add(1)
-		}
 		e.mu.Lock()
-		defer e.mu.Unlock()
 		e.fairBusy = false
 		if err == nil {
 			e.fairSat = g.sat
+		}
+		e.mu.Unlock()
+		if err != nil {
+			s.st.fairErrors.Add(1)
+			return
+		}
+		s.refundFreed(s.local, &r, g.freed)
+		if g.due {
+			_ = s.allot(ctx, s.local, s.led.client, &r)
 		}
 	})
 	return sat
 }
 
-// allot charges what the home's store holds of req's key, up to its
-// capacity, and allots it to the regions' pools by demand; what the pools
-// do not take is refunded.
-func (s *Store) allot(ctx context.Context, req *sluice.Request) error {
+// allot charges what the home's store (hs, its Redis hc) holds of req's
+// key, up to its capacity, and allots it to the regions' pools by demand;
+// what the pools do not take is refunded.
+func (s *Store) allot(ctx context.Context, hs sluice.Store, hc rueidis.Client, req *sluice.Request) error {
 	q := *req
 	q.Cost = q.Capacity()
-	d, err := s.local.Apply(ctx, sluice.OpAllow, q)
+	q.MaxWait, q.Lease, q.UseLease = 0, "", false
+	d, err := hs.Apply(ctx, sluice.OpAllow, q)
 	if err == nil && !d.Degraded && !d.Allowed && d.Remaining > 0 && d.Remaining < q.Cost {
 		q.Cost = d.Remaining
-		d, err = s.local.Apply(ctx, sluice.OpAllow, q)
+		d, err = hs.Apply(ctx, sluice.OpAllow, q)
 	}
 	if err != nil || d.Degraded || !d.Allowed {
 		return err
 	}
-	g, err := s.table(ctx, s.led.client, "allot", &q, 0, q.Cost)
+	g, err := s.table(ctx, hc, "allot", &q, 0, q.Cost)
 	if err != nil {
 		// The script may have run (a reply lost, or one out of range):
 		// the units may be in the pools, so they are not refunded
@@ -241,10 +247,6 @@ func (s *Store) allot(ctx context.Context, req *sluice.Request) error {
 		return err
 	}
 	s.st.allotted.Add(uint64(g.n))
-	s.refundFreed(s.local, &q, g.freed)
+	s.refundFreed(hs, &q, g.freed)
 	return nil
 }
-
-var noAllot, noHomeShare, noHomeSweep bool
-
-var debugFair func(region, op string, n int64, v []int64)

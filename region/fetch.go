@@ -31,7 +31,6 @@ type entry struct {
 
 	// fair.go
 	fairSat  bool  // the key was at its limit at the last ask: its refill is shared by demand
-	fairBack int64 // units granted by the demand table and not charged, to give back
 	fairAt   int64 // ns of the home region's last report
 	fairBusy bool  // a report is in flight
 	shared   bool  // the home region decided the key from a share since the sweep last emptied it
@@ -369,7 +368,7 @@ func (s *Store) Sweep(ctx context.Context) {
 			e.mu.Lock()
 			last, sat, shared := e.lastUse, e.fairSat, e.shared
 			e.mu.Unlock()
-			if shared && !busy && !noHomeSweep {
+			if shared && !busy {
 				keep := int64(-1)
 				if sat {
 					lw := e.lowWater(s)

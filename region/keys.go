@@ -138,9 +138,6 @@ func (s *Store) takeBack(ctx context.Context, req sluice.Request, idle time.Dura
 	if n == 0 {
 		return true
 	}
-	if debugFair != nil {
-		debugFair(s.region, "take", n, []int64{n, 0, 0, 0, 0})
-	}
 	if !s.refund(s.regions[s.home(req.Key)], req, n) {
 		// Still charged at home: keep them, unspendable, for later.
 		if _, err := s.led.credit(ctx, req.Key, n, 0, ""); err != nil {

@@ -1,7 +1,7 @@
 -- KEYS[1] a global key's demand table at its home; ARGV: now (or ''), op,
 -- instance id, region, demand (units/s), units, rate (units/s), capacity
 -- (units a region's pool may hold, all regions together), fresh ms, max
--- instances, gc ms.
+-- instances, gc ms, allot every ms.
 -- Each instance reports its demand on the key with every fetch, and the
 -- home region's every 100ms: field 'd:<instance>' = '<region> <demand>
 -- <ms>'. A report older than fresh ms is dropped, and at most max
@@ -16,15 +16,15 @@
 -- granted (ask) or allotted (allot), 1 when the key is at its limit, the
 -- demand of all regions (units/s, rounded down), ms until the pool may
 -- hold the ask (ask, when short), units freed: charged at home and to be
--- refunded there by the caller}.
+-- refunded there by the caller, 1 when the caller is to allot now}.
 local now = now_ms()
 local op, inst, reg = ARGV[2], ARGV[3], ARGV[4]
 local dem, units, rate, cap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local fresh, maxn, gc = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local fresh, maxn, gc, every = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
 local me = 'd:' .. inst
 local h = redis.call('HGETALL', KEYS[1])
 local byreg, pool = {}, {}
-local total, count, known = 0, 0, false
+local total, count, known, allotted = 0, 0, false, 0
 for i = 1, #h, 2 do
   local f, v = h[i], h[i + 1]
   local kind = string.sub(f, 1, 2)
@@ -42,6 +42,8 @@ for i = 1, #h, 2 do
     end
   elseif kind == 'p:' then
     pool[string.sub(f, 3)] = tonumber(v) or 0
+  elseif f == 't:allot' then
+    allotted = tonumber(v) or 0
   end
 end
 if op == 'ask' and (known or count < maxn) then
@@ -86,7 +88,7 @@ if op == 'allot' then
   -- Sums of fractions: left may end a rounding error under 0.
   if left < 0 then left = 0 end
   freed = freed + left
-  return {units - math.floor(left), sat, math.floor(total), 0, math.floor(freed)}
+  return {units - math.floor(left), sat, math.floor(total), 0, math.floor(freed), 0}
 end
 if op ~= 'ask' then return redis.error_reply('region: unknown op') end
 local p = pool[reg] or 0
@@ -98,4 +100,9 @@ if grant < units and sat == 1 then
   wait = fresh
   if pace > 0 then wait = math.min(math.ceil((units - (p - grant)) * 1000 / pace), fresh) end
 end
-return {grant, sat, math.floor(total), wait, math.floor(freed), math.floor(p * 1000), math.floor((byreg[reg] or 0)), #h}
+local due = 0
+if sat == 1 and now - allotted >= every then
+  due = 1
+  redis.call('HSET', KEYS[1], 't:allot', now)
+end
+return {grant, sat, math.floor(total), wait, math.floor(freed), due}
