@@ -265,6 +265,9 @@ func (s *Store) applyHome(ctx context.Context, op sluice.Op, req sluice.Request)
 		e.note(now, req.Cost)
 	}
 	d, err := s.local.Apply(ctx, op, req)
+	if err == nil && e != nil && op == sluice.OpAllow {
+		e.homeShort.Store(!d.Allowed)
+	}
 	if err != nil && e != nil {
 		e.mu.Lock()
 		e.epochStale = true

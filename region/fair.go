@@ -13,9 +13,10 @@ package region
 // regions' demand together is under the key's rate, nothing changes: each
 // fetch is charged at home as it comes. Over it, the key is at its limit:
 //
-//   - the home region's instances, every fairEvery each, charge what the
-//     home's store holds (OpAllow) and allot it to the regions' pools in
-//     the table in proportion to their demand, each pool up to
+//   - the first instance to ask, in any region, once fairEvery passed
+//     since the last allotment charges what the home's store holds
+//     (OpAllow, up to C) and allots it to the regions' pools in the table
+//     in proportion to their demand, each pool up to
 //     max(C, r·fairPoolSpan) × its part (what a full pool would not take
 //     goes to the others, the rest back to the store);
 //   - a fetch takes its units from its region's pool, one script at the
@@ -28,8 +29,11 @@ package region
 // share once, so the bound is unchanged (C + r·t + 1 from a key's first
 // request); the pools add to what is held at an instant (H, at most
 // max(C, r·fairPoolSpan)). A pool whose region's demand went stale is
-// refunded at home. A far region's pool fills while its fetches travel,
-// so it is not raced by the near ones for each unit of the refill.
+// refunded at home; an allotment whose reply was lost is not (the script
+// may have run: under-admission only). A far region's pool fills while its
+// fetches travel, so it is not raced by the near ones for each unit of
+// the refill. Fixed windows are not shared (their refill is the next
+// window, and a window's share ends with its window).
 
 import (
 	"context"
@@ -54,8 +58,8 @@ const (
 	// field per instance and one per region).
 	fairMaxInstances = 64
 	// fairEvery is how often an instance of the home region reports its
-	// demand on a key it decides and, while the key is at its limit,
-	// allots the home's refill to the regions' pools.
+	// demand on a key it decides, and, while the key is at its limit,
+	// how often the home's refill is allotted to the regions' pools.
 	fairEvery = 50 * time.Millisecond
 	// fairPoolSpan is how much of the refill the pools hold at most,
 	// together, when the burst is smaller: a far region takes its part
@@ -94,7 +98,7 @@ func (s *Store) fairClient(req *sluice.Request) rueidis.Client {
 // table runs op ("ask" or "allot") on req's key's demand table at home:
 // it reports this instance's demand (ask) and takes up to n units from
 // its region's pool, or allots n units charged at home to the pools.
-func (s *Store) table(ctx context.Context, hc rueidis.Client, op string, req *sluice.Request, demand float64, n int64) (fairGrant, error) {
+func (s *Store) table(ctx context.Context, hc rueidis.Client, op string, req *sluice.Request, demand float64, n int64, short bool) (fairGrant, error) {
 	l := req.Limit
 	rate := float64(l.Rate) / l.Period.Seconds()
 	pools := max(float64(req.Capacity()), rate*fairPoolSpan.Seconds())
@@ -103,7 +107,7 @@ func (s *Store) table(ctx context.Context, hc rueidis.Client, op string, req *sl
 		strconv.FormatFloat(demand, 'f', 3, 64), strconv.FormatInt(n, 10),
 		strconv.FormatFloat(rate, 'f', 6, 64), strconv.FormatFloat(pools, 'f', 3, 64),
 		strconv.FormatInt(fairFresh.Milliseconds(), 10), strconv.Itoa(fairMaxInstances), strconv.FormatInt(fairGC.Milliseconds(), 10),
-		strconv.FormatInt(fairEvery.Milliseconds(), 10),
+		strconv.FormatInt(fairEvery.Milliseconds(), 10), flag(short), flag(s.home(req.Key) == s.region),
 	}).ToArray()
 	if err != nil {
 		return fairGrant{}, unavailable("demand table", err)
@@ -116,6 +120,13 @@ func (s *Store) table(ctx context.Context, hc rueidis.Client, op string, req *sl
 		return fairGrant{}, fmt.Errorf("region: demand table %s: %d of %d, %d freed", op, v[0], n, v[4])
 	}
 	return fairGrant{n: v[0], sat: v[1] == 1, wait: time.Duration(max(v[3], 0)) * time.Millisecond, freed: v[4], due: v[5] == 1}, nil
+}
+
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
 }
 
 // fairTicket is an ask of the demand table beside a fetch's charge.
@@ -136,13 +147,13 @@ func (s *Store) ask(ctx context.Context, home sluice.Store, e *entry, req *sluic
 		return nil, false
 	}
 	e.mu.Lock()
-	sat, demand := e.fairSat, e.rate
+	sat, demand, short := e.fairSat, e.rate, e.short
 	e.mu.Unlock()
 	t = &fairTicket{done: make(chan struct{})}
 	r := *req // the fetch changes its own as the home answers
 	run := func() {
 		defer close(t.done)
-		t.g, t.err = s.table(ctx, hc, "ask", &r, demand, r.Cost)
+		t.g, t.err = s.table(ctx, hc, "ask", &r, demand, r.Cost, short)
 		if t.err != nil {
 			s.st.fairErrors.Add(1)
 			return
@@ -178,8 +189,9 @@ func (s *Store) refundFreed(home sluice.Store, req *sluice.Request, n int64) {
 }
 
 // reportHome reports the demand of a key this region is the home of,
-// every fairEvery at most, in the background, and while the key is at
-// its limit allots the store's refill to the regions' pools. It reports
+// and whether the store denied its last decision here, every fairEvery at
+// most, in the background, and while the key is at its limit allots the
+// store's refill to the regions' pools. It reports
 // whether the key was at its limit at the last report: then applyHome
 // decides it from a share.
 func (s *Store) reportHome(e *entry, req *sluice.Request, now int64) bool {
@@ -203,7 +215,7 @@ func (s *Store) reportHome(e *entry, req *sluice.Request, now int64) bool {
 	s.inflight.Go(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), s.fetchTO)
 		defer cancel()
-		g, err := s.table(ctx, s.led.client, "ask", &r, demand, 0)
+		g, err := s.table(ctx, s.led.client, "ask", &r, demand, 0, e.homeShort.Load())
 		e.mu.Lock()
 		e.fairBusy = false
 		if err == nil {
@@ -214,12 +226,43 @@ func (s *Store) reportHome(e *entry, req *sluice.Request, now int64) bool {
 			s.st.fairErrors.Add(1)
 			return
 		}
+		if g.sat {
+			s.hot.Store(r.Key, e)
+		} else {
+			s.hot.Delete(r.Key)
+		}
 		s.refundFreed(s.local, &r, g.freed)
 		if g.due {
 			_ = s.allot(ctx, s.local, s.led.client, &r)
 		}
 	})
 	return sat
+}
+
+// allotLoop reports, every fairEvery, the keys this region is the home of
+// that are at their limit, and so allots their refill in time whatever
+// this region's own traffic on them (its reports ride on its decisions
+// otherwise: a home region with 5 % of the demand, its calls 200ms apart,
+// allotted every 200ms, and its pools filled in lumps the far regions
+// waited for).
+func (s *Store) allotLoop() {
+	t := time.NewTicker(fairEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			now := s.clk.Now()
+			s.hot.Range(func(key string, e *entry) bool {
+				e.mu.Lock()
+				req := e.req
+				e.mu.Unlock()
+				s.reportHome(e, &req, now)
+				return true
+			})
+		}
+	}
 }
 
 // allot charges what the home's store (hs, its Redis hc) holds of req's
@@ -237,7 +280,7 @@ func (s *Store) allot(ctx context.Context, hs sluice.Store, hc rueidis.Client, r
 	if err != nil || d.Degraded || !d.Allowed {
 		return err
 	}
-	g, err := s.table(ctx, hc, "allot", &q, 0, q.Cost)
+	g, err := s.table(ctx, hc, "allot", &q, 0, q.Cost, q.Cost < q.Capacity())
 	if err != nil {
 		// The script may have run (a reply lost, or one out of range):
 		// the units may be in the pools, so they are not refunded

@@ -33,7 +33,10 @@ type entry struct {
 	fairSat  bool  // the key was at its limit at the last ask: its refill is shared by demand
 	fairAt   int64 // ns of the home region's last report
 	fairBusy bool  // a report is in flight
-	shared   bool  // the home region decided the key from a share since the sweep last emptied it
+	// homeShort: the home region's store denied its last decision here
+	// (the store is spent), reported to the demand table.
+	homeShort atomic.Bool
+	shared    bool // the home region decided the key from a share since the sweep last emptied it
 
 	// epoch.go
 	epoch      string // the home's epoch id of the key last seen

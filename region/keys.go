@@ -160,5 +160,6 @@ func (s *Store) forget(key string, e *entry) {
 	})
 	if gone {
 		s.size.Add(-1)
+		s.hot.Delete(key)
 	}
 }

@@ -176,8 +176,11 @@ type Options struct {
 	// Prefix is put before a key to name its share in the ledger.
 	// DefaultPrefix when empty.
 	Prefix string
-	// MaxKeys bounds the global keys an instance tracks; requests for
-	// more are answered from the ledger without fetching. DefaultMaxKeys
+	// MaxKeys bounds the global keys an instance tracks. When they are
+	// all tracked, a new exact key makes room by forgetting the keys
+	// unused for two fetch round trips (at least EvictAfter) with no
+	// fetch in flight (keys.go); failing that it is answered from the
+	// ledger without fetching. DefaultMaxKeys
 	// when zero.
 	MaxKeys int
 	// Clock is this process's clock, for demand rates and expiry
@@ -231,6 +234,10 @@ type Store struct {
 	keys    *xsync.Map[string, *entry]
 	size    atomic.Int64
 	evictAt atomic.Int64 // ns of the last eviction pass (keys.go)
+
+	// the keys this region is the home of that are at their limit: their
+	// refill is allotted every fairEvery (fair.go)
+	hot *xsync.Map[string, *entry]
 
 	orphanMu sync.Mutex
 	orphans  []orphan // evicted keys whose shares the sweep refunds (keys.go)
@@ -309,6 +316,7 @@ func New(opts Options) (*Store, error) {
 		log:        opts.Logger,
 		keys:       xsync.NewMap[string, *entry](),
 		akeys:      xsync.NewMap[string, *counts](),
+		hot:        xsync.NewMap[string, *entry](),
 		aseen:      xsync.NewMap[string, asyncSeen](),
 		syncEvery:  def(opts.SyncInterval, DefaultSyncInterval),
 		staleAfter: int64(def(opts.StaleAfter, DefaultStaleAfter)),
@@ -369,6 +377,9 @@ func New(opts Options) (*Store, error) {
 			every = s.idle / 2
 		}
 		s.bg.Go(func() { s.sweepLoop(every) })
+	}
+	if s.global != nil {
+		s.bg.Go(s.allotLoop)
 	}
 	return s, nil
 }

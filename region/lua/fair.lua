@@ -1,12 +1,17 @@
 -- KEYS[1] a global key's demand table at its home; ARGV: now (or ''), op,
 -- instance id, region, demand (units/s), units, rate (units/s), capacity
 -- (units a region's pool may hold, all regions together), fresh ms, max
--- instances, gc ms, allot every ms.
+-- instances, gc ms, allot every ms, short (1 when the caller's last
+-- charge at home, or this allotment, found the store short of what it
+-- asked: the store is spent; 0 when not; an allotment of the whole
+-- capacity says the store was full), home (1 when the caller is in the
+-- key's home region).
 -- Each instance reports its demand on the key with every fetch, and the
 -- home region's every 100ms: field 'd:<instance>' = '<region> <demand>
 -- <ms>'. A report older than fresh ms is dropped, and at most max
 -- instances are counted (a new one past them is not). The key is at its
--- limit while the regions' demand together exceeds the rate; then the
+-- limit while the regions' demand together exceeds the rate and the
+-- store was last seen short less than fresh ms ago ('t:short'); then the
 -- home region charges what its store holds and allots it here to the
 -- regions' pools ('p:<region>' = units charged at home, not fetched yet)
 -- in proportion to their demand, each pool up to capacity × its part.
@@ -21,6 +26,8 @@ local now = now_ms()
 local op, inst, reg = ARGV[2], ARGV[3], ARGV[4]
 local dem, units, rate, cap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local fresh, maxn, gc, every = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local short, home = ARGV[13] == '1', ARGV[14] == '1'
+local shortAt = nil
 local me = 'd:' .. inst
 local h = redis.call('HGETALL', KEYS[1])
 local byreg, pool = {}, {}
@@ -44,6 +51,8 @@ for i = 1, #h, 2 do
     pool[string.sub(f, 3)] = tonumber(v) or 0
   elseif f == 't:allot' then
     allotted = tonumber(v) or 0
+  elseif f == 't:short' then
+    shortAt = tonumber(v)
   end
 end
 if op == 'ask' and (known or count < maxn) then
@@ -59,9 +68,17 @@ for r, p in pairs(pool) do
     redis.call('HDEL', KEYS[1], 'p:' .. r)
   end
 end
+if short then
+  shortAt = now
+  redis.call('HSET', KEYS[1], 't:short', now)
+elseif op == 'allot' then
+  -- The store held all of its capacity: the key is not at its limit.
+  shortAt = nil
+  redis.call('HDEL', KEYS[1], 't:short')
+end
 redis.call('PEXPIRE', KEYS[1], gc)
 local sat = 0
-if total > rate then sat = 1 end
+if total > rate and shortAt and now - shortAt <= fresh then sat = 1 end
 if op == 'allot' then
   local left = units
   -- In proportion to the demand, each pool up to its cap; what a full
@@ -98,10 +115,15 @@ local wait = 0
 if grant < units and sat == 1 then
   local pace = rate * (byreg[reg] or 0) / total
   wait = fresh
-  if pace > 0 then wait = math.min(math.ceil((units - (p - grant)) * 1000 / pace), fresh) end
+  if pace > 0 then wait = math.ceil((units - (p - grant)) * 1000 / pace) end
+  -- Pools fill every 'every' ms: a region with a small part asks again
+  -- within a few allotments for what its pool holds by then.
+  wait = math.min(wait, 4 * every)
 end
 local due = 0
-if sat == 1 and now - allotted >= every then
+local after = every
+if not home then after = 4 * every end
+if sat == 1 and now - allotted >= after then
   due = 1
   redis.call('HSET', KEYS[1], 't:allot', now)
 end
