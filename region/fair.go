@@ -65,6 +65,9 @@ const (
 	// together, when the burst is smaller: a far region takes its part
 	// of a round trip (300ms) per fetch.
 	fairPoolSpan = time.Second
+	// fairAskMin is the least time an ask of the table is given (four
+	// fetch round trips when longer).
+	fairAskMin = 250 * time.Millisecond
 	// fairGC is how long a table outlives its last report.
 	fairGC = 10 * time.Second
 )
@@ -147,19 +150,35 @@ func (s *Store) ask(ctx context.Context, home sluice.Store, e *entry, req *sluic
 		return nil, false
 	}
 	e.mu.Lock()
-	sat, demand, short := e.fairSat, e.rate, e.short
+	sat, demand, short, lat := e.fairSat, e.rate, e.short, e.lat
 	e.mu.Unlock()
 	t = &fairTicket{done: make(chan struct{})}
 	r := *req // the fetch changes its own as the home answers
+	// The ask is bounded by a few of the key's fetch round trips, so that
+	// a home that does not answer leaves the fetch its time to charge the
+	// store instead (and fail there): with the fetch's whole timeout, a
+	// far region's fetches after a home restart came 2.5 s apart and its
+	// failure policy answered for seconds.
+	to := min(s.fetchTO, max(time.Duration(4*lat), fairAskMin))
 	run := func() {
 		defer close(t.done)
-		t.g, t.err = s.table(ctx, hc, "ask", &r, demand, r.Cost, short)
+		actx, cancel := context.WithTimeout(ctx, to)
+		defer cancel()
+		t.g, t.err = s.table(actx, hc, "ask", &r, demand, r.Cost, short)
+		e.mu.Lock()
 		if t.err != nil {
+			e.epochStale = true // a call to the home failed (epoch.go)
+			e.mu.Unlock()
 			s.st.fairErrors.Add(1)
 			return
 		}
-		e.mu.Lock()
 		e.fairSat = t.g.sat
+		// A key no longer at its limit: its fetches charge the home's
+		// store again. The table may have gone with the home's state (a
+		// restart without persistence): check the epoch beside the next
+		// fetch, as after a failed call, since the fetches from pools
+		// did not call the store and saw no failure.
+		e.epochStale = e.epochStale || (sat && !t.g.sat)
 		e.mu.Unlock()
 		s.refundFreed(home, &r, t.g.freed)
 		if t.g.due {
@@ -219,7 +238,12 @@ func (s *Store) reportHome(e *entry, req *sluice.Request, now int64) bool {
 		e.mu.Lock()
 		e.fairBusy = false
 		if err == nil {
+			// Out of the share mode: check the epoch before the next
+			// decision on the store (as ask does).
+			e.epochStale = e.epochStale || (e.fairSat && !g.sat)
 			e.fairSat = g.sat
+		} else {
+			e.epochStale = true
 		}
 		e.mu.Unlock()
 		if err != nil {
