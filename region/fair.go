@@ -10,15 +10,18 @@ package region
 // the home's Redis): every fetch reports its instance's demand (the
 // moving average of the units it was asked for, admitted or not), and the
 // home region's instances report theirs every fairEvery. While the
-// regions' demand together is under the key's rate, nothing changes: each
-// fetch is charged at home as it comes. Over it, the key is at its limit:
+// regions' demand together is under the key's rate, or the home's store
+// was not seen short (a denial, a short allotment) in the last fairFresh,
+// nothing changes: each fetch is charged at home as it comes. Otherwise
+// the key is at its limit:
 //
-//   - the first instance to ask, in any region, once fairEvery passed
-//     since the last allotment charges what the home's store holds
-//     (OpAllow, up to C) and allots it to the regions' pools in the table
-//     in proportion to their demand, each pool up to
-//     max(C, r·fairPoolSpan) × its part (what a full pool would not take
-//     goes to the others, the rest back to the store);
+//   - the home region's instances, every fairEvery (allotLoop), charge
+//     what the home's store holds (OpAllow, up to C) and allot it to the
+//     regions' pools in the table in proportion to their demand, each pool
+//     up to max(C, r·fairPoolSpan) × its part (what a full pool would not
+//     take goes to the others, the rest back to the store); when none did
+//     for 4 × fairEvery (no traffic there), the first instance of any
+//     region to ask does;
 //   - a fetch takes its units from its region's pool, one script at the
 //     home, instead of charging the store;
 //   - the home region decides the key from a share too (fetched from its
