@@ -127,9 +127,10 @@ func (s *Store) refundOrphans(ctx context.Context) {
 }
 
 // takeBack takes back units of req's share (ledger.take's rules) and
-// refunds them at the key's home; a refund that fails puts them back in
-// the share, unspendable, for a later sweep. It reports whether the
-// share is settled: nothing to take, or taken and refunded.
+// refunds them at the key's home; the units of a refund that fails are
+// counted stranded, not put back (it may have run at home, only its
+// reply lost). It reports whether the share is settled: nothing to
+// take, or taken and refunded.
 func (s *Store) takeBack(ctx context.Context, req sluice.Request, idle time.Duration, all bool, keep int64) bool {
 	n, err := s.led.take(ctx, req.Key, idle, all, keep)
 	if err != nil {
