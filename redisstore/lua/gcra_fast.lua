@@ -1,23 +1,30 @@
 -- GCRA and token bucket for one key, the hot path: the same algorithm as
 -- gcra.lua (and tokenbucket.lua) with main.lua, without the batch
 -- machinery. A token bucket is a GCRA whose level is tau − (TAT − now), so
--- both store the TAT; the client turns the reply into a level. KEYS[1] is the key; ARGV is op,
--- now seconds, now nanoseconds ('' '' for Redis TIME), tau, interval of
--- the effective cost, interval of the cost. The key holds the TAT as a
--- decimal Unix-ns integer and expires when it passes.
+-- both store the TAT; the client turns the reply into a level. KEYS[1] is
+-- the key; ARGV is op ('1' allow, '2' peek, '3' refund, '4' charge), tau,
+-- the interval of the effective cost, then the interval of the cost when
+-- it differs (a cost of 0) or a test's time follows, then, from a test
+-- only, now as seconds and nanoseconds (else Redis TIME). The key holds
+-- the TAT as a decimal Unix-ns integer and expires when it passes.
 -- Reply: TAT − now, an integer, when allowed; { 0, TAT − now } when denied.
 -- An admission's integer reply, not a table, saves 9% of the script's
 -- Redis instructions per call (callgrind, docs/BENCHMARKS.md); a denial
 -- keeps the table, so that the reply stays exact past 2^53 (no sign or
--- offset arithmetic on a Lua double).
+-- offset arithmetic on a Lua double). Every ARGV value costs Redis about
+-- 1,100 instructions and every tonumber about 1,700 (glibc's strtod): op
+-- is compared as a string, the cost's interval is left out when it is the
+-- effective cost's, and the time is Redis's unless a test sends one.
 local A, tonumber = ARGV, tonumber
-local op, tau, inc, chg = tonumber(A[1]), tonumber(A[4]), tonumber(A[5]), tonumber(A[6])
+local op, tau, inc = A[1], tonumber(A[2]), tonumber(A[3])
+local chg = inc
+if A[4] then chg = tonumber(A[4]) end
 local ns, nn
-if A[2] == '' then
+if A[5] then
+  ns, nn = tonumber(A[5]), tonumber(A[6])
+else
   local t = redis.call('TIME')
   ns, nn = tonumber(t[1]), tonumber(t[2]) * 1000
-else
-  ns, nn = tonumber(A[2]), tonumber(A[3])
 end
 local k = KEYS[1]
 local tat = 0
@@ -34,11 +41,11 @@ if v then
   -- a debt an older sluice let grow past algo.MaxAhead reads as that
   if tat > 1152921504606846976 then tat = 1152921504606846976 end
 end
-if op <= 2 then
+if op == '1' or op == '2' then
   if tat + inc - tau > 0 then return { 0, tat } end
-  if op == 2 then return tat end
+  if op == '2' then return tat end
   tat = tat + chg
-elseif op == 3 then
+elseif op == '3' then
   tat = tat - chg
   if tat < 0 then tat = 0 end
 else
@@ -51,8 +58,8 @@ if tat > 0 then
   local s = math.floor(t / 1e9)
   local r = t - s * 1e9
   if r < 0 then s = s - 1; r = r + 1e9 elseif r >= 1e9 then s = s + 1; r = r - 1e9 end
-  local ttl = math.ceil(tat / 1e6)
-  redis.call('SET', k, string.format('%d%09d', ns + s, r), 'PX', ttl)
+  -- the TTL as a string: a Lua number becomes one through '%.17g'
+  redis.call('SET', k, string.format('%d%09d', ns + s, r), 'PX', string.format('%d', math.ceil(tat / 1e6)))
 elseif v then
   redis.call('DEL', k)
 end
