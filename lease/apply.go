@@ -89,7 +89,7 @@ func (s *Store) peek(req *sluice.Request) (sluice.Decision, bool) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := s.clk.Now() // under the lock, as in take
+	now := s.decisionNow(e) // under the lock, as in take
 	if now >= e.expiry || e.tokens < max(req.Cost, 1) {
 		return sluice.Decision{}, false
 	}

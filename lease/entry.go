@@ -54,6 +54,18 @@ func (e *entry) window() bool {
 	return e.algo == sluice.FixedWindow || e.algo == sluice.SlidingWindowCounter
 }
 
+// decisionNow is the time a decision from e's lease is made at, read
+// under e.mu: the fast clock for GCRA and the token bucket, which a
+// lagging reading only makes stricter but for a chunk spent up to the lag
+// past its TTL; the exact clock for windows, whose chunks must not be
+// spent past their window's end (the package doc, Clocks).
+func (s *Store) decisionNow(e *entry) int64 {
+	if e.window() {
+		return s.clk.Now()
+	}
+	return s.fast.Now()
+}
+
 // drop empties the lease and returns what it held.
 func (e *entry) drop() int64 {
 	n := e.tokens
@@ -248,7 +260,7 @@ func (s *Store) take(ctx context.Context, e *entry, cost int64) (sluice.Decision
 		// spend a chunk charged long ago on top of a refilled limit. Under
 		// the lock, decisions are made in the order of their times.
 		e.mu.Lock()
-		now := s.clk.Now()
+		now := s.decisionNow(e)
 		if attempt == 0 {
 			e.observe(now, cost, s.rateWindow)
 			e.lastUse = now

@@ -35,7 +35,9 @@ type Options struct {
 	// redisstore.Store. Close leaves it open.
 	Store sluice.Store
 	// Clock is this process's clock: for rates, idleness, expiry and the
-	// local times of decisions. Nil means the system clock.
+	// local times of decisions. Nil means the system clock, read through a
+	// clock.Coarse by GCRA and token-bucket decisions from a lease and
+	// exactly by everything else (see the package doc, Clocks).
 	Clock clock.Clock
 	// Horizon is how much of the instance's recent rate on a key one chunk
 	// covers when the key is near its limit: DefaultHorizon (50ms) when
@@ -104,8 +106,12 @@ type Options struct {
 // capacity and everything else from the wrapped store. It is safe for
 // concurrent use. See the package doc for the model and its bounds.
 type Store struct {
-	inner     sluice.Store
-	clk       clock.Clock
+	inner sluice.Store
+	// clk is the exact clock: fetch times, window chunks, sweeps. fast is
+	// what GCRA and token-bucket decisions read under the key's lock: a
+	// clock.Coarse on clk when the Store made its clocks, else clk itself
+	// (decisionNow; the package doc, Clocks).
+	clk, fast clock.Clock
 	horizon   float64 // seconds
 	maxHor    float64 // seconds
 	frac      float64
@@ -170,7 +176,10 @@ func New(opts Options) (*Store, error) {
 		stop:      make(chan struct{}),
 	}
 	if s.clk == nil {
-		s.clk = clock.NewSystem()
+		c := clock.NewCoarse(0)
+		s.clk, s.fast = c.Source(), c
+	} else {
+		s.fast = s.clk
 	}
 	s.maxHor = min(max(def(opts.MaxHorizon, DefaultMaxHorizon).Seconds(), s.horizon), float64(s.ttl)/2e9)
 	s.maxHor = max(s.maxHor, s.horizon)
