@@ -128,7 +128,15 @@ type Store struct {
 	keys *xsync.Map[string, *entry]
 	size atomic.Int64
 
+	// hits and localDenials count the decisions from leases that no
+	// entry counts: a batch's, and those on an entry already retired.
+	// Apply's are counted in their entry (Store.count), and an entry's
+	// counts move to retiredHits and retiredDenials when it leaves the map
+	// (retire), under statsMu, which Stats holds while it reads them all.
 	hits, localDenials, fetches, fetched, returns, returned, stranded, direct, fetchErrors, lateFetches, settled atomic.Uint64
+
+	statsMu                     sync.Mutex
+	retiredHits, retiredDenials uint64 // under statsMu
 
 	rateWindow int64 // ns over which a key's rate is measured
 
@@ -260,8 +268,20 @@ type Stats struct {
 
 // Stats returns the Store's counters.
 func (s *Store) Stats() Stats {
+	// Each part only grows, and an entry's counts move from it to the
+	// retired ones under statsMu: the sums never go back (they are
+	// exported as counters).
+	s.statsMu.Lock()
+	hits, denials := s.retiredHits, s.retiredDenials
+	s.keys.Range(func(_ string, e *entry) bool {
+		e.mu.Lock()
+		hits, denials = hits+e.hits, denials+e.denials
+		e.mu.Unlock()
+		return true
+	})
+	s.statsMu.Unlock()
 	return Stats{
-		Hits: s.hits.Load(), LocalDenials: s.localDenials.Load(),
+		Hits: hits + s.hits.Load(), LocalDenials: denials + s.localDenials.Load(),
 		Fetches: s.fetches.Load(), FetchedUnits: s.fetched.Load(), FetchErrors: s.fetchErrors.Load(), LateFetches: s.lateFetches.Load(),
 		Returns: s.returns.Load(), ReturnedUnits: s.returned.Load(),
 		Stranded: s.stranded.Load(), Direct: s.direct.Load(), SettledUnits: s.settled.Load(), Keys: s.size.Load(),
@@ -327,13 +347,22 @@ func (s *Store) Sweep() {
 			wg.Go(func() { s.giveBack(e, n) })
 		}
 		if forget {
+			s.statsMu.Lock()
+			deleted := false
 			s.keys.Compute(k, func(old *entry, loaded bool) (*entry, xsync.ComputeOp) {
 				if loaded && old == e {
 					s.size.Add(-1)
+					deleted = true
 					return nil, xsync.DeleteOp
 				}
 				return old, xsync.CancelOp
 			})
+			if deleted {
+				e.mu.Lock()
+				s.retire(e)
+				e.mu.Unlock()
+			}
+			s.statsMu.Unlock()
 		}
 		return true
 	})
