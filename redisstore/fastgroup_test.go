@@ -1,0 +1,122 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/internal/redistest"
+)
+
+// A group's GCRA and token-bucket calls on Redis TIME go as one call of
+// several keys (fastgroup.go), which decides each exactly as its own call
+// would: each key admits its limit and no more, whatever the limits and
+// algorithms mixed in the group, and a key holding another type fails
+// its own calls only. A node without the script (SCRIPT FLUSH) gets the
+// gathered call by EVAL. On a Cluster nothing is gathered: a call's keys
+// could lie in different slots.
+func TestGroupGathersFastCalls(t *testing.T) {
+	for _, dep := range plainDeploys(t, true) {
+		for _, flush := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/flush_%v", dep.name, flush), func(t *testing.T) {
+				s := newStore(t, Options{URL: dep.url, DisableDenyCache: true, Timeout: 30 * time.Second})
+				ctx := context.Background()
+				key := redistest.Prefix(t) + "{hot}"
+				srv := dep.server(s, key)
+				const rate, n = 10, 15 // per key: n offered, rate admitted
+				lim, other := sluice.PerHour(rate), sluice.Limit{Rate: rate, Period: 2 * time.Hour}
+				reqs := []sluice.Request{
+					{Key: key + "a", Algorithm: sluice.GCRA, Limit: lim, Cost: 1},
+					{Key: key + "b", Algorithm: sluice.TokenBucket, Limit: other, Cost: 1},
+					{Key: key + "c", Algorithm: sluice.GCRA, Limit: lim, Cost: 1},
+					{Key: key + "list", Algorithm: sluice.GCRA, Limit: lim, Cost: 1},
+				}
+				if _, err := srv.Do(ctx, "LPUSH", key+"list", "x"); err != nil {
+					t.Fatal(err)
+				}
+				if flush {
+					if _, err := srv.Do(ctx, "SCRIPT", "FLUSH"); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if _, err := srv.Do(ctx, "CONFIG", "RESETSTAT"); err != nil {
+					t.Fatal(err)
+				}
+				p := probeCommits(s)
+				thaw := stopped(t, srv)
+				first := sluice.Request{Key: key + "first", Algorithm: sluice.GCRA, Limit: lim, Cost: 1}
+				answers := make(chan error, len(reqs)*n+commitLanes)
+				for range commitLanes {
+					go func() {
+						_, err := s.Apply(ctx, sluice.OpAllow, first)
+						answers <- err
+					}()
+					p.wait(t, "direct")
+				}
+				allowed := make([]atomic.Int64, len(reqs))
+				failed := make([]atomic.Int64, len(reqs))
+				for i := range len(reqs) * n {
+					go func() {
+						d, err := s.Apply(ctx, sluice.OpAllow, reqs[i%len(reqs)])
+						if err != nil {
+							failed[i%len(reqs)].Add(1)
+						} else if d.Allowed {
+							allowed[i%len(reqs)].Add(1)
+						}
+						answers <- nil
+					}()
+				}
+				p.wait(t, fmt.Sprintf("queued %d", len(reqs)*n))
+				thaw()
+				for range len(reqs)*n + commitLanes {
+					if err := <-answers; err != nil {
+						t.Fatal(err)
+					}
+				}
+				for i, r := range reqs[:3] {
+					if a, f := allowed[i].Load(), failed[i].Load(); a != rate || f != 0 {
+						t.Fatalf("%s: %d admitted, %d failed, want %d and none", r.Key, a, f, rate)
+					}
+				}
+				if f := failed[3].Load(); f != n {
+					t.Fatalf("the list key: %d of %d calls failed, want all", f, n)
+				}
+				gathered := s.Stats().Gathered
+				if dep.name == "cluster" {
+					if gathered != 0 {
+						t.Fatalf("%d calls gathered on a Cluster", gathered)
+					}
+					return
+				}
+				if g := p.sent(); len(g) != 1 || g[0] != len(reqs)*n || gathered != uint64(len(reqs)*n) {
+					t.Fatalf("groups %v, %d calls gathered; want one group of %d, all gathered", g, gathered, len(reqs)*n)
+				}
+				// The group's 60 calls went as one, besides the lanes'
+				// own; flushed, each of those tried EVALSHA twice
+				// (rueidis' Exec after ours) before EVAL, and the group
+				// EVALSHA once before EVAL.
+				most := int64(commitLanes + 1)
+				if flush {
+					most = 3*commitLanes + 2
+				}
+				evalsha, err := srv.CommandCalls(ctx, "evalsha")
+				if err != nil {
+					t.Fatal(err)
+				}
+				eval, err := srv.CommandCalls(ctx, "eval")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if evalsha+eval > most {
+					t.Fatalf("%d EVALSHA and %d EVAL calls for %d decisions in one group and %d alone", evalsha, eval, len(reqs)*n, commitLanes)
+				}
+				if flush != (eval >= 1) {
+					t.Fatalf("%d EVAL calls after SCRIPT FLUSH %v", eval, flush)
+				}
+			})
+		}
+	}
+}
