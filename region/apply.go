@@ -310,8 +310,12 @@ func (s *Store) allowAllAsync(ctx context.Context, reqs []sluice.Request, async 
 			return out, nil
 		}
 	}
+	for _, c := range cs {
+		s.startAsyncEpoch(c) // epoch.go
+	}
 	ds, err := s.local.ApplyAll(ctx, sluice.OpAllow, reqs)
 	if err != nil {
+		s.asyncCallFailed(cs)
 		return nil, err
 	}
 	for _, d := range ds {

@@ -18,7 +18,9 @@ package region
 // An instance that cannot deliver its counts (a partition, a peer's Redis
 // down) stops admitting the key by its failure policy once the oldest
 // count it holds undelivered is StaleAfter old (FailClosed), so δ ≤
-// StaleAfter, whatever the faults.
+// StaleAfter, whatever the faults. A region's store that restarts without
+// its data, or fails over, is caught by the key's epoch marker there and
+// charged the key's capacity (epoch.go): + 1 per life of its state.
 
 import (
 	"context"
@@ -53,6 +55,12 @@ type counts struct {
 	flying  []map[uint64]int64 // per remote region, deliveries in flight: id to their oldest unit's ns
 	nextID  uint64
 	lastUse int64 // ns
+
+	// epoch.go: the key's epoch marker on this region's store
+	epoch      string // the id last seen
+	epochAt    int64  // ns of the last check
+	epochStale bool   // a call to the region's store failed since
+	epochBusy  bool   // a check is in flight
 }
 
 // asyncEntry returns the key's counts; nil when MaxKeys are tracked.
@@ -161,9 +169,15 @@ func (s *Store) applyAsync(ctx context.Context, op sluice.Op, req sluice.Request
 	if op == sluice.OpReset {
 		return s.resetEverywhere(ctx, req)
 	}
+	// This region's store may have lost the key's state (a restart
+	// without persistence, a failover): its epoch, beside (epoch.go).
+	s.startAsyncEpoch(c)
 	d, err := s.local.Apply(ctx, op, req)
 	if degraded {
 		d.Degraded, d.Fallback = true, s.policy.String()
+	}
+	if err != nil {
+		s.asyncCallFailed([]*counts{c})
 	}
 	if err != nil || c == nil {
 		return d, err
@@ -292,13 +306,15 @@ func (s *Store) syncRound(ctx context.Context, wait bool) {
 			jobs[i] = append(jobs[i], job{c: c, req: c.req, units: c.pending[i], id: c.nextID, win: c.win})
 			c.pending[i], c.oldest[i] = 0, 0
 		}
-		if empty && now-c.lastUse > forget && !c.busy() {
+		if empty && now-c.lastUse > forget && !c.busy() && !c.epochBusy {
 			if _, ok := s.akeys.LoadAndDelete(key); ok {
 				s.size.Add(-1)
+				s.rememberAsyncEpoch(c)
 			}
 		}
 		return true
 	})
+	s.pruneAsyncSeen(now)
 	var wg sync.WaitGroup
 	for i, r := range jobs {
 		if len(r) == 0 {

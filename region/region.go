@@ -113,11 +113,22 @@ type Options struct {
 	// asynchronous bound under faults. DefaultStaleAfter when zero.
 	StaleAfter time.Duration
 	// EpochEvery is how often, at most, an instance checks that the home
-	// of an exact global key still holds the key's state (epoch.go): a
-	// home that lost it is charged the key's capacity. It is checked at
-	// once after a call to the home failed. DefaultEpochEvery when zero;
-	// negative never checks.
+	// of an exact global key (the region's store, for an asynchronous
+	// key) still holds the key's state (epoch.go): a store that lost it,
+	// restarted or failed over, is charged the key's capacity. It is
+	// checked at once after a call to that store failed.
+	// DefaultEpochEvery when zero; negative never checks.
 	EpochEvery time.Duration
+	// TrustHistory keeps the epoch check to lost markers: a store whose
+	// replication id changed since a key's marker was set (a failover to
+	// a replica, a restart from its files) is trusted to hold the key's
+	// charges, and not quarantined. Set it only for stores that persist
+	// every write and fail over to replicas in sync: a failover to a
+	// replica that lags then exceeds the limit by the charges it missed
+	// (its lag × the key's rate; docs/regions.md, failure table). The
+	// default quarantines once per change of history: under-admission
+	// (a key's capacity C, once) on every restart or failover.
+	TrustHistory bool
 	// Home names a global key's home region, whose store is the key's
 	// authority. Nil means HashHome over Regions.
 	Home func(key string) string
@@ -226,6 +237,10 @@ type Store struct {
 	syncEvery  time.Duration
 	staleAfter int64
 	epochEvery int64
+	trustHist  bool                          // TrustHistory
+	aseen      *xsync.Map[string, asyncSeen] // epoch.go
+	aseenN     atomic.Int64
+	infoWarned atomic.Bool // a store refused INFO to the epoch check, logged once
 
 	st counters
 
@@ -288,9 +303,11 @@ func New(opts Options) (*Store, error) {
 		log:        opts.Logger,
 		keys:       xsync.NewMap[string, *entry](),
 		akeys:      xsync.NewMap[string, *counts](),
+		aseen:      xsync.NewMap[string, asyncSeen](),
 		syncEvery:  def(opts.SyncInterval, DefaultSyncInterval),
 		staleAfter: int64(def(opts.StaleAfter, DefaultStaleAfter)),
 		epochEvery: int64(def(opts.EpochEvery, DefaultEpochEvery)),
+		trustHist:  opts.TrustHistory,
 		stop:       make(chan struct{}),
 	}
 	s.led = &ledger{

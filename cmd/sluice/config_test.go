@@ -370,3 +370,33 @@ func TestConfigCheckGlobalEnvoyRule(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigCheckGlobalRLQSPolicy: sluice config check reads an RLQS
+// policy's scope: global against the serve config's regions, as an Envoy
+// rule's: with store.region and store.regions it is ok and its home must
+// be one of them; without them it is an error at the policy's line.
+func TestConfigCheckGlobalRLQSPolicy(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "rl"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rlqsSec := "rlqs:\n  domains:\n    - domain: envoy\n      policies:\n        - name: api\n          match: {route: api}\n          requests_per_unit: 100\n          unit: second\n          scope: global\n          home: %s\n"
+	regions := "store:\n  url: redis://127.0.0.1:1\n  region: eu\n  regions:\n    us: {url: redis://127.0.0.1:2}\n"
+	for _, c := range []struct {
+		store, home, want string
+	}{
+		{regions, "us", "ok"},
+		{regions, "mars", `sluice.yaml:16: rlqs.domains[0].policies[0].home: unknown region "mars"; valid: eu, us`},
+		{"", "us", "sluice.yaml:10: rlqs.domains[0].policies[0].scope: global needs serve's store.region and store.regions"},
+	} {
+		cfg := filepath.Join(dir, "sluice.yaml")
+		if err := os.WriteFile(cfg, []byte(c.store+"envoy: {config_dir: rl}\n"+fmt.Sprintf(rlqsSec, c.home)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var out, errOut bytes.Buffer
+		err := run(context.Background(), []string{"config", "check", cfg}, &out, &errOut)
+		if got := out.String() + errOut.String(); !strings.Contains(got, c.want) || (err == nil) != (c.want == "ok") {
+			t.Errorf("store %q home %s: err %v, want %q in:\n%s", c.store, c.home, err, c.want, got)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"github.com/sluice-io/sluice/internal/hostcheck"
 	"github.com/sluice-io/sluice/internal/rlqs"
 	"github.com/sluice-io/sluice/internal/server"
+	"github.com/sluice-io/sluice/region"
 )
 
 // envoyComponent runs the Envoy rate limit service (internal/envoyrls)
@@ -61,7 +62,13 @@ func envoyComponent(d server.Deps) (server.Component, error) {
 			}
 			return nil
 		}
-		q, err := rlqs.New(rlqs.Options{Store: d.Store, Config: cfg.File.RLQS, Live: live, Logger: d.Logger, Registerer: d.Metrics.Registry})
+		opts := rlqs.Options{Store: d.Store, Config: cfg.File.RLQS, Live: live, Logger: d.Logger, Registerer: d.Metrics.Registry}
+		if rs := region.Find(d.Store); rs != nil {
+			// Global policies lease their capacity at their home region's
+			// store, through the region store's connections (docs/regions.md).
+			opts.Global = &rlqs.Global{Region: rs.Region(), StoreOf: rs.StoreOf, HomeOf: rs.HomeOf, FailOpen: rs.FailurePolicy() == region.FailOpen}
+		}
+		q, err := rlqs.New(opts)
 		if err != nil {
 			return nil, err
 		}

@@ -119,3 +119,74 @@ func TestServeRLQS(t *testing.T) {
 		t.Error("stream still open after serve stopped")
 	}
 }
+
+// TestServeRLQSGlobal: `sluice serve` in region us (its own redis-server)
+// with an RLQS policy of scope global homed in eu (another): the
+// instance leases its part of the limit in eu's Redis (the key without
+// an instance mark, its lease named by the region) and its stream
+// divides it in us's (the instance's own key); the assignment grows to
+// the stream's demand within the global limit.
+func TestServeRLQSGlobal(t *testing.T) {
+	eu, us := redistest.NewStandalone(t), redistest.NewStandalone(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "rls.yaml"), []byte("domain: rls\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	grpcAddr, _ := serveEnvoyConfig(t, "store:\n  url: "+us.URL()+"\n  region: us\n  regions:\n    eu: {url: "+eu.URL()+"}\n"+
+		"envoy:\n  grpc_addr: 127.0.0.1:0\n  http_addr: 127.0.0.1:0\n  config_dir: "+dir+"\n"+
+		"rlqs:\n  report_interval: 200ms\n  domains:\n    - domain: envoy\n      policies:\n        - name: api\n          match: {route: api}\n          requests_per_unit: 100\n          unit: second\n          scope: global\n          home: eu\n")
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 40 requests per 200 ms interval: 200 a second, twice the limit.
+	var tokens uint32
+	if !redistest.PollUntil(time.Now().Add(10*time.Second), func() bool {
+		if err := st.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "envoy", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
+			BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"route": "api"}}, TimeElapsed: durationpb.New(0), NumRequestsDenied: 40,
+		}}}); err != nil {
+			t.Fatal(err)
+		}
+		r, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens = r.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket().GetTokensPerFill().GetValue()
+		return tokens >= 90
+	}) {
+		t.Fatalf("the stream's assignment stayed at %d tokens per second; want most of the global limit (100)", tokens)
+	}
+	if tokens > 100 {
+		t.Errorf("assignment %d tokens per second > the global limit 100", tokens)
+	}
+	keys := func(s *redistest.Server) (home, local int) {
+		t.Helper()
+		ks, err := s.Do(ctx, "KEYS", "rlqs:{envoy}:api:*")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range ks.([]any) {
+			switch k := k.(string); {
+			case strings.HasSuffix(k, ":demand"):
+			case strings.Contains(k, ":@"):
+				local++
+			default:
+				home++
+			}
+		}
+		return home, local
+	}
+	if home, local := keys(eu); home != 1 || local != 0 {
+		t.Errorf("eu's Redis holds %d lease keys and %d instance keys; want the region leases' one", home, local)
+	}
+	if home, local := keys(us); home != 0 || local != 1 {
+		t.Errorf("us's Redis holds %d lease keys and %d instance keys; want the instance's own one", home, local)
+	}
+}

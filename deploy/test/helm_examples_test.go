@@ -20,6 +20,7 @@ var freeFormValues = map[string]bool{
 	"gateway.config": true, "gateway.keys": true, "otel.env": true,
 	"resources": true, "serviceMonitor.labels": true, "podAnnotations": true, "podLabels": true,
 	"nodeSelector": true, "tolerations": true, "affinity": true, "imagePullSecrets": true,
+	"store.regions": true, "store.global": true,
 }
 
 // unknownValues lists the keys of v, at path, that the chart's values.yaml
@@ -56,7 +57,7 @@ func unknownValues(v, defaults map[string]any, path string) []string {
 // each example is for.
 func TestHelmExamples(t *testing.T) {
 	paths, err := filepath.Glob("../helm/sluice/examples/*.yaml")
-	if err != nil || len(paths) < 4 {
+	if err != nil || len(paths) < 5 {
 		t.Fatalf("examples: %v %v", paths, err)
 	}
 	docs, err := os.ReadFile("../../docs/deploy.md")
@@ -99,6 +100,28 @@ func TestHelmExamples(t *testing.T) {
 			}
 			if strings.Contains(cfgText, "\n  upstream:") || !strings.Contains(cfgText, "kind: azure-openai") {
 				t.Errorf("the gateway section has a single upstream beside the pool, or no Azure upstream:\n%s", cfgText)
+			}
+		},
+		"regions-eu.yaml": func(t *testing.T, o *objects, cfgText string) {
+			// Each other region's URL reaches the pod from its own Secret,
+			// and the loaded config names the regions and the global
+			// policies (checkWorkload loaded it with sluice's loader).
+			refs := map[string]string{}
+			for _, e := range o.deployments[0].Spec.Template.Spec.Containers[0].Env {
+				if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+					refs[e.Name] = e.ValueFrom.SecretKeyRef.Name + "/" + e.ValueFrom.SecretKeyRef.Key
+				}
+			}
+			if refs["SLUICE_REGION_US_URL"] != "sluice-redis-us/url" || refs["SLUICE_REGION_AP_URL"] != "sluice-redis-ap/url" {
+				t.Errorf("region URLs from Secrets: %v", refs)
+			}
+			for _, want := range []string{"region: eu", "url_env: SLUICE_REGION_AP_URL", "clock_skew: 20ms", "scope: global"} {
+				if !strings.Contains(cfgText, want) {
+					t.Errorf("sluice.yaml lacks %q:\n%s", want, cfgText)
+				}
+			}
+			if strings.Contains(cfgText, "redis.us") || strings.Contains(cfgText, "PASSWORD") {
+				t.Errorf("a region's URL is in the config Secret, not read from its own:\n%s", cfgText)
 			}
 		},
 		"envoy-redis.yaml": func(t *testing.T, o *objects, cfgText string) {

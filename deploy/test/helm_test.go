@@ -205,6 +205,12 @@ func TestHelmChartRefuses(t *testing.T) {
 		{"no key bound", `store: {maxKeys: 0}`, "store.maxKeys must be at least 1"},
 		{"no replicas", `replicaCount: 0`, "replicaCount is 0: it must be between 1 and 64"},
 		{"too many replicas", `{replicaCount: 65, store: {redisURL: "redis://r:6379/0"}}`, "replicaCount is 65: it must be between 1 and 64"},
+		{"regions without region", `store: {redisURL: "redis://r:6379/0", regions: {us: {existingSecret: s}}}`, "store.regions is set without store.region"},
+		{"region on memory", `store: {region: eu}`, "store.region is set but no store.redisURL or store.existingSecret"},
+		{"region URL inline", `store: {redisURL: "redis://r:6379/0", region: eu, regions: {us: {url: "redis://:pw@us:6379/0"}}}`, "store.regions.us needs existingSecret"},
+		{"own region listed", `store: {redisURL: "redis://r:6379/0", region: eu, regions: {eu: {existingSecret: s}}}`, "store.regions.eu is this release's own region"},
+		{"bad region name", `store: {redisURL: "redis://r:6379/0", region: "eu west"}`, "store.region \"eu west\": a region name is"},
+		{"two regions, one variable", `store: {redisURL: "redis://r:6379/0", region: eu, regions: {us-1: {existingSecret: a}, us_1: {existingSecret: b}}}`, "both read SLUICE_REGION_US_1_URL"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := renderChart(t, tc.values)

@@ -390,6 +390,9 @@ func (v *validator) compile(f *File) *Config {
 	if f.Gateway != nil {
 		f.Gateway.Regions = cfg.Store.RegionNames() // a global tier's homes
 	}
+	if f.RLQS != nil {
+		f.RLQS.Regions = cfg.Store.RegionNames() // a global policy's homes
+	}
 	v.validateExtensions(f)
 	return cfg
 }

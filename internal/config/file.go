@@ -177,6 +177,14 @@ type GlobalSection struct {
 	// failure_policy: the longest delay of the async bound; default 1s,
 	// at least sync_interval plus two round trips to the farthest region.
 	StaleAfter time.Duration `yaml:"stale_after"`
+	// TrustHistory, when true, trusts a store that kept a global key's
+	// epoch marker across a restart from its files or a failover: no
+	// quarantine for a change of its replication id, only for a lost
+	// marker (region.Options.TrustHistory). For a home that persists
+	// every write (appendfsync always) and fails over only to replicas
+	// in sync (min-replicas-to-write, WAIT); otherwise a failover to a
+	// lagging replica exceeds the limit by what it missed. Default false.
+	TrustHistory bool `yaml:"trust_history"`
 }
 
 // PolicySection is one entry of `policies:`.

@@ -22,7 +22,8 @@ package gateway
 // retrieve, list or cancel), it settles once: the output file's usage is
 // priced, the difference refunded (or charged), and the queue hold
 // released, all in one refund batch that applies only while the hold's
-// lease is held, so replicas settle a batch once.
+// lease is held, so replicas settle a batch once. Each budget's refund
+// names the window its charge was taken from (batchwindow.go).
 
 import (
 	"bytes"
@@ -481,11 +482,14 @@ type hold struct {
 	model  string
 	tokens int64
 	cost   int64 // micro-dollars reserved
+	// ends are, by windowTag of a fixed-window budget's key, when the
+	// window of its charge ends (Unix ms): batchwindow.go.
+	ends map[string]int64
 }
 
 func (h hold) metadata() map[string]string {
 	return map[string]string{batchPrefix + "resv": h.resv, batchPrefix + "model": h.model,
-		batchPrefix + "tokens": strconv.FormatInt(h.tokens, 10), batchPrefix + "cost": strconv.FormatInt(h.cost, 10)}
+		batchPrefix + "tokens": strconv.FormatInt(h.tokens, 10), batchPrefix + "cost": h.costValue()}
 }
 
 func holdOf(md map[string]any) (hold, bool) {
@@ -493,7 +497,7 @@ func holdOf(md map[string]any) (hold, bool) {
 	h := hold{resv: s("resv"), model: s("model")}
 	var err1, err2 error
 	h.tokens, err1 = strconv.ParseInt(s("tokens"), 10, 64)
-	h.cost, err2 = strconv.ParseInt(s("cost"), 10, 64)
+	err2 = h.parseCost(s("cost"))
 	return h, h.resv != "" && err1 == nil && err2 == nil
 }
 
@@ -505,7 +509,10 @@ func (b *batchAPI) requests(cl *client, h hold, cost int64) ([]sluice.Request, [
 		limit = b.cfg.QueueTokens["*"]
 	}
 	if limit == 0 {
-		limit = 1 << 50 // no queue limit: the lease still makes settlement happen once
+		// No queue limit: the lease still makes settlement happen once.
+		// sluice's largest rate (1<<50 was refused as an invalid limit:
+		// every batch on a model without queue_tokens answered 503).
+		limit = 1 << 40
 	}
 	reqs := []sluice.Request{{Key: cl.prefix + "bq:" + lengthPrefixed(h.model), Algorithm: sluice.Concurrency,
 		Limit: sluice.Limit{Rate: limit, Period: batchHoldTTL}, Cost: max(h.tokens, 1), Lease: h.resv}}
@@ -598,9 +605,12 @@ func (b *batchAPI) create(w http.ResponseWriter, r *http.Request, cl *client) {
 	ds, err := b.g.store.ApplyAll(ctx, sluice.OpAllow, reqs)
 	cancel()
 	if err != nil {
+		b.g.log.Error("gateway: store unavailable", "client", cl.id, "err", err)
 		statusUnavailable(w)
 		return
 	}
+	// The settlement's refund names each budget's window (batchwindow.go).
+	noteHoldWindows(&h, reqs, ds, b.g.now())
 	for i, d := range ds {
 		if d.Allowed {
 			continue
@@ -814,15 +824,24 @@ func (b *batchAPI) outputCost(model string, content []byte) (int64, bool) {
 // release settles a hold: its budgets get reserved − actual back (or are
 // charged the excess) and its queue lease is released, in one refund batch
 // that applies only while the lease is held: once, across replicas.
-// It reports whether the hold is settled now, by this call or before.
+// A budget's refund names the window of its charge, and is not sent once
+// that window has ended (batchwindow.go). It reports whether the hold is
+// settled now, by this call or before.
 func (b *batchAPI) release(ctx context.Context, cl *client, h hold, actual int64, ended bool) bool {
 	reqs, _ := b.requests(cl, h, h.cost)
 	refunds := []sluice.Request{reqs[0]}
 	var charges []sluice.Request
+	now := b.g.now()
+	lapsed := 0 // refunds not sent: their windows ended
 	for _, q := range reqs[1:] {
 		switch d := h.cost - actual; {
 		case d > 0:
-			q.Cost = d
+			ahead, gone := h.reservedAhead(&q, now)
+			if gone {
+				lapsed++
+				continue
+			}
+			q.Cost, q.ReservedAhead = d, ahead
 			refunds = append(refunds, q)
 		case d < 0:
 			q.Cost = -d
@@ -831,12 +850,12 @@ func (b *batchAPI) release(ctx context.Context, cl *client, h hold, actual int64
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.g.cfg.Store.Timeout)
 	defer cancel()
-	ds, err := b.g.store.ApplyAll(ctx, sluice.OpRefund, refunds)
+	held, err := b.refundHeld(ctx, refunds)
 	if err != nil {
 		b.g.log.Warn("gateway: batch settlement failed; the next look at the batch retries", "client", cl.id, "err", err)
 		return false
 	}
-	if !ds[0].Allowed {
+	if !held {
 		return true // settled already, here or on another replica
 	}
 	if len(charges) > 0 {
@@ -845,7 +864,37 @@ func (b *batchAPI) release(ctx context.Context, cl *client, h hold, actual int64
 		}
 	}
 	if ended {
-		b.g.log.Info("gateway: batch settled", "client", cl.id, "model", h.model, "reserved_usd", pricing.Micros(h.cost).String(), "cost_usd", pricing.Micros(actual).String())
+		b.g.log.Info("gateway: batch settled", "client", cl.id, "model", h.model, "reserved_usd", pricing.Micros(h.cost).String(),
+			"cost_usd", pricing.Micros(actual).String(), "refunds_of_ended_windows_dropped", lapsed)
 	}
 	return true
+}
+
+// refundHeld applies refunds (refunds[0] the hold's queue lease) while the
+// lease is held, and reports whether it was. On one store the batch is
+// atomic. A region.Store applies a batch with global keys of other homes
+// request by request, so that a second settlement (another replica's, or
+// this one's once it forgot) would refund the shares again: there the
+// lease is released first, alone, and only the settlement that released
+// it sends the refunds. Should that second call fail, the refunds are
+// lost: the reservation stays charged, the safe side.
+func (b *batchAPI) refundHeld(ctx context.Context, refunds []sluice.Request) (bool, error) {
+	if len(refunds) == 1 || !refundsCrossRegions(b.g.store, refunds) {
+		ds, err := b.g.store.ApplyAll(ctx, sluice.OpRefund, refunds)
+		if err != nil {
+			return false, err
+		}
+		return ds[0].Allowed, nil
+	}
+	ds, err := b.g.store.ApplyAll(ctx, sluice.OpRefund, refunds[:1])
+	if err != nil {
+		return false, err
+	}
+	if !ds[0].Allowed {
+		return false, nil
+	}
+	if _, err := b.g.store.ApplyAll(ctx, sluice.OpRefund, refunds[1:]); err != nil {
+		b.g.log.Warn("gateway: batch refund across regions failed; the reservation stays charged", "err", err)
+	}
+	return true, nil
 }

@@ -139,6 +139,7 @@ type Gateway struct {
 	countClient  *http.Client             // sends count_tokens calls
 	countGate    countGate                // bounds them in flight
 	now          func() time.Time         // time.Now; tests replace it
+	homeReads    *homeReads               // /v1/status's reads at global limits' homes (statushome.go)
 	admin        func(*http.Request) bool // Options.Admin
 	renewEvery   time.Duration            // how often a request's leases are renewed while in flight: LeaseTTL/3 (renew.go)
 	bodyTimeout  time.Duration            // how long a request body may take to arrive: bodyTimeout; tests shorten it
@@ -193,6 +194,7 @@ func New(opts Options) (*Gateway, error) {
 		prices:       cfg.priceTable(),
 		tokenCache:   aitoken.NewCache(0),
 		now:          time.Now,
+		homeReads:    newHomeReads(opts.Store),
 		renewEvery:   cfg.LeaseTTL / 3,
 		bodyTimeout:  bodyTimeout,
 		closing:      make(chan struct{}),

@@ -29,10 +29,12 @@ import (
 // budgets (session.go) and the batch queue's. Usage learnt after the
 // response is charged to the region's share (into a debt its next fetch
 // pays at home); what a reservation did not use goes back to a bucket's
-// share, and is dropped for a calendar budget outside its home region (a
-// refund that arrives after the window turned would free the next
-// window's money): a global budget spent from another region than its
-// home is charged each call's reservation, never more than the budget.
+// share, or to the share of the window a budget's charge was taken from
+// (the refund names it, admit.go's noteWindows; a batch's hold likewise,
+// batchwindow.go), and is dropped once that window ended: a refund that
+// arrives after the window turned would free the next window's money.
+// /v1/status reads a global limit's remaining at its home
+// (statushome.go).
 
 // Scopes of a tier, team or org.
 const (

@@ -133,14 +133,26 @@ keys:
 // client keys). Each settlement is sent on settled, which holds n.
 func regionGateways(t *testing.T, w *regiontest.World, doc string, up *fakeopenai.Server, n int) (urls []string, stores map[string]*region.Store, settled chan Settlement) {
 	t.Helper()
+	urls, stores, settled, _ = regionGatewaysTuned(t, w, doc, up, n, nil)
+	return urls, stores, settled
+}
+
+// regionGatewaysTuned is regionGateways, with tune (when set) changing
+// each region's store options, and the gateways returned, by region.
+func regionGatewaysTuned(t *testing.T, w *regiontest.World, doc string, up *fakeopenai.Server, n int, tune func(r string, o *region.Options)) (urls []string, stores map[string]*region.Store, settled chan Settlement, gws map[string]*Gateway) {
+	t.Helper()
 	settled = make(chan Settlement, n)
-	stores = map[string]*region.Store{}
+	stores, gws = map[string]*region.Store{}, map[string]*Gateway{}
 	for _, r := range regiontest.Regions {
 		cfg, err := parseInRegions("test.yaml", []byte(fmt.Sprintf(doc, up.URL()+"/v1", sluice.HashKey(clientKey), sluice.HashKey(clientKey2))), append([]string{r}, othersOf(r)...))
 		if err != nil {
 			t.Fatal(err)
 		}
-		stores[r] = w.Store(t, r, nil)
+		var opts func(*region.Options)
+		if tune != nil {
+			opts = func(o *region.Options) { tune(r, o) }
+		}
+		stores[r] = w.Store(t, r, opts)
 		gw, err := New(Options{Config: cfg, Store: stores[r], Registerer: prometheus.NewRegistry(),
 			Getenv:    func(string) string { return upstreamKey },
 			OnSettled: func(s Settlement) { settled <- s },
@@ -149,11 +161,12 @@ func regionGateways(t *testing.T, w *regiontest.World, doc string, up *fakeopena
 		if err != nil {
 			t.Fatal(err)
 		}
+		gws[r] = gw
 		srv := httptest.NewServer(gw)
 		t.Cleanup(srv.Close)
 		urls = append(urls, srv.URL)
 	}
-	return urls, stores, settled
+	return urls, stores, settled, gws
 }
 
 // An org's $1.00 monthly budget with scope global (home eu), spent by two

@@ -46,10 +46,17 @@ type StatusLimit struct {
 	// ResetSeconds is the time until the limit is full again.
 	ResetSeconds int64 `json:"reset_seconds"`
 	// DecidedBy, for a global limit (scope global, regions.go), is the
-	// tier that answers it in this region: "home" (Remaining is the
-	// limit's, counted at its home store), "share" (Remaining is what this
-	// region holds of it, charged at the home in advance) or "policy".
+	// tier that answers it in this region: "home" (the limit's home
+	// store, in this region), "share" (this region's share of it, charged
+	// at the home in advance) or "policy".
 	DecidedBy string `json:"decided_by,omitempty"`
+	// RemainingSource, for a global limit, says what Remaining counts:
+	// "home" is the limit's remaining as its home store counts it, plus,
+	// outside the home, what this region's share holds (statushome.go:
+	// what other regions hold in their shares only they can spend);
+	// "share" is this region's share alone, the home not having answered
+	// in time.
+	RemainingSource string `json:"remaining_source,omitempty"`
 }
 
 // StatusBudget is one dollar budget of a Status.
@@ -66,9 +73,10 @@ type StatusBudget struct {
 	RemainingUSD string `json:"remaining_usd"`
 	// ResetSeconds is the time until the window resets.
 	ResetSeconds int64 `json:"reset_seconds"`
-	// DecidedBy is StatusLimit's, for a global budget: with "share",
-	// RemainingUSD is what this region holds of the budget.
+	// DecidedBy is StatusLimit's, for a global budget.
 	DecidedBy string `json:"decided_by,omitempty"`
+	// RemainingSource is StatusLimit's, for RemainingUSD and SpentUSD.
+	RemainingSource string `json:"remaining_source,omitempty"`
 }
 
 // statusReuse is how long a client's /v1/status answer is reused while
@@ -185,20 +193,27 @@ func (g *Gateway) peekClient(ctx context.Context, cl *client, sid string) (Statu
 		if err != nil {
 			return Status{}, err
 		}
+		home := g.fromHome(ctx, specs, reqs, ds) // statushome.go
 		for i, d := range ds {
 			s := specs[i]
+			var hd *sluice.Decision
+			if home != nil {
+				hd = home[i]
+			}
+			d, source := withHome(s, d, hd, reqs[i].Capacity())
 			if s.kind == kindBudget {
 				left := min(max(d.Remaining, 0), s.limit.Rate)
 				body.Budgets = append(body.Budgets, StatusBudget{
 					Scope: s.scope(), Window: s.window, Zone: s.zone, Model: s.model,
 					LimitUSD: pricing.Micros(s.limit.Rate).String(), SpentUSD: pricing.Micros(s.limit.Rate - left).String(),
 					RemainingUSD: pricing.Micros(left).String(), ResetSeconds: sluice.CeilSeconds(max(d.ResetAfter, d.RetryAfter)),
-					DecidedBy: s.decidedBy(d),
+					DecidedBy: s.decidedBy(d), RemainingSource: source,
 				})
 				continue
 			}
 			body.Limits = append(body.Limits, StatusLimit{Scope: s.scope(), Name: s.name, Model: s.model, Limit: limitText(s.alg, s.limit),
-				Remaining: max(d.Remaining, 0), ResetSeconds: sluice.CeilSeconds(d.ResetAfter), DecidedBy: s.decidedBy(d)})
+				Remaining: max(d.Remaining, 0), ResetSeconds: sluice.CeilSeconds(d.ResetAfter), DecidedBy: s.decidedBy(d),
+				RemainingSource: source})
 		}
 	}
 	return body, nil

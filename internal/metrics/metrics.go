@@ -199,7 +199,7 @@ var (
 	regionDecDesc      = prometheus.NewDesc("sluice_region_decisions_total", "Decisions of global keys by the tier that made them: home (the key's home store, this region), share (a share held in this region), denied (no share left, the home had none to give yet), policy (the home unreachable, the failure policy answered), region (an asynchronous key, decided by this region's store).", []string{"region", "tier"}, nil)
 	regionFetchDesc    = prometheus.NewDesc("sluice_region_fetches_total", "Share fetches sent to global keys' homes, by result: ok, denied (the home had nothing to give), error.", []string{"region", "result"}, nil)
 	regionSyncDesc     = prometheus.NewDesc("sluice_region_sync_total", "Asynchronous global keys: units delivered to the other regions (ok) and deliveries that failed (error, retried by the next round).", []string{"region", "result"}, nil)
-	regionQuarDesc     = prometheus.NewDesc("sluice_region_quarantines_total", "Global keys whose home was found to have lost their state (a restart without persistence), each charged its capacity there once.", []string{"region"}, nil)
+	regionQuarDesc     = prometheus.NewDesc("sluice_region_quarantines_total", "Global keys whose home (an async key's own region's store) was found to have lost their state, or may have (a restart, a failover), each charged its capacity there once.", []string{"region"}, nil)
 	regionUnitsDesc    = prometheus.NewDesc("sluice_region_units_total", "Units of global keys' capacity: fetched (charged at home, credited to this region's shares), refunded (given back to the home), stranded (charged at home, never spendable here).", []string{"region", "kind"}, nil)
 )
 

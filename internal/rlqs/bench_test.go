@@ -3,6 +3,7 @@ package rlqs
 import (
 	"context"
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -101,4 +102,60 @@ func BenchmarkReportRedis(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(st.Stats().Calls-before)/float64(b.N), "calls/report")
+}
+
+// BenchmarkReportGlobal is BenchmarkReport for a bucket of a global
+// policy (global.go): the report takes from the instance's region lease
+// under its gate, and its assignment's TTL is cut to the lease; the lease
+// is renewed in the background, at a home on another memory store.
+func BenchmarkReportGlobal(b *testing.B) {
+	st, err := memstore.New(memstore.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	home, err := memstore.New(memstore.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer home.Close()
+	clk := clock.NewFake(time.Unix(1e9, 0))
+	s, err := New(Options{Store: st, Clock: clk, Global: &Global{Region: "us", StoreOf: func(string) sluice.Store { return home }, HomeOf: func(string) string { return "eu" }},
+		Config: &Config{ReportInterval: time.Second, MaxReportsPerPeer: 100000, Regions: []string{"us", "eu"}, Domains: []Domain{{Domain: "d", Policies: []Policy{
+			{Name: "p", Match: map[string]string{"route": "*"}, RequestsPerUnit: 1 << 30, Unit: "second", Scope: "global", Home: "eu"},
+		}}}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	msg := &rlqsv3.RateLimitQuotaUsageReports{Domain: "d", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"route": "api"}},
+		TimeElapsed: durationpb.New(time.Second), NumRequestsAllowed: 50, NumRequestsDenied: 5}}}
+	st2 := &stream{id: "bench", buckets: map[[16]byte]*bucket{}}
+	ctx := context.Background()
+	if _, err := s.report(ctx, st2, msg); err != nil { // the bucket and its first renewal
+		b.Fatal(err)
+	}
+	// The fake clock jumps a second a report, faster than renewals run:
+	// the lease is renewed once more by hand and held from then on, so
+	// that every report measures the path of a bucket with a lease.
+	held := maps.Clone(s.glob.byKy)
+	s.Drain() // stops the renewals (and forgets the leases: put back)
+	<-s.glob.stopped
+	s.glob.byKy = held
+	for _, gb := range held {
+		gb.demand.Store(1 << 20)
+		s.glob.renew(s.cfg.Load(), gb)
+		gb.expires.Store(1 << 62)
+	}
+	b.ReportAllocs()
+	var r *rlqsv3.RateLimitQuotaResponse
+	for b.Loop() {
+		clk.Advance(time.Second)
+		r, err = s.report(ctx, st2, msg)
+		if err != nil || len(r.GetBucketAction()) != 1 {
+			b.Fatal("no action", err)
+		}
+	}
+	if r.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
+		b.Fatalf("not a token assignment: %v", r)
+	}
 }

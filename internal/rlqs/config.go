@@ -118,6 +118,11 @@ type Config struct {
 	MaxBuckets int `yaml:"max_buckets"`
 	// Domains maps each domain (the first report's) to its policies.
 	Domains []Domain `yaml:"domains"`
+	// Regions names the regions of serve's store (store.region first,
+	// then store.regions), set by the service's config loader, never read
+	// from the file: a policy with scope global needs them, and its home
+	// is one of them. Nil without regions.
+	Regions []string `yaml:"-"`
 }
 
 // Domain is one domain's policies, tried in order; the first that matches
@@ -147,23 +152,15 @@ type Policy struct {
 	// Denied denies every request of the matched buckets (blanket DENY_ALL).
 	Denied bool `yaml:"denied"`
 	// Scope is "regional" (the default): the policy's buckets are the
-	// limit of this region's fleet. "global" is refused (errGlobalScope).
+	// limit of this region's fleet. "global": the limit of the fleets of
+	// every region of serve's store.regions together, each region's
+	// servers leasing part of it from the home region's store (global.go).
 	Scope string `yaml:"scope"`
+	// Home is a global policy's home region, whose store holds the
+	// regions' leases; empty: chosen per bucket by a hash of its key
+	// (region.HashHome).
+	Home string `yaml:"home"`
 }
-
-// errGlobalScope is why an RLQS policy cannot have scope global, as
-// config check says it (docs/regions.md, docs/envoy.md).
-//
-// The quota service assigns each Envoy a lease of part of a bucket's
-// capacity (sluice.Concurrency and OpTake: held for assignment_ttl,
-// given back when the Envoy's next report resizes it). A region's share of
-// a global key is units charged at the key's home in advance and spent
-// once (OpAllow): nothing a share holds comes back to the home when a
-// lease ends, and a lease held across regions would put a call to the
-// home on every report. Until a lease can be taken from a share exactly,
-// a global limit for Envoy is a rate_limit with scope: global on the
-// envoy: rules (the RLS door), decided per request from the region's share.
-var errGlobalScope = errors.New(`scope: global is not supported for RLQS: an assignment is a lease of part of a bucket's capacity, given back at the next report, and a region's share is units charged at the home once; use a rate_limit with scope: global in the envoy: rules instead (docs/regions.md)`)
 
 // policy is a checked Policy.
 type policy struct {
@@ -179,6 +176,10 @@ type policy struct {
 	// limit's whole period).
 	fill     time.Duration
 	capacity int64
+	// global: the limit of every region's fleet together (global.go),
+	// home its home region ("" by hash).
+	global bool
+	home   string
 }
 
 type kv struct{ k, v string }
@@ -233,7 +234,7 @@ func (c *Config) Check(doc *yamlconf.Doc) {
 				doc.Addf(pp+".name", "duplicate policy name %q in domain %q", pol.Name, d.Domain)
 			}
 			names[pol.Name] = true
-			if _, err := compile(pol); err != nil {
+			if _, err := compile(pol, c.Regions); err != nil {
 				field, msg, _ := strings.Cut(err.Error(), ": ")
 				doc.Addf(pp+"."+field, "%s", msg)
 			}
@@ -241,8 +242,9 @@ func (c *Config) Check(doc *yamlconf.Doc) {
 	}
 }
 
-// compile checks one policy; an error reads "field: problem".
-func compile(p Policy) (*policy, error) {
+// compile checks one policy, regions being serve's (Config.Regions); an
+// error reads "field: problem".
+func compile(p Policy, regions []string) (*policy, error) {
 	if len(p.Match) == 0 {
 		return nil, errors.New("match: at least one bucket id key is required")
 	}
@@ -262,10 +264,22 @@ func compile(p Policy) (*policy, error) {
 	}
 	switch strings.ToLower(p.Scope) {
 	case "", "regional":
+		if p.Home != "" {
+			return nil, errors.New("home: only a policy with scope: global has a home")
+		}
 	case "global":
-		return nil, errGlobalScope
+		if len(regions) == 0 {
+			return nil, errors.New("scope: global needs serve's store.region and store.regions (docs/regions.md)")
+		}
+		if p.Home != "" && !slices.Contains(regions, p.Home) {
+			return nil, fmt.Errorf("home: unknown region %q; %s", truncate(p.Home), yamlconf.Valid("regions", regions))
+		}
+		if p.Denied {
+			return nil, errors.New("scope: a denied policy has no limit to hold across regions; leave it regional")
+		}
+		out.global, out.home = true, p.Home
 	default:
-		return nil, fmt.Errorf("scope: unknown scope %q; valid: regional", p.Scope)
+		return nil, fmt.Errorf("scope: unknown scope %q; valid: regional, global", p.Scope)
 	}
 	if p.Denied {
 		if p.RequestsPerUnit != 0 || p.Unit != "" || p.Algorithm != "" {
@@ -379,7 +393,7 @@ func (c *Config) compileAll() (map[string]*domainPolicies, error) {
 	for _, d := range c.Domains {
 		dp := &domainPolicies{name: d.Domain}
 		for _, p := range d.Policies {
-			cp, err := compile(p)
+			cp, err := compile(p, c.Regions)
 			if err != nil {
 				return nil, fmt.Errorf("%w: %s: %v", ErrConfig, p.Name, err)
 			}

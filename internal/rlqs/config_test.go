@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-io/sluice/clock"
 	"github.com/sluice-io/sluice/internal/yamlconf"
+	"github.com/sluice-io/sluice/memstore"
 )
 
 // TestConfigErrors: every problem of a bad section is reported with its
@@ -42,13 +43,66 @@ func TestConfigErrors(t *testing.T) {
 		"testdata/bad.yaml:17: domains[0].policies[2].denied: a denied policy takes no requests_per_unit, unit or algorithm",
 		"testdata/bad.yaml:20: domains[0].policies[3].match: at least one bucket id key is required",
 		"testdata/bad.yaml:28: domains[1].domain: duplicate domain \"envoy\"",
-		// The quota service's leases cannot be held across regions
-		// exactly (errGlobalScope): refused at config check.
-		"testdata/bad.yaml:27: domains[0].policies[4].scope: global is not supported for RLQS",
+		// A global policy without serve's regions.
+		"testdata/bad.yaml:27: domains[0].policies[4].scope: global needs serve's store.region and store.regions",
 	} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("missing %q in:\n%s", want, msg)
 		}
+	}
+}
+
+// TestConfigGlobal: a global policy's home is one of serve's regions (as
+// an RLS rule's is), a regional one has none, and a denied one is
+// regional.
+func TestConfigGlobal(t *testing.T) {
+	base := func(p Policy) *Config {
+		return &Config{Regions: []string{"eu", "us", "ap"}, Domains: []Domain{{Domain: "d", Policies: []Policy{p}}}}
+	}
+	lim := Policy{Name: "p", Match: map[string]string{"route": "*"}, RequestsPerUnit: 100, Unit: "second"}
+	for _, tc := range []struct {
+		scope, home string
+		denied      bool
+		want        string // "" valid
+	}{
+		{"global", "eu", false, ""},
+		{"global", "", false, ""},
+		{"GLOBAL", "ap", false, ""},
+		{"global", "mars", false, `policies[0].home: unknown region "mars"; valid: eu, us, ap`},
+		{"", "eu", false, "policies[0].home: only a policy with scope: global has a home"},
+		{"planet", "", false, `policies[0].scope: unknown scope "planet"; valid: regional, global`},
+		{"global", "", true, "policies[0].scope: a denied policy has no limit to hold across regions"},
+	} {
+		p := lim
+		p.Scope, p.Home = tc.scope, tc.home
+		if tc.denied {
+			p.RequestsPerUnit, p.Unit = 0, ""
+			p.Denied = true
+		}
+		err := base(p).Validate()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("scope %q home %q: %v", tc.scope, tc.home, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("scope %q home %q: %v, want %q", tc.scope, tc.home, err, tc.want)
+		}
+	}
+	c := base(Policy{Name: "p", Match: map[string]string{"route": "*"}, RequestsPerUnit: 100, Unit: "second", Scope: "global", Home: "us"})
+	ds, err := c.compileAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := ds["d"].policies[0]; !p.global || p.home != "us" {
+		t.Errorf("compiled: global %v home %q", p.global, p.home)
+	}
+	// A server that cannot reach the other regions refuses it.
+	st, err := memstore.New(memstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = st.Close() }()
+	if _, err := New(Options{Store: st, Config: c}); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "Options.Global") {
+		t.Errorf("New with a global policy and no Options.Global: %v", err)
 	}
 }
 

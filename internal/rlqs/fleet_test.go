@@ -50,6 +50,7 @@ type instance struct {
 	cfg    *rlqs.Config          // default fleetConfig()
 	log    *slog.Logger          // default discarded
 	reg    prometheus.Registerer // default none
+	global *rlqs.Global          // the other regions, for global policies
 	q      *rlqs.Server          // the running quota server
 	addr   string
 	cancel context.CancelFunc
@@ -69,7 +70,7 @@ func (in *instance) start() {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	q, err := rlqs.New(rlqs.Options{Store: in.store, Config: cfg, Prefix: in.prefix, Logger: log, Registerer: in.reg})
+	q, err := rlqs.New(rlqs.Options{Store: in.store, Config: cfg, Prefix: in.prefix, Logger: log, Registerer: in.reg, Global: in.global})
 	if err != nil {
 		in.t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ type metrics struct {
 	refused     *prometheus.CounterVec // reason
 	dropped     *prometheus.CounterVec // reason
 	coalesced   prometheus.Counter
+	leases      *prometheus.CounterVec // domain, policy, result (ok, error): renewals of a region lease at a global policy's home
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -37,11 +38,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Bucket usages answered with nothing, the Envoy keeping its assignment: peer_reports (over the client's report budget), peer_new_buckets (over its new-bucket budget), buckets (the server at max_buckets), pending (the server holding MaxPendingBytes of reports)."}, []string{"reason"}),
 		coalesced: prometheus.NewCounter(prometheus.CounterOpts{Name: "sluice_rlqs_coalesced_total",
 			Help: "Bucket usages reported again within half a report interval of the bucket's last store call, answered from its assignment in force without one."}),
+		leases: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_rlqs_region_leases_total",
+			Help: "Renewals of this instance's lease of a global policy's capacity at its home region: ok, or error (the home unreachable, late or degraded)."}, []string{"domain", "policy", "result"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.streams, m.reports, m.assignments, m.rebalances, m.storeErrors, m.refused, m.dropped, m.coalesced} {
+	for _, c := range []prometheus.Collector{m.streams, m.reports, m.assignments, m.rebalances, m.storeErrors, m.refused, m.dropped, m.coalesced, m.leases} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("rlqs: register metrics: %w", err)
 		}

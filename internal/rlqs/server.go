@@ -32,6 +32,11 @@
 // fleet wants more than C, and its demand and half again when not. Both
 // takes of every bucket of a report go to the store in one ApplyAll (the
 // domain is the keys' hash tag): one round trip per report.
+//
+// A policy with scope global is one limit for every region's Envoys: each
+// instance leases part of C at the home region's store, sized by its
+// demand against every region's, and its streams divide only what it
+// holds; no assignment outlives that lease (global.go).
 package rlqs
 
 import (
@@ -101,6 +106,9 @@ type Options struct {
 	Logger *slog.Logger
 	// Registerer receives the metrics; nil means none are exported.
 	Registerer prometheus.Registerer
+	// Global reaches the other regions' stores, for the policies with
+	// scope global (global.go); required when the config has one.
+	Global *Global
 }
 
 // Server serves StreamRateLimitQuotas. It is safe for concurrent use.
@@ -131,6 +139,8 @@ type Server struct {
 
 	done     chan struct{} // closed by Drain
 	drainOne sync.Once
+
+	glob *globals // the region leases of global policies; nil without Options.Global
 }
 
 // compiled is a checked section in force.
@@ -194,7 +204,27 @@ func New(opts Options) (*Server, error) {
 	s.slots = newFairSlots(storeSlots)
 	s.heavyWork = make(chan struct{}, 1)
 	s.pending = &budget{left: MaxPendingBytes}
+	if opts.Global != nil {
+		if s.glob, err = newGlobals(s, *opts.Global); err != nil {
+			return nil, err
+		}
+		go s.glob.run()
+	} else if c.hasGlobal() {
+		return nil, fmt.Errorf("%w: a policy with scope global needs Options.Global (serve's store.region and store.regions)", ErrConfig)
+	}
 	return s, nil
+}
+
+// hasGlobal reports whether a policy of the section has scope global.
+func (c *compiled) hasGlobal() bool {
+	for _, d := range c.domains {
+		for _, p := range d.policies {
+			if p.global {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // config returns the section in force, compiling the live one first if
@@ -280,6 +310,12 @@ type bucket struct {
 	// strategy is the token bucket of assigned tokens per fill, kept
 	// while the assignment is (read only: answers share it).
 	strategy *typev3.RateLimitStrategy
+	// home is a global bucket's key at its home (global.go); glob its
+	// region lease, looked up at each report; ttl the TTL of its
+	// assignment in force (0: the configured one).
+	home string
+	glob *globalBucket
+	ttl  time.Duration
 }
 
 // demandSuffix ends the key of a bucket's demand leases.
@@ -439,6 +475,7 @@ type pending struct {
 	mine   int64 // demand per fill
 	demand int64 // as set in the store (at least 1)
 	want   int64
+	rate   int64 // the capacity divided: the policy's, or a global bucket's region lease
 }
 
 // report answers one message: the actions of its buckets, or an error
@@ -551,8 +588,31 @@ func (s *Server) answer(ctx context.Context, cfg *compiled, st *stream, usages [
 			b.policy, b.fill = p, p.fill
 			// One string for both keys: the demand key is the share's
 			// with a suffix, not a concatenation per report.
-			b.demandKey = s.prefix + "{" + st.dom.name + "}:" + p.name + ":" + strconv.FormatInt(int64(p.fill/time.Second), 10) + ":" + hex.EncodeToString(h[:12]) + demandSuffix
+			base := s.prefix + "{" + st.dom.name + "}:" + p.name + ":" + strconv.FormatInt(int64(p.fill/time.Second), 10) + ":" + hex.EncodeToString(h[:12])
+			b.home = ""
+			if p.global {
+				// The instance's streams divide its region lease in keys
+				// of their own; the home holds the leases at base.
+				b.home, base = base, base+":@"+s.id
+			}
+			b.demandKey = base + demandSuffix
 			b.key = b.demandKey[:len(b.demandKey)-len(demandSuffix)]
+		}
+		b.glob = nil
+		if p.global {
+			var err error
+			if s.glob == nil {
+				err = errors.New("rlqs: a global policy on a server without Options.Global")
+			} else {
+				b.glob, err = s.glob.bucket(b.home, b.key, p, st.dom.name, now)
+			}
+			if err != nil {
+				s.warn.log("region_lease", "rlqs: a global bucket without its home; denied", "domain", st.dom.name, "policy", p.name, "err", err.Error())
+				b.assigned, b.taken, b.ttl = 0, true, 0
+				s.m.assignments.WithLabelValues(st.dom.name, p.name, "deny").Inc()
+				resp.BucketAction = append(resp.BucketAction, s.action(cfg, b, u.GetBucketId()))
+				continue
+			}
 		}
 		if b.reported != 0 && now-b.reported < int64(cfg.interval/2) {
 			// Reported again within half an interval of its last store
@@ -564,6 +624,13 @@ func (s *Server) answer(ctx context.Context, cfg *compiled, st *stream, usages [
 			b.carry += int64(min(u.GetNumRequestsAllowed(), 1<<40) + min(u.GetNumRequestsDenied(), 1<<40))
 			if b.taken {
 				s.m.coalesced.Inc()
+				if b.glob != nil && b.assigned > 0 {
+					// Given again now, the assignment must end before the
+					// region lease does.
+					if b.ttl = s.glob.ttlAt(cfg, b.glob, now); b.ttl < time.Second {
+						b.assigned, b.ttl = 0, 0
+					}
+				}
 				resp.BucketAction = append(resp.BucketAction, s.action(cfg, b, u.GetBucketId()))
 			}
 			continue
@@ -596,7 +663,15 @@ func (s *Server) plan(cfg *compiled, b *bucket, u *rlqsv3.RateLimitQuotaUsageRep
 	// The fleet's demand with this stream's own part as it is now.
 	fleet := max(mine, b.fleet-b.demand+mine)
 	b.demand = mine
+	if b.glob != nil {
+		// A global bucket's streams divide what this instance holds of
+		// it (take reads it again, under the bucket's gate).
+		c = b.glob.cap.Load()
+	}
 	want := shareOf(c, mine, fleet, b.assigned)
+	if b.glob != nil && (c == 0 || !s.glob.usable(cfg, b.glob, now)) {
+		want = 0 // nothing held, or a lease ending too soon: the stream's lease is released
+	}
 	return pending{u: u, b: b, mine: mine, demand: max(1, mine), want: want}
 }
 
@@ -624,14 +699,44 @@ func shareOf(c, mine, fleet, assigned int64) int64 {
 // gets no action: its assignment runs on to its TTL.
 func (s *Server) take(ctx context.Context, cfg *compiled, st *stream, work []pending, resp *rlqsv3.RateLimitQuotaResponse) {
 	lease := cfg.ttl + cfg.interval // outlives the Envoy's assignment, whose TTL starts when the answer arrives
-	reqs := make([]sluice.Request, 0, 2*len(work))
-	for _, w := range work {
-		reqs = append(reqs,
-			sluice.Request{Key: w.b.demandKey, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: demandRate, Period: lease}, Cost: w.demand, Lease: st.id},
-			sluice.Request{Key: w.b.key, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: w.b.policy.capacity, Period: lease}, Cost: w.want, Lease: st.id})
-	}
 	sctx, cancel := context.WithTimeout(ctx, cfg.interval/2)
 	defer cancel()
+	// A global bucket's take uses the capacity its instance holds, under
+	// the bucket's gate (global.go); a new one waits for its first
+	// renewal, within the report's store time.
+	for _, w := range work {
+		if gb := w.b.glob; gb != nil {
+			select {
+			case <-gb.ready:
+			case <-sctx.Done():
+			}
+		}
+	}
+	for i := range work {
+		w := &work[i]
+		w.rate = w.b.policy.capacity
+		if gb := w.b.glob; gb != nil {
+			gb.gate.RLock()
+			defer gb.gate.RUnlock()
+			w.rate = gb.cap.Load()
+			if w.rate == 0 || !s.glob.usable(cfg, gb, s.clock.Now()) {
+				w.want = 0
+			}
+		}
+	}
+	// Each bucket's demand (dx[i]), then its share (cx[i]; -1 for a
+	// global bucket that takes none: its stream's lease, if any, lapses,
+	// as a take of no cost is not one).
+	reqs := make([]sluice.Request, 0, 2*len(work))
+	dx, cx := make([]int, len(work)), make([]int, len(work))
+	for i, w := range work {
+		dx[i], cx[i] = len(reqs), -1
+		reqs = append(reqs, sluice.Request{Key: w.b.demandKey, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: demandRate, Period: lease}, Cost: w.demand, Lease: st.id})
+		if w.want > 0 {
+			cx[i] = len(reqs)
+			reqs = append(reqs, sluice.Request{Key: w.b.key, Algorithm: sluice.Concurrency, Limit: sluice.Limit{Rate: max(1, w.rate), Period: lease}, Cost: w.want, Lease: st.id})
+		}
+	}
 	ds, err := s.apply(sctx, st, reqs)
 	if err != nil {
 		for _, w := range work {
@@ -647,9 +752,12 @@ func (s *Server) take(ctx context.Context, cfg *compiled, st *stream, work []pen
 	var again []sluice.Request
 	var which []int
 	for i, w := range work {
-		fresh := demandRate - ds[2*i].Remaining
-		if want := shareOf(w.b.policy.capacity, w.mine, fresh, w.b.assigned); want > ds[2*i+1].Taken && ds[2*i+1].Remaining > 0 {
-			r := reqs[2*i+1]
+		if cx[i] < 0 {
+			continue // nothing to take under the region lease
+		}
+		fresh := demandRate - ds[dx[i]].Remaining
+		if want := shareOf(w.rate, w.mine, fresh, w.b.assigned); want > ds[cx[i]].Taken && ds[cx[i]].Remaining > 0 {
+			r := reqs[cx[i]]
 			r.Cost = want
 			again = append(again, r)
 			which = append(which, i)
@@ -658,16 +766,35 @@ func (s *Server) take(ctx context.Context, cfg *compiled, st *stream, work []pen
 	if len(again) > 0 {
 		if ds2, err := s.apply(sctx, st, again); err == nil {
 			for k, i := range which {
-				if ds2[k].Taken > ds[2*i+1].Taken {
-					ds[2*i+1] = ds2[k]
+				if ds2[k].Taken > ds[cx[i]].Taken {
+					ds[cx[i]] = ds2[k]
 				}
 			}
 		}
 	}
 	for i, w := range work {
 		b, p := w.b, w.b.policy
-		b.fleet = demandRate - ds[2*i].Remaining
-		got := ds[2*i+1].Taken
+		b.fleet = demandRate - ds[dx[i]].Remaining
+		var got int64
+		if cx[i] >= 0 {
+			got = ds[cx[i]].Taken
+		}
+		b.ttl = 0
+		if gb := b.glob; gb != nil {
+			// The instance's demand sizes its region lease; a stream
+			// that wants more than it holds renews it at once.
+			gb.demand.Store(b.fleet)
+			// One whose streams now hold less than its lease (it is
+			// shrinking) gives the rest back at once.
+			if gb.wantsMore(b.fleet) || gb.held.Load() > gb.cap.Load() {
+				gb.hungry.Store(true)
+				s.glob.nudge()
+			}
+			// Its assignment ends before the lease does.
+			if b.ttl = s.glob.ttlAt(cfg, gb, s.clock.Now()); b.ttl < time.Second {
+				got, b.ttl = 0, 0
+			}
+		}
 		if b.assigned > 0 && got != b.assigned {
 			s.m.rebalances.WithLabelValues(st.dom.name, p.name).Inc()
 		}
@@ -693,9 +820,13 @@ func (s *Server) action(cfg *compiled, b *bucket, id *rlqsv3.BucketId) *rlqsv3.R
 			st = TokenBucketFor(b.assigned, b.fill)
 			b.strategy = st
 		}
+		ttl := cfg.ttlPB
+		if b.ttl > 0 && b.ttl != cfg.ttl {
+			ttl = durationpb.New(b.ttl) // cut to a global bucket's region lease
+		}
 		a = &rlqsv3.RateLimitQuotaResponse_BucketAction{BucketAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction_{
 			QuotaAssignmentAction: &rlqsv3.RateLimitQuotaResponse_BucketAction_QuotaAssignmentAction{
-				AssignmentTimeToLive: cfg.ttlPB,
+				AssignmentTimeToLive: ttl,
 				RateLimitStrategy:    st,
 			}}}
 	}

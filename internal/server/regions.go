@@ -70,6 +70,7 @@ func openRegions(ctx context.Context, sc config.StoreSection, local sluice.Store
 		TTL:          sc.Global.TTL,
 		FetchTimeout: fetchTimeout,
 		ClockSkew:    sc.Global.ClockSkew,
+		TrustHistory: sc.Global.TrustHistory,
 		SyncInterval: sc.Global.SyncInterval,
 		StaleAfter:   sc.Global.StaleAfter,
 		Policy:       policy,

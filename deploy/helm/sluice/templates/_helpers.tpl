@@ -30,6 +30,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- end -}}
 
+{{/* The variable a region's Redis URL comes in by: SLUICE_REGION_<NAME>_URL. */}}
+{{- define "sluice.regionEnv" -}}
+{{- printf "SLUICE_REGION_%s_URL" (. | upper | replace "-" "_" | replace "." "_") -}}
+{{- end -}}
+
+{{/* The other regions' Redis URLs, from their Secrets (env entries). */}}
+{{- define "sluice.regionEnvs" -}}
+{{- $out := list -}}
+{{- if .Values.store.region -}}
+{{- range $name, $r := .Values.store.regions -}}
+{{- $out = append $out (dict "name" (include "sluice.regionEnv" $name) "valueFrom" (dict "secretKeyRef" (dict "name" ($r.existingSecret | default "") "key" ($r.existingSecretKey | default "url")))) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
 {{/* sluice.yaml, built from the values. */}}
 {{- define "sluice.config" -}}
 {{- $store := dict "failure_policy" .Values.store.failurePolicy "timeout" .Values.store.timeout "instances" (int .Values.replicaCount) -}}
@@ -42,6 +58,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $_ := set $store "max_keys" (int64 .Values.store.maxKeys) -}}
 {{- $_ := set $store "max_bytes" (mul (int64 .Values.store.maxBytesMiB) 1048576) -}}
 {{- $_ := set $store "plain_windows" (ne .Values.store.plainWindows false) -}}
+{{- with .Values.store.region -}}
+{{- $_ := set $store "region" . -}}
+{{- $regions := dict -}}
+{{- range $name, $r := $.Values.store.regions -}}
+{{- $_ := set $regions $name (dict "url_env" (include "sluice.regionEnv" $name)) -}}
+{{- end -}}
+{{- with $regions }}{{ $_ := set $store "regions" . }}{{ end -}}
+{{- with $.Values.store.global }}{{ $_ := set $store "global" . }}{{ end -}}
+{{- end -}}
 {{- $cfg := dict "listen" (printf ":%d" (int .Values.port)) "shutdown_timeout" .Values.shutdownTimeout "store" $store -}}
 {{- with .Values.policies }}{{ $_ := set $cfg "policies" . }}{{ end -}}
 {{- with .Values.tiers }}{{ $_ := set $cfg "tiers" . }}{{ end -}}
@@ -148,6 +173,36 @@ Included by the Deployment, so `helm template`, `helm install` and
 {{- end -}}
 {{- if and (gt $n 1) (not (include "sluice.redisSecret" .)) -}}
 {{- fail (printf "replicaCount is %d but no store.redisURL or store.existingSecret is set: on the memory store each replica keeps its own counts, so every limit would be %d times what you wrote. Set store.redisURL (or store.existingSecret) to a Redis all replicas share, or keep replicaCount: 1" $n $n) -}}
+{{- end -}}
+{{- with .Values.store -}}
+{{- if and .regions (not .region) -}}
+{{- fail "store.regions is set without store.region: name this release's region (docs/regions.md)" -}}
+{{- end -}}
+{{- if .region -}}
+{{- if not (regexMatch "^[A-Za-z0-9_.-]{1,64}$" (.region | toString)) -}}
+{{- fail (printf "store.region %q: a region name is 1-64 letters, digits, '_', '-' or '.'" (.region | toString)) -}}
+{{- end -}}
+{{- if not (include "sluice.redisSecret" $) -}}
+{{- fail "store.region is set but no store.redisURL or store.existingSecret: each region keeps its limits in its own Redis" -}}
+{{- end -}}
+{{- $envs := dict -}}
+{{- range $name, $r := .regions -}}
+{{- if not (regexMatch "^[A-Za-z0-9_.-]{1,64}$" $name) -}}
+{{- fail (printf "store.regions: %q: a region name is 1-64 letters, digits, '_', '-' or '.'" $name) -}}
+{{- end -}}
+{{- if eq $name $.Values.store.region -}}
+{{- fail (printf "store.regions.%s is this release's own region (store.region), whose Redis is store.redisURL/existingSecret: list only the others" $name) -}}
+{{- end -}}
+{{- if not (and (kindIs "map" $r) $r.existingSecret) -}}
+{{- fail (printf "store.regions.%s needs existingSecret: the Secret holding that region's Redis URL (a URL carries its password, so the chart takes it from a Secret only)" $name) -}}
+{{- end -}}
+{{- $env := include "sluice.regionEnv" $name -}}
+{{- if hasKey $envs $env -}}
+{{- fail (printf "store.regions: %s and %s both read %s: rename one" (get $envs $env) $name $env) -}}
+{{- end -}}
+{{- $_ := set $envs $env $name -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- if lt (int64 .Values.store.maxKeys) 1 -}}
 {{- fail "store.maxKeys must be at least 1: the memory store needs a key bound" -}}
