@@ -108,11 +108,13 @@ type pending struct {
 	left atomic.Bool
 }
 
-// fastCall is one key's call of gcra_fast.lua, with Redis TIME: its key
-// and ARGV (op, tau, intervals; shared read-only, fastParams.argv).
+// fastCall is one key's call of gcra_fast.lua or fixedwindow_fast.lua
+// (window), with Redis TIME: its key and ARGV (shared read-only,
+// fastParams.argv).
 type fastCall struct {
-	key  string
-	args []string
+	key    string
+	args   []string
+	window bool
 }
 
 // errClosed answers the commands that a closing store did not send.
@@ -227,31 +229,18 @@ func (c *committer) sendGroup(group []*pending) {
 		return
 	}
 	// The group's order is no order its callers imposed (each waited for
-	// its answer, none for another's), so the fast calls go first.
-	var fast, rest []*pending
-	for _, p := range group {
-		if p.fast.key != "" {
-			fast = append(fast, p)
-		} else {
-			rest = append(rest, p)
-		}
-	}
-	if len(fast) < 2 {
-		fast, rest = nil, group
-	}
-	cmds := make([]rueidis.Completed, 0, (len(fast)+fastGroup-1)/fastGroup+len(rest))
-	for i := 0; i < len(fast); i += fastGroup {
-		part := fast[i:min(i+fastGroup, len(fast))]
-		byRun(part)
+	// its answer, none for another's), so the fast calls go first, by
+	// script.
+	parts, rest := fastParts(group)
+	cmds := make([]rueidis.Completed, 0, len(parts)+len(rest))
+	for _, part := range parts {
 		cmds = append(cmds, c.s.fastGroupCmd(client, part, false))
 	}
-	nf := len(cmds)
 	for _, p := range rest {
 		cmds = append(cmds, p.cmd)
 	}
 	res := client.DoMulti(ctx, cmds...)
-	for i := range nf {
-		part := fast[i*fastGroup : min((i+1)*fastGroup, len(fast))]
+	for i, part := range parts {
 		if err, ok := rueidis.IsRedisErr(res[i].Error()); ok && err.IsNoScript() {
 			// Redis lost the script (a restart, SCRIPT FLUSH): EVAL loads it.
 			res[i] = client.Do(ctx, c.s.fastGroupCmd(client, part, true))
@@ -260,7 +249,7 @@ func (c *committer) sendGroup(group []*pending) {
 		answerFast(part, res[i])
 	}
 	for i, p := range rest {
-		p.res = res[nf+i]
+		p.res = res[len(parts)+i]
 		p.done <- struct{}{}
 	}
 	if h := c.s.commitHook; h != nil {
@@ -297,8 +286,8 @@ func (s *Store) exec(ctx context.Context, client rueidis.Client, script *rueidis
 		return script.Exec(ctx, client, keys, args)
 	}
 	var fast fastCall
-	if s.gatherable(sha, keys, args) {
-		fast = fastCall{key: keys[0], args: args}
+	if ok, window := s.gatherable(sha, keys, args); ok {
+		fast = fastCall{key: keys[0], args: args, window: window}
 	}
 	res := group.doFast(ctx, client, client.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), fast)
 	if err, ok := rueidis.IsRedisErr(res.Error()); ok && err.IsNoScript() {

@@ -9,17 +9,18 @@ import (
 	"github.com/sluice-io/sluice"
 )
 
-// A group of the group commit (commit.go) sends its gcra_fast.lua calls,
-// GCRA's and the token bucket's one-key decisions, as calls of up to
-// fastGroup keys each: one EVALSHA, one read of Redis TIME, and each
-// limit's values once, for many decisions. Redis's work per decision is
-// most of what bounds the store's decisions per second when Redis and
-// the callers share a machine, and a call's own cost (EVALSHA's setup,
-// its ARGV, TIME) was over half of a one-key call's (callgrind,
-// docs/BENCHMARKS.md). The decisions are those the one-key calls would
-// make, in some order: the group's callers each waited for their own
-// answer, none for another's, so no order among them was promised. A key
-// holding another type fails its own decision only (WRONGTYPE).
+// A group of the group commit (commit.go) sends its calls of the one-key
+// scripts gcra_fast.lua (GCRA's and the token bucket's decisions) and
+// fixedwindow_fast.lua as calls of up to fastGroup keys each: one
+// EVALSHA, one read of Redis TIME, and each limit's values once, for many
+// decisions. Redis's work per decision is most of what bounds the store's
+// decisions per second when Redis and the callers share a machine, and a
+// call's own cost (EVALSHA's setup, its ARGV, TIME) was over half of a
+// one-key call's (callgrind, docs/BENCHMARKS.md). The decisions are those
+// the one-key calls would make, in some order: the group's callers each
+// waited for their own answer, none for another's, so no order among
+// them was promised. A key holding another type fails its own decision
+// only (WRONGTYPE).
 //
 // Only where a call's keys may lie in different slots: not on a Cluster.
 
@@ -30,10 +31,49 @@ import (
 const fastGroup = 64
 
 // gatherable reports whether a call of the script with sha on keys with
-// args may be gathered: gcra_fast.lua on one key with Redis TIME (a
+// args may be gathered, and whether it is fixedwindow_fast.lua's:
+// gcra_fast.lua or fixedwindow_fast.lua on one key with Redis TIME (a
 // test's time is not gathered), not on a Cluster.
-func (s *Store) gatherable(sha string, keys, args []string) bool {
-	return !s.cluster && len(keys) == 1 && len(args) <= 4 && sha == s.scripts.sha[s.scripts.fast[sluice.GCRA]]
+func (s *Store) gatherable(sha string, keys, args []string) (ok, window bool) {
+	if s.cluster || len(keys) != 1 || len(args) > 4 {
+		return false, false
+	}
+	switch sha {
+	case s.scripts.sha[s.scripts.fast[sluice.GCRA]]:
+		return true, false
+	case s.scripts.sha[s.scripts.fast[sluice.FixedWindow]]:
+		return true, true
+	}
+	return false, false
+}
+
+// fastParts splits a group into its gathered calls, each of one script
+// and at most fastGroup keys, ordered by byRun, and the rest. Calls of a
+// script that has but one in the group go with the rest.
+func fastParts(group []*pending) (parts [][]*pending, rest []*pending) {
+	var gcra, window []*pending
+	for _, p := range group {
+		switch {
+		case p.fast.key == "":
+			rest = append(rest, p)
+		case p.fast.window:
+			window = append(window, p)
+		default:
+			gcra = append(gcra, p)
+		}
+	}
+	for _, calls := range [][]*pending{gcra, window} {
+		if len(calls) < 2 {
+			rest = append(rest, calls...)
+			continue
+		}
+		for i := 0; i < len(calls); i += fastGroup {
+			part := calls[i:min(i+fastGroup, len(calls))]
+			byRun(part)
+			parts = append(parts, part)
+		}
+	}
+	return parts, rest
 }
 
 // byRun orders part so that the calls with the same ARGV (the same
@@ -53,8 +93,10 @@ func byRun(part []*pending) {
 	}
 }
 
-// fastGroupCmd is the gathered call of part (ordered by byRun): EVALSHA,
-// or EVAL of the source with eval.
+// fastGroupCmd is the gathered call of part (one script's, ordered by
+// byRun): EVALSHA, or EVAL of the source with eval. Each run is count and
+// four values: GCRA's op, tau and intervals (the cost's repeated when
+// left out), or the fixed window's op, period, rate and cost.
 func (s *Store) fastGroupCmd(client rueidis.Client, part []*pending, eval bool) rueidis.Completed {
 	keys := make([]string, len(part))
 	args := make([]string, 0, 5)
@@ -71,9 +113,13 @@ func (s *Store) fastGroupCmd(client rueidis.Client, part []*pending, eval bool) 
 		args = append(args, strconv.Itoa(j-i), a[0], a[1], a[2], chg)
 		i = j
 	}
-	fast := s.scripts.fast[sluice.GCRA]
+	a := sluice.GCRA
+	if part[0].fast.window {
+		a = sluice.FixedWindow
+	}
+	fast := s.scripts.fast[a]
 	if eval {
-		return client.B().Eval().Script(s.scripts.fastSrc[sluice.GCRA]).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+		return client.B().Eval().Script(s.scripts.fastSrc[a]).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 	}
 	return client.B().Evalsha().Sha1(s.scripts.sha[fast]).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 }
