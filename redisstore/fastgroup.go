@@ -25,8 +25,8 @@ import (
 // Only where a call's keys may lie in different slots: not on a Cluster.
 
 // fastGroup bounds the keys of one gathered call: it shares the call's
-// own cost among many (32 keys: 0.40× redis_rate's instructions per
-// decision, 8 keys: 0.47×) and keeps one script's run short (Redis
+// own cost among many (GCRA, 32 keys: 0.41× redis_rate's instructions
+// per decision, 8 keys: 0.47×) and keeps one script's run short (Redis
 // serves no one else meanwhile; 64 keys take about 0.2 ms).
 const fastGroup = 64
 

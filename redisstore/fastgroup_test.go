@@ -126,3 +126,71 @@ func TestGroupGathersFastCalls(t *testing.T) {
 		}
 	}
 }
+
+// Under maxmemory with nothing left to evict, Redis refuses writes (OOM)
+// but not reads: a gathered call answers its denials, which write
+// nothing, as their own calls would, and fails only the admissions whose
+// write Redis refused.
+func TestGroupGathersUnderOOM(t *testing.T) {
+	srv := redistest.NewStandalone(t)
+	s := newStore(t, Options{URL: srv.URL(), DisableDenyCache: true, Timeout: 30 * time.Second})
+	ctx := context.Background()
+	key := redistest.Prefix(t)
+	lim := sluice.PerHour(1)
+	reqs := []sluice.Request{
+		{Key: key + "full", Algorithm: sluice.GCRA, Limit: lim, Cost: 1},
+		{Key: key + "fullw", Algorithm: sluice.FixedWindow, Limit: sluice.Limit{Rate: 1, Period: 1000 * time.Hour}, Cost: 1},
+		{Key: key + "new", Algorithm: sluice.GCRA, Limit: lim, Cost: 1},
+		{Key: key + "neww", Algorithm: sluice.FixedWindow, Limit: sluice.Limit{Rate: 1, Period: 1000 * time.Hour}, Cost: 1},
+	}
+	for _, r := range reqs[:2] {
+		if d, err := s.Apply(ctx, sluice.OpAllow, r); err != nil || !d.Allowed {
+			t.Fatalf("%s: %+v %v", r.Key, d, err)
+		}
+	}
+	if _, err := srv.Do(ctx, "CONFIG", "SET", "maxmemory", "1"); err != nil {
+		t.Fatal(err)
+	}
+	const n = 10
+	p := probeCommits(s)
+	thaw := stopped(t, srv)
+	lanes := make(chan error, commitLanes)
+	for range commitLanes {
+		go func() {
+			_, err := s.Apply(ctx, sluice.OpPeek, reqs[0])
+			lanes <- err
+		}()
+		p.wait(t, "direct")
+	}
+	type answer struct {
+		i   int
+		d   sluice.Decision
+		err error
+	}
+	answers := make(chan answer, len(reqs)*n)
+	for i := range len(reqs) * n {
+		go func() {
+			d, err := s.Apply(ctx, sluice.OpAllow, reqs[i%len(reqs)])
+			answers <- answer{i % len(reqs), d, err}
+		}()
+	}
+	p.wait(t, fmt.Sprintf("queued %d", len(reqs)*n))
+	thaw()
+	for range commitLanes {
+		if err := <-lanes; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range len(reqs) * n {
+		a := <-answers
+		switch {
+		case a.i < 2 && (a.err != nil || a.d.Allowed):
+			t.Fatalf("%s under OOM: %+v %v, want denied", reqs[a.i].Key, a.d, a.err)
+		case a.i >= 2 && a.err == nil:
+			t.Fatalf("%s under OOM: %+v, want the write refused", reqs[a.i].Key, a.d)
+		}
+	}
+	if g := s.Stats().Gathered; g != uint64(len(reqs)*n) {
+		t.Fatalf("%d calls gathered, want %d", g, len(reqs)*n)
+	}
+}

@@ -11,8 +11,8 @@
 -- A group (more than one key, as gcra_fast.lua's, commit.go): ARGV holds
 -- runs of five, count, op, period, rate, cost, each for the next count
 -- KEYS, on Redis TIME read once; the reply holds one reply as above per
--- key, or an error for a key that is not a string, without failing the
--- others.
+-- key, or an error for a key that is not a string or whose write Redis
+-- refused (OOM), without failing the others.
 local A, K, tonumber = ARGV, KEYS, tonumber
 local ns, nn
 
@@ -69,9 +69,10 @@ local function step(k, op, rate, cost, p, e, start, ttl)
     if c > 4503599627370496 then c = 4503599627370496 end -- algo.MaxCount
   end
   if c == 0 then
-    if v then redis.call('DEL', k) end
+    if v then redis.pcall('DEL', k) end
   else
-    redis.call('SET', k, start .. ' ' .. string.format('%d', c), 'PX', ttl)
+    local w = redis.pcall('SET', k, start .. ' ' .. string.format('%d', c), 'PX', ttl)
+    if w.err then return w end -- OOM under maxmemory: this key's write only
   end
   return { 1, c, e }
 end

@@ -14,8 +14,9 @@
 -- commit.go): ARGV holds runs of five, count, op, tau, interval of the
 -- effective cost, interval of the cost, each for the next count KEYS, in
 -- order; the time is Redis TIME, read once. Reply: one reply as above per
--- key, in order, or an error for a key that is not a string (WRONGTYPE),
--- without failing the others.
+-- key, in order, or an error for a key that is not a string (WRONGTYPE)
+-- or whose write Redis refused (OOM), without failing the others (a
+-- denial writes nothing, and is answered under OOM as alone).
 --
 -- An admission's integer reply, not a table, saves 9% of the script's
 -- Redis instructions per call (callgrind, docs/BENCHMARKS.md); a denial
@@ -63,9 +64,10 @@ local function step(k, op, tau, inc, chg)
     local r = t - s * 1e9
     if r < 0 then s = s - 1; r = r + 1e9 elseif r >= 1e9 then s = s + 1; r = r - 1e9 end
     -- the TTL as a string: a Lua number becomes one through '%.17g'
-    redis.call('SET', k, string.format('%d%09d', ns + s, r), 'PX', string.format('%d', math.ceil(tat / 1e6)))
+    local w = redis.pcall('SET', k, string.format('%d%09d', ns + s, r), 'PX', string.format('%d', math.ceil(tat / 1e6)))
+    if w.err then return w end -- OOM under maxmemory: this key's write only
   elseif v then
-    redis.call('DEL', k)
+    redis.pcall('DEL', k)
   end
   return tat
 end
