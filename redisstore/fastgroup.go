@@ -48,8 +48,10 @@ func (s *Store) gatherable(sha string, keys, args []string) (ok, window bool) {
 }
 
 // fastParts splits a group into its gathered calls, each of one script
-// and at most fastGroup keys, ordered by byRun, and the rest. Calls of a
-// script that has but one in the group go with the rest.
+// and of 2 to fastGroup keys, ordered by byRun, and the rest. A call
+// left alone (a script's only call in the group, or one past a multiple
+// of fastGroup) goes with the rest: a gathered call of one key would read
+// as a one-key call, whose ARGV differ.
 func fastParts(group []*pending) (parts [][]*pending, rest []*pending) {
 	var gcra, window []*pending
 	for _, p := range group {
@@ -69,6 +71,10 @@ func fastParts(group []*pending) (parts [][]*pending, rest []*pending) {
 		}
 		for i := 0; i < len(calls); i += fastGroup {
 			part := calls[i:min(i+fastGroup, len(calls))]
+			if len(part) == 1 {
+				rest = append(rest, part[0])
+				break
+			}
 			byRun(part)
 			parts = append(parts, part)
 		}

@@ -194,3 +194,51 @@ func TestGroupGathersUnderOOM(t *testing.T) {
 		t.Fatalf("%d calls gathered, want %d", g, len(reqs)*n)
 	}
 }
+
+// fastParts gathers each script's calls in parts of 2 to fastGroup keys,
+// leaving a lone one (past a multiple of fastGroup, or a script's only
+// call) with the rest: a one-key gathered call would be read by the
+// script as a one-key call, whose ARGV differ (a group of 65 fixed-window
+// calls failed its 65th with "arithmetic on upvalue 'nn'").
+func TestFastPartsNoLoneCall(t *testing.T) {
+	args := []string{"1", "1000", "1"}
+	mk := func(n int, window bool) []*pending {
+		ps := make([]*pending, n)
+		for i := range ps {
+			ps[i] = &pending{fast: fastCall{key: fmt.Sprint(i), args: args, window: window}}
+		}
+		return ps
+	}
+	for _, c := range []struct{ gcra, window, plain int }{
+		{65, 0, 0}, {64, 1, 3}, {129, 2, 0}, {1, 1, 1}, {2, 65, 0},
+	} {
+		group := append(append(mk(c.gcra, false), mk(c.window, true)...), mk(c.plain, false)...)
+		for _, p := range group[c.gcra+c.window:] {
+			p.fast = fastCall{}
+		}
+		parts, rest := fastParts(group)
+		seen := map[*pending]int{}
+		for _, part := range parts {
+			if len(part) < 2 || len(part) > fastGroup {
+				t.Fatalf("%+v: a part of %d calls", c, len(part))
+			}
+			for _, p := range part {
+				if p.fast.window != part[0].fast.window {
+					t.Fatalf("%+v: a part mixes scripts", c)
+				}
+				seen[p]++
+			}
+		}
+		for _, p := range rest {
+			seen[p]++
+		}
+		if len(seen) != len(group) {
+			t.Fatalf("%+v: %d of %d calls placed", c, len(seen), len(group))
+		}
+		for _, n := range seen {
+			if n != 1 {
+				t.Fatalf("%+v: a call placed %d times", c, n)
+			}
+		}
+	}
+}
