@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/rueidis"
 
@@ -295,6 +296,15 @@ func (s *Store) exec(ctx context.Context, client rueidis.Client, script *rueidis
 	}
 	return res
 }
+
+// dedicatedPoolSize is the most connections execDedicated holds per
+// node at once (rueidis' BlockingPoolSize): a lease's chunk fetch is one
+// script, so 16 in flight serve some 16 × 5,000 fetches a second.
+const dedicatedPoolSize = 16
+
+// dedicatedPoolCleanup is how long the dedicated connections past one may
+// stay idle before rueidis closes them.
+const dedicatedPoolCleanup = 30 * time.Second
 
 // execDedicated runs a call marked by sluice.WaitForReply (a lease's chunk
 // fetch) on a connection of its own (rueidis' Dedicate, from a pool): on

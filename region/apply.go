@@ -238,7 +238,8 @@ func refundWindow(req *sluice.Request, now int64) string {
 // applyHome decides a global key whose home is this region on this
 // region's store, its authority, once its epoch is checked (epoch.go):
 // on its first decision here, EpochEvery after the last check, and after
-// a call failed.
+// a call failed. A bucket key at its limit is decided from this region's
+// share of it instead (fair.go).
 func (s *Store) applyHome(ctx context.Context, op sluice.Op, req sluice.Request) (sluice.Decision, error) {
 	e := s.entry(&req)
 	if e != nil && s.epochEvery > 0 && op != sluice.OpReset {
@@ -253,7 +254,20 @@ func (s *Store) applyHome(ctx context.Context, op sluice.Op, req sluice.Request)
 			}
 		}
 	}
+	if e != nil && op == sluice.OpAllow && s.fairClient(&req) != nil {
+		// Sharing by demand (fair.go): at its limit, the key's refill
+		// is shared by the regions' demand, and this region's calls
+		// spend their part from a share, as the far regions' do.
+		now := s.clk.Now()
+		if s.reportHome(e, &req, now) {
+			return s.allow(ctx, s.local, &req) // notes the demand
+		}
+		e.note(now, req.Cost)
+	}
 	d, err := s.local.Apply(ctx, op, req)
+	if err == nil && e != nil && op == sluice.OpAllow {
+		e.homeShort.Store(!d.Allowed)
+	}
 	if err != nil && e != nil {
 		e.mu.Lock()
 		e.epochStale = true

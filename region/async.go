@@ -61,6 +61,7 @@ type counts struct {
 	epochAt    int64  // ns of the last check
 	epochStale bool   // a call to the region's store failed since
 	epochBusy  bool   // a check is in flight
+	forgotten  bool   // dropped from the table (its id is kept in aseen)
 }
 
 // asyncEntry returns the key's counts; nil when MaxKeys are tracked.
@@ -306,9 +307,13 @@ func (s *Store) syncRound(ctx context.Context, wait bool) {
 			jobs[i] = append(jobs[i], job{c: c, req: c.req, units: c.pending[i], id: c.nextID, win: c.win})
 			c.pending[i], c.oldest[i] = 0, 0
 		}
-		if empty && now-c.lastUse > forget && !c.busy() && !c.epochBusy {
+		// A key with its epoch check in flight is forgotten too (the
+		// check then remembers its id when it ends, checkAsyncEpoch):
+		// waiting for it kept a flood's keys in the table a round more.
+		if empty && now-c.lastUse > forget && !c.busy() {
 			if _, ok := s.akeys.LoadAndDelete(key); ok {
 				s.size.Add(-1)
+				c.forgotten = true
 				s.rememberAsyncEpoch(c)
 			}
 		}

@@ -16,9 +16,18 @@ import (
 // regional key's, and its fetches go on in the background.
 //
 //	go test -run '^$' -bench GlobalVsRegional -benchtime 2000x ./region/
-func BenchmarkGlobalVsRegional(b *testing.B) {
+func BenchmarkGlobalVsRegional(b *testing.B) { benchGlobalVsRegional(b, "ap") }
+
+// BenchmarkGlobalHomeVsRegional is BenchmarkGlobalVsRegional in the home
+// region (eu), where a global key is decided by the region's store (and
+// reports its demand to the key's demand table every 50ms, fair.go).
+func BenchmarkGlobalHomeVsRegional(b *testing.B) { benchGlobalVsRegional(b, "eu") }
+
+// benchGlobalVsRegional decides a global key and a regional key in turn
+// in region.
+func benchGlobalVsRegional(b *testing.B, region string) {
 	w := newWorld(b, worldOpts{home: "eu"})
-	s := w.inst["ap"][0]
+	s := w.inst[region][0]
 	lim := sluice.Limit{Rate: 1 << 30, Period: time.Second}
 	global := sluice.Request{Key: w.global + "bench", Algorithm: sluice.GCRA, Limit: lim, Cost: 1}
 	regional := sluice.Request{Key: w.global[:len(w.global)-2] + "r:bench", Algorithm: sluice.GCRA, Limit: lim, Cost: 1}

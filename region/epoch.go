@@ -294,6 +294,10 @@ func (s *Store) checkAsyncEpoch(ctx context.Context, c *counts) {
 		return
 	}
 	c.epoch, c.epochAt, c.epochStale = cur, s.clk.Now(), false
+	if c.forgotten {
+		// Forgotten while the check ran: keep what it saw.
+		s.rememberAsyncEpoch(c)
+	}
 }
 
 // rememberAsyncEpoch keeps the id c's key's marker had when its counts

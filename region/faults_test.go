@@ -236,11 +236,11 @@ func TestGlobalHomeRestartUnpersisted(t *testing.T) {
 	// The bound docs/regions.md states (failure table): C + r·t + 2, plus
 	// what the home region admits between the restart and its next check,
 	// and the fetches sent beside the check that finds the loss. Those two
-	// terms are timing's: 0 in quiet runs, 121 once in a make test run
-	// (three race binaries on 2 cores). An eighth of the burst (200) bounds
-	// them here; a home that forgot with no check admits a fresh burst,
-	// 1500 over (4511 measured).
-	slack := 2 + float64(lim.Capacity())/8
+	// terms are timing's: 0 in quiet runs, 121 once and 217 once in make
+	// test runs (three race binaries on 2 cores, helpers building beside).
+	// A quarter of the burst (400) bounds them here; a home that forgot
+	// with no check admits a fresh burst, 1500 over (4511 measured).
+	slack := 2 + float64(lim.Capacity())/4
 	if float64(admitted) > ideal+slack {
 		t.Fatalf("admitted %d > ideal %.1f + %.0f", admitted, ideal, slack)
 	}

@@ -29,6 +29,15 @@ type entry struct {
 	short    bool           // the last fetch got less than it asked for, or nothing
 	empty    bool           // the last fetch got nothing: the home is at its limit
 
+	// fair.go
+	fairSat  bool  // the key was at its limit at the last ask: its refill is shared by demand
+	fairAt   int64 // ns of the home region's last report
+	fairBusy bool  // a report is in flight
+	// homeShort: the home region's store denied its last decision here
+	// (the store is spent), reported to the demand table.
+	homeShort atomic.Bool
+	shared    bool // the home region decided the key from a share since the sweep last emptied it
+
 	// epoch.go
 	epoch      string // the home's epoch id of the key last seen
 	epochAt    int64  // ns of the last check
@@ -83,27 +92,6 @@ func (e *entry) lowWater(s *Store) float64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return max(float64(e.target(s))/2, e.rate*2*e.lat/1e9)
-}
-
-// entry returns the key's entry, created for a request; nil when MaxKeys
-// are tracked already.
-func (s *Store) entry(req *sluice.Request) *entry {
-	if e, ok := s.keys.Load(req.Key); ok {
-		e.mu.Lock()
-		e.req.Algorithm, e.req.Limit, e.req.Cost = req.Algorithm, req.Limit, req.Cost
-		e.mu.Unlock()
-		return e
-	}
-	if s.size.Load() >= s.maxKeys {
-		return nil
-	}
-	e, loaded := s.keys.LoadOrCompute(req.Key, func() (*entry, bool) {
-		return &entry{req: sluice.Request{Key: req.Key, Algorithm: req.Algorithm, Limit: req.Limit, Cost: req.Cost}}, false
-	})
-	if !loaded {
-		s.size.Add(1)
-	}
-	return e
 }
 
 // maxInflight bounds the fetches of one key an instance has in flight at
@@ -198,11 +186,37 @@ func (s *Store) fetch(home sluice.Store, e *entry, req sluice.Request) {
 		return
 	}
 	sent := s.clk.Now()
-	d, err := home.Apply(ctx, sluice.OpAllow, req)
-	short := err == nil && !d.Allowed
-	if err == nil && !d.Degraded && !d.Allowed && d.Remaining > 0 && d.Remaining < req.Cost {
-		req.Cost = d.Remaining
+	// Sharing by demand (fair.go): when the key is at its limit, the
+	// units come from this region's pool in the key's demand table at
+	// home, allotted by demand; else from the home's store as they come
+	// (and what the pool still holds, asked beside the charge).
+	fair, sat := s.ask(ctx, home, e, &req)
+	var d sluice.Decision
+	short := false
+	if sat && fair.err == nil {
+		d = sluice.Decision{Allowed: fair.g.n > 0, RetryAfter: max(fair.g.wait, time.Millisecond)}
+		short = fair.g.n < req.Cost
+		req.Cost = max(fair.g.n, 1)
+	} else {
 		d, err = home.Apply(ctx, sluice.OpAllow, req)
+		short = err == nil && !d.Allowed
+		if err == nil && !d.Degraded && !d.Allowed && d.Remaining > 0 && d.Remaining < req.Cost {
+			req.Cost = d.Remaining
+			d, err = home.Apply(ctx, sluice.OpAllow, req)
+		}
+		if fair != nil {
+			<-fair.done
+			if pool := fair.g.n; fair.err == nil && pool > 0 {
+				switch {
+				case err != nil || d.Degraded:
+					s.st.stranded.Add(uint64(pool))
+				case d.Allowed:
+					req.Cost += pool
+				default:
+					req.Cost, d.Allowed = pool, true
+				}
+			}
+		}
 	}
 	got := s.clk.Now()
 	e.mu.Lock()
@@ -348,11 +362,29 @@ func (s *Store) Sweep(ctx context.Context) {
 		req, idle, busy, down := e.req, now-e.lastUse > int64(s.idle), e.inflight > 0, e.down && now < e.retryAt
 		e.mu.Unlock()
 		if s.home(key) == s.region {
-			// A key this region is the home of: its entry holds only the
-			// epoch this instance saw, kept as long as it may matter.
+			// A key this region is the home of: its entry holds the
+			// epoch this instance saw, kept as long as it may matter,
+			// and its demand. At its limit the region decides it from a
+			// share (fair.go): what the share holds beyond twice this
+			// instance's need goes back to the store, as below, and all
+			// of it once the key is under its limit again.
 			e.mu.Lock()
-			last := e.lastUse
+			last, sat, shared := e.lastUse, e.fairSat, e.shared
 			e.mu.Unlock()
+			if shared && !busy {
+				keep := int64(-1)
+				if sat {
+					lw := e.lowWater(s)
+					e.mu.Lock()
+					keep = 2 * (e.target(s) + int64(math.Ceil(lw)))
+					e.mu.Unlock()
+				}
+				if s.takeBack(ctx, req, s.idle, !sat, keep) && !sat {
+					e.mu.Lock()
+					e.shared = e.fairSat
+					e.mu.Unlock()
+				}
+			}
 			if now-last > int64(epochTTL(&req)) {
 				s.forget(key, e)
 			}
@@ -364,7 +396,6 @@ func (s *Store) Sweep(ctx context.Context) {
 			}
 			return true
 		}
-		home := s.regions[s.home(key)]
 		// A share over twice what this instance's demand keeps (a fetch
 		// and the low-water mark) goes back too: the demand moved away,
 		// and another region may need it. (The region's other instance
@@ -373,18 +404,7 @@ func (s *Store) Sweep(ctx context.Context) {
 		e.mu.Lock()
 		keep := 2 * (e.target(s) + int64(math.Ceil(lw)))
 		e.mu.Unlock()
-		n, err := s.led.take(ctx, key, s.idle, false, keep)
-		if err != nil || n == 0 {
-			if err == nil && idle {
-				s.forget(key, e)
-			}
-			return true
-		}
-		if !s.refund(home, req, n) {
-			// Still charged at home: keep them, unspendable, for later.
-			if _, err := s.led.credit(ctx, key, n, 0, ""); err != nil {
-				s.st.stranded.Add(uint64(n))
-			}
+		if !s.takeBack(ctx, req, s.idle, false, keep) {
 			return true
 		}
 		if idle {
@@ -392,12 +412,7 @@ func (s *Store) Sweep(ctx context.Context) {
 		}
 		return true
 	})
-}
-
-func (s *Store) forget(key string, e *entry) {
-	if _, ok := s.keys.LoadAndDelete(key); ok {
-		s.size.Add(-1)
-	}
+	s.refundOrphans(ctx)
 }
 
 // counters are a Store's statistics.
@@ -405,6 +420,7 @@ type counters struct {
 	home, share, denied, policy                                             atomic.Uint64
 	fetches, fetchDenied, fetchErrors, fetched, refunds, refunded, stranded atomic.Uint64
 	async, synced, syncErrors, quarantines                                  atomic.Uint64
+	allotted, fairErrors                                                    atomic.Uint64
 }
 
 // Stats are a Store's counts since it started.
@@ -440,6 +456,12 @@ type Stats struct {
 	// Quarantines counts the times this instance found that a home had
 	// lost a key's state, and charged its capacity there (epoch.go).
 	Quarantines uint64
+	// Allotted counts the units this instance, in a key's home region,
+	// charged at its store and allotted to the regions' pools by demand
+	// while the key was at its limit (fair.go); FairErrors the calls to
+	// a demand table that failed (a fetch then charges the store as it
+	// comes).
+	Allotted, FairErrors uint64
 	// Keys is the number of global keys tracked.
 	Keys int64
 }
@@ -451,7 +473,7 @@ func (s *Store) Stats() Stats {
 		Fetches: s.st.fetches.Load(), FetchDenied: s.st.fetchDenied.Load(), FetchErrors: s.st.fetchErrors.Load(),
 		Fetched: s.st.fetched.Load(), Refunds: s.st.refunds.Load(), Refunded: s.st.refunded.Load(),
 		Stranded: s.st.stranded.Load(), Async: s.st.async.Load(), Synced: s.st.synced.Load(), SyncErrors: s.st.syncErrors.Load(),
-		Quarantines: s.st.quarantines.Load(),
-		Keys:        s.size.Load(),
+		Quarantines: s.st.quarantines.Load(), Allotted: s.st.allotted.Load(), FairErrors: s.st.fairErrors.Load(),
+		Keys: s.size.Load(),
 	}
 }

@@ -17,6 +17,13 @@ import (
 // ledger's and the region's.
 func fakeRegions(t *testing.T) (*region.Store, sluice.Store, *clock.Fake, string) {
 	t.Helper()
+	return fakeRegionsWith(t, nil)
+}
+
+// fakeRegionsWith is fakeRegions with the region's options changed by mod
+// (nil: none).
+func fakeRegionsWith(t *testing.T, mod func(*region.Options)) (*region.Store, sluice.Store, *clock.Fake, string) {
+	t.Helper()
 	srv := redistest.Standalone(t)
 	clk := clock.NewFake(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	open := func() *redisstore.Store {
@@ -28,7 +35,7 @@ func fakeRegions(t *testing.T) (*region.Store, sluice.Store, *clock.Fake, string
 		return s
 	}
 	home, local := open(), open()
-	s, err := region.New(region.Options{
+	opts := region.Options{
 		Region:      "us",
 		Regions:     map[string]sluice.Store{"us": local, "eu": home},
 		Ledger:      local.Client(),
@@ -39,7 +46,11 @@ func fakeRegions(t *testing.T) (*region.Store, sluice.Store, *clock.Fake, string
 		SweepEvery:  -1,
 		FetchWait:   time.Minute, // the fake clock does not move while a fetch runs
 		CallTimeout: time.Second,
-	})
+	}
+	if mod != nil {
+		mod(&opts)
+	}
+	s, err := region.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

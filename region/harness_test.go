@@ -153,8 +153,8 @@ func (w *world) instance(r string, o worldOpts, open func(string, time.Duration)
 	return region.New(opts)
 }
 
-// held is the units of key held in the regions' shares now (charged at
-// the home, not spent yet).
+// held is the units of key held in the regions' shares and the home's
+// pools now (charged at the home, not spent yet).
 func (w *world) held(t testing.TB, key string) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -171,6 +171,25 @@ func (w *world) held(t testing.TB, key string) int64 {
 				t.Fatalf("%s's share: %q", r, s)
 			}
 			n += max(k, 0)
+		}
+		// The pools of the key's demand table at its home (fair.go,
+		// lua/fair.lua): charged at home, allotted to a region, not
+		// fetched yet.
+		v, err = w.srv[r].Do(ctx, "HGETALL", "sluice:fair:"+key)
+		if err != nil {
+			t.Fatalf("read %s's demand table: %v", r, err)
+		}
+		fs, _ := v.([]any)
+		for i := 0; i+1 < len(fs); i += 2 {
+			f, _ := fs[i].(string)
+			p, _ := fs[i+1].(string)
+			if strings.HasPrefix(f, "p:") {
+				u, err := strconv.ParseFloat(p, 64)
+				if err != nil {
+					t.Fatalf("%s's pool %q: %q", r, f, p)
+				}
+				n += int64(u)
+			}
 		}
 	}
 	return n

@@ -17,8 +17,8 @@ import (
 //go:embed lua/*.lua
 var luaFiles embed.FS
 
-// scripts are the ledger's three Lua scripts, each lib.lua and its own.
-type scripts struct{ spend, credit, take, epoch *rueidis.Lua }
+// scripts are the region's Lua scripts, each lib.lua and its own.
+type scripts struct{ spend, credit, take, epoch, fair *rueidis.Lua }
 
 func loadScripts() (*scripts, error) {
 	lib, err := luaFiles.ReadFile("lua/lib.lua")
@@ -43,6 +43,9 @@ func loadScripts() (*scripts, error) {
 		return nil, err
 	}
 	if s.epoch, err = load("epoch.lua"); err != nil {
+		return nil, err
+	}
+	if s.fair, err = load("fair.lua"); err != nil {
 		return nil, err
 	}
 	return &s, nil

@@ -176,8 +176,11 @@ type Options struct {
 	// Prefix is put before a key to name its share in the ledger.
 	// DefaultPrefix when empty.
 	Prefix string
-	// MaxKeys bounds the global keys an instance tracks; requests for
-	// more are answered from the ledger without fetching. DefaultMaxKeys
+	// MaxKeys bounds the global keys an instance tracks. When they are
+	// all tracked, a new exact key makes room by forgetting the keys
+	// unused for two fetch round trips (at least EvictAfter) with no
+	// fetch in flight (keys.go); failing that it is answered from the
+	// ledger without fetching. DefaultMaxKeys
 	// when zero.
 	MaxKeys int
 	// Clock is this process's clock, for demand rates and expiry
@@ -208,6 +211,7 @@ func HashHome(regions []string) func(key string) string {
 // their capacity charged at their home. See the package doc.
 type Store struct {
 	region    string
+	id        string // this instance, in the demand tables (fair.go)
 	regions   map[string]sluice.Store
 	local     sluice.Store
 	led       *ledger
@@ -227,8 +231,16 @@ type Store struct {
 	clk       clock.Clock
 	log       *slog.Logger
 
-	keys *xsync.Map[string, *entry]
-	size atomic.Int64
+	keys    *xsync.Map[string, *entry]
+	size    atomic.Int64
+	evictAt atomic.Int64 // ns of the last eviction pass (keys.go)
+
+	// the keys this region is the home of that are at their limit: their
+	// refill is allotted every fairEvery (fair.go)
+	hot *xsync.Map[string, *entry]
+
+	orphanMu sync.Mutex
+	orphans  []orphan // evicted keys whose shares the sweep refunds (keys.go)
 
 	// the asynchronous mode (async.go)
 	akeys      *xsync.Map[string, *counts]
@@ -284,6 +296,7 @@ func New(opts Options) (*Store, error) {
 	}
 	s := &Store{
 		region:     opts.Region,
+		id:         newInstanceID(),
 		regions:    opts.Regions,
 		local:      opts.Regions[opts.Region],
 		global:     opts.Global,
@@ -303,6 +316,7 @@ func New(opts Options) (*Store, error) {
 		log:        opts.Logger,
 		keys:       xsync.NewMap[string, *entry](),
 		akeys:      xsync.NewMap[string, *counts](),
+		hot:        xsync.NewMap[string, *entry](),
 		aseen:      xsync.NewMap[string, asyncSeen](),
 		syncEvery:  def(opts.SyncInterval, DefaultSyncInterval),
 		staleAfter: int64(def(opts.StaleAfter, DefaultStaleAfter)),
@@ -363,6 +377,9 @@ func New(opts Options) (*Store, error) {
 			every = s.idle / 2
 		}
 		s.bg.Go(func() { s.sweepLoop(every) })
+	}
+	if s.global != nil {
+		s.bg.Go(s.allotLoop)
 	}
 	return s, nil
 }

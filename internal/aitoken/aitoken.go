@@ -157,6 +157,15 @@ func countJSON(raw json.RawMessage) int64 {
 	if len(raw) == 0 {
 		return 0
 	}
+	if n, ok := scanCount(raw); ok {
+		return n
+	}
+	return countJSONValue(raw)
+}
+
+// countJSONValue is countJSON through encoding/json: the reading
+// scanCount gives way to.
+func countJSONValue(raw json.RawMessage) int64 {
 	var v any
 	if json.Unmarshal(raw, &v) != nil {
 		return Count(string(raw))

@@ -457,11 +457,61 @@ func BenchmarkServeHTTP(b *testing.B) {
 	serveParallel(b, gw, keys)
 }
 
+// BenchmarkServeHTTPLeased is BenchmarkServeHTTP on the store
+// BenchmarkTailRatio's redis-lease mode runs: Redis (a real redis-server)
+// behind leases, a leased tier with no concurrency limit, so that the
+// limits are decided from the leases, the reservations taken ahead and
+// the settlements made into the leases (settle.go). Its allocations and
+// CPU per request are the gateway's own on that path, without the
+// sockets that make most of BenchmarkTailRatio's profile.
+func BenchmarkServeHTTPLeased(b *testing.B) {
+	o, keys := cpuBenchOptions(b)
+	gw, err := New(leasedBenchOptions(b, o))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer gw.Close()
+	// As BenchmarkTailRatio: the leases hold chunks and know their keys'
+	// rates, and the reservation pools are filled, before the timer.
+	for i := range warmPerConn * len(keys) {
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(benchBody))
+		req.Header.Set("Authorization", "Bearer "+keys[i%len(keys)])
+		w := httptest.NewRecorder()
+		gw.ServeHTTP(w, req)
+		if w.Code != 200 {
+			b.Fatalf("status %d: %s", w.Code, w.Body)
+		}
+	}
+	serveParallel(b, gw, keys)
+}
+
+// leasedBenchOptions are o (cpuBenchOptions) on BenchmarkTailRatio's
+// redis-lease store: a real redis-server behind leases, and the tier
+// leased with no concurrency limit. The stores close when tb ends.
+func leasedBenchOptions(tb testing.TB, o Options) Options {
+	srv := redistest.Standalone(tb)
+	r, err := redisstore.New(context.Background(), redisstore.Options{URL: srv.URL(), DisableDenyCache: true, Timeout: time.Second})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = r.Close() })
+	l, err := lease.New(lease.Options{Store: r})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = l.Close() })
+	cfg := *o.Config
+	cfg.Lease = true
+	cfg.Tiers = map[string]TierConfig{"big": {RPM: 1 << 30, TPM: 1 << 36, RPD: 1 << 36}}
+	o.Store, o.Config = l, &cfg
+	return o
+}
+
 // cpuBenchOptions are the CPU benchmarks' gateway: a memory store (closed
 // when the benchmark ends), one tier whose limits never bind, 64 keys on
 // it (returned), and an upstream that answers at once with a canned
 // completion.
-func cpuBenchOptions(b *testing.B) (Options, []string) {
+func cpuBenchOptions(b testing.TB) (Options, []string) {
 	st, err := memstore.New(memstore.Options{})
 	if err != nil {
 		b.Fatal(err)

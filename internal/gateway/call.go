@@ -4,6 +4,7 @@ package gateway
 
 import (
 	"context"
+	"net/http/httptrace"
 	"sync/atomic"
 	"time"
 
@@ -40,10 +41,11 @@ type call struct {
 	headersAt   time.Time
 	status      int
 	unreachable bool        // no upstream response
-	wrote       atomic.Bool // the whole request was written to the upstream (set by the transport)
-	timedOut    bool        // unreachable: no response headers within upstream.timeout
-	rejected    bool        // upstream answered 429 or 5xx
-	canceled    bool        // the client went away before the response
+	wrote       atomic.Bool // the whole request was written to the upstream (set by the transport through trace)
+	trace       httptrace.ClientTrace
+	timedOut    bool // unreachable: no response headers within upstream.timeout
+	rejected    bool // upstream answered 429 or 5xx
+	canceled    bool // the client went away before the response
 	usageSeen   bool
 	prompt      int64
 	completion  int64

@@ -45,6 +45,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"os"
@@ -364,7 +365,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := &call{id: sluice.NewLeaseID(), start: start, client: cl, model: "-", path: r.URL.Path}
-	w.Header().Set("x-sluice-request-id", c.id)
+	w.Header()["X-Sluice-Request-Id"] = []string{c.id} // canonical: Set would make the key again per request
 	ep := endpoints[r.URL.Path]
 	if ep == epNone && strings.EqualFold(r.Method, http.MethodPost) {
 		if alias := meteredAlias(r.URL.Path); alias != "" {
@@ -428,7 +429,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	g.report(c, true)
 	g.startRenewal(c)
-	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
+	// Whether the upstream got the request decides, if it does not
+	// answer, whether it is refunded (settle): the transport notes it in
+	// c.wrote, on every attempt a pool makes (timedTransport wraps it).
+	c.trace.WroteRequest = c.wroteRequest
+	ctx := httptrace.WithClientTrace(context.WithValue(r.Context(), callKey{}, c), &c.trace)
+	g.proxy.ServeHTTP(w, r.WithContext(ctx))
 	if traced {
 		g.traceResponse(r.Context(), c)
 	}

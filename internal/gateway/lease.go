@@ -38,8 +38,14 @@ func (g *Gateway) applyLeased(ctx context.Context, c *call) ([]sluice.Decision, 
 	if res < 0 {
 		return g.store.ApplyAll(ctx, sluice.OpAllow, c.reqs)
 	}
-	sub := make([]sluice.Request, 0, len(c.reqs)-1)
-	sub = append(append(sub, c.reqs[:res]...), c.reqs[res+1:]...)
+	// The other members, in order: a prefix of c.reqs when the
+	// reservation is last, as it is unless levels or a session follow
+	// (stores do not write into the batch they are given).
+	sub := c.reqs[:res:res]
+	if res < len(c.reqs)-1 {
+		sub = make([]sluice.Request, 0, len(c.reqs)-1)
+		sub = append(append(sub, c.reqs[:res]...), c.reqs[res+1:]...)
+	}
 	var ds []sluice.Decision
 	if len(sub) > 0 {
 		var err error
@@ -47,18 +53,19 @@ func (g *Gateway) applyLeased(ctx context.Context, c *call) ([]sluice.Decision, 
 			return nil, err
 		}
 	}
-	req := c.reqs[res]
+	resv := &c.reqs[res]
 	out := make([]sluice.Decision, 0, len(c.reqs))
-	out = append(append(append(out, ds[:res]...), sluice.Decision{Allowed: true, Limit: req.Limit, Remaining: req.Limit.Rate}), ds[res:]...)
+	out = append(append(append(out, ds[:res]...), sluice.Decision{Allowed: true, Limit: resv.Limit, Remaining: resv.Limit.Rate}), ds[res:]...)
 	if !sluice.Combine(out).Allowed {
 		return out, nil
 	}
-	if id, ok := g.takeReservation(c.client, req); ok {
+	if id, ok := g.takeReservation(c.client, resv); ok {
 		// Held already: no store call for it.
-		c.reqs[res].Key, c.reqs[res].Lease = pooledKey(req.Key, id), id
+		resv.Key, resv.Lease = pooledKey(resv.Key, id), id
 		c.pooledResv = true
 		return out, nil
 	}
+	req := *resv
 	done := make(chan struct{})
 	c.reserving = done
 	g.pending.Add(1)
@@ -135,7 +142,7 @@ func (g *Gateway) resvAge() time.Duration {
 // pool is down to half of what the client asks for in half a resvAge. A
 // client that sends a second request within resvAge starts its pool; a
 // colder one takes its reservations one by one.
-func (g *Gateway) takeReservation(cl *client, tmpl sluice.Request) (string, bool) {
+func (g *Gateway) takeReservation(cl *client, tmpl *sluice.Request) (string, bool) {
 	p := &cl.resv
 	now := g.now()
 	maxAge := g.resvAge()
@@ -173,7 +180,7 @@ func (g *Gateway) takeReservation(cl *client, tmpl sluice.Request) (string, bool
 	}
 	if len(p.ids) <= batch && g.startFill() {
 		p.filling, p.fillAt, p.asked, p.batch = true, now, 0, batch
-		go g.fillReservations(cl, tmpl, batch)
+		go g.fillReservations(cl, *tmpl, batch)
 	}
 	return id, ok
 }

@@ -54,8 +54,8 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 	if c.ep.anthropic() {
 		return g.prepareAnthropic(w, r, c, body)
 	}
-	p, perr := parseBodyCached(body, c.ep, g.tokenCache)
-	if perr != nil {
+	var p parsedBody
+	if perr := parseBodyInto(&p, body, c.ep, g.tokenCache); perr != nil {
 		w.Header().Set("x-should-retry", "false")
 		writeError(w, http.StatusBadRequest, "invalid_request_error", perr.code, perr.param, perr.msg)
 		return false
@@ -70,7 +70,9 @@ func (g *Gateway) prepare(w http.ResponseWriter, r *http.Request, c *call) bool 
 		c.maxTokens = p.budget
 	}
 	c.promptEst = p.promptEst
-	c.rateIn = p.rateIn
+	if g.pool != nil {
+		c.rateIn = p.rateLimitTokens()
+	}
 	c.bud.serviceTier = p.serviceTier
 	c.background = p.background
 	c.bud.audio = p.audio

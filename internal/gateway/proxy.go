@@ -61,25 +61,25 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 // upstream.
 var jsonContentType = []string{"application/json"}
 
-// timedTransport notes when the upstream round trip starts.
+// timedTransport notes when the upstream round trip starts. A metered
+// request's context carries c.trace (ServeHTTP), which notes whether the
+// request was written (call.wroteRequest): set there, once, it costs no
+// copy of the request per round trip.
 type timedTransport struct{ next http.RoundTripper }
 
 func (t timedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if c := callFrom(req.Context()); c != nil {
 		c.sent = time.Now()
-		if c.ep != epNone {
-			// Whether the upstream got the request decides, if it does
-			// not answer, whether the request is refunded (settle).
-			req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
-				WroteRequest: func(info httptrace.WroteRequestInfo) {
-					if info.Err == nil {
-						c.wrote.Store(true)
-					}
-				},
-			}))
-		}
 	}
 	return t.next.RoundTrip(req)
+}
+
+// wroteRequest is c.trace's WroteRequest: the whole request reached the
+// upstream's connection.
+func (c *call) wroteRequest(info httptrace.WroteRequestInfo) {
+	if info.Err == nil {
+		c.wrote.Store(true)
+	}
 }
 
 // modifyResponse records the upstream's answer and wraps its body to read

@@ -133,6 +133,9 @@ func decidedBy(d sluice.Decision) string {
 // setDecidedBy sets DecidedByHeader for a request with global limits;
 // ds[i] is the decision of c.specs[i].
 func setDecidedBy(h http.Header, c *call, ds []sluice.Decision) {
+	if !slices.ContainsFunc(c.specs, func(s *spec) bool { return s.mark != "" }) {
+		return // no global limit: the usual case, without the map below
+	}
 	rank := map[string]int{"home": 1, "share": 2, "policy": 3}
 	by, denied := "", false
 	for i, s := range c.specs {

@@ -100,10 +100,56 @@ type captureReader struct {
 func newCaptureReader(src io.ReadCloser, c *call, length int64, limit int) *captureReader {
 	r := &captureReader{src: src, c: c, limit: limit}
 	if length > 0 && length <= int64(limit) {
-		r.buf = make([]byte, 0, length)
+		r.buf = getCapture(int(length))
 	}
 	return r
 }
+
+// captureBufs recycle the copies of JSON responses (captureReader), by
+// size class: captureBufs[i] holds buffers of capacity 1 KiB << i, up to
+// 64 KiB; larger copies are allocated each time. A copy goes back once
+// settlement has read its usage (call.readCapturedUsage); nothing keeps a
+// reference into it (the usage is numbers). Without it every JSON
+// response was copied into memory of its own: a completion's whole text.
+var captureBufs [7]sync.Pool
+
+// captureBuf is a pooled copy's slice, kept in the pool by pointer.
+type captureBuf struct{ b []byte }
+
+// getCapture returns an empty buffer for at least n bytes.
+func getCapture(n int) []byte {
+	for i := range captureBufs {
+		if size := 1024 << i; n <= size {
+			if cb, ok := captureBufs[i].Get().(*captureBuf); ok {
+				b := cb.b[:0]
+				cb.b = nil
+				captureFree.Put(cb)
+				return b
+			}
+			return make([]byte, 0, size)
+		}
+	}
+	return make([]byte, 0, n)
+}
+
+// putCapture gives b back to its size class, if it has one.
+func putCapture(b []byte) {
+	for i := range captureBufs {
+		if cap(b) == 1024<<i {
+			cb, _ := captureFree.Get().(*captureBuf)
+			if cb == nil {
+				cb = new(captureBuf)
+			}
+			cb.b = b
+			captureBufs[i].Put(cb)
+			return
+		}
+	}
+}
+
+// captureFree holds captureBufs' empty holders, so that putting a buffer
+// back allocates nothing.
+var captureFree sync.Pool
 
 func (r *captureReader) Read(p []byte) (int, error) {
 	n, err := r.src.Read(p)
@@ -134,6 +180,7 @@ func (c *call) readCapturedUsage() {
 	if u := findUsage(c.captured); u != nil {
 		c.setUsage(u)
 	}
+	putCapture(c.captured)
 	c.captured = nil
 }
 
@@ -150,6 +197,10 @@ func findUsage(body []byte) *usageJSON {
 			// copied the rest of the body into a buffer of its own first
 			// (findUsage was 14% of BenchmarkServeHTTP's CPU).
 			if n := objectLen(rest); n > 0 {
+				if decodeUsage(rest[:n], &u) {
+					return &u
+				}
+				u = usageJSON{}
 				if json.Unmarshal(rest[:n], &u) == nil {
 					return &u // a "usage" inside a string would be escaped
 				}

@@ -93,6 +93,24 @@ func FuzzFindUsage(f *testing.F) {
 		`{"usage":"}"}`,
 		`{"usage" : 	{"input_tokens":3,"output_tokens":4,"cache_creation":{"ephemeral_1h_input_tokens":2}}}`,
 		`{"data":[]}`,
+		// decodeUsage's own reading, and where it must give way.
+		`{"usage":{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29,"prompt_tokens_details":{"cached_tokens":3,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":4,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}}`,
+		`{"usage":{"input_tokens":20,"output_tokens":5,"cache_creation_input_tokens":1,"cache_read_input_tokens":2,"cache_creation":{"ephemeral_5m_input_tokens":1,"ephemeral_1h_input_tokens":0},"service_tier":"standard","server_tool_use":{"web_search_requests":0},"x":null,"y":true,"z":false}}`,
+		`{"usage":{"prompt_tokens":1,"prompt_tokens":2}}`,
+		`{"usage":{"prompt_tokens_details":{"cached_tokens":1},"prompt_tokens_details":{"reasoning_tokens":2}}}`,
+		`{"usage":{"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":2}}}`,
+		`{"usage":{"Prompt_Tokens":5,"prompt_tokens":6}}`,
+		`{"usage":{"prompt_tokens":05}}`,
+		`{"usage":{"prompt_tokens":1234567890123456789}}`,
+		`{"usage":{"prompt_tokens":9223372036854775808}}`,
+		`{"usage":{"prompt_tokens":1.0,"completion_tokens":1e2}}`,
+		`{"usage":{"prompt_tokens":-1}}`,
+		`{"usage":{"prompt_tokens":null,"prompt_tokens_details":null}}`,
+		`{"usage":{"prompt\u005ftokens":7}}`,
+		`{"usage":{"a":{"b":{"c":{"d":{"e":1}}}},"prompt_tokens":3}}`,
+		`{"usage":{"a":"\"","b":[1],"prompt_tokens":3,}}`,
+		`{"usage":{ "prompt_tokens" : 3 , "a" : "x\ty" }}`,
+		`{"usage":{}}`,
 	} {
 		f.Add([]byte(s))
 	}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -27,15 +28,38 @@ type leaseRenewal struct {
 	mu      sync.Mutex
 	timer   *time.Timer
 	stopped bool
+	g       *Gateway
+	c       *call
 }
 
 // startRenewal starts renewing c's leases (its concurrency slots, its
-// reservation and the model capacity's slot) every g.renewEvery.
+// reservation and the model capacity's slot) every g.renewEvery. The
+// leases are read from c when the timer fires (renewedLeases), not
+// copied now: nearly every request ends long before, and settle stops
+// the renewal before it writes over c.reqs.
 func (g *Gateway) startRenewal(c *call) {
-	every := g.renewEvery
-	if every <= 0 {
+	if g.renewEvery <= 0 || !c.holdsLeases() {
 		return
 	}
+	rn := &leaseRenewal{g: g, c: c}
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	rn.timer = time.AfterFunc(g.renewEvery, rn.renew)
+	c.renewal = rn
+}
+
+// holdsLeases reports whether c holds a lease to renew.
+func (c *call) holdsLeases() bool {
+	if slices.ContainsFunc(c.reqs, func(r sluice.Request) bool { return r.Algorithm == sluice.Concurrency }) {
+		return true
+	}
+	return c.capacity != nil && slices.ContainsFunc(c.capacity.reqs, func(r sluice.Request) bool { return r.Algorithm == sluice.Concurrency })
+}
+
+// renewedLeases are the requests that renew c's leases: its concurrency
+// members, and the model capacity's, which the leases layer must not take
+// from a chunk.
+func (c *call) renewedLeases() []sluice.Request {
 	var leases []sluice.Request
 	for _, req := range c.reqs {
 		if req.Algorithm == sluice.Concurrency {
@@ -50,28 +74,22 @@ func (g *Gateway) startRenewal(c *call) {
 			}
 		}
 	}
-	if len(leases) == 0 {
-		return
-	}
-	rn := &leaseRenewal{}
-	rn.mu.Lock()
-	defer rn.mu.Unlock()
-	rn.timer = time.AfterFunc(every, func() { g.renew(c, rn, leases, every) })
-	c.renewal = rn
+	return leases
 }
 
-// renew renews leases, one call each (they may live in different Redis
-// Cluster slots), and schedules the next renewal, unless stopped.
-func (g *Gateway) renew(c *call, rn *leaseRenewal, leases []sluice.Request, every time.Duration) {
+// renew renews the leases, one call each (they may live in different
+// Redis Cluster slots), and schedules the next renewal, unless stopped.
+func (rn *leaseRenewal) renew() {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	if rn.stopped {
 		return
 	}
+	g, c := rn.g, rn.c
 	if c.reserving != nil {
 		<-c.reserving // a leased tier's reservation, taken in the background
 	}
-	for _, req := range leases {
+	for _, req := range c.renewedLeases() {
 		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
 		d, err := g.store.Apply(ctx, sluice.OpAllow, req)
 		cancel()
@@ -84,7 +102,7 @@ func (g *Gateway) renew(c *call, rn *leaseRenewal, leases []sluice.Request, ever
 	if g.onRenew != nil {
 		g.onRenew()
 	}
-	rn.timer.Reset(every)
+	rn.timer.Reset(g.renewEvery)
 }
 
 // stop ends the renewal, waiting for one in progress; nil does nothing.

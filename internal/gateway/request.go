@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/sluice-io/sluice/internal/aitoken"
@@ -98,6 +99,11 @@ type wireBody struct {
 	PromptCacheKey *string `json:"prompt_cache_key"`
 }
 
+// wireBodies recycles the wireBody each request is decoded into (json's
+// pointer makes it a heap object: 0.4 KB per request). Nothing keeps one
+// past parseBodyCached; the slices decoded into it are the request's own.
+var wireBodies = sync.Pool{New: func() any { return new(wireBody) }}
+
 // rawInputTokens estimates the tokens of members that reach the model
 // beside the prompt, which package aitoken does not count: a structured
 // output's JSON schema (chat's response_format, the responses API's
@@ -135,10 +141,10 @@ type parsedBody struct {
 	choices  int64
 	// serviceTier is the service_tier asked for, "" when none.
 	serviceTier string
-	// rateIn is the prompt as OpenAI's and Azure OpenAI's rate limiters
-	// estimate it, from its characters and images (aitoken's
-	// RateLimitTokens): what an upstream of those kinds counts.
-	rateIn int64
+	// rateReq and rateRaw are what rateLimitTokens reads: the prompt,
+	// and the raw members counted beside it (none for embeddings).
+	rateReq aitoken.Request
+	rateRaw [4]json.RawMessage
 	// background is a responses request run in the background.
 	background bool
 	// audio is a request with audio input or output.
@@ -155,34 +161,46 @@ func parseBody(body []byte, ep endpoint) (*parsedBody, *requestError) {
 // parseBodyCached is parseBody, counting the prompt with cache (nil:
 // none), which remembers the exact counts of large messages.
 func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBody, *requestError) {
+	p := new(parsedBody)
+	if err := parseBodyInto(p, body, ep, cache); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// parseBodyInto is parseBodyCached into p, which the caller owns (prepare
+// keeps it on its stack: a heap object per request less).
+func parseBodyInto(p *parsedBody, body []byte, ep endpoint, cache *aitoken.Cache) *requestError {
 	if !utf8.Valid(body) {
-		return nil, badRequest("invalid_json", "", "The request body is not valid UTF-8 JSON.")
+		return badRequest("invalid_json", "", "The request body is not valid UTF-8 JSON.")
 	}
 	if t := bytes.TrimLeft(body, " \t\r\n"); len(t) == 0 || t[0] != '{' {
-		return nil, badRequest("invalid_json", "", "The request body must be a JSON object.")
+		return badRequest("invalid_json", "", "The request body must be a JSON object.")
 	}
-	var w wireBody
-	if err := json.Unmarshal(body, &w); err != nil {
+	w := wireBodies.Get().(*wireBody)
+	*w = wireBody{}
+	defer wireBodies.Put(w)
+	if err := json.Unmarshal(body, w); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			return nil, badRequest("invalid_type", te.Field, "Invalid type for '%s': %v", te.Field, err)
+			return badRequest("invalid_type", te.Field, "Invalid type for '%s': %v", te.Field, err)
 		}
-		return nil, badRequest("invalid_json", "", "We could not parse the JSON body of your request: %v", err)
+		return badRequest("invalid_json", "", "We could not parse the JSON body of your request: %v", err)
 	}
 	if name, f, dup := ambiguousMember(body, readFields); dup {
-		return nil, duplicateMember(name)
+		return duplicateMember(name)
 	} else if f != "" {
-		return nil, badRequest("invalid_request_error", name,
+		return badRequest("invalid_request_error", name,
 			"Unrecognized request argument %q: did you mean %q? Member names are case-sensitive.", name, f)
 	}
 	if w.Model == "" {
-		return nil, badRequest("missing_required_parameter", "model", "You must provide a model parameter.")
+		return badRequest("missing_required_parameter", "model", "You must provide a model parameter.")
 	}
 	req := aitoken.Request{Messages: w.Messages, Prompt: w.Prompt, Input: w.Input, Instructions: w.Instructions, Tools: w.Tools, Functions: w.Functions}
 	// Exact for OpenAI models, the heuristic for others (package aitoken).
 	counter := aitoken.ForModel(w.Model)
-	p := &parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: counter.PromptTokensCached(&req, cache), choices: 1,
-		rateIn: req.RateLimitTokens()}
+	*p = parsedBody{model: w.Model, stream: w.Stream, streamOptions: w.StreamOptions, promptEst: counter.PromptTokensCached(&req, cache), choices: 1,
+		rateReq: req}
 	if w.ServiceTier != nil {
 		p.serviceTier = *w.ServiceTier
 	}
@@ -196,19 +214,17 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 	p.audio = slices.Contains(w.Modalities, "audio") || (len(w.Audio) > 0 && string(w.Audio) != "null") ||
 		bytes.Contains(body, []byte(`"input_audio"`))
 	if ep == epEmbeddings {
-		return p, nil // no completion: the prompt is the whole cost
+		return nil // no completion: the prompt is the whole cost
 	}
 	p.promptEst = addSat(p.promptEst, rawInputTokens(counter, w.ResponseFormat, w.Text, w.Prediction, w.Suffix))
-	for _, raw := range []json.RawMessage{w.ResponseFormat, w.Text, w.Prediction, w.Suffix} {
-		p.rateIn = addSat(p.rateIn, aitoken.RateLimitChars(raw))
-	}
+	p.rateRaw = [...]json.RawMessage{w.ResponseFormat, w.Text, w.Prediction, w.Suffix}
 	for i, v := range []*int64{w.MaxCompletionTokens, w.MaxTokens, w.MaxOutputTokens} {
 		if v == nil {
 			continue
 		}
 		if *v < 1 {
 			// Some servers read 0 or -1 as "no limit".
-			return nil, badRequest("invalid_value", budgetFields[i], "Invalid '%s': integer below minimum value. Expected a value >= 1, but got %d instead.", budgetFields[i], *v)
+			return badRequest("invalid_value", budgetFields[i], "Invalid '%s': integer below minimum value. Expected a value >= 1, but got %d instead.", budgetFields[i], *v)
 		}
 		p.budget, p.explicit = max(p.budget, *v), true
 	}
@@ -218,7 +234,7 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 			continue
 		}
 		if *v < 1 || *v > maxChoices {
-			return nil, badRequest("invalid_value", name, "Invalid '%s': expected an integer from 1 to %d, but got %d instead.", name, maxChoices, *v)
+			return badRequest("invalid_value", name, "Invalid '%s': expected an integer from 1 to %d, but got %d instead.", name, maxChoices, *v)
 		}
 		p.choices = max(p.choices, *v)
 	}
@@ -226,7 +242,20 @@ func parseBodyCached(body []byte, ep endpoint, cache *aitoken.Cache) (*parsedBod
 		// Each prompt of a batch gets its own choices.
 		p.choices *= promptCount(w.Prompt)
 	}
-	return p, nil
+	return nil
+}
+
+// rateLimitTokens is the prompt as OpenAI's and Azure OpenAI's rate
+// limiters estimate it, from its characters and images (aitoken's
+// RateLimitTokens): what an upstream of those kinds counts. Only an
+// upstream pool reads it (pool.go), so it is counted only then: it
+// decoded the messages a second time on every request.
+func (p *parsedBody) rateLimitTokens() int64 {
+	n := p.rateReq.RateLimitTokens()
+	for _, raw := range p.rateRaw {
+		n = addSat(n, aitoken.RateLimitChars(raw))
+	}
+	return n
 }
 
 // promptCount is how many prompts a completions request's prompt holds:

@@ -150,8 +150,10 @@ type RegionStats struct {
 	// homes, those the home had nothing for, and those that failed.
 	Fetches, FetchDenied, FetchErrors uint64
 	// Fetched, Refunded and Stranded count units credited to shares,
-	// given back to homes, and lost to late replies or failed credits.
-	Fetched, Refunded, Stranded uint64
+	// given back to homes, and lost to late replies or failed credits;
+	// Allotted the units this instance charged at a home of its region
+	// and allotted to the regions' pools by demand, a key at its limit.
+	Fetched, Refunded, Stranded, Allotted uint64
 	// Async counts admissions of asynchronous keys by this region's
 	// store; Synced the units of them delivered to other regions, and
 	// SyncErrors the deliveries that failed (retried next round).
@@ -200,7 +202,7 @@ var (
 	regionFetchDesc    = prometheus.NewDesc("sluice_region_fetches_total", "Share fetches sent to global keys' homes, by result: ok, denied (the home had nothing to give), error.", []string{"region", "result"}, nil)
 	regionSyncDesc     = prometheus.NewDesc("sluice_region_sync_total", "Asynchronous global keys: units delivered to the other regions (ok) and deliveries that failed (error, retried by the next round).", []string{"region", "result"}, nil)
 	regionQuarDesc     = prometheus.NewDesc("sluice_region_quarantines_total", "Global keys whose home (an async key's own region's store) was found to have lost their state, or may have (a restart, a failover), each charged its capacity there once.", []string{"region"}, nil)
-	regionUnitsDesc    = prometheus.NewDesc("sluice_region_units_total", "Units of global keys' capacity: fetched (charged at home, credited to this region's shares), refunded (given back to the home), stranded (charged at home, never spendable here).", []string{"region", "kind"}, nil)
+	regionUnitsDesc    = prometheus.NewDesc("sluice_region_units_total", "Units of global keys' capacity: fetched (charged at home, credited to this region's shares), refunded (given back to the home), stranded (charged at home, never spendable here), allotted (charged at this region's home store and allotted to the regions by demand, a key at its limit).", []string{"region", "kind"}, nil)
 )
 
 // storeCollector exports StoreStats.
@@ -243,7 +245,7 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 		for result, n := range map[string]uint64{"ok": r.Fetches - min(r.Fetches, r.FetchDenied+r.FetchErrors), "denied": r.FetchDenied, "error": r.FetchErrors} {
 			ch <- prometheus.MustNewConstMetric(regionFetchDesc, prometheus.CounterValue, float64(n), r.Region, result)
 		}
-		for kind, n := range map[string]uint64{"fetched": r.Fetched, "refunded": r.Refunded, "stranded": r.Stranded} {
+		for kind, n := range map[string]uint64{"fetched": r.Fetched, "refunded": r.Refunded, "stranded": r.Stranded, "allotted": r.Allotted} {
 			ch <- prometheus.MustNewConstMetric(regionUnitsDesc, prometheus.CounterValue, float64(n), r.Region, kind)
 		}
 		ch <- prometheus.MustNewConstMetric(regionSyncDesc, prometheus.CounterValue, float64(r.Synced), r.Region, "ok")

@@ -145,7 +145,7 @@ func regionStats(rs *region.Store) *metrics.RegionStats {
 	return &metrics.RegionStats{
 		Region: rs.Region(), Home: st.Home, Share: st.Share, Denied: st.Denied, Policy: st.Policy,
 		Fetches: st.Fetches, FetchDenied: st.FetchDenied, FetchErrors: st.FetchErrors,
-		Fetched: st.Fetched, Refunded: st.Refunded, Stranded: st.Stranded,
+		Fetched: st.Fetched, Refunded: st.Refunded, Stranded: st.Stranded, Allotted: st.Allotted,
 		Async: st.Async, Synced: st.Synced, SyncErrors: st.SyncErrors, Quarantines: st.Quarantines,
 	}
 }
