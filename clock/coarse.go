@@ -50,6 +50,13 @@ func NewCoarse(period time.Duration) *Coarse {
 	return newCoarse(NewSystem(), period, time.Sleep, func(f func()) { go f() })
 }
 
+// Source is the clock c caches (its own System for NewCoarse): Now never
+// runs ahead of it. A caller that needs some readings exact and others
+// fast reads this one for the former, so that the two agree (another
+// System is anchored to the wall clock at another moment, and may read
+// ahead of this one by the wall clock's adjustments since).
+func (c *Coarse) Source() Clock { return c.src }
+
 // newCoarse returns a Coarse on src that waits with sleep and starts its
 // refresher with spawn (tests step both).
 func newCoarse(src Clock, period time.Duration, sleep func(time.Duration), spawn func(func())) *Coarse {

@@ -30,16 +30,12 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 				e = s.entry(&req)
 			}
 			if e != nil {
-				d, _, out, err := s.take(ctx, e, req.Cost)
+				d, _, out, err := s.take(ctx, e, req.Cost, true)
 				if err != nil {
 					return sluice.Decision{}, err
 				}
 				if out != toStore {
-					s.hits.Add(1)
-					if out == denied {
-						s.localDenials.Add(1)
-					}
-					return d, nil
+					return d, nil // counted in e (take)
 				}
 				s.direct.Add(1)
 				d, err = s.inner.Apply(ctx, op, req)
@@ -49,9 +45,8 @@ func (s *Store) Apply(ctx context.Context, op sluice.Op, req sluice.Request) (sl
 				return d, err
 			}
 		case sluice.OpPeek:
-			if d, ok := s.peek(&req); ok {
-				s.hits.Add(1)
-				return d, nil
+			if d, ok := s.peek(&req, true); ok {
+				return d, nil // counted in e (peek)
 			}
 		case sluice.OpReset:
 			s.forget(req.Key)
@@ -81,17 +76,21 @@ func (s *Store) known(op sluice.Op, req *sluice.Request) *entry {
 	return e
 }
 
-// peek answers an OpPeek from the lease if it holds req's cost.
-func (s *Store) peek(req *sluice.Request) (sluice.Decision, bool) {
+// peek answers an OpPeek from the lease if it holds req's cost; with
+// count, the decision is counted in the lease's Stats.
+func (s *Store) peek(req *sluice.Request, count bool) (sluice.Decision, bool) {
 	e, ok := s.keys.Load(req.Key)
 	if !ok || e.algo != req.Algorithm || e.limit != req.Limit {
 		return sluice.Decision{}, false
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := s.clk.Now() // under the lock, as in take
+	now := s.decisionNow(e) // under the lock, as in take
 	if now >= e.expiry || e.tokens < max(req.Cost, 1) {
 		return sluice.Decision{}, false
+	}
+	if count {
+		s.count(e, false)
 	}
 	return e.allowed(now), true
 }
@@ -152,7 +151,7 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 			rest, restE = append(rest, i), append(restE, nil)
 			continue
 		}
-		d, gen, out, err := s.take(ctx, e, r.Cost)
+		d, gen, out, err := s.take(ctx, e, r.Cost, false)
 		if err != nil {
 			undo()
 			return nil, err
@@ -220,7 +219,7 @@ func (s *Store) deniedBatch(ctx context.Context, reqs []sluice.Request, i int, d
 			continue
 		}
 		if leasable(&reqs[j]) {
-			if pd, ok := s.peek(&reqs[j]); ok {
+			if pd, ok := s.peek(&reqs[j], false); ok {
 				ds[j] = pd
 				continue
 			}

@@ -27,7 +27,7 @@ func (c *lockedClock) Now() int64 {
 	pc := make([]uintptr, 1)
 	if s := c.s.Load(); s != nil && runtime.Callers(2, pc) == 1 {
 		name := runtime.FuncForPC(pc[0]).Name()
-		if strings.HasSuffix(name, ".(*Store).take") || strings.HasSuffix(name, ".(*Store).peek") {
+		if strings.HasSuffix(name, ".(*Store).take") || strings.HasSuffix(name, ".(*Store).peek") || strings.HasSuffix(name, ".(*Store).decisionNow") {
 			c.reads.Add(1)
 			if e, ok := s.keys.Load(c.key); ok && e.mu.TryLock() {
 				e.mu.Unlock()

@@ -81,6 +81,39 @@
 // window. The unused part of a window chunk is stranded until the window
 // ends; Stats.Stranded counts it.
 //
+// # Clocks
+//
+// A decision from a GCRA or token-bucket lease reads a clock.Coarse (one
+// atomic load; reading the system clock was 23% of a leased decision),
+// and everything else reads the system clock it caches (Coarse.Source):
+// window decisions, fetch times, the sweep, settlement. A Coarse never runs
+// ahead of its source and never goes back; it lags by up to a period (1ms)
+// plus however late a starved CPU runs its refresher, Λ. What a lagging
+// reading changes, for a GCRA or token-bucket lease:
+//   - Admission needs tokens the store already charged: a lag admits
+//     nothing that was not charged, so the fleet-wide bound (ideal + 1)
+//     does not depend on the clock at all.
+//   - The local denial after a denied fetch (until the store's
+//     RetryAfter), the backoff after a failed one, and RetryAfter and
+//     ResetAfter of local decisions end up to Λ later: stricter.
+//   - The rate, idleness and prefetch marks are measured up to Λ off: a
+//     chunk sized a little differently (still within MaxFraction), a lease
+//     refunded up to Λ early.
+//   - The one reading that a lag makes laxer: a chunk may be spent up to
+//     Λ past its TTL (counted exactly from the fetch's send). TTL only
+//     keeps a chunk from being spent long after its charge, when the limit
+//     has refilled under it; the charge itself bounds what it admits. So
+//     on the wall clock the TTL is TTL + Λ, a few ms on 3 s.
+//
+// A window chunk is different: it must not be spent past the end of the
+// window it was charged in, or it would be admitted in the next window on
+// top of that window's limit. Its end is computed early (the fetch's send
+// time plus the store's ResetAfter), but the margin is Redis's processing
+// time, which may be shorter than Λ; and Λ itself has no bound a decision
+// could check without reading the exact clock. So window decisions read
+// the exact clock (TestWindowChunkReadsExactClock). With Options.Clock
+// set, every reading comes from that clock.
+//
 // # Decisions under a lease
 //
 // Decisions made locally have Source sluice.FromLease. Allowed is exact for

@@ -35,7 +35,9 @@ type Options struct {
 	// redisstore.Store. Close leaves it open.
 	Store sluice.Store
 	// Clock is this process's clock: for rates, idleness, expiry and the
-	// local times of decisions. Nil means the system clock.
+	// local times of decisions. Nil means the system clock, read through a
+	// clock.Coarse by GCRA and token-bucket decisions from a lease and
+	// exactly by everything else (see the package doc, Clocks).
 	Clock clock.Clock
 	// Horizon is how much of the instance's recent rate on a key one chunk
 	// covers when the key is near its limit: DefaultHorizon (50ms) when
@@ -104,8 +106,12 @@ type Options struct {
 // capacity and everything else from the wrapped store. It is safe for
 // concurrent use. See the package doc for the model and its bounds.
 type Store struct {
-	inner     sluice.Store
-	clk       clock.Clock
+	inner sluice.Store
+	// clk is the exact clock: fetch times, window chunks, sweeps. fast is
+	// what GCRA and token-bucket decisions read under the key's lock: a
+	// clock.Coarse on clk when the Store made its clocks, else clk itself
+	// (decisionNow; the package doc, Clocks).
+	clk, fast clock.Clock
 	horizon   float64 // seconds
 	maxHor    float64 // seconds
 	frac      float64
@@ -122,7 +128,15 @@ type Store struct {
 	keys *xsync.Map[string, *entry]
 	size atomic.Int64
 
+	// hits and localDenials count the decisions from leases that no
+	// entry counts: a batch's, and those on an entry already retired.
+	// Apply's are counted in their entry (Store.count), and an entry's
+	// counts move to retiredHits and retiredDenials when it leaves the map
+	// (retire), under statsMu, which Stats holds while it reads them all.
 	hits, localDenials, fetches, fetched, returns, returned, stranded, direct, fetchErrors, lateFetches, settled atomic.Uint64
+
+	statsMu                     sync.Mutex
+	retiredHits, retiredDenials uint64 // under statsMu
 
 	rateWindow int64 // ns over which a key's rate is measured
 
@@ -170,7 +184,10 @@ func New(opts Options) (*Store, error) {
 		stop:      make(chan struct{}),
 	}
 	if s.clk == nil {
-		s.clk = clock.NewSystem()
+		c := clock.NewCoarse(0)
+		s.clk, s.fast = c.Source(), c
+	} else {
+		s.fast = s.clk
 	}
 	s.maxHor = min(max(def(opts.MaxHorizon, DefaultMaxHorizon).Seconds(), s.horizon), float64(s.ttl)/2e9)
 	s.maxHor = max(s.maxHor, s.horizon)
@@ -251,8 +268,20 @@ type Stats struct {
 
 // Stats returns the Store's counters.
 func (s *Store) Stats() Stats {
+	// Each part only grows, and an entry's counts move from it to the
+	// retired ones under statsMu: the sums never go back (they are
+	// exported as counters).
+	s.statsMu.Lock()
+	hits, denials := s.retiredHits, s.retiredDenials
+	s.keys.Range(func(_ string, e *entry) bool {
+		e.mu.Lock()
+		hits, denials = hits+e.hits, denials+e.denials
+		e.mu.Unlock()
+		return true
+	})
+	s.statsMu.Unlock()
 	return Stats{
-		Hits: s.hits.Load(), LocalDenials: s.localDenials.Load(),
+		Hits: hits + s.hits.Load(), LocalDenials: denials + s.localDenials.Load(),
 		Fetches: s.fetches.Load(), FetchedUnits: s.fetched.Load(), FetchErrors: s.fetchErrors.Load(), LateFetches: s.lateFetches.Load(),
 		Returns: s.returns.Load(), ReturnedUnits: s.returned.Load(),
 		Stranded: s.stranded.Load(), Direct: s.direct.Load(), SettledUnits: s.settled.Load(), Keys: s.size.Load(),
@@ -318,13 +347,22 @@ func (s *Store) Sweep() {
 			wg.Go(func() { s.giveBack(e, n) })
 		}
 		if forget {
+			s.statsMu.Lock()
+			deleted := false
 			s.keys.Compute(k, func(old *entry, loaded bool) (*entry, xsync.ComputeOp) {
 				if loaded && old == e {
 					s.size.Add(-1)
+					deleted = true
 					return nil, xsync.DeleteOp
 				}
 				return old, xsync.CancelOp
 			})
+			if deleted {
+				e.mu.Lock()
+				s.retire(e)
+				e.mu.Unlock()
+			}
+			s.statsMu.Unlock()
 		}
 		return true
 	})

@@ -46,8 +46,9 @@ type committers struct {
 	nodes  nodeMap[committer]
 	closed atomic.Bool
 	pool   sync.Pool // of *pending
-	// groups and grouped count the groups sent and their commands.
-	groups, grouped atomic.Uint64
+	// groups and grouped count the groups sent and their commands;
+	// gathered, the gcra_fast.lua calls sent within calls of several keys.
+	groups, grouped, gathered atomic.Uint64
 }
 
 // of returns node's committer, nil when there are too many or the store
@@ -99,10 +100,22 @@ type committer struct {
 // group is then dropped, not sent (after a pause, the queue would
 // otherwise charge Redis for callers long gone).
 type pending struct {
-	cmd  rueidis.Completed
+	cmd rueidis.Completed
+	// fast is set for a call of gcra_fast.lua that a group may gather
+	// with others into one call (fastGroup).
+	fast fastCall
 	res  rueidis.RedisResult
 	done chan struct{}
 	left atomic.Bool
+}
+
+// fastCall is one key's call of gcra_fast.lua or fixedwindow_fast.lua
+// (window), with Redis TIME: its key and ARGV (shared read-only,
+// fastParams.argv).
+type fastCall struct {
+	key    string
+	args   []string
+	window bool
 }
 
 // errClosed answers the commands that a closing store did not send.
@@ -113,6 +126,13 @@ var errClosed = fmt.Errorf("redisstore: %w: the store is closed", ErrUnavailable
 // of a caller that left is dropped if no group holds it yet; one already
 // sent still runs (the plain path counts it: stricter).
 func (c *committer) do(ctx context.Context, client rueidis.Client, cmd rueidis.Completed) rueidis.RedisResult {
+	return c.doFast(ctx, client, cmd, fastCall{})
+}
+
+// doFast is do for a command that, when it waits for a group, the group
+// may send within one call of gcra_fast.lua with the group's other such
+// commands (fast.key set), instead of cmd.
+func (c *committer) doFast(ctx context.Context, client rueidis.Client, cmd rueidis.Completed, fast fastCall) rueidis.RedisResult {
 	c.mu.Lock()
 	if c.busy < commitLanes || c.closed {
 		c.busy++
@@ -132,7 +152,7 @@ func (c *committer) do(ctx context.Context, client rueidis.Client, cmd rueidis.C
 	if p == nil {
 		p = &pending{done: make(chan struct{}, 1)}
 	}
-	p.cmd = cmd
+	p.cmd, p.fast = cmd, fast
 	c.queue = append(c.queue, p)
 	if h := c.s.commitHook; h != nil {
 		h("queued", len(c.queue))
@@ -141,7 +161,7 @@ func (c *committer) do(ctx context.Context, client rueidis.Client, cmd rueidis.C
 	select {
 	case <-p.done:
 		res := p.res
-		p.cmd, p.res = rueidis.Completed{}, rueidis.RedisResult{}
+		p.cmd, p.fast, p.res = rueidis.Completed{}, fastCall{}, rueidis.RedisResult{}
 		c.cs.pool.Put(p)
 		return res
 	case <-ctx.Done():
@@ -191,12 +211,9 @@ func (c *committer) take() []*pending {
 }
 
 // sendGroup sends group in one DoMulti, bounded by the store's timeout,
-// and hands each command its answer.
+// and hands each command its answer. The group's gcra_fast.lua calls go
+// as calls of fastGroup keys each (fastGroup).
 func (c *committer) sendGroup(group []*pending) {
-	cmds := make([]rueidis.Completed, len(group))
-	for i, p := range group {
-		cmds[i] = p.cmd
-	}
 	c.cs.groups.Add(1)
 	c.cs.grouped.Add(uint64(len(group)))
 	if h := c.s.commitHook; h != nil {
@@ -204,16 +221,36 @@ func (c *committer) sendGroup(group []*pending) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.s.timeout)
 	defer cancel()
-	var res []rueidis.RedisResult
-	if client := c.s.client(); client != nil {
-		res = client.DoMulti(ctx, cmds...)
-	}
-	for i, p := range group {
-		if i < len(res) {
-			p.res = res[i]
-		} else {
+	client := c.s.client()
+	if client == nil {
+		for _, p := range group {
 			p.res = rueidis.NewErrorResult(c.s.notConnected())
+			p.done <- struct{}{}
 		}
+		return
+	}
+	// The group's order is no order its callers imposed (each waited for
+	// its answer, none for another's), so the fast calls go first, by
+	// script.
+	parts, rest := fastParts(group)
+	cmds := make([]rueidis.Completed, 0, len(parts)+len(rest))
+	for _, part := range parts {
+		cmds = append(cmds, c.s.fastGroupCmd(client, part, false))
+	}
+	for _, p := range rest {
+		cmds = append(cmds, p.cmd)
+	}
+	res := client.DoMulti(ctx, cmds...)
+	for i, part := range parts {
+		if err, ok := rueidis.IsRedisErr(res[i].Error()); ok && err.IsNoScript() {
+			// Redis lost the script (a restart, SCRIPT FLUSH): EVAL loads it.
+			res[i] = client.Do(ctx, c.s.fastGroupCmd(client, part, true))
+		}
+		c.cs.gathered.Add(uint64(len(part)))
+		answerFast(part, res[i])
+	}
+	for i, p := range rest {
+		p.res = res[len(parts)+i]
 		p.done <- struct{}{}
 	}
 	if h := c.s.commitHook; h != nil {
@@ -249,7 +286,11 @@ func (s *Store) exec(ctx context.Context, client rueidis.Client, script *rueidis
 	if group == nil || sha == "" {
 		return script.Exec(ctx, client, keys, args)
 	}
-	res := group.do(ctx, client, client.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	var fast fastCall
+	if ok, window := s.gatherable(sha, keys, args); ok {
+		fast = fastCall{key: keys[0], args: args, window: window}
+	}
+	res := group.doFast(ctx, client, client.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build(), fast)
 	if err, ok := rueidis.IsRedisErr(res.Error()); ok && err.IsNoScript() {
 		return script.Exec(ctx, client, keys, args)
 	}

@@ -163,13 +163,13 @@ func Script(req sluice.Request) (src string, argv []string, err error) {
 	return s.singleSrc[req.Algorithm], argv, err
 }
 
-// fastParams are the ARGV values of a fast script after op and time, for
-// one algorithm, limit and cost: for GCRA and TokenBucket, tau and the
-// intervals of the effective cost and of the cost; for FixedWindow, the
-// period, the period in whole seconds (0 if not whole), the rate, the
-// effective cost and the cost. Callers mostly repeat one limit, so the
-// store keeps the last one of each algorithm rather than format the
-// numbers on every call.
+// fastParams are the ARGV values of a fast script after op, for one
+// algorithm, limit and cost: for GCRA and TokenBucket, tau and the
+// intervals of the effective cost and of the cost (gcra_fast.lua); for
+// FixedWindow, the period (whole seconds, or nanoseconds negated), the
+// rate and the cost (fixedwindow_fast.lua). Callers mostly repeat one
+// limit, so the store keeps the last one of each algorithm rather than
+// format the numbers on every call.
 type fastParams struct {
 	algo    sluice.Algorithm
 	limit   sluice.Limit
@@ -191,7 +191,11 @@ func newFastParams(req *sluice.Request) (*fastParams, error) {
 		if err != nil {
 			return nil, err
 		}
-		p.args = []string{itoa(int64(l.Period)), itoa(ps), itoa(l.Rate), itoa(eff), itoa(req.Cost)}
+		period := -int64(l.Period)
+		if ps > 0 {
+			period = ps
+		}
+		p.args = []string{itoa(period), itoa(l.Rate), itoa(req.Cost)}
 	} else {
 		p.tau = reserveTau(req)
 		p.args = []string{itoa(p.tau), itoa(l.CostInterval(eff)), itoa(l.CostInterval(req.Cost))}
@@ -207,10 +211,22 @@ func (p *fastParams) matches(req *sluice.Request) bool {
 	return p != nil && p.algo == req.Algorithm && p.limit == req.Limit && p.cost == req.Cost && p.maxWait == req.MaxWait
 }
 
-// fastArgs is the ARGV of a fast script: op, time, then p's values.
+// fastArgs is the ARGV of a fast script: op, p's values, then, when now
+// is not negative (a test's clock), now as seconds and nanoseconds. With
+// Redis TIME, GCRA's last value, the interval of the cost, is left out
+// when it is the effective cost's (gcra_fast.lua): each value costs Redis
+// a string and a tonumber.
 func fastArgs(op sluice.Op, p *fastParams, now int64) []string {
-	ts, tn := timeArgs(now)
-	return append(append(make([]string, 0, 3+len(p.args)), opArg(op), ts, tn), p.args...)
+	vals := p.args
+	if now < 0 && p.algo != sluice.FixedWindow && len(vals) == 3 && vals[1] == vals[2] {
+		vals = vals[:2]
+	}
+	args := append(append(make([]string, 0, 3+len(vals)), opArg(op)), vals...)
+	if now >= 0 {
+		ts, tn := timeArgs(now)
+		args = append(args, ts, tn)
+	}
+	return args
 }
 
 // wholeSeconds is req's period in whole seconds, or 0 when it is not whole

@@ -382,13 +382,16 @@ type Stats struct {
 	// and Grouped the commands they held: Grouped ÷ Groups is the depth
 	// of the pipeline under load. Commands sent alone are not counted.
 	Groups, Grouped uint64
+	// Gathered is the part of Grouped that were GCRA or token-bucket
+	// one-key calls sent within calls of several keys (fastgroup.go).
+	Gathered uint64
 }
 
 // Stats returns the store's counters.
 func (s *Store) Stats() Stats {
 	return Stats{Calls: s.calls.Load(), Errors: s.errs.Load(), CacheHits: s.cacheHits.Load(),
 		Plain: s.plainCalls.Load(), PlainLate: s.plainLate.Load(),
-		Groups: s.commit.groups.Load(), Grouped: s.commit.grouped.Load()}
+		Groups: s.commit.groups.Load(), Grouped: s.commit.grouped.Load(), Gathered: s.commit.gathered.Load()}
 }
 
 // Apply implements sluice.Store.

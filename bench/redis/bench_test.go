@@ -16,11 +16,17 @@ import (
 // run64 runs fn from callers goroutines (64 on any GOMAXPROCS) on nkeys
 // keys at random, all admitted, against srv, and reports Redis's CPU per
 // decision (INFO cpu, network I/O included) besides the time per decision:
-// time/op is 1 ÷ decisions per second.
+// time/op is 1 ÷ decisions per second. It also reports the issue's "Redis
+// time per call": INFO commandstats' usec per script call (EVAL and
+// EVALSHA; the script's run alone, wall time), and script calls per
+// decision.
 func run64(b *testing.B, srv *redistest.Server, fn func(context.Context, string) error) {
 	b.ReportAllocs()
 	b.SetParallelism(max(1, callers/runtime.GOMAXPROCS(0)))
 	var seq atomic.Int64
+	if _, err := srv.Do(context.Background(), "CONFIG", "RESETSTAT"); err != nil {
+		b.Fatal(err)
+	}
 	cpu0 := redisCPU(b, srv)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -34,6 +40,10 @@ func run64(b *testing.B, srv *redistest.Server, fn func(context.Context, string)
 	})
 	b.StopTimer()
 	b.ReportMetric((redisCPU(b, srv)-cpu0)*1e3/float64(b.N), "redis-cpu-ns/op")
+	if calls, usec := scriptStats(b, srv); calls > 0 {
+		b.ReportMetric(usec*1e3/float64(calls), "script-ns/call")
+		b.ReportMetric(float64(calls)/float64(b.N), "calls/op")
+	}
 }
 
 // BenchmarkRedis64: the issue's Redis targets in Go benchmark form, for

@@ -5,18 +5,24 @@
 -- also changes directly with SET NX and INCRBY mid-window. A denied INCRBY
 -- stays counted, so the count may stand above the rate: allow and peek
 -- then deny, refund subtracts (clamped at 0). The key's TTL runs past the
--- window's end by ARGV[9] ms: it only collects garbage.
--- ARGV is op, now seconds, now nanoseconds ('' '' for Redis TIME), period
--- (ns), period in whole seconds (0 if not whole), rate, effective cost,
--- cost, slack (ms). Reply: allowed, count, elapsed.
-local op, p, ps, rate, eff, cost = tonumber(ARGV[1]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), math.min(tonumber(ARGV[8]), 4503599627370496)
-local slack = tonumber(ARGV[9])
+-- window's end by the slack: it only collects garbage.
+-- ARGV is as fixedwindow_fast.lua's: op, period (whole seconds, or ns
+-- negated), rate, cost, then slack (ms), then, from a test only, now as
+-- seconds and nanoseconds. Reply: allowed, count, elapsed.
+local A, tonumber = ARGV, tonumber
+local op, pa, rate, cost = A[1], tonumber(A[2]), tonumber(A[3]), tonumber(A[4])
+local slack = tonumber(A[5])
+local p, ps = -pa, 0
+if pa > 0 then p, ps = pa * 1e9, pa end
+local eff = cost
+if eff < 1 then eff = 1 end
+if cost > 4503599627370496 then cost = 4503599627370496 end -- algo.MaxCount
 local ns, nn
-if ARGV[2] == '' then
+if A[6] then
+  ns, nn = tonumber(A[6]), tonumber(A[7])
+else
   local t = redis.call('TIME')
   ns, nn = tonumber(t[1]), tonumber(t[2]) * 1000
-else
-  ns, nn = tonumber(ARGV[2]), tonumber(ARGV[3])
 end
 -- e: now modulo p, as lib.lua's elapsed.
 local e
@@ -43,11 +49,11 @@ if s <= 0 then start = string.format('%d', s * 1e9 + r) else start = string.form
 local k = KEYS[1] .. ':' .. start
 local c = tonumber(redis.call('GET', k) or '0')
 if c < 0 then c = 0 end
-if op <= 2 then
+if op == '1' or op == '2' then
   if c + eff > rate then return { 0, c, e } end
-  if op == 2 then return { 1, c, e } end
+  if op == '2' then return { 1, c, e } end
   c = c + cost
-elseif op == 3 then
+elseif op == '3' then
   c = c - cost
   if c < 0 then c = 0 end
 else
