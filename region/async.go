@@ -61,6 +61,7 @@ type counts struct {
 	epochAt    int64  // ns of the last check
 	epochStale bool   // a call to the region's store failed since
 	epochBusy  bool   // a check is in flight
+	epochOwed  bool   // this instance found a loss and its quarantine charge failed
 	forgotten  bool   // dropped from the table (its id is kept in aseen)
 }
 
@@ -310,7 +311,7 @@ func (s *Store) syncRound(ctx context.Context, wait bool) {
 		// A key with its epoch check in flight is forgotten too (the
 		// check then remembers its id when it ends, checkAsyncEpoch):
 		// waiting for it kept a flood's keys in the table a round more.
-		if empty && now-c.lastUse > forget && !c.busy() {
+		if empty && now-c.lastUse > forget && !c.busy() && !c.epochOwed {
 			if _, ok := s.akeys.LoadAndDelete(key); ok {
 				s.size.Add(-1)
 				c.forgotten = true

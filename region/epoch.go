@@ -105,7 +105,7 @@ func (s *Store) checkEpoch(ctx context.Context, home string, hs sluice.Store, e 
 		return nil
 	}
 	e.epochBusy = true
-	seen, req := e.epoch, e.req
+	seen, req, owed := e.epoch, e.req, e.epochOwed
 	e.mu.Unlock()
 	defer func() {
 		e.mu.Lock()
@@ -123,8 +123,11 @@ func (s *Store) checkEpoch(ctx context.Context, home string, hs sluice.Store, e 
 		}
 		seen = v
 	}
-	cur, err := s.verifyEpoch(ctx, hc, hs, req, seen, home)
+	cur, owe, err := s.verifyEpoch(ctx, hc, hs, req, seen, home, owed)
 	if err != nil {
+		e.mu.Lock()
+		e.epochOwed = owe
+		e.mu.Unlock()
 		return err
 	}
 	if remote {
@@ -133,7 +136,7 @@ func (s *Store) checkEpoch(ctx context.Context, home string, hs sluice.Store, e 
 		}
 	}
 	e.mu.Lock()
-	e.epoch, e.epochAt, e.epochStale = cur, s.clk.Now(), false
+	e.epoch, e.epochAt, e.epochStale, e.epochOwed = cur, s.clk.Now(), false, false
 	e.mu.Unlock()
 	return nil
 }
@@ -159,7 +162,15 @@ func epochKey(key string) string {
 // a failover to a replica, a restart from files), charges the key's
 // capacity on st, the store over hc (quarantine), once per loss. where
 // names the region of hc for the log. It returns the marker's id.
-func (s *Store) verifyEpoch(ctx context.Context, hc rueidis.Client, st sluice.Store, req sluice.Request, seen, where string) (string, error) {
+//
+// owed says that this instance found a loss before and its charge failed:
+// the marker is then flagged by its own earlier check, which the script
+// answers as a quarantine under way (for FetchTimeout, so that two askers
+// do not both charge), and the charge is made now all the same. A charge
+// that fails returns owe, for the caller to pass as owed next time: a
+// check that trusted its own flag left the fresh bucket admitting until
+// the flag aged (TestAsyncEpochRememberedWhenIdle, 1 run in 10).
+func (s *Store) verifyEpoch(ctx context.Context, hc rueidis.Client, st sluice.Store, req sluice.Request, seen, where string, owed bool) (cur string, owe bool, err error) {
 	ttl := epochTTL(&req)
 	var b [12]byte
 	_, _ = rand.Read(b[:])
@@ -170,27 +181,27 @@ func (s *Store) verifyEpoch(ctx context.Context, hc rueidis.Client, st sluice.St
 	}
 	vs, err := s.led.s.epoch.Exec(ctx, hc, []string{mk}, []string{hex.EncodeToString(b[:]), seen, fmt.Sprint(ttl.Milliseconds()), fmt.Sprint(s.fetchTO.Milliseconds()), trust}).ToArray()
 	if err != nil {
-		return "", unavailable("epoch", err)
+		return "", owed, unavailable("epoch", err)
 	}
 	if len(vs) != 4 {
-		return "", fmt.Errorf("region: epoch reply of %d values, want 4", len(vs))
+		return "", owed, fmt.Errorf("region: epoch reply of %d values, want 4", len(vs))
 	}
-	cur, err := vs[0].ToString()
+	cur, err = vs[0].ToString()
 	if err != nil {
-		return "", fmt.Errorf("region: epoch reply: %w", err)
+		return "", owed, fmt.Errorf("region: epoch reply: %w", err)
 	}
 	lost, err := vs[1].AsInt64()
 	if err != nil {
-		return "", fmt.Errorf("region: epoch reply: %w", err)
+		return "", owed, fmt.Errorf("region: epoch reply: %w", err)
 	}
 	clear, err := vs[2].ToString()
 	if err != nil {
-		return "", fmt.Errorf("region: epoch reply: %w", err)
+		return "", owed, fmt.Errorf("region: epoch reply: %w", err)
 	}
 	if known, err := vs[3].AsInt64(); err == nil && known == 0 && s.infoWarned.CompareAndSwap(false, true) {
 		s.log.Warn("region: a store's Redis refused INFO to the epoch check (ACL): a failover to a replica that lags, or a restart from files, is not caught there; grant +info", "region", s.region, "store", where)
 	}
-	if lost == 1 {
+	if lost == 1 || owed {
 		// The store forgot, or may have: charge it as if its bucket were
 		// spent when it came back. The marker stays flagged until the
 		// charge is made: a charge that failed is made by a check
@@ -200,15 +211,15 @@ func (s *Store) verifyEpoch(ctx context.Context, hc rueidis.Client, st sluice.St
 		q.Cost = req.Capacity()
 		q.MaxWait, q.Lease, q.UseLease = 0, "", false
 		if _, err := st.Apply(ctx, sluice.OpCharge, q); err != nil {
-			return "", fmt.Errorf("region: quarantine of a key whose store lost its state: %w", err)
+			return "", true, fmt.Errorf("region: quarantine of a key whose store lost its state: %w", err)
 		}
 		if err := hc.Do(ctx, hc.B().Set().Key(mk).Value(clear).Xx().Px(ttl).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
-			return "", unavailable("epoch", err)
+			return "", false, unavailable("epoch", err)
 		}
 		s.st.quarantines.Add(1)
 		s.log.Warn("region: a store lost a global key's state, or may have (restarted, failed over): charged its capacity (quarantine)", "region", s.region, "store", where)
 	}
-	return cur, nil
+	return cur, false, nil
 }
 
 // The asynchronous mode's epochs. An asynchronous key is decided on each
@@ -278,22 +289,22 @@ func (s *Store) startAsyncEpoch(c *counts) {
 // key's capacity there. A check that failed stays due.
 func (s *Store) checkAsyncEpoch(ctx context.Context, c *counts) {
 	c.mu.Lock()
-	seen, req := c.epoch, c.req
+	seen, req, owed := c.epoch, c.req, c.epochOwed
 	c.mu.Unlock()
 	if seen == "" {
 		if m, ok := s.aseen.Load(req.Key); ok && m.exp > s.clk.Now() {
 			seen = m.id
 		}
 	}
-	cur, err := s.verifyEpoch(ctx, s.led.client, s.local, req, seen, s.region)
+	cur, owe, err := s.verifyEpoch(ctx, s.led.client, s.local, req, seen, s.region, owed)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.epochBusy = false
 	if err != nil {
-		c.epochStale = true
+		c.epochStale, c.epochOwed = true, owe
 		return
 	}
-	c.epoch, c.epochAt, c.epochStale = cur, s.clk.Now(), false
+	c.epoch, c.epochAt, c.epochStale, c.epochOwed = cur, s.clk.Now(), false, false
 	if c.forgotten {
 		// Forgotten while the check ran: keep what it saw.
 		s.rememberAsyncEpoch(c)

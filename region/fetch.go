@@ -43,6 +43,7 @@ type entry struct {
 	epochAt    int64  // ns of the last check
 	epochStale bool   // a call to the home failed since
 	epochBusy  bool   // a check is in flight
+	epochOwed  bool   // this instance found a loss and its quarantine charge failed
 }
 
 // minFetch is the fewest units a fetch asks for, when MaxFraction of the
