@@ -57,6 +57,7 @@ type call struct {
 	settled     atomic.Bool
 	reserving   chan struct{}  // closed once a leased tier's reservation is taken (applyLeased)
 	pooledResv  bool           // the reservation was taken ahead (resvPool): no other settler knows its id
+	pooledAt    time.Time      // when that reservation was asked for (pooledResv.at)
 	capacity    *capacityGrant // the model's shared capacity charged (queue.go)
 	path        string         // the request's path, as received
 	route       *upstream.Route
