@@ -107,7 +107,7 @@ const (
 // settled wholly into the leases gives its reservation back to the pool
 // (recycleReservation): the store never saw its id used, so the next
 // request may hold it, until it is resvAge old. Reservations that aged
-// in the pool are released with the settled ones (releaseSettled); they
+// in the pool are released with the settled ones (flushSettled); they
 // would otherwise lapse after LeaseTTL: they have no limit of their own,
 // so they hold nothing anyone else could use.
 type resvPool struct {
@@ -118,7 +118,7 @@ type resvPool struct {
 	batch   int       // the last batch's size
 	// settled are the reservations of requests settled wholly into the
 	// leases, still held in the store, to release in one call
-	// (releaseSettled).
+	// (flushSettled).
 	settled []sluice.Request
 	asked   int       // requests that asked for one since fillAt
 	last    time.Time // the client's last request on this path
@@ -311,7 +311,7 @@ func leaseLayer(st sluice.Store) *lease.Store {
 // What the leases cannot take (a lapsed chunk, units the store admitted
 // directly) goes to the store with the reservation, as before; when
 // nothing is left the reservation is released later with others, in one
-// call (releaseSettled).
+// call (flushSettled).
 func (g *Gateway) settleIntoLeases(c *call, refunds []sluice.Request) []sluice.Request {
 	resv := -1
 	for i := range refunds {
@@ -339,7 +339,7 @@ func (g *Gateway) settleIntoLeases(c *call, refunds []sluice.Request) []sluice.R
 // recycleReservation gives the pooled reservation r, asked for at at, of a
 // request settled wholly into the leases back to its client's pool, while
 // it is younger than resvAge, and releases it with the settled ones
-// otherwise (releaseSettled). Its id was never sent to the store with a
+// otherwise (flushSettled). Its id was never sent to the store with a
 // refund, so it is held there as when it was taken, and no other
 // settlement knows it: the next request that holds it settles it exactly
 // once, as the first did not. Before, each such reservation was released
@@ -366,21 +366,12 @@ func (g *Gateway) recycleReservation(cl *client, r sluice.Request, at time.Time)
 	p.asked = max(p.asked-1, 0)
 }
 
-// releaseSettled records the pooled reservation r of a request settled
-// wholly into the leases, and releases the client's recorded ones in one
-// background call once there are resvBatchMax of them (Close releases the
-// rest, releaseReservations). Until then each stays held in the store,
-// where it holds nothing anyone could use: a reservation has no limit.
-func (g *Gateway) releaseSettled(cl *client, r sluice.Request) {
-	p := &cl.resv
-	p.mu.Lock()
-	p.settled = append(p.settled, r)
-	g.flushSettled(cl)
-	p.mu.Unlock()
-}
-
-// flushSettled releases cl's recorded reservations in one background call
-// once there are resvBatchMax of them. cl.resv.mu is held.
+// flushSettled releases cl's recorded reservations (resvPool.settled: of
+// requests settled wholly into the leases past resvAge, or aged in the
+// pool) in one background call once there are resvBatchMax of them
+// (Close releases the rest, releaseReservations). Until then each stays
+// held in the store, where it holds nothing anyone could use: a
+// reservation has no limit. cl.resv.mu is held.
 func (g *Gateway) flushSettled(cl *client) {
 	p := &cl.resv
 	var batch []sluice.Request

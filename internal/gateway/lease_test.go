@@ -192,7 +192,7 @@ func TestReservationsTakenAhead(t *testing.T) {
 		return slices.Clone(cl.resv.ids)
 	}
 	// unreleased is how many reservations of requests settled into the
-	// leases wait for their batched release (releaseSettled).
+	// leases wait for their batched release (flushSettled).
 	unreleased := func() int {
 		cl := gw.keys[sluice.HashKey(key)]
 		cl.resv.mu.Lock()
@@ -273,7 +273,7 @@ func TestReservationsTakenAhead(t *testing.T) {
 	}
 
 	// Aged out: the next request takes its own, and the pooled ones leave
-	// the pool for release with the settled ones (releaseSettled), each
+	// the pool for release with the settled ones (flushSettled), each
 	// once: Redis holds no more than the pool and the ones to release.
 	stale := pooled()
 	skew.Store(int64(gw.resvAge()))
