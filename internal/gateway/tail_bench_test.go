@@ -143,6 +143,13 @@ func BenchmarkTailRatio(b *testing.B) {
 					// Units of refunds and charges settled into the leases
 					// with no Redis call (lease.Store.SettleLocal).
 					b.ReportMetric(per(st.SettledUnits, leaseStart.SettledUnits), m+"-lease-settled-units/req")
+					// Decisions the store made on the request's path (an
+					// empty lease, a cold key), and capacity given back
+					// idle: a pause between rounds that returned the
+					// leases makes the next round's first requests wait.
+					b.ReportMetric(per(st.Direct, leaseStart.Direct), m+"-lease-direct/req")
+					b.ReportMetric(per(st.Returns, leaseStart.Returns), m+"-lease-returns/req")
+					b.ReportMetric(per(st.LateFetches, leaseStart.LateFetches), m+"-lease-late-fetches/req")
 				}
 			}
 		})
