@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/puzpuzpuz/xsync/v4"
 )
 
 // metrics are the gateway's Prometheus metrics. Their labels are the tier,
@@ -22,6 +23,46 @@ type metrics struct {
 	// the store was unavailable (Gateway.refundHeld, Gateway.chargeUnsent).
 	settleRetries prometheus.Counter
 	handler       http.Handler
+	// byTierModel holds each tier and model's instruments that every
+	// request settles into (forTierModel): a label lookup each is a hash
+	// of its values, their UTF-8 check and a locked map read, five times
+	// per request.
+	byTierModel *xsync.Map[tierModel, *tierModelMetrics]
+}
+
+// tierModel is a tier's name and a model label.
+type tierModel struct{ tier, model string }
+
+// tierModelMetrics are one tier and model's instruments, curried.
+type tierModelMetrics struct {
+	upstream, overhead prometheus.Observer
+	prompt, completion prometheus.Counter
+	ok                 prometheus.Counter // requests, status 200
+}
+
+// maxTierModels bounds byTierModel: past it, forTierModel builds the
+// instruments per call, as WithLabelValues does. The labels are bounded
+// already (a configured tier, a configured model or "other"); this bounds
+// the cache whatever a caller sends.
+const maxTierModels = 4096
+
+// forTierModel returns tier and model's instruments.
+func (m *metrics) forTierModel(tier, model string) *tierModelMetrics {
+	k := tierModel{tier, model}
+	if v, ok := m.byTierModel.Load(k); ok {
+		return v
+	}
+	v := &tierModelMetrics{
+		upstream:   m.upstream.WithLabelValues(tier, model),
+		overhead:   m.overhead.WithLabelValues(tier, model),
+		prompt:     m.tokens.WithLabelValues(tier, model, "prompt"),
+		completion: m.tokens.WithLabelValues(tier, model, "completion"),
+		ok:         m.requests.WithLabelValues(tier, model, "200"),
+	}
+	if m.byTierModel.Size() < maxTierModels {
+		v, _ = m.byTierModel.LoadOrStore(k, v)
+	}
+	return v
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -49,7 +90,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		settleRetries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_gateway_settle_retries_total", Help: "Settlement refunds and excess charges tried again because the store was unavailable.",
 		}),
-		handler: http.NotFoundHandler(),
+		handler:     http.NotFoundHandler(),
+		byTierModel: xsync.NewMap[tierModel, *tierModelMetrics](),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.tokens, m.rejections, m.upstream, m.overhead, m.spend, m.settleRetries} {
 		if err := reg.Register(c); err != nil {

@@ -131,9 +131,9 @@ func (g *Gateway) observeTimes(c *call) {
 	if c.sent.IsZero() || c.headersAt.IsZero() {
 		return
 	}
-	tierName := c.client.tier.name
-	g.metrics.upstream.WithLabelValues(tierName, c.model).Observe(c.headersAt.Sub(c.sent).Seconds())
-	g.metrics.overhead.WithLabelValues(tierName, c.model).Observe(c.sent.Sub(c.start).Seconds())
+	tm := g.metrics.forTierModel(c.client.tier.name, c.model)
+	tm.upstream.Observe(c.headersAt.Sub(c.sent).Seconds())
+	tm.overhead.Observe(c.sent.Sub(c.start).Seconds())
 }
 
 // upstreamError answers when the upstream could not be reached or the

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -166,9 +167,14 @@ func (g *Gateway) settle(c *call) {
 	}
 	ctx := context.Background()
 	m := g.metrics
-	m.requests.WithLabelValues(s.Tier, s.Model, statusLabel(c)).Inc()
-	m.tokens.WithLabelValues(s.Tier, s.Model, "prompt").Add(float64(s.PromptTokens))
-	m.tokens.WithLabelValues(s.Tier, s.Model, "completion").Add(float64(s.CompletionTokens))
+	tm := m.forTierModel(s.Tier, s.Model)
+	if !c.unreachable && c.status == http.StatusOK {
+		tm.ok.Inc() // statusLabel's "200"
+	} else {
+		m.requests.WithLabelValues(s.Tier, s.Model, statusLabel(c)).Inc()
+	}
+	tm.prompt.Add(float64(s.PromptTokens))
+	tm.completion.Add(float64(s.CompletionTokens))
 	g.countSpend(c, &s)
 	level := slog.LevelDebug
 	if s.Err != nil {
