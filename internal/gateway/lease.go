@@ -62,7 +62,7 @@ func (g *Gateway) applyLeased(ctx context.Context, c *call) ([]sluice.Decision, 
 	}
 	if pr, ok := g.takeReservation(c.client, resv); ok {
 		// Held already: no store call for it.
-		resv.Key, resv.Lease = pooledKey(resv.Key, pr.id), pr.id
+		resv.Key, resv.Lease = pr.key, pr.id
 		c.pooledResv, c.pooledAt = true, pr.at
 		return out, nil
 	}
@@ -130,11 +130,12 @@ type resvPool struct {
 // up to resvBatchMax of them.
 func pooledKey(key, id string) string { return key + ":" + id }
 
-// pooledResv is one reservation taken ahead: its lease id, and when it
+// pooledResv is one reservation taken ahead: its lease id and key, and when it
 // was asked for (before the call, so it is no older than that).
 type pooledResv struct {
-	id string
-	at time.Time
+	id  string
+	key string // pooledKey of id, made once when it was taken
+	at  time.Time
 }
 
 // resvAge is how old a pooled reservation may be when a request takes it.
@@ -159,7 +160,7 @@ func (g *Gateway) takeReservation(cl *client, tmpl *sluice.Request) (pooledResv,
 	for len(p.ids) > 0 && now.Sub(p.ids[0].at) >= maxAge {
 		// Aged out: released with the settled ones.
 		r := *tmpl
-		r.Key, r.Lease, r.UseLease = pooledKey(tmpl.Key, p.ids[0].id), p.ids[0].id, false
+		r.Key, r.Lease, r.UseLease = p.ids[0].key, p.ids[0].id, false
 		p.settled = append(p.settled, r)
 		p.ids = p.ids[1:]
 	}
@@ -231,7 +232,7 @@ func (g *Gateway) releaseReservations() {
 		reqs := make([]sluice.Request, len(ids))
 		for i, p := range ids {
 			reqs[i] = *tmpl
-			reqs[i].Key, reqs[i].Lease = pooledKey(tmpl.Key, p.id), p.id
+			reqs[i].Key, reqs[i].Lease = p.key, p.id
 		}
 		if _, err := g.store.ApplyAll(ctx, sluice.OpRefund, reqs); err != nil {
 			g.log.Debug("gateway: pooled reservations not given back; they lapse", "client", cl.id, "err", err)
@@ -278,7 +279,7 @@ func (g *Gateway) fillReservations(cl *client, tmpl sluice.Request, n int) {
 	}
 	for i, d := range ds {
 		if d.Allowed && !d.Degraded {
-			p.ids = append(p.ids, pooledResv{reqs[i].Lease, at})
+			p.ids = append(p.ids, pooledResv{reqs[i].Lease, reqs[i].Key, at})
 		}
 	}
 }
@@ -362,7 +363,7 @@ func (g *Gateway) recycleReservation(cl *client, r sluice.Request, at time.Time)
 		return
 	}
 	i, _ := slices.BinarySearchFunc(p.ids, at, func(e pooledResv, t time.Time) int { return e.at.Compare(t) })
-	p.ids = slices.Insert(p.ids, i, pooledResv{r.Lease, at})
+	p.ids = slices.Insert(p.ids, i, pooledResv{r.Lease, r.Key, at})
 	p.asked = max(p.asked-1, 0)
 }
 
