@@ -871,30 +871,15 @@ func (b *batchAPI) release(ctx context.Context, cl *client, h hold, actual int64
 }
 
 // refundHeld applies refunds (refunds[0] the hold's queue lease) while the
-// lease is held, and reports whether it was. On one store the batch is
-// atomic. A region.Store applies a batch with global keys of other homes
-// request by request, so that a second settlement (another replica's, or
-// this one's once it forgot) would refund the shares again: there the
-// lease is released first, alone, and only the settlement that released
-// it sends the refunds. Should that second call fail, the refunds are
-// lost: the reservation stays charged, the safe side.
+// lease is held, and reports whether it was: a second settlement (another
+// replica's, or this one's once it forgot) is refused whole. A
+// region.Store keeps that across regions too (region/refund.go: the
+// lease's release first, the shares' refunds only from the call that
+// released it).
 func (b *batchAPI) refundHeld(ctx context.Context, refunds []sluice.Request) (bool, error) {
-	if len(refunds) == 1 || !refundsCrossRegions(b.g.store, refunds) {
-		ds, err := b.g.store.ApplyAll(ctx, sluice.OpRefund, refunds)
-		if err != nil {
-			return false, err
-		}
-		return ds[0].Allowed, nil
-	}
-	ds, err := b.g.store.ApplyAll(ctx, sluice.OpRefund, refunds[:1])
+	ds, err := b.g.store.ApplyAll(ctx, sluice.OpRefund, refunds)
 	if err != nil {
 		return false, err
 	}
-	if !ds[0].Allowed {
-		return false, nil
-	}
-	if _, err := b.g.store.ApplyAll(ctx, sluice.OpRefund, refunds[1:]); err != nil {
-		b.g.log.Warn("gateway: batch refund across regions failed; the reservation stays charged", "err", err)
-	}
-	return true, nil
+	return ds[0].Allowed, nil
 }

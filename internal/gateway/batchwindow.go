@@ -129,23 +129,6 @@ func (h hold) reservedAhead(q *sluice.Request, now time.Time) (ahead time.Durati
 // longest a budget has (sluice bounds it at 16 years).
 const maxBatchAhead = 366 * 24 * time.Hour
 
-// refundsCrossRegions reports whether some of refunds are global keys
-// whose home is another region than st's: a region.Store applies such a
-// batch request by request, so the lease at refunds[0] no longer guards
-// the others.
-func refundsCrossRegions(st sluice.Store, refunds []sluice.Request) bool {
-	rs := regionLayer(st)
-	if rs == nil {
-		return false
-	}
-	for i := range refunds {
-		if _, global := region.KeyScope(refunds[i].Key); global && rs.HomeOf(refunds[i].Key) != rs.Region() {
-			return true
-		}
-	}
-	return false
-}
-
 // regionLayer is st's region.Store, found through the stores' Unwrap
 // methods, or nil.
 func regionLayer(st sluice.Store) *region.Store {
