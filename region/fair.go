@@ -101,6 +101,23 @@ func (s *Store) fairClient(req *sluice.Request) rueidis.Client {
 	return s.homeClient(s.home(req.Key))
 }
 
+// fairInterval is how often req's key's demand is reported from its home
+// region and, while the key is at its limit, its refill allotted:
+// fairEvery, or the time the key takes to refill one unit when longer
+// (sooner, there is nothing to allot), at most a quarter of fairFresh so
+// that the reports stay counted. A key at 1/min denied to a client that
+// keeps asking cost its home a table call every 50ms, 20 a second per
+// key, whatever the client's own rate: a client spread over many such
+// keys made the home's Redis do far more work than its requests
+// (TestFairIntervalFollowsRefill).
+func fairInterval(req *sluice.Request) time.Duration {
+	l := req.Limit
+	if l.Rate <= 0 {
+		return fairEvery
+	}
+	return min(max(fairEvery, time.Duration(float64(l.Period)/float64(l.Rate))), fairFresh/4)
+}
+
 // table runs op ("ask" or "allot") on req's key's demand table at home:
 // it reports this instance's demand (ask) and takes up to n units from
 // its region's pool, or allots n units charged at home to the pools.
@@ -113,7 +130,7 @@ func (s *Store) table(ctx context.Context, hc rueidis.Client, op string, req *sl
 		strconv.FormatFloat(demand, 'f', 3, 64), strconv.FormatInt(n, 10),
 		strconv.FormatFloat(rate, 'f', 6, 64), strconv.FormatFloat(pools, 'f', 3, 64),
 		strconv.FormatInt(fairFresh.Milliseconds(), 10), strconv.Itoa(fairMaxInstances), strconv.FormatInt(fairGC.Milliseconds(), 10),
-		strconv.FormatInt(fairEvery.Milliseconds(), 10), flag(short), flag(s.home(req.Key) == s.region),
+		strconv.FormatInt(fairInterval(req).Milliseconds(), 10), flag(short), flag(s.home(req.Key) == s.region),
 	}).ToArray()
 	if err != nil {
 		return fairGrant{}, unavailable("demand table", err)
@@ -220,7 +237,7 @@ func (s *Store) reportHome(e *entry, req *sluice.Request, now int64) bool {
 	e.mu.Lock()
 	sat := e.fairSat
 	e.shared = e.shared || sat
-	if e.fairBusy || now-e.fairAt < int64(fairEvery) {
+	if e.fairBusy || now-e.fairAt < int64(fairInterval(req)) {
 		e.mu.Unlock()
 		return sat
 	}
