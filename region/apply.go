@@ -263,7 +263,15 @@ func (s *Store) applyHome(ctx context.Context, op sluice.Op, req sluice.Request)
 		// spend their part from a share, as the far regions' do.
 		now := s.clk.Now()
 		if s.reportHome(e, &req, now) {
-			return s.allow(ctx, s.local, &req) // notes the demand
+			d, err := s.allow(ctx, s.local, &req) // notes the demand
+			if err != nil {
+				// The share is on the home's own Redis: a failed call
+				// there may be its failover (epoch.go).
+				e.mu.Lock()
+				e.epochStale = true
+				e.mu.Unlock()
+			}
+			return d, err
 		}
 		e.note(now, req.Cost)
 	}

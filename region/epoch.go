@@ -213,6 +213,16 @@ func (s *Store) verifyEpoch(ctx context.Context, hc rueidis.Client, st sluice.St
 		if _, err := st.Apply(ctx, sluice.OpCharge, q); err != nil {
 			return "", true, fmt.Errorf("region: quarantine of a key whose store lost its state: %w", err)
 		}
+		if where == s.region && (s.async == nil || !s.async(&req)) {
+			// This region's own share of the key (fair.go: the home
+			// region spends one while the key is at its limit) lives on
+			// the same Redis: after a failover it may hold units spent
+			// since, and the quarantine charged them. Dropped (under-
+			// admission only).
+			if err := hc.Do(ctx, hc.B().Del().Key(s.led.key(req.Key)).Build()).Error(); err != nil {
+				return "", false, unavailable("epoch", err)
+			}
+		}
 		if err := hc.Do(ctx, hc.B().Set().Key(mk).Value(clear).Xx().Px(ttl).Build()).Error(); err != nil && !rueidis.IsRedisNil(err) {
 			return "", false, unavailable("epoch", err)
 		}

@@ -32,6 +32,7 @@ local me = 'd:' .. inst
 local h = redis.call('HGETALL', KEYS[1])
 local byreg, pool = {}, {}
 local total, count, known, allotted = 0, 0, false, 0
+local tabrid = nil
 for i = 1, #h, 2 do
   local f, v = h[i], h[i + 1]
   local kind = string.sub(f, 1, 2)
@@ -53,7 +54,24 @@ for i = 1, #h, 2 do
     allotted = tonumber(v) or 0
   elseif f == 't:short' then
     shortAt = tonumber(v)
+  elseif f == 't:rid' then
+    tabrid = v
   end
+end
+-- The pools are units charged at the home in the history of writes the
+-- table was written in (the server's replication id, as epoch.lua reads
+-- it). A table from another history (a failover to a replica, which may
+-- lag; a restart from files) may hold units since fetched, and the key's
+-- epoch check charges the key's capacity there (quarantine): its pools
+-- are dropped, not refunded. A user the ACL denies INFO reads ''.
+local info = redis.pcall('INFO', 'replication')
+local rid = type(info) == 'string' and string.match(info, 'master_replid:(%w+)') or ''
+if rid ~= '' and tabrid ~= rid then
+  if tabrid then
+    for r in pairs(pool) do redis.call('HDEL', KEYS[1], 'p:' .. r) end
+    pool = {}
+  end
+  redis.call('HSET', KEYS[1], 't:rid', rid)
 end
 if op == 'ask' and (known or count < maxn) then
   redis.call('HSET', KEYS[1], me, reg .. ' ' .. dem .. ' ' .. now)
