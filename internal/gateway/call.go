@@ -68,6 +68,7 @@ type call struct {
 	fair        fairUsage       // what the queue counted for fairness (queue.go)
 	limitedBy   string          // the limit the gateway answered 429 by, "" if none (console.go)
 	retry       time.Duration   // its Retry-After
+	storeCtx    storeCtx        // the admission's store deadline (applyAdmit)
 }
 
 type callKey struct{}

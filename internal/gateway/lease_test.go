@@ -317,8 +317,8 @@ type leasedRig struct {
 
 // newLeasedRig completes cfg (upstream, models, store, lease: true) and
 // starts the rig; the stores run on clk (no sweep), or the system clock
-// when it is nil.
-func newLeasedRig(t *testing.T, cfg Config, clk clock.Clock) *leasedRig {
+// when it is nil. Each of opts, if any, changes the lease store's options.
+func newLeasedRig(t *testing.T, cfg Config, clk clock.Clock, opts ...func(*lease.Options)) *leasedRig {
 	t.Helper()
 	ctx := context.Background()
 	r := &leasedRig{t: t, srv: redistest.NewStandalone(t), settled: make(chan Settlement, 1000)}
@@ -330,6 +330,9 @@ func newLeasedRig(t *testing.T, cfg Config, clk clock.Clock) *leasedRig {
 	lo := lease.Options{Store: r.rs}
 	if clk != nil {
 		lo.Clock, lo.SweepEvery = clk, -1
+	}
+	for _, o := range opts {
+		o(&lo)
 	}
 	if r.ls, err = lease.New(lo); err != nil {
 		t.Fatal(err)

@@ -228,9 +228,11 @@ func (q *queue) settle(ctx context.Context, st sluice.Store, c *call, actual int
 func (g *Gateway) applyAdmit(ctx context.Context, w http.ResponseWriter, c *call) ([]sluice.Decision, error) {
 	q := g.queue
 	if q == nil {
-		ctx, cancel := context.WithTimeout(ctx, g.cfg.Store.Timeout)
-		defer cancel()
-		return g.applyLeased(ctx, c)
+		// Bounded by store.timeout, with a timer only if a call goes out
+		// (storectx.go).
+		sctx := c.storeCtx.start(ctx, time.Now().Add(g.cfg.Store.Timeout))
+		defer c.storeCtx.stop()
+		return g.applyLeased(sctx, c)
 	}
 	qc := q.class[c.client]
 	it := fairqueue.Item{
