@@ -31,8 +31,12 @@ func modelBase(model string) string { return pricing.SnapshotBase(model) }
 func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 	t := c.client.tier
 	model := c.rawModel
-	c.specs = make([]*spec, 0, len(t.specs))
-	c.reqs = make([]sluice.Request, 0, len(t.specs))
+	if len(t.specs) <= callLimits {
+		c.specs, c.reqs = c.specsBuf[:0], c.reqsBuf[:0] // the call's own room (callpool.go)
+	} else {
+		c.specs = make([]*spec, 0, len(t.specs))
+		c.reqs = make([]sluice.Request, 0, len(t.specs))
+	}
 	for i := range t.specs {
 		s := &t.specs[i]
 		if !s.applies(model) {

@@ -40,12 +40,11 @@ type call struct {
 	sent        time.Time   // upstream round trip started
 	headersAt   time.Time
 	status      int
-	unreachable bool        // no upstream response
-	wrote       atomic.Bool // the whole request was written to the upstream (set by the transport through trace)
-	trace       httptrace.ClientTrace
-	timedOut    bool // unreachable: no response headers within upstream.timeout
-	rejected    bool // upstream answered 429 or 5xx
-	canceled    bool // the client went away before the response
+	unreachable bool           // no upstream response
+	up          *upstreamTrace // notes whether the upstream got the whole request; nil before it is sent
+	timedOut    bool           // unreachable: no response headers within upstream.timeout
+	rejected    bool           // upstream answered 429 or 5xx
+	canceled    bool           // the client went away before the response
 	usageSeen   bool
 	prompt      int64
 	completion  int64
@@ -69,7 +68,36 @@ type call struct {
 	limitedBy   string          // the limit the gateway answered 429 by, "" if none (console.go)
 	retry       time.Duration   // its Retry-After
 	storeCtx    storeCtx        // the admission's store deadline (applyAdmit)
+	resvFailed  atomic.Bool     // the reservation taken in the background failed (applyLeased): not recycled
+
+	// Room for specs, reqs and the admission's decisions of a request
+	// with up to callLimits limits, in the call itself (callpool.go).
+	specsBuf [callLimits]*spec
+	reqsBuf  [callLimits]sluice.Request
+	dsBuf    [callLimits]sluice.Decision
 }
+
+// upstreamTrace notes, through the request's client trace, whether the
+// upstream got the whole request (settle: a request it never had is
+// refunded whole). It is not part of the call: the transport may call it
+// after the handler has returned (a response that came before the body
+// was all written), when the call may be another request's (callpool.go).
+type upstreamTrace struct {
+	trace httptrace.ClientTrace
+	wrote atomic.Bool
+}
+
+// wroteRequest is the trace's WroteRequest: the whole request reached the
+// upstream's connection.
+func (t *upstreamTrace) wroteRequest(info httptrace.WroteRequestInfo) {
+	if info.Err == nil {
+		t.wrote.Store(true)
+	}
+}
+
+// wroteUpstream reports whether an upstream got c's whole request, on
+// any attempt.
+func (c *call) wroteUpstream() bool { return c.up != nil && c.up.wrote.Load() }
 
 type callKey struct{}
 

@@ -148,6 +148,8 @@ type Gateway struct {
 	onRenew      func()                   // when not nil, called after each renewal (tests)
 	pool         *upstream.Pool           // nil with one upstream (pool.go)
 	roomGates    sync.Map                 // *upstream.Route → *fairqueue.Gate: the queue's waits for upstream room (pool.go)
+	calls        sync.Pool                // *call, recycled after settlement (callpool.go)
+	onRecycle    func(*call) bool         // when not nil, called with each call given back; false keeps it from the pool (tests)
 }
 
 // New validates opts and returns a Gateway.
@@ -365,7 +367,8 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.batches.serve(w, r, cl)
 		return
 	}
-	c := &call{id: sluice.NewLeaseID(), start: start, client: cl, model: "-", path: r.URL.Path}
+	c := g.newCall() // callpool.go
+	c.id, c.start, c.client, c.model, c.path = sluice.NewLeaseID(), start, cl, "-", r.URL.Path
 	w.Header()["X-Sluice-Request-Id"] = []string{c.id} // canonical: Set would make the key again per request
 	ep := endpoints[r.URL.Path]
 	if ep == epNone && strings.EqualFold(r.Method, http.MethodPost) {
@@ -432,9 +435,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.startRenewal(c)
 	// Whether the upstream got the request decides, if it does not
 	// answer, whether it is refunded (settle): the transport notes it in
-	// c.wrote, on every attempt a pool makes (timedTransport wraps it).
-	c.trace.WroteRequest = c.wroteRequest
-	ctx := httptrace.WithClientTrace(context.WithValue(r.Context(), callKey{}, c), &c.trace)
+	// c.up, on every attempt a pool makes (timedTransport wraps it).
+	c.up = &upstreamTrace{}
+	c.up.trace.WroteRequest = c.up.wroteRequest
+	ctx := httptrace.WithClientTrace(context.WithValue(r.Context(), callKey{}, c), &c.up.trace)
 	g.proxy.ServeHTTP(w, r.WithContext(ctx))
 	if traced {
 		g.traceResponse(r.Context(), c)

@@ -55,7 +55,10 @@ func (g *Gateway) applyLeased(ctx context.Context, c *call) ([]sluice.Decision, 
 		}
 	}
 	resv := &c.reqs[res]
-	out := make([]sluice.Decision, 0, len(c.reqs))
+	out := c.dsBuf[:0] // the call's own room (callpool.go)
+	if len(c.reqs) > len(c.dsBuf) {
+		out = make([]sluice.Decision, 0, len(c.reqs))
+	}
 	out = append(append(append(out, ds[:res]...), sluice.Decision{Allowed: true, Limit: resv.Limit, Remaining: resv.Limit.Rate}), ds[res:]...)
 	if !sluice.Combine(out).Allowed {
 		return out, nil
@@ -78,6 +81,7 @@ func (g *Gateway) applyLeased(ctx context.Context, c *call) ([]sluice.Decision, 
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.cfg.Store.Timeout)
 		defer cancel()
 		if _, err := g.store.Apply(ctx, sluice.OpAllow, req); err != nil {
+			c.resvFailed.Store(true) // the store may still hold ctx, whose values are c's (callpool.go)
 			g.log.Warn("gateway: reservation not recorded; the request stays charged as reserved", "request_id", c.id, "err", err)
 		}
 	}()

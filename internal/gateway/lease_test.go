@@ -312,6 +312,7 @@ type leasedRig struct {
 	gw      *Gateway
 	cfg     *Config
 	hs      *httptest.Server
+	up      *fakeopenai.Server
 	settled chan Settlement
 }
 
@@ -339,6 +340,7 @@ func newLeasedRig(t *testing.T, cfg Config, clk clock.Clock, opts ...func(*lease
 	}
 	t.Cleanup(func() { _ = r.ls.Close() })
 	up := fakeopenai.New(t, fakeopenai.Options{APIKey: upstreamKey, CompletionTokens: 5})
+	r.up = up
 	cfg.Upstream = UpstreamConfig{BaseURL: up.URL() + "/v1", APIKeyEnv: "TEST_UPSTREAM_KEY"}
 	cfg.Models = []string{"gpt-test"}
 	if cfg.Store.Timeout == 0 {

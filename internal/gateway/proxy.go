@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptrace"
 	"net/http/httputil"
 	"strconv"
 	"strings"
@@ -62,8 +61,8 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 var jsonContentType = []string{"application/json"}
 
 // timedTransport notes when the upstream round trip starts. A metered
-// request's context carries c.trace (ServeHTTP), which notes whether the
-// request was written (call.wroteRequest): set there, once, it costs no
+// request's context carries c.up's trace (ServeHTTP), which notes whether the
+// request was written (upstreamTrace.wroteRequest): set there, once, it costs no
 // copy of the request per round trip.
 type timedTransport struct{ next http.RoundTripper }
 
@@ -72,14 +71,6 @@ func (t timedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		c.sent = time.Now()
 	}
 	return t.next.RoundTrip(req)
-}
-
-// wroteRequest is c.trace's WroteRequest: the whole request reached the
-// upstream's connection.
-func (c *call) wroteRequest(info httptrace.WroteRequestInfo) {
-	if info.Err == nil {
-		c.wrote.Store(true)
-	}
 }
 
 // modifyResponse records the upstream's answer and wraps its body to read
@@ -169,7 +160,7 @@ func (g *Gateway) upstreamError(w http.ResponseWriter, r *http.Request, err erro
 // room to begin with (acquire), not 502. A request no upstream had is
 // refunded whole.
 func (g *Gateway) noRoom(w http.ResponseWriter, c *call) {
-	if c.wrote.Load() {
+	if c.wroteUpstream() {
 		c.unreachable = true // an earlier attempt was sent: settled as one
 	} else {
 		c.unsent = true

@@ -19,7 +19,8 @@ import (
 )
 
 // settle settles c's reservation; settleAsync makes sure it runs once.
-func (g *Gateway) settle(c *call) {
+// It reports whether every store call it made succeeded.
+func (g *Gateway) settle(c *call) (clean bool) {
 	c.renewal.stop() // before the leases are released: a renewal after would take them again
 	c.readCapturedUsage()
 	g.observeTimes(c)
@@ -39,7 +40,7 @@ func (g *Gateway) settle(c *call) {
 		// had the request, which counts. Refunding it let a client send
 		// requests without bound while the upstream refused them, keeping
 		// a shared upstream account throttled for every other key.
-	case c.unreachable && !c.wrote.Load():
+	case c.unreachable && !c.wroteUpstream():
 		refundRequests = true // the upstream never had the request
 	case c.background && (c.status == 0 || c.status/100 == 2):
 		// A background response runs on after its request returned or its
@@ -188,6 +189,7 @@ func (g *Gateway) settle(c *call) {
 	if g.onSettled != nil {
 		g.onSettled(s)
 	}
+	return s.Err == nil
 }
 
 // Settlement retries: the first retry after settleRetryMin, doubling up to
@@ -341,6 +343,6 @@ func (g *Gateway) settleAsync(c *call) {
 	g.pending.Add(1)
 	go func() {
 		defer g.pending.Done()
-		g.settle(c)
+		g.recycle(c, g.settle(c)) // callpool.go
 	}()
 }
