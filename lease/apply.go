@@ -132,7 +132,8 @@ func (s *Store) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Reques
 		gen  uint64
 		cost int64
 	}
-	var local []taken
+	var localBuf [4]taken // on the stack for a batch of up to 4 leased members
+	local := localBuf[:0]
 	undo := func() {
 		for _, t := range local {
 			s.putBack(t.e, t.gen, t.cost)

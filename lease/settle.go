@@ -52,12 +52,14 @@ func (s *Store) SettleLocal(op sluice.Op, reqs []sluice.Request) []sluice.Reques
 		}
 		if !copied {
 			copied = true
-			rest = make([]sluice.Request, 0, len(reqs))
-			for j := range i {
-				rest = append(rest, reqs[j]) // untouched members before i
+			if i > 0 {
+				rest = append(make([]sluice.Request, 0, len(reqs)), reqs[:i]...) // untouched members before i
 			}
 		}
 		if left > 0 {
+			if rest == nil {
+				rest = make([]sluice.Request, 0, len(reqs)-i) // made only for a member left: none when all settled here
+			}
 			r := reqs[i]
 			r.Cost = left
 			rest = append(rest, r)

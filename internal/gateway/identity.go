@@ -4,6 +4,8 @@ package gateway
 // tier's limits turned into the specs the limits stage reserves (admit.go).
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"net/http"
 	"strings"
 	"time"
@@ -121,7 +123,8 @@ func appendSpecs(specs []spec, l Limits, model string, leaseTTL time.Duration) [
 // Authorization or x-api-key line) is refused (two is true): which of two
 // clients it is would depend on which header was read.
 func (g *Gateway) authenticate(r *http.Request) (cl *client, two bool) {
-	var keys []string
+	var kbuf [2]string // on the stack: one key, or two to refuse
+	keys := kbuf[:0]
 	for _, v := range r.Header.Values("Authorization") {
 		if strings.TrimSpace(v) == "" {
 			continue
@@ -141,14 +144,25 @@ func (g *Gateway) authenticate(r *http.Request) (cl *client, two bool) {
 	if len(keys) == 0 || keys[0] == "" {
 		return nil, false
 	}
-	cl = g.keys[sluice.HashKey(keys[0])]
+	cl = g.keyClient(keys[0])
 	if cl == nil {
 		return nil, false
 	}
 	for _, k := range keys[1:] {
-		if k != keys[0] && g.keys[sluice.HashKey(k)] != nil {
+		if k != keys[0] && g.keyClient(k) != nil {
 			return nil, true
 		}
 	}
 	return cl, false
+}
+
+// keyClient is the client of the key whose sluice.HashKey is in g.keys, or
+// nil. It hashes on the stack: sluice.HashKey's string and its key's
+// bytes (past 32, as API keys are) were allocations per request.
+func (g *Gateway) keyClient(key string) *client {
+	var kb [128]byte
+	sum := sha256.Sum256(append(kb[:0], key...)) // a longer key allocates, as before
+	var hexed [2 * sha256.Size]byte
+	hex.Encode(hexed[:], sum[:])
+	return g.keys[string(hexed[:])] // no string is made for a map index
 }

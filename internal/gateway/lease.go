@@ -330,9 +330,11 @@ func (g *Gateway) settleIntoLeases(c *call, refunds []sluice.Request) []sluice.R
 	if resv < 0 {
 		return refunds
 	}
+	// The others, in order, moved over the reservation in refunds (c.reqs,
+	// which nothing reads after settle; SettleLocal returns a batch of its
+	// own, or others itself when it took nothing).
 	r := refunds[resv]
-	others := make([]sluice.Request, 0, len(refunds)-1)
-	others = append(append(others, refunds[:resv]...), refunds[resv+1:]...)
+	others := append(refunds[:resv], refunds[resv+1:]...)
 	rest := g.leases.SettleLocal(sluice.OpRefund, others)
 	if len(rest) > 0 {
 		return append(rest, r)
