@@ -48,10 +48,10 @@ type call struct {
 	usageSeen   bool
 	prompt      int64
 	completion  int64
-	produced    int64         // completion tokens relayed in a stream
-	unread      bool          // a streamed event too long to read was relayed (relay.go): it may have held the usage
-	background  bool          // a responses request run in the background: it runs on when the client leaves
-	renewal     *leaseRenewal // renews the leases while in flight (renew.go); read by settle once the handler returned
+	produced    int64        // completion tokens relayed in a stream
+	unread      bool         // a streamed event too long to read was relayed (relay.go): it may have held the usage
+	background  bool         // a responses request run in the background: it runs on when the client leaves
+	renewal     leaseRenewal // renews the leases while in flight (renew.go); stopped by settle once the handler returned
 	anth        anthropicUsage
 	settled     atomic.Bool
 	reserving   chan struct{}  // closed once a leased tier's reservation is taken (applyLeased)

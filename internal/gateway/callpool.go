@@ -13,8 +13,10 @@ package gateway
 //   - the reservation taken in the background (applyLeased), closed
 //     c.reserving when done, which settle waits for;
 //   - the lease renewal's timer (renew.go), which settle stops first,
-//     waiting for a renewal in progress; a renewal that fires later finds
-//     it stopped and does not read the call;
+//     waiting for a renewal in progress; a call whose timer fired for its
+//     request is not given back (a renewal that fires late finds the
+//     renewal stopped, but reads the call to find it); one whose timer
+//     was stopped before it fired keeps the timer for its next request;
 //   - the request's context (callKey, the admission's storeCtx), which the
 //     transport and the stores may keep after they return: the trace the
 //     transport calls late is not part of the call (upstreamTrace); a
@@ -47,10 +49,12 @@ func (g *Gateway) newCall() *call {
 // (settleAsync), unless something may still reach it (see above). clean
 // reports that no store call of its settlement failed.
 func (g *Gateway) recycle(c *call, clean bool) {
-	if !clean || c.resvFailed.Load() || g.pool != nil || g.queue != nil || c.traced || c.background || c.countWeigh != nil {
+	if !clean || c.resvFailed.Load() || c.renewal.fired || g.pool != nil || g.queue != nil || c.traced || c.background || c.countWeigh != nil {
 		return
 	}
+	timer := c.renewal.timer // stopped before it fired for c's request (renew.go)
 	*c = call{}
+	c.renewal.timer = timer
 	if g.onRecycle != nil && !g.onRecycle(c) {
 		return
 	}

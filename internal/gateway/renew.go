@@ -23,11 +23,17 @@ import (
 // renews it and takes no new slot), until settlement stops the renewal,
 // before it releases them.
 
-// leaseRenewal renews one request's leases while it is in flight.
+// leaseRenewal renews one request's leases while it is in flight. It is
+// part of the call, and its timer is kept for the call's next request
+// when the call is recycled (callpool.go), stopped before it ever fired
+// for this one: a timer per request was an allocation and a function
+// value, made for the few requests that outlast renewEvery.
 type leaseRenewal struct {
 	mu      sync.Mutex
-	timer   *time.Timer
+	timer   *time.Timer // made on the call's first renewal, then reset
+	started bool        // this request's renewal was started
 	stopped bool
+	fired   bool // the timer fired for this request: a renewal may still read the call (not recycled)
 	g       *Gateway
 	c       *call
 }
@@ -41,11 +47,15 @@ func (g *Gateway) startRenewal(c *call) {
 	if g.renewEvery <= 0 || !c.holdsLeases() {
 		return
 	}
-	rn := &leaseRenewal{g: g, c: c}
+	rn := &c.renewal
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
-	rn.timer = time.AfterFunc(g.renewEvery, rn.renew)
-	c.renewal = rn
+	rn.g, rn.c, rn.started = g, c, true
+	if rn.timer == nil {
+		rn.timer = time.AfterFunc(g.renewEvery, rn.renew)
+	} else {
+		rn.timer.Reset(g.renewEvery) // stopped unfired when the call was recycled
+	}
 }
 
 // holdsLeases reports whether c holds a lease to renew.
@@ -105,13 +115,18 @@ func (rn *leaseRenewal) renew() {
 	rn.timer.Reset(g.renewEvery)
 }
 
-// stop ends the renewal, waiting for one in progress; nil does nothing.
+// stop ends the renewal, waiting for one in progress; one never started
+// does nothing. It notes whether the timer fired (or is firing) for this
+// request: then a renewal may yet run and find the renewal stopped, and
+// the call must not be recycled.
 func (rn *leaseRenewal) stop() {
-	if rn == nil {
-		return
-	}
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
+	if !rn.started {
+		return
+	}
 	rn.stopped = true
-	rn.timer.Stop()
+	if !rn.timer.Stop() {
+		rn.fired = true
+	}
 }
