@@ -116,7 +116,9 @@ const (
 // so they hold nothing anyone else could use.
 type resvPool struct {
 	mu      sync.Mutex
-	ids     []pooledResv // oldest first
+	ids     []pooledResv // oldest first; a view of buf (see push, popFront, insert)
+	buf     []pooledResv // ids' array, whole: ids is buf[head:head+len(ids)]
+	head    int          // room before ids in buf, left by the reservations taken
 	filling bool
 	fillAt  time.Time // when the last batch was started
 	batch   int       // the last batch's size
@@ -133,6 +135,63 @@ type resvPool struct {
 // rewrites a concurrency key's every lease on each call, and a pool holds
 // up to resvBatchMax of them.
 func pooledKey(key, id string) string { return key + ":" + id }
+
+// The pool's order. Requests take reservations from the front (the
+// oldest), batches are added at the back, and a reservation given back
+// (recycleReservation) goes in by its age, near the front: it was taken
+// from there a request ago. With ids a plain slice, each of those was an
+// insertion that moved the whole pool, up to 2*resvBatchMax reservations,
+// through the GC's write barriers (slices.Insert: 5% of
+// BenchmarkServeHTTPLeased's CPU), and a new array whenever the front's
+// room was gone. ids is kept in buf with the room the takes left before
+// it, so that an insertion moves only the reservations before its place.
+
+// popFront takes the oldest reservation out of the pool; ids is not
+// empty.
+func (p *resvPool) popFront() pooledResv {
+	r := p.ids[0]
+	p.ids[0] = pooledResv{} // its strings are not kept by buf
+	p.ids = p.ids[1:]
+	p.head++
+	if len(p.ids) == 0 {
+		p.ids, p.head = p.buf[:0], 0
+	}
+	return r
+}
+
+// push adds r at the back of the pool.
+func (p *resvPool) push(r pooledResv) {
+	n := len(p.ids)
+	if p.head+n == len(p.buf) {
+		// No room after ids: move it to the front of buf, or of a
+		// larger array when that is more than half full.
+		buf := p.buf
+		if 2*n >= len(buf) {
+			buf = make([]pooledResv, max(2*len(buf), 8))
+		}
+		copy(buf, p.ids)
+		clear(buf[n:max(n, p.head+n)])
+		p.buf, p.head = buf, 0
+	}
+	p.ids = p.buf[p.head : p.head+n+1]
+	p.ids[n] = r
+}
+
+// insert puts r at index i of the pool (0 <= i <= len(ids)), into the room
+// before ids when there is some, moving the i reservations before it.
+func (p *resvPool) insert(i int, r pooledResv) {
+	n := len(p.ids)
+	if p.head == 0 {
+		p.push(r)
+		copy(p.ids[i+1:], p.ids[i:n])
+		p.ids[i] = r
+		return
+	}
+	p.head--
+	p.ids = p.buf[p.head : p.head+n+1]
+	copy(p.ids[:i], p.ids[1:i+1])
+	p.ids[i] = r
+}
 
 // pooledResv is one reservation taken ahead: its lease id and key, and when it
 // was asked for (before the call, so it is no older than that).
@@ -166,13 +225,13 @@ func (g *Gateway) takeReservation(cl *client, tmpl *sluice.Request) (pooledResv,
 		r := *tmpl
 		r.Key, r.Lease, r.UseLease = p.ids[0].key, p.ids[0].id, false
 		p.settled = append(p.settled, r)
-		p.ids = p.ids[1:]
+		p.popFront()
 	}
 	g.flushSettled(cl)
 	var pr pooledResv
 	ok := len(p.ids) > 0
 	if ok {
-		pr, p.ids = p.ids[0], p.ids[1:]
+		pr = p.popFront()
 	}
 	if !hot || p.filling {
 		return pr, ok
@@ -214,7 +273,7 @@ func (g *Gateway) releaseReservations() {
 	for _, cl := range g.keys {
 		cl.resv.mu.Lock()
 		ids, settled := cl.resv.ids, cl.resv.settled
-		cl.resv.ids, cl.resv.settled = nil, nil
+		cl.resv.ids, cl.resv.buf, cl.resv.head, cl.resv.settled = nil, nil, 0, nil
 		cl.resv.mu.Unlock()
 		if len(settled) > 0 {
 			if _, err := g.store.ApplyAll(ctx, sluice.OpRefund, settled); err != nil {
@@ -283,7 +342,7 @@ func (g *Gateway) fillReservations(cl *client, tmpl sluice.Request, n int) {
 	}
 	for i, d := range ds {
 		if d.Allowed && !d.Degraded {
-			p.ids = append(p.ids, pooledResv{reqs[i].Lease, reqs[i].Key, at})
+			p.push(pooledResv{reqs[i].Lease, reqs[i].Key, at})
 		}
 	}
 }
@@ -369,7 +428,7 @@ func (g *Gateway) recycleReservation(cl *client, r sluice.Request, at time.Time)
 		return
 	}
 	i, _ := slices.BinarySearchFunc(p.ids, at, func(e pooledResv, t time.Time) int { return e.at.Compare(t) })
-	p.ids = slices.Insert(p.ids, i, pooledResv{r.Lease, r.Key, at})
+	p.insert(i, pooledResv{r.Lease, r.Key, at})
 	p.asked = max(p.asked-1, 0)
 }
 
