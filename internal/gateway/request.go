@@ -180,12 +180,17 @@ func parseBodyInto(p *parsedBody, body []byte, ep endpoint, cache *aitoken.Cache
 	w := wireBodies.Get().(*wireBody)
 	*w = wireBody{}
 	defer wireBodies.Put(w)
-	if err := json.Unmarshal(body, w); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return badRequest("invalid_type", te.Field, "Invalid type for '%s': %v", te.Field, err)
+	// json.Unmarshal's reading in one pass (wirebody.go), or, where that
+	// declines, json.Unmarshal's own.
+	if !decodeWireBody(body, w) {
+		*w = wireBody{} // it may have declined half way
+		if err := json.Unmarshal(body, w); err != nil {
+			var te *json.UnmarshalTypeError
+			if errors.As(err, &te) {
+				return badRequest("invalid_type", te.Field, "Invalid type for '%s': %v", te.Field, err)
+			}
+			return badRequest("invalid_json", "", "We could not parse the JSON body of your request: %v", err)
 		}
-		return badRequest("invalid_json", "", "We could not parse the JSON body of your request: %v", err)
 	}
 	if name, f, dup := ambiguousMember(body, readFields); dup {
 		return duplicateMember(name)

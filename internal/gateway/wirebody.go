@@ -1,0 +1,516 @@
+package gateway
+
+import (
+	"encoding/json"
+	"strconv"
+)
+
+// Reading a request body without encoding/json
+//
+// json.Unmarshal of every request body into a wireBody (reflection, a
+// validity scan before the decoding scan) was 2-4 µs of a leased
+// request's CPU. decodeWireBody reads the bodies clients send in one pass,
+// and gives way to json.Unmarshal for anything it does not read exactly as
+// json.Unmarshal does: it never decides differently, it only declines.
+// It declines:
+//
+//   - a member name with an escape, or with an upper-case or non-ASCII
+//     letter that is not a wireBody field (encoding/json matches names
+//     case-insensitively, with Unicode folding: "MODEL", "ſtream");
+//   - a field named twice (json's last-wins merge into pointers and
+//     slices);
+//   - a field's value of another type than the field's (json's
+//     UnmarshalTypeError and its message), a string field's value with an
+//     escape, an integer that is not a plain one of at most 18 digits, a
+//     null in modalities;
+//   - any syntax error, nesting past maxWireDepth, or bytes after the
+//     object (json's errors and their messages).
+//
+// Unknown members are skipped, validated as JSON. json.RawMessage values
+// are copied, as json.RawMessage.UnmarshalJSON copies them (a null is the
+// four bytes "null"), and an empty array decodes to an empty, not nil,
+// slice. FuzzWireBody holds it to json.Unmarshal, with a corpus of hostile
+// bodies.
+
+// maxWireDepth bounds the nesting decodeWireBody reads; deeper bodies go to
+// json.Unmarshal, which bounds them itself.
+const maxWireDepth = 256
+
+// decodeWireBody decodes body, valid UTF-8, into w, zero, as
+// json.Unmarshal would, and reports true; or reports false, with w in any
+// state, when it declines (see above) and json.Unmarshal must decide.
+func decodeWireBody(body []byte, w *wireBody) bool {
+	d := wireDecoder{b: body}
+	d.ws()
+	if !d.byte('{') {
+		return false
+	}
+	var seen uint32 // the fields read, by wireField index
+	d.ws()
+	if d.byte('}') {
+		return d.end()
+	}
+	for {
+		d.ws()
+		name, ok := d.plainString()
+		if !ok {
+			return false
+		}
+		d.ws()
+		if !d.byte(':') {
+			return false
+		}
+		d.ws()
+		f := wireField(name)
+		if f < 0 {
+			if !foldsToSelf(name) || !d.skip(0) {
+				return false
+			}
+		} else {
+			if seen&(1<<f) != 0 {
+				return false
+			}
+			seen |= 1 << f
+			if !d.field(f, w) {
+				return false
+			}
+		}
+		d.ws()
+		if d.byte('}') {
+			return d.end()
+		}
+		if !d.byte(',') {
+			return false
+		}
+	}
+}
+
+// wireField is the index of the wireBody field whose JSON name is name, or
+// -1. The indexes are field's cases.
+func wireField(name []byte) int {
+	switch string(name) {
+	case "model":
+		return 0
+	case "stream":
+		return 1
+	case "stream_options":
+		return 2
+	case "max_tokens":
+		return 3
+	case "max_completion_tokens":
+		return 4
+	case "max_output_tokens":
+		return 5
+	case "n":
+		return 6
+	case "best_of":
+		return 7
+	case "messages":
+		return 8
+	case "prompt":
+		return 9
+	case "input":
+		return 10
+	case "instructions":
+		return 11
+	case "tools":
+		return 12
+	case "functions":
+		return 13
+	case "response_format":
+		return 14
+	case "text":
+		return 15
+	case "prediction":
+		return 16
+	case "suffix":
+		return 17
+	case "service_tier":
+		return 18
+	case "background":
+		return 19
+	case "modalities":
+		return 20
+	case "audio":
+		return 21
+	case "prompt_cache_key":
+		return 22
+	}
+	return -1
+}
+
+// foldsToSelf reports whether name can match no wireBody field by
+// encoding/json's case-insensitive matching unless it is that field's
+// exact name: it has no upper-case ASCII letter and no non-ASCII byte (the
+// fields' names are lower-case ASCII, and Unicode folding maps "K", "ſ"
+// and the Kelvin sign to them).
+func foldsToSelf(name []byte) bool {
+	for _, c := range name {
+		if c >= 0x80 || ('A' <= c && c <= 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
+// wireDecoder reads b from i.
+type wireDecoder struct {
+	b []byte
+	i int
+}
+
+// ws skips white space, as JSON defines it.
+func (d *wireDecoder) ws() {
+	for d.i < len(d.b) {
+		switch d.b[d.i] {
+		case ' ', '\t', '\n', '\r':
+			d.i++
+		default:
+			return
+		}
+	}
+}
+
+// byte reads c if it is next.
+func (d *wireDecoder) byte(c byte) bool {
+	if d.i < len(d.b) && d.b[d.i] == c {
+		d.i++
+		return true
+	}
+	return false
+}
+
+// end reports whether only white space is left.
+func (d *wireDecoder) end() bool {
+	d.ws()
+	return d.i == len(d.b)
+}
+
+// literal reads lit if it is next.
+func (d *wireDecoder) literal(lit string) bool {
+	if len(d.b)-d.i >= len(lit) && string(d.b[d.i:d.i+len(lit)]) == lit {
+		d.i += len(lit)
+		return true
+	}
+	return false
+}
+
+// plainString reads a string without escapes and returns its contents (a
+// view of b): false for anything else.
+func (d *wireDecoder) plainString() ([]byte, bool) {
+	if !d.byte('"') {
+		return nil, false
+	}
+	from := d.i
+	for d.i < len(d.b) {
+		c := d.b[d.i]
+		switch {
+		case c == '"':
+			d.i++
+			return d.b[from : d.i-1], true
+		case c == '\\' || c < 0x20:
+			return nil, false
+		}
+		d.i++
+	}
+	return nil, false
+}
+
+// null reads a null if it is next.
+func (d *wireDecoder) null() bool { return d.literal("null") }
+
+// field decodes the value of wireBody field f into w.
+func (d *wireDecoder) field(f int, w *wireBody) bool {
+	switch f {
+	case 0, 11: // model, instructions: string
+		dst := &w.Model
+		if f == 11 {
+			dst = &w.Instructions
+		}
+		if d.null() {
+			return true
+		}
+		s, ok := d.plainString()
+		*dst = string(s)
+		return ok
+	case 18, 22: // service_tier, prompt_cache_key: *string
+		if d.null() {
+			return true
+		}
+		s, ok := d.plainString()
+		v := string(s)
+		if f == 18 {
+			w.ServiceTier = &v
+		} else {
+			w.PromptCacheKey = &v
+		}
+		return ok
+	case 1, 19: // stream, background: bool
+		dst := &w.Stream
+		if f == 19 {
+			dst = &w.Background
+		}
+		switch {
+		case d.literal("true"):
+			*dst = true
+		case d.literal("false"), d.null():
+		default:
+			return false
+		}
+		return true
+	case 3, 4, 5, 6, 7: // the budgets, n, best_of: *int64
+		if d.null() {
+			return true
+		}
+		v, ok := d.int()
+		if !ok {
+			return false
+		}
+		switch f {
+		case 3:
+			w.MaxTokens = &v
+		case 4:
+			w.MaxCompletionTokens = &v
+		case 5:
+			w.MaxOutputTokens = &v
+		case 6:
+			w.N = &v
+		case 7:
+			w.BestOf = &v
+		}
+		return true
+	case 8: // messages: []json.RawMessage
+		if d.null() {
+			return true
+		}
+		if !d.byte('[') {
+			return false
+		}
+		w.Messages = []json.RawMessage{}
+		d.ws()
+		if d.byte(']') {
+			return true
+		}
+		for {
+			d.ws()
+			from := d.i
+			if !d.skip(1) {
+				return false
+			}
+			w.Messages = append(w.Messages, append(json.RawMessage(nil), d.b[from:d.i]...))
+			d.ws()
+			if d.byte(']') {
+				return true
+			}
+			if !d.byte(',') {
+				return false
+			}
+		}
+	case 20: // modalities: []string
+		if d.null() {
+			return true
+		}
+		if !d.byte('[') {
+			return false
+		}
+		w.Modalities = []string{}
+		d.ws()
+		if d.byte(']') {
+			return true
+		}
+		for {
+			d.ws()
+			s, ok := d.plainString()
+			if !ok {
+				return false
+			}
+			w.Modalities = append(w.Modalities, string(s))
+			d.ws()
+			if d.byte(']') {
+				return true
+			}
+			if !d.byte(',') {
+				return false
+			}
+		}
+	}
+	// The json.RawMessage fields: the value's bytes, copied.
+	from := d.i
+	if !d.skip(0) {
+		return false
+	}
+	raw := append(json.RawMessage(nil), d.b[from:d.i]...)
+	switch f {
+	case 2:
+		w.StreamOptions = raw
+	case 9:
+		w.Prompt = raw
+	case 10:
+		w.Input = raw
+	case 12:
+		w.Tools = raw
+	case 13:
+		w.Functions = raw
+	case 14:
+		w.ResponseFormat = raw
+	case 15:
+		w.Text = raw
+	case 16:
+		w.Prediction = raw
+	case 17:
+		w.Suffix = raw
+	case 21:
+		w.Audio = raw
+	}
+	return true
+}
+
+// int reads an integer with no fraction or exponent and at most 18
+// digits, which an int64 holds.
+func (d *wireDecoder) int() (int64, bool) {
+	from := d.i
+	d.byte('-')
+	digits := d.i
+	for d.i < len(d.b) && '0' <= d.b[d.i] && d.b[d.i] <= '9' {
+		d.i++
+	}
+	n := d.i - digits
+	if n == 0 || n > 18 || (n > 1 && d.b[digits] == '0') {
+		return 0, false
+	}
+	if d.i < len(d.b) {
+		switch d.b[d.i] {
+		case '.', 'e', 'E':
+			return 0, false
+		}
+	}
+	v, err := strconv.ParseInt(string(d.b[from:d.i]), 10, 64)
+	return v, err == nil
+}
+
+// skip reads one JSON value at nesting depth depth, checking its syntax as
+// encoding/json does.
+func (d *wireDecoder) skip(depth int) bool {
+	if d.i >= len(d.b) {
+		return false
+	}
+	switch c := d.b[d.i]; {
+	case c == '"':
+		return d.skipString()
+	case c == '{' || c == '[':
+		if depth >= maxWireDepth {
+			return false
+		}
+		closing := byte('}')
+		if c == '[' {
+			closing = ']'
+		}
+		d.i++
+		d.ws()
+		if d.byte(closing) {
+			return true
+		}
+		for {
+			d.ws()
+			if c == '{' {
+				if !d.skipString() {
+					return false
+				}
+				d.ws()
+				if !d.byte(':') {
+					return false
+				}
+				d.ws()
+			}
+			if !d.skip(depth + 1) {
+				return false
+			}
+			d.ws()
+			if d.byte(closing) {
+				return true
+			}
+			if !d.byte(',') {
+				return false
+			}
+		}
+	case c == 't':
+		return d.literal("true")
+	case c == 'f':
+		return d.literal("false")
+	case c == 'n':
+		return d.literal("null")
+	case c == '-' || ('0' <= c && c <= '9'):
+		return d.skipNumber()
+	}
+	return false
+}
+
+// skipString reads a string, escapes checked.
+func (d *wireDecoder) skipString() bool {
+	if !d.byte('"') {
+		return false
+	}
+	for d.i < len(d.b) {
+		c := d.b[d.i]
+		switch {
+		case c == '"':
+			d.i++
+			return true
+		case c < 0x20:
+			return false
+		case c == '\\':
+			d.i++
+			if d.i >= len(d.b) {
+				return false
+			}
+			switch d.b[d.i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				d.i++
+			case 'u':
+				if len(d.b)-d.i < 5 {
+					return false
+				}
+				for _, h := range d.b[d.i+1 : d.i+5] {
+					if !('0' <= h && h <= '9' || 'a' <= h && h <= 'f' || 'A' <= h && h <= 'F') {
+						return false
+					}
+				}
+				d.i += 5
+			default:
+				return false
+			}
+		default:
+			d.i++
+		}
+	}
+	return false
+}
+
+// skipNumber reads a number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+func (d *wireDecoder) skipNumber() bool {
+	d.byte('-')
+	digits := func() int {
+		from := d.i
+		for d.i < len(d.b) && '0' <= d.b[d.i] && d.b[d.i] <= '9' {
+			d.i++
+		}
+		return d.i - from
+	}
+	if d.i < len(d.b) && d.b[d.i] == '0' {
+		d.i++
+	} else if digits() == 0 {
+		return false
+	}
+	if d.byte('.') && digits() == 0 {
+		return false
+	}
+	if d.byte('e') || d.byte('E') {
+		if !d.byte('+') {
+			d.byte('-')
+		}
+		if digits() == 0 {
+			return false
+		}
+	}
+	return true
+}
