@@ -144,7 +144,8 @@ func pooledKey(key, id string) string { return key + ":" + id }
 // through the GC's write barriers (slices.Insert: 5% of
 // BenchmarkServeHTTPLeased's CPU), and a new array whenever the front's
 // room was gone. ids is kept in buf with the room the takes left before
-// it, so that an insertion moves only the reservations before its place.
+// it, so that an insertion moves only the reservations on its shorter
+// side.
 
 // popFront takes the oldest reservation out of the pool; ids is not
 // empty.
@@ -177,19 +178,20 @@ func (p *resvPool) push(r pooledResv) {
 	p.ids[n] = r
 }
 
-// insert puts r at index i of the pool (0 <= i <= len(ids)), into the room
-// before ids when there is some, moving the i reservations before it.
+// insert puts r at index i of the pool (0 <= i <= len(ids)), moving the
+// fewer of the reservations before it (into the room in front) and after
+// it (into the room behind, made if there is none).
 func (p *resvPool) insert(i int, r pooledResv) {
 	n := len(p.ids)
-	if p.head == 0 {
-		p.push(r)
-		copy(p.ids[i+1:], p.ids[i:n])
+	if p.head > 0 && (i <= n-i || p.head+n == len(p.buf)) {
+		p.head--
+		p.ids = p.buf[p.head : p.head+n+1]
+		copy(p.ids[:i], p.ids[1:i+1])
 		p.ids[i] = r
 		return
 	}
-	p.head--
-	p.ids = p.buf[p.head : p.head+n+1]
-	copy(p.ids[:i], p.ids[1:i+1])
+	p.push(r)
+	copy(p.ids[i+1:], p.ids[i:n])
 	p.ids[i] = r
 }
 
