@@ -24,7 +24,13 @@ import (
 //     escape, an integer that is not a plain one of at most 18 digits, a
 //     null in modalities;
 //   - any syntax error, nesting past maxWireDepth, or bytes after the
-//     object (json's errors and their messages).
+//     object (json's errors and their messages);
+//   - a member name repeated in any object, an escaped name in any
+//     object, an object of more than maxWireMembers members, or more
+//     than maxWireNames names in the objects open at once: what
+//     ambiguousMember refuses, or would have to decode or count to know.
+//     A body decodeWireBody reads is one ambiguousMember finds nothing
+//     in, so parseBodyInto does not scan it again.
 //
 // Unknown members are skipped, validated as JSON. json.RawMessage values
 // are copied, as json.RawMessage.UnmarshalJSON copies them (a null is the
@@ -35,6 +41,12 @@ import (
 // maxWireDepth bounds the nesting decodeWireBody reads; deeper bodies go to
 // json.Unmarshal, which bounds them itself.
 const maxWireDepth = 256
+
+// maxWireMembers bounds the members of an object decodeWireBody checks
+// for repeated names (each against the ones before it); larger objects go
+// to json.Unmarshal and ambiguousMember. The top level's known fields do
+// not count (seen).
+const maxWireMembers = 32
 
 // decodeWireBody decodes body, valid UTF-8, into w, zero, as
 // json.Unmarshal would, and reports true; or reports false, with w in any
@@ -52,10 +64,11 @@ func decodeWireBody(body []byte, w *wireBody) bool {
 	}
 	for {
 		d.ws()
-		name, ok := d.plainString()
+		from, to, ok := d.plainSpan()
 		if !ok {
 			return false
 		}
+		name := body[from:to]
 		d.ws()
 		if !d.byte(':') {
 			return false
@@ -63,7 +76,7 @@ func decodeWireBody(body []byte, w *wireBody) bool {
 		d.ws()
 		f := wireField(name)
 		if f < 0 {
-			if !foldsToSelf(name) || !d.skip(0) {
+			if !foldsToSelf(name) || !d.newName(0, from, to) || !d.skip(0) {
 				return false
 			}
 		} else {
@@ -157,6 +170,32 @@ func foldsToSelf(name []byte) bool {
 type wireDecoder struct {
 	b []byte
 	i int
+	// names are the member names of the objects open, outermost first,
+	// each as its span of b; an array, not a slice, so that it stays on
+	// the stack with the decoder.
+	names [maxWireNames][2]int
+	n     int // names in use
+}
+
+// maxWireNames bounds the names of the objects open at once
+// decodeWireBody checks; past it, it declines.
+const maxWireNames = 64
+
+// newName notes b[from:to] as a member name of the object whose names
+// start at names[first], and reports false if the object had it already,
+// has maxWireMembers names, or names is full.
+func (d *wireDecoder) newName(first, from, to int) bool {
+	if d.n-first >= maxWireMembers || d.n == len(d.names) {
+		return false
+	}
+	for _, o := range d.names[first:d.n] {
+		if string(d.b[o[0]:o[1]]) == string(d.b[from:to]) {
+			return false
+		}
+	}
+	d.names[d.n] = [2]int{from, to}
+	d.n++
+	return true
 }
 
 // ws skips white space, as JSON defines it.
@@ -198,22 +237,28 @@ func (d *wireDecoder) literal(lit string) bool {
 // plainString reads a string without escapes and returns its contents (a
 // view of b): false for anything else.
 func (d *wireDecoder) plainString() ([]byte, bool) {
+	from, to, ok := d.plainSpan()
+	return d.b[from:to], ok
+}
+
+// plainSpan is plainString, returning its contents' span of b.
+func (d *wireDecoder) plainSpan() (from, to int, ok bool) {
 	if !d.byte('"') {
-		return nil, false
+		return 0, 0, false
 	}
-	from := d.i
+	from = d.i
 	for d.i < len(d.b) {
 		c := d.b[d.i]
 		switch {
 		case c == '"':
 			d.i++
-			return d.b[from : d.i-1], true
+			return from, d.i - 1, true
 		case c == '\\' || c < 0x20:
-			return nil, false
+			return 0, 0, false
 		}
 		d.i++
 	}
-	return nil, false
+	return 0, 0, false
 }
 
 // null reads a null if it is next.
@@ -410,10 +455,11 @@ func (d *wireDecoder) skip(depth int) bool {
 		if d.byte(closing) {
 			return true
 		}
+		first := d.n // this object's names, dropped when it closes
 		for {
 			d.ws()
 			if c == '{' {
-				if !d.skipString() {
+				if from, to, ok := d.plainSpan(); !ok || !d.newName(first, from, to) {
 					return false
 				}
 				d.ws()
@@ -427,6 +473,7 @@ func (d *wireDecoder) skip(depth int) bool {
 			}
 			d.ws()
 			if d.byte(closing) {
+				d.n = first
 				return true
 			}
 			if !d.byte(',') {

@@ -37,6 +37,12 @@ var wireSeeds = []string{
 	`{"messages":[1],"messages":null,"model":"m"}`,
 	`{"max_tokens":5,"max_tokens":null,"model":"m"}`,
 	`{"stream":true,"stream":false,"model":"m"}`,
+	`{"model":"m","messages":[{"role":"user","content":"a","content":"bb"}]}`,
+	`{"model":"m","messages":[{"role":"user","c\u006fntent":"a","content":"bb"}]}`,
+	`{"model":"m","tools":[{"a":{"b":1,"b":2}}]}`,
+	`{"model":"m","x":{"a":1},"y":{"a":1},"z":[{"a":1},{"a":1}]}`,
+	`{"model":"m","Messages":[]}`,
+	`{"model":"m","x":{` + strings.Repeat(`"k":1,`, 0) + `"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"j":10,"k":11,"l":12,"m":13,"n":14,"o":15,"p":16,"q":17,"r":18,"s":19,"t":20,"u":21,"v":22,"w":23,"x":24,"y":25,"z":26,"aa":27,"ab":28,"ac":29,"ad":30,"ae":31,"af":32,"ag":33}}`,
 	// Values of other types, escapes, numbers json refuses or reads
 	// its own way.
 	`{"model":5}`,
@@ -99,6 +105,9 @@ func FuzzWireBody(f *testing.F) {
 		if !reflect.DeepEqual(fast, slow) {
 			t.Fatalf("%q:\ndecodeWireBody %+v\njson.Unmarshal %+v", body, fast, slow)
 		}
+		if name, f, dup := ambiguousMember(body, readFields); dup || f != "" {
+			t.Fatalf("decodeWireBody read %q, in which ambiguousMember finds %q (%q, repeated %v)", body, name, f, dup)
+		}
 	})
 }
 
@@ -111,6 +120,10 @@ func TestDecodeWireBodyReads(t *testing.T) {
 		if !decodeWireBody([]byte(s), &w) {
 			t.Errorf("declined %s", s)
 		}
+	}
+	// Siblings may repeat each other's names.
+	if !decodeWireBody([]byte(`{"model":"m","x":{"a":1},"y":{"a":1},"z":[{"a":1},{"a":1}]}`), new(wireBody)) {
+		t.Error("declined objects whose siblings have the same names")
 	}
 	for _, s := range wireSeeds[11:] {
 		var w wireBody
