@@ -98,6 +98,30 @@ func floodConfig(regions []string) *rlqs.Config {
 	return cfg
 }
 
+// counter sums a counter of reg over the series whose domain label is
+// domain ("": every series).
+func counter(t *testing.T, reg *prometheus.Registry, name, domain string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "domain" && (domain == "" || l.GetValue() == domain) {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
+}
+
 // leaseRenewals is the region lease renewals an instance counted
 // (sluice_rlqs_region_leases_total), of one domain or ("") all.
 func leaseRenewals(t *testing.T, reg *prometheus.Registry, domain string) float64 {
@@ -183,40 +207,67 @@ func TestGlobalRLQSFlood(t *testing.T) {
 	// victim's start.
 	time.Sleep(time.Until(vstart.Add(time.Second))) // the scenario's schedule
 	all0, vic0, at0 := leaseRenewals(t, reg, ""), leaseRenewals(t, reg, "envoy"), time.Now()
+	rep0 := counter(t, reg, "sluice_rlqs_reports_total", "flood")
 	time.Sleep(time.Until(vstart.Add(length)))
 	all1, vic1, at1 := leaseRenewals(t, reg, ""), leaseRenewals(t, reg, "envoy"), time.Now()
+	held := in.q.Held()
+	rep1 := counter(t, reg, "sluice_rlqs_reports_total", "flood")
 	cancel()
 	wg.Wait()
 
-	held := in.q.Held()
 	var answers int64
 	for _, f := range flood {
 		answers += f.answers.Load()
 	}
 	secs := at1.Sub(at0).Seconds()
+	t.Logf("flood: %.0f bucket reports/s", (rep1-rep0)/at1.Sub(at0).Seconds())
 	t.Logf("flood: %d buckets held, %d answers; renewals at the home %.0f/s (the victim's %.1f/s)", held.Buckets, answers, (all1-all0)/secs, (vic1-vic0)/secs)
 	if held.Buckets < floodPeers*floodStreams*floodBuckets {
 		t.Errorf("the flood holds %d buckets, want %d: it did not reach its caps' worth", held.Buckets, floodPeers*floodStreams*floodBuckets)
 	}
 
-	// The victim's first tokens: its first report is at vstart, its
-	// second an interval later.
-	for i, e := range victims {
+	// The victim's first tokens: its Envoys' first report (Envoy reports
+	// a bucket when it creates it) makes the instance's first renewal,
+	// which takes up to two round trips to a busy home (300-650 ms
+	// measured: redisstore sends a node's calls in at most two groups at
+	// a time), and the second report, at one interval, waits for it up to
+	// half an interval: tokens by the third report's answer at the
+	// latest.
+	first := time.Duration(-1)
+	for _, e := range victims {
 		e.mu.Lock()
-		first, denies := time.Duration(-1), len(e.denies)
-		if len(e.assigned) > 0 {
+		if len(e.assigned) > 0 && (first < 0 || e.assigned[0].at.Sub(vstart) < first) {
 			first = e.assigned[0].at.Sub(vstart)
 		}
 		e.mu.Unlock()
-		t.Logf("victim Envoy %d: first tokens at %v, %d DENY_ALL answers", i, first, denies)
-		if first < 0 || first > globalInterval+250*time.Millisecond {
-			t.Errorf("victim Envoy %d: first tokens at %v from its first report; want by its second report's answer (%v and a 250 ms margin)", i, first, globalInterval)
+	}
+	t.Logf("victim: first tokens at %v", first)
+	if byThird := 2*globalInterval + globalInterval/2; first < 0 || first > byThird {
+		t.Errorf("victim: first tokens at %v from its first report; want by its third report's answer (%v)", first, byThird)
+	}
+	// Then the lease sized by its demand (its second report brings it,
+	// and the renewal it sends at once takes up to two round trips),
+	// divided between its two Envoys in a report or two (each stream asks
+	// by the fleet's demand its last report read): from its sixth report
+	// on, neither is answered DENY_ALL, and together they admit 90 % of
+	// the limit in every second.
+	settle := 5 * globalInterval
+	for i, e := range victims {
+		e.mu.Lock()
+		late := 0
+		for _, at := range e.denies {
+			if at.Sub(vstart) >= settle {
+				late++
+			}
 		}
-		if denies > 0 {
-			t.Errorf("victim Envoy %d: %d DENY_ALL answers during another tenant's flood", i, denies)
+		denies := len(e.denies)
+		e.mu.Unlock()
+		t.Logf("victim Envoy %d: %d DENY_ALL answers, %d from %v", i, denies, late, settle)
+		if late > 0 {
+			t.Errorf("victim Envoy %d: %d DENY_ALL answers from %v, during another tenant's flood", i, late, settle)
 		}
 	}
-	for from := 1500 * time.Millisecond; from+time.Second <= length; from += time.Second {
+	for from := settle; from+time.Second <= length; from += time.Second {
 		n := rec.between(from, from+time.Second)
 		starved := rec.starvedIn(from-globalInterval, from+time.Second)
 		t.Logf("victim [%v, %v): admitted %d (%.2f of the limit)%s", from, from+time.Second, n, float64(n)/globalLimit, map[bool]string{true: " (starved of CPU)"}[starved])

@@ -77,7 +77,7 @@ func TestRegionLeaseSteps(t *testing.T) {
 	p := c.domains["d"].policies[0]
 	g := s.glob
 	const homeKey = "rlqs:{d}:api:1:h"
-	gb, err := g.bucket(homeKey, homeKey+":@a", p, "d", clk.Now())
+	gb, err := g.bucket(homeKey, homeKey+":@a", p, "d", "a", clk.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func TestRegionLeaseSteps(t *testing.T) {
 	}
 
 	// Another instance (another region's) wanting 200 gets what is free.
-	gb2, err := g.bucket(homeKey, homeKey+":@b", p, "d", clk.Now())
+	gb2, err := g.bucket(homeKey, homeKey+":@b", p, "d", "b", clk.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,7 @@ func TestRegionLeaseBatches(t *testing.T) {
 			dom = "b"
 		}
 		key := fmt.Sprintf("rlqs:{%s}:p:1:%d", dom, i)
-		gb, err := s.glob.bucket(key, key+":@x", c.domains[dom].policies[0], dom, clk.Now())
+		gb, err := s.glob.bucket(key, key+":@x", c.domains[dom].policies[0], dom, "x", clk.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
