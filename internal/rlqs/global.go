@@ -118,10 +118,12 @@ type globals struct {
 	stopped      chan struct{} // closed when run returns
 
 	// The renewer's own (run's goroutine, or a test's with run stopped).
-	all    []*globalBucket // every bucket of byKy, and those forgotten not yet seen
-	turn   int             // the peer whose batch comes first this round
-	budget float64         // batches that may be sent now (renewalsPerTick a tick)
-	last   int64           // clock ns of the last schedule
+	all    []*globalBucket  // every bucket of byKy, and those forgotten not yet seen
+	turn   int              // the peer whose batch comes first this round
+	budget float64          // batches that may be sent now (renewalsPerTick a tick)
+	last   int64            // clock ns of the last schedule
+	swept  int64            // clock ns of the last walk over all
+	queues map[string][]due // the renewals due by client, kept between walks
 }
 
 // globalBucket is one global bucket key's lease at its home, on one
@@ -163,7 +165,7 @@ func newGlobals(s *Server, opt Global) (*globals, error) {
 		return nil, fmt.Errorf("%w: Options.Global needs Region, StoreOf and HomeOf", ErrConfig)
 	}
 	return &globals{s: s, opt: opt, byKy: map[string]*globalBucket{}, kick: make(chan struct{}, 1),
-		sem: make(chan struct{}, maxRenewals-reservedRenewals), reserve: make(chan struct{}, reservedRenewals), flying: map[string]int{}, stopped: make(chan struct{})}, nil
+		sem: make(chan struct{}, maxRenewals-reservedRenewals), reserve: make(chan struct{}, reservedRenewals), flying: map[string]int{}, queues: map[string][]due{}, stopped: make(chan struct{})}, nil
 }
 
 // bucket returns the lease of the global bucket whose key at the home is
@@ -198,7 +200,8 @@ func (g *globals) bucket(homeKey, local string, p *policy, domain, peer string, 
 	gb := &globalBucket{homeKey: homeKey, home: hs, region: home, local: local, domain: domain, policy: p.name, key: k,
 		lessee: g.opt.Region + "/" + g.s.id + "/" + fmt.Sprint(g.gen), ready: make(chan struct{})}
 	gb.lastUse.Store(now)
-	gb.peer.Store(&peer)
+	h := peer // a copy: peer itself, escaping, would cost every report an allocation
+	gb.peer.Store(&h)
 	gb.capacity.Store(p.capacity)
 	g.byKy[k] = gb
 	g.fresh = append(g.fresh, gb)
@@ -250,7 +253,8 @@ func (g *globals) run() {
 		}
 		walked = time.Now()
 		cfg := g.s.config()
-		g.budget -= float64(g.dispatch(cfg, g.schedule(cfg, g.s.clock.Now())))
+		next := g.schedule(cfg, g.s.clock.Now(), cap(g.sem)-len(g.sem), cap(g.reserve)-len(g.reserve))
+		g.budget -= float64(g.dispatch(cfg, next))
 	}
 }
 
@@ -325,16 +329,21 @@ const (
 	reservedRenewals = maxRenewals / 4
 )
 
-// schedule is the renewer's look at now: it forgets the buckets unreported for longer than their lease
-// lives (releasing their leases), and returns the batches to send now (at
-// most what its budget allows), in order. Those due are queued by the client that reported them last, each
-// queue in the order of its leases' ends (a bucket never renewed first:
-// it has none), and the batches are dealt one per client in turn, from a
-// client that moves each time: a client that holds thousands of buckets
-// gets as many calls as one that holds one, and a lease close to its end
-// is never behind fresh ones of its own client. It walks the buckets
-// without g.mu, which reports take to find theirs.
-func (g *globals) schedule(cfg *compiled, now int64) [][]*globalBucket {
+// schedule is the renewer's look at now, with room for so many batches
+// in sem and in reserve: it forgets the buckets unreported for longer than
+// their lease lives (releasing their leases), and returns the batches to
+// send now (at most what its budget and the room allow), in order. Those
+// due are queued by the client that reported them last, each queue in
+// the order of its leases' ends (a bucket never renewed first: it has
+// none), and the batches are dealt one per client in turn, from a client
+// that moves each time: a client that holds thousands of buckets gets as
+// many calls as one that holds one, and a lease close to its end is never
+// behind fresh ones of its own client. Beyond the room in sem, only the
+// first batch of a client with none in flight is dealt (dispatch sends it
+// in a reserved place). It walks the buckets without g.mu, which reports
+// take to find theirs; with no room at all, it only looks for idle
+// buckets, every half interval.
+func (g *globals) schedule(cfg *compiled, now int64, semRoom, resRoom int) [][]*globalBucket {
 	g.mu.Lock()
 	g.all = append(g.all, g.fresh...)
 	clear(g.fresh)
@@ -347,9 +356,22 @@ func (g *globals) schedule(cfg *compiled, now int64) [][]*globalBucket {
 	}
 	g.budget = min(g.budget, renewalsPerTick)
 	g.last = now
-	free := int(g.budget)
+	free := min(int(g.budget), semRoom+resRoom)
+	if free == 0 && time.Duration(now-g.swept) < cfg.interval/2 {
+		return nil
+	}
+	g.swept = now
 
-	queues := map[string][]*globalBucket{}
+	// The queues of the last walk, emptied: their arrays are kept (a
+	// flood's are large), a client's dropped once it has none due.
+	queues := g.queues
+	for p, q := range queues {
+		if len(q) == 0 {
+			delete(queues, p)
+		} else {
+			queues[p] = q[:0]
+		}
+	}
 	var idle []*globalBucket
 	keep := g.all[:0]
 	for _, gb := range g.all {
@@ -369,13 +391,14 @@ func (g *globals) schedule(cfg *compiled, now int64) [][]*globalBucket {
 			// shrink at their reports): ask again soon.
 			every = cfg.interval / 8
 		}
-		since := time.Duration(now - gb.sent.Load())
+		sent := gb.sent.Load()
+		since := time.Duration(now - sent)
 		// A report that wants more asks at once, but a bucket is renewed
 		// at most every interval/8 (its first renewal at once): reports
 		// that want more at every turn do not make more calls.
-		if since >= every || (gb.hungry.Load() && (gb.sent.Load() == 0 || since >= cfg.interval/8)) {
+		if since >= every || (gb.hungry.Load() && (sent == 0 || since >= cfg.interval/8)) {
 			p := *gb.peer.Load()
-			queues[p] = append(queues[p], gb)
+			queues[p] = append(queues[p], due{gb.expires.Load(), gb})
 		}
 	}
 	clear(g.all[len(keep):])
@@ -383,32 +406,45 @@ func (g *globals) schedule(cfg *compiled, now int64) [][]*globalBucket {
 	if len(idle) > 0 {
 		g.forget(cfg, idle, now)
 	}
-	if free == 0 || len(queues) == 0 {
+	peers := make([]string, 0, len(queues))
+	for p, q := range queues {
+		if len(q) > 0 {
+			peers = append(peers, p)
+		}
+	}
+	if free == 0 || len(peers) == 0 {
 		return nil
 	}
-	peers := make([]string, 0, len(queues))
-	for p := range queues {
-		peers = append(peers, p)
-	}
 	slices.Sort(peers)
+	g.flyMu.Lock()
+	busy := make([]bool, len(peers))
+	for i, p := range peers {
+		busy[i] = g.flying[p] > 0
+	}
+	g.flyMu.Unlock()
 	dealt := make([][][]*globalBucket, len(peers))
 	for i, p := range peers {
-		q := queues[p]
-		slices.SortFunc(q, func(a, b *globalBucket) int { return cmp.Compare(a.expires.Load(), b.expires.Load()) })
 		// At most what could be sent now, in batches of its earliest.
-		dealt[i] = batches(q[:min(len(q), free*renewBatch)])
+		q := earliest(queues[p], free*renewBatch)
+		gbs := make([]*globalBucket, len(q))
+		for k := range q {
+			gbs[k] = q[k].gb
+		}
+		dealt[i] = batches(gbs)
 	}
 	var out [][]*globalBucket
 	for round := 0; len(out) < free; round++ {
 		more := false
 		for k := range peers {
 			i := (g.turn + k) % len(peers)
-			if round < len(dealt[i]) {
-				more = true
-				if len(out) < free {
-					out = append(out, dealt[i][round])
-				}
+			if round >= len(dealt[i]) || len(out) == free {
+				continue
 			}
+			more = true
+			if len(out) >= semRoom && (round > 0 || busy[i]) {
+				continue // only a reserved place is left, and not for this client
+			}
+			out = append(out, dealt[i][round])
 		}
 		if !more {
 			break
@@ -416,6 +452,51 @@ func (g *globals) schedule(cfg *compiled, now int64) [][]*globalBucket {
 	}
 	g.turn++
 	return out
+}
+
+// due is a renewal due: its bucket, and when its lease ends (0: it holds
+// none yet), read once.
+type due struct {
+	end int64
+	gb  *globalBucket
+}
+
+// earliest returns the k renewals of q whose leases end first, in that
+// order (all of q when it has fewer): a selection of the k (Hoare's, on
+// average linear in len(q)), then a sort of those, so that a client's
+// thousands of renewals due cost the renewer no sort of them all.
+func earliest(q []due, k int) []due {
+	if k < len(q) {
+		lo, hi, nth := 0, len(q)-1, k-1
+		for lo < hi {
+			pivot := q[lo+(hi-lo)/2].end
+			i, j := lo, hi
+			for i <= j {
+				for q[i].end < pivot {
+					i++
+				}
+				for q[j].end > pivot {
+					j--
+				}
+				if i <= j {
+					q[i], q[j] = q[j], q[i]
+					i++
+					j--
+				}
+			}
+			switch {
+			case nth <= j:
+				hi = j
+			case nth >= i:
+				lo = i
+			default:
+				lo = hi // between j and i: equal to the pivot, in place
+			}
+		}
+		q = q[:k]
+	}
+	slices.SortFunc(q, func(a, b due) int { return cmp.Compare(a.end, b.end) })
+	return q
 }
 
 // forget drops the idle buckets from byKy (unless a report took one

@@ -227,7 +227,7 @@ func TestRegionLeaseBatches(t *testing.T) {
 // scheduleWorld is a drained Server (no background renewer: the test
 // schedules by hand) of one global policy, home eu, on memory stores
 // and a fake clock.
-func scheduleWorld(t *testing.T) (*Server, *compiled, *clock.Fake) {
+func scheduleWorld(t testing.TB) (*Server, *compiled, *clock.Fake) {
 	t.Helper()
 	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
 	local, err := memstore.New(memstore.Options{Clock: clk})
@@ -280,7 +280,7 @@ func TestRenewalSchedule(t *testing.T) {
 	// t0: every bucket is new (never renewed): the victim's batch is in
 	// the first round, whichever client the round starts with.
 	for range 2 {
-		due := g.schedule(c, clk.Now())
+		due := g.schedule(c, clk.Now(), cap(g.sem), cap(g.reserve))
 		if len(due) != 1+(300+renewBatch-1)/renewBatch {
 			t.Fatalf("t0: %d batches due, want %d", len(due), 1+(300+renewBatch-1)/renewBatch)
 		}
@@ -306,7 +306,7 @@ func TestRenewalSchedule(t *testing.T) {
 	for _, gb := range append(flood, victim) {
 		gb.lastUse.Store(clk.Now())
 	}
-	due := g.schedule(c, clk.Now())
+	due := g.schedule(c, clk.Now(), cap(g.sem), cap(g.reserve))
 	var first []*globalBucket
 	for _, b := range due {
 		if b[0].domain == "d" && *b[0].peer.Load() == "flood" {
@@ -336,11 +336,11 @@ func TestRenewalSchedule(t *testing.T) {
 	victim.hungry.Store(true)
 	has := func(due [][]*globalBucket) bool { return slices.ContainsFunc(due, isVictim) }
 	clk.Advance(c.interval/8 - time.Millisecond)
-	if has(g.schedule(c, clk.Now())) {
+	if has(g.schedule(c, clk.Now(), cap(g.sem), cap(g.reserve))) {
 		t.Errorf("t1 + interval/8 - 1ms: the victim, wanting more, renewed again; want at most every interval/8")
 	}
 	clk.Advance(time.Millisecond)
-	if !has(g.schedule(c, clk.Now())) {
+	if !has(g.schedule(c, clk.Now(), cap(g.sem), cap(g.reserve))) {
 		t.Errorf("t1 + interval/8: the victim, wanting more, not renewed")
 	}
 
@@ -348,7 +348,7 @@ func TestRenewalSchedule(t *testing.T) {
 	// (and its leases released), the victim kept.
 	clk.Advance(c.leaseTTL())
 	victim.lastUse.Store(clk.Now())
-	g.schedule(c, clk.Now())
+	g.schedule(c, clk.Now(), cap(g.sem), cap(g.reserve))
 	g.mu.Lock()
 	left := len(g.byKy)
 	g.mu.Unlock()
