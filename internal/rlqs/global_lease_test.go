@@ -1,8 +1,10 @@
 package rlqs
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -372,5 +374,33 @@ func TestRenewalSchedule(t *testing.T) {
 	}
 	if held := used(t, s.glob.opt.StoreOf("eu"), other.homeKey); held == 0 {
 		t.Errorf("the idle client's bucket holds no lease at the home after its renewal")
+	}
+}
+
+// TestEarliest: the selection of a client's earliest renewals gives the
+// k smallest lease ends in order, as a full sort does, with ties and
+// buckets never renewed (0) among them.
+func TestEarliest(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{0, 1, 2, 17, 100, 1000} {
+		for _, spread := range []int64{1, 3, 50, 1 << 40} {
+			q := make([]due, n)
+			for i := range q {
+				q[i] = due{end: rng.Int64N(spread), gb: &globalBucket{}}
+			}
+			want := slices.Clone(q)
+			slices.SortFunc(want, func(a, b due) int { return cmp.Compare(a.end, b.end) })
+			for _, k := range []int{1, 16, n / 2, n, n + 5} {
+				got := earliest(slices.Clone(q), k)
+				if len(got) != min(k, n) {
+					t.Fatalf("n %d k %d: %d returned", n, k, len(got))
+				}
+				for i := range got {
+					if got[i].end != want[i].end {
+						t.Fatalf("n %d spread %d k %d: at %d end %d, want %d", n, spread, k, i, got[i].end, want[i].end)
+					}
+				}
+			}
+		}
 	}
 }
