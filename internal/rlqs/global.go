@@ -42,6 +42,19 @@ package rlqs
 // interval). The leases are per instance, not per region: two instances
 // of a region would otherwise have to agree on what the region holds
 // before either could shrink.
+//
+// One client cannot delay another's renewals (schedule, dispatch): the
+// renewer walks its own list of buckets, not under the mutex reports take
+// to find theirs; it queues the renewals due by the client (address) that
+// reported each bucket last, each queue in the order of its leases' ends
+// (a new bucket first), and deals batches one client at a time, from a
+// client that moves at each walk. A quarter of the places in flight is
+// kept for clients with none in flight, so a flood's calls, however
+// many, leave the next place to another client's renewal; and a server
+// sends at most renewalsPerTick batches a tick (2560 calls a second to
+// its homes), and a bucket at most one renewal per interval/8. A flood of
+// buckets beyond what the homes' round trips carry thus ages the flood's
+// own leases (its Envoys then get DENY_ALL), not the others'.
 
 import (
 	"cmp"
