@@ -60,6 +60,8 @@ func main() {
 	rounds := flag.Int("rounds", 16, "rounds per run that the modes interleave in")
 	runs := flag.Int("runs", 3, "runs, each with its own ratio")
 	modes := flag.String("modes", "bare-proxy,memory,redis,redis-lease", "proxies to measure; bare-proxy is the floor")
+	keep := flag.Bool("keep", false, "keep the children's logs and configs (printed at the end); with GODEBUG=gctrace=1 in the environment, the gateways log each collection there")
+	slow := flag.Duration("slow", 0, "count each mode's requests slower than this, and list the first 40 with their start times since the run began, at the end of each run")
 	flag.Parse()
 	switch *role {
 	case "upstream":
@@ -85,7 +87,7 @@ func main() {
 	if *rounds < 1 || *n < *rounds || *conns < 1 {
 		log.Fatal("gwtail: want -conns ≥ 1 and -n ≥ -rounds ≥ 1")
 	}
-	h := &harness{sluice: *sluiceBin, conns: *conns}
+	h := &harness{sluice: *sluiceBin, conns: *conns, keep: *keep, slow: *slow}
 	defer h.stop()
 	if err := h.start(strings.Split(*modes, ",")); err != nil {
 		h.stop()
@@ -125,6 +127,7 @@ func upstream(w http.ResponseWriter, r *http.Request) {
 }
 
 type proc struct {
+	i       int // in harness.procs
 	name    string
 	url     string
 	metrics string // a gateway's GET /metrics, or ""
@@ -140,6 +143,10 @@ type harness struct {
 	procs  []*proc // [0] is the direct calls (no process)
 	keys   []string
 	client *http.Client
+	keep   bool
+	slow   time.Duration
+	began  time.Time // of the run
+	slowAt [][]string
 }
 
 func freeAddr() string {
@@ -231,6 +238,7 @@ func (h *harness) start(modes []string) error {
 		if err := waitTCP(addr); err != nil {
 			return fmt.Errorf("%w (%s: see %s)", err, m, filepath.Join(h.dir, m+".log"))
 		}
+		p.i = len(h.procs)
 		h.procs = append(h.procs, p)
 	}
 	t := http.DefaultTransport.(*http.Transport).Clone()
@@ -279,7 +287,9 @@ func (h *harness) stop() {
 		_ = h.redis.Process.Kill()
 		_ = h.redis.Wait()
 	}
-	if h.dir != "" {
+	if h.dir != "" && h.keep {
+		fmt.Printf("logs and configs kept in %s\n", h.dir)
+	} else if h.dir != "" {
 		_ = os.RemoveAll(h.dir)
 	}
 }
@@ -290,6 +300,7 @@ func (h *harness) measure(p *proc, n int) ([]time.Duration, error) {
 	lat := make([][]time.Duration, h.conns)
 	errs := make([]error, h.conns)
 	var wg sync.WaitGroup
+	var mu sync.Mutex
 	for w := range h.conns {
 		wg.Go(func() {
 			for i := w; i < n; i += h.conns {
@@ -303,7 +314,13 @@ func (h *harness) measure(p *proc, n int) ([]time.Duration, error) {
 					return
 				}
 				_, _ = io.Copy(io.Discard, res.Body)
-				lat[w] = append(lat[w], time.Since(start))
+				d := time.Since(start)
+				lat[w] = append(lat[w], d)
+				if h.slow > 0 && d > h.slow && h.slowAt != nil {
+					mu.Lock()
+					h.slowAt[p.i] = append(h.slowAt[p.i], fmt.Sprintf("%.3fs+%.1fms", start.Sub(h.began).Seconds(), float64(d)/1e6))
+					mu.Unlock()
+				}
 				res.Body.Close()
 				if res.StatusCode != http.StatusOK {
 					errs[w] = fmt.Errorf("status %d", res.StatusCode)
@@ -344,7 +361,7 @@ func cpu(c *exec.Cmd) time.Duration {
 
 // scraped are the counters of a gateway's /metrics that explain its tail:
 // its leases' decisions (sluice_lease_*) and its collections.
-var scraped = []string{"sluice_lease_hits_total", "sluice_lease_fetches_total", "sluice_lease_returns_total", "go_gc_duration_seconds_count"}
+var scraped = []string{"sluice_lease_hits_total", "sluice_lease_fetches_total", "sluice_lease_returns_total", "go_gc_duration_seconds_count", "go_memstats_heap_inuse_bytes"}
 
 // scrape sums each of scraped over its series at p's /metrics.
 func (h *harness) scrape(p *proc) map[string]float64 {
@@ -390,6 +407,8 @@ func (h *harness) run(run, n, rounds int) {
 		m0[k] = h.scrape(p)
 	}
 	per := n / rounds
+	h.began, h.slowAt = time.Now(), make([][]string, len(h.procs))
+	fmt.Printf("run %d began at %s\n", run+1, h.began.Format("15:04:05.000"))
 	for round := range rounds {
 		for j := range h.procs {
 			k := (j + round) % len(h.procs)
@@ -410,8 +429,8 @@ func (h *harness) run(run, n, rounds int) {
 	added := func(k int, p float64) time.Duration { return pct(lat[k], p) - pct(lat[0], p) }
 	fmt.Printf("run %d: %d connections, %d requests per mode in %d rounds; direct p50 %.0f µs, p99 %.0f µs\n",
 		run+1, h.conns, per*rounds, rounds, us(pct(lat[0], 0.5)), us(pct(lat[0], 0.99)))
-	fmt.Printf("  %-12s %12s %12s %14s %11s %12s %9s %12s %11s %11s\n", "mode", "added p50 µs", "added p99 µs", "added p99.9 µs", "x-bare-p99", "cpu µs/req",
-		"gc/1000", "lease hits", "fetches", "returns")
+	fmt.Printf("  %-12s %12s %12s %14s %11s %12s %9s %8s %12s %11s %11s\n", "mode", "added p50 µs", "added p99 µs", "added p99.9 µs", "x-bare-p99", "cpu µs/req",
+		"gc/1000", "heap MB", "lease hits", "fetches", "returns")
 	bare := -1
 	for k, p := range h.procs {
 		if p.name == "bare-proxy" {
@@ -432,7 +451,16 @@ func (h *harness) run(run, n, rounds int) {
 			}
 			return strconv.FormatFloat((m1[name]-m0[k][name])*scale/nreq, 'f', 3, 64)
 		}
-		fmt.Printf("  %-12s %12.0f %12.0f %14.0f %11s %12.1f %9s %12s %11s %11s\n", h.procs[k].name, us(added(k, 0.5)), us(added(k, 0.99)), us(added(k, 0.999)), ratio,
-			us(cpus[k])/nreq, per("go_gc_duration_seconds_count", 1000), per("sluice_lease_hits_total", 1), per("sluice_lease_fetches_total", 1), per("sluice_lease_returns_total", 1))
+		heap := "-"
+		if v, ok := m1["go_memstats_heap_inuse_bytes"]; ok {
+			heap = strconv.FormatFloat(v/(1<<20), 'f', 1, 64)
+		}
+		fmt.Printf("  %-12s %12.0f %12.0f %14.0f %11s %12.1f %9s %8s %12s %11s %11s\n", h.procs[k].name, us(added(k, 0.5)), us(added(k, 0.99)), us(added(k, 0.999)), ratio,
+			us(cpus[k])/nreq, per("go_gc_duration_seconds_count", 1000), heap, per("sluice_lease_hits_total", 1), per("sluice_lease_fetches_total", 1), per("sluice_lease_returns_total", 1))
+	}
+	for k, at := range h.slowAt {
+		if len(at) > 0 {
+			fmt.Printf("  %s: %d slower than %s: %s\n", h.procs[k].name, len(at), h.slow, strings.Join(at[:min(len(at), 40)], " "))
+		}
 	}
 }
