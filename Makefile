@@ -4,7 +4,7 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null)
 STATICCHECK ?= $(shell command -v staticcheck 2>/dev/null || echo $(HOME)/go/bin/staticcheck)
 
-.PHONY: all build test lint fmt vet staticcheck lint-deploy bench bench-compare run tools deps deps-compose test-compose fuzz flood flood-rlqs soak-pool soak-regions static image image-test
+.PHONY: all build test lint fmt vet staticcheck lint-deploy bench bench-compare bench-gwtail run tools deps deps-compose test-compose fuzz flood flood-rlqs soak-pool soak-regions static image image-test
 
 all: build
 
@@ -122,11 +122,21 @@ bench:
 	$(GO) test -run '^$$' -bench GroupCommit -benchtime 200000x -count 3 ./redisstore/
 	$(GO) test -run '^$$' -bench 'AddedLatency|ServeHTTP' -benchtime=10000x ./internal/gateway/
 	$(GO) test -run '^$$' -bench TailRatio -benchtime=8000x ./internal/gateway/
+	$(MAKE) bench-gwtail
 	$(GO) test -run '^$$' -bench OverheadRatio -benchtime 5x ./internal/batch/
 	$(GO) test -run '^$$' -bench Memory100k -benchtime 1x ./internal/batch/
 	$(GO) test -run '^$$' -bench PauseOverAdmission -benchtime 3x ./guard/
 	$(GO) test -run '^$$' -bench PoolRouting -benchtime 2000x -count 3 ./internal/gateway/
 	$(GO) test -run '^$$' -bench PoolLease -benchtime 20000x -count 2 ./internal/upstream/
+
+# bench-gwtail is the gateway tail check as separate processes: a
+# redis-server, a fake upstream, a bare httputil.ReverseProxy and one
+# `sluice gateway` per store, at 64 connections and at 1 (bench/cmd/gwtail).
+bench-gwtail:
+	$(GO) build -o bench/.gwtail-sluice ./cmd/sluice
+	cd bench && $(GO) run ./cmd/gwtail -sluice ./.gwtail-sluice -runs 3
+	cd bench && $(GO) run ./cmd/gwtail -sluice ./.gwtail-sluice -runs 3 -conns 1 -n 3000
+	rm -f bench/.gwtail-sluice
 
 # flood sends 10,000,000 distinct keys through a memory store at its default
 # bounds and prints the RSS and heap against store.max_bytes every million

@@ -19,12 +19,17 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
+	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/config"
 	"github.com/sluice-io/sluice/internal/filewatch"
 	"github.com/sluice-io/sluice/internal/gateway"
 	"github.com/sluice-io/sluice/internal/hostcheck"
+	"github.com/sluice-io/sluice/internal/metrics"
 	"github.com/sluice-io/sluice/internal/server"
 	"github.com/sluice-io/sluice/internal/tracing"
 	"github.com/sluice-io/sluice/internal/yamlconf"
@@ -122,7 +127,8 @@ clients': they name tiers, teams, orgs and their spend.`,
 					p.Listen = append(p.Listen, metricsAddr)
 					return p
 				}
-				msrv := &http.Server{Handler: srv.GuardWith(hosts, metricsMux(srv.MetricsHandler())), ReadHeaderTimeout: 5 * time.Second}
+				all := promhttp.HandlerFor(prometheus.Gatherers{runtimeMetrics(store), srv.Gatherer()}, promhttp.HandlerOpts{})
+				msrv := &http.Server{Handler: srv.GuardWith(hosts, metricsMux(all)), ReadHeaderTimeout: 5 * time.Second}
 				go func() { _ = msrv.Serve(mln) }()
 				defer msrv.Close()
 			}
@@ -188,6 +194,22 @@ func listenMetrics(addr string) (net.Listener, error) {
 }
 
 // metricsMux serves h at GET /metrics, and nothing else.
+// runtimeMetrics are what the standalone gateway's /metrics serves beside
+// the gateway's own, as `sluice serve` does: the Go runtime's and the
+// process's collectors (go_*, process_*), and the counters of store, the
+// store it opened (sluice_lease_*, sluice_redis_*, sluice_store_calls_total
+// and sluice_store_errors_total of the Redis store).
+func runtimeMetrics(store sluice.Store) prometheus.Gatherer {
+	reg := metrics.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		metrics.NewStoreCollector(func() metrics.StoreStats {
+			var out metrics.StoreStats
+			server.AddStoreStats(&out, store)
+			return out
+		}))
+	return reg
+}
+
 func metricsMux(h http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", h)

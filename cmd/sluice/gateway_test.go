@@ -101,6 +101,13 @@ func TestGatewayCommand(t *testing.T) {
 	if strings.Contains(string(metrics), "sk-demo") {
 		t.Fatal("a key in the metrics")
 	}
+	// Beside its own, the runtime's, the process's and the store's, as
+	// `sluice serve` serves them.
+	for _, name := range []string{"go_goroutines ", "go_gc_duration_seconds_count ", "process_resident_memory_bytes ", "sluice_lease_hits_total ", "sluice_store_calls_total "} {
+		if !strings.Contains(string(metrics), "\n"+name) {
+			t.Errorf("no %s in the metrics", name)
+		}
+	}
 	// A page rebound to the metrics listener does not read them.
 	mreq, _ := http.NewRequest(http.MethodGet, metricsURL, nil)
 	mreq.Host = "evil.example"

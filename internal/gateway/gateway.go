@@ -56,6 +56,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/internal/aitoken"
@@ -321,6 +322,15 @@ func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }
 // Metrics serves the gateway's metrics when Options.Registerer was nil,
 // and 404 otherwise.
 func (g *Gateway) Metrics() http.Handler { return g.metrics.handler }
+
+// gather gathers the gateway's private registry (none when
+// Options.Registerer was set).
+func (g *Gateway) gather() ([]*dto.MetricFamily, error) {
+	if g.metrics.gatherer == nil {
+		return nil, nil
+	}
+	return g.metrics.gatherer.Gather()
+}
 
 // ServeHTTP implements http.Handler.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {

@@ -23,6 +23,7 @@ type metrics struct {
 	// the store was unavailable (Gateway.refundHeld, Gateway.chargeUnsent).
 	settleRetries prometheus.Counter
 	handler       http.Handler
+	gatherer      prometheus.Gatherer // the private registry's, or nil
 	// byTierModel holds each tier and model's instruments that every
 	// request settles into (forTierModel): a label lookup each is a hash
 	// of its values, their UTF-8 check and a locked map read, five times
@@ -99,6 +100,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	if g, ok := reg.(prometheus.Gatherer); ok {
+		m.gatherer = g
 		m.handler = promhttp.HandlerFor(g, promhttp.HandlerOpts{})
 	}
 	return m, nil

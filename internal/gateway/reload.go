@@ -5,6 +5,9 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/sluice-io/sluice/internal/hostcheck"
 )
 
@@ -94,6 +97,13 @@ func (s *Server) MetricsHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.current().Metrics().ServeHTTP(w, r)
 	})
+}
+
+// Gatherer gathers the metrics of the Gateway being served (when
+// Options.Registerer was nil), for a handler that serves them beside the
+// process's own (prometheus.Gatherers).
+func (s *Server) Gatherer() prometheus.Gatherer {
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) { return s.current().gather() })
 }
 
 // Current returns the Gateway being served.

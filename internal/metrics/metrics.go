@@ -87,7 +87,7 @@ func New() *Metrics {
 			Help: "HTTP requests by handler and status code.",
 		}, []string{"handler", "code"}),
 	}
-	m.Registry.MustRegister(m.Decisions, m.DecisionSeconds, storeCollector{m},
+	m.Registry.MustRegister(m.Decisions, m.DecisionSeconds, storeCollector{m.storeStats},
 		m.Reloads, m.ConfigLoaded, m.InFlight, m.Requests,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, r := range []string{"success", "failure"} {
@@ -176,6 +176,19 @@ type NodeStats struct {
 // SetStoreStats sets the function that reports the store's counters.
 func (m *Metrics) SetStoreStats(fn func() StoreStats) { m.store.Store(&fn) }
 
+func (m *Metrics) storeStats() StoreStats {
+	if fn := m.store.Load(); fn != nil {
+		return (*fn)()
+	}
+	return StoreStats{}
+}
+
+// NewStoreCollector returns a collector of the store counters that stats
+// reports at each scrape (sluice_store_*, sluice_lease_*, sluice_redis_*,
+// sluice_region_*), for a process without Metrics: the standalone
+// gateway.
+func NewStoreCollector(stats func() StoreStats) prometheus.Collector { return storeCollector{stats} }
+
 var (
 	storeCallsDesc     = prometheus.NewDesc("sluice_store_calls_total", "Calls sent to the store.", nil, nil)
 	storeErrorsDesc    = prometheus.NewDesc("sluice_store_errors_total", "Store calls that failed or timed out.", nil, nil)
@@ -206,7 +219,7 @@ var (
 )
 
 // storeCollector exports StoreStats.
-type storeCollector struct{ m *Metrics }
+type storeCollector struct{ stats func() StoreStats }
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{storeCallsDesc, storeErrorsDesc, storeDegradedDesc, storeCacheDesc, storeOpensDesc, storeStarvedDesc, storeLateDesc, storeCircuitDesc, storeInstancesDesc, leaseHitsDesc, leaseFetchesDesc, leaseReturnsDesc, plainDesc, plainLateDesc, groupsDesc, groupedDesc, degradedByDesc, nodeCallsDesc, nodeErrorsDesc, nodeOpensDesc, nodeOpenDesc, regionDecDesc, regionFetchDesc, regionUnitsDesc, regionSyncDesc, regionQuarDesc} {
@@ -215,10 +228,7 @@ func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
-	var st StoreStats
-	if fn := c.m.store.Load(); fn != nil {
-		st = (*fn)()
-	}
+	st := c.stats()
 	ch <- prometheus.MustNewConstMetric(storeCallsDesc, prometheus.CounterValue, float64(st.Calls))
 	ch <- prometheus.MustNewConstMetric(storeErrorsDesc, prometheus.CounterValue, float64(st.Errors))
 	ch <- prometheus.MustNewConstMetric(storeDegradedDesc, prometheus.CounterValue, float64(st.Degraded))

@@ -159,3 +159,31 @@ func BenchmarkReportGlobal(b *testing.B) {
 		b.Fatalf("not a token assignment: %v", r)
 	}
 }
+
+// BenchmarkRenewalSchedule is the renewer's look at every global bucket
+// (globals.schedule) when all are due, from 4 clients, as under a flood
+// that outruns the renewals: it runs every 25 ms, without g.mu.
+func BenchmarkRenewalSchedule(b *testing.B) {
+	for _, n := range []int{4000, 100000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			s, c, clk := scheduleWorld(b)
+			p := c.domains["d"].policies[0]
+			for i := range n {
+				key := fmt.Sprintf("rlqs:{d}:p:1:%d", i)
+				gb, err := s.glob.bucket(key, key+":@x", p, "d", fmt.Sprint(i%4), clk.Now())
+				if err != nil {
+					b.Fatal(err)
+				}
+				gb.expires.Store(int64(i * 7919 % n))
+				gb.sent.Store(clk.Now())
+			}
+			clk.Advance(c.interval)
+			b.ReportAllocs()
+			for b.Loop() {
+				if len(s.glob.schedule(c, clk.Now(), maxRenewals, 0)) == 0 {
+					b.Fatal("none due")
+				}
+			}
+		})
+	}
+}

@@ -64,6 +64,7 @@ type simEnvoy struct {
 	decided   uint64 // requests decided, over the whole run
 	reported  time.Time
 	assigned  []assignment // token assignments received, in order
+	denies    []time.Time  // DENY_ALL assignments received, in order
 	reconnect int
 }
 
@@ -122,6 +123,9 @@ func (e *simEnvoy) apply(now time.Time, r *rlqsv3.RateLimitQuotaResponse) {
 		}
 		st := qa.GetRateLimitStrategy()
 		e.expires = now.Add(time.Duration(qa.GetAssignmentTimeToLive().GetSeconds()) * time.Second)
+		if st.GetBlanketRule() == typev3.RateLimitStrategy_DENY_ALL {
+			e.denies = append(e.denies, now)
+		}
 		if tb := st.GetTokenBucket(); tb != nil {
 			max := float64(tb.GetMaxTokens())
 			rate := float64(tb.GetTokensPerFill().GetValue()) / float64(tb.GetFillInterval().GetSeconds())

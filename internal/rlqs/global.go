@@ -42,10 +42,25 @@ package rlqs
 // interval). The leases are per instance, not per region: two instances
 // of a region would otherwise have to agree on what the region holds
 // before either could shrink.
+//
+// One client cannot delay another's renewals (schedule, dispatch): the
+// renewer walks its own list of buckets, not under the mutex reports take
+// to find theirs; it queues the renewals due by the client (address) that
+// reported each bucket last, each queue in the order of its leases' ends
+// (a new bucket first), and deals batches one client at a time, from a
+// client that moves at each walk. A quarter of the places in flight is
+// kept for clients with none in flight, so a flood's calls, however
+// many, leave the next place to another client's renewal; and a server
+// sends at most renewalsPerTick batches a tick (2560 calls a second to
+// its homes), and a bucket at most one renewal per interval/8. A flood of
+// buckets beyond what the homes' round trips carry thus ages the flood's
+// own leases (its Envoys then get DENY_ALL), not the others'.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,14 +112,31 @@ type globals struct {
 	opt  Global
 	mu   sync.Mutex
 	byKy map[string]*globalBucket
-	gen  uint64 // lessee generations, under mu
+	// fresh are the buckets created since the renewer last took them,
+	// under mu: a report adds one in O(1), and the renewer walks its own
+	// list (all) without mu.
+	fresh []*globalBucket
+	gen   uint64 // lessee generations, under mu
 	// switchMu is held by the one shrink of a cap at a time: with a
 	// single writer, reports holding several buckets' gates for reading
 	// cannot deadlock with it.
 	switchMu sync.Mutex
 	kick     chan struct{}
-	sem      chan struct{}
-	stopped  chan struct{} // closed when run returns
+	// sem holds the batch renewals in flight, and reserve those sent
+	// for a client with no other in flight when sem is full; flying
+	// counts each client's in flight, under flyMu.
+	sem, reserve chan struct{}
+	flyMu        sync.Mutex
+	flying       map[string]int
+	stopped      chan struct{} // closed when run returns
+
+	// The renewer's own (run's goroutine, or a test's with run stopped).
+	all    []*globalBucket  // every bucket of byKy, and those forgotten not yet seen
+	turn   int              // the peer whose batch comes first this round
+	budget float64          // batches that may be sent now (renewalsPerTick a tick)
+	last   int64            // clock ns of the last schedule
+	swept  int64            // clock ns of the last walk over all
+	queues map[string][]due // the renewals due by client, kept between walks
 }
 
 // globalBucket is one global bucket key's lease at its home, on one
@@ -118,6 +150,7 @@ type globalBucket struct {
 	local    string       // the key the instance's streams take from
 	domain   string       // labels
 	policy   string
+	key      string // its key in globals.byKy
 
 	// gate is held for reading by a report's take while it uses cap, and
 	// for writing by a shrink of cap.
@@ -126,27 +159,33 @@ type globalBucket struct {
 	expires atomic.Int64 // clock ns by which the lease at home has not ended; 0 none
 	demand  atomic.Int64 // the instance's demand per fill (its streams')
 	world   atomic.Int64 // every region's demand, as the last renewal read it
+	told    atomic.Int64 // this instance's part of world: the demand that renewal set
 	hungry  atomic.Bool  // a report wanted more than cap
 	busy    atomic.Bool  // a renewal is in flight
-	lastUse int64        // clock ns of the last report (under globals.mu)
-	sent    atomic.Int64 // clock ns of the last renewal sent
-	held    atomic.Int64 // the lease at home, as the last renewal left it
-	short   atomic.Bool  // the last renewal got less than the instance's share: the next comes sooner
-	ready   chan struct{}
-	once    sync.Once
+	lastUse atomic.Int64 // clock ns of the last report (written under globals.mu)
+	// peer is the client address (Server.peerHost) whose stream reported
+	// the bucket last: the renewer shares its calls among them.
+	peer  atomic.Pointer[string]
+	sent  atomic.Int64 // clock ns of the last renewal sent
+	held  atomic.Int64 // the lease at home, as the last renewal left it
+	short atomic.Bool  // the last renewal got less than the instance's share: the next comes sooner
+	ready chan struct{}
+	once  sync.Once
 }
 
 func newGlobals(s *Server, opt Global) (*globals, error) {
 	if opt.Region == "" || opt.StoreOf == nil || opt.HomeOf == nil {
 		return nil, fmt.Errorf("%w: Options.Global needs Region, StoreOf and HomeOf", ErrConfig)
 	}
-	return &globals{s: s, opt: opt, byKy: map[string]*globalBucket{}, kick: make(chan struct{}, 1), sem: make(chan struct{}, maxRenewals), stopped: make(chan struct{})}, nil
+	return &globals{s: s, opt: opt, byKy: map[string]*globalBucket{}, kick: make(chan struct{}, 1),
+		sem: make(chan struct{}, maxRenewals-reservedRenewals), reserve: make(chan struct{}, reservedRenewals), flying: map[string]int{}, queues: map[string][]due{}, stopped: make(chan struct{})}, nil
 }
 
 // bucket returns the lease of the global bucket whose key at the home is
 // homeKey, and whose streams on this instance take from local, creating
-// it (and sending its first renewal) when new.
-func (g *globals) bucket(homeKey, local string, p *policy, domain string, now int64) (*globalBucket, error) {
+// it (and sending its first renewal) when new; peer is the address of the
+// client reporting it.
+func (g *globals) bucket(homeKey, local string, p *policy, domain, peer string, now int64) (*globalBucket, error) {
 	home := p.home
 	if home == "" {
 		home = g.opt.HomeOf(homeKey)
@@ -158,8 +197,12 @@ func (g *globals) bucket(homeKey, local string, p *policy, domain string, now in
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if gb := g.byKy[k]; gb != nil {
-		gb.lastUse = now
+		gb.lastUse.Store(now)
 		gb.capacity.Store(p.capacity)
+		if q := gb.peer.Load(); *q != peer {
+			h := peer
+			gb.peer.Store(&h)
+		}
 		return gb, nil
 	}
 	hs := g.opt.StoreOf(home)
@@ -167,10 +210,15 @@ func (g *globals) bucket(homeKey, local string, p *policy, domain string, now in
 		return nil, fmt.Errorf("rlqs: policy %s: home region %q has no store", p.name, home)
 	}
 	g.gen++
-	gb := &globalBucket{homeKey: homeKey, home: hs, region: home, local: local, domain: domain, policy: p.name,
-		lessee: g.opt.Region + "/" + g.s.id + "/" + fmt.Sprint(g.gen), lastUse: now, ready: make(chan struct{})}
+	gb := &globalBucket{homeKey: homeKey, home: hs, region: home, local: local, domain: domain, policy: p.name, key: k,
+		lessee: g.opt.Region + "/" + g.s.id + "/" + fmt.Sprint(g.gen), ready: make(chan struct{})}
+	gb.lastUse.Store(now)
+	h := peer // a copy: peer itself, escaping, would cost every report an allocation
+	gb.peer.Store(&h)
 	gb.capacity.Store(p.capacity)
 	g.byKy[k] = gb
+	g.fresh = append(g.fresh, gb)
+
 	gb.hungry.Store(true)
 	g.nudge()
 	return gb, nil
@@ -200,8 +248,9 @@ func (g *globals) ttlAt(cfg *compiled, gb *globalBucket, now int64) time.Duratio
 // interval, and at once when a report wants more than its instance holds.
 func (g *globals) run() {
 	defer close(g.stopped)
-	tick := time.NewTicker(25 * time.Millisecond)
+	tick := time.NewTicker(renewTick)
 	defer tick.Stop()
+	var walked time.Time
 	for {
 		select {
 		case <-g.s.done:
@@ -209,54 +258,276 @@ func (g *globals) run() {
 			return
 		case <-tick.C:
 		case <-g.kick:
+			// Reports that want more kick at once, but the walk over every
+			// bucket runs at most once per minWalk.
+			if d := minWalk - time.Since(walked); d > 0 {
+				time.Sleep(d)
+			}
 		}
+		walked = time.Now()
 		cfg := g.s.config()
-		now := g.s.clock.Now()
-		g.mu.Lock()
-		var due []*globalBucket
-		for k, gb := range g.byKy {
-			if time.Duration(now-gb.lastUse) > cfg.leaseTTL() {
-				// No report for longer than any stream lease and
-				// assignment under it lives: nothing is spent from it.
-				delete(g.byKy, k)
-				gb.once.Do(func() { close(gb.ready) })
-				if !gb.busy.Swap(true) {
-					go g.release(gb, cfg)
-				}
+		next := g.schedule(cfg, g.s.clock.Now(), cap(g.sem)-len(g.sem), cap(g.reserve)-len(g.reserve))
+		g.budget -= float64(g.dispatch(cfg, next))
+	}
+}
+
+// dispatch sends the batches in their order, each in a goroutine of its
+// own, while there is room in flight, and returns how many it sent.
+// Where sem is full, a batch of a client with none in flight takes a
+// reserved place: one client's calls in flight, however many, leave
+// room for another's first. So it takes reservedRenewals clients, each
+// with a renewal in flight, to hold every place a client with none could
+// take.
+func (g *globals) dispatch(cfg *compiled, due [][]*globalBucket) int {
+	sent := 0
+	for _, batch := range due {
+		peer := *batch[0].peer.Load() // a batch is one client's (schedule)
+		var slot chan struct{}
+		select {
+		case g.sem <- struct{}{}:
+			slot = g.sem
+		default:
+			g.flyMu.Lock()
+			idle := g.flying[peer] == 0
+			g.flyMu.Unlock()
+			if !idle {
+				continue // at the bound: a later tick
+			}
+			select {
+			case g.reserve <- struct{}{}:
+				slot = g.reserve
+			default:
 				continue
-			}
-			if gb.busy.Load() {
-				continue
-			}
-			every := cfg.interval / 2
-			if gb.short.Load() {
-				// Capacity is being freed elsewhere (the others' streams
-				// shrink at their reports): ask again soon.
-				every = cfg.interval / 8
-			}
-			if time.Duration(now-gb.sent.Load()) >= every || gb.hungry.Load() {
-				due = append(due, gb)
 			}
 		}
-		g.mu.Unlock()
-		for _, batch := range batches(due) {
-			select {
-			case g.sem <- struct{}{}:
-			default:
-				continue // at the bound: the next tick
-			}
-			for _, gb := range batch {
-				gb.busy.Store(true)
-			}
-			go func() {
-				defer func() {
-					<-g.sem
-					for _, gb := range batch {
-						gb.busy.Store(false)
-					}
-				}()
-				g.renewAll(cfg, batch)
+		sent++
+		g.flyMu.Lock()
+		g.flying[peer]++
+		g.flyMu.Unlock()
+		for _, gb := range batch {
+			gb.busy.Store(true)
+		}
+		go func() {
+			defer func() {
+				g.flyMu.Lock()
+				if g.flying[peer]--; g.flying[peer] == 0 {
+					delete(g.flying, peer)
+				}
+				g.flyMu.Unlock()
+				<-slot
+				for _, gb := range batch {
+					gb.busy.Store(false)
+				}
 			}()
+			g.renewAll(cfg, batch)
+		}()
+	}
+	return sent
+}
+
+// renewTick is how often the renewer looks for renewals due, and
+// minWalk the least time between two looks when reports kick it.
+const (
+	renewTick = 25 * time.Millisecond
+	minWalk   = 5 * time.Millisecond
+)
+
+// renewalsPerTick is the most batch renewals one server sends per
+// renewTick (and at most maxRenewals in flight): 2560 calls a second to
+// the homes at most, 40960 buckets renewed, however many buckets its
+// clients hold. reservedRenewals of the places in flight are kept for
+// clients with none (dispatch).
+const (
+	renewalsPerTick  = maxRenewals
+	reservedRenewals = maxRenewals / 4
+)
+
+// schedule is the renewer's look at now, with room for so many batches
+// in sem and in reserve: it forgets the buckets unreported for longer than
+// their lease lives (releasing their leases), and returns the batches to
+// send now (at most what its budget and the room allow), in order. Those
+// due are queued by the client that reported them last, each queue in
+// the order of its leases' ends (a bucket never renewed first: it has
+// none), and the batches are dealt one per client in turn, from a client
+// that moves each time: a client that holds thousands of buckets gets as
+// many calls as one that holds one, and a lease close to its end is never
+// behind fresh ones of its own client. Beyond the room in sem, only the
+// first batch of a client with none in flight is dealt (dispatch sends it
+// in a reserved place). It walks the buckets without g.mu, which reports
+// take to find theirs; with no room at all, it only looks for idle
+// buckets, every half interval.
+func (g *globals) schedule(cfg *compiled, now int64, semRoom, resRoom int) [][]*globalBucket {
+	g.mu.Lock()
+	g.all = append(g.all, g.fresh...)
+	clear(g.fresh)
+	g.fresh = g.fresh[:0]
+	g.mu.Unlock()
+	if g.last != 0 {
+		g.budget += float64(now-g.last) / float64(renewTick) * renewalsPerTick
+	} else {
+		g.budget = renewalsPerTick
+	}
+	g.budget = min(g.budget, renewalsPerTick)
+	g.last = now
+	free := min(int(g.budget), semRoom+resRoom)
+	if free == 0 && time.Duration(now-g.swept) < cfg.interval/2 {
+		return nil
+	}
+	g.swept = now
+
+	// The queues of the last walk, emptied: their arrays are kept (a
+	// flood's are large), a client's dropped once it has none due.
+	queues := g.queues
+	for p, q := range queues {
+		if len(q) == 0 {
+			delete(queues, p)
+		} else {
+			queues[p] = q[:0]
+		}
+	}
+	var idle []*globalBucket
+	keep := g.all[:0]
+	for _, gb := range g.all {
+		if time.Duration(now-gb.lastUse.Load()) > cfg.leaseTTL() {
+			// No report for longer than any stream lease and assignment
+			// under it lives: nothing is spent from it.
+			idle = append(idle, gb)
+			continue
+		}
+		keep = append(keep, gb)
+		if free == 0 || gb.busy.Load() {
+			continue
+		}
+		every := cfg.interval / 2
+		if gb.short.Load() {
+			// Capacity is being freed elsewhere (the others' streams
+			// shrink at their reports): ask again soon.
+			every = cfg.interval / 8
+		}
+		sent := gb.sent.Load()
+		since := time.Duration(now - sent)
+		// A report that wants more asks at once, but a bucket is renewed
+		// at most every interval/8 (its first renewal at once): reports
+		// that want more at every turn do not make more calls.
+		if since >= every || (gb.hungry.Load() && (sent == 0 || since >= cfg.interval/8)) {
+			p := *gb.peer.Load()
+			queues[p] = append(queues[p], due{gb.expires.Load(), gb})
+		}
+	}
+	clear(g.all[len(keep):])
+	g.all = keep
+	if len(idle) > 0 {
+		g.forget(cfg, idle, now)
+	}
+	peers := make([]string, 0, len(queues))
+	for p, q := range queues {
+		if len(q) > 0 {
+			peers = append(peers, p)
+		}
+	}
+	if free == 0 || len(peers) == 0 {
+		return nil
+	}
+	slices.Sort(peers)
+	g.flyMu.Lock()
+	busy := make([]bool, len(peers))
+	for i, p := range peers {
+		busy[i] = g.flying[p] > 0
+	}
+	g.flyMu.Unlock()
+	dealt := make([][][]*globalBucket, len(peers))
+	for i, p := range peers {
+		// At most what could be sent now, in batches of its earliest.
+		q := earliest(queues[p], free*renewBatch)
+		gbs := make([]*globalBucket, len(q))
+		for k := range q {
+			gbs[k] = q[k].gb
+		}
+		dealt[i] = batches(gbs)
+	}
+	var out [][]*globalBucket
+	for round := 0; len(out) < free; round++ {
+		more := false
+		for k := range peers {
+			i := (g.turn + k) % len(peers)
+			if round >= len(dealt[i]) || len(out) == free {
+				continue
+			}
+			more = true
+			if len(out) >= semRoom && (round > 0 || busy[i]) {
+				continue // only a reserved place is left, and not for this client
+			}
+			out = append(out, dealt[i][round])
+		}
+		if !more {
+			break
+		}
+	}
+	g.turn++
+	return out
+}
+
+// due is a renewal due: its bucket, and when its lease ends (0: it holds
+// none yet), read once.
+type due struct {
+	end int64
+	gb  *globalBucket
+}
+
+// earliest returns the k renewals of q whose leases end first, in that
+// order (all of q when it has fewer): a selection of the k (Hoare's, on
+// average linear in len(q)), then a sort of those, so that a client's
+// thousands of renewals due cost the renewer no sort of them all.
+func earliest(q []due, k int) []due {
+	if k < len(q) {
+		lo, hi, nth := 0, len(q)-1, k-1
+		for lo < hi {
+			pivot := q[lo+(hi-lo)/2].end
+			i, j := lo, hi
+			for i <= j {
+				for q[i].end < pivot {
+					i++
+				}
+				for q[j].end > pivot {
+					j--
+				}
+				if i <= j {
+					q[i], q[j] = q[j], q[i]
+					i++
+					j--
+				}
+			}
+			switch {
+			case nth <= j:
+				hi = j
+			case nth >= i:
+				lo = i
+			default:
+				lo = hi // between j and i: equal to the pivot, in place
+			}
+		}
+		q = q[:k]
+	}
+	slices.SortFunc(q, func(a, b due) int { return cmp.Compare(a.end, b.end) })
+	return q
+}
+
+// forget drops the idle buckets from byKy (unless a report took one
+// again meanwhile) and releases their leases at their homes.
+func (g *globals) forget(cfg *compiled, idle []*globalBucket, now int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, gb := range idle {
+		if time.Duration(now-gb.lastUse.Load()) <= cfg.leaseTTL() {
+			g.all = append(g.all, gb) // reported again while the renewer looked
+			continue
+		}
+		if g.byKy[gb.key] == gb {
+			delete(g.byKy, gb.key)
+		}
+		gb.once.Do(func() { close(gb.ready) })
+		if !gb.busy.Swap(true) {
+			go g.release(gb, cfg)
 		}
 	}
 }
@@ -353,7 +624,9 @@ func (g *globals) renewAll(cfg *compiled, gbs []*globalBucket) {
 	for i, gb := range gbs {
 		gb.hungry.Store(false)
 		demand := gb.demand.Load()
-		target := shareOf(gb.capacity.Load(), demand, max(demand, gb.world.Load()), gb.held.Load())
+		// The world's demand with this instance's own part as it is now
+		// (as a stream counts the fleet's): only the others' moves lag.
+		target := shareOf(gb.capacity.Load(), demand, max(demand, gb.world.Load()-gb.told.Load()+demand), gb.held.Load())
 		if target < gb.cap.Load() {
 			g.setCap(gb, target)
 		}
@@ -381,6 +654,7 @@ func (g *globals) renewAll(cfg *compiled, gbs []*globalBucket) {
 	}
 	home := gbs[0].home
 	ds, err := home.ApplyAll(ctx, sluice.OpTake, reqs)
+
 	for i := 0; err == nil && i < len(ds); i++ {
 		if ds[i].Degraded {
 			err = ErrDegraded
@@ -394,32 +668,24 @@ func (g *globals) renewAll(cfg *compiled, gbs []*globalBucket) {
 		return
 	}
 	// Where the world's demand moved since the last renewal, and now
-	// gives a larger share while capacity is free, it is taken at once.
-	var again []sluice.Request
-	var which []int
+	// gives a larger share while capacity is free, the larger share is
+	// the target: the bucket is short, and its next renewal goes at once
+	// (interval/8 after this one was sent). Not a second call now: every
+	// call renews the lease, and one that waits behind a busy home (its
+	// calls in flight go in at most two groups at a time, redisstore's
+	// commit lanes: up to two round trips each) must not make the next
+	// renewal wait for two.
 	for i, r := range rs {
 		world, got := demandRate-ds[2*i].Remaining, ds[2*i+1].Taken
 		if more := shareOf(r.gb.capacity.Load(), r.demand, max(r.demand, world), got); more > got && ds[2*i+1].Remaining > 0 {
 			rs[i].target = max(r.target, more)
-			q := reqs[2*i+1]
-			q.Cost = max(more, r.use)
-			again = append(again, q)
-			which = append(which, i)
-		}
-	}
-	if len(again) > 0 {
-		if ds2, err := home.ApplyAll(ctx, sluice.OpTake, again); err == nil {
-			for k, i := range which {
-				if !ds2[k].Degraded && ds2[k].Taken > ds[2*i+1].Taken {
-					ds[2*i+1] = ds2[k]
-				}
-			}
 		}
 	}
 	for i, r := range rs {
 		gb, got := r.gb, ds[2*i+1].Taken
 		g.s.m.leases.WithLabelValues(gb.domain, gb.policy, "ok").Inc()
 		gb.world.Store(demandRate - ds[2*i].Remaining)
+		gb.told.Store(max(1, r.demand))
 		gb.held.Store(got)
 		gb.short.Store(got < r.target)
 		// The cap first: a lease that had ended at the home (others took
@@ -435,7 +701,7 @@ func (g *globals) renewAll(cfg *compiled, gbs []*globalBucket) {
 // is then sent at once, not at its turn.
 func (gb *globalBucket) wantsMore(demand int64) bool {
 	c := gb.cap.Load()
-	return float64(shareOf(gb.capacity.Load(), demand, max(demand, gb.world.Load()), 0)) > float64(c)*(1+stickiness)
+	return float64(shareOf(gb.capacity.Load(), demand, max(demand, gb.world.Load()-gb.told.Load()+demand), 0)) > float64(c)*(1+stickiness)
 }
 
 // setCap sets the capacity gb's streams divide; a decrease waits for the

@@ -1,13 +1,17 @@
 package rlqs
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/sluice-io/sluice"
 	"github.com/sluice-io/sluice/clock"
+	"github.com/sluice-io/sluice/internal/redistest"
 	"github.com/sluice-io/sluice/memstore"
 )
 
@@ -77,7 +81,7 @@ func TestRegionLeaseSteps(t *testing.T) {
 	p := c.domains["d"].policies[0]
 	g := s.glob
 	const homeKey = "rlqs:{d}:api:1:h"
-	gb, err := g.bucket(homeKey, homeKey+":@a", p, "d", clk.Now())
+	gb, err := g.bucket(homeKey, homeKey+":@a", p, "d", "a", clk.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +121,7 @@ func TestRegionLeaseSteps(t *testing.T) {
 	}
 
 	// Another instance (another region's) wanting 200 gets what is free.
-	gb2, err := g.bucket(homeKey, homeKey+":@b", p, "d", clk.Now())
+	gb2, err := g.bucket(homeKey, homeKey+":@b", p, "d", "b", clk.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +201,7 @@ func TestRegionLeaseBatches(t *testing.T) {
 			dom = "b"
 		}
 		key := fmt.Sprintf("rlqs:{%s}:p:1:%d", dom, i)
-		gb, err := s.glob.bucket(key, key+":@x", c.domains[dom].policies[0], dom, clk.Now())
+		gb, err := s.glob.bucket(key, key+":@x", c.domains[dom].policies[0], dom, "x", clk.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -218,6 +222,185 @@ func TestRegionLeaseBatches(t *testing.T) {
 		want := int64(10+i) + int64(10+i)/2 + 1 // demand and half again: the world wants less than C
 		if got := used(t, mem, gb.homeKey); got != want || gb.cap.Load() != want || gb.expires.Load() == 0 {
 			t.Errorf("bucket %d: home lease %d, cap %d, expires %d; want %d", i, got, gb.cap.Load(), gb.expires.Load(), want)
+		}
+	}
+}
+
+// scheduleWorld is a drained Server (no background renewer: the test
+// schedules by hand) of one global policy, home eu, on memory stores
+// and a fake clock.
+func scheduleWorld(t testing.TB) (*Server, *compiled, *clock.Fake) {
+	t.Helper()
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	local, err := memstore.New(memstore.Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = local.Close() })
+	home, err := memstore.New(memstore.Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = home.Close() })
+	cfg := &Config{ReportInterval: time.Second, Regions: []string{"us", "eu"},
+		Domains: []Domain{{Domain: "d", Policies: []Policy{{Name: "p", Match: map[string]string{"user": "*"}, RequestsPerUnit: 100, Unit: "second", Scope: "global", Home: "eu"}}}}}
+	s, err := New(Options{Store: local, Config: cfg, Clock: clk, Global: &Global{Region: "us", StoreOf: func(string) sluice.Store { return home }, HomeOf: func(string) string { return "eu" }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Drain()
+	<-s.glob.stopped
+	return s, s.cfg.Load(), clk
+}
+
+// TestRenewalSchedule walks the renewer's choices at named instants of a
+// fake clock: renewals due are dealt one client at a time (a client with
+// one bucket beside one with 300 is in the first round), each client's in
+// the order of its leases' ends (a new bucket before all), a bucket that
+// wants more is renewed at most every interval/8, a bucket unreported for
+// its lease's TTL is forgotten, and when the places in flight are taken,
+// a client with none in flight still gets one of those kept for it.
+func TestRenewalSchedule(t *testing.T) {
+	s, c, clk := scheduleWorld(t)
+	g := s.glob
+	p := c.domains["d"].policies[0]
+	mk := func(peer string, i int) *globalBucket {
+		key := fmt.Sprintf("rlqs:{d}:p:1:%s%d", peer, i)
+		gb, err := g.bucket(key, key+":@x", p, "d", peer, clk.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return gb
+	}
+	var flood []*globalBucket
+	for i := range 300 {
+		flood = append(flood, mk("flood", i))
+	}
+	victim := mk("victim", 0)
+	isVictim := func(b []*globalBucket) bool { return len(b) == 1 && b[0] == victim }
+
+	// t0: every bucket is new (never renewed): the victim's batch is in
+	// the first round, whichever client the round starts with.
+	for range 2 {
+		due := g.schedule(c, clk.Now(), cap(g.sem), cap(g.reserve))
+		if len(due) != 1+(300+renewBatch-1)/renewBatch {
+			t.Fatalf("t0: %d batches due, want %d", len(due), 1+(300+renewBatch-1)/renewBatch)
+		}
+		if !isVictim(due[0]) && !isVictim(due[1]) {
+			t.Errorf("t0: the victim's batch is not in the first round of two clients")
+		}
+	}
+
+	// t1: every bucket renewed at t0, their leases ending in an order of
+	// their own; one new flood bucket. The flood's first batch is the new
+	// one and the 15 whose leases end first.
+	t0 := clk.Now()
+	for i, gb := range flood {
+		gb.sent.Store(t0)
+		gb.hungry.Store(false)
+		gb.expires.Store(t0 + int64(time.Hour) + int64((i*7919)%300)*int64(time.Millisecond))
+	}
+	victim.sent.Store(t0)
+	victim.hungry.Store(false)
+	victim.expires.Store(t0 + int64(time.Hour))
+	clk.Advance(c.interval / 2)
+	fresh := mk("flood", 300)
+	for _, gb := range append(flood, victim) {
+		gb.lastUse.Store(clk.Now())
+	}
+	due := g.schedule(c, clk.Now(), cap(g.sem), cap(g.reserve))
+	var first []*globalBucket
+	for _, b := range due {
+		if b[0].domain == "d" && *b[0].peer.Load() == "flood" {
+			first = b
+			break
+		}
+	}
+	if len(first) != renewBatch || first[0] != fresh {
+		t.Fatalf("t1: the flood's first batch has %d buckets, the new one first: %v; want %d", len(first), len(first) > 0 && first[0] == fresh, renewBatch)
+	}
+	for k := 1; k < len(first); k++ {
+		if first[k].expires.Load() < first[k-1].expires.Load() {
+			t.Errorf("t1: the flood's first batch is not in the order of its leases' ends at %d", k)
+		}
+		if end := first[k].expires.Load() - t0 - int64(time.Hour); end >= int64(renewBatch-1)*int64(time.Millisecond) {
+			t.Errorf("t1: a lease ending at +%v in the first batch; the 15 earliest end by +15ms", time.Duration(end))
+		}
+	}
+
+	// t2: the victim renewed at t1, its report wanting more: due again
+	// only interval/8 after it was sent.
+	t1 := clk.Now()
+	for _, gb := range append(flood, victim, fresh) {
+		gb.sent.Store(t1)
+		gb.hungry.Store(false)
+	}
+	victim.hungry.Store(true)
+	has := func(due [][]*globalBucket) bool { return slices.ContainsFunc(due, isVictim) }
+	clk.Advance(c.interval/8 - time.Millisecond)
+	if has(g.schedule(c, clk.Now(), cap(g.sem), cap(g.reserve))) {
+		t.Errorf("t1 + interval/8 - 1ms: the victim, wanting more, renewed again; want at most every interval/8")
+	}
+	clk.Advance(time.Millisecond)
+	if !has(g.schedule(c, clk.Now(), cap(g.sem), cap(g.reserve))) {
+		t.Errorf("t1 + interval/8: the victim, wanting more, not renewed")
+	}
+
+	// t3: the flood unreported for longer than the lease lives: forgotten
+	// (and its leases released), the victim kept.
+	clk.Advance(c.leaseTTL())
+	victim.lastUse.Store(clk.Now())
+	g.schedule(c, clk.Now(), cap(g.sem), cap(g.reserve))
+	g.mu.Lock()
+	left := len(g.byKy)
+	g.mu.Unlock()
+	if left != 1 || len(g.all) != 1 || g.all[0] != victim {
+		t.Errorf("t3: %d buckets kept (%d walked), want the victim alone", left, len(g.all))
+	}
+
+	// Every place in flight taken, a client with a renewal in flight gets
+	// no more, and one with none gets a place kept for it.
+	for range cap(g.sem) {
+		g.sem <- struct{}{}
+	}
+	other := mk("other", 0)
+	g.flying["flood"] = 1
+	if n := g.dispatch(c, [][]*globalBucket{{fresh}, {other}}); n != 1 || len(g.reserve) != 1 {
+		t.Fatalf("sem full: %d sent, %d in the reserve; want the idle client's 1", n, len(g.reserve))
+	}
+	<-other.ready
+	if !redistest.PollUntil(time.Now().Add(10*time.Second), func() bool { return len(g.reserve) == 0 }) {
+		t.Fatalf("the reserved place was not given back")
+	}
+	if held := used(t, s.glob.opt.StoreOf("eu"), other.homeKey); held == 0 {
+		t.Errorf("the idle client's bucket holds no lease at the home after its renewal")
+	}
+}
+
+// TestEarliest: the selection of a client's earliest renewals gives the
+// k smallest lease ends in order, as a full sort does, with ties and
+// buckets never renewed (0) among them.
+func TestEarliest(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{0, 1, 2, 17, 100, 1000} {
+		for _, spread := range []int64{1, 3, 50, 1 << 40} {
+			q := make([]due, n)
+			for i := range q {
+				q[i] = due{end: rng.Int64N(spread), gb: &globalBucket{}}
+			}
+			want := slices.Clone(q)
+			slices.SortFunc(want, func(a, b due) int { return cmp.Compare(a.end, b.end) })
+			for _, k := range []int{1, 16, n / 2, n, n + 5} {
+				got := earliest(slices.Clone(q), k)
+				if len(got) != min(k, n) {
+					t.Fatalf("n %d k %d: %d returned", n, k, len(got))
+				}
+				for i := range got {
+					if got[i].end != want[i].end {
+						t.Fatalf("n %d spread %d k %d: at %d end %d, want %d", n, spread, k, i, got[i].end, want[i].end)
+					}
+				}
+			}
 		}
 	}
 }

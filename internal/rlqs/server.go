@@ -476,6 +476,11 @@ type pending struct {
 	demand int64 // as set in the store (at least 1)
 	want   int64
 	rate   int64 // the capacity divided: the policy's, or a global bucket's region lease
+	fleet  int64 // the fleet's demand the share was sized by
+	// first: a global bucket whose instance held none of it when planned
+	// (its first renewal under way): its share is sized again once the
+	// renewal is in, within the report's store time.
+	first bool
 }
 
 // report answers one message: the actions of its buckets, or an error
@@ -604,7 +609,7 @@ func (s *Server) answer(ctx context.Context, cfg *compiled, st *stream, usages [
 			if s.glob == nil {
 				err = errors.New("rlqs: a global policy on a server without Options.Global")
 			} else {
-				b.glob, err = s.glob.bucket(b.home, b.key, p, st.dom.name, now)
+				b.glob, err = s.glob.bucket(b.home, b.key, p, st.dom.name, st.host, now)
 			}
 			if err != nil {
 				s.warn.log("region_lease", "rlqs: a global bucket without its home; denied", "domain", st.dom.name, "policy", p.name, "err", err.Error())
@@ -672,7 +677,7 @@ func (s *Server) plan(cfg *compiled, b *bucket, u *rlqsv3.RateLimitQuotaUsageRep
 	if b.glob != nil && (c == 0 || !s.glob.usable(cfg, b.glob, now)) {
 		want = 0 // nothing held, or a lease ending too soon: the stream's lease is released
 	}
-	return pending{u: u, b: b, mine: mine, demand: max(1, mine), want: want}
+	return pending{u: u, b: b, mine: mine, demand: max(1, mine), want: want, fleet: fleet, first: b.glob != nil && b.glob.expires.Load() == 0}
 }
 
 // shareOf is what a stream whose demand is mine asks of a capacity c when
@@ -721,6 +726,10 @@ func (s *Server) take(ctx context.Context, cfg *compiled, st *stream, work []pen
 			w.rate = gb.cap.Load()
 			if w.rate == 0 || !s.glob.usable(cfg, gb, s.clock.Now()) {
 				w.want = 0
+			} else if w.first {
+				// Its first renewal came in while the report waited:
+				// the share it gives, not a denial for want of it.
+				w.want = shareOf(w.rate, w.mine, w.fleet, w.b.assigned)
 			}
 		}
 	}

@@ -136,22 +136,32 @@ func (s *storeGuard) stats() metrics.StoreStats {
 	for i, n := range st.Nodes {
 		out.Nodes[i] = metrics.NodeStats{Node: n.Node, Calls: n.Calls, Errors: n.Errors, Openings: n.Openings, Open: n.Open}
 	}
-	inner := s.g.Unwrap()
-	if rs, ok := inner.(*region.Store); ok {
-		out.Region = regionStats(rs)
-		inner = rs.Unwrap()
-	}
-	if ls, ok := inner.(*lease.Store); ok {
-		st := ls.Stats()
-		out.LeaseHits, out.LeaseFetches, out.LeaseReturns = st.Hits, st.Fetches, st.Returns
-		inner = ls.Unwrap()
-	}
-	if rs, ok := inner.(*redisstore.Store); ok {
-		st := rs.Stats()
-		out.CacheHits = st.CacheHits
-		out.Plain, out.PlainLate, out.Groups, out.Grouped = st.Plain, st.PlainLate, st.Groups, st.Grouped
-	}
+	AddStoreStats(&out, s.g.Unwrap())
 	return out
+}
+
+// AddStoreStats adds to out the counters of st and of the stores it
+// wraps: a region store's, a lease store's and a Redis store's. The Redis
+// store's calls and errors fill Calls and Errors when out has none (no
+// guard before it counted them: the standalone gateway).
+func AddStoreStats(out *metrics.StoreStats, st sluice.Store) {
+	if rs, ok := st.(*region.Store); ok {
+		out.Region = regionStats(rs)
+		st = rs.Unwrap()
+	}
+	if ls, ok := st.(*lease.Store); ok {
+		lst := ls.Stats()
+		out.LeaseHits, out.LeaseFetches, out.LeaseReturns = lst.Hits, lst.Fetches, lst.Returns
+		st = ls.Unwrap()
+	}
+	if rs, ok := st.(*redisstore.Store); ok {
+		rst := rs.Stats()
+		if out.Calls == 0 && out.Errors == 0 {
+			out.Calls, out.Errors = rst.Calls, rst.Errors
+		}
+		out.CacheHits = rst.CacheHits
+		out.Plain, out.PlainLate, out.Groups, out.Grouped = rst.Plain, rst.PlainLate, rst.Groups, rst.Grouped
+	}
 }
 
 // policyStore is a sluice.Store that follows the configuration's failure
