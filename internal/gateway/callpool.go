@@ -37,7 +37,8 @@ package gateway
 // (specsBuf, reqsBuf, dsBuf); a request with more allocates its slices.
 const callLimits = 8
 
-// newCall returns a zeroed call, recycled when one is free.
+// newCall returns a zeroed call (but for its renewal's stopped timer,
+// renew.go), recycled when one is free.
 func (g *Gateway) newCall() *call {
 	if c, ok := g.calls.Get().(*call); ok {
 		return c
