@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/sluice-io/sluice"
+	"github.com/sluice-io/sluice/guard"
 	"github.com/sluice-io/sluice/lease"
 )
 
@@ -17,24 +19,52 @@ import (
 // themselves (redisstore's and lease's timeouts), and the client is answered 503 in
 // about the gateway's 300 ms. Leased: a cold key's first decision goes to
 // Redis (lease's fetch and direct decision); unleased: every decision
-// does.
+// does; guard: the leased one through a guard whose own timeout is 5 s.
 func TestAdmissionStoreTimeout(t *testing.T) {
-	for _, leased := range []bool{true, false} {
-		name := map[bool]string{true: "leased", false: "unleased"}[leased]
-		t.Run(name, func(t *testing.T) {
-			const key = "sk-hung-redis-client-01"
+	for _, mode := range []string{"leased", "unleased", "guard"} {
+		leased := mode != "unleased"
+		t.Run(mode, func(t *testing.T) {
+			const key, warm = "sk-hung-redis-client-01", "sk-hung-redis-client-02"
 			tier := Tier(Limits{RPM: 1 << 30, TPM: 1 << 36})
 			tier.Lease = &leased
 			r := newLeasedRig(t, Config{
 				Tiers: map[string]TierConfig{"t": tier},
-				Keys:  []KeyConfig{{Name: "a", Hash: sluice.HashKey(key), Tier: "t", Client: "hung"}},
+				Keys: []KeyConfig{{Name: "a", Hash: sluice.HashKey(key), Tier: "t", Client: "hung"},
+					{Name: "b", Hash: sluice.HashKey(warm), Tier: "t", Client: "warm"}},
 				Store: StoreConfig{Timeout: 300 * time.Millisecond},
 			}, nil, func(o *lease.Options) { o.CallTimeout = 5 * time.Second })
+			e := &env{t: t, srv: r.hs}
+			if mode == "guard" {
+				// sluice serve's stack: the guard (its own timeout 5 s,
+				// errors returned) over the leases over Redis.
+				gd, err := guard.New(r.ls, guard.Options{Policy: guard.ReturnError, Timeout: 5 * time.Second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = gd.Close() })
+				gw, err := New(Options{Config: r.cfg, Store: gd,
+					Getenv: func(k string) string { return map[string]string{"TEST_UPSTREAM_KEY": upstreamKey}[k] }})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = gw.Close() })
+				hs := httptest.NewServer(gw)
+				t.Cleanup(hs.Close)
+				e = &env{t: t, srv: hs}
+			}
+			// Another client's request first, so that the store's
+			// connections are up: a dial to a stopped Redis gives up after
+			// redisstore's 1 s dial timeout, whatever the caller's bound.
+			wres := e.post(context.Background(), "/v1/chat/completions", warm, chatBody)
+			_, _ = io.Copy(io.Discard, wres.Body)
+			wres.Body.Close()
+			if wres.StatusCode != 200 {
+				t.Fatalf("status %d before Redis stopped", wres.StatusCode)
+			}
 			if err := r.srv.Freeze(); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = r.srv.Thaw() })
-			e := &env{t: t, srv: r.hs}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			start := time.Now()
