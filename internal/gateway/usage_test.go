@@ -55,3 +55,26 @@ func TestCaptureBuffers(t *testing.T) {
 		t.Fatalf("getCapture(1000) has cap %d, want the 1 KiB class", cap(b))
 	}
 }
+
+// BenchmarkDecodeUsage: decodeUsage on the usage objects of
+// TestDecodeUsageShapes (OpenAI's chat completion and Responses objects,
+// Anthropic's Messages response).
+func BenchmarkDecodeUsage(b *testing.B) {
+	for _, s := range []struct{ name, body string }{
+		{"chat", `{"prompt_tokens": 19, "completion_tokens": 10, "total_tokens": 29, "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0, "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}}`},
+		{"responses", `{"input_tokens":36,"input_tokens_details":{"cached_tokens":0},"output_tokens":87,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":123}`},
+		{"anthropic", `{"input_tokens":2095,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},"output_tokens":503,"server_tool_use":{"web_search_requests":0},"service_tier":"standard"}`},
+	} {
+		body := []byte(s.body)
+		b.Run(s.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				var u usageJSON
+				if !decodeUsage(body, &u) {
+					b.Fatal("declined")
+				}
+			}
+		})
+	}
+}
