@@ -23,7 +23,7 @@ package gateway
 // stack it grew (BenchmarkServeHTTPLeased's profile: findUsage was 60% of
 // settle).
 func decodeUsage(b []byte, u *usageJSON) bool {
-	d := usageDecoder{b: b}
+	d := usageDecoder{jsonScan{b: b}}
 	var seen uint16
 	ok := d.object(func(name []byte) bool {
 		var bit uint16
@@ -69,7 +69,7 @@ func decodeUsage(b []byte, u *usageJSON) bool {
 				return nil
 			})
 		default:
-			return d.skip(1)
+			return plainName(name) && d.skip(1)
 		}
 		if seen&bit != 0 {
 			return false // repeated: encoding/json merges or overwrites
@@ -92,42 +92,26 @@ func decodeUsage(b []byte, u *usageJSON) bool {
 			return nil
 		})
 	})
-	d.space()
-	return ok && d.i == len(d.b)
+	return ok && d.end()
 }
 
 // maxUsageDepth bounds the nesting decodeUsage reads.
 const maxUsageDepth = 4
 
-// usageDecoder reads b from i on.
+// usageDecoder reads a usage object with jsonScan's primitives.
 type usageDecoder struct {
-	b []byte
-	i int
-}
-
-// space skips JSON white space.
-func (d *usageDecoder) space() {
-	for d.i < len(d.b) {
-		switch d.b[d.i] {
-		case ' ', '\t', '\n', '\r':
-			d.i++
-		default:
-			return
-		}
-	}
+	jsonScan
 }
 
 // object reads an object, calling member with each member's name, the
 // decoder at its value, which member reads.
 func (d *usageDecoder) object(member func(name []byte) bool) bool {
-	d.space()
-	if d.i >= len(d.b) || d.b[d.i] != '{' {
+	d.ws()
+	if !d.byte('{') {
 		return false
 	}
-	d.i++
-	d.space()
-	if d.i < len(d.b) && d.b[d.i] == '}' {
-		d.i++
+	d.ws()
+	if d.byte('}') {
 		return true
 	}
 	for {
@@ -135,15 +119,10 @@ func (d *usageDecoder) object(member func(name []byte) bool) bool {
 		if !ok || !member(name) {
 			return false
 		}
-		d.space()
-		if d.i >= len(d.b) {
-			return false
-		}
-		switch d.b[d.i] {
-		case ',':
-			d.i++
-		case '}':
-			d.i++
+		d.ws()
+		switch {
+		case d.byte(','):
+		case d.byte('}'):
 			return true
 		default:
 			return false
@@ -160,7 +139,7 @@ func (d *usageDecoder) counts(field func(name []byte) *int64) bool {
 	return d.object(func(name []byte) bool {
 		dst := field(name)
 		if dst == nil {
-			return d.skip(2)
+			return plainName(name) && d.skip(2)
 		}
 		for _, s := range seen {
 			if s == dst {
@@ -174,56 +153,33 @@ func (d *usageDecoder) counts(field func(name []byte) *int64) bool {
 	})
 }
 
-// name reads a member name of [a-z0-9_] and the colon after it.
+// name reads a member name without escapes and the colon after it. A
+// name that is no field's must also pass plainName, which every field's
+// does: the caller checks it only for those.
 func (d *usageDecoder) name() ([]byte, bool) {
-	d.space()
-	if d.i >= len(d.b) || d.b[d.i] != '"' {
+	d.ws()
+	name, ok := d.plainString()
+	if !ok {
 		return nil, false
 	}
-	start := d.i + 1
-	i := start
-	for ; i < len(d.b); i++ {
-		c := d.b[i]
-		if c == '"' {
-			break
-		}
-		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
-			return nil, false
-		}
-	}
-	if i >= len(d.b) || i == start {
+	d.ws()
+	if !d.byte(':') {
 		return nil, false
 	}
-	name := d.b[start:i]
-	d.i = i + 1
-	d.space()
-	if d.i >= len(d.b) || d.b[d.i] != ':' {
-		return nil, false
-	}
-	d.i++
-	d.space()
+	d.ws()
 	return name, true
 }
 
-// uint reads an unsigned JSON integer of at most 18 digits (no fraction
-// or exponent).
-func (d *usageDecoder) uint() (int64, bool) {
-	start := d.i
-	var n int64
-	for d.i < len(d.b) && d.b[d.i] >= '0' && d.b[d.i] <= '9' {
-		n = n*10 + int64(d.b[d.i]-'0')
-		d.i++
-	}
-	digits := d.i - start
-	if digits == 0 || digits > 18 || (digits > 1 && d.b[start] == '0') {
-		return 0, false
-	}
-	if d.i < len(d.b) {
-		if c := d.b[d.i]; c == '.' || c == 'e' || c == 'E' {
-			return 0, false
+// plainName reports whether name is of [a-z0-9_] and not empty: a name
+// that encoding/json's case-insensitive matching gives to a field only if
+// it is that field's own.
+func plainName(name []byte) bool {
+	for _, c := range name {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			return false
 		}
 	}
-	return n, true
+	return len(name) > 0
 }
 
 // skip reads a value of a member nobody reads: an unsigned integer, true,
@@ -234,31 +190,23 @@ func (d *usageDecoder) skip(depth int) bool {
 		return false
 	}
 	switch c := d.b[d.i]; {
-	case c >= '0' && c <= '9':
+	case '0' <= c && c <= '9':
 		_, ok := d.uint()
 		return ok
 	case c == '"':
-		for i := d.i + 1; i < len(d.b); i++ {
-			switch c := d.b[i]; {
-			case c == '"':
-				d.i = i + 1
-				return true
-			case c == '\\' || c < 0x20:
-				return false
-			}
-		}
-		return false
+		_, _, ok := d.plainSpan()
+		return ok
 	case c == '{':
 		if depth >= maxUsageDepth {
 			return false
 		}
-		return d.object(func([]byte) bool { return d.skip(depth + 1) })
-	}
-	for _, lit := range [...]string{"true", "false", "null"} {
-		if len(d.b)-d.i >= len(lit) && string(d.b[d.i:d.i+len(lit)]) == lit {
-			d.i += len(lit)
-			return true
-		}
+		return d.object(func(name []byte) bool { return plainName(name) && d.skip(depth+1) })
+	case c == 't':
+		return d.literal("true")
+	case c == 'f':
+		return d.literal("false")
+	case c == 'n':
+		return d.null()
 	}
 	return false
 }

@@ -1,9 +1,6 @@
 package gateway
 
-import (
-	"encoding/json"
-	"strconv"
-)
+import "encoding/json"
 
 // Reading a request body without encoding/json
 //
@@ -52,7 +49,7 @@ const maxWireMembers = 32
 // json.Unmarshal would, and reports true; or reports false, with w in any
 // state, when it declines (see above) and json.Unmarshal must decide.
 func decodeWireBody(body []byte, w *wireBody) bool {
-	d := wireDecoder{b: body}
+	d := wireDecoder{jsonScan: jsonScan{b: body}}
 	d.ws()
 	if !d.byte('{') {
 		return false
@@ -166,10 +163,9 @@ func foldsToSelf(name []byte) bool {
 	return true
 }
 
-// wireDecoder reads b from i.
+// wireDecoder reads a body with jsonScan's primitives.
 type wireDecoder struct {
-	b []byte
-	i int
+	jsonScan
 	// names are the member names of the objects open, outermost first,
 	// each as its span of b; an array, not a slice, so that it stays on
 	// the stack with the decoder.
@@ -197,72 +193,6 @@ func (d *wireDecoder) newName(first, from, to int) bool {
 	d.n++
 	return true
 }
-
-// ws skips white space, as JSON defines it.
-func (d *wireDecoder) ws() {
-	for d.i < len(d.b) {
-		switch d.b[d.i] {
-		case ' ', '\t', '\n', '\r':
-			d.i++
-		default:
-			return
-		}
-	}
-}
-
-// byte reads c if it is next.
-func (d *wireDecoder) byte(c byte) bool {
-	if d.i < len(d.b) && d.b[d.i] == c {
-		d.i++
-		return true
-	}
-	return false
-}
-
-// end reports whether only white space is left.
-func (d *wireDecoder) end() bool {
-	d.ws()
-	return d.i == len(d.b)
-}
-
-// literal reads lit if it is next.
-func (d *wireDecoder) literal(lit string) bool {
-	if len(d.b)-d.i >= len(lit) && string(d.b[d.i:d.i+len(lit)]) == lit {
-		d.i += len(lit)
-		return true
-	}
-	return false
-}
-
-// plainString reads a string without escapes and returns its contents (a
-// view of b): false for anything else.
-func (d *wireDecoder) plainString() ([]byte, bool) {
-	from, to, ok := d.plainSpan()
-	return d.b[from:to], ok
-}
-
-// plainSpan is plainString, returning its contents' span of b.
-func (d *wireDecoder) plainSpan() (from, to int, ok bool) {
-	if !d.byte('"') {
-		return 0, 0, false
-	}
-	from = d.i
-	for d.i < len(d.b) {
-		c := d.b[d.i]
-		switch {
-		case c == '"':
-			d.i++
-			return from, d.i - 1, true
-		case c == '\\' || c < 0x20:
-			return 0, 0, false
-		}
-		d.i++
-	}
-	return 0, 0, false
-}
-
-// null reads a null if it is next.
-func (d *wireDecoder) null() bool { return d.literal("null") }
 
 // field decodes the value of wireBody field f into w.
 func (d *wireDecoder) field(f int, w *wireBody) bool {
@@ -410,29 +340,6 @@ func (d *wireDecoder) field(f int, w *wireBody) bool {
 	return true
 }
 
-// int reads an integer with no fraction or exponent and at most 18
-// digits, which an int64 holds.
-func (d *wireDecoder) int() (int64, bool) {
-	from := d.i
-	d.byte('-')
-	digits := d.i
-	for d.i < len(d.b) && '0' <= d.b[d.i] && d.b[d.i] <= '9' {
-		d.i++
-	}
-	n := d.i - digits
-	if n == 0 || n > 18 || (n > 1 && d.b[digits] == '0') {
-		return 0, false
-	}
-	if d.i < len(d.b) {
-		switch d.b[d.i] {
-		case '.', 'e', 'E':
-			return 0, false
-		}
-	}
-	v, err := strconv.ParseInt(string(d.b[from:d.i]), 10, 64)
-	return v, err == nil
-}
-
 // skip reads one JSON value at nesting depth depth, checking its syntax as
 // encoding/json does.
 func (d *wireDecoder) skip(depth int) bool {
@@ -490,74 +397,4 @@ func (d *wireDecoder) skip(depth int) bool {
 		return d.skipNumber()
 	}
 	return false
-}
-
-// skipString reads a string, escapes checked.
-func (d *wireDecoder) skipString() bool {
-	if !d.byte('"') {
-		return false
-	}
-	for d.i < len(d.b) {
-		c := d.b[d.i]
-		switch {
-		case c == '"':
-			d.i++
-			return true
-		case c < 0x20:
-			return false
-		case c == '\\':
-			d.i++
-			if d.i >= len(d.b) {
-				return false
-			}
-			switch d.b[d.i] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				d.i++
-			case 'u':
-				if len(d.b)-d.i < 5 {
-					return false
-				}
-				for _, h := range d.b[d.i+1 : d.i+5] {
-					if !('0' <= h && h <= '9' || 'a' <= h && h <= 'f' || 'A' <= h && h <= 'F') {
-						return false
-					}
-				}
-				d.i += 5
-			default:
-				return false
-			}
-		default:
-			d.i++
-		}
-	}
-	return false
-}
-
-// skipNumber reads a number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
-func (d *wireDecoder) skipNumber() bool {
-	d.byte('-')
-	digits := func() int {
-		from := d.i
-		for d.i < len(d.b) && '0' <= d.b[d.i] && d.b[d.i] <= '9' {
-			d.i++
-		}
-		return d.i - from
-	}
-	if d.i < len(d.b) && d.b[d.i] == '0' {
-		d.i++
-	} else if digits() == 0 {
-		return false
-	}
-	if d.byte('.') && digits() == 0 {
-		return false
-	}
-	if d.byte('e') || d.byte('E') {
-		if !d.byte('+') {
-			d.byte('-')
-		}
-		if digits() == 0 {
-			return false
-		}
-	}
-	return true
 }
