@@ -102,6 +102,16 @@ const (
 	// admission: its lease lapses LeaseTTL after it was taken.
 	resvMaxAge      = 5 * time.Second
 	resvAgeFraction = 100
+	// A pool covers resvCoverRTTs of its batches' round trips (measured,
+	// at least resvMinRTT) at its client's request rate, and holds at
+	// most resvPoolMax (capacity).
+	resvCoverRTTs = 4
+	resvMinRTT    = time.Millisecond
+	resvPoolMax   = 16 * resvBatchMax
+	// resvRateWindow is how long a client's requests since its pool's
+	// last batch are counted before they say its rate (else the rate
+	// measured over the batch before is used).
+	resvRateWindow = 100 * time.Millisecond
 )
 
 // resvPool is a client's reservations taken ahead: leases under ids of
@@ -126,8 +136,12 @@ type resvPool struct {
 	// leases, still held in the store, to release in one call
 	// (flushSettled).
 	settled []sluice.Request
-	asked   int       // requests that asked for one since fillAt
-	last    time.Time // the client's last request on this path
+	asked   int           // requests that asked for one since fillAt
+	last    time.Time     // the client's last request on this path
+	rtt     time.Duration // a batch's time from its start to its reservations pooled, smoothed
+	takes   int           // requests that asked for one since fillAt, given back or not
+	rate    float64       // requests per second between the last two batches
+	sweep   *time.Timer   // releases the pool of a client gone quiet (sweepReservations)
 	// misses counts the requests that found no fresh reservation (and
 	// took their own), taken the reservations taken in batches: what
 	// BenchmarkServeHTTPLeased reports of the pool.
@@ -150,6 +164,19 @@ func pooledKey(key, id string) string { return key + ":" + id }
 // room was gone. ids is kept in buf with the room the takes left before
 // it, so that an insertion moves only the reservations on its shorter
 // side.
+
+// capacity is the most reservations the pool holds at now: what its
+// client's requests take over resvCoverRTTs of its batches' round trips,
+// at least two batches, at most resvPoolMax. A reservation given back or
+// taken past it is released (flushSettled).
+func (p *resvPool) capacity(now time.Time) int {
+	rate := p.rate
+	if el := now.Sub(p.fillAt); el >= resvRateWindow {
+		rate = float64(p.takes) / el.Seconds()
+	}
+	need := rate * (resvCoverRTTs * max(p.rtt, resvMinRTT)).Seconds()
+	return int(min(max(need+1, float64(2*max(p.batch, 2))), resvPoolMax))
+}
 
 // popFront takes the oldest reservation out of the pool; ids is not
 // empty.
@@ -226,6 +253,7 @@ func (g *Gateway) takeReservation(cl *client, tmpl *sluice.Request) (pooledResv,
 	hot := !p.last.IsZero() && now.Sub(p.last) < maxAge
 	p.last = now
 	p.asked++
+	p.takes++
 	for len(p.ids) > 0 && now.Sub(p.ids[0].at) >= maxAge {
 		// Aged out: released with the settled ones.
 		r := *tmpl
@@ -234,6 +262,11 @@ func (g *Gateway) takeReservation(cl *client, tmpl *sluice.Request) (pooledResv,
 		p.popFront()
 	}
 	g.flushSettled(cl)
+	if hot && p.sweep == nil {
+		// Released resvAge after the client's last request at most
+		// (sweepReservations), not left for LeaseTTL.
+		p.sweep = time.AfterFunc(maxAge, func() { g.sweepReservations(cl) })
+	}
 	var pr pooledResv
 	ok := len(p.ids) > 0
 	if ok {
@@ -259,11 +292,15 @@ func (g *Gateway) takeReservation(cl *client, tmpl *sluice.Request) (pooledResv,
 	// (recycleReservation) is not.
 	batch := 2
 	if el := now.Sub(p.fillAt); !p.fillAt.IsZero() && el > 0 {
-		batch = int(min(float64(p.asked)*float64(maxAge/3)/float64(el)+1, resvBatchMax))
+		cover := resvCoverRTTs * max(p.rtt, resvMinRTT)
+		batch = int(min(float64(p.asked)*float64(cover)/float64(el)+1, resvBatchMax))
 		batch = max(batch, 2, p.batch/2)
 	}
 	if len(p.ids) <= batch && g.startFill() {
-		p.filling, p.fillAt, p.asked, p.batch = true, now, 0, batch
+		if el := now.Sub(p.fillAt); !p.fillAt.IsZero() && el > 0 {
+			p.rate = float64(p.takes) / el.Seconds()
+		}
+		p.filling, p.fillAt, p.asked, p.takes, p.batch = true, now, 0, 0, batch
 		go g.fillReservations(cl, *tmpl, batch)
 	}
 	return pr, ok
@@ -280,6 +317,9 @@ func (g *Gateway) releaseReservations() {
 	defer cancel()
 	for _, cl := range g.keys {
 		cl.resv.mu.Lock()
+		if cl.resv.sweep != nil {
+			cl.resv.sweep.Stop()
+		}
 		ids, settled := cl.resv.ids, cl.resv.settled
 		cl.resv.ids, cl.resv.buf, cl.resv.head, cl.resv.settled = nil, nil, 0, nil
 		cl.resv.mu.Unlock()
@@ -291,24 +331,30 @@ func (g *Gateway) releaseReservations() {
 		if len(ids) == 0 {
 			continue
 		}
-		var tmpl *sluice.Request
-		for i := range cl.tier.specs {
-			if s := &cl.tier.specs[i]; s.kind == kindReservation {
-				tmpl = &sluice.Request{Key: cl.specKeys[i], Algorithm: s.alg, Limit: s.limit, Cost: 1}
-			}
-		}
-		if tmpl == nil {
+		tmpl := cl.reservation()
+		if tmpl.Algorithm != sluice.Concurrency {
 			continue
 		}
 		reqs := make([]sluice.Request, len(ids))
 		for i, p := range ids {
-			reqs[i] = *tmpl
+			reqs[i] = tmpl
 			reqs[i].Key, reqs[i].Lease = p.key, p.id
 		}
 		if _, err := g.store.ApplyAll(ctx, sluice.OpRefund, reqs); err != nil {
 			g.log.Debug("gateway: pooled reservations not given back; they lapse", "client", cl.id, "err", err)
 		}
 	}
+}
+
+// reservation is the request that takes cl's tier's reservation, without
+// its key's lease id, or a zero Request if the tier has none.
+func (cl *client) reservation() sluice.Request {
+	for i := range cl.tier.specs {
+		if s := &cl.tier.specs[i]; s.kind == kindReservation {
+			return sluice.Request{Key: cl.specKeys[i], Algorithm: s.alg, Limit: s.limit, Cost: 1}
+		}
+	}
+	return sluice.Request{}
 }
 
 // startFill counts a fill as a background reservation (Close waits for
@@ -344,16 +390,34 @@ func (g *Gateway) fillReservations(cl *client, tmpl sluice.Request, n int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.filling = false
+	if el := g.now().Sub(p.fillAt); el > 0 {
+		if p.rtt == 0 {
+			p.rtt = el
+		} else {
+			p.rtt += (el - p.rtt) / 4
+		}
+	}
 	if err != nil || len(ds) != len(reqs) {
 		g.log.Debug("gateway: reservations not taken ahead; requests take their own", "client", cl.id, "err", err)
 		return
 	}
 	p.taken += len(ds)
+	capacity := p.capacity(g.now())
 	for i, d := range ds {
-		if d.Allowed && !d.Degraded {
-			p.push(pooledResv{reqs[i].Lease, reqs[i].Key, at})
+		if !d.Allowed || d.Degraded {
+			continue
 		}
+		if len(p.ids) >= capacity {
+			// Given back meanwhile (recycleReservation): over the
+			// bound, released with the settled ones.
+			r := tmpl
+			r.Key, r.Lease = reqs[i].Key, reqs[i].Lease
+			p.settled = append(p.settled, r)
+			continue
+		}
+		p.push(pooledResv{reqs[i].Lease, reqs[i].Key, at})
 	}
+	g.flushSettled(cl)
 }
 
 // leaseLayer returns the lease.Store among st and the stores it wraps
@@ -431,7 +495,7 @@ func (g *Gateway) recycleReservation(cl *client, r sluice.Request, at time.Time)
 		closing = true // Close may have released the pool already
 	default:
 	}
-	if closing || g.now().Sub(at) >= g.resvAge() {
+	if closing || g.now().Sub(at) >= g.resvAge() || len(p.ids) >= p.capacity(g.now()) {
 		p.settled = append(p.settled, r)
 		g.flushSettled(cl)
 		return
@@ -447,10 +511,13 @@ func (g *Gateway) recycleReservation(cl *client, r sluice.Request, at time.Time)
 // (Close releases the rest, releaseReservations). Until then each stays
 // held in the store, where it holds nothing anyone could use: a
 // reservation has no limit. cl.resv.mu is held.
-func (g *Gateway) flushSettled(cl *client) {
+func (g *Gateway) flushSettled(cl *client) { g.releaseSettled(cl, resvBatchMax) }
+
+// releaseSettled is flushSettled once there are at least n to release.
+func (g *Gateway) releaseSettled(cl *client, n int) {
 	p := &cl.resv
 	var batch []sluice.Request
-	if len(p.settled) >= resvBatchMax && g.startRelease() {
+	if len(p.settled) >= n && g.startRelease() {
 		batch, p.settled = p.settled, nil
 	}
 	if batch != nil {
@@ -463,6 +530,39 @@ func (g *Gateway) flushSettled(cl *client) {
 			}
 		}()
 	}
+}
+
+// sweepReservations releases cl's pooled reservations that aged (all of
+// them once the client has sent nothing for resvAge: a batch is taken at
+// a request) and the settled ones (flushSettled), however few, so that a
+// client gone quiet after a burst leaves nothing held in the store past
+// 2*resvAge, instead of until the next request or LeaseTTL. It runs
+// resvAge after the pool's first request, then every resvAge while
+// anything is held.
+func (g *Gateway) sweepReservations(cl *client) {
+	p := &cl.resv
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-g.closing:
+		p.sweep = nil // Close releases the rest (releaseReservations)
+		return
+	default:
+	}
+	maxAge := g.resvAge()
+	now := g.now()
+	for len(p.ids) > 0 && now.Sub(p.ids[0].at) >= maxAge {
+		r := cl.reservation()
+		r.Key, r.Lease = p.ids[0].key, p.ids[0].id
+		p.settled = append(p.settled, r)
+		p.popFront()
+	}
+	g.releaseSettled(cl, 1)
+	if len(p.ids) == 0 && len(p.settled) == 0 {
+		p.sweep = nil // the next request arms it again
+		return
+	}
+	p.sweep.Reset(maxAge)
 }
 
 // startRelease counts a release of settled reservations as pending work
