@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -105,9 +107,10 @@ const (
 	// A pool covers resvCoverRTTs of its batches' round trips (measured,
 	// at least resvMinRTT) at its client's request rate, and holds at
 	// most resvPoolMax (capacity).
-	resvCoverRTTs = 4
+	resvCoverRTTs = 8
 	resvMinRTT    = time.Millisecond
 	resvPoolMax   = 16 * resvBatchMax
+	resvFillMax   = 2 * resvBatchMax
 	// resvRateWindow is how long a client's requests since its pool's
 	// last batch are counted before they say its rate (else the rate
 	// measured over the batch before is used).
@@ -140,6 +143,7 @@ type resvPool struct {
 	last    time.Time     // the client's last request on this path
 	rtt     time.Duration // a batch's time from its start to its reservations pooled, smoothed
 	takes   int           // requests that asked for one since fillAt, given back or not
+	dry     bool          // a request found the pool empty since the last batch started
 	rate    float64       // requests per second between the last two batches
 	sweep   *time.Timer   // releases the pool of a client gone quiet (sweepReservations)
 	// misses counts the requests that found no fresh reservation (and
@@ -176,6 +180,17 @@ func (p *resvPool) capacity(now time.Time) int {
 	}
 	need := rate * (resvCoverRTTs * max(p.rtt, resvMinRTT)).Seconds()
 	return int(min(max(need+1, float64(2*max(p.batch, 2))), resvPoolMax))
+}
+
+// smooth is a measure's estimate after the measure m: m when it is more
+// than the estimate e (a pool takes a client's burst, or a slow round
+// trip, into account at once), else an eighth of the way down to it (a
+// pool shrinks over several batches, not after one quiet interval).
+func smooth(e, m float64) float64 {
+	if m >= e {
+		return m
+	}
+	return e + (m-e)/8
 }
 
 // popFront takes the oldest reservation out of the pool; ids is not
@@ -273,6 +288,7 @@ func (g *Gateway) takeReservation(cl *client, tmpl *sluice.Request) (pooledResv,
 		pr = p.popFront()
 	} else {
 		p.misses++
+		p.dry = true
 	}
 	if !hot || p.filling {
 		return pr, ok
@@ -292,15 +308,19 @@ func (g *Gateway) takeReservation(cl *client, tmpl *sluice.Request) (pooledResv,
 	// (recycleReservation) is not.
 	batch := 2
 	if el := now.Sub(p.fillAt); !p.fillAt.IsZero() && el > 0 {
+		most := resvBatchMax
+		if p.dry {
+			most = resvFillMax
+		}
 		cover := resvCoverRTTs * max(p.rtt, resvMinRTT)
-		batch = int(min(float64(p.asked)*float64(cover)/float64(el)+1, resvBatchMax))
-		batch = max(batch, 2, p.batch/2)
+		batch = int(min(float64(p.takes)*float64(cover)/float64(el)+1, float64(most)))
+		batch = max(batch, 2, min(p.batch/2, resvBatchMax))
 	}
 	if len(p.ids) <= batch && g.startFill() {
 		if el := now.Sub(p.fillAt); !p.fillAt.IsZero() && el > 0 {
-			p.rate = float64(p.takes) / el.Seconds()
+			p.rate = smooth(p.rate, float64(p.takes)/el.Seconds())
 		}
-		p.filling, p.fillAt, p.asked, p.takes, p.batch = true, now, 0, 0, batch
+		p.filling, p.fillAt, p.asked, p.takes, p.batch, p.dry = true, now, 0, 0, batch, false
 		go g.fillReservations(cl, *tmpl, batch)
 	}
 	return pr, ok
@@ -385,20 +405,18 @@ func (g *Gateway) fillReservations(cl *client, tmpl sluice.Request, n int) {
 	at := g.now() // before the call: the leases are no older than this says
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Store.Timeout)
 	defer cancel()
-	ds, err := g.store.ApplyAll(ctx, sluice.OpAllow, reqs)
+	ds, err := g.takeAhead(ctx, reqs)
 	p := &cl.resv
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.filling = false
 	if el := g.now().Sub(p.fillAt); el > 0 {
-		if p.rtt == 0 {
-			p.rtt = el
-		} else {
-			p.rtt += (el - p.rtt) / 4
-		}
+		p.rtt = time.Duration(smooth(float64(p.rtt), float64(el)))
 	}
-	if err != nil || len(ds) != len(reqs) {
+	if err != nil {
 		g.log.Debug("gateway: reservations not taken ahead; requests take their own", "client", cl.id, "err", err)
+	}
+	if len(ds) != len(reqs) {
 		return
 	}
 	p.taken += len(ds)
@@ -418,6 +436,35 @@ func (g *Gateway) fillReservations(cl *client, tmpl sluice.Request, n int) {
 		p.push(pooledResv{reqs[i].Lease, reqs[i].Key, at})
 	}
 	g.flushSettled(cl)
+}
+
+// takeAhead takes reqs in calls of resvBatchMax at once, so that no one
+// script holds Redis for a whole batch of resvFillMax. A call that fails
+// leaves its decisions denied: its reservations are not pooled (they
+// lapse, as a failed batch's would), the others are.
+func (g *Gateway) takeAhead(ctx context.Context, reqs []sluice.Request) ([]sluice.Decision, error) {
+	if len(reqs) <= resvBatchMax {
+		return g.store.ApplyAll(ctx, sluice.OpAllow, reqs)
+	}
+	ds := make([]sluice.Decision, len(reqs))
+	errs := make([]error, (len(reqs)+resvBatchMax-1)/resvBatchMax)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			part := reqs[i*resvBatchMax : min(len(reqs), (i+1)*resvBatchMax)]
+			got, err := g.store.ApplyAll(ctx, sluice.OpAllow, part)
+			if err == nil && len(got) != len(part) {
+				err = fmt.Errorf("gateway: %d decisions for %d reservations", len(got), len(part))
+			}
+			if errs[i] = err; err == nil {
+				copy(ds[i*resvBatchMax:], got)
+			}
+		}()
+	}
+	wg.Wait()
+	return ds, errors.Join(errs...)
 }
 
 // leaseLayer returns the lease.Store among st and the stores it wraps
