@@ -96,21 +96,32 @@ func (g *Gateway) applyLeased(ctx context.Context, c *call) ([]sluice.Decision, 
 // reservations cost one call per batch, and its settlement is then the
 // request's one store call.
 const (
-	// resvBatchMax bounds the reservations taken in one call.
+	// resvBatchMax bounds the reservations taken in one call (one
+	// script); a batch of more (up to resvFillMax, after the pool ran
+	// dry) is taken in calls of resvBatchMax at once (takeAhead).
 	resvBatchMax = 64
+	resvFillMax  = 2 * resvBatchMax
 	// resvMaxAge bounds how old (and resvAgeFraction of LeaseTTL, if that
 	// is less) a pooled reservation may be when a request takes it, so
 	// that it outlives the request about as long as one taken at its
 	// admission: its lease lapses LeaseTTL after it was taken.
 	resvMaxAge      = 5 * time.Second
 	resvAgeFraction = 100
-	// A pool covers resvCoverRTTs of its batches' round trips (measured,
-	// at least resvMinRTT) at its client's request rate, and holds at
-	// most resvPoolMax (capacity).
+	// A client's pool covers what its requests take over resvCoverRTTs
+	// of its batches' round trips (from a batch's start to its
+	// reservations pooled, at least resvMinRTT), and holds at most
+	// resvPoolMax (capacity): the most reservations, and Redis keys, a
+	// client can make the gateway hold ahead. The margin is for
+	// settlements that lag their requests: a reservation comes back to
+	// the pool only once its request is settled. In
+	// BenchmarkServeHTTPLeased (2-core machine, loaded) a batch's round
+	// trip took 7-20 ms, settlements lagged a client's requests by up to
+	// 800, and a client at 35-50k requests/s held 500-700 on average; a
+	// client sending one request at a time holds about 4
+	// (TestResvPoolBound).
 	resvCoverRTTs = 8
 	resvMinRTT    = time.Millisecond
 	resvPoolMax   = 16 * resvBatchMax
-	resvFillMax   = 2 * resvBatchMax
 	// resvRateWindow is how long a client's requests since its pool's
 	// last batch are counted before they say its rate (else the rate
 	// measured over the batch before is used).
@@ -127,6 +138,14 @@ const (
 // in the pool are released with the settled ones (flushSettled); they
 // would otherwise lapse after LeaseTTL: they have no limit of their own,
 // so they hold nothing anyone else could use.
+//
+// The bound: the pool holds at most its capacity (at most resvPoolMax);
+// a reservation given back or taken past it is released with the settled
+// ones. Besides the pool, a client holds in the store one reservation per
+// request admitted and not yet settled, fewer than resvBatchMax settled
+// ones waiting for their batched release, and those being released; and
+// a client gone quiet holds none 2*resvAge after its last request (the
+// sweep, sweepReservations), not until its next request or LeaseTTL.
 type resvPool struct {
 	mu      sync.Mutex
 	ids     []pooledResv // oldest first; a view of buf (see push, popFront, insert)
@@ -139,12 +158,11 @@ type resvPool struct {
 	// leases, still held in the store, to release in one call
 	// (flushSettled).
 	settled []sluice.Request
-	asked   int           // requests that asked for one since fillAt
 	last    time.Time     // the client's last request on this path
 	rtt     time.Duration // a batch's time from its start to its reservations pooled, smoothed
 	takes   int           // requests that asked for one since fillAt, given back or not
 	dry     bool          // a request found the pool empty since the last batch started
-	rate    float64       // requests per second between the last two batches
+	rate    float64       // requests per second between batches, smoothed
 	sweep   *time.Timer   // releases the pool of a client gone quiet (sweepReservations)
 	// misses counts the requests that found no fresh reservation (and
 	// took their own), taken the reservations taken in batches: what
@@ -155,14 +173,15 @@ type resvPool struct {
 // pooledKey is the store key of the pooled reservation id of the
 // reservation key key: a key of its own, since the store reads and
 // rewrites a concurrency key's every lease on each call, and a pool holds
-// up to resvBatchMax of them.
+// up to resvPoolMax of them.
 func pooledKey(key, id string) string { return key + ":" + id }
 
 // The pool's order. Requests take reservations from the front (the
 // oldest), batches are added at the back, and a reservation given back
 // (recycleReservation) goes in by its age, near the front: it was taken
 // from there a request ago. With ids a plain slice, each of those was an
-// insertion that moved the whole pool, up to 2*resvBatchMax reservations,
+// insertion that moved the whole pool (in BenchmarkServeHTTPLeased, 474
+// reservations on average),
 // through the GC's write barriers (slices.Insert: 5% of
 // BenchmarkServeHTTPLeased's CPU), and a new array whenever the front's
 // room was gone. ids is kept in buf with the room the takes left before
@@ -267,7 +286,6 @@ func (g *Gateway) takeReservation(cl *client, tmpl *sluice.Request) (pooledResv,
 	defer p.mu.Unlock()
 	hot := !p.last.IsZero() && now.Sub(p.last) < maxAge
 	p.last = now
-	p.asked++
 	p.takes++
 	for len(p.ids) > 0 && now.Sub(p.ids[0].at) >= maxAge {
 		// Aged out: released with the settled ones.
@@ -277,10 +295,8 @@ func (g *Gateway) takeReservation(cl *client, tmpl *sluice.Request) (pooledResv,
 		p.popFront()
 	}
 	g.flushSettled(cl)
-	if hot && p.sweep == nil {
-		// Released resvAge after the client's last request at most
-		// (sweepReservations), not left for LeaseTTL.
-		p.sweep = time.AfterFunc(maxAge, func() { g.sweepReservations(cl) })
+	if hot {
+		g.armSweep(cl)
 	}
 	var pr pooledResv
 	ok := len(p.ids) > 0
@@ -293,19 +309,25 @@ func (g *Gateway) takeReservation(cl *client, tmpl *sluice.Request) (pooledResv,
 	if !hot || p.filling {
 		return pr, ok
 	}
-	// The batch covers the client's rate since the last one for a third
-	// of a resvAge, and the next is taken when the pool is down to one
-	// batch, so that a batch's round trip does not leave the pool dry
-	// (with half a batch left, 129 of 6000 requests found it empty in
-	// BenchmarkTailRatio at one connection, then 13) and the pool, at
-	// most two batches, is used up before it ages out.
+	// The batch covers what the client's requests take (given back or
+	// not) over resvCoverRTTs of its batches' round trips, and the next
+	// is taken when the pool is down to one batch, so that a batch's
+	// round trip does not leave the pool dry (with half a batch left, 129
+	// of 6000 requests found it empty in BenchmarkTailRatio at one
+	// connection, then 13). A request that found the pool empty since the
+	// last batch allows the next up to resvFillMax: one of resvBatchMax
+	// per round trip could not keep up with a client ramping up, or whose
+	// settlements lag (BenchmarkServeHTTPLeased: 20.6 requests per 1000
+	// without a pooled reservation, 13.5 with).
 	// After a pause (a client between bursts) the rate since the last
 	// batch is low, and a batch sized by it ran dry within a few requests,
 	// which then took their own reservations and settled in Redis: the
 	// batch falls at most by half per fill (BenchmarkTailRatio at one
 	// connection: 273 of 6000 requests without a pooled reservation).
-	// asked counts the reservations used up: one given back
-	// (recycleReservation) is not.
+	// Before, a batch covered a third of a resvAge at the client's rate:
+	// a full batch for any client of more than a few requests a second,
+	// so that each kept two (127 reservations after 32 requests, 8122
+	// Redis keys after BenchmarkServeHTTPLeased's warm-up of 64 clients).
 	batch := 2
 	if el := now.Sub(p.fillAt); !p.fillAt.IsZero() && el > 0 {
 		most := resvBatchMax
@@ -320,7 +342,7 @@ func (g *Gateway) takeReservation(cl *client, tmpl *sluice.Request) (pooledResv,
 		if el := now.Sub(p.fillAt); !p.fillAt.IsZero() && el > 0 {
 			p.rate = smooth(p.rate, float64(p.takes)/el.Seconds())
 		}
-		p.filling, p.fillAt, p.asked, p.takes, p.batch, p.dry = true, now, 0, 0, batch, false
+		p.filling, p.fillAt, p.takes, p.batch, p.dry = true, now, 0, batch, false
 		go g.fillReservations(cl, *tmpl, batch)
 	}
 	return pr, ok
@@ -436,6 +458,7 @@ func (g *Gateway) fillReservations(cl *client, tmpl sluice.Request, n int) {
 		p.push(pooledResv{reqs[i].Lease, reqs[i].Key, at})
 	}
 	g.flushSettled(cl)
+	g.armSweep(cl)
 }
 
 // takeAhead takes reqs in calls of resvBatchMax at once, so that no one
@@ -524,8 +547,8 @@ func (g *Gateway) settleIntoLeases(c *call, refunds []sluice.Request) []sluice.R
 
 // recycleReservation gives the pooled reservation r, asked for at at, of a
 // request settled wholly into the leases back to its client's pool, while
-// it is younger than resvAge, and releases it with the settled ones
-// otherwise (flushSettled). Its id was never sent to the store with a
+// it is younger than resvAge and the pool is below its capacity, and
+// releases it with the settled ones otherwise (flushSettled). Its id was never sent to the store with a
 // refund, so it is held there as when it was taken, and no other
 // settlement knows it: the next request that holds it settles it exactly
 // once, as the first did not. Before, each such reservation was released
@@ -542,20 +565,24 @@ func (g *Gateway) recycleReservation(cl *client, r sluice.Request, at time.Time)
 		closing = true // Close may have released the pool already
 	default:
 	}
-	if closing || g.now().Sub(at) >= g.resvAge() || len(p.ids) >= p.capacity(g.now()) {
+	now := g.now()
+	if closing || now.Sub(at) >= g.resvAge() || len(p.ids) >= p.capacity(now) {
 		p.settled = append(p.settled, r)
 		g.flushSettled(cl)
-		return
+	} else {
+		i, _ := slices.BinarySearchFunc(p.ids, at, func(e pooledResv, t time.Time) int { return e.at.Compare(t) })
+		p.insert(i, pooledResv{r.Lease, r.Key, at})
 	}
-	i, _ := slices.BinarySearchFunc(p.ids, at, func(e pooledResv, t time.Time) int { return e.at.Compare(t) })
-	p.insert(i, pooledResv{r.Lease, r.Key, at})
-	p.asked = max(p.asked-1, 0)
+	if !closing {
+		g.armSweep(cl) // its request may have been the client's last
+	}
 }
 
 // flushSettled releases cl's recorded reservations (resvPool.settled: of
 // requests settled wholly into the leases past resvAge, or aged in the
-// pool) in one background call once there are resvBatchMax of them
-// (Close releases the rest, releaseReservations). Until then each stays
+// pool, or past its capacity) in one background call once there are
+// resvBatchMax of them (the sweep releases the rest resvAge later,
+// sweepReservations, and Close, releaseReservations). Until then each stays
 // held in the store, where it holds nothing anyone could use: a
 // reservation has no limit. cl.resv.mu is held.
 func (g *Gateway) flushSettled(cl *client) { g.releaseSettled(cl, resvBatchMax) }
@@ -609,7 +636,21 @@ func (g *Gateway) sweepReservations(cl *client) {
 		p.sweep = nil // the next request arms it again
 		return
 	}
-	p.sweep.Reset(maxAge)
+	if p.sweep == nil {
+		g.armSweep(cl)
+	} else {
+		p.sweep.Reset(maxAge)
+	}
+}
+
+// armSweep starts cl's sweep (sweepReservations) unless it is armed:
+// when a hot client's request may start a batch, and when a reservation
+// comes into its pool or its settled ones. cl.resv.mu is held.
+func (g *Gateway) armSweep(cl *client) {
+	p := &cl.resv
+	if p.sweep == nil {
+		p.sweep = time.AfterFunc(g.resvAge(), func() { g.sweepReservations(cl) })
+	}
 }
 
 // startRelease counts a release of settled reservations as pending work
