@@ -161,6 +161,7 @@ type resvPool struct {
 	last    time.Time     // the client's last request on this path
 	rtt     time.Duration // a batch's time from its start to its reservations pooled, smoothed
 	takes   int           // requests that asked for one since fillAt, given back or not
+	asked   int           // takes less the reservations given back since fillAt
 	dry     bool          // a request found the pool empty since the last batch started
 	rate    float64       // requests per second between batches, smoothed
 	sweep   *time.Timer   // releases the pool of a client gone quiet (sweepReservations)
@@ -287,6 +288,7 @@ func (g *Gateway) takeReservation(cl *client, tmpl *sluice.Request) (pooledResv,
 	hot := !p.last.IsZero() && now.Sub(p.last) < maxAge
 	p.last = now
 	p.takes++
+	p.asked++
 	for len(p.ids) > 0 && now.Sub(p.ids[0].at) >= maxAge {
 		// Aged out: released with the settled ones.
 		r := *tmpl
@@ -309,16 +311,19 @@ func (g *Gateway) takeReservation(cl *client, tmpl *sluice.Request) (pooledResv,
 	if !hot || p.filling {
 		return pr, ok
 	}
-	// The batch covers what the client's requests take (given back or
-	// not) over resvCoverRTTs of its batches' round trips, and the next
+	// The batch covers what the client's requests use up (asked: one
+	// given back, recycleReservation, is not) over resvCoverRTTs of its
+	// batches' round trips, and the next
 	// is taken when the pool is down to one batch, so that a batch's
 	// round trip does not leave the pool dry (with half a batch left, 129
 	// of 6000 requests found it empty in BenchmarkTailRatio at one
 	// connection, then 13). A request that found the pool empty since the
 	// last batch allows the next up to resvFillMax: one of resvBatchMax
 	// per round trip could not keep up with a client ramping up, or whose
-	// settlements lag (BenchmarkServeHTTPLeased: 20.6 requests per 1000
-	// without a pooled reservation, 13.5 with).
+	// settlements lag (BenchmarkServeHTTPLeased: 22.6 requests per 1000
+	// without a pooled reservation, 17.2 with; sized by what requests
+	// take, given back or not, a client sending one request at a time on
+	// a loaded machine took 81 for 200 requests, 12-28 so).
 	// After a pause (a client between bursts) the rate since the last
 	// batch is low, and a batch sized by it ran dry within a few requests,
 	// which then took their own reservations and settled in Redis: the
@@ -335,14 +340,14 @@ func (g *Gateway) takeReservation(cl *client, tmpl *sluice.Request) (pooledResv,
 			most = resvFillMax
 		}
 		cover := resvCoverRTTs * max(p.rtt, resvMinRTT)
-		batch = int(min(float64(p.takes)*float64(cover)/float64(el)+1, float64(most)))
+		batch = int(min(float64(p.asked)*float64(cover)/float64(el)+1, float64(most)))
 		batch = max(batch, 2, min(p.batch/2, resvBatchMax))
 	}
 	if len(p.ids) <= batch && g.startFill() {
 		if el := now.Sub(p.fillAt); !p.fillAt.IsZero() && el > 0 {
 			p.rate = smooth(p.rate, float64(p.takes)/el.Seconds())
 		}
-		p.filling, p.fillAt, p.takes, p.batch, p.dry = true, now, 0, batch, false
+		p.filling, p.fillAt, p.takes, p.asked, p.batch, p.dry = true, now, 0, 0, batch, false
 		go g.fillReservations(cl, *tmpl, batch)
 	}
 	return pr, ok
@@ -572,6 +577,7 @@ func (g *Gateway) recycleReservation(cl *client, r sluice.Request, at time.Time)
 	} else {
 		i, _ := slices.BinarySearchFunc(p.ids, at, func(e pooledResv, t time.Time) int { return e.at.Compare(t) })
 		p.insert(i, pooledResv{r.Lease, r.Key, at})
+		p.asked = max(p.asked-1, 0)
 	}
 	if !closing {
 		g.armSweep(cl) // its request may have been the client's last
