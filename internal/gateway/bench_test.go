@@ -482,7 +482,52 @@ func BenchmarkServeHTTPLeased(b *testing.B) {
 			b.Fatalf("status %d: %s", w.Code, w.Body)
 		}
 	}
+	m0, t0 := resvCounts(gw)
+	// The pools' size while it runs: the most a client's pool held, every
+	// 5 ms, on average.
+	stop, done := make(chan struct{}), make(chan struct{})
+	var sum, n int
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			most := 0
+			for _, cl := range gw.keys {
+				cl.resv.mu.Lock()
+				most = max(most, len(cl.resv.ids))
+				cl.resv.mu.Unlock()
+			}
+			sum, n = sum+most, n+1
+		}
+	}()
 	serveParallel(b, gw, keys)
+	close(stop)
+	<-done
+	m1, t1 := resvCounts(gw)
+	// Requests that found their client's pool empty (they took their own
+	// reservation and settled in Redis), and reservations taken in
+	// batches, per 1000 requests.
+	b.ReportMetric(float64(m1-m0)*1000/float64(b.N), "pool-empty/kreq")
+	b.ReportMetric(float64(t1-t0)*1000/float64(b.N), "resv-taken/kreq")
+	if n > 0 {
+		b.ReportMetric(float64(sum)/float64(n), "pooled-mean")
+	}
+}
+
+// resvCounts sums gw's clients' resvPool.misses and taken.
+func resvCounts(gw *Gateway) (misses, taken int) {
+	for _, cl := range gw.keys {
+		cl.resv.mu.Lock()
+		misses, taken = misses+cl.resv.misses, taken+cl.resv.taken
+		cl.resv.mu.Unlock()
+	}
+	return misses, taken
 }
 
 // leasedBenchOptions are o (cpuBenchOptions) on BenchmarkTailRatio's
