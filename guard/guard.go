@@ -1,6 +1,7 @@
 package guard
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -475,7 +476,7 @@ func (g *Guard) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, 
 	}
 	gt, ok := g.gates.acquire(ctx, cctx, key)
 	if !ok {
-		if err := ctx.Err(); err != nil {
+		if err := callerGone(ctx); err != nil {
 			return nil, fmt.Errorf("guard: %w", err)
 		}
 		g.busy.Add(1)
@@ -508,8 +509,12 @@ func (g *Guard) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, 
 		}
 		return ds, nil
 	}
-	if ctx.Err() != nil { // the caller gave up: not the store's fault
-		return nil, fmt.Errorf("guard: %w", ctx.Err())
+	// The caller gave up: not the store's fault. So is a deadline the
+	// call met when it ran on the caller's own (cctx is ctx: its deadline
+	// comes before the guard's Timeout), which a store may report a moment
+	// before ctx does (a socket's deadline, a context of its own).
+	if gone := callerGone(ctx); gone != nil || (cctx == ctx && lateOnly(err)) {
+		return nil, fmt.Errorf("guard: %w", cmp.Or(gone, context.DeadlineExceeded))
 	}
 	if callerError(err) {
 		return nil, err
@@ -521,6 +526,24 @@ func (g *Guard) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, 
 	n.errs.Add(1)
 	g.failed(n, key, err)
 	return g.degrade(ctx, op, reqs, n, err)
+}
+
+// callerGone returns why the caller's ctx ended, or nil while it has not:
+// ctx.Err(), or context.DeadlineExceeded once its deadline has passed by
+// the clock although its timer has not yet cancelled it. A store call
+// bounded by the caller's deadline (a caller whose deadline comes before
+// the guard's Timeout: the gateway's store.timeout in serve) fails with
+// that deadline at about the moment ctx.Err() says so, and was taken, when
+// a little before, for a late call on a flooded key and denied: a 429 for
+// a Redis that had stopped (TestAdmissionStoreTimeout/guard, 1 run in 6).
+func callerGone(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if at, ok := ctx.Deadline(); ok && !time.Now().Before(at) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 func (g *Guard) call(ctx context.Context, op sluice.Op, reqs []sluice.Request, one bool) ([]sluice.Decision, error) {

@@ -70,10 +70,12 @@ func TestAdmissionStoreTimeout(t *testing.T) {
 			start := time.Now()
 			res := e.post(ctx, "/v1/chat/completions", key, chatBody)
 			took := time.Since(start)
-			_, _ = io.Copy(io.Discard, res.Body)
+			body, _ := io.ReadAll(res.Body)
 			res.Body.Close()
 			if res.StatusCode != 503 {
-				t.Fatalf("status %d with Redis stopped, want 503", res.StatusCode)
+				// A 429 here (guard: a call that met its caller's deadline
+				// taken for a late call on a flooded key) was 1 run in 6.
+				t.Fatalf("status %d with Redis stopped, want 503: %s", res.StatusCode, body)
 			}
 			// 300 ms is the bound; 3 s leaves a loaded machine room and is
 			// still well under the stores' own 5 s.
