@@ -134,11 +134,23 @@ descriptors:
 	if float64(admitted.Load()) < 0.5*(50+50*run.Seconds()) {
 		t.Fatalf("admitted only %d of %.0f", admitted.Load(), 50+50*run.Seconds())
 	}
+	// Outside the home every decision is the shares' (from a share, or a
+	// denial for want of one), none at home or by the failure policy; and
+	// at least one far region decided some from a share. Not each: on a
+	// loaded machine ap (150 ms away) once had its 3 fetches of the run
+	// come back empty while eu and us took every unit (make test: ap 0 of
+	// 148 admitted, 60 denied for want of a share); how the regions share
+	// a key at its limit is the region package's (TestGlobalFairShare).
+	shared := uint64(0)
 	for _, r := range []string{"us", "ap"} {
 		st := stores[r].Stats()
-		if st.Share == 0 || st.Home != 0 {
-			t.Fatalf("%s: %d decisions from shares, %d at home: want all from shares (%+v)", r, st.Share, st.Home, st)
+		if st.Home != 0 || st.Policy != 0 || st.Share+st.Denied == 0 {
+			t.Fatalf("%s: %d decisions from shares, %d denied for want of one, %d at home, %d by the policy: want all by the shares (%+v)", r, st.Share, st.Denied, st.Home, st.Policy, st)
 		}
+		shared += st.Share
+	}
+	if shared == 0 {
+		t.Fatalf("neither us nor ap decided any check from a share: us %+v, ap %+v", stores["us"].Stats(), stores["ap"].Stats())
 	}
 	if st := stores["eu"].Stats(); st.Home == 0 {
 		t.Fatalf("eu decided none of its home's key at home: %+v", st)
