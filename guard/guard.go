@@ -510,10 +510,10 @@ func (g *Guard) apply(ctx context.Context, op sluice.Op, reqs []sluice.Request, 
 		return ds, nil
 	}
 	// The caller gave up: not the store's fault. So is a deadline the
-	// call met when it ran on the caller's own (cctx is ctx: its deadline
-	// comes before the guard's Timeout), which a store may report a moment
-	// before ctx does (a socket's deadline, a context of its own).
-	if gone := callerGone(ctx); gone != nil || (cctx == ctx && lateOnly(err)) {
+	// call met when it ran on the caller's own (its deadline comes before
+	// the guard's Timeout), which a store may report a moment before ctx
+	// does (a socket's deadline, a context of its own).
+	if gone := callerGone(ctx); gone != nil || (callerBound(ctx, cctx) && lateOnly(err)) {
 		return nil, fmt.Errorf("guard: %w", cmp.Or(gone, context.DeadlineExceeded))
 	}
 	if callerError(err) {
@@ -544,6 +544,17 @@ func callerGone(ctx context.Context) error {
 		return context.DeadlineExceeded
 	}
 	return nil
+}
+
+// callerBound reports whether a call's deadline, cctx's, is its caller's
+// own: ctx has a deadline, no later than cctx's.
+func callerBound(ctx, cctx context.Context) bool {
+	at, ok := ctx.Deadline()
+	if !ok {
+		return false
+	}
+	cd, ok := cctx.Deadline()
+	return !ok || !at.After(cd)
 }
 
 func (g *Guard) call(ctx context.Context, op sluice.Op, reqs []sluice.Request, one bool) ([]sluice.Decision, error) {
