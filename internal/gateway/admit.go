@@ -79,6 +79,12 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, c *call) bool {
 			"The gateway's rate limiter is unavailable; please retry shortly.")
 		return false
 	}
+	for i := range ds {
+		// The store's failure policy answered (the guard, after its own
+		// deadline): its call may still run in the guard's worker with
+		// the admission's context, whose values are c's (callpool.go).
+		c.degraded = c.degraded || ds[i].Degraded
+	}
 	g.setLimitHeaders(w.Header(), c, ds)
 	g.setBudgetHeaders(w.Header(), c, ds)
 	setDecidedBy(w.Header(), c, ds) // regions.go

@@ -69,6 +69,7 @@ type call struct {
 	retry       time.Duration   // its Retry-After
 	storeCtx    storeCtx        // the admission's store deadline (applyAdmit)
 	resvFailed  atomic.Bool     // the reservation taken in the background failed (applyLeased): not recycled
+	degraded    bool            // a failure policy made one of its admission's decisions: not recycled
 
 	// Room for specs, reqs and the admission's decisions of a request
 	// with up to callLimits limits, in the call itself (callpool.go).

@@ -22,7 +22,9 @@ package gateway
 //     transport calls late is not part of the call (upstreamTrace); a
 //     store call that failed may still run with the context in a store's
 //     worker (the guard's bounded calls), so a call whose admission,
-//     reservation or settlement saw a store error is not given back;
+//     reservation or settlement saw a store error, or whose admission a
+//     failure policy answered (a Degraded decision, the call running on
+//     behind it), is not given back;
 //   - an upstream pool's grants and attempts, the queue's items (which
 //     hold c.reqs), a traced request's span, a background response, an
 //     Anthropic count: calls with any of them are not given back either:
@@ -50,7 +52,7 @@ func (g *Gateway) newCall() *call {
 // (settleAsync), unless something may still reach it (see above). clean
 // reports that no store call of its settlement failed.
 func (g *Gateway) recycle(c *call, clean bool) {
-	if !clean || c.resvFailed.Load() || c.renewal.fired || g.pool != nil || g.queue != nil || c.traced || c.background || c.countWeigh != nil {
+	if !clean || c.degraded || c.resvFailed.Load() || c.renewal.fired || g.pool != nil || g.queue != nil || c.traced || c.background || c.countWeigh != nil {
 		return
 	}
 	timer := c.renewal.timer // stopped before it fired for c's request (renew.go)

@@ -125,6 +125,32 @@ func TestCallRecycling(t *testing.T) {
 		})
 	}
 
+	// A failure policy's answer (a Degraded decision: the guard answered
+	// after its own deadline, its store call still running in its worker
+	// with the admission's context) keeps the call out of the pool.
+	t.Run("degraded", func(t *testing.T) {
+		st, err := memstore.New(memstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = st.Close() })
+		e := newEnvStore(t, Limits{RPM: 1 << 20, TPM: 1 << 30}, fakeopenai.Options{}, degradedStore{st}, nil)
+		var recycled atomic.Int64
+		e.gw.onRecycle = poisonCall(&recycled)
+		for range 10 {
+			res := e.post(context.Background(), "/v1/chat/completions", clientKey, chatBody)
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			if res.StatusCode != 200 {
+				t.Fatalf("status %d", res.StatusCode)
+			}
+			<-e.settled
+		}
+		if n := recycled.Load(); n != 0 {
+			t.Fatalf("%d calls recycled whose admission a failure policy answered", n)
+		}
+	})
+
 	t.Run("early answer", func(t *testing.T) {
 		st, err := memstore.New(memstore.Options{})
 		if err != nil {
@@ -161,4 +187,18 @@ func TestCallRecycling(t *testing.T) {
 			t.Fatal("no call was recycled")
 		}
 	})
+}
+
+// degradedStore marks the decisions of admissions (OpAllow) Degraded, as
+// a guard's failure policy does.
+type degradedStore struct{ sluice.Store }
+
+func (d degradedStore) ApplyAll(ctx context.Context, op sluice.Op, reqs []sluice.Request) ([]sluice.Decision, error) {
+	ds, err := d.Store.ApplyAll(ctx, op, reqs)
+	if op == sluice.OpAllow {
+		for i := range ds {
+			ds[i].Degraded = true
+		}
+	}
+	return ds, err
 }
