@@ -445,7 +445,7 @@ func (h *harness) run(run, n, rounds int) {
 		// Per request: the gateway's counters over the run (its warm-up
 		// and the scrapes are outside it); "-" where it has none.
 		m1, nreq := h.scrape(h.procs[k]), float64(len(lat[k]))
-		per := func(name string, scale float64) string {
+		perReq := func(name string, scale float64) string {
 			if _, ok := m1[name]; !ok {
 				return "-"
 			}
@@ -456,7 +456,7 @@ func (h *harness) run(run, n, rounds int) {
 			heap = strconv.FormatFloat(v/(1<<20), 'f', 1, 64)
 		}
 		fmt.Printf("  %-12s %12.0f %12.0f %14.0f %11s %12.1f %9s %8s %12s %11s %11s\n", h.procs[k].name, us(added(k, 0.5)), us(added(k, 0.99)), us(added(k, 0.999)), ratio,
-			us(cpus[k])/nreq, per("go_gc_duration_seconds_count", 1000), heap, per("sluice_lease_hits_total", 1), per("sluice_lease_fetches_total", 1), per("sluice_lease_returns_total", 1))
+			us(cpus[k])/nreq, perReq("go_gc_duration_seconds_count", 1000), heap, perReq("sluice_lease_hits_total", 1), perReq("sluice_lease_fetches_total", 1), perReq("sluice_lease_returns_total", 1))
 	}
 	for k, at := range h.slowAt {
 		if len(at) > 0 {
