@@ -33,6 +33,7 @@ import (
 	"github.com/sluice-io/sluice/internal/server"
 	"github.com/sluice-io/sluice/internal/tracing"
 	"github.com/sluice-io/sluice/internal/yamlconf"
+	"github.com/sluice-io/sluice/redisstore"
 )
 
 func newGatewayCmd() *cobra.Command {
@@ -205,6 +206,19 @@ func runtimeMetrics(store sluice.Store) prometheus.Gatherer {
 		metrics.NewStoreCollector(func() metrics.StoreStats {
 			var out metrics.StoreStats
 			server.AddStoreStats(&out, store)
+			// No guard counts the calls here: the Redis store's own.
+			for s := store; s != nil; {
+				if rs, ok := s.(*redisstore.Store); ok {
+					st := rs.Stats()
+					out.Calls, out.Errors = st.Calls, st.Errors
+					break
+				}
+				u, ok := s.(interface{ Unwrap() sluice.Store })
+				if !ok {
+					break
+				}
+				s = u.Unwrap()
+			}
 			return out
 		}))
 	return reg

@@ -141,9 +141,8 @@ func (s *storeGuard) stats() metrics.StoreStats {
 }
 
 // AddStoreStats adds to out the counters of st and of the stores it
-// wraps: a region store's, a lease store's and a Redis store's. The Redis
-// store's calls and errors fill Calls and Errors when out has none (no
-// guard before it counted them: the standalone gateway).
+// wraps: a region store's, a lease store's and a Redis store's (Calls and
+// Errors are the guard's, which stands before them in serve).
 func AddStoreStats(out *metrics.StoreStats, st sluice.Store) {
 	if rs, ok := st.(*region.Store); ok {
 		out.Region = regionStats(rs)
@@ -156,9 +155,6 @@ func AddStoreStats(out *metrics.StoreStats, st sluice.Store) {
 	}
 	if rs, ok := st.(*redisstore.Store); ok {
 		rst := rs.Stats()
-		if out.Calls == 0 && out.Errors == 0 {
-			out.Calls, out.Errors = rst.Calls, rst.Errors
-		}
 		out.CacheHits = rst.CacheHits
 		out.Plain, out.PlainLate, out.Groups, out.Grouped = rst.Plain, rst.PlainLate, rst.Groups, rst.Grouped
 	}
